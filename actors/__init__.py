@@ -1,0 +1,1 @@
+"""The broker's actors and the runtime they run on (see README.md)."""

@@ -1,0 +1,644 @@
+"""The broker configuration: typed, documented field by field, validated at load.
+
+One frozen keyword-only dataclass per YAML section; `BrokerConfig` holds them.
+Each class checks its own fields in `__post_init__` (types, ranges, relations),
+so a config object that exists is valid, however it was built.
+
+`load_config` merges four sources, each overriding the one before:
+
+1. the defaults written below;
+2. a YAML file (`config/danube_broker.yml` is the commented sample with every key);
+3. environment variables `DANUBE_<SECTION>__<KEY>` (`DANUBE_BROKER__LISTEN`,
+   `DANUBE_POLICIES__MAX_MESSAGE_SIZE`) and `DANUBE_<KEY>` for top-level keys
+   (`DANUBE_AUTO_CREATE_TOPICS`). Values are read as YAML scalars, so `false`
+   and `42` work; list values are YAML flow lists (`[default, tenant1]`) or
+   comma-separated. Only names of known keys are read: other `DANUBE_*`
+   variables (`DANUBE_SERVICE_URL` of the client) are none of our business;
+4. overrides: dotted keys (`{"broker.listen": "tcp://..."}`) from CLI flags;
+   None values mean "flag not given" and are skipped.
+
+Every mistake is a `ConfigError` whose message names the key, and where the
+bad value came from (file and line, environment variable, or overrides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import os
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import yaml
+
+from danube_zmq.actors.topic_name import validate_namespace
+from danube_zmq.transport.errors import ConfigError, InvalidArgument
+
+__all__ = [
+    "ENVELOPE_BYTES_MAX",
+    "MIB",
+    "BrokerConfig",
+    "BrokerSection",
+    "DispatchSection",
+    "LimitsSection",
+    "PoliciesSection",
+    "env_var_name",
+    "load_config",
+]
+
+MIB = 1024 * 1024
+# Room a frame needs around the largest message: wire envelope, topic name,
+# producer name, attributes. `limits.frame_bytes_max` must exceed
+# `policies.max_message_size` by more than this.
+ENVELOPE_BYTES_MAX = 1 * MIB
+# Largest value of any integer key: what fits an int64 (ZeroMQ's int64 socket
+# options, msgpack). Keys passed to a C `int` option use _C_INT_MAX.
+_INT_MAX = 2**63 - 1
+_C_INT_MAX = 2**31 - 1
+_PORT_MAX = 65535
+_ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+_ENV_PREFIX = "DANUBE_"
+
+
+# --------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerSection:
+    """Identity and endpoints of this broker (Danube's `broker:` section)."""
+
+    SECTION: ClassVar[str] = "broker"
+
+    # Id of this broker in the cluster, an integer in 0..2**63-1. Default None:
+    # a random id is drawn at start (from the broker's injected random.Random).
+    broker_id: int | None = None
+    # ZeroMQ endpoint the broker binds for clients (Danube's client port 6650).
+    # tcp://0.0.0.0:6650 listens on every interface; port 0 or * picks a free one.
+    # Default tcp://127.0.0.1:6650. Must differ from admin_listen.
+    listen: str = "tcp://127.0.0.1:6650"
+    # ZeroMQ endpoint the broker binds for the admin API (Danube's admin port
+    # 50051). Default tcp://127.0.0.1:50051. Must differ from listen.
+    admin_listen: str = "tcp://127.0.0.1:50051"
+    # Endpoint clients and other brokers are told to connect to, for when the
+    # bound address is not reachable as written (0.0.0.0, NAT, containers).
+    # Default None: the same as listen (see `advertised`).
+    advertised_url: str | None = None
+    # TCP port of the Prometheus metrics HTTP endpoint, 1..65535; 0 disables
+    # metrics. Default 9040 (Danube's prometheus port).
+    metrics_port: int = 9040
+    # Directory for everything the broker keeps on disk (WAL, metadata),
+    # relative to the working directory. Default ./danube-data.
+    data_dir: str = "./danube-data"
+    # A client connection that sends nothing, not even a ping, for this long is
+    # closed: its producers and consumers are detached (Failover promotes the
+    # next consumer). Default 5000 ms. Must be at least 2 x heartbeat_interval_ms.
+    session_timeout_ms: int = 5000
+    # How often clients are told to ping the broker. Default 1000 ms.
+    heartbeat_interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_range("broker.heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 3_600_000)
+        _check_range("broker.session_timeout_ms", self.session_timeout_ms, 20, 3_600_000)
+        if self.session_timeout_ms < 2 * self.heartbeat_interval_ms:
+            raise _error(
+                "broker.session_timeout_ms",
+                f"must be at least 2 x broker.heartbeat_interval_ms ({2 * self.heartbeat_interval_ms}),"
+                f" got {self.session_timeout_ms}",
+                "broker.heartbeat_interval_ms",
+            )
+        if self.broker_id is not None:
+            _check_range("broker.broker_id", self.broker_id, 0, _INT_MAX)
+        _check_endpoint("broker.listen", self.listen)
+        _check_endpoint("broker.admin_listen", self.admin_listen)
+        if self.advertised_url is not None:
+            _check_endpoint("broker.advertised_url", self.advertised_url)
+        if self.listen == self.admin_listen and not _is_ephemeral(self.listen):
+            raise _error(
+                "broker.admin_listen",
+                f"must differ from broker.listen, both are {self.listen!r}",
+                "broker.listen",
+            )
+        _check_range("broker.metrics_port", self.metrics_port, 0, _PORT_MAX)
+        if not self.data_dir:
+            raise _error("broker.data_dir", "must not be empty")
+
+    @property
+    def advertised(self) -> str:
+        """The endpoint to give to clients: advertised_url, or listen if unset."""
+        return self.advertised_url if self.advertised_url is not None else self.listen
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitsSection:
+    """Bounds on connections, frames and queues (STYLE 8: a limit on everything)."""
+
+    SECTION: ClassVar[str] = "limits"
+
+    # Largest ZeroMQ frame accepted or sent, in bytes; bigger frames are
+    # refused. Default 16 MiB. Must be greater than policies.max_message_size
+    # + 1 MiB, the room for the envelope around the largest message.
+    frame_bytes_max: int = 16 * MIB
+    # Client connections open at once; one more is refused with
+    # RESOURCE_EXHAUSTED. Default 10000.
+    connections_max: int = 10000
+    # Messages waiting in one actor's mailbox; a full mailbox is backpressure
+    # on the sender. Default 10000. Applies to every actor's mailbox.
+    mailbox_messages_max: int = 10000
+    # Producers one client connection may open at once. Default 1000.
+    producers_per_connection_max: int = 1000
+    # Consumers one client connection may open at once. Default 1000.
+    consumers_per_connection_max: int = 1000
+    # Frames queued for sending to one client connection (the ZeroMQ send
+    # high-water mark, ZMQ_SNDHWM); a slow client past this is backpressured.
+    # Default 10000. At least 1: ZeroMQ reads 0 as "unbounded". At most
+    # 2**31-1, ZMQ_SNDHWM being a C int.
+    outbound_frames_max: int = 10000
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in (
+            "frame_bytes_max",
+            "connections_max",
+            "mailbox_messages_max",
+            "producers_per_connection_max",
+            "consumers_per_connection_max",
+        ):
+            _check_range(f"limits.{name}", getattr(self, name), 1, _INT_MAX)
+        _check_range(
+            "limits.outbound_frames_max", self.outbound_frames_max, 1, _C_INT_MAX
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchSection:
+    """How subscriptions hold messages for their consumers."""
+
+    SECTION: ClassVar[str] = "dispatch"
+
+    # Non-reliable topics: messages one subscription holds for consumers that
+    # have no permits left. Beyond this, new messages are dropped and counted
+    # (subscription statistics `dropped_messages`). Default 10000.
+    pending_messages_max: int = 10000
+    # Non-reliable topics: bytes of message payload one subscription holds
+    # the same way; whichever of the two bounds is reached first applies.
+    # Default 16 MiB. Below policies.max_message_size, a message that large is
+    # always dropped when consumers lack permits.
+    pending_bytes_max: int = 16 * MIB
+    # Receiver queue size (permits) a client is told to use when it does not
+    # choose one. Only informational: the broker does not enforce it.
+    # Default 1000.
+    receiver_queue_size_default: int = 1000
+    # Non-reliable topics: the most recent messages a topic keeps in memory so
+    # that a new subscription with initial position `earliest` starts from them.
+    # 0 keeps none (earliest is then the same as latest). Default 1000.
+    tail_messages_max: int = 1000
+    # The same tail bounded in bytes of encoded batches. Default 1 MiB.
+    tail_bytes_max: int = 1 * MIB
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in ("tail_messages_max", "tail_bytes_max"):
+            _check_range(f"dispatch.{name}", getattr(self, name), 0, _INT_MAX)
+        for name in (
+            "pending_messages_max",
+            "pending_bytes_max",
+            "receiver_queue_size_default",
+        ):
+            _check_range(f"dispatch.{name}", getattr(self, name), 1, _INT_MAX)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoliciesSection:
+    """Broker-wide default topic policies.
+
+    The names are Danube's (`max_*` first, against our `*_max` habit), kept on
+    purpose so that a Danube `policies:` section reads the same here.
+    """
+
+    SECTION: ClassVar[str] = "policies"
+
+    # Producers on one topic at once; 0 = unlimited. Default 0.
+    max_producers_per_topic: int = 0
+    # Subscriptions on one topic; 0 = unlimited. Default 0.
+    max_subscriptions_per_topic: int = 0
+    # Consumers on one topic, over all its subscriptions; 0 = unlimited. Default 0.
+    max_consumers_per_topic: int = 0
+    # Consumers on one subscription; 0 = unlimited. Default 0.
+    max_consumers_per_subscription: int = 0
+    # Largest message payload accepted from a producer, in bytes; at least 1
+    # (no "unlimited": a frame has a size). Default 10485760 (10 MiB).
+    # Must be less than limits.frame_bytes_max - 1 MiB.
+    max_message_size: int = 10 * MIB
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in (
+            "max_producers_per_topic",
+            "max_subscriptions_per_topic",
+            "max_consumers_per_topic",
+            "max_consumers_per_subscription",
+        ):
+            _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
+        _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerConfig:
+    """The whole broker configuration: one field per section, plus top-level keys."""
+
+    SECTION: ClassVar[str] = ""
+
+    broker: BrokerSection = field(default_factory=BrokerSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    dispatch: DispatchSection = field(default_factory=DispatchSection)
+    policies: PoliciesSection = field(default_factory=PoliciesSection)
+    # Create a topic on its first producer or consumer (in an existing
+    # namespace) instead of refusing with NOT_FOUND. Default true.
+    auto_create_topics: bool = True
+    # Namespaces created at cluster start if missing; each a valid namespace
+    # name (1..255 of A-Z a-z 0-9 _ -), no duplicates. Default [default].
+    bootstrap_namespaces: tuple[str, ...] = ("default",)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bootstrap_namespaces, list):
+            # YAML gives lists; keep the frozen config hashable and immutable.
+            object.__setattr__(
+                self, "bootstrap_namespaces", tuple(self.bootstrap_namespaces)
+            )
+        _check_types(self)
+        seen: set[str] = set()
+        for namespace in self.bootstrap_namespaces:
+            try:
+                validate_namespace(namespace)
+            except InvalidArgument as err:
+                raise _error("bootstrap_namespaces", err.message) from None
+            if namespace in seen:
+                raise _error(
+                    "bootstrap_namespaces", f"namespace {namespace!r} is listed twice"
+                )
+            seen.add(namespace)
+        envelope_min = self.policies.max_message_size + ENVELOPE_BYTES_MAX
+        if self.limits.frame_bytes_max <= envelope_min:
+            raise _error(
+                "limits.frame_bytes_max",
+                f"must be greater than policies.max_message_size + 1 MiB for the envelope "
+                f"({self.policies.max_message_size} + {ENVELOPE_BYTES_MAX} = {envelope_min}), "
+                f"got {self.limits.frame_bytes_max}",
+                "policies.max_message_size",
+            )
+
+    def to_dict(self) -> dict[str, object]:
+        """The configuration as plain YAML-ready data (`--print-config`).
+
+        Feeding it back through a YAML file gives an equal BrokerConfig.
+        """
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                out[f.name] = {
+                    g.name: getattr(value, g.name) for g in dataclasses.fields(value)
+                }
+            elif isinstance(value, tuple):
+                out[f.name] = list(value)
+            else:
+                out[f.name] = value
+        return out
+
+
+_SECTIONS: tuple[type, ...] = (
+    BrokerSection,
+    LimitsSection,
+    DispatchSection,
+    PoliciesSection,
+)
+
+
+# --------------------------------------------------------------------------
+# Field checks
+# --------------------------------------------------------------------------
+
+
+def _error(key: str, problem: str, *related_keys: str) -> ConfigError:
+    """A ConfigError naming `key`; `config_keys` lets the loader add where values came from."""
+    err = ConfigError(f"config key {key!r}: {problem}")
+    err.config_keys = (key, *related_keys)  # type: ignore[attr-defined]
+    return err
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, object]:
+    return typing.get_type_hints(cls)
+
+
+def _accepts(hint: object, value: object) -> bool:
+    """Whether `value` has the type `hint` (the few types config fields use)."""
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        # bool is an int subclass; `true` is not a number of anything.
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is type(None):
+        return value is None
+    if isinstance(hint, types.UnionType):
+        return any(_accepts(arm, value) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        return isinstance(value, tuple) and all(_accepts(item, v) for v in value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return isinstance(value, hint)
+    raise AssertionError(f"config field type {hint!r} is not supported")
+
+
+def _describe(hint: object) -> str:
+    if hint is bool:
+        return "a boolean (true or false)"
+    if hint is int:
+        return "an integer"
+    if hint is str:
+        return "a string"
+    if hint is type(None):
+        return "null"
+    if isinstance(hint, types.UnionType):
+        return " or ".join(_describe(arm) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        assert typing.get_args(hint)[0] is str, hint
+        return "a list of strings"
+    return "a mapping"
+
+
+def _check_types(obj: object) -> None:
+    cls = type(obj)
+    hints = _hints(cls)
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if not _accepts(hints[f.name], value):
+            key = f"{cls.SECTION}.{f.name}" if cls.SECTION else f.name  # type: ignore[attr-defined]
+            raise _error(key, f"expected {_describe(hints[f.name])}, got {value!r}")
+
+
+def _check_range(key: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        # ">= 1" reads better than "between 1 and 9223372036854775807".
+        too_small_only = value < low and high == _INT_MAX
+        bound = f">= {low}" if too_small_only else f"between {low} and {high}"
+        raise _error(key, f"must be {bound}, got {value}")
+
+
+def _is_ephemeral(endpoint: str) -> bool:
+    """A tcp endpoint whose port the OS picks: binding it twice is no conflict."""
+    return endpoint.startswith("tcp://") and endpoint.endswith((":*", ":0"))
+
+
+def _check_endpoint(key: str, endpoint: str) -> None:
+    scheme = next((s for s in _ENDPOINT_SCHEMES if endpoint.startswith(s)), None)
+    if scheme is None or len(endpoint) == len(scheme):
+        raise _error(
+            key,
+            f"expected a ZeroMQ endpoint starting with tcp://, ipc:// or inproc://, got {endpoint!r}",
+        )
+    if scheme == "tcp://":
+        host, colon, port = endpoint[len(scheme) :].rpartition(":")
+        port_ok = port == "*" or (
+            port.isascii() and port.isdigit() and int(port) <= _PORT_MAX
+        )
+        if not (colon and host and port_ok):
+            raise _error(
+                key,
+                f"expected tcp://HOST:PORT with PORT 0..{_PORT_MAX} or *, got {endpoint!r}",
+            )
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+
+def _key_hints() -> dict[str, object]:
+    """Every leaf config key, dotted (`broker.listen`), with its field type."""
+    keys: dict[str, object] = {}
+    for f in dataclasses.fields(BrokerConfig):
+        hint = _hints(BrokerConfig)[f.name]
+        if hint in _SECTIONS:
+            assert hint.SECTION == f.name, (hint, f.name)  # type: ignore[attr-defined]
+            for g in dataclasses.fields(hint):  # type: ignore[arg-type]
+                keys[f"{f.name}.{g.name}"] = _hints(hint)[g.name]  # type: ignore[arg-type]
+        else:
+            keys[f.name] = hint
+    return keys
+
+
+_KEY_HINTS = _key_hints()
+_SECTION_NAMES = frozenset(cls.SECTION for cls in _SECTIONS)  # type: ignore[attr-defined]
+
+
+def env_var_name(key: str) -> str:
+    """The environment variable for a dotted key: broker.listen -> DANUBE_BROKER__LISTEN."""
+    return _ENV_PREFIX + key.upper().replace(".", "__")
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    section, dot, name = key.partition(".")
+    if dot and section in _SECTION_NAMES:
+        # Match the name within its section: with the shared "broker." prefix
+        # every broker key would look close.
+        names = [k.partition(".")[2] for k in _KEY_HINTS if k.startswith(section + ".")]
+        close = difflib.get_close_matches(name, names, n=1)
+        if close:
+            hint = f"; did you mean '{section}.{close[0]}'?"
+        else:
+            hint = f"; {section} has {', '.join(names)}"
+    else:
+        # Like with like: dotted against dotted, top-level against top-level.
+        candidates = [
+            k for k in (*_KEY_HINTS, *_SECTION_NAMES) if ("." in k) == bool(dot)
+        ]
+        close = difflib.get_close_matches(key, candidates, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint} (from {where})")
+
+
+def _check_known(key: str, where: str) -> None:
+    if key in _KEY_HINTS:
+        return
+    if key in _SECTION_NAMES:
+        example = next(k for k in _KEY_HINTS if k.startswith(key + "."))
+        raise ConfigError(
+            f"config key {key!r} is a section; set its keys one by one, "
+            f"e.g. {example!r} (from {where})"
+        )
+    raise _unknown_key(key, where)
+
+
+def _read_yaml(path: str | os.PathLike[str]) -> Iterator[tuple[str, object, str]]:
+    """Yield (dotted key, value, 'file' line N) for every key set in a YAML config file."""
+    shown = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {shown!r} not found") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"config file {shown!r} is not UTF-8 text: {err.reason}"
+        ) from None
+    except OSError as err:
+        raise ConfigError(
+            f"config file {shown!r} cannot be read: {err.strerror}"
+        ) from None
+
+    # Walk the node tree instead of yaml.safe_load: it keeps line numbers for
+    # messages, and catches a key given twice (safe_load keeps the last silently).
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:  # empty or comments only: all defaults
+            return
+        if not isinstance(root, yaml.MappingNode):
+            raise ConfigError(
+                f"config file {shown!r}: the top level must be a mapping of config keys, "
+                f"got {loader.construct_object(root, deep=True)!r}"
+            )
+        for key, node, where in _mapping_items(loader, root, "", shown):
+            if key in _SECTION_NAMES:
+                if (
+                    isinstance(node, yaml.ScalarNode)
+                    and node.tag == "tag:yaml.org,2002:null"
+                ):
+                    continue  # `broker:` with every key commented out
+                if not isinstance(node, yaml.MappingNode):
+                    value = loader.construct_object(node, deep=True)
+                    raise ConfigError(
+                        f"config key {key!r}: expected a mapping of {key}.* keys, "
+                        f"got {value!r} (from {where})"
+                    )
+                for sub_key, sub_node, sub_where in _mapping_items(
+                    loader, node, key, shown
+                ):
+                    _check_known(sub_key, sub_where)
+                    yield (
+                        sub_key,
+                        loader.construct_object(sub_node, deep=True),
+                        sub_where,
+                    )
+            elif "." in key:
+                # Dotted keys are for overrides; in a file, sections nest.
+                raise ConfigError(
+                    f"config key {key!r}: write it nested under its section in a file, "
+                    f"'{key.partition('.')[0]}:' then '{key.partition('.')[2]}:' (from {where})"
+                )
+            else:
+                _check_known(key, where)
+                yield key, loader.construct_object(node, deep=True), where
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = err.problem or err.context or "invalid YAML"
+        raise ConfigError(
+            f"config file {shown!r}: YAML syntax error{at}: {problem}"
+        ) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {shown!r}: YAML syntax error: {err}") from None
+    finally:
+        loader.dispose()
+
+
+def _mapping_items(
+    loader: yaml.SafeLoader, node: yaml.MappingNode, prefix: str, shown: str
+) -> Iterator[tuple[str, yaml.Node, str]]:
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        line = key_node.start_mark.line + 1
+        name = loader.construct_object(key_node, deep=True)
+        key = f"{prefix}.{name}" if prefix else str(name)
+        where = f"{shown!r} line {line}"
+        if key in seen:
+            raise ConfigError(
+                f"config key {key!r} is set twice, at lines {seen[key]} and {line} (from {shown!r})"
+            )
+        seen[key] = line
+        yield key, value_node, where
+
+
+def _parse_env(raw: str, hint: object) -> object:
+    """An environment value read as a YAML scalar, as far as the key's type wants."""
+    if typing.get_origin(hint) is tuple and not raw.lstrip().startswith("["):
+        return [item.strip() for item in raw.split(",") if item.strip()]
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw  # not YAML: the type check will report the raw text
+    if _accepts(hint, "") and not _accepts(hint, value):
+        # A string key keeps its text as given: DANUBE_BROKER__DATA_DIR=2024
+        # is the directory "2024", not a type error.
+        return raw
+    return value
+
+
+def _with_sources(err: ConfigError, sources: Mapping[str, str]) -> ConfigError:
+    """err with where its keys' values came from appended, when they were set."""
+    keys = getattr(err, "config_keys", ())
+    known = [(key, sources[key]) for key in keys if key in sources]
+    if not known:
+        return err
+    if [key for key, _ in known] == [keys[0]]:
+        suffix = f" (from {known[0][1]})"
+    else:
+        suffix = " (" + "; ".join(f"{key} from {source}" for key, source in known) + ")"
+    return ConfigError(err.message + suffix)
+
+
+def _build(values: Mapping[str, object]) -> BrokerConfig:
+    sections: dict[str, object] = {}
+    for cls in _SECTIONS:
+        prefix = cls.SECTION + "."  # type: ignore[attr-defined]
+        kwargs = {
+            key[len(prefix) :]: v for key, v in values.items() if key.startswith(prefix)
+        }
+        sections[cls.SECTION] = cls(**kwargs)  # type: ignore[attr-defined]
+    top = {key: v for key, v in values.items() if "." not in key}
+    return BrokerConfig(**sections, **top)  # type: ignore[arg-type]
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> BrokerConfig:
+    """Load and validate the configuration: defaults < file < environment < overrides.
+
+    `path` None means no file. `env` None means `os.environ`; pass `{}` to
+    ignore the environment. Raises ConfigError naming the key at fault.
+    """
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        for key, value, where in _read_yaml(path):
+            values[key] = value
+            sources[key] = where
+    environ = os.environ if env is None else env
+    for key, hint in _KEY_HINTS.items():
+        name = env_var_name(key)
+        if name in environ:
+            values[key] = _parse_env(environ[name], hint)
+            sources[key] = f"environment variable {name}"
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        _check_known(key, "overrides")
+        values[key] = value
+        sources[key] = "overrides"
+    try:
+        return _build(values)
+    except ConfigError as err:
+        raise _with_sources(err, sources) from None

@@ -1,0 +1,371 @@
+"""The gateway: the broker's client-facing ROUTER socket and its sessions.
+
+        clients (DEALER)                       topic / subscription actors
+              |  frames                             |  [identity, frame]
+        +-----v------------------------------------v-----+
+        |  ROUTER (tcp)   Gateway actor   outbox (PULL)   |
+        |  sessions: identity -> producers, consumers     |
+        +-----+-------------------------------------------+
+              |  ClientRequest(identity, frame)  (inproc mailboxes)
+              v
+        broker (lookups, create, subscribe) | topic (send) | subscription (flow, ack)
+
+1. Every client frame is decoded once here; a bad one is answered with `Error`
+   and the connection stays usable.
+2. Connection-level requests (Connect, Ping, HealthCheck) are answered here.
+3. Everything else is forwarded, with the raw frame, to the actor that owns it: the
+   broker actor for lookups, producer creation and subscribe; the topic actor for a
+   producer's sends; the subscription actor for a consumer's flow, acks and nacks.
+4. Actors answer clients by pushing `[identity, frame]` to the outbox, which this
+   actor relays to the ROUTER without decoding.
+5. A connection silent for `session_timeout_ms` is closed: its producers and
+   consumers are detached from their actors.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.system import ActorSystem
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
+from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument
+from danube_zmq.transport.internal_protocol import (
+    ClientRequest,
+    ConsumerAttached,
+    ConsumerDetached,
+    DetachConsumer,
+    DetachProducer,
+    ProducerAttached,
+    ProducerDetached,
+    Tick,
+)
+
+log = logging.getLogger("danube_zmq.gateway")
+
+OUTBOX = "inproc://gateway-outbox"
+_DRAIN_MAX = 512
+_TICK_MS = 250
+
+
+@dataclass(slots=True)
+class Session:
+    """One client connection, keyed by its DEALER identity."""
+
+    client_name: str
+    last_seen_ms: int
+    producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic actor
+    consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> subscription actor
+
+
+class Gateway(Actor):
+    def __init__(self, *, config: BrokerConfig, broker_id: int) -> None:
+        self.config = config
+        self.broker_id = broker_id
+        self.sessions: dict[bytes, Session] = {}
+        self.router: zmq.asyncio.Socket | None = None
+        self.outbox: zmq.asyncio.Socket | None = None
+        self.bound_url = ""
+        self.frames_in = 0
+        self.frames_out = 0
+        self.frames_dropped = 0
+        self.bad_frames = 0
+        self._route = {
+            Connect: self._on_connect,
+            Ping: self._on_ping,
+            cp.HealthCheck: self._on_health_check,
+            cp.Lookup: self._to_broker,
+            cp.GetPartitions: self._to_broker,
+            cp.CreateProducer: self._on_create_producer,
+            cp.Subscribe: self._on_subscribe,
+            cp.Send: self._on_send,
+            cp.CloseProducer: self._to_producer,
+            cp.Flow: self._to_consumer,
+            cp.Ack: self._to_consumer,
+            cp.Nack: self._to_consumer,
+            cp.Unsubscribe: self._to_consumer,
+            cp.CloseConsumer: self._to_consumer,
+        }
+
+    # ------------------------------------------------------------- lifecycle
+    async def on_start(self) -> None:
+        limits = self.config.limits
+        ctx = self.system.context
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, limits.frame_bytes_max)
+        router.setsockopt(zmq.SNDHWM, limits.outbound_frames_max)
+        router.setsockopt(zmq.RCVHWM, limits.mailbox_messages_max)
+        # Fail loudly (EHOSTUNREACH / EAGAIN) instead of dropping silently, so that
+        # frames to gone or slow clients are counted.
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.bind(self.config.broker.listen)
+        self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        outbox = ctx.socket(zmq.PULL)
+        outbox.setsockopt(zmq.LINGER, 0)
+        outbox.setsockopt(zmq.RCVHWM, limits.outbound_frames_max)
+        outbox.bind(OUTBOX)
+        self.router, self.outbox = router, outbox
+        self._router_sync = zmq.Socket.shadow(router.underlying)
+        self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
+        self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
+
+    async def on_stop(self) -> None:
+        for sock in (self.router, self.outbox):
+            if sock is not None:
+                sock.close(linger=0)
+
+    def extra_sockets(self) -> list[tuple[Any, Any]]:
+        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+
+    @property
+    def advertised_url(self) -> str:
+        return self.config.broker.advertised_url or self.bound_url
+
+    # ------------------------------------------------------------- socket side
+    async def _drain_router(self) -> None:
+        for _ in range(_DRAIN_MAX):
+            try:
+                frames = self._router_sync.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.frames_in += 1
+            if len(frames) != 2:
+                self.bad_frames += 1
+                self._reply(frames[0], Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
+                                             message=f"expected one frame per message, got {len(frames) - 1}"))
+                continue
+            self._on_client_frame(frames[0], frames[1])
+
+    async def _drain_outbox(self) -> None:
+        for _ in range(_DRAIN_MAX):
+            try:
+                frames = self._outbox_sync.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._send_out(frames)
+
+    def _send_out(self, frames: list[Any]) -> None:
+        try:
+            self._router_sync.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self.frames_out += 1
+        except zmq.ZMQError:
+            # EAGAIN: the client's queue is full; EHOSTUNREACH: it is gone.
+            self.frames_dropped += 1
+            METRICS.frames_dropped.inc()
+
+    def _reply(self, identity: bytes, msg: Message) -> None:
+        self._send_out([identity, cp.CLIENT_PROTOCOL.encode(msg)])
+
+    # ------------------------------------------------------------- requests
+    def _on_client_frame(self, identity: bytes, frame: bytes) -> None:
+        try:
+            msg = cp.CLIENT_PROTOCOL.decode(frame)
+        except InvalidArgument as exc:
+            self.bad_frames += 1
+            METRICS.bad_frames.inc()
+            self._reply(identity, Error(request_id=_request_id_of(frame), code=exc.code, message=exc.message))
+            return
+        route = self._route.get(type(msg))
+        if route is None:
+            self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=ErrorCode.INVALID_ARGUMENT,
+                                        message=f"{type(msg).__name__} is not a request a client may send"))
+            return
+        session = self.sessions.get(identity)
+        if session is None and type(msg) is not Connect:
+            if hasattr(msg, "request_id"):
+                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNAVAILABLE,
+                                            message="connection not established: send Connect first"))
+            return
+        if session is not None:
+            session.last_seen_ms = self.system.clock.monotonic_ms()
+        try:
+            route(identity, session, msg, frame)
+        except DanubeError as exc:
+            self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=exc.code, message=exc.message))
+
+    def _on_connect(self, identity: bytes, session: Session | None, msg: Connect, frame: bytes) -> None:
+        if msg.protocol_version != PROTOCOL_VERSION:
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNSUPPORTED_VERSION,
+                                        message=f"protocol version {msg.protocol_version} is not supported;"
+                                        f" this broker speaks {PROTOCOL_VERSION}"))
+            return
+        if session is not None:
+            self._close_session(identity, session)  # a reconnect starts from scratch
+        elif len(self.sessions) >= self.config.limits.connections_max:
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message=f"connection limit reached ({self.config.limits.connections_max})"))
+            return
+        self.sessions[identity] = Session(client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms())
+        METRICS.connections.set(len(self.sessions))
+        broker = self.config.broker
+        self._reply(identity, Connected(
+            request_id=msg.request_id, protocol_version=PROTOCOL_VERSION, broker_id=self.broker_id,
+            broker_url=self.advertised_url, frame_bytes_max=self.config.limits.frame_bytes_max,
+            message_bytes_max=self.config.policies.max_message_size,
+            heartbeat_interval_ms=broker.heartbeat_interval_ms, session_timeout_ms=broker.session_timeout_ms,
+        ))
+
+    def _on_ping(self, identity: bytes, session: Session, msg: Ping, frame: bytes) -> None:
+        self._reply(identity, Pong(request_id=msg.request_id))
+
+    def _on_health_check(self, identity: bytes, session: Session, msg: cp.HealthCheck, frame: bytes) -> None:
+        owned = session.producers if msg.client_kind == cp.ClientKind.PRODUCER else session.consumers
+        status = cp.HealthState.OK if msg.client_id in owned else cp.HealthState.CLOSE
+        self._reply(identity, cp.HealthStatus(request_id=msg.request_id, status=status))
+
+    def _to_broker(self, identity: bytes, session: Session, msg: Message, frame: bytes) -> None:
+        self._forward(self.system.broker_endpoint, identity, msg, frame)
+
+    def _on_create_producer(self, identity: bytes, session: Session, msg: cp.CreateProducer, frame: bytes) -> None:
+        cap = self.config.limits.producers_per_connection_max
+        if len(session.producers) >= cap:
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message=f"this connection already has {cap} producers (producers_per_connection_max)"))
+            return
+        self._forward(self.system.broker_endpoint, identity, msg, frame)
+
+    def _on_subscribe(self, identity: bytes, session: Session, msg: cp.Subscribe, frame: bytes) -> None:
+        cap = self.config.limits.consumers_per_connection_max
+        if len(session.consumers) >= cap:
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message=f"this connection already has {cap} consumers (consumers_per_connection_max)"))
+            return
+        self._forward(self.system.broker_endpoint, identity, msg, frame)
+
+    def _on_send(self, identity: bytes, session: Session, msg: cp.Send, frame: bytes) -> None:
+        endpoint = session.producers.get(msg.producer_id)
+        if endpoint is None:
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
+                                        message=f"producer {msg.producer_id} is not attached on this connection"))
+            return
+        count = len(msg.payloads)
+        if count == 0 or len(msg.publish_times) != count or _column_mismatch(msg.keys, count) \
+                or _column_mismatch(msg.attributes, count):
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.INVALID_ARGUMENT,
+                                        message="a Send needs at least one message and one entry per message"
+                                        " in publish_times (and in keys/attributes when given)"))
+            return
+        size_max = self.config.policies.max_message_size
+        # The whole frame is smaller than the limit in the common case: no per-message check.
+        if len(frame) > size_max:
+            largest = max(map(len, msg.payloads))
+            if largest > size_max:
+                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.INVALID_ARGUMENT,
+                                            message=f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)"))
+                return
+        self._forward(endpoint, identity, msg, frame)
+
+    def _to_producer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
+        endpoint = session.producers.get(msg.producer_id)
+        if endpoint is None:
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
+                                        message=f"producer {msg.producer_id} is not attached on this connection"))
+            return
+        self._forward(endpoint, identity, msg, frame)
+
+    def _to_consumer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
+        endpoint = session.consumers.get(msg.consumer_id)
+        if endpoint is None:
+            if hasattr(msg, "request_id"):  # a stray Flow has no one to answer
+                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
+                                            message=f"consumer {msg.consumer_id} is not attached on this connection"))
+            return
+        self._forward(endpoint, identity, msg, frame)
+
+    def _forward(self, endpoint: str, identity: bytes, msg: Message, frame: bytes) -> None:
+        if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame)):
+            if hasattr(msg, "request_id"):
+                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                            message="broker busy: the actor serving this request has a full mailbox; retry"))
+
+    # ------------------------------------------------------------- mailbox
+    def handle_ProducerAttached(self, msg: ProducerAttached) -> None:
+        session = self.sessions.get(msg.identity)
+        if session is None:  # the connection went away while the producer was created
+            self.system.tell(msg.endpoint, DetachProducer(producer_id=msg.producer_id))
+            return
+        session.producers[msg.producer_id] = msg.endpoint
+        self._send_out([msg.identity, msg.reply])
+
+    def handle_ProducerDetached(self, msg: ProducerDetached) -> None:
+        session = self.sessions.get(msg.identity)
+        if session is None:
+            return
+        session.producers.pop(msg.producer_id, None)
+        if msg.reply is not None:
+            self._send_out([msg.identity, msg.reply])
+        if msg.reason is not None:
+            self._reply(msg.identity, cp.ProducerClosed(producer_id=msg.producer_id, reason=msg.reason))
+
+    def handle_ConsumerAttached(self, msg: ConsumerAttached) -> None:
+        session = self.sessions.get(msg.identity)
+        if session is None:
+            self.system.tell(msg.endpoint, DetachConsumer(consumer_id=msg.consumer_id))
+            return
+        session.consumers[msg.consumer_id] = msg.endpoint
+        self._send_out([msg.identity, msg.reply])
+
+    def handle_ConsumerDetached(self, msg: ConsumerDetached) -> None:
+        session = self.sessions.get(msg.identity)
+        if session is None:
+            return
+        session.consumers.pop(msg.consumer_id, None)
+        if msg.reply is not None:
+            self._send_out([msg.identity, msg.reply])
+        if msg.reason is not None:
+            self._reply(msg.identity, cp.ConsumerClosed(consumer_id=msg.consumer_id, reason=msg.reason))
+
+    def handle_Tick(self, msg: Tick) -> None:
+        now = self.system.clock.monotonic_ms()
+        timeout_ms = self.config.broker.session_timeout_ms
+        expired = [identity for identity, s in self.sessions.items() if now - s.last_seen_ms > timeout_ms]
+        for identity in expired:
+            log.info("session %s (%s) silent for %d ms: closed", identity.hex(),
+                     self.sessions[identity].client_name, timeout_ms)
+            self._close_session(identity, self.sessions[identity])
+
+    def _close_session(self, identity: bytes, session: Session) -> None:
+        for producer_id, endpoint in session.producers.items():
+            self.system.tell(endpoint, DetachProducer(producer_id=producer_id))
+        for consumer_id, endpoint in session.consumers.items():
+            self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id))
+        del self.sessions[identity]
+        METRICS.connections.set(len(self.sessions))
+
+
+def reply_client(system: ActorSystem, identity: bytes, msg: Message) -> bool:
+    """Send `msg` to a client connection through the gateway's outbox (any actor)."""
+    if system.push_frames(OUTBOX, [identity, cp.CLIENT_PROTOCOL.encode(msg)]):
+        return True
+    METRICS.frames_dropped.inc()
+    return False
+
+
+def _column_mismatch(column: list[Any] | None, count: int) -> bool:
+    return column is not None and len(column) != count
+
+
+def _request_id_of(frame: bytes) -> int:
+    """Best effort: the request id of a frame that failed to decode, so the client can
+    match the error to its request (0 when it cannot be read)."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(frame), 1))
+        unpacker.feed(frame)
+        if unpacker.read_array_header() < 2:
+            return 0
+        unpacker.skip()
+        request_id = unpacker.unpack()
+    except Exception:
+        return 0
+    return request_id if type(request_id) is int and request_id >= 0 else 0

@@ -1,0 +1,126 @@
+"""One standalone broker process: the actor system and its top-level actors.
+
+    BrokerService
+      +-- ActorSystem (zmq context, mailboxes, supervision)
+            +-- BrokerActor    registry of namespaces and topics; parent of topics
+            |     +-- TopicActor per topic/partition
+            |           +-- SubscriptionActor per subscription
+            +-- Gateway        client ROUTER (broker.listen) + outbox
+            +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
+
+`start()` binds everything (and the Prometheus endpoint); `stop()` stops the actors in
+reverse order and closes the context. Use it as `async with BrokerService(cfg):`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import zmq
+import zmq.asyncio
+from prometheus_client import start_http_server
+
+from danube_zmq.actors.admin_gateway import AdminGateway
+from danube_zmq.actors.broker import BrokerActor
+from danube_zmq.actors.clock import Clock, SystemClock
+from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.gateway import Gateway
+from danube_zmq.actors.system import ActorSystem
+
+log = logging.getLogger("danube_zmq.service")
+
+
+class BrokerService:
+    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.broker_id = config.broker.broker_id if config.broker.broker_id is not None else self.rng.getrandbits(63)
+        self.client_url = ""
+        self.admin_url = ""
+        self.metrics_url: str | None = None
+        self._context: zmq.asyncio.Context | None = None
+        self._system: ActorSystem | None = None
+        self._metrics_server: object | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        config = self.config
+        self._context = zmq.asyncio.Context()
+        # Each actor mailbox and cached sender is a socket: lift libzmq's default of 1023.
+        self._context.setsockopt(zmq.LINGER, 0)
+        self._context.set(zmq.MAX_SOCKETS, 65_536)
+        system = ActorSystem(self._context, clock=self.clock, mailbox_messages_max=config.limits.mailbox_messages_max)
+        self._system = system
+        try:
+            if config.broker.metrics_port:
+                host = _listen_host(config.broker.listen)
+                self._metrics_server = start_http_server(config.broker.metrics_port, addr=host)
+                self.metrics_url = f"http://{host}:{config.broker.metrics_port}/metrics"
+            # The gateways find the broker actor through `system.broker_endpoint` when a
+            # request arrives, so they start first and the broker learns their URLs.
+            system.gateway_endpoint = await system.spawn(
+                lambda: Gateway(config=config, broker_id=self.broker_id), name="gateway")
+            gateway = system.actor(system.gateway_endpoint)
+            assert isinstance(gateway, Gateway)
+            self.client_url = gateway.bound_url
+            admin_endpoint = await system.spawn(
+                lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
+                name="admin-gateway")
+            admin = system.actor(admin_endpoint)
+            assert isinstance(admin, AdminGateway)
+            self.admin_url = admin.bound_url
+            system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("broker %d listening: clients %s, admin %s, metrics %s", self.broker_id, self.client_url,
+                 self.admin_url, self.metrics_url or "off")
+
+    def _broker_factory(self) -> BrokerActor:
+        return BrokerActor(config=self.config, broker_id=self.broker_id, broker_url=self.advertised_url,
+                           admin_url=self.admin_url,
+                           metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)))
+
+    @property
+    def advertised_url(self) -> str:
+        return self.config.broker.advertised_url or self.client_url or self.config.broker.listen
+
+    async def stop(self) -> None:
+        if self._system is not None:
+            await self._system.shutdown()
+            self._system = None
+        if self._metrics_server is not None:
+            server, thread = self._metrics_server  # type: ignore[misc]
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=2)
+            self._metrics_server = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def statistics(self) -> object:
+        assert self._system is not None
+        return self._system.statistics()
+
+    async def __aenter__(self) -> BrokerService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _listen_host(endpoint: str) -> str:
+    """The interface the metrics endpoint shares with the client listener."""
+    if endpoint.startswith("tcp://"):
+        host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
+        return "0.0.0.0" if host in ("*", "") else host.strip("[]")
+    return "127.0.0.1"

@@ -1,0 +1,428 @@
+"""The actor system of one broker process: mailboxes, supervision, asks and timers.
+
+Each actor gets a PULL socket bound at `inproc://actor-<n>` (its mailbox, bounded by
+the receive high-water mark) and one task that decodes and handles one message at a
+time. Other actors reach it through PUSH sockets the system caches per destination;
+`tell` never blocks (False when the mailbox is full), `send` waits for room up to a
+deadline. An ask (`ask`) wraps the message in `Request` with a correlation id; the
+handler's return value resolves the asker's future as a `Reply`, so the asker's own
+mailbox is not involved (an ask is a control-plane call; it blocks the asking
+handler until the answer or the deadline).
+
+Supervision: a handler that raises is logged and counted, and the actor is rebuilt
+from its factory (fresh state, same mailbox, children of the old instance stopped).
+More than `restarts_max` restarts within `restart_window_ms` stops the actor and tells
+its parent with `ChildStopped`. One actor's failure never takes the process down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from danube_zmq.actors.actor import Actor, ActorStatistics
+from danube_zmq.actors.clock import Clock
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.errors import (
+    DanubeError,
+    InternalError,
+    ResourceExhausted,
+    Timeout,
+    Unavailable,
+    error_from_code,
+)
+from danube_zmq.transport.internal_protocol import (
+    INTERNAL_PROTOCOL,
+    ChildStopped,
+    Reply,
+    Request,
+)
+
+log = logging.getLogger("danube_zmq.actors")
+
+# Frames one actor handles per wake-up before yielding to the others: fairness bound.
+_DRAIN_MAX = 256
+
+
+@dataclass(slots=True)
+class _Cell:
+    """The system's record of one actor: its mailbox, task, lineage and counters."""
+
+    endpoint: str
+    name: str
+    factory: Callable[[], Actor]
+    parent: str | None
+    socket: zmq.asyncio.Socket
+    instance: Actor
+    task: asyncio.Task[None] | None = None
+    children: list[str] = field(default_factory=list)
+    restart_times_ms: deque[int] = field(default_factory=deque)
+    handled: int = 0
+    unrecognized: int = 0
+    failures: int = 0
+    restarts: int = 0
+    stopping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SystemStatistics:
+    actors: int
+    failures: int
+    restarts: int
+    dead_letters: int
+    mailbox_full_drops: int
+
+
+class ActorSystem:
+    def __init__(
+        self,
+        context: zmq.asyncio.Context,
+        *,
+        clock: Clock,
+        mailbox_messages_max: int,
+        restarts_max: int = 5,
+        restart_window_ms: int = 60_000,
+        ask_timeout_ms: int = 10_000,
+    ) -> None:
+        assert mailbox_messages_max > 0
+        self.context = context
+        # A sync view of the same libzmq context: inproc endpoints are shared, and
+        # non-blocking sends need no future per message.
+        self._sync_context = zmq.Context.shadow(context.underlying)
+        self.clock = clock
+        self.mailbox_messages_max = mailbox_messages_max
+        self.restarts_max = restarts_max
+        self.restart_window_ms = restart_window_ms
+        self.ask_timeout_ms = ask_timeout_ms
+        # Well-known mailboxes: the gateway (actors that attach clients tell it) and
+        # the broker actor (the gateways forward to it). Set by the owner at start.
+        self.gateway_endpoint = ""
+        self.broker_endpoint = ""
+        self._cells: dict[str, _Cell] = {}
+        self._push: dict[str, zmq.Socket] = {}
+        self._ids = itertools.count(1)
+        self._correlation = itertools.count(1)
+        self._asks: dict[int, asyncio.Future[Reply]] = {}
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.failures = 0
+        self.restarts = 0
+        self.dead_letters = 0
+        self.mailbox_full_drops = 0
+
+    # ----------------------------------------------------------------- lifecycle
+    async def shutdown(self) -> None:
+        roots = [cell.endpoint for cell in self._cells.values() if cell.parent is None]
+        for endpoint in reversed(roots):
+            await self.stop(endpoint)
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        for sock in self._push.values():
+            sock.close(linger=0)
+        self._push.clear()
+        for future in self._asks.values():
+            if not future.done():
+                future.set_exception(Unavailable("actor system shut down"))
+
+    async def spawn(self, factory: Callable[[], Actor], *, name: str, parent: str | None = None) -> str:
+        """Start an actor; returns its endpoint (its address for `tell`)."""
+        endpoint = f"inproc://actor-{next(self._ids)}"
+        sock = self.context.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.mailbox_messages_max)
+        sock.bind(endpoint)
+        instance = self._instantiate(factory, endpoint, name)
+        cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, socket=sock, instance=instance)
+        self._cells[endpoint] = cell
+        if parent is not None and parent in self._cells:
+            self._cells[parent].children.append(endpoint)
+        try:
+            await instance.on_start()
+        except BaseException:
+            await self._discard(cell)
+            raise
+        cell.task = asyncio.create_task(self._run(cell), name=f"actor {name}")
+        return endpoint
+
+    async def stop(self, endpoint: str) -> None:
+        """Stop an actor and, first, its children (newest first)."""
+        cell = self._cells.get(endpoint)
+        if cell is None or cell.stopping:
+            return
+        cell.stopping = True
+        for child in reversed(list(cell.children)):
+            await self.stop(child)
+        if cell.task is not None and cell.task is not asyncio.current_task():
+            cell.task.cancel()
+            await asyncio.gather(cell.task, return_exceptions=True)
+        try:
+            await cell.instance.on_stop()
+        except Exception:
+            log.exception("%s: on_stop failed", cell.name)
+        await self._discard(cell)
+
+    def actor(self, endpoint: str) -> Actor:
+        """The live instance behind an endpoint: for the system's owner at start-up
+        (bound addresses) and for tests, never for actors (they share nothing)."""
+        return self._cells[endpoint].instance
+
+    def is_alive(self, endpoint: str) -> bool:
+        cell = self._cells.get(endpoint)
+        return cell is not None and not cell.stopping
+
+    # ----------------------------------------------------------------- messaging
+    def tell(self, endpoint: str, msg: Message) -> bool:
+        """Post without waiting. False (and counted) when the mailbox is full or gone."""
+        return self.tell_frame(endpoint, INTERNAL_PROTOCOL.encode(msg))
+
+    def tell_frame(self, endpoint: str, frame: bytes) -> bool:
+        if endpoint not in self._cells:
+            self.dead_letters += 1
+            return False
+        try:
+            self._push_socket(endpoint).send(frame, zmq.DONTWAIT, copy=False)
+        except zmq.Again:
+            self.mailbox_full_drops += 1
+            return False
+        return True
+
+    def push_frames(self, endpoint: str, frames: list[bytes]) -> bool:
+        """Post raw frames to a socket that is not an actor mailbox (a gateway outbox)."""
+        try:
+            self._push_socket(endpoint).send_multipart(frames, zmq.DONTWAIT, copy=False)
+        except zmq.Again:
+            self.mailbox_full_drops += 1
+            return False
+        return True
+
+    async def send(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> None:
+        """Post, waiting for mailbox room up to the deadline (backpressure)."""
+        frame = INTERNAL_PROTOCOL.encode(msg)
+        deadline = self.clock.monotonic_ms() + (timeout_ms or self.ask_timeout_ms)
+        delay_s = 0.0005
+        while True:
+            if endpoint not in self._cells:
+                self.dead_letters += 1
+                raise Unavailable(f"actor {endpoint} is gone")
+            try:
+                self._push_socket(endpoint).send(frame, zmq.DONTWAIT, copy=False)
+                return
+            except zmq.Again:
+                if self.clock.monotonic_ms() >= deadline:
+                    raise ResourceExhausted(f"mailbox of {self._cells[endpoint].name} stayed full") from None
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 0.05)
+
+    async def ask(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> Message:
+        """Send `msg` as a request and wait for the handler's return value."""
+        correlation_id = next(self._correlation)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._asks[correlation_id] = future
+        try:
+            await self.send(endpoint, Request(correlation_id=correlation_id, frame=INTERNAL_PROTOCOL.encode(msg)))
+            timeout_s = (timeout_ms or self.ask_timeout_ms) / 1000
+            try:
+                reply = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                raise Timeout(f"no answer to {type(msg).__name__} within {timeout_s:.1f} s") from None
+        finally:
+            self._asks.pop(correlation_id, None)
+        if reply.frame is None:
+            raise error_from_code(reply.error_code or 8, reply.error_message or "ask failed")
+        return INTERNAL_PROTOCOL.decode(reply.frame)
+
+    def schedule_periodic(self, endpoint: str, interval_ms: int, msg: Message) -> None:
+        """Deliver `msg` to the actor every `interval_ms` while it lives."""
+        assert interval_ms > 0
+        loop = asyncio.get_running_loop()
+        frame = INTERNAL_PROTOCOL.encode(msg)
+
+        def fire() -> None:
+            self._timers.discard(handle_box[0])
+            if not self.is_alive(endpoint):
+                return
+            self.tell_frame(endpoint, frame)
+            handle_box[0] = loop.call_later(interval_ms / 1000, fire)
+            self._timers.add(handle_box[0])
+
+        handle_box = [loop.call_later(interval_ms / 1000, fire)]
+        self._timers.add(handle_box[0])
+
+    def count_unrecognized(self, endpoint: str) -> None:
+        cell = self._cells.get(endpoint)
+        if cell is not None:
+            cell.unrecognized += 1
+
+    def statistics(self) -> SystemStatistics:
+        return SystemStatistics(
+            actors=len(self._cells),
+            failures=self.failures,
+            restarts=self.restarts,
+            dead_letters=self.dead_letters,
+            mailbox_full_drops=self.mailbox_full_drops,
+        )
+
+    def actor_statistics(self) -> list[ActorStatistics]:
+        return [
+            ActorStatistics(
+                name=c.name, endpoint=c.endpoint, handled_messages=c.handled,
+                unrecognized_messages=c.unrecognized, failures=c.failures, restarts=c.restarts,
+                mailbox_messages_max=self.mailbox_messages_max,
+            )
+            for c in self._cells.values()
+        ]
+
+    # ----------------------------------------------------------------- internals
+    def _instantiate(self, factory: Callable[[], Actor], endpoint: str, name: str) -> Actor:
+        instance = factory()
+        instance.system = self
+        instance.endpoint = endpoint
+        instance.name = name
+        return instance
+
+    def _push_socket(self, endpoint: str) -> zmq.Socket:
+        sock = self._push.get(endpoint)
+        if sock is None:
+            sock = self._sync_context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self.mailbox_messages_max)
+            sock.connect(endpoint)
+            self._push[endpoint] = sock
+        return sock
+
+    async def _discard(self, cell: _Cell) -> None:
+        self._cells.pop(cell.endpoint, None)
+        if cell.parent is not None and cell.parent in self._cells:
+            siblings = self._cells[cell.parent].children
+            if cell.endpoint in siblings:
+                siblings.remove(cell.endpoint)
+        push = self._push.pop(cell.endpoint, None)
+        if push is not None:
+            push.close(linger=0)
+        cell.socket.close(linger=0)
+
+    async def _run(self, cell: _Cell) -> None:
+        # One task per actor polls its mailbox and any sockets it owns, then drains
+        # what is ready in bursts: one wake-up of the event loop serves many frames.
+        mailbox = zmq.Socket.shadow(cell.socket.underlying)
+        instance: Actor | None = None
+        poller = zmq.asyncio.Poller()
+        handlers: dict[object, Callable[[], object]] = {}
+        while True:
+            if cell.instance is not instance:
+                instance = cell.instance
+                poller = zmq.asyncio.Poller()
+                poller.register(cell.socket, zmq.POLLIN)
+                handlers = {}
+                for sock, drain in instance.extra_sockets():
+                    poller.register(sock, zmq.POLLIN)
+                    handlers[sock] = drain
+            ready = await poller.poll()
+            for sock, _ in ready:
+                if sock is cell.socket:
+                    if not await self._drain_mailbox(cell, mailbox):
+                        return
+                else:
+                    drain = handlers.get(sock)
+                    if drain is None:
+                        continue
+                    try:
+                        await drain()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        if not await self._on_failure(cell, "socket", exc):
+                            return
+                if cell.instance is not instance:
+                    break
+
+    async def _drain_mailbox(self, cell: _Cell, mailbox: zmq.Socket) -> bool:
+        """Handle up to `_DRAIN_MAX` queued frames; False when the actor was stopped."""
+        instance = cell.instance
+        for _ in range(_DRAIN_MAX):
+            try:
+                frame = mailbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            try:
+                msg = INTERNAL_PROTOCOL.decode(frame)
+            except DanubeError as exc:
+                cell.unrecognized += 1
+                log.error("%s: undecodable mailbox frame dropped: %s", cell.name, exc)
+                continue
+            cell.handled += 1
+            if type(msg) is Request:
+                await self._serve_ask(cell, msg)
+            else:
+                try:
+                    await instance.dispatch(msg)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    return await self._on_failure(cell, type(msg).__name__, exc)
+            if cell.instance is not instance:
+                return True
+        return True
+
+    async def _serve_ask(self, cell: _Cell, request: Request) -> None:
+        try:
+            inner = INTERNAL_PROTOCOL.decode(request.frame)
+            result = await cell.instance.dispatch(inner)
+            assert isinstance(result, Message), f"{cell.name} answered an ask with {result!r}"
+            reply = Reply(correlation_id=request.correlation_id, frame=INTERNAL_PROTOCOL.encode(result))
+        except asyncio.CancelledError:
+            raise
+        except DanubeError as exc:
+            reply = Reply(correlation_id=request.correlation_id, frame=None,
+                          error_code=int(exc.code), error_message=exc.message)
+        except Exception as exc:
+            reply = Reply(correlation_id=request.correlation_id, frame=None,
+                          error_code=int(InternalError.code), error_message=f"{type(exc).__name__}: {exc}")
+            self._deliver_reply(reply)
+            await self._on_failure(cell, "ask", exc)
+            return
+        self._deliver_reply(reply)
+
+    def _deliver_reply(self, reply: Reply) -> None:
+        future = self._asks.get(reply.correlation_id)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    async def _on_failure(self, cell: _Cell, what: str, exc: Exception) -> bool:
+        """Restart the actor within its budget; False when it was stopped instead."""
+        cell.failures += 1
+        self.failures += 1
+        log.error("%s: handler for %s raised %s: %s", cell.name, what, type(exc).__name__, exc, exc_info=exc)
+        now = self.clock.monotonic_ms()
+        while cell.restart_times_ms and now - cell.restart_times_ms[0] > self.restart_window_ms:
+            cell.restart_times_ms.popleft()
+        old = cell.instance
+        for child in reversed(list(cell.children)):
+            await self.stop(child)
+        try:
+            await old.on_stop()
+        except Exception:
+            log.exception("%s: on_stop failed during restart", cell.name)
+        if len(cell.restart_times_ms) >= self.restarts_max:
+            log.error("%s: %d restarts within %d ms; stopped", cell.name, len(cell.restart_times_ms), self.restart_window_ms)
+            cell.stopping = True
+            if cell.parent is not None:
+                self.tell(cell.parent, ChildStopped(endpoint=cell.endpoint, name=cell.name, reason=f"{type(exc).__name__}: {exc}"))
+            await self._discard(cell)
+            return False
+        cell.restart_times_ms.append(now)
+        cell.restarts += 1
+        self.restarts += 1
+        cell.instance = self._instantiate(cell.factory, cell.endpoint, cell.name)
+        try:
+            await cell.instance.on_start()
+        except Exception:
+            log.exception("%s: on_start failed after restart", cell.name)
+        return True

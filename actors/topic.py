@@ -1,0 +1,282 @@
+"""The topic actor: one per topic (or partition). Owns producers, offsets and the
+subscription actors, and carries out the topic's dispatch strategy.
+
+1. CreateProducer -> check limits, re-attach by name -> `ProducerAttached` to the gateway.
+2. Send -> assign the batch `next_offset .. +n` -> `SendReceipt` to the producer ->
+   one encoded `Publish` frame told to every subscription actor. Non-reliable: a
+   subscription whose mailbox is full misses the batch (counted), never blocks the
+   topic; the last `tail_messages_max` messages are kept for `earliest` subscribers.
+3. Subscribe -> find or spawn the subscription actor -> `AttachConsumer` to it.
+
+Offsets are real and increasing on non-reliable topics too (Danube leaves them 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections import deque
+from dataclasses import dataclass
+
+from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.subscription import SubscriptionActor
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.admin_protocol import PartitionInfo
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Error, Ok
+from danube_zmq.transport.errors import (
+    DanubeError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from danube_zmq.transport.internal_protocol import (
+    INTERNAL_PROTOCOL,
+    AttachConsumer,
+    ClientRequest,
+    ConsumerCount,
+    DeleteSubscription,
+    DescribePartition,
+    DescribeSubscription,
+    DetachProducer,
+    Done,
+    PartitionStats,
+    ProducerAttached,
+    ProducerDetached,
+    Publish,
+    SubscriptionEnded,
+    SubscriptionStats,
+)
+
+log = logging.getLogger("danube_zmq.topic")
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
+
+
+@dataclass(slots=True)
+class _Producer:
+    producer_id: int
+    name: str
+    identity: bytes
+
+
+@dataclass(slots=True)
+class _Subscription:
+    endpoint: str
+    sub_type: int
+    consumers: int = 0
+
+
+class TopicActor(Actor):
+    def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: random.Random) -> None:
+        assert dispatch_strategy == cp.DispatchStrategy.NON_RELIABLE, "reliable topics need the WAL"
+        self.topic = name
+        self.dispatch_strategy = dispatch_strategy
+        self.config = config
+        self.rng = rng
+        self.next_offset = 0
+        self.producers: dict[int, _Producer] = {}
+        self.producer_ids_by_name: dict[str, int] = {}
+        self.subscriptions: dict[str, _Subscription] = {}
+        # The non-reliable tail: (encoded Publish frame, message count), newest last.
+        self.tail: deque[tuple[bytes, int]] = deque()
+        self.tail_messages = 0
+        self.tail_bytes = 0
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.dropped_messages = 0
+        self._messages_in_metric = METRICS.messages_in.labels(topic=name)
+        self._bytes_in_metric = METRICS.bytes_in.labels(topic=name)
+        self._routes = {
+            cp.CreateProducer: self._create_producer,
+            cp.Send: self._send,
+            cp.CloseProducer: self._close_producer,
+            cp.Subscribe: self._subscribe,
+        }
+
+    async def on_stop(self) -> None:
+        # Subscriptions (children) were stopped first and told their consumers.
+        for producer in self.producers.values():
+            self.system.tell(self._gateway, ProducerDetached(
+                identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} closed"))
+
+    @property
+    def _gateway(self) -> str:
+        return self.system.gateway_endpoint
+
+    # ------------------------------------------------------------- client requests
+    async def handle_ClientRequest(self, req: ClientRequest) -> None:
+        msg = cp.CLIENT_PROTOCOL.decode(req.frame)
+        try:
+            answer = await self._routes[type(msg)](req, msg)
+        except DanubeError as exc:
+            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
+        if answer is not None:
+            reply_client(self.system, req.identity, answer)
+
+    async def _create_producer(self, req: ClientRequest, msg: cp.CreateProducer) -> Message | None:
+        _check_name("producer name", msg.producer_name)
+        producer_id = self.producer_ids_by_name.get(msg.producer_name)
+        if producer_id is not None:
+            # Same name re-attaches (a client reconnecting); an older connection loses it.
+            producer = self.producers[producer_id]
+            if producer.identity != req.identity:
+                self.system.tell(self._gateway, ProducerDetached(
+                    identity=producer.identity, producer_id=producer_id,
+                    reason=f"producer '{producer.name}' was re-attached by another connection"))
+                producer.identity = req.identity
+        else:
+            limit = self.config.policies.max_producers_per_topic
+            if limit and len(self.producers) >= limit:
+                raise ResourceExhausted(f"topic {self.topic} already has {limit} producers (max_producers_per_topic)")
+            producer_id = self._new_id(self.producers)
+            self.producers[producer_id] = _Producer(producer_id, msg.producer_name, req.identity)
+            self.producer_ids_by_name[msg.producer_name] = producer_id
+        created = cp.ProducerCreated(request_id=msg.request_id, producer_id=producer_id,
+                                     producer_name=msg.producer_name, topic=self.topic)
+        self.system.tell(self._gateway, ProducerAttached(
+            identity=req.identity, producer_id=producer_id, endpoint=self.endpoint,
+            reply=cp.CLIENT_PROTOCOL.encode(created)))
+        return None
+
+    async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
+        producer = self.producers.get(msg.producer_id)
+        if producer is None or producer.identity != req.identity:
+            raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        count = len(msg.payloads)
+        base_offset = self.next_offset
+        self.next_offset += count
+        reply_client(self.system, req.identity, cp.SendReceipt(
+            request_id=msg.request_id, producer_id=msg.producer_id, offsets=list(range(base_offset, self.next_offset))))
+        size = sum(map(len, msg.payloads))
+        self.messages_in += count
+        self.bytes_in += size
+        self._messages_in_metric.inc(count)
+        self._bytes_in_metric.inc(size)
+        frame = INTERNAL_PROTOCOL.encode(Publish(
+            topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
+            payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
+            schema_id=msg.schema_id, schema_version=msg.schema_version))
+        for subscription in self.subscriptions.values():
+            if not self.system.tell_frame(subscription.endpoint, frame):
+                self.dropped_messages += count
+        self._keep_in_tail(frame, count)
+        return None
+
+    def _keep_in_tail(self, frame: bytes, count: int) -> None:
+        dispatch = self.config.dispatch
+        if dispatch.tail_messages_max == 0:
+            return
+        self.tail.append((frame, count))
+        self.tail_messages += count
+        self.tail_bytes += len(frame)
+        while self.tail and (self.tail_messages > dispatch.tail_messages_max
+                             or self.tail_bytes > dispatch.tail_bytes_max):
+            old, old_count = self.tail.popleft()
+            self.tail_messages -= old_count
+            self.tail_bytes -= len(old)
+
+    async def _close_producer(self, req: ClientRequest, msg: cp.CloseProducer) -> Message | None:
+        producer = self.producers.get(msg.producer_id)
+        if producer is None or producer.identity != req.identity:
+            raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        self._forget_producer(msg.producer_id)
+        self.system.tell(self._gateway, ProducerDetached(
+            identity=req.identity, producer_id=msg.producer_id,
+            reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id))))
+        return None
+
+    async def _subscribe(self, req: ClientRequest, msg: cp.Subscribe) -> Message | None:
+        _check_name("subscription name", msg.subscription)
+        _check_name("consumer name", msg.consumer_name)
+        if msg.sub_type not in (0, 1, 2, 3):
+            raise InvalidArgument(f"unknown subscription type {msg.sub_type}")
+        if msg.initial_position not in (cp.InitialPosition.LATEST, cp.InitialPosition.EARLIEST):
+            raise InvalidArgument(f"unknown initial position {msg.initial_position}")
+        policies = self.config.policies
+        consumers = sum(s.consumers for s in self.subscriptions.values())
+        if policies.max_consumers_per_topic and consumers >= policies.max_consumers_per_topic:
+            raise ResourceExhausted(f"topic {self.topic} already has {consumers} consumers (max_consumers_per_topic)")
+        subscription = self.subscriptions.get(msg.subscription)
+        replay: list[bytes] = []
+        if subscription is None:
+            if policies.max_subscriptions_per_topic and len(self.subscriptions) >= policies.max_subscriptions_per_topic:
+                raise ResourceExhausted(f"topic {self.topic} already has {len(self.subscriptions)} subscriptions"
+                                        " (max_subscriptions_per_topic)")
+            subscription = await self._spawn_subscription(msg.subscription, msg.sub_type)
+            if msg.initial_position == cp.InitialPosition.EARLIEST:
+                replay = [frame for frame, _ in self.tail]
+        elif subscription.sub_type != msg.sub_type:
+            have = cp.SubType(subscription.sub_type).name.lower()
+            want = cp.SubType(msg.sub_type).name.lower()
+            raise FailedPrecondition(f"subscription '{msg.subscription}' on {self.topic} is {have};"
+                                     f" a {want} consumer cannot attach")
+        consumer_id = self.rng.getrandbits(63)
+        if not self.system.tell(subscription.endpoint, AttachConsumer(
+                identity=req.identity, frame=req.frame, consumer_id=consumer_id, replay=replay)):
+            raise ResourceExhausted(f"subscription '{msg.subscription}' is busy; retry")
+        return None
+
+    async def _spawn_subscription(self, name: str, sub_type: int) -> _Subscription:
+        topic, config, parent = self.topic, self.config, self.endpoint
+        endpoint = await self.system.spawn(
+            lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=parent),
+            name=f"subscription {topic}:{name}", parent=self.endpoint)
+        subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
+        self.subscriptions[name] = subscription
+        return subscription
+
+    # ------------------------------------------------------------- internal
+    def handle_DetachProducer(self, msg: DetachProducer) -> None:
+        self._forget_producer(msg.producer_id)
+
+    def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
+        subscription = self.subscriptions.get(msg.subscription)
+        if subscription is not None:
+            subscription.consumers = msg.consumers
+
+    async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
+        subscription = self.subscriptions.pop(msg.subscription, None)
+        if subscription is not None:
+            await self.system.stop(subscription.endpoint)
+
+    async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
+        subscription = self.subscriptions.pop(msg.subscription, None)
+        if subscription is None:
+            raise NotFound(f"subscription '{msg.subscription}' does not exist on {self.topic}")
+        await self.system.stop(subscription.endpoint)
+        return Done()
+
+    async def handle_DescribePartition(self, msg: DescribePartition) -> Message:
+        subscriptions = []
+        for subscription in self.subscriptions.values():
+            stats = await self.system.ask(subscription.endpoint, DescribeSubscription())
+            assert isinstance(stats, SubscriptionStats)
+            subscriptions.append(stats.info)
+        info = PartitionInfo(
+            name=self.topic, next_offset=self.next_offset,
+            producers=sorted(p.name for p in self.producers.values()),
+            messages_in=self.messages_in, bytes_in=self.bytes_in, dropped_messages=self.dropped_messages,
+            subscriptions=subscriptions)
+        return PartitionStats(info=info)
+
+    def _forget_producer(self, producer_id: int) -> None:
+        producer = self.producers.pop(producer_id, None)
+        if producer is not None:
+            self.producer_ids_by_name.pop(producer.name, None)
+
+    def _new_id(self, taken: dict[int, object]) -> int:
+        while True:
+            candidate = self.rng.getrandbits(63)
+            if candidate not in taken:
+                return candidate
+
+
+def _check_name(what: str, value: str) -> None:
+    if not _NAME.fullmatch(value):
+        raise InvalidArgument(f"invalid {what} {value[:80]!r}: use 1..255 of A-Z, a-z, 0-9, '_', '-', '.'")

@@ -1,0 +1,110 @@
+"""Fixtures that start real broker processes (`danube broker start`) on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import zmq
+
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect
+from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class BrokerProcess:
+    url: str
+    admin_url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """Poll the admin socket with Connect until the broker answers."""
+    ctx = zmq.Context.instance()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"broker exited with {process.returncode} before it was ready")
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 300)
+        sock.connect(admin_url)
+        try:
+            sock.send(ADMIN_PROTOCOL.encode(Connect(request_id=1, protocol_version=PROTOCOL_VERSION, client_name="t")))
+            sock.recv()
+            return
+        except zmq.Again:
+            pass
+        finally:
+            sock.close(linger=0)
+    raise RuntimeError("broker did not answer within the start timeout")
+
+
+def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> BrokerProcess:
+    port, admin_port = free_port(), free_port()
+    url, admin_url = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{admin_port}"
+    log_path = tmp_path / f"broker-{port}.log"
+    full_env = {**os.environ, "DANUBE_BROKER__SESSION_TIMEOUT_MS": "1500",
+                "DANUBE_BROKER__HEARTBEAT_INTERVAL_MS": "300", **(env or {})}
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
+             "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(tmp_path / "data"), *extra],
+            stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+    broker = BrokerProcess(url=url, admin_url=admin_url, process=process, log_path=log_path)
+    try:
+        wait_ready(admin_url, process)
+    except Exception:
+        broker.stop(signal.SIGKILL)
+        raise RuntimeError(f"broker failed to start:\n{broker.log()}") from None
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    process = start_broker(tmp_path)
+    yield process
+    code = process.stop()
+    assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[object]:
+    started: list[BrokerProcess] = []
+
+    def make(*extra: str, env: dict[str, str] | None = None) -> BrokerProcess:
+        process = start_broker(tmp_path, *extra, env=env)
+        started.append(process)
+        return process
+
+    yield make
+    for process in started:
+        process.stop(signal.SIGKILL)

@@ -1,0 +1,428 @@
+"""Broker configuration: defaults, sources and their precedence, and errors naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from danube_zmq.actors.config import (
+    MIB,
+    BrokerConfig,
+    BrokerSection,
+    LimitsSection,
+    PoliciesSection,
+    env_var_name,
+    load_config,
+)
+from danube_zmq.transport.errors import ConfigError, InvalidArgument
+
+SAMPLE = Path(__file__).resolve().parents[2] / "config" / "danube_broker.yml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "broker.yml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load_error(*args: object, **kwargs: object) -> str:
+    kwargs.setdefault("env", {})
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)  # type: ignore[arg-type]
+    return str(info.value)
+
+
+# ---------------------------------------------------------------- defaults
+
+
+def test_defaults_without_file_env_or_overrides() -> None:
+    """With no source at all, load_config gives the documented defaults."""
+    config = load_config(env={})
+    assert config == BrokerConfig()
+    assert config.broker.listen == "tcp://127.0.0.1:6650"
+    assert config.broker.advertised == "tcp://127.0.0.1:6650"
+    assert config.broker.broker_id is None
+    assert config.limits.frame_bytes_max == 16 * MIB
+    assert config.policies.max_message_size == 10485760
+    assert config.auto_create_topics is True
+    assert config.bootstrap_namespaces == ("default",)
+
+
+def test_sample_file_equals_the_defaults() -> None:
+    """config/danube_broker.yml spells out every default, and nothing else."""
+    assert load_config(SAMPLE, env={}) == BrokerConfig()
+
+
+def test_sample_file_lists_every_field() -> None:
+    """Every dataclass field appears in the sample, so the sample stays complete."""
+    sample = yaml.safe_load(SAMPLE.read_text(encoding="utf-8"))
+    in_sample: set[str] = set()
+    for key, value in sample.items():
+        if isinstance(value, dict):
+            in_sample.update(f"{key}.{sub}" for sub in value)
+        else:
+            in_sample.add(key)
+    fields: set[str] = set()
+    for f in dataclasses.fields(BrokerConfig):
+        default = getattr(BrokerConfig(), f.name)
+        if dataclasses.is_dataclass(default):
+            fields.update(f"{f.name}.{g.name}" for g in dataclasses.fields(default))
+        else:
+            fields.add(f.name)
+    assert in_sample == fields
+
+
+def test_to_dict_round_trips_through_yaml(tmp_path: Path) -> None:
+    """to_dict() dumped as YAML loads back into an equal config."""
+    config = load_config(
+        env={},
+        overrides={"broker.broker_id": 7, "bootstrap_namespaces": ["a", "b"]},
+    )
+    data = config.to_dict()
+    assert data["broker"]["broker_id"] == 7  # type: ignore[index]
+    assert data["bootstrap_namespaces"] == ["a", "b"]
+    path = write(tmp_path, yaml.safe_dump(data))
+    assert load_config(path, env={}) == config
+
+
+# ------------------------------------------------------- sources and order
+
+
+def test_file_overrides_defaults_and_keeps_the_rest(tmp_path: Path) -> None:
+    """Keys set in the file win; keys not set keep their defaults."""
+    path = write(
+        tmp_path,
+        """
+broker:
+  listen: "tcp://0.0.0.0:7000"
+  advertised_url: "tcp://broker-1.example:7000"
+policies:
+  max_consumers_per_subscription: 3
+auto_create_topics: false
+bootstrap_namespaces: [default, tenant_1]
+""",
+    )
+    config = load_config(path, env={})
+    assert config.broker.listen == "tcp://0.0.0.0:7000"
+    assert config.broker.advertised == "tcp://broker-1.example:7000"
+    assert config.broker.admin_listen == "tcp://127.0.0.1:50051"
+    assert config.policies.max_consumers_per_subscription == 3
+    assert config.auto_create_topics is False
+    assert config.bootstrap_namespaces == ("default", "tenant_1")
+    assert config.limits == LimitsSection()
+
+
+def test_empty_file_and_empty_section_mean_defaults(tmp_path: Path) -> None:
+    """A file of comments only, or a section whose keys are all commented out, is all defaults."""
+    assert load_config(write(tmp_path, "# nothing\n"), env={}) == BrokerConfig()
+    assert (
+        load_config(write(tmp_path, "broker:\n  # listen: x\n"), env={})
+        == BrokerConfig()
+    )
+
+
+def test_environment_overrides_file(tmp_path: Path) -> None:
+    """DANUBE_<SECTION>__<KEY> beats the file; values are YAML scalars."""
+    path = write(
+        tmp_path, "broker:\n  listen: tcp://127.0.0.1:7000\nauto_create_topics: true\n"
+    )
+    config = load_config(
+        path,
+        env={
+            "DANUBE_BROKER__LISTEN": "tcp://127.0.0.1:8000",
+            "DANUBE_POLICIES__MAX_MESSAGE_SIZE": "42",
+            "DANUBE_AUTO_CREATE_TOPICS": "false",
+            "DANUBE_BOOTSTRAP_NAMESPACES": "default, tenant_1",
+        },
+    )
+    assert config.broker.listen == "tcp://127.0.0.1:8000"
+    assert config.policies.max_message_size == 42
+    assert config.auto_create_topics is False
+    assert config.bootstrap_namespaces == ("default", "tenant_1")
+
+
+def test_environment_string_keys_keep_their_text() -> None:
+    """A string key is not retyped by YAML: DATA_DIR=2024 is the directory '2024'."""
+    config = load_config(
+        env={
+            "DANUBE_BROKER__DATA_DIR": "2024",
+            "DANUBE_BROKER__ADVERTISED_URL": "null",
+            "DANUBE_BOOTSTRAP_NAMESPACES": "[a, b]",
+        }
+    )
+    assert config.broker.data_dir == "2024"
+    assert config.broker.advertised_url is None
+    assert config.bootstrap_namespaces == ("a", "b")
+
+
+def test_other_danube_variables_are_ignored() -> None:
+    """DANUBE_* variables that are not config keys (the client's, typos) are left alone."""
+    config = load_config(
+        env={
+            "DANUBE_SERVICE_URL": "http://x",
+            "DANUBE_BROKER": "5",
+            "DANUBE_BROKER__LISEN": "x",
+        }
+    )
+    assert config == BrokerConfig()
+
+
+def test_overrides_beat_environment_and_none_is_skipped(tmp_path: Path) -> None:
+    """Overrides (CLI flags) win over everything; a None override is a flag not given."""
+    path = write(tmp_path, "broker:\n  metrics_port: 1\n")
+    config = load_config(
+        path,
+        env={
+            "DANUBE_BROKER__METRICS_PORT": "2",
+            "DANUBE_BROKER__LISTEN": "tcp://127.0.0.1:8000",
+        },
+        overrides={"broker.metrics_port": 3, "broker.listen": None},
+    )
+    assert config.broker.metrics_port == 3
+    assert config.broker.listen == "tcp://127.0.0.1:8000"
+
+
+def test_env_var_name() -> None:
+    """Sections and keys are joined by a double underscore, all upper case."""
+    assert env_var_name("broker.listen") == "DANUBE_BROKER__LISTEN"
+    assert env_var_name("auto_create_topics") == "DANUBE_AUTO_CREATE_TOPICS"
+
+
+def test_config_errors_are_invalid_arguments() -> None:
+    """ConfigError belongs to the error tree under InvalidArgument."""
+    assert issubclass(ConfigError, InvalidArgument)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_unknown_key_in_file_suggests_the_closest(tmp_path: Path) -> None:
+    """A misspelt key is refused with the closest known key and the line it is on."""
+    message = load_error(write(tmp_path, "broker:\n  lisen: tcp://127.0.0.1:1\n"))
+    assert message.startswith("unknown config key 'broker.lisen'")
+    assert "did you mean 'broker.listen'?" in message
+    assert "line 2" in message
+
+
+def test_unknown_section_and_top_level_key(tmp_path: Path) -> None:
+    """Unknown sections and top-level keys are refused too."""
+    assert "did you mean 'broker'?" in load_error(
+        write(tmp_path, "brokr:\n  listen: x\n")
+    )
+    message = load_error(write(tmp_path, "auto_create_topic: true\n"))
+    assert "unknown config key 'auto_create_topic'" in message
+    assert "did you mean 'auto_create_topics'?" in message
+
+
+def test_unknown_key_without_close_match_lists_the_section(tmp_path: Path) -> None:
+    """With nothing close, the message lists the keys the section does have."""
+    message = load_error(write(tmp_path, "broker:\n  bogus: 1\n"))
+    assert message.startswith(
+        "unknown config key 'broker.bogus'; broker has broker_id, listen, admin_listen"
+    )
+
+
+def test_dotted_key_in_file_is_refused(tmp_path: Path) -> None:
+    """In a file, sections nest; a dotted key would bypass the duplicate check."""
+    message = load_error(write(tmp_path, "limits.connections_max: 5\n"))
+    assert "config key 'limits.connections_max'" in message
+    assert "nested" in message
+
+
+def test_unknown_override_key() -> None:
+    """An override for a key that does not exist is refused, with a suggestion."""
+    message = load_error(overrides={"broker.lisen": "tcp://127.0.0.1:1"})
+    assert message.startswith(
+        "unknown config key 'broker.lisen'; did you mean 'broker.listen'?"
+    )
+    assert "(from overrides)" in message
+    assert "is a section" in load_error(overrides={"broker": {"listen": "x"}})
+
+
+def test_wrong_type_names_key_value_and_source() -> None:
+    """A value of the wrong type is refused naming key, expected type, value and source."""
+    message = load_error(env={"DANUBE_POLICIES__MAX_MESSAGE_SIZE": "abc"})
+    assert message == (
+        "config key 'policies.max_message_size': expected an integer, got 'abc' "
+        "(from environment variable DANUBE_POLICIES__MAX_MESSAGE_SIZE)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("limits.connections_max", True, "expected an integer, got True"),
+        ("limits.connections_max", 1.5, "expected an integer, got 1.5"),
+        ("auto_create_topics", 1, "expected a boolean (true or false), got 1"),
+        ("broker.listen", 6650, "expected a string, got 6650"),
+        ("broker.broker_id", "one", "expected an integer or null, got 'one'"),
+        (
+            "bootstrap_namespaces",
+            "default",
+            "expected a list of strings, got 'default'",
+        ),
+    ],
+)
+def test_wrong_types(key: str, value: object, expected: str) -> None:
+    """bool is not an int, an int is not a bool, and so on."""
+    message = load_error(overrides={key: value})
+    assert message.startswith(f"config key {key!r}: {expected}")
+
+
+def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
+    """A section given a scalar is refused naming the section."""
+    message = load_error(write(tmp_path, "limits: 5\n"))
+    assert message.startswith("config key 'limits': expected a mapping")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("limits.connections_max", 0, "must be >= 1, got 0"),
+        ("limits.outbound_frames_max", 2**31, "must be between 1 and 2147483647"),
+        ("dispatch.pending_messages_max", -1, "must be >= 1, got -1"),
+        ("policies.max_producers_per_topic", -1, "must be >= 0, got -1"),
+        ("policies.max_message_size", 0, "must be >= 1, got 0"),
+        ("broker.metrics_port", 70000, "must be between 0 and 65535, got 70000"),
+        ("broker.broker_id", -5, "must be >= 0, got -5"),
+        ("broker.broker_id", 2**63, "must be between 0 and 9223372036854775807"),
+        ("broker.data_dir", "", "must not be empty"),
+    ],
+)
+def test_out_of_range(key: str, value: object, expected: str) -> None:
+    """Values outside their range are refused naming the key and the bound."""
+    message = load_error(overrides={key: value})
+    assert message.startswith(f"config key {key!r}: {expected}")
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://127.0.0.1:6650",
+        "127.0.0.1:6650",
+        "tcp://",
+        "tcp://127.0.0.1",
+        "tcp://:6650",
+        "tcp://127.0.0.1:99999",
+        "tcp://127.0.0.1:http",
+    ],
+)
+def test_bad_endpoints(endpoint: str) -> None:
+    """Endpoints must be ZeroMQ tcp://HOST:PORT, ipc:// or inproc:// addresses."""
+    message = load_error(overrides={"broker.advertised_url": endpoint})
+    assert message.startswith("config key 'broker.advertised_url': expected")
+    assert repr(endpoint) in message
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "tcp://0.0.0.0:0",
+        "tcp://*:*",
+        "tcp://[::1]:6650",
+        "ipc:///tmp/danube.sock",
+        "inproc://b",
+    ],
+)
+def test_good_endpoints(endpoint: str) -> None:
+    """Wildcards, ephemeral ports, IPv6, ipc and inproc are accepted."""
+    assert (
+        load_config(env={}, overrides={"broker.listen": endpoint}).broker.listen
+        == endpoint
+    )
+
+
+def test_listen_and_admin_listen_must_differ() -> None:
+    """Two sockets cannot bind the same fixed endpoint; ephemeral ports are fine."""
+    message = load_error(overrides={"broker.admin_listen": "tcp://127.0.0.1:6650"})
+    assert message.startswith(
+        "config key 'broker.admin_listen': must differ from broker.listen"
+    )
+    same = {
+        "broker.listen": "tcp://127.0.0.1:0",
+        "broker.admin_listen": "tcp://127.0.0.1:0",
+    }
+    assert (
+        load_config(env={}, overrides=same).broker.admin_listen == "tcp://127.0.0.1:0"
+    )
+
+
+def test_frame_must_fit_the_largest_message_and_envelope() -> None:
+    """frame_bytes_max must exceed max_message_size + 1 MiB; both sources are named."""
+    message = load_error(
+        env={"DANUBE_POLICIES__MAX_MESSAGE_SIZE": str(15 * MIB)},
+    )
+    assert message.startswith(
+        "config key 'limits.frame_bytes_max': must be greater than "
+        "policies.max_message_size + 1 MiB"
+    )
+    assert "policies.max_message_size from environment variable" in message
+    # Exactly max + 1 MiB is still too small; one byte more is enough.
+    edge = {"policies.max_message_size": MIB, "limits.frame_bytes_max": 2 * MIB}
+    assert "must be greater" in load_error(overrides=edge)
+    edge["limits.frame_bytes_max"] = 2 * MIB + 1
+    assert load_config(env={}, overrides=edge).limits.frame_bytes_max == 2 * MIB + 1
+
+
+def test_bad_bootstrap_namespaces() -> None:
+    """Namespace names follow the topic-name rules, and may not repeat."""
+    message = load_error(overrides={"bootstrap_namespaces": ["default", "a b"]})
+    assert message.startswith(
+        "config key 'bootstrap_namespaces': invalid namespace name 'a b'"
+    )
+    message = load_error(overrides={"bootstrap_namespaces": ["x", "x"]})
+    assert "listed twice" in message
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    """Broken YAML is reported with the file name and the line of the problem."""
+    path = write(tmp_path, "broker:\n  listen: [tcp://x\nlimits: {}\n")
+    message = load_error(path)
+    assert message.startswith(f"config file {str(path)!r}: YAML syntax error at line 3")
+
+
+def test_duplicate_key_is_refused(tmp_path: Path) -> None:
+    """A key given twice is an error rather than last-one-wins."""
+    message = load_error(
+        write(tmp_path, "broker:\n  metrics_port: 1\n  metrics_port: 2\n")
+    )
+    assert message.startswith(
+        "config key 'broker.metrics_port' is set twice, at lines 2 and 3"
+    )
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    """A config path that does not exist is an error, not silently the defaults."""
+    path = tmp_path / "nope.yml"
+    assert load_error(path) == f"config file {str(path)!r} not found"
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just text\n", "42\n"])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    """A file whose top level is a list or scalar is refused."""
+    message = load_error(write(tmp_path, text))
+    assert "the top level must be a mapping" in message
+
+
+def test_file_errors_name_the_line(tmp_path: Path) -> None:
+    """A bad value from a file is reported with its file and line."""
+    path = write(tmp_path, "# comment\nlimits:\n  connections_max: many\n")
+    message = load_error(path)
+    assert message == (
+        "config key 'limits.connections_max': expected an integer, got 'many' "
+        f"(from {str(path)!r} line 3)"
+    )
+
+
+def test_sections_validate_when_built_directly() -> None:
+    """The dataclasses check themselves, so no invalid config exists however it is built."""
+    with pytest.raises(ConfigError, match="'policies.max_message_size'"):
+        PoliciesSection(max_message_size=0)
+    with pytest.raises(ConfigError, match="'broker.listen'"):
+        BrokerSection(listen="localhost:6650")
+    with pytest.raises(ConfigError, match="'limits.frame_bytes_max'"):
+        BrokerConfig(limits=LimitsSection(frame_bytes_max=MIB))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BrokerConfig().auto_create_topics = False  # type: ignore[misc]

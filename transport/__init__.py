@@ -1,0 +1,1 @@
+"""The wire protocol, declared once: codec, message types per boundary, errors."""

@@ -1,0 +1,186 @@
+"""The admin protocol (DEALER on `danube admin`, its own ROUTER on the broker).
+
+Low-rate control requests: namespaces, topics, subscriptions, brokers. Every request
+has a `request_id` and is answered by a reply with the same id, `Ok`, or `Error`.
+"""
+
+from __future__ import annotations
+
+from danube_zmq.transport.codec import Message, Protocol, Struct, wire
+from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION
+
+
+@wire
+class ListNamespaces(Message):
+    TAG = 16
+    request_id: int
+
+
+@wire
+class NamespaceList(Message):
+    TAG = 17
+    request_id: int
+    namespaces: list[str]
+
+
+@wire
+class CreateNamespace(Message):
+    TAG = 18
+    request_id: int
+    namespace: str
+
+
+@wire
+class DeleteNamespace(Message):
+    """Delete an empty namespace; one that still has topics is FAILED_PRECONDITION."""
+
+    TAG = 19
+    request_id: int
+    namespace: str
+
+
+@wire
+class TopicInfo(Struct):
+    name: str
+    dispatch_strategy: int
+    partitions: int
+    broker_id: int
+
+
+@wire
+class ListTopics(Message):
+    TAG = 20
+    request_id: int
+    namespace: str
+
+
+@wire
+class TopicList(Message):
+    TAG = 21
+    request_id: int
+    topics: list[TopicInfo]
+
+
+@wire
+class CreateTopic(Message):
+    """Create a topic; `partitions` > 0 creates `/ns/t-part-0..N-1`."""
+
+    TAG = 22
+    request_id: int
+    topic: str
+    partitions: int = 0
+    dispatch_strategy: int = 0
+
+
+@wire
+class DeleteTopic(Message):
+    """Delete a topic (or every partition of a partitioned one), closing its clients."""
+
+    TAG = 23
+    request_id: int
+    topic: str
+
+
+@wire
+class DescribeTopic(Message):
+    TAG = 24
+    request_id: int
+    topic: str
+
+
+@wire
+class SubscriptionInfo(Struct):
+    name: str
+    topic: str
+    sub_type: int
+    consumers: list[str]
+    active_consumer: str | None
+    pending_messages: int
+    delivered_messages: int
+    dropped_messages: int
+
+
+@wire
+class PartitionInfo(Struct):
+    name: str
+    next_offset: int
+    producers: list[str]
+    messages_in: int
+    bytes_in: int
+    dropped_messages: int
+    subscriptions: list[SubscriptionInfo]
+
+
+@wire
+class TopicDescription(Message):
+    TAG = 25
+    request_id: int
+    name: str
+    dispatch_strategy: int
+    broker_id: int
+    partitions: list[PartitionInfo]
+
+
+@wire
+class ListSubscriptions(Message):
+    TAG = 26
+    request_id: int
+    topic: str
+
+
+@wire
+class SubscriptionList(Message):
+    TAG = 27
+    request_id: int
+    subscriptions: list[str]
+
+
+@wire
+class Unsubscribe(Message):
+    """Delete a subscription of a topic (of every partition), closing its consumers."""
+
+    TAG = 28
+    request_id: int
+    topic: str
+    subscription: str
+
+
+@wire
+class BrokerInfo(Struct):
+    broker_id: int
+    broker_url: str
+    admin_url: str
+    metrics_url: str | None
+    role: str
+    status: str
+
+
+@wire
+class ListBrokers(Message):
+    TAG = 29
+    request_id: int
+
+
+@wire
+class BrokerList(Message):
+    TAG = 30
+    request_id: int
+    brokers: list[BrokerInfo]
+
+
+ADMIN_REQUESTS = (
+    ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
+    DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers,
+)
+"""What a client may send on the admin socket; the rest are answers."""
+
+ADMIN_PROTOCOL = Protocol(
+    "admin",
+    PROTOCOL_VERSION,
+    COMMON_MESSAGES
+    + (
+        ListNamespaces, NamespaceList, CreateNamespace, DeleteNamespace,
+        ListTopics, TopicList, CreateTopic, DeleteTopic, DescribeTopic, TopicDescription,
+        ListSubscriptions, SubscriptionList, Unsubscribe, ListBrokers, BrokerList,
+    ),
+)

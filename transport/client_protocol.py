@@ -1,0 +1,288 @@
+"""The client <-> broker protocol (DEALER on the client, ROUTER on the broker).
+
+Every request carries a `request_id` chosen by the client; the broker answers with a
+message carrying the same id (or `Error`). `Flow` is fire-and-forget. `Deliver`,
+`ProducerClosed` and `ConsumerClosed` are pushed by the broker unasked.
+
+Messages travel in columnar batches: `Send` and `Deliver` carry one list per field
+(payloads, publish times, keys, attributes), so the broker forwards whole lists and
+never builds a Python object per message. See docs/protocol.md for the byte layout.
+"""
+
+from __future__ import annotations
+
+from danube_zmq.transport.codec import Message, Protocol, wire
+from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Enum
+
+
+class DispatchStrategy(Enum):
+    NON_RELIABLE = 0
+    RELIABLE = 1
+
+
+class SubType(Enum):
+    """Subscription types; the values are Danube's."""
+
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+    KEY_SHARED = 3
+
+
+class InitialPosition(Enum):
+    """Where a *new* subscription starts; an existing one resumes where it was."""
+
+    LATEST = 0
+    EARLIEST = 1
+
+
+class LookupKind(Enum):
+    REDIRECT = 0
+    CONNECT = 1
+
+
+class ClientKind(Enum):
+    PRODUCER = 0
+    CONSUMER = 1
+
+
+class HealthState(Enum):
+    OK = 0
+    CLOSE = 1
+
+
+@wire
+class Lookup(Message):
+    """Which broker serves `topic`? Answered with `LookupResult` or NOT_FOUND."""
+
+    TAG = 16
+    request_id: int
+    topic: str
+
+
+@wire
+class LookupResult(Message):
+    TAG = 17
+    request_id: int
+    kind: int
+    broker_url: str
+
+
+@wire
+class GetPartitions(Message):
+    """The partition topics of `topic`: `[topic]` when it is not partitioned. With
+    `create`, a missing topic is created first (when the broker auto-creates topics)
+    with `partitions` partitions (0: not partitioned) and `dispatch_strategy`; an
+    existing topic whose shape differs is FAILED_PRECONDITION."""
+
+    TAG = 18
+    request_id: int
+    topic: str
+    create: bool = False
+    partitions: int = 0
+    dispatch_strategy: int = DispatchStrategy.NON_RELIABLE
+
+
+@wire
+class Partitions(Message):
+    TAG = 19
+    request_id: int
+    topic: str
+    partitions: list[str]
+
+
+@wire
+class CreateProducer(Message):
+    """Attach a producer to one (partition) topic. Producers auto-create the topic when
+    the broker allows it; the same `producer_name` on the same topic re-attaches."""
+
+    TAG = 20
+    request_id: int
+    topic: str
+    producer_name: str
+    dispatch_strategy: int = DispatchStrategy.NON_RELIABLE
+    access_mode: int = 0
+    schema_subject: str | None = None
+    schema_version: int | None = None
+
+
+@wire
+class ProducerCreated(Message):
+    TAG = 21
+    request_id: int
+    producer_id: int
+    producer_name: str
+    topic: str
+
+
+@wire
+class CloseProducer(Message):
+    TAG = 22
+    request_id: int
+    producer_id: int
+
+
+@wire
+class Send(Message):
+    """A batch of messages from one producer, column by column. `keys` and `attributes`
+    are None when no message in the batch has one; otherwise one entry per message.
+    Answered by `SendReceipt`."""
+
+    TAG = 23
+    request_id: int
+    producer_id: int
+    payloads: list[bytes]
+    publish_times: list[int]
+    keys: list[str | None] | None = None
+    attributes: list[dict[str, str] | None] | None = None
+    schema_id: int | None = None
+    schema_version: int | None = None
+
+
+@wire
+class SendReceipt(Message):
+    """One topic offset per message of the `Send`, in order. A message id is
+    (topic, offset, producer_id)."""
+
+    TAG = 24
+    request_id: int
+    producer_id: int
+    offsets: list[int]
+
+
+@wire
+class Subscribe(Message):
+    """Attach a consumer to a subscription of one (partition) topic."""
+
+    TAG = 25
+    request_id: int
+    topic: str
+    subscription: str
+    consumer_name: str
+    sub_type: int = SubType.SHARED
+    initial_position: int = InitialPosition.LATEST
+    key_filters: list[str] | None = None
+
+
+@wire
+class Subscribed(Message):
+    TAG = 26
+    request_id: int
+    consumer_id: int
+    consumer_name: str
+    topic: str
+
+
+@wire
+class Flow(Message):
+    """Grant the broker `permits` more messages for this consumer (no reply)."""
+
+    TAG = 27
+    consumer_id: int
+    permits: int
+
+
+@wire
+class Deliver(Message):
+    """Messages of one producer's batch for one consumer. Offsets run contiguously from
+    `base_offset` unless `offsets` lists them one by one."""
+
+    TAG = 28
+    consumer_id: int
+    topic: str
+    producer_id: int
+    producer_name: str
+    base_offset: int
+    payloads: list[bytes]
+    publish_times: list[int]
+    keys: list[str | None] | None = None
+    attributes: list[dict[str, str] | None] | None = None
+    offsets: list[int] | None = None
+    redelivery_count: int = 0
+    schema_id: int | None = None
+    schema_version: int | None = None
+
+
+@wire
+class Ack(Message):
+    """Acknowledge messages by topic offset. Answered by `Ok`."""
+
+    TAG = 29
+    request_id: int
+    consumer_id: int
+    offsets: list[int]
+
+
+@wire
+class Nack(Message):
+    """Negative acknowledgement: redeliver these after `delay_ms`. Answered by `Ok`."""
+
+    TAG = 30
+    request_id: int
+    consumer_id: int
+    offsets: list[int]
+    delay_ms: int | None = None
+
+
+@wire
+class Unsubscribe(Message):
+    """Close the consumer and delete its subscription. Answered by `Ok`."""
+
+    TAG = 31
+    request_id: int
+    consumer_id: int
+
+
+@wire
+class CloseConsumer(Message):
+    TAG = 32
+    request_id: int
+    consumer_id: int
+
+
+@wire
+class HealthCheck(Message):
+    """Is this producer or consumer still attached? Answered by `HealthStatus`."""
+
+    TAG = 33
+    request_id: int
+    client_kind: int
+    client_id: int
+
+
+@wire
+class HealthStatus(Message):
+    TAG = 34
+    request_id: int
+    status: int
+
+
+@wire
+class ProducerClosed(Message):
+    """The broker closed this producer (topic deleted or unloaded): look up again."""
+
+    TAG = 35
+    producer_id: int
+    reason: str
+
+
+@wire
+class ConsumerClosed(Message):
+    """The broker closed this consumer (topic deleted, unsubscribed, taken over)."""
+
+    TAG = 36
+    consumer_id: int
+    reason: str
+
+
+CLIENT_PROTOCOL = Protocol(
+    "client",
+    PROTOCOL_VERSION,
+    COMMON_MESSAGES
+    + (
+        Lookup, LookupResult, GetPartitions, Partitions,
+        CreateProducer, ProducerCreated, CloseProducer, Send, SendReceipt,
+        Subscribe, Subscribed, Flow, Deliver, Ack, Nack, Unsubscribe, CloseConsumer,
+        HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed,
+    ),
+)

@@ -1,0 +1,115 @@
+"""The one error tree of danube-zmq, shared by the broker, the client and the CLI.
+
+Every error carries a stable wire code (`ErrorCode`) so that an error raised in
+the broker reaches the client as the same class, and a `retriable` flag that the
+client's retry policy reads instead of matching exception types (aiokafka's habit).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    """Stable error codes carried in `Error` replies. Values never change."""
+
+    INVALID_ARGUMENT = 1
+    NOT_FOUND = 2
+    ALREADY_EXISTS = 3
+    PERMISSION_DENIED = 4
+    RESOURCE_EXHAUSTED = 5
+    UNAVAILABLE = 6
+    FAILED_PRECONDITION = 7
+    INTERNAL = 8
+    UNSUPPORTED_VERSION = 9
+    TIMEOUT = 10
+
+
+class DanubeError(Exception):
+    """Root of every error danube-zmq raises on purpose."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+    retriable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(DanubeError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class NotFound(DanubeError):
+    code = ErrorCode.NOT_FOUND
+
+
+class AlreadyExists(DanubeError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class PermissionDenied(DanubeError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(DanubeError):
+    """A limit was reached; retrying later may succeed."""
+
+    code = ErrorCode.RESOURCE_EXHAUSTED
+    retriable = True
+
+
+class Unavailable(DanubeError):
+    """The broker cannot serve this now (not the owner, shutting down, unreachable)."""
+
+    code = ErrorCode.UNAVAILABLE
+    retriable = True
+
+
+class FailedPrecondition(DanubeError):
+    code = ErrorCode.FAILED_PRECONDITION
+
+
+class InternalError(DanubeError):
+    code = ErrorCode.INTERNAL
+
+
+class UnsupportedVersion(DanubeError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class Timeout(DanubeError):
+    """No reply within the deadline; the outcome of the request is unknown."""
+
+    code = ErrorCode.TIMEOUT
+    retriable = True
+
+
+class ConfigError(InvalidArgument):
+    """Bad broker configuration; the message names the key at fault."""
+
+
+_BY_CODE: dict[ErrorCode, type[DanubeError]] = {
+    ErrorCode.INVALID_ARGUMENT: InvalidArgument,
+    ErrorCode.NOT_FOUND: NotFound,
+    ErrorCode.ALREADY_EXISTS: AlreadyExists,
+    ErrorCode.PERMISSION_DENIED: PermissionDenied,
+    ErrorCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
+    ErrorCode.INTERNAL: InternalError,
+    ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
+    ErrorCode.TIMEOUT: Timeout,
+}
+
+
+def error_from_code(code: int, message: str) -> DanubeError:
+    """Rebuild the exception for a wire error code; unknown codes become INTERNAL."""
+    try:
+        cls = _BY_CODE[ErrorCode(code)]
+    except ValueError:
+        return InternalError(f"unknown error code {code}: {message}")
+    return cls(message)
