@@ -220,7 +220,8 @@ class BrokerActor(Actor):
         namespace = validate_namespace(msg.namespace)
         if namespace not in self.namespaces:
             raise NotFound(f"namespace '{namespace}' does not exist")
-        held = [full for full, e in self.topics.items() if e.name.namespace == namespace]
+        held = [full for full, e in self.topics.items()
+                if e.name.namespace == namespace and not self._is_partition_of_partitioned(e)]
         if held:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
         self.namespaces.discard(namespace)

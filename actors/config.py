@@ -259,8 +259,8 @@ class BrokerConfig:
     limits: LimitsSection = field(default_factory=LimitsSection)
     dispatch: DispatchSection = field(default_factory=DispatchSection)
     policies: PoliciesSection = field(default_factory=PoliciesSection)
-    # Create a topic on its first producer or consumer (in an existing
-    # namespace) instead of refusing with NOT_FOUND. Default true.
+    # Create a topic when a producer first uses it (in an existing
+    # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
     # Namespaces created at cluster start if missing; each a valid namespace
     # name (1..255 of A-Z a-z 0-9 _ -), no duplicates. Default [default].

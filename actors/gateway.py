@@ -293,7 +293,7 @@ class Gateway(Actor):
     def handle_ProducerAttached(self, msg: ProducerAttached) -> None:
         session = self.sessions.get(msg.identity)
         if session is None:  # the connection went away while the producer was created
-            self.system.tell(msg.endpoint, DetachProducer(producer_id=msg.producer_id))
+            self.system.tell(msg.endpoint, DetachProducer(producer_id=msg.producer_id, identity=msg.identity))
             return
         session.producers[msg.producer_id] = msg.endpoint
         self._send_out([msg.identity, msg.reply])
@@ -311,7 +311,7 @@ class Gateway(Actor):
     def handle_ConsumerAttached(self, msg: ConsumerAttached) -> None:
         session = self.sessions.get(msg.identity)
         if session is None:
-            self.system.tell(msg.endpoint, DetachConsumer(consumer_id=msg.consumer_id))
+            self.system.tell(msg.endpoint, DetachConsumer(consumer_id=msg.consumer_id, identity=msg.identity))
             return
         session.consumers[msg.consumer_id] = msg.endpoint
         self._send_out([msg.identity, msg.reply])
@@ -337,9 +337,9 @@ class Gateway(Actor):
 
     def _close_session(self, identity: bytes, session: Session) -> None:
         for producer_id, endpoint in session.producers.items():
-            self.system.tell(endpoint, DetachProducer(producer_id=producer_id))
+            self.system.tell(endpoint, DetachProducer(producer_id=producer_id, identity=identity))
         for consumer_id, endpoint in session.consumers.items():
-            self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id))
+            self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id, identity=identity))
         del self.sessions[identity]
         METRICS.connections.set(len(self.sessions))
 

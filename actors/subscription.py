@@ -168,6 +168,9 @@ class SubscriptionActor(Actor):
                                                             consumers=len(self.consumers)))
 
     def handle_DetachConsumer(self, msg: DetachConsumer) -> None:
+        consumer = self.consumers.get(msg.consumer_id)
+        if consumer is None or consumer.identity != msg.identity:
+            return
         self._detach(msg.consumer_id)
         self._dispatch()  # Failover may have promoted a standby with permits
 
@@ -221,8 +224,10 @@ class SubscriptionActor(Actor):
         count = len(publish.payloads)
         size = sum(map(len, publish.payloads))
         dispatch = self.config.dispatch
-        if self.pending_messages + count > dispatch.pending_messages_max or \
-                self.pending_bytes + size > dispatch.pending_bytes_max:
+        # One batch is always taken when nothing is pending (it is bounded by the frame
+        # size); beyond that the bounds hold what waits for consumers' permits.
+        if self.pending and (self.pending_messages + count > dispatch.pending_messages_max
+                             or self.pending_bytes + size > dispatch.pending_bytes_max):
             self.dropped_messages += count
             self._dropped_metric.inc(count)
             return

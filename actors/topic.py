@@ -233,7 +233,9 @@ class TopicActor(Actor):
 
     # ------------------------------------------------------------- internal
     def handle_DetachProducer(self, msg: DetachProducer) -> None:
-        self._forget_producer(msg.producer_id)
+        producer = self.producers.get(msg.producer_id)
+        if producer is not None and producer.identity == msg.identity:
+            self._forget_producer(msg.producer_id)
 
     def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
         subscription = self.subscriptions.get(msg.subscription)

@@ -99,18 +99,21 @@ class ConsumerDetached(Message):
 
 @wire
 class DetachProducer(Message):
-    """Gateway -> topic: the producer's connection is gone."""
+    """Gateway -> topic: the producer's connection `identity` is gone (ignored when the
+    producer has been re-attached by another connection since)."""
 
     TAG = 22
     producer_id: int
+    identity: bytes
 
 
 @wire
 class DetachConsumer(Message):
-    """Gateway -> subscription: the consumer's connection is gone."""
+    """Gateway -> subscription: the consumer's connection `identity` is gone."""
 
     TAG = 23
     consumer_id: int
+    identity: bytes
 
 
 @wire

@@ -68,10 +68,11 @@ def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: floa
     raise RuntimeError("broker did not answer within the start timeout")
 
 
-def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> BrokerProcess:
-    port, admin_port = free_port(), free_port()
-    url, admin_url = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{admin_port}"
-    log_path = tmp_path / f"broker-{port}.log"
+def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
+                 url: str | None = None, admin_url: str | None = None) -> BrokerProcess:
+    url = url or f"tcp://127.0.0.1:{free_port()}"
+    admin_url = admin_url or f"tcp://127.0.0.1:{free_port()}"
+    log_path = tmp_path / f"broker-{time.monotonic_ns()}.log"
     full_env = {**os.environ, "DANUBE_BROKER__SESSION_TIMEOUT_MS": "1500",
                 "DANUBE_BROKER__HEARTBEAT_INTERVAL_MS": "300", **(env or {})}
     with open(log_path, "wb") as log_file:
@@ -100,8 +101,9 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 def broker_factory(tmp_path: Path) -> Iterator[object]:
     started: list[BrokerProcess] = []
 
-    def make(*extra: str, env: dict[str, str] | None = None) -> BrokerProcess:
-        process = start_broker(tmp_path, *extra, env=env)
+    def make(*extra: str, env: dict[str, str] | None = None, url: str | None = None,
+             admin_url: str | None = None) -> BrokerProcess:
+        process = start_broker(tmp_path, *extra, env=env, url=url, admin_url=admin_url)
         started.append(process)
         return process
 

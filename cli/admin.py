@@ -1,0 +1,327 @@
+"""`danube admin`: namespaces, topics, subscriptions and brokers, over `AdminClient`.
+
+Noun then verb, as in danube-admin and pulsar-admin. Each command opens one
+admin connection (`--endpoint`, env DANUBE_ADMIN_ENDPOINT), makes one request
+and prints the answer: a table, or with `--output json` one JSON document on
+one line. Mutations print one confirmation line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from danube_zmq.actors.topic_name import validate_namespace
+from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic
+from danube_zmq.cli.output import emit_json, emit_line, emit_table
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport.admin_protocol import BrokerInfo, TopicDescription, TopicInfo
+from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
+
+__all__ = ["admin"]
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DISPATCH_STRATEGIES = {"non_reliable": DispatchStrategy.NON_RELIABLE, "reliable": DispatchStrategy.RELIABLE}
+
+
+# -- plumbing ----------------------------------------------------------------------
+
+
+def _call(ctx: click.Context, operation: Callable[[AdminClient], Awaitable[T]]) -> T:
+    """Connect, run one admin operation, close."""
+    settings = ctx.find_object(_Settings)
+    assert settings is not None, "the admin group stores its settings"
+
+    async def run() -> T:
+        async with AdminClient(settings.endpoint, timeout_ms=settings.timeout_ms) as client:
+            return await operation(client)
+
+    return asyncio.run(run())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Settings:
+    endpoint: str
+    timeout_ms: int
+
+
+def output_option(command: F) -> F:
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json"], case_sensitive=False),
+        default="table",
+        show_default=True,
+        help="Table for people, one JSON document for programs.",
+    )(command)
+
+
+def _namespace(name: str) -> str:
+    """The checked namespace name, before any connection; `/default` is taken as `default`."""
+    if name.startswith("/") and name.count("/") == 1:
+        name = name[1:]
+    return validate_namespace(name)
+
+
+def _enum_name(enum_type: type[enum.IntEnum], value: int) -> str:
+    try:
+        return enum_type(value).name.lower()
+    except ValueError:
+        return str(value)
+
+
+def _record(value: Any) -> Any:
+    """A wire record as plain JSON data: enums by name, no request ids."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(value):
+            if field.name == "request_id":
+                continue
+            item = getattr(value, field.name)
+            if field.name == "dispatch_strategy":
+                item = _enum_name(DispatchStrategy, item)
+            elif field.name == "sub_type":
+                item = _enum_name(SubType, item)
+            out[field.name] = _record(item)
+        return out
+    if isinstance(value, list):
+        return [_record(item) for item in value]
+    return value
+
+
+# -- groups ------------------------------------------------------------------------
+
+
+@click.group()
+@click.option(
+    "--endpoint",
+    envvar="DANUBE_ADMIN_ENDPOINT",
+    show_envvar=True,
+    default=DEFAULT_ADMIN_ENDPOINT,
+    show_default=True,
+    metavar="URL",
+    help="Broker admin endpoint.",
+)
+@click.option(
+    "--timeout-ms",
+    envvar="DANUBE_ADMIN_TIMEOUT_MS",
+    show_envvar=True,
+    type=click.IntRange(min=1),
+    default=5000,
+    show_default=True,
+    help="Give up when the broker does not answer within this time.",
+)
+@click.pass_context
+def admin(ctx: click.Context, endpoint: str, timeout_ms: int) -> None:
+    """Manage namespaces, topics, subscriptions; list brokers.
+
+    \b
+    Examples:
+      danube admin namespaces create orders
+      danube admin topics create /orders/eu --partitions 3 --dispatch-strategy reliable
+      danube admin topics describe /orders/eu
+      danube admin --endpoint tcp://10.0.0.5:50051 brokers list --output json
+    """
+    ctx.obj = _Settings(endpoint=endpoint, timeout_ms=timeout_ms)
+
+
+@admin.group()
+def namespaces() -> None:
+    """List, create and delete namespaces."""
+
+
+@admin.group()
+def topics() -> None:
+    """List, create, delete and describe topics; manage their subscriptions."""
+
+
+@admin.group()
+def brokers() -> None:
+    """List the brokers of the cluster."""
+
+
+# -- namespaces --------------------------------------------------------------------
+
+
+@namespaces.command("list")
+@output_option
+@click.pass_context
+def namespaces_list(ctx: click.Context, output: str) -> None:
+    """List namespaces."""
+    names = _call(ctx, lambda client: client.list_namespaces())
+    if output == "json":
+        emit_json(names)
+    else:
+        emit_table(["NAMESPACE"], [[name] for name in names])
+
+
+@namespaces.command("create")
+@click.argument("namespace")
+@click.pass_context
+def namespaces_create(ctx: click.Context, namespace: str) -> None:
+    """Create namespace NAMESPACE (letters, digits, '_' and '-')."""
+    namespace = _namespace(namespace)
+    _call(ctx, lambda client: client.create_namespace(namespace))
+    emit_line(f"created namespace {namespace}")
+
+
+@namespaces.command("delete")
+@click.argument("namespace")
+@click.pass_context
+def namespaces_delete(ctx: click.Context, namespace: str) -> None:
+    """Delete namespace NAMESPACE; it must have no topics."""
+    namespace = _namespace(namespace)
+    _call(ctx, lambda client: client.delete_namespace(namespace))
+    emit_line(f"deleted namespace {namespace}")
+
+
+# -- topics ------------------------------------------------------------------------
+
+
+@topics.command("list")
+@click.argument("namespace")
+@output_option
+@click.pass_context
+def topics_list(ctx: click.Context, namespace: str, output: str) -> None:
+    """List the topics of NAMESPACE."""
+    namespace = _namespace(namespace)
+    found: list[TopicInfo] = _call(ctx, lambda client: client.list_topics(namespace))
+    if output == "json":
+        emit_json(_record(found))
+        return
+    emit_table(
+        ["TOPIC", "PARTITIONS", "DISPATCH", "BROKER"],
+        [
+            [t.name, t.partitions or "-", _enum_name(DispatchStrategy, t.dispatch_strategy), t.broker_id]
+            for t in found
+        ],
+    )
+
+
+@topics.command("create")
+@click.argument("topic")
+@click.option(
+    "-p", "--partitions", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Number of partitions; 0 makes a non-partitioned topic.",
+)
+@click.option(
+    "--dispatch-strategy",
+    type=click.Choice(list(_DISPATCH_STRATEGIES), case_sensitive=False),
+    default="non_reliable",
+    show_default=True,
+    help="reliable: stored and redelivered until acked; non_reliable: best effort.",
+)
+@click.pass_context
+def topics_create(ctx: click.Context, topic: str, partitions: int, dispatch_strategy: str) -> None:
+    """Create TOPIC (/namespace/topic).
+
+    \b
+    Examples:
+      danube admin topics create /default/orders
+      danube admin topics create /default/events --partitions 3 --dispatch-strategy reliable
+    """
+    topic = check_topic(topic)
+    strategy = _DISPATCH_STRATEGIES[dispatch_strategy.lower()]
+    _call(ctx, lambda client: client.create_topic(topic, partitions, strategy))
+    shape = f" with {partitions} partitions" if partitions else ""
+    emit_line(f"created topic {topic}{shape} ({strategy.name.lower()})")
+
+
+@topics.command("delete")
+@click.argument("topic")
+@click.pass_context
+def topics_delete(ctx: click.Context, topic: str) -> None:
+    """Delete TOPIC (every partition of a partitioned topic), closing its clients."""
+    topic = check_topic(topic)
+    _call(ctx, lambda client: client.delete_topic(topic))
+    emit_line(f"deleted topic {topic}")
+
+
+@topics.command("describe")
+@click.argument("topic")
+@output_option
+@click.pass_context
+def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
+    """Show TOPIC's partitions, producers, subscriptions and counters."""
+    topic = check_topic(topic)
+    description: TopicDescription = _call(ctx, lambda client: client.describe_topic(topic))
+    if output == "json":
+        emit_json(_record(description))
+        return
+    emit_line(
+        f"topic {description.name}  dispatch {_enum_name(DispatchStrategy, description.dispatch_strategy)}"
+        f"  broker {description.broker_id}  partitions {len(description.partitions)}"
+    )
+    emit_table(
+        ["PARTITION", "NEXT-OFFSET", "MESSAGES-IN", "BYTES-IN", "DROPPED", "PRODUCERS"],
+        [
+            [p.name, p.next_offset, p.messages_in, p.bytes_in, p.dropped_messages, p.producers]
+            for p in description.partitions
+        ],
+        title="Partitions",
+    )
+    subscriptions = [s for p in description.partitions for s in p.subscriptions]
+    if not subscriptions:
+        emit_line("no subscriptions")
+        return
+    emit_table(
+        ["SUBSCRIPTION", "PARTITION", "TYPE", "CONSUMERS", "ACTIVE", "PENDING", "DELIVERED", "DROPPED"],
+        [
+            [
+                s.name, s.topic, _enum_name(SubType, s.sub_type), s.consumers, s.active_consumer,
+                s.pending_messages, s.delivered_messages, s.dropped_messages,
+            ]
+            for s in subscriptions
+        ],
+        title="Subscriptions",
+    )
+
+
+@topics.command("subscriptions")
+@click.argument("topic")
+@output_option
+@click.pass_context
+def topics_subscriptions(ctx: click.Context, topic: str, output: str) -> None:
+    """List the subscriptions of TOPIC."""
+    topic = check_topic(topic)
+    names = _call(ctx, lambda client: client.list_subscriptions(topic))
+    if output == "json":
+        emit_json(names)
+    else:
+        emit_table(["SUBSCRIPTION"], [[name] for name in names])
+
+
+@topics.command("unsubscribe")
+@click.argument("topic")
+@click.option("-s", "--subscription", required=True, help="The subscription to delete.")
+@click.pass_context
+def topics_unsubscribe(ctx: click.Context, topic: str, subscription: str) -> None:
+    """Delete a subscription of TOPIC (on every partition), closing its consumers."""
+    topic = check_topic(topic)
+    _call(ctx, lambda client: client.unsubscribe(topic, subscription))
+    emit_line(f"deleted subscription {subscription} of {topic}")
+
+
+# -- brokers -----------------------------------------------------------------------
+
+
+@brokers.command("list")
+@output_option
+@click.pass_context
+def brokers_list(ctx: click.Context, output: str) -> None:
+    """List the brokers with their endpoints, role and status."""
+    found: list[BrokerInfo] = _call(ctx, lambda client: client.list_brokers())
+    if output == "json":
+        emit_json(_record(found))
+        return
+    emit_table(
+        ["BROKER-ID", "CLIENT-URL", "ADMIN-URL", "METRICS-URL", "ROLE", "STATUS"],
+        [[b.broker_id, b.broker_url, b.admin_url, b.metrics_url, b.role, b.status] for b in found],
+    )

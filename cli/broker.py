@@ -1,0 +1,104 @@
+"""`danube broker start`: load the config, run one broker until SIGTERM/SIGINT.
+
+1. Config: defaults < `--config FILE` < `DANUBE_*` environment < flags.
+2. Start `BrokerService`, print one line saying where it listens.
+3. Wait for SIGTERM/SIGINT (or the service stopping by itself), then stop it
+   cleanly and exit 0. A second signal during shutdown is not caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from danube_zmq.cli.options import Interrupted, StopSignals
+from danube_zmq.cli.output import emit_line
+
+__all__ = ["broker"]
+
+log = logging.getLogger(__name__)
+
+
+@click.group()
+def broker() -> None:
+    """Run a broker."""
+
+
+@broker.command("start")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Broker YAML config (see config/danube_broker.yml).",
+)
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Overrides broker.data_dir.")
+@click.option("--listen", metavar="URL", help="Client endpoint; overrides broker.listen [tcp://127.0.0.1:6650].")
+@click.option(
+    "--admin-listen",
+    metavar="URL",
+    help="Admin endpoint; overrides broker.admin_listen [tcp://127.0.0.1:50051].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Prometheus port, 0 disables; overrides broker.metrics_port [9040].",
+)
+def start(
+    config_path: Path | None,
+    data_dir: str | None,
+    listen: str | None,
+    admin_listen: str | None,
+    metrics_port: int | None,
+) -> None:
+    """Start a broker and run it until SIGTERM or Ctrl-C.
+
+    Settings come from defaults, then --config FILE, then DANUBE_<SECTION>__<KEY>
+    environment variables, then these flags.
+
+    \b
+    Examples:
+      danube broker start
+      danube broker start --config config/danube_broker.yml --data-dir /var/lib/danube
+      danube broker start --listen tcp://0.0.0.0:6650 --metrics-port 0
+    """
+    from danube_zmq.actors.config import load_config
+
+    config = load_config(
+        config_path,
+        overrides={
+            "broker.listen": listen,
+            "broker.admin_listen": admin_listen,
+            "broker.metrics_port": metrics_port,
+            "broker.data_dir": data_dir,
+        },
+    )
+    asyncio.run(_run(config))
+
+
+async def _run(config: Any) -> None:
+    from danube_zmq.actors.service import BrokerService
+
+    with StopSignals() as stop:
+        service = BrokerService(config)
+        try:
+            await stop.race(service.start())
+        except Interrupted:
+            log.info("interrupted while starting; stopping")
+            await service.stop()
+            return
+        emit_line(
+            f"danube broker {service.broker_id} listening: clients {service.client_url}, "
+            f"admin {service.admin_url}, metrics {service.metrics_url or 'off'}"
+        )
+        try:
+            await stop.race(service.wait_stopped())
+            log.warning("the broker stopped by itself")
+        except Interrupted:
+            log.info("%s received; stopping the broker", stop.signal_name)
+        # Stop outside the race: a clean shutdown is what the signal asked for.
+        await service.stop()
+    log.info("broker stopped")

@@ -1,0 +1,382 @@
+"""`DanubeClient`, the asyncio entry point: connections, topics, producers, consumers.
+
+    async with DanubeClient("tcp://127.0.0.1:6650") as client:
+        producer = await client.create_producer("/default/orders")
+        await producer.send(b"hello")
+        consumer = await client.subscribe("/default/orders", "audit")
+        async for msg in consumer:
+            await consumer.ack(msg)
+
+The client keeps one `Connection` per broker URL (the service URL, plus any broker a
+redirect names) and retries operations that fail with a `retriable` error up to
+`operation_retries_max` times with exponential backoff (100 ms to 5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from danube_zmq.actors.clock import Clock, SystemClock
+from danube_zmq.client.connection import Connection, ConnectionStatistics
+from danube_zmq.client.consumer import Consumer
+from danube_zmq.client.errors import AlreadyClosed
+from danube_zmq.client.producer import Producer
+from danube_zmq.client.retry import backoff_ms
+from danube_zmq.transport.client_protocol import (
+    DispatchStrategy,
+    GetPartitions,
+    InitialPosition,
+    Partitions,
+    SubType,
+)
+from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, ResourceExhausted
+
+log = logging.getLogger("danube_zmq.client")
+
+T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_enum(value: Any, enum_cls: type[E], what: str) -> E:
+    """Accept the enum, its int value, or its name in any case with `_`, `-` or nothing
+    between words ("key_shared", "Key-Shared", "keyshared")."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        wanted = value.strip().upper().replace("-", "").replace("_", "")
+        for member in enum_cls:
+            if member.name.replace("_", "") == wanted:
+                return member
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return enum_cls(value)
+        except ValueError:
+            pass
+    names = ", ".join(repr(m.name.lower()) for m in enum_cls)
+    raise InvalidArgument(f"{what} must be one of {names}, got {value!r}")
+
+
+def _check_positive(**values: Any) -> None:
+    for name, value in values.items():
+        if type(value) is not int or value <= 0:
+            raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_name(what: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    service_url: str
+    producers: int
+    consumers: int
+    connections: tuple[ConnectionStatistics, ...]
+
+
+class DanubeClient:
+    """An asyncio client of a danube-zmq broker (or cluster, through redirects).
+
+    `request_timeout_ms` bounds every request round trip; `operation_retries_max`
+    bounds retries of retriable failures; `pending_requests_max` bounds requests in
+    flight per connection; `reconnect_attempts_max` bounds re-handshakes after a
+    connection is lost (then everything on it fails with `Unavailable`).
+    `clock` and `rng` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        client_name: str | None = None,
+        request_timeout_ms: int = 10_000,
+        operation_retries_max: int = 5,
+        pending_requests_max: int = 1_000,
+        reconnect_attempts_max: int = 120,
+        connections_max: int = 16,
+        socket_hwm_messages: int = 10_000,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        _check_name("service_url", service_url)
+        _check_positive(
+            request_timeout_ms=request_timeout_ms,
+            pending_requests_max=pending_requests_max,
+            reconnect_attempts_max=reconnect_attempts_max,
+            connections_max=connections_max,
+            socket_hwm_messages=socket_hwm_messages,
+        )
+        if type(operation_retries_max) is not int or operation_retries_max < 0:
+            raise InvalidArgument(f"operation_retries_max must be an int >= 0, got {operation_retries_max!r}")
+        self._rng = rng if rng is not None else random.Random()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self.service_url = service_url
+        self.client_name = client_name or f"danube-zmq-{self._rng.getrandbits(48):012x}"
+        self.request_timeout_ms = request_timeout_ms
+        self.operation_retries_max = operation_retries_max
+        self.pending_requests_max = pending_requests_max
+        self.reconnect_attempts_max = reconnect_attempts_max
+        self.connections_max = connections_max
+        self.socket_hwm_messages = socket_hwm_messages
+        self._context: zmq.asyncio.Context | None = None
+        self._connections: dict[str, Connection] = {}
+        self._connect_lock = asyncio.Lock()
+        self._producers: dict[Producer, None] = {}
+        self._consumers: dict[Consumer, None] = {}
+        self._closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Connect to the service URL (done on first use otherwise)."""
+        await self._service_connection()
+
+    async def close(self) -> None:
+        """Close consumers, then producers (flushing them), then connections."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in reversed(list(self._consumers)):
+            await _quietly(consumer.close(), f"closing {consumer!r}")
+        for producer in reversed(list(self._producers)):
+            await _quietly(producer.close(), f"closing {producer!r}")
+        for connection in reversed(list(self._connections.values())):
+            await connection.close()
+        self._connections.clear()
+        if self._context is not None:
+            self._context.destroy(linger=0)
+            self._context = None
+
+    async def __aenter__(self) -> DanubeClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def statistics(self) -> ClientStatistics:
+        return ClientStatistics(
+            service_url=self.service_url,
+            producers=len(self._producers),
+            consumers=len(self._consumers),
+            connections=tuple(c.statistics() for c in self._connections.values()),
+        )
+
+    # ---------------------------------------------------------------- producers, consumers
+
+    async def create_producer(
+        self,
+        topic: str,
+        *,
+        name: str | None = None,
+        dispatch: DispatchStrategy | str = DispatchStrategy.NON_RELIABLE,
+        partitions: int | None = None,
+        batching: bool = True,
+        batch_messages_max: int = 1_000,
+        batch_bytes_max: int = 128 * 1024,
+        batch_delay_ms: int = 10,
+        pending_messages_max: int = 10_000,
+        inflight_batches_max: int = 16,
+    ) -> Producer:
+        """A producer on `topic`, created with `partitions` partitions and the `dispatch`
+        strategy if the topic does not exist yet (when the broker auto-creates topics).
+        `name` defaults to a generated unique one; on a partitioned topic partition i
+        gets `{name}-{i}`."""
+        _check_name("topic", topic)
+        if name is not None:
+            _check_name("name", name)
+        strategy = parse_enum(dispatch, DispatchStrategy, "dispatch")
+        if partitions is not None and (type(partitions) is not int or partitions < 0):
+            raise InvalidArgument(f"partitions must be an int >= 0, got {partitions!r}")
+        _check_positive(
+            batch_messages_max=batch_messages_max,
+            batch_bytes_max=batch_bytes_max,
+            pending_messages_max=pending_messages_max,
+            inflight_batches_max=inflight_batches_max,
+        )
+        if type(batch_delay_ms) is not int or batch_delay_ms < 0:
+            raise InvalidArgument(f"batch_delay_ms must be an int >= 0, got {batch_delay_ms!r}")
+        self._check_open()
+        names = await self._retry(
+            lambda: self._get_partitions(topic, create=True, partitions=partitions or 0, dispatch=strategy)
+        )
+        producer = Producer(
+            self,
+            topic=topic,
+            name=name or self._unique_name("producer"),
+            dispatch=strategy,
+            partition_topics=names,
+            batching=bool(batching),
+            batch_messages_max=batch_messages_max,
+            batch_bytes_max=batch_bytes_max,
+            batch_delay_ms=batch_delay_ms,
+            pending_messages_max=pending_messages_max,
+            inflight_batches_max=inflight_batches_max,
+        )
+        await producer._start()
+        self._producers[producer] = None
+        return producer
+
+    async def subscribe(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        sub_type: SubType | str = SubType.SHARED,
+        consumer_name: str | None = None,
+        initial_position: InitialPosition | str = InitialPosition.LATEST,
+        key_filters: list[str] | None = None,
+        receiver_queue_size: int = 1_000,
+        ack_batch_max: int = 1_000,
+        ack_delay_ms: int = 10,
+        pending_acks_max: int = 10_000,
+    ) -> Consumer:
+        """A consumer of `subscription` on `topic` (every partition of it). The topic must
+        exist (`NotFound` otherwise). `receiver_queue_size` bounds the messages buffered
+        here, and so the permits the broker holds, across all partitions."""
+        _check_name("topic", topic)
+        _check_name("subscription", subscription)
+        if consumer_name is not None:
+            _check_name("consumer_name", consumer_name)
+        kind = parse_enum(sub_type, SubType, "sub_type")
+        position = parse_enum(initial_position, InitialPosition, "initial_position")
+        if key_filters is not None:
+            key_filters = list(key_filters)
+            if not all(isinstance(f, str) and f for f in key_filters):
+                raise InvalidArgument(f"key_filters must be non-empty strs, got {key_filters!r}")
+        _check_positive(
+            receiver_queue_size=receiver_queue_size,
+            ack_batch_max=ack_batch_max,
+            pending_acks_max=pending_acks_max,
+        )
+        if type(ack_delay_ms) is not int or ack_delay_ms < 0:
+            raise InvalidArgument(f"ack_delay_ms must be an int >= 0, got {ack_delay_ms!r}")
+        self._check_open()
+        names = await self._retry(lambda: self._get_partitions(topic, create=False))
+        consumer = Consumer(
+            self,
+            topic=topic,
+            subscription=subscription,
+            consumer_name=consumer_name or self._unique_name("consumer"),
+            sub_type=kind,
+            initial_position=position,
+            key_filters=key_filters,
+            partition_topics=names,
+            receiver_queue_size=receiver_queue_size,
+            ack_batch_max=ack_batch_max,
+            ack_delay_ms=ack_delay_ms,
+            pending_acks_max=pending_acks_max,
+        )
+        await consumer._start()
+        self._consumers[consumer] = None
+        return consumer
+
+    async def get_partitions(self, topic: str) -> list[str]:
+        """The partition topics of an existing topic (`[topic]` if not partitioned)."""
+        _check_name("topic", topic)
+        self._check_open()
+        return await self._retry(lambda: self._get_partitions(topic, create=False))
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("client is closed")
+
+    def _unique_name(self, kind: str) -> str:
+        return f"{kind}-{self._rng.getrandbits(48):012x}"
+
+    def _forget(self, obj: Producer | Consumer) -> None:
+        self._producers.pop(obj, None)  # type: ignore[call-overload]
+        self._consumers.pop(obj, None)  # type: ignore[call-overload]
+
+    async def _retry(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation`, retrying retriable failures with backoff."""
+        attempt = 0
+        while True:
+            try:
+                return await operation()
+            except DanubeError as exc:
+                if not exc.retriable or attempt >= self.operation_retries_max or self._closed:
+                    raise
+                log.info("retriable failure (%s: %s); retry %d", type(exc).__name__, exc, attempt + 1)
+            await asyncio.sleep(backoff_ms(attempt, self._rng) / 1000)
+            attempt += 1
+
+    async def _get_partitions(
+        self,
+        topic: str,
+        *,
+        create: bool,
+        partitions: int = 0,
+        dispatch: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
+    ) -> list[str]:
+        connection = await self._service_connection()
+        reply = await connection.request(
+            GetPartitions(
+                request_id=0, topic=topic, create=create, partitions=partitions, dispatch_strategy=int(dispatch)
+            )
+        )
+        if not isinstance(reply, Partitions):
+            raise InternalError(f"broker answered GetPartitions with {type(reply).__name__}")
+        if not reply.partitions:
+            raise InternalError(f"broker returned no partitions for {topic}")
+        return list(reply.partitions)
+
+    async def _service_connection(self) -> Connection:
+        return await self._connection(self.service_url)
+
+    async def _connection(self, url: str) -> Connection:
+        """The connection to `url`, opened (and handshaken) on first use."""
+        self._check_open()
+        connection = self._connections.get(url)
+        if connection is not None and not connection.closed:
+            return connection
+        async with self._connect_lock:
+            self._check_open()
+            connection = self._connections.get(url)
+            if connection is not None and not connection.closed:
+                return connection
+            if connection is not None:
+                # Closed for good (gave up reconnecting): start afresh.
+                del self._connections[url]
+                await connection.close()
+            if len(self._connections) >= self.connections_max:
+                raise ResourceExhausted(f"already connected to {self.connections_max} brokers (connections_max)")
+            if self._context is None:
+                self._context = zmq.asyncio.Context()
+            connection = Connection(
+                url,
+                context=self._context,
+                client_name=self.client_name,
+                request_timeout_ms=self.request_timeout_ms,
+                pending_requests_max=self.pending_requests_max,
+                reconnect_attempts_max=self.reconnect_attempts_max,
+                socket_hwm_messages=self.socket_hwm_messages,
+                clock=self._clock,
+                rng=self._rng,
+            )
+            await connection.start()
+            self._connections[url] = connection
+            return connection
+
+    def __repr__(self) -> str:
+        return f"<DanubeClient {self.service_url!r} name={self.client_name!r}>"
+
+
+async def _quietly(awaitable: Awaitable[None], what: str) -> None:
+    """For teardown: one failing close must not stop the others; the failure is logged."""
+    try:
+        await awaitable
+    except DanubeError as exc:
+        log.warning("%s: %s", what, exc)

@@ -1,0 +1,586 @@
+"""One client connection to one broker: a zmq DEALER speaking `CLIENT_PROTOCOL`.
+
+A connection owns three things: request/reply matching (a request id per request, a
+future per id, a deadline per future), liveness (a `Ping` every heartbeat interval;
+silence for the broker's session timeout means the connection is lost) and recovery
+(re-handshake with backoff on the same socket, whose fixed identity lets the broker
+tell a reconnect from a newcomer). Pushes (`Deliver`, `ProducerClosed`,
+`ConsumerClosed`) go to the producer or consumer registered under their id.
+
+Producers and consumers on a connection are its *listeners*: told when it is lost
+(their broker-side ids are void), restored (re-attach) or closed for good (fail).
+
+Lifecycle: `start()` (socket + first handshake) ... `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+
+from danube_zmq.actors.clock import Clock
+from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, copy_error
+from danube_zmq.client.retry import BACKOFF_MS_MAX, BACKOFF_MS_MIN, backoff_ms
+from danube_zmq.transport.client_protocol import (
+    CLIENT_PROTOCOL,
+    ConsumerClosed,
+    Deliver,
+    ProducerClosed,
+)
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
+from danube_zmq.transport.errors import (
+    DanubeError,
+    ErrorCode,
+    InternalError,
+    InvalidArgument,
+    Timeout,
+    Unavailable,
+    UnsupportedVersion,
+    error_from_code,
+)
+
+log = logging.getLogger("danube_zmq.client")
+
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+"""Inbound frame cap (ZMQ_MAXMSGSIZE) before `Connected` tells us the broker's."""
+
+HEARTBEAT_INTERVAL_MS_DEFAULT = 1_000
+"""Only used before the first handshake; afterwards the broker's value applies."""
+
+IDENTITY_BYTES = 16
+
+# How the broker says "I have no session for this socket" (it restarted or dropped us).
+# The protocol has no dedicated code for it, so this is matched on the message text of
+# an UNAVAILABLE error; see `is_session_error`.
+_SESSION_ERROR_PHRASES = ("not connected", "not established", "connect first", "no session", "unknown session")
+
+
+def is_session_error(error: Error) -> bool:
+    if error.code != ErrorCode.UNAVAILABLE:
+        return False
+    text = error.message.lower()
+    return any(phrase in text for phrase in _SESSION_ERROR_PHRASES)
+
+
+def exception_from_error(error: Error) -> DanubeError:
+    exc = error_from_code(error.code, error.message)
+    if error.redirect_url:
+        exc.redirect_url = error.redirect_url  # type: ignore[attr-defined]
+    return exc
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLimits:
+    """What `Connected` told us; the client keeps to these limits."""
+
+    broker_id: int
+    broker_url: str
+    frame_bytes_max: int
+    message_bytes_max: int
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStatistics:
+    url: str
+    state: str
+    handshakes: int
+    connections_lost: int
+    requests_sent: int
+    requests_pending: int
+    requests_timed_out: int
+    frames_received: int
+    frames_dropped: int
+    pushes_unroutable: int
+    replies_late: int
+
+
+class ConnectionListener(Protocol):
+    def connection_lost(self, connection: Connection, error: DanubeError) -> None: ...
+
+    def connection_restored(self, connection: Connection) -> None: ...
+
+    def connection_closed(self, connection: Connection, error: DanubeError) -> None: ...
+
+
+class ProducerHandler(Protocol):
+    def on_producer_closed(self, reason: str) -> None: ...
+
+
+class ConsumerHandler(Protocol):
+    def on_deliver(self, msg: Deliver) -> None: ...
+
+    def on_consumer_closed(self, reason: str) -> None: ...
+
+
+class Connection:
+    """A DEALER connection to one broker URL. Not thread-safe: one event loop."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        context: zmq.asyncio.Context,
+        client_name: str,
+        request_timeout_ms: int,
+        pending_requests_max: int,
+        reconnect_attempts_max: int,
+        socket_hwm_messages: int,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        assert request_timeout_ms > 0 and pending_requests_max > 0 and reconnect_attempts_max > 0
+        self.url = url
+        self.client_name = client_name
+        self._context = context
+        self._request_timeout_ms = request_timeout_ms
+        self._pending_requests_max = pending_requests_max
+        self._reconnect_attempts_max = reconnect_attempts_max
+        self._socket_hwm_messages = socket_hwm_messages
+        self._clock = clock
+        self._rng = rng
+
+        self._socket: zmq.asyncio.Socket | None = None
+        self._state = "new"  # new -> ready <-> reconnecting -> closed
+        self._closed_error: DanubeError | None = None
+        self._limits: BrokerLimits | None = None
+        self._ready = asyncio.Event()  # set when ready, and when closed (to wake waiters)
+        self._slots = asyncio.Semaphore(pending_requests_max)
+        self._next_request_id = 1
+        self._session_request_id = 0  # request id of the Connect that opened this session
+        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._last_rx_ms = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        # Ordered sets (dict keys): listeners are told in the order they attached.
+        self._listeners: dict[ConnectionListener, None] = {}
+        self._producers: dict[int, ProducerHandler] = {}
+        self._consumers: dict[int, ConsumerHandler] = {}
+
+        self._handshakes = 0
+        self._connections_lost = 0
+        self._requests_sent = 0
+        self._requests_timed_out = 0
+        self._frames_received = 0
+        self._frames_dropped = 0
+        self._pushes_unroutable = 0
+        self._replies_late = 0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Open the socket and complete the first handshake (one attempt, bounded by the
+        request timeout). Raises the broker's error or `Timeout`."""
+        assert self._state == "new"
+        sock = self._context.socket(zmq.DEALER)
+        # The identity must not start with a zero byte (reserved by zmq for generated ones).
+        identity = bytes([self._rng.randrange(1, 256)]) + self._rng.randbytes(IDENTITY_BYTES - 1)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.LINGER, 0)  # closing must never hang on unsent frames
+        sock.setsockopt(zmq.SNDHWM, self._socket_hwm_messages)
+        sock.setsockopt(zmq.RCVHWM, self._socket_hwm_messages)
+        sock.setsockopt(zmq.MAXMSGSIZE, FRAME_BYTES_MAX_DEFAULT)
+        # zmq's own TCP reconnect follows the same 100 ms -> 5 s curve as our handshakes.
+        sock.setsockopt(zmq.RECONNECT_IVL, BACKOFF_MS_MIN)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, BACKOFF_MS_MAX)
+        try:
+            sock.connect(self.url)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self._state = "closed"
+            raise InvalidArgument(f"cannot connect to {self.url!r}: {exc}") from None
+        self._socket = sock
+        self._spawn(self._receive_loop(), "receive")
+        try:
+            await self._handshake()
+        except BaseException as exc:
+            error = exc if isinstance(exc, DanubeError) else AlreadyClosed("connection start cancelled")
+            await self._shutdown(error)
+            raise
+        self._spawn(self._heartbeat_loop(), "heartbeat")
+
+    async def close(self) -> None:
+        """Fail what is pending with `AlreadyClosed`, stop the tasks, close the socket."""
+        await self._shutdown(AlreadyClosed(f"connection to {self.url} closed"))
+
+    async def _shutdown(self, error: DanubeError) -> None:
+        self._close_with(error)
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+    def _close_with(self, error: DanubeError) -> None:
+        """Mark closed for good: fail pending requests, tell listeners, wake waiters."""
+        if self._state == "closed":
+            return
+        was_ready = self._state == "ready"
+        self._state = "closed"
+        self._closed_error = error
+        self._ready.set()
+        self._fail_pending(error)
+        self._producers.clear()
+        self._consumers.clear()
+        for listener in list(self._listeners):
+            if was_ready:
+                listener.connection_lost(self, error)
+            listener.connection_closed(self, error)
+        self._listeners.clear()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    @property
+    def ready(self) -> bool:
+        return self._state == "ready"
+
+    @property
+    def limits(self) -> BrokerLimits:
+        """The broker's limits from the latest handshake (there is always one after start)."""
+        assert self._limits is not None, "connection not started"
+        return self._limits
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(
+            url=self.url,
+            state=self._state,
+            handshakes=self._handshakes,
+            connections_lost=self._connections_lost,
+            requests_sent=self._requests_sent,
+            requests_pending=len(self._pending),
+            requests_timed_out=self._requests_timed_out,
+            frames_received=self._frames_received,
+            frames_dropped=self._frames_dropped,
+            pushes_unroutable=self._pushes_unroutable,
+            replies_late=self._replies_late,
+        )
+
+    # ---------------------------------------------------------------- registration
+
+    def add_listener(self, listener: ConnectionListener) -> None:
+        self._listeners[listener] = None
+
+    def remove_listener(self, listener: ConnectionListener) -> None:
+        self._listeners.pop(listener, None)
+
+    def register_producer(self, producer_id: int, handler: ProducerHandler) -> None:
+        self._producers[producer_id] = handler
+
+    def unregister_producer(self, producer_id: int, handler: ProducerHandler) -> None:
+        if self._producers.get(producer_id) is handler:
+            del self._producers[producer_id]
+
+    def register_consumer(self, consumer_id: int, handler: ConsumerHandler) -> None:
+        self._consumers[consumer_id] = handler
+
+    def unregister_consumer(self, consumer_id: int, handler: ConsumerHandler) -> None:
+        if self._consumers.get(consumer_id) is handler:
+            del self._consumers[consumer_id]
+
+    # ---------------------------------------------------------------- requests
+
+    async def wait_ready(self) -> None:
+        """Until the connection has a session (returns) or is closed for good (raises)."""
+        while True:
+            if self._closed_error is not None:
+                raise copy_error(self._closed_error)
+            if self._state == "ready":
+                return
+            await self._ready.wait()
+
+    async def request(self, msg: Message, *, timeout_ms: int | None = None) -> Message:
+        """Send `msg` with a fresh request id and return the reply; an `Error` reply is
+        raised as its exception class. Waits for the session first, and for one of
+        `pending_requests_max` slots; all of it within `timeout_ms` (default: the
+        request timeout), after which `Timeout` is raised."""
+        timeout_ms = timeout_ms or self._request_timeout_ms
+        request_id: int | None = None
+        frames_at_send: int | None = None
+        slot = False
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self.wait_ready()
+                await self._slots.acquire()
+                slot = True
+                await self.wait_ready()
+                request_id = self._take_request_id()
+                frame = CLIENT_PROTOCOL.encode(dataclasses.replace(msg, request_id=request_id))  # type: ignore[type-var]
+                self._check_frame(frame, msg)
+                future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+                self._pending[request_id] = future
+                frames_at_send = self._frames_received
+                await self._send_frame(frame)
+                self._requests_sent += 1
+                reply = await future
+        except TimeoutError:
+            self._requests_timed_out += 1
+            if frames_at_send is not None and self._frames_received == frames_at_send:
+                # Not one frame (not even a Pong) since we sent: the broker is gone.
+                self._lose(ConnectionLost(f"broker at {self.url} silent for {timeout_ms} ms"))
+            raise Timeout(f"no reply to {type(msg).__name__} from {self.url} within {timeout_ms} ms") from None
+        finally:
+            if request_id is not None:
+                self._pending.pop(request_id, None)
+            if slot:
+                self._slots.release()
+        if isinstance(reply, Error):
+            raise exception_from_error(reply)
+        return reply
+
+    async def send_oneway(self, msg: Message) -> None:
+        """Send a message that has no reply (`Flow`); needs a session."""
+        timeout_ms = self._request_timeout_ms
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self.wait_ready()
+                frame = CLIENT_PROTOCOL.encode(msg)
+                self._check_frame(frame, msg)
+                await self._send_frame(frame)
+        except TimeoutError:
+            raise Timeout(f"could not send {type(msg).__name__} to {self.url} within {timeout_ms} ms") from None
+
+    def _check_frame(self, frame: bytes, msg: Message) -> None:
+        # A frame over the broker's ZMQ_MAXMSGSIZE would make it drop the whole
+        # connection, so refuse it here; producers size batches to stay well below.
+        if self._limits is not None and len(frame) > self._limits.frame_bytes_max:
+            raise InvalidArgument(
+                f"{type(msg).__name__} of {len(frame)} bytes is over the broker's "
+                f"frame_bytes_max {self._limits.frame_bytes_max}"
+            )
+
+    async def _send_frame(self, frame: bytes) -> None:
+        sock = self._socket
+        if sock is None or self._state == "closed":
+            raise copy_error(self._closed_error or AlreadyClosed("connection closed"))
+        try:
+            await sock.send(frame, copy=False)
+        except zmq.ZMQError as exc:
+            raise ConnectionLost(f"socket to {self.url} failed: {exc}") from None
+
+    def _take_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+    def _fail_pending(self, error: DanubeError) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(copy_error(error))
+
+    # ---------------------------------------------------------------- session
+
+    async def _handshake(self, timeout_ms: int | None = None) -> None:
+        """One `Connect` round trip; on success the connection is ready."""
+        request_id = self._take_request_id()
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        timeout_ms = timeout_ms or self._request_timeout_ms
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self._send_frame(
+                    CLIENT_PROTOCOL.encode(
+                        Connect(request_id=request_id, protocol_version=PROTOCOL_VERSION, client_name=self.client_name)
+                    )
+                )
+                reply = await future
+        except TimeoutError:
+            raise Timeout(f"no answer to Connect from {self.url} within {timeout_ms} ms") from None
+        finally:
+            self._pending.pop(request_id, None)
+        if isinstance(reply, Error):
+            raise exception_from_error(reply)
+        if not isinstance(reply, Connected):
+            raise InternalError(f"broker answered Connect with {type(reply).__name__}")
+        if reply.protocol_version != PROTOCOL_VERSION:
+            raise UnsupportedVersion(
+                f"broker speaks protocol version {reply.protocol_version}, this client {PROTOCOL_VERSION}"
+            )
+        limits = BrokerLimits(
+            broker_id=reply.broker_id,
+            broker_url=reply.broker_url,
+            frame_bytes_max=reply.frame_bytes_max,
+            message_bytes_max=reply.message_bytes_max,
+            heartbeat_interval_ms=reply.heartbeat_interval_ms,
+            session_timeout_ms=reply.session_timeout_ms,
+        )
+        if min(limits.frame_bytes_max, limits.message_bytes_max, limits.heartbeat_interval_ms) <= 0 or (
+            limits.session_timeout_ms <= limits.heartbeat_interval_ms
+        ):
+            raise InternalError(f"broker sent unusable limits: {limits}")
+        previous = self._limits
+        if self._socket is not None and (previous is None or previous.frame_bytes_max != limits.frame_bytes_max):
+            # zmq applies this to the next TCP connection; the broker never sends more anyway.
+            self._socket.setsockopt(zmq.MAXMSGSIZE, limits.frame_bytes_max)
+        self._limits = limits
+        self._session_request_id = request_id
+        self._last_rx_ms = self._clock.monotonic_ms()
+        self._handshakes += 1
+        self._state = "ready"
+        self._ready.set()
+
+    def _lose(self, error: DanubeError) -> None:
+        """The session is gone: fail what is in flight, tell listeners, start reconnecting."""
+        if self._state != "ready":
+            return
+        log.warning("connection to %s lost: %s; reconnecting", self.url, error)
+        self._connections_lost += 1
+        self._state = "reconnecting"
+        self._ready.clear()
+        self._fail_pending(error)
+        # Broker-side ids die with the session; listeners re-attach and re-register.
+        self._producers.clear()
+        self._consumers.clear()
+        for listener in list(self._listeners):
+            listener.connection_lost(self, error)
+        self._reconnect_task = self._spawn(self._reconnect(), "reconnect")
+
+    async def _reconnect(self) -> None:
+        error: DanubeError = Unavailable(f"could not reconnect to {self.url}")
+        # A live broker answers Connect at once; one that has not within its own session
+        # timeout would have dropped us anyway, so try again (with backoff) sooner.
+        assert self._limits is not None
+        attempt_timeout_ms = min(self._request_timeout_ms, self._limits.session_timeout_ms)
+        for attempt in range(self._reconnect_attempts_max):
+            if attempt:
+                await asyncio.sleep(backoff_ms(attempt - 1, self._rng) / 1000)
+            try:
+                await self._handshake(attempt_timeout_ms)
+            except DanubeError as exc:
+                if not exc.retriable:
+                    self._close_with(exc)
+                    return
+                error = exc
+                log.info("reconnect %d to %s failed: %s", attempt + 1, self.url, exc)
+                continue
+            log.info("reconnected to %s", self.url)
+            for listener in list(self._listeners):
+                listener.connection_restored(self)
+            return
+        self._close_with(
+            Unavailable(f"gave up reconnecting to {self.url} after {self._reconnect_attempts_max} attempts: {error}")
+        )
+
+    # ---------------------------------------------------------------- tasks
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"danube-connection-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            # A bug of ours: take the connection down so every user sees an error
+            # instead of a silently dead receive loop.
+            log.error("connection task %s crashed", task.get_name(), exc_info=exc)
+            self._close_with(InternalError(f"client connection task {task.get_name()} crashed: {exc!r}"))
+
+    async def _receive_loop(self) -> None:
+        sock = self._socket
+        assert sock is not None
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except zmq.ZMQError as exc:
+                if self._state == "closed":
+                    return
+                raise InternalError(f"receive from {self.url} failed: {exc}") from None
+            self._frames_received += 1
+            self._last_rx_ms = self._clock.monotonic_ms()
+            if len(frames) != 1:
+                self._frames_dropped += 1
+                log.warning("dropped a %d-part message from %s (expected one frame)", len(frames), self.url)
+                continue
+            try:
+                msg = CLIENT_PROTOCOL.decode(frames[0])
+            except DanubeError as exc:
+                self._frames_dropped += 1
+                log.warning("dropped an undecodable frame from %s: %s", self.url, exc)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, Deliver):
+            consumer = self._consumers.get(msg.consumer_id)
+            if consumer is None:
+                self._pushes_unroutable += 1
+                return
+            consumer.on_deliver(msg)
+            return
+        if isinstance(msg, ConsumerClosed):
+            consumer = self._consumers.pop(msg.consumer_id, None)
+            if consumer is None:
+                self._pushes_unroutable += 1
+                return
+            consumer.on_consumer_closed(msg.reason)
+            return
+        if isinstance(msg, ProducerClosed):
+            producer = self._producers.pop(msg.producer_id, None)
+            if producer is None:
+                self._pushes_unroutable += 1
+                return
+            producer.on_producer_closed(msg.reason)
+            return
+        if isinstance(msg, Pong):
+            return
+        request_id = getattr(msg, "request_id", None)
+        if request_id is None:
+            self._frames_dropped += 1
+            log.warning("dropped unexpected %s from %s", type(msg).__name__, self.url)
+            return
+        if (
+            isinstance(msg, Error)
+            and is_session_error(msg)
+            and self._state == "ready"
+            # Answers to frames sent before the current Connect are about the old session.
+            and request_id > self._session_request_id
+        ):
+            self._lose(ConnectionLost(f"broker at {self.url} has no session for us: {msg.message}"))
+            return
+        future = self._pending.get(request_id)
+        if future is None or future.done():
+            self._replies_late += 1
+            return
+        future.set_result(msg)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            limits = self._limits
+            interval_ms = limits.heartbeat_interval_ms if limits else HEARTBEAT_INTERVAL_MS_DEFAULT
+            await asyncio.sleep(interval_ms / 1000)
+            if self._state != "ready" or limits is None:
+                continue
+            silent_ms = self._clock.monotonic_ms() - self._last_rx_ms
+            if silent_ms > limits.session_timeout_ms:
+                self._lose(ConnectionLost(f"no frame from {self.url} for {silent_ms} ms"))
+                continue
+            frame = CLIENT_PROTOCOL.encode(Ping(request_id=self._take_request_id()))
+            try:
+                async with asyncio.timeout(interval_ms / 1000):
+                    await self._send_frame(frame)
+            except (TimeoutError, ConnectionLost):
+                # A full send queue or a dead socket: the silence check above decides.
+                continue

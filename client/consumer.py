@@ -1,0 +1,526 @@
+"""A consumer: one broker-side consumer per partition, one bounded receive queue, flow
+control by permits, and batched acknowledgements.
+
+Read path:
+1. Each partition consumer is granted a window of permits (`receiver_queue_size` split
+   over the partitions) with `Flow` right after `Subscribed`.
+2. `Deliver` pushes land in the receive queue, which holds at most the sum of the
+   windows: the broker never has more permits than the queue has room.
+3. `receive` takes a message; once half a partition's window has been taken, its
+   permits are given back with one `Flow` (in the background, so a cancelled `receive`
+   never loses a message).
+4. `ack` queues the offset; one `Ack` goes per ~10 ms or per 1000 offsets per
+   partition. `close` sends what is left first.
+5. After a reconnect (or a `ConsumerClosed`), each partition consumer subscribes again
+   with the same name and grants `window - queued` permits. If that fails for good,
+   `receive` raises the error once the queue is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from danube_zmq.client.attachment import Attachment
+from danube_zmq.client.connection import Connection
+from danube_zmq.client.errors import AlreadyClosed, copy_error
+from danube_zmq.client.message import Message, MessageId
+from danube_zmq.client.retry import backoff_ms
+from danube_zmq.transport.client_protocol import (
+    Ack,
+    CloseConsumer,
+    Deliver,
+    Flow,
+    InitialPosition,
+    Nack,
+    Subscribe,
+    Subscribed,
+    SubType,
+    Unsubscribe,
+)
+from danube_zmq.transport.codec import Message as TransportMessage
+from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, Timeout
+
+if TYPE_CHECKING:
+    from danube_zmq.client.client import DanubeClient
+
+log = logging.getLogger("danube_zmq.client")
+
+_END = object()
+
+
+def split_window(receiver_queue_size: int, partitions: int) -> list[int]:
+    """Share the receive queue among partitions, at least one permit each."""
+    base, extra = divmod(receiver_queue_size, partitions)
+    return [max(1, base + (1 if i < extra else 0)) for i in range(partitions)]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStatistics:
+    topic: str
+    subscription: str
+    consumer_name: str
+    partitions: int
+    queued_messages: int
+    receiver_queue_size: int
+    messages_received: int
+    messages_dropped: int
+    pending_acks: int
+    acks_sent: int
+    acks_failed: int
+    reattaches: int
+
+
+class _Inbox:
+    """The bounded receive queue; `fail` makes `get` raise once it is empty."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.size = 0  # messages in the queue (the end marker aside)
+        # One extra slot so the end marker always fits.
+        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=capacity + 1)
+        self._error: DanubeError | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def put_nowait(self, msg: Message) -> bool:
+        if self._error is not None or self.size >= self.capacity:
+            return False
+        self._queue.put_nowait(msg)
+        self.size += 1
+        return True
+
+    def fail(self, error: DanubeError, *, discard: bool = False) -> None:
+        """From now on `get` raises `error` once the queue is empty; with `discard` the
+        queue is emptied first."""
+        if discard:
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self.size = 0
+        if self._error is None:
+            self._error = error
+        if self._queue.empty():
+            self._queue.put_nowait(_END)
+
+    async def get(self) -> Message:
+        if self._error is not None and self.size == 0:
+            raise copy_error(self._error)
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # for the next getter
+            assert self._error is not None
+            raise copy_error(self._error)
+        assert isinstance(item, Message)
+        self.size -= 1
+        return item
+
+
+class Consumer:
+    """Receives from one subscription of one topic (all its partitions). Create with
+    `DanubeClient.subscribe`; iterate with `async for`."""
+
+    def __init__(
+        self,
+        client: DanubeClient,
+        *,
+        topic: str,
+        subscription: str,
+        consumer_name: str,
+        sub_type: SubType,
+        initial_position: InitialPosition,
+        key_filters: list[str] | None,
+        partition_topics: list[str],
+        receiver_queue_size: int,
+        ack_batch_max: int,
+        ack_delay_ms: int,
+        pending_acks_max: int,
+    ) -> None:
+        assert partition_topics
+        self._client = client
+        self.topic = topic
+        self.subscription = subscription
+        self.consumer_name = consumer_name
+        self.sub_type = sub_type
+        self.initial_position = initial_position
+        self.key_filters = key_filters
+        self.receiver_queue_size = receiver_queue_size
+        self.ack_batch_max = ack_batch_max
+        self.ack_delay_ms = ack_delay_ms
+        self.pending_acks_max = pending_acks_max
+        windows = split_window(receiver_queue_size, len(partition_topics))
+        self._partitions = [_PartitionConsumer(self, t, w) for t, w in zip(partition_topics, windows, strict=True)]
+        self._by_topic = {p.topic: p for p in self._partitions}
+        self._inbox = _Inbox(sum(windows))
+        self._close_started = False
+        self._closing = False
+        self._messages_received = 0
+        self._messages_dropped = 0
+
+    @property
+    def partitions(self) -> list[str]:
+        return [p.topic for p in self._partitions]
+
+    def statistics(self) -> ConsumerStatistics:
+        return ConsumerStatistics(
+            topic=self.topic,
+            subscription=self.subscription,
+            consumer_name=self.consumer_name,
+            partitions=len(self._partitions),
+            queued_messages=len(self._inbox),
+            receiver_queue_size=self.receiver_queue_size,
+            messages_received=self._messages_received,
+            messages_dropped=self._messages_dropped,
+            pending_acks=sum(len(p._acks) for p in self._partitions),
+            acks_sent=sum(p.acks_sent for p in self._partitions),
+            acks_failed=sum(p.acks_failed for p in self._partitions),
+            reattaches=sum(p.reattaches for p in self._partitions),
+        )
+
+    async def _start(self) -> None:
+        results = await asyncio.gather(*(p.start() for p in self._partitions), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self._close_started = self._closing = True
+            await asyncio.gather(*(p.close(CloseConsumer) for p in self._partitions), return_exceptions=True)
+            raise errors[0]
+
+    # ---------------------------------------------------------------- receiving
+
+    async def receive(self, timeout: float | None = None) -> Message:
+        """The next message; waits at most `timeout` seconds (forever if None) and then
+        raises `Timeout`. Raises `AlreadyClosed` after `close`, or the error that made
+        re-subscribing impossible."""
+        if timeout is None:
+            msg = await self._inbox.get()
+        else:
+            try:
+                async with asyncio.timeout(timeout):
+                    msg = await self._inbox.get()
+            except TimeoutError:
+                raise Timeout(f"no message on {self.topic} ({self.subscription}) within {timeout} s") from None
+        partition = self._by_topic[msg.topic]
+        partition.taken()
+        return msg
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except AlreadyClosed:
+            if self._closing:
+                raise StopAsyncIteration from None
+            raise
+
+    def _delivered(self, partition: _PartitionConsumer, msg: Message) -> bool:
+        if self._inbox.put_nowait(msg):
+            self._messages_received += 1
+            return True
+        # Only when the broker sent more than the permits allowed (or the consumer is
+        # closing): a reliable topic redelivers it, a non-reliable one may drop anyway.
+        self._messages_dropped += 1
+        return False
+
+    # ---------------------------------------------------------------- acknowledging
+
+    def _partition_of(self, message: Message | MessageId) -> tuple[_PartitionConsumer, int]:
+        if self._closing:
+            raise AlreadyClosed(f"consumer {self.consumer_name} is closed")
+        message_id = message.message_id if isinstance(message, Message) else message
+        if not isinstance(message_id, MessageId):
+            raise InvalidArgument(f"expected a Message or MessageId, not {type(message).__name__}")
+        partition = self._by_topic.get(message_id.topic)
+        if partition is None:
+            raise InvalidArgument(f"message {message_id} is not from topic {self.topic}")
+        return partition, message_id.offset
+
+    async def ack(self, message: Message | MessageId) -> None:
+        """Acknowledge a message. Returns once the ack is queued (sent within ~10 ms, or
+        at once when `ack_batch_max` are queued); waits when `pending_acks_max` are."""
+        partition, offset = self._partition_of(message)
+        await partition.queue_ack(offset)
+
+    async def nack(self, message: Message | MessageId, delay_ms: int | None = None) -> None:
+        """Ask for redelivery of a message, after `delay_ms` (the broker's policy if None)."""
+        if delay_ms is not None and (type(delay_ms) is not int or delay_ms < 0):
+            raise InvalidArgument(f"delay_ms must be a non-negative int, got {delay_ms!r}")
+        partition, offset = self._partition_of(message)
+        await partition.nack([offset], delay_ms)
+
+    async def flush_acks(self) -> None:
+        """Send every queued ack now."""
+        await asyncio.gather(*(p.flush_acks() for p in self._partitions))
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def close(self) -> None:
+        """Send queued acks, detach from the broker; `receive` then raises `AlreadyClosed`.
+        The subscription stays (use `unsubscribe` to delete it)."""
+        await self._close(CloseConsumer)
+
+    async def unsubscribe(self) -> None:
+        """Send queued acks, then delete the subscription on the broker and close."""
+        await self._close(Unsubscribe)
+
+    async def _close(self, request: type[CloseConsumer] | type[Unsubscribe]) -> None:
+        if self._close_started:
+            return
+        self._close_started = True
+        try:
+            # Bounded: with the broker gone, closing must not wait out every retry.
+            async with asyncio.timeout(self._client.request_timeout_ms / 1000):
+                await asyncio.gather(*(p.flush_acks() for p in self._partitions), return_exceptions=True)
+        except TimeoutError:
+            log.warning("consumer %s: acks not sent before close", self.consumer_name)
+        self._closing = True
+        self._inbox.fail(AlreadyClosed(f"consumer {self.consumer_name} is closed"), discard=True)
+        results = await asyncio.gather(*(p.close(request) for p in self._partitions), return_exceptions=True)
+        self._client._forget(self)
+        if request is Unsubscribe:
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _fail(self, error: DanubeError) -> None:
+        self._inbox.fail(error)
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.consumer_name!r} on {self.topic!r} subscription={self.subscription!r}>"
+
+
+class _PartitionConsumer(Attachment):
+    """The broker-side consumer on one partition topic: permits and acks."""
+
+    kind = "consumer"
+
+    def __init__(self, consumer: Consumer, topic: str, window: int) -> None:
+        super().__init__(consumer._client, topic, consumer.consumer_name)
+        self._consumer = consumer
+        self.window = window
+        self.flow_threshold = max(1, window // 2)
+        self.consumer_id: int | None = None
+        # Permit accounting. Invariant (per attach): permits the broker holds + `queued`
+        # <= window, because we only grant back what the application has taken.
+        self.queued = 0
+        self.unflowed = 0
+        self.permits_granted = 0  # total since start, for statistics and tests
+        self._flow_task: asyncio.Task[None] | None = None
+        self._acks: list[int] = []
+        self._ack_ready = asyncio.Event()  # acks are queued
+        self._ack_full = asyncio.Event()  # a batch is full (or a flush asked): no delay
+        self._ack_room = asyncio.Event()  # fewer than pending_acks_max queued
+        self._ack_room.set()
+        self._ack_lock = asyncio.Lock()
+        self._ack_task: asyncio.Task[None] | None = None
+        self.acks_sent = 0
+        self.acks_failed = 0
+
+    async def start(self) -> None:
+        await super().start()
+        self._ack_task = asyncio.get_running_loop().create_task(self._ack_loop(), name=f"danube-acks-{self.name}")
+
+    # ---------------------------------------------------------------- attach
+
+    async def _attach_on(self, connection: Connection) -> None:
+        consumer = self._consumer
+        reply = await connection.request(
+            Subscribe(
+                request_id=0,
+                topic=self.topic,
+                subscription=consumer.subscription,
+                consumer_name=consumer.consumer_name,
+                sub_type=int(consumer.sub_type),
+                initial_position=int(consumer.initial_position),
+                key_filters=consumer.key_filters,
+            )
+        )
+        if not isinstance(reply, Subscribed):
+            raise InternalError(f"broker answered Subscribe with {type(reply).__name__}")
+        self.consumer_id = reply.consumer_id
+        connection.register_consumer(reply.consumer_id, self)
+        # A new broker-side consumer holds no permits: grant the room the queue has.
+        self.unflowed = 0
+        permits = self.window - self.queued
+        if permits > 0:
+            await connection.send_oneway(Flow(consumer_id=reply.consumer_id, permits=permits))
+            self.permits_granted += permits
+
+    def _forget_id(self) -> None:
+        if self.consumer_id is not None:
+            self.connection.unregister_consumer(self.consumer_id, self)
+            self.consumer_id = None
+
+    def _on_failed(self, error: DanubeError) -> None:
+        self._consumer._fail(error)
+
+    # ConsumerHandler
+    def on_deliver(self, msg: Deliver) -> None:
+        count = len(msg.payloads)
+        if (
+            len(msg.publish_times) != count
+            or (msg.keys is not None and len(msg.keys) != count)
+            or (msg.attributes is not None and len(msg.attributes) != count)
+            or (msg.offsets is not None and len(msg.offsets) != count)
+        ):
+            log.warning("dropped a malformed Deliver on %s: column lengths differ", self.topic)
+            self._consumer._messages_dropped += count
+            return
+        for i in range(count):
+            attributes = msg.attributes[i] if msg.attributes is not None else None
+            message = Message(
+                payload=msg.payloads[i],
+                # Named by our partition topic (which the broker echoes in `msg.topic`),
+                # since acks are routed by it.
+                message_id=MessageId(
+                    self.topic,
+                    msg.offsets[i] if msg.offsets is not None else msg.base_offset + i,
+                    msg.producer_id,
+                ),
+                publish_time=msg.publish_times[i],
+                producer_name=msg.producer_name,
+                key=msg.keys[i] if msg.keys is not None else None,
+                attributes=attributes or {},
+                redelivery_count=msg.redelivery_count,
+                schema_id=msg.schema_id,
+                schema_version=msg.schema_version,
+            )
+            if self._consumer._delivered(self, message):
+                self.queued += 1
+
+    def on_consumer_closed(self, reason: str) -> None:
+        if not self._closing:
+            self._broker_closed(reason)
+
+    # ---------------------------------------------------------------- permits
+
+    def taken(self) -> None:
+        """The application took one of our messages from the queue."""
+        self.queued -= 1
+        self.unflowed += 1
+        assert self.queued >= 0
+        if self.unflowed >= self.flow_threshold and (self._flow_task is None or self._flow_task.done()):
+            self._flow_task = asyncio.get_running_loop().create_task(self._flow(), name=f"danube-flow-{self.name}")
+
+    async def _flow(self) -> None:
+        while self.unflowed >= self.flow_threshold and not self._closing:
+            if not self.attached or self.consumer_id is None:
+                return  # re-attaching grants `window - queued` afresh
+            permits, epoch = self.unflowed, self.epoch
+            self.unflowed = 0
+            try:
+                await self.connection.send_oneway(Flow(consumer_id=self.consumer_id, permits=permits))
+                self.permits_granted += permits
+            except DanubeError as exc:
+                if self.epoch == epoch:
+                    self.unflowed += permits  # same broker-side consumer: try again later
+                log.info("granting %d permits on %s failed: %s", permits, self.topic, exc)
+                return
+
+    # ---------------------------------------------------------------- acks
+
+    async def queue_ack(self, offset: int) -> None:
+        while len(self._acks) >= self._consumer.pending_acks_max:
+            self._ack_room.clear()
+            await self._ack_room.wait()
+            if self._consumer._closing:
+                raise AlreadyClosed(f"consumer {self.name} is closed")
+        self._acks.append(offset)
+        self._ack_ready.set()
+        if len(self._acks) >= self._consumer.ack_batch_max:
+            self._ack_full.set()
+
+    async def _ack_loop(self) -> None:
+        delay_s = self._consumer.ack_delay_ms / 1000
+        while True:
+            await self._ack_ready.wait()
+            if len(self._acks) < self._consumer.ack_batch_max:
+                try:
+                    async with asyncio.timeout(delay_s):
+                        await self._ack_full.wait()
+                except TimeoutError:
+                    pass
+            await self._send_ack_batch()
+
+    async def _send_ack_batch(self) -> None:
+        async with self._ack_lock:
+            batch_max = self._consumer.ack_batch_max
+            offsets = self._acks[:batch_max]
+            del self._acks[:batch_max]
+            if not self._acks:
+                self._ack_ready.clear()
+            if len(self._acks) < batch_max:
+                self._ack_full.clear()
+            self._ack_room.set()
+            if offsets:
+                await self._send_acks(offsets)
+
+    async def flush_acks(self) -> None:
+        while self._acks:
+            await self._send_ack_batch()
+        async with self._ack_lock:  # and the batch the loop may be sending
+            pass
+
+    async def _send_acks(self, offsets: list[int]) -> None:
+        try:
+            await self._request_with_retries(lambda cid: Ack(request_id=0, consumer_id=cid, offsets=offsets))
+            self.acks_sent += len(offsets)
+        except DanubeError as exc:
+            # `ack` already returned; a reliable topic redelivers what was not acked.
+            self.acks_failed += len(offsets)
+            log.warning("acknowledging %d messages on %s failed: %s", len(offsets), self.topic, exc)
+
+    async def nack(self, offsets: list[int], delay_ms: int | None) -> None:
+        await self._request_with_retries(
+            lambda cid: Nack(request_id=0, consumer_id=cid, offsets=offsets, delay_ms=delay_ms)
+        )
+
+    async def _request_with_retries(self, build: Callable[[int], TransportMessage]) -> None:
+        attempt = 0
+        while True:
+            try:
+                connection = await self.wait_attached()
+                assert self.consumer_id is not None
+                await connection.request(build(self.consumer_id))
+                return
+            except DanubeError as exc:
+                if not exc.retriable or attempt >= self._client.operation_retries_max:
+                    raise
+            await asyncio.sleep(backoff_ms(attempt, self._client._rng) / 1000)
+            attempt += 1
+
+    # ---------------------------------------------------------------- close
+
+    async def close(self, request: type[CloseConsumer] | type[Unsubscribe]) -> None:
+        self._ack_room.set()  # wake acks waiting for room; they see the consumer closing
+        tasks = [t for t in (self._ack_task, self._flow_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        connection = await self._stop_attachment()
+        consumer_id = self.consumer_id
+        if self.connection is not None:
+            self._detach()
+        if connection is None or consumer_id is None:
+            if request is Unsubscribe:
+                raise copy_error(self.failed) if self.failed else AlreadyClosed(
+                    f"consumer {self.name} on {self.topic} is not attached; cannot unsubscribe"
+                )
+            return
+        try:
+            await connection.request(request(request_id=0, consumer_id=consumer_id))
+        except DanubeError as exc:
+            if request is Unsubscribe:
+                raise
+            # Detached on our side either way; the broker drops it with the session.
+            log.info("closing consumer %s on %s: %s", self.name, self.topic, exc)

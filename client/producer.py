@@ -1,0 +1,559 @@
+"""A producer: routes each message to a partition, batches per partition, and resolves
+each message's future with its `MessageId` when the broker's receipt arrives.
+
+Write path:
+1. `send` / `send_nowait` checks the payload, picks a partition (`routing.py`) and takes
+   one unit of the producer's `pending_messages_max` budget (waits, or raises
+   `ProducerQueueFull`).
+2. The partition's accumulator collects messages until `batch_messages_max`,
+   `batch_bytes_max` (capped by the broker's `frame_bytes_max`) or `batch_delay_ms`.
+3. The cut batch goes to the partition's sender, which keeps up to
+   `inflight_batches_max` `Send` requests in flight, in order.
+4. A `SendReceipt` resolves every future of the batch; a failed batch fails all of them.
+   Retriable failures are retried up to `operation_retries_max` times, after the
+   partition's broker-side producer is re-created if the connection was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from danube_zmq.client.attachment import Attachment
+from danube_zmq.client.connection import Connection
+from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, ProducerQueueFull, copy_error
+from danube_zmq.client.message import MessageId
+from danube_zmq.client.retry import backoff_ms
+from danube_zmq.client.routing import RoundRobin, partition_for_key
+from danube_zmq.transport.client_protocol import (
+    CloseProducer,
+    CreateProducer,
+    DispatchStrategy,
+    ProducerCreated,
+    Send,
+    SendReceipt,
+)
+from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, Timeout, Unavailable
+
+if TYPE_CHECKING:
+    from danube_zmq.client.client import DanubeClient
+
+log = logging.getLogger("danube_zmq.client")
+
+SendCallback = Callable[[DanubeError | None, MessageId | None], Any]
+"""`callback(error, message_id)`: exactly one of them is None. Runs on the event loop."""
+
+SEND_OVERHEAD_BYTES = 64
+"""Upper bound of a `Send` frame's bytes besides its messages (tag, ids, list headers)."""
+
+def entry_bytes(payload: bytes, key: str | None, attributes: Mapping[str, str] | None) -> int:
+    """Upper bound of one message's bytes in a msgpack `Send` frame (5-byte headers, 9-byte ints)."""
+    size = 5 + len(payload) + 9 + 5
+    if key is not None:
+        size += len(key.encode("utf-8"))
+    if attributes:
+        size += sum(10 + len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in attributes.items())
+    return size
+
+
+def as_payload(payload: Any) -> bytes:
+    if type(payload) is bytes:
+        return payload
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise InvalidArgument(f"payload must be bytes or str, not {type(payload).__name__}")
+
+
+def check_attributes(attributes: Any) -> dict[str, str] | None:
+    if attributes is None:
+        return None
+    if not isinstance(attributes, Mapping):
+        raise InvalidArgument(f"attributes must be a mapping of str to str, not {type(attributes).__name__}")
+    out = dict(attributes)
+    for k, v in out.items():
+        if type(k) is not str or type(v) is not str:
+            raise InvalidArgument(f"attributes must map str to str, got {k!r}: {v!r}")
+    return out or None
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStatistics:
+    topic: str
+    name: str
+    partitions: int
+    pending_messages: int
+    pending_messages_max: int
+    messages_sent: int
+    messages_failed: int
+    batches_sent: int
+    send_retries: int
+    reattaches: int
+
+
+class _Entry:
+    __slots__ = ("attributes", "future", "key", "payload", "publish_time")
+
+    def __init__(
+        self,
+        payload: bytes,
+        publish_time: int,
+        key: str | None,
+        attributes: dict[str, str] | None,
+        future: asyncio.Future[MessageId],
+    ) -> None:
+        self.payload = payload
+        self.publish_time = publish_time
+        self.key = key
+        self.attributes = attributes
+        self.future = future
+
+
+class _Batch:
+    __slots__ = ("done", "entries")
+
+    def __init__(self, entries: list[_Entry], done: asyncio.Future[None]) -> None:
+        self.entries = entries
+        self.done = done
+
+
+class _Budget:
+    """A counted limit with FIFO waiters: `try_take` never waits, `take` does."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.used < self.limit and not self._waiters:
+            self.used += 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # `give` counts the unit for us before waking us
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give(1)
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        assert self.used >= 0
+        while self._waiters and self.used < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.used += 1
+                waiter.set_result(None)
+
+
+class Producer:
+    """Publishes to one topic (all its partitions). Create with `DanubeClient.create_producer`."""
+
+    def __init__(
+        self,
+        client: DanubeClient,
+        *,
+        topic: str,
+        name: str,
+        dispatch: DispatchStrategy,
+        partition_topics: list[str],
+        batching: bool,
+        batch_messages_max: int,
+        batch_bytes_max: int,
+        batch_delay_ms: int,
+        pending_messages_max: int,
+        inflight_batches_max: int,
+    ) -> None:
+        assert partition_topics
+        self._client = client
+        self.topic = topic
+        self.name = name
+        self.dispatch = dispatch
+        self.batching = batching
+        self.batch_messages_max = batch_messages_max if batching else 1
+        self.batch_bytes_max = batch_bytes_max
+        self.batch_delay_ms = batch_delay_ms
+        self.pending_messages_max = pending_messages_max
+        self.inflight_batches_max = inflight_batches_max
+        partitioned = len(partition_topics) > 1 or partition_topics[0] != topic
+        self._partitions = [
+            _PartitionProducer(self, i, t, f"{name}-{i}" if partitioned else name)
+            for i, t in enumerate(partition_topics)
+        ]
+        self._round_robin = RoundRobin(len(partition_topics), client._rng.randrange(len(partition_topics)))
+        self._budget = _Budget(pending_messages_max)
+        self._open_batches: set[asyncio.Future[None]] = set()
+        self._closing = False
+        self._closed = False
+        self._messages_sent = 0
+        self._messages_failed = 0
+        self._batches_sent = 0
+        self._send_retries = 0
+
+    @property
+    def partitions(self) -> list[str]:
+        """The partition topics this producer writes to (just `[topic]` if not partitioned)."""
+        return [p.topic for p in self._partitions]
+
+    def statistics(self) -> ProducerStatistics:
+        return ProducerStatistics(
+            topic=self.topic,
+            name=self.name,
+            partitions=len(self._partitions),
+            pending_messages=self._budget.used,
+            pending_messages_max=self.pending_messages_max,
+            messages_sent=self._messages_sent,
+            messages_failed=self._messages_failed,
+            batches_sent=self._batches_sent,
+            send_retries=self._send_retries,
+            reattaches=sum(p.reattaches for p in self._partitions),
+        )
+
+    async def _start(self) -> None:
+        """Attach every partition (with retries); on failure detach the ones attached."""
+        results = await asyncio.gather(*(p.start() for p in self._partitions), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self._closing = True
+            await asyncio.gather(*(p.close() for p in self._partitions), return_exceptions=True)
+            self._closed = True
+            raise errors[0]
+
+    # ---------------------------------------------------------------- sending
+
+    async def send(
+        self, payload: bytes | str, *, key: str | None = None, attributes: Mapping[str, str] | None = None
+    ) -> MessageId:
+        """Publish one message and wait for the broker's receipt. Waits for room when
+        `pending_messages_max` messages are already pending (backpressure)."""
+        partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
+        await self._budget.take()
+        if self._closing:
+            self._budget.give(1)
+            raise AlreadyClosed(f"producer {self.name} is closed")
+        future = self._enqueue(partition, payload_bytes, key, attrs, None)
+        return await future
+
+    def send_nowait(
+        self,
+        payload: bytes | str,
+        *,
+        key: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        callback: SendCallback | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message and return a future of its `MessageId` at once; raise
+        `ProducerQueueFull` when `pending_messages_max` messages are already pending.
+        `callback(error, message_id)`, if given, runs when the future is done."""
+        partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
+        if not self._budget.try_take():
+            raise ProducerQueueFull(
+                f"producer {self.name} has {self.pending_messages_max} messages pending (pending_messages_max)"
+            )
+        return self._enqueue(partition, payload_bytes, key, attrs, callback)
+
+    def _prepare(
+        self, payload: Any, key: Any, attributes: Any
+    ) -> tuple[_PartitionProducer, bytes, str | None, dict[str, str] | None]:
+        if self._closing:
+            raise AlreadyClosed(f"producer {self.name} is closed")
+        data = as_payload(payload)
+        if key is not None and type(key) is not str:
+            raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
+        attrs = check_attributes(attributes)
+        if key is None or len(self._partitions) == 1:
+            index = self._round_robin.next() if len(self._partitions) > 1 else 0
+        else:
+            index = partition_for_key(key, len(self._partitions))
+        partition = self._partitions[index]
+        if partition.failed is not None:
+            raise copy_error(partition.failed)
+        limits = partition.connection.limits
+        if len(data) > limits.message_bytes_max:
+            raise InvalidArgument(
+                f"message of {len(data)} bytes is over the broker's message_bytes_max {limits.message_bytes_max}"
+            )
+        if entry_bytes(data, key, attrs) + SEND_OVERHEAD_BYTES > limits.frame_bytes_max:
+            raise InvalidArgument(
+                "message with its key and attributes does not fit the broker's "
+                f"frame_bytes_max {limits.frame_bytes_max}"
+            )
+        return partition, data, key, attrs
+
+    def _enqueue(
+        self,
+        partition: _PartitionProducer,
+        payload: bytes,
+        key: str | None,
+        attrs: dict[str, str] | None,
+        callback: SendCallback | None,
+    ) -> asyncio.Future[MessageId]:
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        if callback is not None:
+            future.add_done_callback(_callback_adapter(callback))
+        partition.add(_Entry(payload, self._client._clock.now_ms(), key, attrs, future))
+        return future
+
+    def _batch_cut(self, batch: _Batch) -> None:
+        self._open_batches.add(batch.done)
+
+    def _batch_finished(self, batch: _Batch, sent: bool) -> None:
+        self._open_batches.discard(batch.done)
+        if not batch.done.done():
+            batch.done.set_result(None)
+        if sent:
+            self._messages_sent += len(batch.entries)
+            self._batches_sent += 1
+        else:
+            self._messages_failed += len(batch.entries)
+        self._budget.give(len(batch.entries))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Send what is batched now and wait until every message sent so far has its
+        receipt or its error (errors are on the messages' futures, not raised here).
+        With `timeout` (seconds), stop waiting then (raising `Timeout`)."""
+        for partition in self._partitions:
+            partition.cut()
+        pending = list(self._open_batches)
+        if pending:
+            _, not_done = await asyncio.wait(pending, timeout=timeout)
+            if not_done:
+                raise Timeout(f"producer {self.name}: {len(not_done)} batches unsent after {timeout} s")
+
+    async def close(self) -> None:
+        """Flush (for at most the request timeout), then detach from the broker; what is
+        still unsent then fails with `AlreadyClosed`. Later sends raise `AlreadyClosed`."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            await self.flush(timeout=self._client.request_timeout_ms / 1000)
+        except Timeout as exc:
+            log.warning("%s; closing anyway", exc)
+        finally:
+            await asyncio.gather(*(p.close() for p in self._partitions), return_exceptions=True)
+            self._closed = True
+            self._client._forget(self)
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<Producer {self.name!r} on {self.topic!r} partitions={len(self._partitions)}>"
+
+
+def _callback_adapter(callback: SendCallback) -> Callable[[asyncio.Future[MessageId]], None]:
+    def done(future: asyncio.Future[MessageId]) -> None:
+        if future.cancelled():
+            callback(AlreadyClosed("send cancelled"), None)
+            return
+        error = future.exception()
+        if error is None:
+            callback(None, future.result())
+        else:
+            assert isinstance(error, DanubeError)
+            callback(error, None)
+
+    return done
+
+
+class _PartitionProducer(Attachment):
+    """The broker-side producer on one partition topic, its accumulator and its sender."""
+
+    kind = "producer"
+
+    def __init__(self, producer: Producer, index: int, topic: str, name: str) -> None:
+        super().__init__(producer._client, topic, name)
+        self._producer = producer
+        self.index = index
+        self.producer_id: int | None = None
+        self._batch: list[_Entry] = []
+        self._batch_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        # Bounded by the producer's budget: a batch holds at least one pending message.
+        self._batches: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=producer.pending_messages_max)
+        self._window = asyncio.Semaphore(producer.inflight_batches_max)
+        self._sender: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await super().start()
+        self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name=f"danube-producer-{self.name}")
+
+    async def _attach_on(self, connection: Connection) -> None:
+        reply = await connection.request(
+            CreateProducer(
+                request_id=0,
+                topic=self.topic,
+                producer_name=self.name,
+                dispatch_strategy=int(self._producer.dispatch),
+            )
+        )
+        if not isinstance(reply, ProducerCreated):
+            raise InternalError(f"broker answered CreateProducer with {type(reply).__name__}")
+        self.producer_id = reply.producer_id
+        connection.register_producer(reply.producer_id, self)
+
+    def _forget_id(self) -> None:
+        if self.producer_id is not None:
+            self.connection.unregister_producer(self.producer_id, self)
+            self.producer_id = None
+
+    def _on_failed(self, error: DanubeError) -> None:
+        self.cut()  # what is batched fails now rather than at the next timer
+
+    # ProducerHandler
+    def on_producer_closed(self, reason: str) -> None:
+        self._broker_closed(reason)
+
+    # ---------------------------------------------------------------- batching
+
+    def _batch_bytes_limit(self) -> int:
+        frame_limit = self.connection.limits.frame_bytes_max - SEND_OVERHEAD_BYTES
+        return min(self._producer.batch_bytes_max, frame_limit)
+
+    def add(self, entry: _Entry) -> None:
+        size = entry_bytes(entry.payload, entry.key, entry.attributes)
+        if self._batch and self._batch_bytes + size > self._batch_bytes_limit():
+            self.cut()
+        self._batch.append(entry)
+        self._batch_bytes += size
+        producer = self._producer
+        if len(self._batch) >= producer.batch_messages_max or self._batch_bytes >= self._batch_bytes_limit():
+            self.cut()
+        elif len(self._batch) == 1:
+            self._timer = asyncio.get_running_loop().call_later(producer.batch_delay_ms / 1000, self.cut)
+
+    def cut(self) -> None:
+        """Hand the open batch to the sender now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._batch:
+            return
+        batch = _Batch(self._batch, asyncio.get_running_loop().create_future())
+        self._batch = []
+        self._batch_bytes = 0
+        self._producer._batch_cut(batch)
+        self._batches.put_nowait(batch)  # cannot be full: see the queue's bound
+
+    async def _send_loop(self) -> None:
+        while True:
+            batch = await self._batches.get()
+            try:
+                await self._window.acquire()
+            except asyncio.CancelledError:
+                _fail_entries(batch, AlreadyClosed(f"producer {self.name} closed"))
+                self._producer._batch_finished(batch, False)
+                raise
+            task = asyncio.get_running_loop().create_task(self._deliver(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _deliver(self, batch: _Batch) -> None:
+        sent = False
+        try:
+            receipt = await self._send_with_retries(batch)
+            for entry, offset in zip(batch.entries, receipt.offsets, strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(MessageId(self.topic, offset, receipt.producer_id))
+            sent = True
+        except DanubeError as exc:
+            _fail_entries(batch, exc)
+        except asyncio.CancelledError:
+            _fail_entries(batch, AlreadyClosed(f"producer {self.name} closed before the receipt"))
+            raise
+        except Exception as exc:  # a bug of ours: report it on every future, never lose it
+            log.exception("producer %s: batch delivery crashed", self.name)
+            _fail_entries(batch, InternalError(f"batch delivery crashed: {exc!r}"))
+        finally:
+            self._window.release()
+            self._producer._batch_finished(batch, sent)
+
+    async def _send_with_retries(self, batch: _Batch) -> SendReceipt:
+        entries = batch.entries
+        payloads = [e.payload for e in entries]
+        publish_times = [e.publish_time for e in entries]
+        keys = [e.key for e in entries] if any(e.key is not None for e in entries) else None
+        attributes = [e.attributes for e in entries] if any(e.attributes for e in entries) else None
+        attempt = 0
+        while True:
+            try:
+                connection = await self.wait_attached()
+                assert self.producer_id is not None
+                reply = await connection.request(
+                    Send(
+                        request_id=0,
+                        producer_id=self.producer_id,
+                        payloads=payloads,
+                        publish_times=publish_times,
+                        keys=keys,
+                        attributes=attributes,
+                    )
+                )
+                if not isinstance(reply, SendReceipt):
+                    raise InternalError(f"broker answered Send with {type(reply).__name__}")
+                if len(reply.offsets) != len(entries):
+                    raise InternalError(f"broker sent {len(reply.offsets)} offsets for {len(entries)} messages")
+                return reply
+            except DanubeError as exc:
+                if not exc.retriable or attempt >= self._client.operation_retries_max:
+                    raise
+                if isinstance(exc, Unavailable) and not isinstance(exc, ConnectionLost):
+                    # The broker no longer serves this producer here (unloaded, moved):
+                    # re-create it, following a redirect if there is one.
+                    self._detach()
+                    self._schedule_reattach()
+                self._producer._send_retries += 1
+                log.info("send of %d messages on %s failed (%s); retrying", len(entries), self.topic, exc)
+            await asyncio.sleep(backoff_ms(attempt, self._client._rng) / 1000)
+            attempt += 1
+
+    async def close(self) -> None:
+        self._closing = True
+        self.cut()
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+        inflight = list(self._inflight)
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
+        while not self._batches.empty():
+            batch = self._batches.get_nowait()
+            _fail_entries(batch, AlreadyClosed(f"producer {self.name} closed"))
+            self._producer._batch_finished(batch, False)
+        connection = await self._stop_attachment()
+        producer_id = self.producer_id
+        if self.connection is not None:
+            self._detach()
+        if connection is not None and producer_id is not None:
+            try:
+                await connection.request(CloseProducer(request_id=0, producer_id=producer_id))
+            except DanubeError as exc:
+                # The producer is gone on our side either way, and the broker detaches it
+                # when the session ends; a failed goodbye is not the caller's problem.
+                log.info("closing producer %s on %s: %s", self.name, self.topic, exc)
+
+
+def _fail_entries(batch: _Batch, error: DanubeError) -> None:
+    for entry in batch.entries:
+        if not entry.future.done():
+            entry.future.set_exception(copy_error(error))

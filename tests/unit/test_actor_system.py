@@ -1,0 +1,140 @@
+"""The actor runtime: handlers, asks, bounded mailboxes and supervision."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq.asyncio
+
+from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.clock import SystemClock
+from danube_zmq.actors.system import ActorSystem
+from danube_zmq.transport.errors import NotFound
+from danube_zmq.transport.internal_protocol import (
+    ChildStopped,
+    ConsumerCount,
+    DescribePartition,
+    Done,
+    SubscriptionEnded,
+    Tick,
+)
+
+
+class Recorder(Actor):
+    """Counts ticks, raises on SubscriptionEnded, answers DescribePartition asks."""
+
+    instances = 0
+    seen: list[str] = []
+
+    def __init__(self) -> None:
+        Recorder.instances += 1
+        self.ticks = 0
+
+    def handle_Tick(self, msg: Tick) -> None:
+        self.ticks += 1
+        Recorder.seen.append(f"tick {self.ticks}")
+
+    def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
+        raise RuntimeError(f"boom {msg.subscription}")
+
+    async def handle_DescribePartition(self, msg: DescribePartition) -> Done:
+        return Done()
+
+    def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
+        raise NotFound("asked for something missing")
+
+
+class Parent(Actor):
+    stopped: list[ChildStopped] = []
+
+    def handle_ChildStopped(self, msg: ChildStopped) -> None:
+        Parent.stopped.append(msg)
+
+
+@pytest.fixture
+async def system():
+    ctx = zmq.asyncio.Context()
+    sys_ = ActorSystem(ctx, clock=SystemClock(), mailbox_messages_max=50, restarts_max=2, restart_window_ms=60_000)
+    Recorder.instances, Recorder.seen, Parent.stopped = 0, [], []
+    yield sys_
+    await sys_.shutdown()
+    ctx.term()
+
+
+async def wait_for(predicate, timeout_s: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_handlers_receive_messages_in_order(system: ActorSystem) -> None:
+    """Messages told to an actor are handled one at a time, in the order sent."""
+    endpoint = await system.spawn(Recorder, name="rec")
+    for _ in range(5):
+        assert system.tell(endpoint, Tick())
+    await wait_for(lambda: len(Recorder.seen) == 5)
+    assert Recorder.seen == [f"tick {i}" for i in range(1, 6)]
+
+
+async def test_ask_returns_the_handler_value_and_errors(system: ActorSystem) -> None:
+    """An ask gets the handler's return value; a DanubeError raised becomes the same error."""
+    endpoint = await system.spawn(Recorder, name="rec")
+    assert isinstance(await system.ask(endpoint, DescribePartition()), Done)
+    with pytest.raises(NotFound, match="missing"):
+        await system.ask(endpoint, ConsumerCount(subscription="s", consumers=1))
+
+
+async def test_unrecognized_message_is_counted_not_fatal(system: ActorSystem) -> None:
+    """A message with no handler is logged and counted; the actor keeps serving."""
+    endpoint = await system.spawn(Recorder, name="rec")
+    system.tell(endpoint, Done())
+    system.tell(endpoint, Tick())
+    await wait_for(lambda: Recorder.seen == ["tick 1"])
+    stats = {s.name: s for s in system.actor_statistics()}["rec"]
+    assert stats.unrecognized_messages == 1
+
+
+async def test_failing_actor_restarts_with_fresh_state(system: ActorSystem) -> None:
+    """A handler that raises restarts the actor from its factory; later messages are served."""
+    endpoint = await system.spawn(Recorder, name="rec")
+    system.tell(endpoint, Tick())
+    system.tell(endpoint, SubscriptionEnded(subscription="x"))
+    system.tell(endpoint, Tick())
+    await wait_for(lambda: len(Recorder.seen) == 2)
+    assert Recorder.seen == ["tick 1", "tick 1"]  # the second instance counts from zero
+    assert Recorder.instances == 2
+    assert system.statistics().restarts == 1 and system.is_alive(endpoint)
+
+
+async def test_restart_budget_exhausted_stops_actor_and_tells_parent(system: ActorSystem) -> None:
+    """More failures than the budget stop the actor and send ChildStopped to its parent."""
+    parent = await system.spawn(Parent, name="parent")
+    child = await system.spawn(Recorder, name="child", parent=parent)
+    for i in range(3):
+        system.tell(child, SubscriptionEnded(subscription=str(i)))
+    await wait_for(lambda: len(Parent.stopped) == 1)
+    assert Parent.stopped[0].endpoint == child and "boom 2" in Parent.stopped[0].reason
+    assert not system.is_alive(child) and system.is_alive(parent)
+    assert not system.tell(child, Tick())  # a dead letter, counted
+    assert system.statistics().dead_letters == 1
+
+
+async def test_full_mailbox_refuses_tell(system: ActorSystem) -> None:
+    """Telling a mailbox past its bound returns False instead of growing a queue."""
+    endpoint = await system.spawn(Recorder, name="rec")
+    cell_task = [t for t in asyncio.all_tasks() if t.get_name() == "actor rec"][0]
+    cell_task.cancel()  # nobody drains the mailbox any more
+    await asyncio.gather(cell_task, return_exceptions=True)
+    results = [system.tell(endpoint, Tick()) for _ in range(1000)]
+    assert results[0] and not results[-1]
+    assert system.statistics().mailbox_full_drops == results.count(False)
+
+
+async def test_stop_stops_children_first(system: ActorSystem) -> None:
+    """Stopping a parent stops its children before it, and both are gone."""
+    parent = await system.spawn(Parent, name="parent")
+    child = await system.spawn(Recorder, name="child", parent=parent)
+    await system.stop(parent)
+    assert not system.is_alive(parent) and not system.is_alive(child)

@@ -1,0 +1,350 @@
+"""The producer against the fake broker: batching, receipts, backpressure, limits,
+partition routing, errors and recovery after a broker restart."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from danube_zmq.client import DispatchStrategy, MessageId, ProducerQueueFull
+from danube_zmq.client.errors import AlreadyClosed
+from danube_zmq.client.routing import RoundRobin, fnv1a_64, partition_for_key
+from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL, CloseProducer, CreateProducer, GetPartitions, Send
+from danube_zmq.transport.common import Connect
+from danube_zmq.transport.errors import (
+    ErrorCode,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+)
+from tests.unit.test_client_fake_broker import client_for, eventually, running_broker
+
+TOPIC = "/default/orders"
+
+
+@pytest.mark.asyncio
+async def test_many_send_nowait_become_few_send_frames() -> None:
+    """500 messages queued at once go out in one Send (batch_messages_max 1000), and each
+    future gets the MessageId of its own message: (topic, offset, producer_id)."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, name="p")
+        futures = [producer.send_nowait(f"m{i}".encode()) for i in range(500)]
+        ids = await asyncio.gather(*futures)
+        sends = broker.of(Send)
+        assert len(sends) == 1
+        assert len(sends[0].payloads) == 500
+        producer_id = broker.of(Send)[0].producer_id
+        assert ids == [MessageId(TOPIC, i, producer_id) for i in range(500)]
+        assert [e.payload for e in broker.logs[TOPIC]] == [f"m{i}".encode() for i in range(500)]
+
+
+@pytest.mark.asyncio
+async def test_batches_are_cut_at_batch_messages_max() -> None:
+    """250 messages with batch_messages_max=100 go as 100, 100 and 50, in order."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_messages_max=100)
+        ids = await asyncio.gather(*(producer.send_nowait(b"x%d" % i) for i in range(250)))
+        assert [len(s.payloads) for s in broker.of(Send)] == [100, 100, 50]
+        assert [m.offset for m in ids] == list(range(250))
+
+
+@pytest.mark.asyncio
+async def test_batches_are_cut_at_batch_bytes_max() -> None:
+    """Batches stay under batch_bytes_max: 1000-byte payloads, 4 KiB batches -> 4 a batch."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_bytes_max=4096)
+        await asyncio.gather(*(producer.send_nowait(b"x" * 1000) for _ in range(10)))
+        assert [len(s.payloads) for s in broker.of(Send)] == [4, 4, 2]
+
+
+@pytest.mark.asyncio
+async def test_batches_fit_the_brokers_frame_bytes_max() -> None:
+    """A broker with a 10 kB frame limit never gets a bigger Send frame, whatever
+    batch_bytes_max says."""
+    async with running_broker(frame_bytes_max=10_000, message_bytes_max=5_000) as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        await asyncio.gather(
+            *(producer.send_nowait(b"y" * 3000, key="k", attributes={"a": "b"}) for _ in range(20))
+        )
+        sends = broker.of(Send)
+        assert sum(len(s.payloads) for s in sends) == 20
+        assert len(sends) > 1
+        assert max(len(CLIENT_PROTOCOL.encode(s)) for s in sends) <= 10_000
+
+
+@pytest.mark.asyncio
+async def test_batch_delay_sends_a_lone_message() -> None:
+    """A single message is sent after batch_delay_ms without any flush."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_delay_ms=20)
+        future = producer.send_nowait(b"alone")
+        await asyncio.sleep(0.005)
+        assert broker.of(Send) == []
+        assert (await asyncio.wait_for(future, 1)).offset == 0
+
+
+@pytest.mark.asyncio
+async def test_batching_disabled_sends_each_message_alone() -> None:
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batching=False)
+        await asyncio.gather(*(producer.send_nowait(b"z") for _ in range(5)))
+        assert [len(s.payloads) for s in broker.of(Send)] == [1] * 5
+
+
+@pytest.mark.asyncio
+async def test_message_over_message_bytes_max_fails_locally() -> None:
+    """A payload over the broker's message_bytes_max is InvalidArgument before sending."""
+    async with running_broker(message_bytes_max=1000) as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        with pytest.raises(InvalidArgument, match="message_bytes_max"):
+            await producer.send(b"x" * 1001)
+        with pytest.raises(InvalidArgument):
+            producer.send_nowait(b"x" * 1001)
+        await producer.send(b"x" * 1000)
+        assert [len(s.payloads) for s in broker.of(Send)] == [1]
+
+
+@pytest.mark.asyncio
+async def test_payload_types() -> None:
+    """str payloads are sent as UTF-8; other types are InvalidArgument, not TypeError."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        await producer.send("héllo")
+        await producer.send(bytearray(b"ba"))
+        assert [e.payload for e in broker.logs[TOPIC]] == ["héllo".encode(), b"ba"]
+        with pytest.raises(InvalidArgument):
+            await producer.send(42)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument):
+            await producer.send(b"x", attributes={"a": 1})  # type: ignore[dict-item]
+        with pytest.raises(InvalidArgument):
+            await producer.send(b"x", key=5)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_send_nowait_raises_producer_queue_full() -> None:
+    """With pending_messages_max messages awaiting receipts, send_nowait raises
+    ProducerQueueFull, a retriable ResourceExhausted; once receipts come, there is room."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, pending_messages_max=3)
+        broker.hold(Send)
+        futures = [producer.send_nowait(b"a") for _ in range(3)]
+        with pytest.raises(ProducerQueueFull) as info:
+            producer.send_nowait(b"b")
+        assert isinstance(info.value, ResourceExhausted)
+        assert info.value.retriable is True
+        await eventually(lambda: broker.held, what="held Send")
+        await broker.release(Send)
+        assert [m.offset for m in await asyncio.gather(*futures)] == [0, 1, 2]
+        assert producer.statistics().pending_messages == 0
+        await producer.send(b"c")
+
+
+@pytest.mark.asyncio
+async def test_send_waits_for_room() -> None:
+    """`send` blocks while pending_messages_max messages are pending, then goes on."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, pending_messages_max=2)
+        broker.hold(Send)
+        tasks = [asyncio.create_task(producer.send(b"m%d" % i)) for i in range(3)]
+        await eventually(lambda: broker.held, what="held Send")
+        await asyncio.sleep(0.05)
+        assert producer.statistics().pending_messages == 2
+        assert sum(len(m.payloads) for _, m in broker.held) == 2
+        assert not any(t.done() for t in tasks)
+        await broker.release(Send)
+        ids = await asyncio.gather(*tasks)
+        assert sorted(m.offset for m in ids) == [0, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_failed_batch_fails_every_future() -> None:
+    """A non-retriable error on a Send fails every message of the batch with that class,
+    and is not retried."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        broker.fail_next(Send, ErrorCode.FAILED_PRECONDITION, "topic is sealed")
+        futures = [producer.send_nowait(b"x") for _ in range(5)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, FailedPrecondition) for r in results)
+        assert all(str(r) == "topic is sealed" and r.retriable is False for r in results)
+        assert len(broker.of(Send)) == 1
+        assert producer.statistics().messages_failed == 5
+
+
+@pytest.mark.asyncio
+async def test_retriable_send_error_is_retried() -> None:
+    """RESOURCE_EXHAUSTED twice, then success: the batch is sent three times and the
+    messages succeed."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        broker.fail_next(Send, ErrorCode.RESOURCE_EXHAUSTED, "slow down", times=2)
+        mid = await producer.send(b"x")
+        assert mid.offset == 0
+        assert len(broker.of(Send)) == 3
+        assert producer.statistics().send_retries == 2
+
+
+@pytest.mark.asyncio
+async def test_retriable_send_error_gives_up_after_operation_retries_max() -> None:
+    async with running_broker() as broker, client_for(broker, operation_retries_max=1) as client:
+        producer = await client.create_producer(TOPIC)
+        broker.fail_next(Send, ErrorCode.RESOURCE_EXHAUSTED, "slow down", times=5)
+        with pytest.raises(ResourceExhausted, match="slow down"):
+            await producer.send(b"x")
+        assert len(broker.of(Send)) == 2
+
+
+@pytest.mark.asyncio
+async def test_keys_and_attributes_are_columns() -> None:
+    """keys/attributes are None in a batch where no message has one, else one entry each."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        await asyncio.gather(producer.send_nowait(b"a"), producer.send_nowait(b"b"))
+        await asyncio.gather(
+            producer.send_nowait(b"c", key="k1"),
+            producer.send_nowait(b"d", attributes={"x": "y"}),
+            producer.send_nowait(b"e"),
+        )
+        first, second = broker.of(Send)
+        assert first.keys is None and first.attributes is None
+        assert second.keys == ["k1", None, None]
+        assert second.attributes == [None, {"x": "y"}, None]
+        assert len(second.publish_times) == 3
+
+
+@pytest.mark.asyncio
+async def test_send_callback_gets_error_or_id() -> None:
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        seen: list[tuple[object, object]] = []
+        await producer.send_nowait(b"a", callback=lambda err, mid: seen.append((err, mid)))
+        broker.fail_next(Send, ErrorCode.PERMISSION_DENIED, "no")
+        with pytest.raises(Exception, match="no"):
+            await producer.send_nowait(b"b", callback=lambda err, mid: seen.append((err, mid)))
+        await asyncio.sleep(0)
+        assert seen[0] == (None, MessageId(TOPIC, 0, broker.of(Send)[0].producer_id))
+        assert seen[1][1] is None and type(seen[1][0]).__name__ == "PermissionDenied"
+
+
+def test_fnv1a_64_known_vectors() -> None:
+    """FNV-1a 64 as published (and as Danube's Rust client computes it)."""
+    assert fnv1a_64(b"") == 0xCBF29CE484222325
+    assert fnv1a_64(b"a") == 0xAF63DC4C8601EC8C
+    assert fnv1a_64(b"foobar") == 0x85944171F73967E8
+    assert partition_for_key("foobar", 7) == 0x85944171F73967E8 % 7
+
+
+def test_round_robin_cycles_from_start() -> None:
+    rr = RoundRobin(3, start=2)
+    assert [rr.next() for _ in range(7)] == [2, 0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_partitioned_producer_round_robins_without_key() -> None:
+    """A 3-partition topic: one broker-side producer per partition named name-i, and
+    unkeyed messages visit the partitions in turn."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, name="p", partitions=3)
+        assert broker.of(GetPartitions)[0].create is True
+        assert broker.of(GetPartitions)[0].partitions == 3
+        parts = [f"{TOPIC}-part-{i}" for i in range(3)]
+        assert producer.partitions == parts
+        assert sorted((m.topic, m.producer_name) for m in broker.of(CreateProducer)) == [
+            (parts[i], f"p-{i}") for i in range(3)
+        ]
+        ids = [await producer.send(b"m%d" % i) for i in range(9)]
+        order = [parts.index(m.topic) for m in ids]
+        assert all((b - a) % 3 == 1 for a, b in itertools.pairwise(order))
+        assert [len(broker.logs[p]) for p in parts] == [3, 3, 3]
+
+
+@pytest.mark.asyncio
+async def test_partitioned_producer_routes_keys_by_fnv1a() -> None:
+    """A key always lands on partition fnv1a_64(key) % n."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, partitions=4)
+        keys = [f"user-{i}" for i in range(20)]
+        for _ in range(2):
+            for key in keys:
+                mid = await producer.send(b"v", key=key)
+                assert mid.topic == f"{TOPIC}-part-{partition_for_key(key, 4)}"
+        assert {e.key for p in producer.partitions for e in broker.logs[p]} == set(keys)
+
+
+@pytest.mark.asyncio
+async def test_dispatch_strategy_and_names() -> None:
+    """dispatch takes the enum or its name; the topic is created with it; names default
+    to unique generated ones."""
+    async with running_broker() as broker, client_for(broker) as client:
+        p1 = await client.create_producer(TOPIC, dispatch="reliable")
+        p2 = await client.create_producer("/default/other", dispatch=DispatchStrategy.RELIABLE)
+        assert [m.dispatch_strategy for m in broker.of(GetPartitions)] == [1, 1]
+        assert [m.dispatch_strategy for m in broker.of(CreateProducer)] == [1, 1]
+        assert p1.name != p2.name and p1.name.startswith("producer-")
+        with pytest.raises(InvalidArgument, match="dispatch"):
+            await client.create_producer(TOPIC, dispatch="sometimes")
+
+
+@pytest.mark.asyncio
+async def test_close_flushes_then_detaches() -> None:
+    """close() sends what is batched (even with a long batch delay), waits for the
+    receipts, sends CloseProducer; sending afterwards raises AlreadyClosed."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_delay_ms=10_000)
+        futures = [producer.send_nowait(b"q") for _ in range(3)]
+        await producer.close()
+        assert all(f.done() and f.exception() is None for f in futures)
+        assert len(broker.of(CloseProducer)) == 1
+        with pytest.raises(AlreadyClosed):
+            await producer.send(b"late")
+        assert producer not in client._producers
+
+
+@pytest.mark.asyncio
+async def test_broker_restart_recreates_producer_and_retries_in_flight_sends() -> None:
+    """Sends in flight when the broker restarts are retried once the client has
+    re-handshaken and re-created the producer (same name); they all get receipts."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, name="steady")
+        first = await producer.send(b"before")
+        broker.hold(Send)
+        futures = [producer.send_nowait(b"during%d" % i) for i in range(10)]
+        await eventually(lambda: broker.held, what="held Send")
+        await broker.restart()  # the held Send dies with it, unanswered
+        broker.held_types.clear()
+        ids = await asyncio.wait_for(asyncio.gather(*futures), 5)
+        assert len(broker.of(Connect)) == 2
+        assert [m.producer_name for m in broker.of(CreateProducer)] == ["steady", "steady"]
+        assert {m.producer_id for m in ids} != {first.producer_id}
+        assert [e.payload for e in broker.logs[TOPIC]] == [b"before"] + [b"during%d" % i for i in range(10)]
+        assert producer.statistics().reattaches == 1
+
+
+@pytest.mark.asyncio
+async def test_create_producer_follows_redirect() -> None:
+    """UNAVAILABLE with a redirect_url: the producer is created on the named broker."""
+    async with running_broker() as broker, running_broker() as owner, client_for(broker) as client:
+        broker.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=owner.url)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"hi")
+        assert [e.payload for e in owner.logs[TOPIC]] == [b"hi"]
+        assert owner.of(Send) and not broker.of(Send)
+        assert set(client._connections) == {broker.url, owner.url}
+
+
+@pytest.mark.asyncio
+async def test_close_with_the_broker_gone_is_bounded() -> None:
+    """With receipts that never come, close() gives up after the request timeout and
+    fails what is unsent with AlreadyClosed instead of waiting out every retry."""
+    async with running_broker() as broker, client_for(broker, request_timeout_ms=300) as client:
+        producer = await client.create_producer(TOPIC)
+        broker.hold(Send)
+        future = producer.send_nowait(b"stuck")
+        await eventually(lambda: broker.held, what="held Send")
+        started = asyncio.get_running_loop().time()
+        await producer.close()
+        assert asyncio.get_running_loop().time() - started < 1.5
+        with pytest.raises(AlreadyClosed):
+            await future
