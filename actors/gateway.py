@@ -109,6 +109,8 @@ class Gateway(Actor):
         # Fail loudly (EHOSTUNREACH / EAGAIN) instead of dropping silently, so that
         # frames to gone or slow clients are counted.
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A client reconnecting with the same identity replaces a half-open old pipe.
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.bind(self.config.broker.listen)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from danube_zmq.transport.common import PROTOCOL_VERSION, Connect
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect
 
 
 def free_port() -> int:

@@ -124,7 +124,7 @@ async def test_restart_budget_exhausted_stops_actor_and_tells_parent(system: Act
 async def test_full_mailbox_refuses_tell(system: ActorSystem) -> None:
     """Telling a mailbox past its bound returns False instead of growing a queue."""
     endpoint = await system.spawn(Recorder, name="rec")
-    cell_task = [t for t in asyncio.all_tasks() if t.get_name() == "actor rec"][0]
+    cell_task = next(t for t in asyncio.all_tasks() if t.get_name() == "actor rec")
     cell_task.cancel()  # nobody drains the mailbox any more
     await asyncio.gather(cell_task, return_exceptions=True)
     results = [system.tell(endpoint, Tick()) for _ in range(1000)]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from danube_zmq.actors.config import (
     MIB,
     BrokerConfig,
@@ -418,11 +419,11 @@ def test_file_errors_name_the_line(tmp_path: Path) -> None:
 
 def test_sections_validate_when_built_directly() -> None:
     """The dataclasses check themselves, so no invalid config exists however it is built."""
-    with pytest.raises(ConfigError, match="'policies.max_message_size'"):
+    with pytest.raises(ConfigError, match=r"'policies\.max_message_size'"):
         PoliciesSection(max_message_size=0)
-    with pytest.raises(ConfigError, match="'broker.listen'"):
+    with pytest.raises(ConfigError, match=r"'broker\.listen'"):
         BrokerSection(listen="localhost:6650")
-    with pytest.raises(ConfigError, match="'limits.frame_bytes_max'"):
+    with pytest.raises(ConfigError, match=r"'limits\.frame_bytes_max'"):
         BrokerConfig(limits=LimitsSection(frame_bytes_max=MIB))
     with pytest.raises(dataclasses.FrozenInstanceError):
         BrokerConfig().auto_create_topics = False  # type: ignore[misc]

@@ -8,6 +8,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from danube_zmq.actors.dispatch import (
     Assignment,
     DispatchRule,
@@ -19,8 +22,6 @@ from danube_zmq.actors.dispatch import (
     make_rule,
 )
 from danube_zmq.actors.dispatch.key_shared import ring_hash
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 FAST = settings(max_examples=200, deadline=None)
 KEYS = ["eu-1", "eu-2", "us-1", "us-2", "asia-1", "order.7", "order.8", "k", "x9"]

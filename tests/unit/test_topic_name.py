@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from danube_zmq.actors.topic_name import (
     PART_LENGTH_MAX,
     TopicName,
@@ -10,8 +13,6 @@ from danube_zmq.actors.topic_name import (
     validate_namespace,
 )
 from danube_zmq.transport.errors import InvalidArgument
-from hypothesis import given
-from hypothesis import strategies as st
 
 ALLOWED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 parts = st.text(alphabet=ALLOWED, min_size=1, max_size=PART_LENGTH_MAX)
