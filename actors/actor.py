@@ -44,6 +44,9 @@ class Actor:
     system: ActorSystem
     endpoint: str
     name: str
+    # True while `on_stop` runs because the actor failed and is being rebuilt (its
+    # clients may come back), False when it is stopped for good.
+    restarting: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

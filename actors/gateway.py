@@ -308,7 +308,8 @@ class Gateway(Actor):
         if msg.reply is not None:
             self._send_out([msg.identity, msg.reply])
         if msg.reason is not None:
-            self._reply(msg.identity, cp.ProducerClosed(producer_id=msg.producer_id, reason=msg.reason))
+            self._reply(msg.identity, cp.ProducerClosed(producer_id=msg.producer_id, reason=msg.reason,
+                                                               reattach=msg.reattach))
 
     def handle_ConsumerAttached(self, msg: ConsumerAttached) -> None:
         session = self.sessions.get(msg.identity)
@@ -326,7 +327,8 @@ class Gateway(Actor):
         if msg.reply is not None:
             self._send_out([msg.identity, msg.reply])
         if msg.reason is not None:
-            self._reply(msg.identity, cp.ConsumerClosed(consumer_id=msg.consumer_id, reason=msg.reason))
+            self._reply(msg.identity, cp.ConsumerClosed(consumer_id=msg.consumer_id, reason=msg.reason,
+                                                               reattach=msg.reattach))
 
     def handle_Tick(self, msg: Tick) -> None:
         now = self.system.clock.monotonic_ms()

@@ -102,10 +102,16 @@ class SubscriptionActor(Actor):
         }
 
     async def on_stop(self) -> None:
+        # A subscription stopped with its parent topic's restart comes back too.
+        restarting = self.restarting or self._topic_restarting()
+        state = "restarted" if restarting else "closed"
         for consumer in self.consumers.values():
             self.system.tell(self.system.gateway_endpoint, ConsumerDetached(
                 identity=consumer.identity, consumer_id=consumer.consumer_id,
-                reason=f"subscription '{self.subscription}' on {self.topic} closed"))
+                reason=f"subscription '{self.subscription}' on {self.topic} {state}", reattach=restarting))
+
+    def _topic_restarting(self) -> bool:
+        return self.system.is_alive(self.topic_endpoint) and self.system.actor(self.topic_endpoint).restarting
 
     # ------------------------------------------------------------- consumers
     def handle_AttachConsumer(self, msg: AttachConsumer) -> None:

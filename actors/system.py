@@ -404,6 +404,7 @@ class ActorSystem:
         while cell.restart_times_ms and now - cell.restart_times_ms[0] > self.restart_window_ms:
             cell.restart_times_ms.popleft()
         old = cell.instance
+        old.restarting = len(cell.restart_times_ms) < self.restarts_max
         for child in reversed(list(cell.children)):
             await self.stop(child)
         try:

@@ -102,8 +102,10 @@ class TopicActor(Actor):
     async def on_stop(self) -> None:
         # Subscriptions (children) were stopped first and told their consumers.
         for producer in self.producers.values():
+            reason = f"topic {self.topic} restarted" if self.restarting else f"topic {self.topic} closed"
             self.system.tell(self._gateway, ProducerDetached(
-                identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} closed"))
+                identity=producer.identity, producer_id=producer.producer_id, reason=reason,
+                reattach=self.restarting))
 
     @property
     def _gateway(self) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from danube_zmq.client.connection import Connection
 from danube_zmq.client.errors import AlreadyClosed, copy_error
 from danube_zmq.client.retry import backoff_ms
-from danube_zmq.transport.errors import DanubeError, Timeout, Unavailable
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Timeout, Unavailable
 
 if TYPE_CHECKING:
     from danube_zmq.client.client import DanubeClient
@@ -168,8 +168,12 @@ class Attachment:
         if connection is self.connection:
             self._fail(error)
 
-    def _broker_closed(self, reason: str) -> None:
-        """The broker closed our object (pushed): re-create it."""
-        log.info("broker closed %s %s on %s: %s; re-attaching", self.kind, self.name, self.topic, reason)
+    def _broker_closed(self, reason: str, reattach: bool) -> None:
+        """The broker closed our object (pushed): re-create it when the broker says it
+        may come back (an actor restart); otherwise it is finished (deleted, taken over)."""
         self._detach()
-        self._schedule_reattach()
+        if reattach:
+            log.info("broker closed %s %s on %s: %s; re-attaching", self.kind, self.name, self.topic, reason)
+            self._schedule_reattach()
+        else:
+            self._fail(FailedPrecondition(f"{self.kind} {self.name} on {self.topic} was closed by the broker: {reason}"))

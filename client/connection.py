@@ -114,13 +114,13 @@ class ConnectionListener(Protocol):
 
 
 class ProducerHandler(Protocol):
-    def on_producer_closed(self, reason: str) -> None: ...
+    def on_producer_closed(self, reason: str, reattach: bool) -> None: ...
 
 
 class ConsumerHandler(Protocol):
     def on_deliver(self, msg: Deliver) -> None: ...
 
-    def on_consumer_closed(self, reason: str) -> None: ...
+    def on_consumer_closed(self, reason: str, reattach: bool) -> None: ...
 
 
 class Connection:
@@ -535,14 +535,14 @@ class Connection:
             if consumer is None:
                 self._pushes_unroutable += 1
                 return
-            consumer.on_consumer_closed(msg.reason)
+            consumer.on_consumer_closed(msg.reason, msg.reattach)
             return
         if isinstance(msg, ProducerClosed):
             producer = self._producers.pop(msg.producer_id, None)
             if producer is None:
                 self._pushes_unroutable += 1
                 return
-            producer.on_producer_closed(msg.reason)
+            producer.on_producer_closed(msg.reason, msg.reattach)
             return
         if isinstance(msg, Pong):
             return

@@ -398,9 +398,9 @@ class _PartitionConsumer(Attachment):
             if self._consumer._delivered(self, message):
                 self.queued += 1
 
-    def on_consumer_closed(self, reason: str) -> None:
+    def on_consumer_closed(self, reason: str, reattach: bool) -> None:
         if not self._closing:
-            self._broker_closed(reason)
+            self._broker_closed(reason, reattach)
 
     # ---------------------------------------------------------------- permits
 

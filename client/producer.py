@@ -420,8 +420,8 @@ class _PartitionProducer(Attachment):
         self.cut()  # what is batched fails now rather than at the next timer
 
     # ProducerHandler
-    def on_producer_closed(self, reason: str) -> None:
-        self._broker_closed(reason)
+    def on_producer_closed(self, reason: str, reattach: bool) -> None:
+        self._broker_closed(reason, reattach)
 
     # ---------------------------------------------------------------- batching
 

@@ -25,9 +25,13 @@ ADMIN_URL = os.environ.get("DANUBE_ADMIN_ENDPOINT", "tcp://127.0.0.1:50051")
 TOPIC = "/default/example-failover"
 
 
+class ExampleFailed(Exception):
+    """What the example expected did not happen."""
+
+
 def check(condition: bool, message: str) -> None:
     if not condition:
-        raise SystemExit(f"FAILED: {message}")
+        raise ExampleFailed(message)
 
 
 async def active_consumer(admin: AdminClient) -> str | None:
@@ -85,5 +89,7 @@ async def main() -> None:
 if __name__ == "__main__":
     try:
         asyncio.run(asyncio.wait_for(main(), 30))
+    except ExampleFailed as exc:
+        raise SystemExit(f"FAILED: {exc}") from None
     except (DanubeError, TimeoutError) as exc:
         raise SystemExit(f"FAILED: {type(exc).__name__}: {exc}") from None

@@ -27,9 +27,13 @@ AFFINITY_TOPIC = "/default/example-key-shared"
 FILTER_TOPIC = "/default/example-key-filters"
 
 
+class ExampleFailed(Exception):
+    """What the example expected did not happen."""
+
+
 def check(condition: bool, message: str) -> None:
     if not condition:
-        raise SystemExit(f"FAILED: {message}")
+        raise ExampleFailed(message)
 
 
 async def receive_until_idle(consumer: Consumer, idle_s: float = 1.0) -> list[Message]:
@@ -104,5 +108,7 @@ async def main() -> None:
 if __name__ == "__main__":
     try:
         asyncio.run(asyncio.wait_for(main(), 30))
+    except ExampleFailed as exc:
+        raise SystemExit(f"FAILED: {exc}") from None
     except (DanubeError, TimeoutError) as exc:
         raise SystemExit(f"FAILED: {type(exc).__name__}: {exc}") from None

@@ -24,9 +24,13 @@ SERVICE_URL = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DANUBE_SERVI
 TOPIC = "/default/example-pubsub-exclusive"
 
 
+class ExampleFailed(Exception):
+    """What the example expected did not happen."""
+
+
 def check(condition: bool, message: str) -> None:
     if not condition:
-        raise SystemExit(f"FAILED: {message}")
+        raise ExampleFailed(message)
 
 
 async def main() -> None:
@@ -62,5 +66,7 @@ async def main() -> None:
 if __name__ == "__main__":
     try:
         asyncio.run(asyncio.wait_for(main(), 30))
+    except ExampleFailed as exc:
+        raise SystemExit(f"FAILED: {exc}") from None
     except (DanubeError, TimeoutError) as exc:
         raise SystemExit(f"FAILED: {type(exc).__name__}: {exc}") from None

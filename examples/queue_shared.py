@@ -22,9 +22,13 @@ TOPIC = "/default/example-queue-shared"
 JOBS = 30
 
 
+class ExampleFailed(Exception):
+    """What the example expected did not happen."""
+
+
 def check(condition: bool, message: str) -> None:
     if not condition:
-        raise SystemExit(f"FAILED: {message}")
+        raise ExampleFailed(message)
 
 
 async def work(consumer: Consumer, done: list[bytes]) -> None:
@@ -64,5 +68,7 @@ async def main() -> None:
 if __name__ == "__main__":
     try:
         asyncio.run(asyncio.wait_for(main(), 30))
+    except ExampleFailed as exc:
+        raise SystemExit(f"FAILED: {exc}") from None
     except (DanubeError, TimeoutError) as exc:
         raise SystemExit(f"FAILED: {type(exc).__name__}: {exc}") from None

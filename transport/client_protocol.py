@@ -259,20 +259,26 @@ class HealthStatus(Message):
 
 @wire
 class ProducerClosed(Message):
-    """The broker closed this producer (topic deleted or unloaded): look up again."""
+    """The broker closed this producer. With `reattach` (the topic actor restarted) the
+    client creates it again; without (topic deleted, name taken over by another
+    connection) the producer is finished and its sends fail with `reason`."""
 
     TAG = 35
     producer_id: int
     reason: str
+    reattach: bool = False
 
 
 @wire
 class ConsumerClosed(Message):
-    """The broker closed this consumer (topic deleted, unsubscribed, taken over)."""
+    """The broker closed this consumer. With `reattach` (the subscription actor
+    restarted) the client subscribes again; without (topic or subscription deleted,
+    consumer name taken over) the consumer is finished and `receive` raises `reason`."""
 
     TAG = 36
     consumer_id: int
     reason: str
+    reattach: bool = False
 
 
 CLIENT_PROTOCOL = Protocol(

@@ -77,6 +77,7 @@ class ProducerDetached(Message):
     producer_id: int
     reason: str | None = None
     reply: bytes | None = None
+    reattach: bool = False
 
 
 @wire
@@ -95,6 +96,7 @@ class ConsumerDetached(Message):
     consumer_id: int
     reason: str | None = None
     reply: bytes | None = None
+    reattach: bool = False
 
 
 @wire

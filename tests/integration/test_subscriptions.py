@@ -262,3 +262,23 @@ async def test_producer_reconnects_after_broker_restart(broker_factory) -> None:
         assert second.url == first.url
         message_id = await asyncio.wait_for(producer.send(b"two"), 30)
         assert message_id.topic == "/default/restart"
+
+
+async def test_admin_unsubscribe_and_delete_close_clients_for_good(broker) -> None:
+    """An admin unsubscribe closes the live consumer without it re-creating the
+    subscription; deleting the topic finishes its producer instead of re-creating it."""
+    from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.errors import FailedPrecondition
+
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        producer = await client.create_producer("/default/gone")
+        consumer = await client.subscribe("/default/gone", "s", sub_type=SubType.EXCLUSIVE)
+        await admin.unsubscribe("/default/gone", "s")
+        with pytest.raises(FailedPrecondition, match="closed"):
+            await consumer.receive(timeout=3)
+        assert await admin.list_subscriptions("/default/gone") == []
+        await admin.delete_topic("/default/gone")
+        await asyncio.sleep(0.3)
+        with pytest.raises(FailedPrecondition, match="closed"):
+            await producer.send(b"after delete")
+        assert [t.name for t in await admin.list_topics("default")] == []

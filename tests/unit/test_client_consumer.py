@@ -12,7 +12,7 @@ from danube_zmq.client.consumer import split_window
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.transport.client_protocol import Ack, Flow, Nack, Subscribe, Unsubscribe
 from danube_zmq.transport.common import Connect
-from danube_zmq.transport.errors import ErrorCode, InvalidArgument, NotFound, Timeout
+from danube_zmq.transport.errors import ErrorCode, FailedPrecondition, InvalidArgument, NotFound, Timeout
 from tests.unit.test_client_fake_broker import FakeBroker, client_for, eventually, running_broker
 
 TOPIC = "/default/events"
@@ -173,8 +173,8 @@ async def test_unsubscribe_deletes_the_subscription() -> None:
 
 @pytest.mark.asyncio
 async def test_consumer_closed_push_resubscribes_and_regrants_permits() -> None:
-    """After ConsumerClosed the client subscribes again with the same name and
-    subscription, grants permits again, and keeps receiving."""
+    """After ConsumerClosed with reattach (an actor restart) the client subscribes again
+    with the same name and subscription, grants permits again, and keeps receiving."""
     async with running_broker() as broker, client_for(broker) as client:
         broker.create_topic(TOPIC)
         consumer = await client.subscribe(TOPIC, "sub", consumer_name="c", receiver_queue_size=8)
@@ -186,6 +186,19 @@ async def test_consumer_closed_push_resubscribes_and_regrants_permits() -> None:
         await eventually(lambda: new.granted_total == 8, what="permits re-granted")
         await broker.publish(TOPIC, [b"again"])
         assert (await consumer.receive(timeout=2)).payload == b"again"
+
+
+@pytest.mark.asyncio
+async def test_consumer_closed_for_good_is_raised_by_receive() -> None:
+    """ConsumerClosed without reattach (deleted, taken over): no re-subscribe; receive
+    raises FailedPrecondition with the broker's reason."""
+    async with running_broker() as broker, client_for(broker) as client:
+        broker.create_topic(TOPIC)
+        consumer = await client.subscribe(TOPIC, "sub")
+        await broker.close_consumer(only_consumer(broker).consumer_id, "subscription deleted", reattach=False)
+        with pytest.raises(FailedPrecondition, match="subscription deleted"):
+            await consumer.receive(timeout=2)
+        assert not broker.consumers
 
 
 @pytest.mark.asyncio

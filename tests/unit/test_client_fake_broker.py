@@ -201,9 +201,9 @@ class FakeBroker:
         assert self._socket is not None
         await self._socket.send_multipart([identity, CLIENT_PROTOCOL.encode(msg)])
 
-    async def close_consumer(self, consumer_id: int, reason: str = "topic unloaded") -> None:
+    async def close_consumer(self, consumer_id: int, reason: str = "topic restarted", reattach: bool = True) -> None:
         consumer = self.consumers.pop(consumer_id)
-        await self.push(consumer.identity, ConsumerClosed(consumer_id=consumer_id, reason=reason))
+        await self.push(consumer.identity, ConsumerClosed(consumer_id=consumer_id, reason=reason, reattach=reattach))
 
     # ------------------------------------------------------------ serving
 
