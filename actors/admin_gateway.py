@@ -15,6 +15,7 @@ import zmq.asyncio
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS
 from danube_zmq.transport.codec import Message
@@ -45,7 +46,7 @@ class AdminGateway(Actor):
         router.setsockopt(zmq.MAXMSGSIZE, self.config.limits.frame_bytes_max)
         router.setsockopt(zmq.SNDHWM, self.config.limits.outbound_frames_max)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.bind(self.config.broker.admin_listen)
+        bind_or_close(router, self.config.broker.admin_listen, "admin")
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)

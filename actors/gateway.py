@@ -39,7 +39,7 @@ from danube_zmq.actors.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
-from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument
+from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, Unavailable
 from danube_zmq.transport.internal_protocol import (
     ClientRequest,
     ConsumerAttached,
@@ -111,7 +111,7 @@ class Gateway(Actor):
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A client reconnecting with the same identity replaces a half-open old pipe.
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        router.bind(self.config.broker.listen)
+        bind_or_close(router, self.config.broker.listen, "client")
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -346,6 +346,16 @@ class Gateway(Actor):
             self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id, identity=identity))
         del self.sessions[identity]
         METRICS.connections.set(len(self.sessions))
+
+
+def bind_or_close(sock: zmq.asyncio.Socket, endpoint: str, what: str) -> None:
+    """Bind a listening socket; on failure close it (an open socket would block the
+    context's shutdown) and say which endpoint could not be used."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise Unavailable(f"cannot listen for {what} connections on {endpoint}: {exc.strerror}") from None
 
 
 def reply_client(system: ActorSystem, identity: bytes, msg: Message) -> bool:

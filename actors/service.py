@@ -99,7 +99,8 @@ class BrokerService:
             thread.join(timeout=2)
             self._metrics_server = None
         if self._context is not None:
-            self._context.term()
+            # destroy(): close whatever a failed start left open instead of waiting on it.
+            self._context.destroy(linger=0)
             self._context = None
         self._stopped.set()
 

@@ -135,13 +135,10 @@ async def _consume(
     with StopSignals() as stop:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = await stop.race(
-                    within(
-                        stack.enter_async_context(DanubeClient(service_url)),
-                        connect_timeout,
-                        service_url,
-                    )
-                )
+                client = DanubeClient(service_url)
+                # Registered before start: a start cut short still closes its sockets.
+                stack.push_async_callback(client.close)
+                await stop.race(within(client.start(), connect_timeout, service_url))
                 consumer = await stop.race(
                     within(
                         client.subscribe(

@@ -192,11 +192,10 @@ async def _produce(plan: _Plan) -> None:
             progress.update(task, advance=1, rate=f"{sent / elapsed:,.0f} msg/s")
 
     async with contextlib.AsyncExitStack() as stack:
-        client = await within(
-            stack.enter_async_context(DanubeClient(plan.service_url)),
-            plan.connect_timeout,
-            plan.service_url,
-        )
+        client = DanubeClient(plan.service_url)
+        # Registered before start: a start cut short by the timeout still closes its sockets.
+        stack.push_async_callback(client.close)
+        await within(client.start(), plan.connect_timeout, plan.service_url)
         producer = await within(
             client.create_producer(
                 plan.topic,
@@ -208,6 +207,7 @@ async def _produce(plan: _Plan) -> None:
             plan.service_url,
         )
         stack.push_async_callback(producer.close)
+        started = time.monotonic()  # rates count sending, not connecting
         with progress:
             task = progress.add_task("send", total=total, topic=plan.topic, rate="")
             payloads = _repeat(plan.payload, plan.count) if plan.payload is not None else _stdin_lines()

@@ -58,3 +58,12 @@ def test_bad_input_is_one_clear_line(broker) -> None:
         assert lines and lines[-1].startswith("error:"), done.stderr
         assert "Traceback" not in done.stderr
     assert "namespace 'nowhere' does not exist" in cases[1].stderr
+
+
+def test_broker_start_on_a_busy_port_fails_fast(broker) -> None:
+    """A second broker on a port in use exits 1 at once with one line naming the endpoint."""
+    done = danube("broker", "start", "--listen", broker.url, "--admin-listen", "tcp://127.0.0.1:0",
+                  "--metrics-port", "0", timeout_s=20)
+    assert done.returncode == 1
+    assert f"cannot listen for client connections on {broker.url}" in done.stderr
+    assert "Traceback" not in done.stderr

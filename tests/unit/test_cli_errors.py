@@ -105,8 +105,9 @@ needs_client = pytest.mark.skipif(not _client_available(), reason="danube_zmq.cl
 def test_unreachable_service_url_is_one_error_line(command: list[str]) -> None:
     """produce/consume against a closed port fail within --connect-timeout with one line."""
     url = f"tcp://127.0.0.1:{closed_port()}"
-    result = run(command[0], "-s", url, "-t", "/default/t", *command[1:], "--connect-timeout", "0.5")
-    assert_one_error_line(result, contains="")
+    result = run(command[0], "-s", url, "-t", "/default/t", *command[1:], "--connect-timeout", "0.3")
+    line = assert_one_error_line(result, contains=url)
+    assert line == f"error: no answer from the broker at {url} within 0.3 s; is it running?"
 
 
 @pytest.mark.parametrize(
