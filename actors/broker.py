@@ -5,8 +5,9 @@ discovery, producer creation, subscribe) and the admin requests, and it is the
 parent of every topic actor. Creating a topic spawns its actor (one per partition);
 deleting it stops the actor, whose `on_stop` tells its clients.
 
-Until the Raft metadata store exists, this registry lives in memory: namespaces and
-topics last as long as the broker process.
+Until the Raft metadata store exists, the registry is persisted in the broker's local
+catalog (LevelDB under `broker.data_dir/catalog`): namespaces, topics and the cursors
+of reliable subscriptions survive a restart, and reliable topics reopen their WAL.
 
 1. Client request -> validate the name -> create when allowed -> forward the frame
    to the topic actor, which answers the client.
@@ -17,16 +18,24 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import msgpack
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.admin_gateway import reply_admin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.topic import TopicActor
 from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
+from danube_zmq.storage.catalog import LevelDbCatalog, topic_key
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
@@ -41,11 +50,17 @@ from danube_zmq.transport.errors import (
 )
 from danube_zmq.transport.internal_protocol import (
     AdminRequest,
+    AppendInternal,
     ChildStopped,
     ClientRequest,
+    DeadLetter,
     DeleteSubscription,
     DescribePartition,
+    ForgetSubscription,
     PartitionStats,
+    PersistCursor,
+    SubscriptionState,
+    Tick,
 )
 
 log = logging.getLogger("danube_zmq.broker")
@@ -64,8 +79,12 @@ class TopicEntry:
 
 class BrokerActor(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
-                 metrics_url: str | None, rng: random.Random) -> None:
+                 metrics_url: str | None, rng: random.Random, executor: Executor) -> None:
         self.config = config
+        self.executor = executor
+        self.data_dir = Path(config.broker.data_dir)
+        self.catalog: LevelDbCatalog | None = None
+        self.cursor_writes: dict[str, bytes] = {}
         self.broker_id = broker_id
         self.broker_url = broker_url
         self.admin_url = admin_url
@@ -91,6 +110,63 @@ class BrokerActor(Actor):
             ap.Unsubscribe: self._unsubscribe,
             ap.ListBrokers: self._list_brokers,
         }
+
+    # ------------------------------------------------------------- lifecycle
+    async def on_start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.catalog = LevelDbCatalog(self.data_dir / "catalog")
+        for namespace in self.namespaces:
+            self.catalog.put(_namespace_key(namespace), b"", sync=False)
+        for key, _ in self.catalog.scan(_NAMESPACES):
+            self.namespaces.add(key[len(_NAMESPACES):])
+        for key, value in self.catalog.scan("/topics/"):
+            if key.count("/") != 3:
+                continue  # subscription records below a topic
+            record = msgpack.unpackb(value)
+            name = parse_topic(key[len("/topics"):])
+            await self._open_topic(name, record["partitions"], record["dispatch_strategy"])
+        self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
+
+    async def on_stop(self) -> None:
+        if self.catalog is not None:
+            self._flush_cursors()
+            self.catalog.close()
+            self.catalog = None
+
+    def handle_Tick(self, msg: Tick) -> None:
+        self._flush_cursors()
+
+    def handle_PersistCursor(self, msg: PersistCursor) -> None:
+        # Coalesced: the last state of each subscription is written with the next flush.
+        self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = msgpack.packb(
+            {"sub_type": msg.sub_type, "cursor": msg.cursor, "acked_above": msg.acked_above})
+
+    def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
+        key = _subscription_key(msg.topic, msg.subscription)
+        self.cursor_writes.pop(key, None)
+        assert self.catalog is not None
+        self.catalog.delete(key, sync=True)
+
+    def _flush_cursors(self) -> None:
+        if self.cursor_writes and self.catalog is not None:
+            writes, self.cursor_writes = self.cursor_writes, {}
+            self.catalog.write(writes, sync=True)
+
+    async def handle_DeadLetter(self, msg: DeadLetter) -> None:
+        try:
+            name = parse_topic(msg.topic)
+            entry = self.topics.get(name.full)
+            if entry is None:
+                entry = await self._create_topic(name, 0, cp.DispatchStrategy.RELIABLE)
+            if entry.partitions:
+                entry = self.topics[name.partition_name(0)]
+        except DanubeError as exc:
+            log.error("dead letters for %s lost: %s", msg.topic, exc)
+            return
+        assert entry.endpoint is not None
+        await self.system.send(entry.endpoint, AppendInternal(
+            producer_name="dead-letter", payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
+            attributes=msg.attributes))
 
     # ------------------------------------------------------------- client side
     async def handle_ClientRequest(self, req: ClientRequest) -> None:
@@ -158,11 +234,6 @@ class BrokerActor(Actor):
             raise InvalidArgument(f"partitions must be 0..10000, got {partitions}")
         if dispatch_strategy not in (cp.DispatchStrategy.NON_RELIABLE, cp.DispatchStrategy.RELIABLE):
             raise InvalidArgument(f"unknown dispatch strategy {dispatch_strategy}")
-        if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
-            # The dispatch choice is made here already; the WAL that reliable topics
-            # need is not part of this build yet, so say so instead of pretending.
-            raise FailedPrecondition("reliable dispatch is not available in this build yet;"
-                                     " use the non_reliable dispatch strategy")
         base = name.base
         if name.partition_index is not None and base.full in self.topics:
             raise AlreadyExists(f"{name.full} is a partition of {base.full}; it exists only with it")
@@ -170,26 +241,55 @@ class BrokerActor(Actor):
         clash = [n for n in names if n in self.topics]
         if clash:
             raise AlreadyExists(f"topic {clash[0]} already exists")
+        assert self.catalog is not None
+        self.catalog.put(topic_key(name.full), msgpack.packb(
+            {"dispatch_strategy": dispatch_strategy, "partitions": partitions}), sync=True)
+        entry = await self._open_topic(name, partitions, dispatch_strategy)
+        log.info("topic %s created (%d partitions, %s)", name.full, partitions,
+                 cp.DispatchStrategy(dispatch_strategy).name.lower())
+        return entry
+
+    async def _open_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> TopicEntry:
+        """Register a topic and start its actors (one per partition)."""
         entry = TopicEntry(name=name, dispatch_strategy=dispatch_strategy, partitions=partitions)
         if partitions:
-            for partition in names:
-                self.topics[partition] = await self._spawn_topic(parse_topic(partition), dispatch_strategy)
+            for i in range(partitions):
+                partition = parse_topic(name.partition_name(i))
+                self.topics[partition.full] = await self._spawn_topic(partition, dispatch_strategy)
             self.topics[name.full] = entry
         else:
             entry = await self._spawn_topic(name, dispatch_strategy)
             self.topics[name.full] = entry
         METRICS.topics.set(sum(1 for e in self.topics.values() if e.endpoint is not None))
-        log.info("topic %s created (%d partitions, %s)", name.full, partitions,
-                 cp.DispatchStrategy(dispatch_strategy).name.lower())
         return entry
 
+    def _wal_dir(self, name: TopicName) -> Path:
+        return self.data_dir / "wal" / name.namespace / name.topic
+
     async def _spawn_topic(self, name: TopicName, dispatch_strategy: int) -> TopicEntry:
-        config, rng = self.config, self.rng
-        endpoint = await self.system.spawn(
-            lambda: TopicActor(name=name.full, dispatch_strategy=dispatch_strategy, config=config,
-                               rng=random.Random(rng.getrandbits(64))),
-            name=f"topic {name.full}", parent=self.endpoint)
+        config, rng, executor, broker = self.config, self.rng, self.executor, self.endpoint
+        seed = rng.getrandbits(64)
+        if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
+            wal_dir = self._wal_dir(name)
+            subscriptions = self._persisted_subscriptions(name)
+            factory: Callable[[], Actor] = lambda: ReliableTopicActor(  # noqa: E731
+                name=name.full, config=config, rng=random.Random(seed), wal_dir=wal_dir, executor=executor,
+                subscriptions=subscriptions, broker_endpoint=broker)
+        else:
+            factory = lambda: TopicActor(  # noqa: E731
+                name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed))
+        endpoint = await self.system.spawn(factory, name=f"topic {name.full}", parent=self.endpoint)
         return TopicEntry(name=name, dispatch_strategy=dispatch_strategy, endpoint=endpoint)
+
+    def _persisted_subscriptions(self, name: TopicName) -> list[SubscriptionState]:
+        assert self.catalog is not None
+        prefix = f"{topic_key(name.full)}/subscriptions/"
+        states = []
+        for key, value in self.catalog.scan(prefix):
+            record = msgpack.unpackb(value)
+            states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record["sub_type"],
+                                            cursor=record["cursor"], acked_above=list(record["acked_above"])))
+        return states
 
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
         for full, entry in list(self.topics.items()):
@@ -214,6 +314,8 @@ class BrokerActor(Actor):
         if namespace in self.namespaces:
             raise AlreadyExists(f"namespace '{namespace}' already exists")
         self.namespaces.add(namespace)
+        assert self.catalog is not None
+        self.catalog.put(_namespace_key(namespace), b"", sync=True)
         return Ok(request_id=msg.request_id)
 
     async def _delete_namespace(self, msg: ap.DeleteNamespace) -> Message:
@@ -225,6 +327,8 @@ class BrokerActor(Actor):
         if held:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
         self.namespaces.discard(namespace)
+        assert self.catalog is not None
+        self.catalog.delete(_namespace_key(namespace), sync=True)
         return Ok(request_id=msg.request_id)
 
     async def _list_topics(self, msg: ap.ListTopics) -> Message:
@@ -250,11 +354,18 @@ class BrokerActor(Actor):
         entry = self._existing(parse_topic(msg.topic))
         if self._is_partition_of_partitioned(entry):
             raise FailedPrecondition(f"{entry.name.full} is a partition; delete {entry.name.base.full} instead")
+        assert self.catalog is not None
         for partition in _partition_names(entry):
             partition_entry = self.topics.pop(partition)
             if partition_entry.endpoint is not None:
                 await self.system.stop(partition_entry.endpoint)
+            self._flush_cursors()
+            key = topic_key(partition)
+            stale = [k for k, _ in self.catalog.scan(f"{key}/")] + [key]
+            self.catalog.write({}, stale, sync=True)
+            shutil.rmtree(self._wal_dir(parse_topic(partition)), ignore_errors=True)
         self.topics.pop(entry.name.full, None)
+        self.catalog.delete(topic_key(entry.name.full), sync=True)
         METRICS.topics.set(sum(1 for e in self.topics.values() if e.endpoint is not None))
         return Ok(request_id=msg.request_id)
 
@@ -301,6 +412,18 @@ class BrokerActor(Actor):
         base = entry.name.base
         return entry.name.partition_index is not None and base.full in self.topics \
             and self.topics[base.full].partitions > 0
+
+
+_NAMESPACES = "/namespaces/"
+
+
+def _namespace_key(namespace: str) -> str:
+    return f"{_NAMESPACES}{namespace}"
+
+
+def _subscription_key(topic: str, subscription: str) -> str:
+    # Not storage.catalog.cursor_key: the record holds the subscription's type too.
+    return f"{topic_key(topic)}/subscriptions/{subscription}"
 
 
 def _partition_names(entry: TopicEntry) -> list[str]:

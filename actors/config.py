@@ -249,6 +249,109 @@ class PoliciesSection:
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)
 
 
+_WAL_SYNC_MODES = ("always", "interval")
+_STORAGE_MODES = ("local", "shared_fs", "object_store")
+_POISON_POLICIES = ("block", "drop", "dead_letter")
+_BACKOFFS = ("fixed", "exponential")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageSection:
+    """Where reliable topics keep their messages (Danube's `storage:` section)."""
+
+    SECTION: ClassVar[str] = "storage"
+
+    # local: WAL and sealed segments on this broker's disk (under broker.data_dir);
+    # shared_fs: local WAL, sealed segments copied to durable_url (a mounted path);
+    # object_store: local WAL, sealed segments uploaded to durable_url
+    # (s3://, gs://, az://, abfs://, memory://). Default local.
+    mode: str = "local"
+    # Where durable segments go in shared_fs and object_store modes; unused in
+    # local mode. Default None (required by those modes).
+    durable_url: str | None = None
+    # always: a producer's send is acknowledged only after its WAL records are
+    # fsynced (group commit: one fsync covers every batch that arrived meanwhile).
+    # interval: acknowledge after the write and fsync every wal_sync_interval_ms,
+    # Danube's faster, weaker mode: a broker crash (kill -9 is enough only if the OS
+    # also fails; a power loss certainly) can lose acknowledged messages. Default always.
+    wal_sync: str = "always"
+    # interval mode: the longest time written records wait for their fsync, ms.
+    # Default 1000.
+    wal_sync_interval_ms: int = 1000
+    # A WAL segment file is sealed and a new one started past this size, bytes.
+    # Default 64 MiB.
+    wal_segment_bytes_max: int = 64 * MIB
+    # ... or past this age, ms; null: no age limit. Default null.
+    wal_segment_age_ms_max: int | None = None
+    # Recent committed batches a reliable topic keeps in memory to serve readers
+    # without touching the WAL files, bytes. Default 16 MiB.
+    cache_bytes_max: int = 16 * MIB
+    # How often subscription cursors are written to the catalog (a crash redelivers
+    # at most the acknowledgements of this window), ms. Default 100.
+    cursor_flush_interval_ms: int = 100
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.mode not in _STORAGE_MODES:
+            raise _error("storage.mode", f"must be one of {', '.join(_STORAGE_MODES)}, got {self.mode!r}")
+        if self.mode != "local" and not self.durable_url:
+            raise _error("storage.durable_url", f"is required when storage.mode is {self.mode}", "storage.mode")
+        if self.wal_sync not in _WAL_SYNC_MODES:
+            raise _error("storage.wal_sync", f"must be always or interval, got {self.wal_sync!r}")
+        _check_range("storage.wal_sync_interval_ms", self.wal_sync_interval_ms, 1, 3_600_000)
+        _check_range("storage.wal_segment_bytes_max", self.wal_segment_bytes_max, 4096, _INT_MAX)
+        if self.wal_segment_age_ms_max is not None:
+            _check_range("storage.wal_segment_age_ms_max", self.wal_segment_age_ms_max, 1000, _INT_MAX)
+        _check_range("storage.cache_bytes_max", self.cache_bytes_max, 0, _INT_MAX)
+        _check_range("storage.cursor_flush_interval_ms", self.cursor_flush_interval_ms, 1, 60_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReliableSection:
+    """Delivery on reliable topics: windows, redelivery and the poison policy
+    (Danube's dispatch config and subscription failure policy defaults)."""
+
+    SECTION: ClassVar[str] = "reliable"
+
+    # Messages delivered to one consumer and not yet acknowledged; delivery to it
+    # pauses at this many. Default 1000.
+    max_unacked_messages: int = 1000
+    # A delivered message not acknowledged within this time is redelivered, ms.
+    # Default 30000.
+    ack_timeout_ms: int = 30_000
+    # Redeliveries of one message before the poison policy applies. Default 5.
+    max_redelivery_count: int = 5
+    # Delay before the first redelivery after a nack or timeout, ms. Default 1000.
+    base_redelivery_delay_ms: int = 1000
+    # Longest redelivery delay (exponential backoff stops growing here), ms;
+    # at least base_redelivery_delay_ms. Default 60000.
+    max_redelivery_delay_ms: int = 60_000
+    # fixed: every redelivery waits base_redelivery_delay_ms; exponential: base x 2^(n-1).
+    backoff: str = "exponential"
+    # What happens to a message redelivered max_redelivery_count times: block
+    # (the subscription stops at it), drop (skip it) or dead_letter (republish it to
+    # dead_letter_topic, then skip it). Default block.
+    poison_policy: str = "block"
+    # Topic that dead-lettered messages go to; required for dead_letter.
+    dead_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_range("reliable.max_unacked_messages", self.max_unacked_messages, 1, 10_000)
+        _check_range("reliable.ack_timeout_ms", self.ack_timeout_ms, 10, 86_400_000)
+        _check_range("reliable.max_redelivery_count", self.max_redelivery_count, 0, 1000)
+        _check_range("reliable.base_redelivery_delay_ms", self.base_redelivery_delay_ms, 0, 86_400_000)
+        _check_range("reliable.max_redelivery_delay_ms", self.max_redelivery_delay_ms, self.base_redelivery_delay_ms,
+                     86_400_000)
+        if self.backoff not in _BACKOFFS:
+            raise _error("reliable.backoff", f"must be fixed or exponential, got {self.backoff!r}")
+        if self.poison_policy not in _POISON_POLICIES:
+            raise _error("reliable.poison_policy", f"must be one of {', '.join(_POISON_POLICIES)}, got {self.poison_policy!r}")
+        if self.poison_policy == "dead_letter" and not self.dead_letter_topic:
+            raise _error("reliable.dead_letter_topic", "is required when reliable.poison_policy is dead_letter",
+                         "reliable.poison_policy")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
     """The whole broker configuration: one field per section, plus top-level keys."""
@@ -259,6 +362,8 @@ class BrokerConfig:
     limits: LimitsSection = field(default_factory=LimitsSection)
     dispatch: DispatchSection = field(default_factory=DispatchSection)
     policies: PoliciesSection = field(default_factory=PoliciesSection)
+    storage: StorageSection = field(default_factory=StorageSection)
+    reliable: ReliableSection = field(default_factory=ReliableSection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
@@ -318,6 +423,8 @@ _SECTIONS: tuple[type, ...] = (
     LimitsSection,
     DispatchSection,
     PoliciesSection,
+    StorageSection,
+    ReliableSection,
 )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 import zmq.asyncio
@@ -45,6 +46,9 @@ class BrokerService:
         self._system: ActorSystem | None = None
         self._metrics_server: object | None = None
         self._stopped = asyncio.Event()
+        # WAL writes and fsyncs of reliable topics run here, off the event loop; a few
+        # threads let topics on one disk overlap their fsyncs.
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danube-wal")
 
     async def start(self) -> None:
         config = self.config
@@ -82,7 +86,8 @@ class BrokerService:
     def _broker_factory(self) -> BrokerActor:
         return BrokerActor(config=self.config, broker_id=self.broker_id, broker_url=self.advertised_url,
                            admin_url=self.admin_url,
-                           metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)))
+                           metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)),
+                           executor=self._executor)
 
     @property
     def advertised_url(self) -> str:
@@ -92,6 +97,7 @@ class BrokerService:
         if self._system is not None:
             await self._system.shutdown()
             self._system = None
+        self._executor.shutdown(wait=True)
         if self._metrics_server is not None:
             server, thread = self._metrics_server  # type: ignore[misc]
             server.shutdown()

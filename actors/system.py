@@ -111,6 +111,7 @@ class ActorSystem:
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
         self._timers: set[asyncio.TimerHandle] = set()
+        self._posts: set[asyncio.Task[None]] = set()
         self.failures = 0
         self.restarts = 0
         self.dead_letters = 0
@@ -121,6 +122,8 @@ class ActorSystem:
         roots = [cell.endpoint for cell in self._cells.values() if cell.parent is None]
         for endpoint in reversed(roots):
             await self.stop(endpoint)
+        for task in list(self._posts):
+            task.cancel()
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()
@@ -162,6 +165,9 @@ class ActorSystem:
         if cell.task is not None and cell.task is not asyncio.current_task():
             cell.task.cancel()
             await asyncio.gather(cell.task, return_exceptions=True)
+            # What the children said while stopping (final cursors, detach notices) is
+            # in the mailbox: handle it before the actor's own on_stop.
+            await self._drain_mailbox(cell, zmq.Socket.shadow(cell.socket.underlying))
         try:
             await cell.instance.on_stop()
         except Exception:
@@ -201,6 +207,16 @@ class ActorSystem:
             self.mailbox_full_drops += 1
             return False
         return True
+
+    def post(self, endpoint: str, msg: Message) -> None:
+        """Deliver a message that must not be lost to a full mailbox (a completion):
+        told at once when there is room, else sent by a task that waits for room."""
+        if self.tell(endpoint, msg):
+            return
+        self.mailbox_full_drops -= 1  # not dropped: it waits
+        task = asyncio.get_running_loop().create_task(self.send(endpoint, msg, timeout_ms=3_600_000))
+        self._posts.add(task)
+        task.add_done_callback(self._posts.discard)
 
     async def send(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> None:
         """Post, waiting for mailbox room up to the deadline (backpressure)."""

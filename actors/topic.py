@@ -38,6 +38,7 @@ from danube_zmq.transport.errors import (
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     AttachConsumer,
+    ChildStopped,
     ClientRequest,
     ConsumerCount,
     DeleteSubscription,
@@ -55,7 +56,8 @@ from danube_zmq.transport.internal_protocol import (
 
 log = logging.getLogger("danube_zmq.topic")
 
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
+# Subscription names become catalog keys: the same alphabet as topic name parts.
+_NAME = re.compile(r"[A-Za-z0-9_\-]{1,255}")
 
 
 @dataclass(slots=True)
@@ -74,7 +76,6 @@ class _Subscription:
 
 class TopicActor(Actor):
     def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: random.Random) -> None:
-        assert dispatch_strategy == cp.DispatchStrategy.NON_RELIABLE, "reliable topics need the WAL"
         self.topic = name
         self.dispatch_strategy = dispatch_strategy
         self.config = config
@@ -210,9 +211,8 @@ class TopicActor(Actor):
             if policies.max_subscriptions_per_topic and len(self.subscriptions) >= policies.max_subscriptions_per_topic:
                 raise ResourceExhausted(f"topic {self.topic} already has {len(self.subscriptions)} subscriptions"
                                         " (max_subscriptions_per_topic)")
-            subscription = await self._spawn_subscription(msg.subscription, msg.sub_type)
-            if msg.initial_position == cp.InitialPosition.EARLIEST:
-                replay = [frame for frame, _ in self.tail]
+            replay = await self._start_new_subscription(msg)
+            subscription = self.subscriptions[msg.subscription]
         elif subscription.sub_type != msg.sub_type:
             have = cp.SubType(subscription.sub_type).name.lower()
             want = cp.SubType(msg.sub_type).name.lower()
@@ -223,6 +223,15 @@ class TopicActor(Actor):
                 identity=req.identity, frame=req.frame, consumer_id=consumer_id, replay=replay)):
             raise ResourceExhausted(f"subscription '{msg.subscription}' is busy; retry")
         return None
+
+    async def _start_new_subscription(self, msg: cp.Subscribe) -> list[bytes]:
+        """Spawn the actor of a new subscription; returns the frames it starts with."""
+        if msg.start_offset is not None:
+            raise InvalidArgument("a start offset applies to reliable topics only")
+        await self._spawn_subscription(msg.subscription, msg.sub_type)
+        if msg.initial_position == cp.InitialPosition.EARLIEST:
+            return [frame for frame, _ in self.tail]
+        return []
 
     async def _spawn_subscription(self, name: str, sub_type: int) -> _Subscription:
         topic, config, parent = self.topic, self.config, self.endpoint
@@ -239,6 +248,12 @@ class TopicActor(Actor):
         if producer is not None and producer.identity == msg.identity:
             self._forget_producer(msg.producer_id)
 
+    def handle_ChildStopped(self, msg: ChildStopped) -> None:
+        for name, subscription in list(self.subscriptions.items()):
+            if subscription.endpoint == msg.endpoint:
+                log.error("%s: subscription '%s' stopped after repeated failures (%s)", self.topic, name, msg.reason)
+                del self.subscriptions[name]
+
     def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
         subscription = self.subscriptions.get(msg.subscription)
         if subscription is not None:
@@ -248,12 +263,14 @@ class TopicActor(Actor):
         subscription = self.subscriptions.pop(msg.subscription, None)
         if subscription is not None:
             await self.system.stop(subscription.endpoint)
+            self._forget_subscription(msg.subscription)
 
     async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
         subscription = self.subscriptions.pop(msg.subscription, None)
         if subscription is None:
             raise NotFound(f"subscription '{msg.subscription}' does not exist on {self.topic}")
         await self.system.stop(subscription.endpoint)
+        self._forget_subscription(msg.subscription)
         return Done()
 
     async def handle_DescribePartition(self, msg: DescribePartition) -> Message:
@@ -269,6 +286,9 @@ class TopicActor(Actor):
             subscriptions=subscriptions)
         return PartitionStats(info=info)
 
+    def _forget_subscription(self, name: str) -> None:
+        """A subscription was deleted; reliable topics also drop its persisted cursor."""
+
     def _forget_producer(self, producer_id: int) -> None:
         producer = self.producers.pop(producer_id, None)
         if producer is not None:
@@ -283,4 +303,4 @@ class TopicActor(Actor):
 
 def _check_name(what: str, value: str) -> None:
     if not _NAME.fullmatch(value):
-        raise InvalidArgument(f"invalid {what} {value[:80]!r}: use 1..255 of A-Z, a-z, 0-9, '_', '-', '.'")
+        raise InvalidArgument(f"invalid {what} {value[:80]!r}: use 1..255 of A-Z, a-z, 0-9, '_', '-'")

@@ -186,16 +186,23 @@ class DanubeClient:
         batch_bytes_max: int = 128 * 1024,
         batch_delay_ms: int = 10,
         pending_messages_max: int = 10_000,
-        inflight_batches_max: int = 16,
+        inflight_batches_max: int | None = None,
     ) -> Producer:
         """A producer on `topic`, created with `partitions` partitions and the `dispatch`
         strategy if the topic does not exist yet (when the broker auto-creates topics).
         `name` defaults to a generated unique one; on a partitioned topic partition i
-        gets `{name}-{i}`."""
+        gets `{name}-{i}`. `inflight_batches_max` defaults to 1 on reliable topics (order
+        is kept across reconnects and retries) and 16 otherwise; more than 1 on a reliable
+        topic trades that ordering guarantee for throughput."""
         _check_name("topic", topic)
         if name is not None:
             _check_name("name", name)
         strategy = parse_enum(dispatch, DispatchStrategy, "dispatch")
+        if inflight_batches_max is None:
+            # Reliable topics promise per-producer order: with one batch in flight, a
+            # batch retried after a reconnect can never land behind a later one. Batches
+            # grow while one is in flight, so throughput stays with the fsync rate.
+            inflight_batches_max = 1 if strategy == DispatchStrategy.RELIABLE else 16
         if partitions is not None and (type(partitions) is not int or partitions < 0):
             raise InvalidArgument(f"partitions must be an int >= 0, got {partitions!r}")
         _check_positive(
@@ -235,6 +242,7 @@ class DanubeClient:
         sub_type: SubType | str = SubType.SHARED,
         consumer_name: str | None = None,
         initial_position: InitialPosition | str = InitialPosition.LATEST,
+        start_offset: int | None = None,
         key_filters: list[str] | None = None,
         receiver_queue_size: int = 1_000,
         ack_batch_max: int = 1_000,
@@ -242,14 +250,18 @@ class DanubeClient:
         pending_acks_max: int = 10_000,
     ) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition of it). The topic must
-        exist (`NotFound` otherwise). `receiver_queue_size` bounds the messages buffered
-        here, and so the permits the broker holds, across all partitions."""
+        exist (`NotFound` otherwise). A new subscription starts at `initial_position`
+        ("latest" or "earliest"), or at `start_offset` on a reliable topic. An existing one
+        resumes where it was. `receiver_queue_size` bounds the messages buffered here, and
+        so the permits the broker holds, across all partitions."""
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None:
             _check_name("consumer_name", consumer_name)
         kind = parse_enum(sub_type, SubType, "sub_type")
         position = parse_enum(initial_position, InitialPosition, "initial_position")
+        if start_offset is not None and (type(start_offset) is not int or start_offset < 0):
+            raise InvalidArgument(f"start_offset must be an int >= 0, got {start_offset!r}")
         if key_filters is not None:
             key_filters = list(key_filters)
             if not all(isinstance(f, str) and f for f in key_filters):
@@ -270,6 +282,7 @@ class DanubeClient:
             consumer_name=consumer_name or self._unique_name("consumer"),
             sub_type=kind,
             initial_position=position,
+            start_offset=start_offset,
             key_filters=key_filters,
             partition_topics=names,
             receiver_queue_size=receiver_queue_size,

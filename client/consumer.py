@@ -133,6 +133,7 @@ class Consumer:
         sub_type: SubType,
         initial_position: InitialPosition,
         key_filters: list[str] | None,
+        start_offset: int | None = None,
         partition_topics: list[str],
         receiver_queue_size: int,
         ack_batch_max: int,
@@ -146,6 +147,7 @@ class Consumer:
         self.consumer_name = consumer_name
         self.sub_type = sub_type
         self.initial_position = initial_position
+        self.start_offset = start_offset
         self.key_filters = key_filters
         self.receiver_queue_size = receiver_queue_size
         self.ack_batch_max = ack_batch_max
@@ -343,6 +345,7 @@ class _PartitionConsumer(Attachment):
                 sub_type=int(consumer.sub_type),
                 initial_position=int(consumer.initial_position),
                 key_filters=consumer.key_filters,
+                start_offset=consumer.start_offset,
             )
         )
         if not isinstance(reply, Subscribed):

@@ -98,6 +98,12 @@ class SubscriptionInfo(Struct):
     pending_messages: int
     delivered_messages: int
     dropped_messages: int
+    # Reliable subscriptions only (None on non-reliable topics):
+    cursor: int | None = None
+    backlog_messages: int | None = None
+    unacked_messages: int | None = None
+    redeliveries: int | None = None
+    blocked_offset: int | None = None
 
 
 @wire

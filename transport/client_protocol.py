@@ -152,7 +152,8 @@ class SendReceipt(Message):
 
 @wire
 class Subscribe(Message):
-    """Attach a consumer to a subscription of one (partition) topic."""
+    """Attach a consumer to a subscription of one (partition) topic. A new subscription
+    starts at `initial_position`, or at `start_offset` when given (reliable topics)."""
 
     TAG = 25
     request_id: int
@@ -162,6 +163,7 @@ class Subscribe(Message):
     sub_type: int = SubType.SHARED
     initial_position: int = InitialPosition.LATEST
     key_filters: list[str] | None = None
+    start_offset: int | None = None
 
 
 @wire

@@ -10,7 +10,7 @@ answer goes to the system's reply inbox, not through the asker's mailbox.
 from __future__ import annotations
 
 from danube_zmq.transport.admin_protocol import PartitionInfo, SubscriptionInfo
-from danube_zmq.transport.codec import Message, Protocol, wire
+from danube_zmq.transport.codec import Message, Protocol, Struct, wire
 from danube_zmq.transport.common import PROTOCOL_VERSION
 
 
@@ -196,15 +196,6 @@ class PartitionStats(Message):
 
 
 @wire
-class CloseAll(Message):
-    """Broker -> topic, topic -> subscription (ask): close every client with `reason`
-    before the actor is stopped."""
-
-    TAG = 33
-    reason: str
-
-
-@wire
 class Done(Message):
     TAG = 34
 
@@ -219,6 +210,95 @@ class ChildStopped(Message):
     reason: str
 
 
+@wire
+class FlushDone(Message):
+    """Reliable topic -> itself: the WAL flush `flush_id` finished (written and, with
+    `wal_sync: always`, fsynced), or failed with an error code and text."""
+
+    TAG = 36
+    flush_id: int
+    error_code: int | None = None
+    error_message: str | None = None
+
+
+@wire
+class ReadRequest(Message):
+    """Reliable subscription -> its topic: committed records from `start_offset`."""
+
+    TAG = 37
+    subscription: str
+    start_offset: int
+    max_bytes: int
+
+
+@wire
+class ReadResult(Message):
+    """Topic -> subscription: encoded `Publish` frames (one per producer run) covering
+    `start_offset` onwards, up to the committed end; `log_start_offset` tells a reader
+    that asked for offsets no longer held where the log now starts."""
+
+    TAG = 38
+    start_offset: int
+    frames: list[bytes]
+    log_start_offset: int
+    committed_offset: int
+
+
+@wire
+class PersistCursor(Message):
+    """Reliable subscription -> broker: its cursor and out-of-order acks, to persist."""
+
+    TAG = 39
+    topic: str
+    subscription: str
+    sub_type: int
+    cursor: int
+    acked_above: list[int]
+
+
+@wire
+class ForgetSubscription(Message):
+    """Topic -> broker: a reliable subscription was deleted; drop its persisted state."""
+
+    TAG = 40
+    topic: str
+    subscription: str
+
+
+@wire
+class SubscriptionState(Struct):
+    """A persisted reliable subscription, given to its topic at start."""
+
+    name: str
+    sub_type: int
+    cursor: int
+    acked_above: list[int]
+
+
+@wire
+class DeadLetter(Message):
+    """Reliable subscription -> broker: republish poisoned messages to `topic`."""
+
+    TAG = 41
+    topic: str
+    payloads: list[bytes]
+    publish_times: list[int]
+    keys: list[str | None]
+    attributes: list[dict[str, str] | None]
+
+
+@wire
+class AppendInternal(Message):
+    """Broker -> topic: append messages produced by the broker itself (dead letters)."""
+
+    TAG = 42
+    producer_name: str
+    payloads: list[bytes]
+    publish_times: list[int]
+    keys: list[str | None]
+    attributes: list[dict[str, str] | None]
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -227,6 +307,7 @@ INTERNAL_PROTOCOL = Protocol(
         ProducerAttached, ProducerDetached, ConsumerAttached, ConsumerDetached,
         DetachProducer, DetachConsumer, Publish, AttachConsumer, ConsumerCount,
         SubscriptionEnded, DeleteSubscription, DescribeSubscription, SubscriptionStats,
-        DescribePartition, PartitionStats, CloseAll, Done, ChildStopped,
+        DescribePartition, PartitionStats, Done, ChildStopped,
+        FlushDone, ReadRequest, ReadResult, PersistCursor, ForgetSubscription, DeadLetter, AppendInternal,
     ),
 )

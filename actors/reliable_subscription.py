@@ -1,0 +1,337 @@
+"""The subscription actor of a reliable topic: at-least-once delivery from the log.
+
+1. Records come from the topic: the `Publish` notice of each committed batch when the
+   subscription is caught up, else `ReadResult`s it asks for (`ReadRequest`) from its
+   read position; a bounded read-ahead (`records`) holds them until acknowledged.
+2. Dispatch: first the redeliveries that are due, then new records from the
+   tracker's read offset, to consumers with permits and room in their window
+   (`reliable.max_unacked_messages`), split by the subscription type's rule.
+3. Acks move the cursor (highest contiguously acknowledged offset; out-of-order acks
+   are kept above it); nacks and ack timeouts schedule redelivery with backoff; a
+   message redelivered `max_redelivery_count` times meets the poison policy.
+4. A consumer that leaves gives its unacknowledged messages back: Shared and
+   Key-Shared hand them to the others, an Exclusive or Failover consumer that
+   attaches next gets them again.
+5. The cursor is sent to the broker (which persists it in the catalog) at most every
+   `storage.cursor_flush_interval_ms` and when the actor stops; a restart resumes at
+   cursor + 1, redelivering at most that window.
+
+The tracker (`dispatch/tracker.py`) is the pure core; this actor does the I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.dispatch.tracker import DeliveryTracker, FailurePolicy
+from danube_zmq.actors.gateway import OUTBOX
+from danube_zmq.actors.subscription import SubscriptionActor, _Consumer
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.admin_protocol import SubscriptionInfo
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Ok
+from danube_zmq.transport.errors import FailedPrecondition
+from danube_zmq.transport.internal_protocol import (
+    INTERNAL_PROTOCOL,
+    DeadLetter,
+    PersistCursor,
+    Publish,
+    ReadRequest,
+    ReadResult,
+    SubscriptionStats,
+    Tick,
+)
+
+log = logging.getLogger("danube_zmq.subscription")
+
+_READ_BYTES_MAX = 1 << 20
+
+
+@dataclass(slots=True, frozen=True)
+class _Record:
+    payload: bytes
+    key: str | None
+    attributes: dict[str, str] | None
+    publish_time: int
+    producer_id: int
+    producer_name: str
+    schema_id: int | None
+    schema_version: int | None
+
+
+class ReliableSubscriptionActor(SubscriptionActor):
+    def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
+                 broker_endpoint: str, cursor: int, acked_above: Sequence[int], committed_offset: int) -> None:
+        super().__init__(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=topic_endpoint)
+        reliable = config.reliable
+        self.window = reliable.max_unacked_messages
+        self.policy = FailurePolicy(
+            max_redelivery_count=reliable.max_redelivery_count, ack_timeout_ms=reliable.ack_timeout_ms,
+            base_redelivery_delay_ms=reliable.base_redelivery_delay_ms,
+            max_redelivery_delay_ms=reliable.max_redelivery_delay_ms, backoff=reliable.backoff,
+            poison_policy=reliable.poison_policy, dead_letter_topic=reliable.dead_letter_topic)
+        self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
+        self.broker_endpoint = broker_endpoint
+        self.records: dict[int, _Record] = {}
+        # The next offset to add to `records`: from the cursor, so that unacknowledged holes
+        # below the read offset (after a restart with out-of-order acks) have their records.
+        self.buffer_end = cursor + 1
+        self.head = committed_offset  # offsets below are committed in the topic's log
+        self.reading = False
+        self.read_ahead_max = 2 * self.window
+        self.persisted = (cursor, tuple(sorted(acked_above)))
+        self.redeliveries = 0
+        self.dead_lettered = 0
+
+    async def on_start(self) -> None:
+        interval_ms = min(self.config.storage.cursor_flush_interval_ms, 100)
+        self.system.schedule_periodic(self.endpoint, interval_ms, Tick())
+        self._fill()
+
+    async def on_stop(self) -> None:
+        self._persist(force=True)
+        await super().on_stop()
+
+    # ------------------------------------------------------------- records in
+    def handle_Publish(self, msg: Publish) -> None:
+        end = msg.base_offset + len(msg.payloads)
+        self.head = max(self.head, end)
+        if msg.base_offset <= self.buffer_end < end and not self.reading and self._room():
+            self._buffer(msg)
+        self._fill()
+        self._dispatch()
+
+    def handle_ReadResult(self, msg: ReadResult) -> None:
+        self.reading = False
+        self.head = max(self.head, msg.committed_offset)
+        if msg.start_offset != self.buffer_end:
+            return self._fill()  # an answer to a read made before a seek or skip
+        if not msg.frames and self.buffer_end < msg.log_start_offset:
+            log.warning("%s:%s: offsets %d..%d are no longer in the log; skipped", self.topic, self.subscription,
+                        self.buffer_end, msg.log_start_offset - 1)
+            gone = range(max(self.buffer_end, self.tracker.read_offset), msg.log_start_offset)
+            self.tracker.skip(gone, self.system.clock.monotonic_ms())
+            self.buffer_end = msg.log_start_offset
+        for frame in msg.frames:
+            publish = INTERNAL_PROTOCOL.decode(frame)
+            assert isinstance(publish, Publish)
+            if publish.base_offset <= self.buffer_end < publish.base_offset + len(publish.payloads):
+                self._buffer(publish)
+        self._fill()
+        self._dispatch()
+
+    def _room(self) -> bool:
+        return self.buffer_end - self.tracker.read_offset < self.read_ahead_max
+
+    def _buffer(self, publish: Publish) -> None:
+        base = publish.base_offset
+        keys, attributes = publish.keys, publish.attributes
+        for i in range(self.buffer_end - base, len(publish.payloads)):
+            offset = base + i
+            if not self.tracker.is_acked(offset):
+                self.records[offset] = _Record(
+                    publish.payloads[i], None if keys is None else keys[i],
+                    None if attributes is None else attributes[i], publish.publish_times[i], publish.producer_id,
+                    publish.producer_name, publish.schema_id, publish.schema_version)
+        self.buffer_end = base + len(publish.payloads)
+
+    def _fill(self) -> None:
+        if not self.reading and self.buffer_end < self.head and self._room():
+            self.reading = self.system.tell(self.topic_endpoint, ReadRequest(
+                subscription=self.subscription, start_offset=self.buffer_end, max_bytes=_READ_BYTES_MAX))
+
+    # ------------------------------------------------------------- dispatch
+    def _dispatch(self) -> None:
+        now = self.system.clock.monotonic_ms()
+        capacity = self._capacity()
+        if not capacity:
+            return
+        due = self.tracker.due(now, sum(capacity.values()))
+        if due:
+            offsets = [d.offset for d in due]
+            counts = {d.offset: d.redelivery_count for d in due}
+            taken = self._assign(offsets, capacity, counts, now)
+            left = [o for o in offsets if o not in taken]
+            if left:
+                self.tracker.requeue(left, now)
+        while capacity and self.tracker.may_deliver_new():
+            offsets = []
+            offset = self.tracker.read_offset
+            limit = min(sum(capacity.values()), self.tracker.new_allowance())
+            while offset < self.buffer_end and len(offsets) < limit:
+                if offset in self.records:
+                    offsets.append(offset)
+                offset += 1
+            if not offsets or not self._assign(offsets, capacity, None, now):
+                break
+        self._fill()
+
+    def _capacity(self) -> dict[int, int]:
+        return {
+            cid: room for cid, c in self.consumers.items()
+            if (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
+        }
+
+    def _assign(self, offsets: list[int], capacity: dict[int, int], counts: dict[int, int] | None,
+                now: int) -> set[int]:
+        """Give `offsets` to consumers within `capacity`; returns the offsets sent (or
+        settled). New offsets nobody could take stay behind: those below the read offset
+        become holes the tracker hands out again through `due`."""
+        keys = [self._key(o) for o in offsets] if self.sub_type == cp.SubType.KEY_SHARED else None
+        assignment = self.rule.assign(len(offsets), keys, "", capacity)
+        owner: dict[int, int] = {}
+        for part in assignment.slices:
+            for i in part.indices:
+                owner[offsets[i]] = part.consumer_id
+        if assignment.skipped:
+            # Key-Shared: no consumer's filters accept these keys; settled for this subscription.
+            skipped = [offsets[i] for i in assignment.skipped]
+            self.tracker.skip(skipped, now)
+            for offset in skipped:
+                self.records.pop(offset, None)
+            self.dropped_messages += len(skipped)
+        # Record deliveries in ascending offset order, one run per consumer at a time.
+        runs: list[tuple[int, list[int]]] = []
+        for offset in sorted(owner):
+            cid = owner[offset]
+            if runs and runs[-1][0] == cid:
+                runs[-1][1].append(offset)
+            else:
+                runs.append((cid, [offset]))
+        for cid, run in runs:
+            self.tracker.delivered(cid, run, now)
+            capacity[cid] -= len(run)
+            if capacity[cid] <= 0:
+                del capacity[cid]
+            self._send_records(self.consumers[cid], run, counts)
+        return set(owner).union(offsets[i] for i in assignment.skipped)
+
+    def _key(self, offset: int) -> str:
+        record = self.records[offset]
+        return record.key if record.key is not None else record.producer_name
+
+    def _send_records(self, consumer: _Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
+        """One `Deliver` per run of offsets from one producer with one redelivery count."""
+        start = 0
+        while start < len(offsets):
+            first = self.records[offsets[start]]
+            count = counts[offsets[start]] if counts else 0
+            end = start + 1
+            while end < len(offsets) and self.records[offsets[end]].producer_id == first.producer_id \
+                    and (counts[offsets[end]] if counts else 0) == count:
+                end += 1
+            run = offsets[start:end]
+            records = [self.records[o] for o in run]
+            keys = [r.key for r in records]
+            attributes = [r.attributes for r in records]
+            contiguous = run[-1] - run[0] + 1 == len(run)
+            deliver = cp.Deliver(
+                consumer_id=consumer.consumer_id, topic=self.topic, producer_id=first.producer_id,
+                producer_name=first.producer_name, base_offset=run[0], payloads=[r.payload for r in records],
+                publish_times=[r.publish_time for r in records],
+                keys=keys if any(k is not None for k in keys) else None,
+                attributes=attributes if any(attributes) else None,
+                offsets=None if contiguous else run, redelivery_count=count,
+                schema_id=first.schema_id, schema_version=first.schema_version)
+            consumer.permits -= len(run)
+            if self.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
+                self.delivered_messages += len(run)
+                self._out_metric.inc(len(run))
+            # A frame the gateway could not take is redelivered after the ack timeout.
+            if count:
+                self.redeliveries += len(run)
+            start = end
+
+    # ------------------------------------------------------------- consumers
+    def _ack(self, consumer: _Consumer, msg: cp.Ack | cp.Nack) -> Message:
+        if type(msg) is cp.Ack:
+            self.tracker.ack(consumer.consumer_id, msg.offsets)
+            for offset in msg.offsets:
+                if self.tracker.is_acked(offset):
+                    self.records.pop(offset, None)
+        else:
+            self.tracker.nack(consumer.consumer_id, msg.offsets, self.system.clock.monotonic_ms(), msg.delay_ms)
+        self._dispatch()
+        return Ok(request_id=msg.request_id)
+
+    def _detach(self, consumer_id: int, *, reason: str | None = None, reply: bytes | None = None) -> None:
+        known = consumer_id in self.consumers
+        super()._detach(consumer_id, reason=reason, reply=reply)
+        if known:
+            self.tracker.consumer_gone(consumer_id, self.system.clock.monotonic_ms())
+
+    def _unsubscribe(self, consumer: _Consumer, msg: cp.Unsubscribe) -> Message | None:
+        others = len(self.consumers) - 1
+        if others:
+            raise FailedPrecondition(f"subscription '{self.subscription}' has {others} other consumers;"
+                                     " close them first or unsubscribe with `danube admin topics unsubscribe`")
+        return super()._unsubscribe(consumer, msg)
+
+    # ------------------------------------------------------------- time
+    def handle_Tick(self, msg: Tick) -> None:
+        now = self.system.clock.monotonic_ms()
+        self.tracker.expire(now)
+        self._handle_poison(now)
+        self._dispatch()
+        self._persist()
+
+    def _handle_poison(self, now: int) -> None:
+        poisoned = self.tracker.poisoned(now)
+        if not poisoned:
+            return
+        letters = []
+        for item in poisoned:
+            record = self.records.get(item.offset)
+            if item.action == "block":
+                log.error("%s:%s: offset %d failed %d deliveries; the subscription is blocked there (poison policy"
+                          " block)", self.topic, self.subscription, item.offset, item.attempts)
+            elif item.action == "drop":
+                log.warning("%s:%s: offset %d dropped after %d deliveries", self.topic, self.subscription,
+                            item.offset, item.attempts)
+                self.records.pop(item.offset, None)
+                self.dropped_messages += 1
+            elif record is not None:
+                letters.append((item, record))
+        if letters:
+            self.system.tell(self.broker_endpoint, DeadLetter(
+                topic=self.policy.dead_letter_topic or "",
+                payloads=[r.payload for _, r in letters], publish_times=[r.publish_time for _, r in letters],
+                keys=[r.key for _, r in letters],
+                attributes=[{**(r.attributes or {}), "x-original-topic": self.topic,
+                             "x-original-subscription": self.subscription, "x-original-offset": str(item.offset),
+                             "x-original-producer-id": str(r.producer_id), "x-delivery-attempt": str(item.attempts),
+                             "x-poison-policy": "dead_letter",
+                             "x-failure-reason": "max_redelivery_count reached"} for item, r in letters]))
+            for item, _ in letters:
+                self.tracker.dead_lettered(item.offset)
+                self.records.pop(item.offset, None)
+                self.dead_lettered += 1
+
+    def _persist(self, *, force: bool = False) -> None:
+        state = self.tracker.snapshot()
+        current = (state.cursor, tuple(state.acked_above))
+        if current == self.persisted and not force:
+            return
+        if self.system.tell(self.broker_endpoint, PersistCursor(
+                topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
+                acked_above=list(state.acked_above))):
+            self.persisted = current
+
+    # ------------------------------------------------------------- admin
+    def handle_DescribeSubscription(self, msg: object) -> Message:
+        stats = SubscriptionStats(info=self._info())
+        return stats
+
+    def _info(self) -> SubscriptionInfo:
+        active = self.rule.active_consumer_id()
+        t = self.tracker.statistics()
+        return SubscriptionInfo(
+            name=self.subscription, topic=self.topic, sub_type=self.sub_type,
+            consumers=[c.name for c in self.consumers.values()],
+            active_consumer=self.consumers[active].name if active is not None else None,
+            pending_messages=self.tracker.backlog(self.head), delivered_messages=self.delivered_messages,
+            dropped_messages=self.dropped_messages, cursor=t.cursor, backlog_messages=self.tracker.backlog(self.head),
+            unacked_messages=t.in_flight, redeliveries=t.redeliveries_total, blocked_offset=t.blocked_offset)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install the Azurite blob emulator (npm package `azurite`, major 3) into a project-local folder.
+#
+# The az:// integration tests (tests/emulators.py) run this when
+# .cache/azurite/node_modules/.bin/azurite-blob is missing; nothing is installed globally.
+# Usage: scripts/install-azurite.sh [prefix]   (default: <repo>/.cache/azurite)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+prefix="${1:-$root/.cache/azurite}"
+mkdir -p "$prefix"
+
+if ! command -v npm >/dev/null 2>&1; then
+    echo "install-azurite: npm not found on PATH (node 18+ is required)" >&2
+    exit 127
+fi
+
+# --no-audit/--no-fund: no extra registry calls and no noise; --prefix keeps it under .cache/.
+npm install --no-audit --no-fund --loglevel=error --prefix "$prefix" azurite@3
+
+bin="$prefix/node_modules/.bin/azurite-blob"
+if [[ ! -x "$bin" ]]; then
+    echo "install-azurite: npm finished but $bin is missing" >&2
+    exit 1
+fi
+echo "$bin"

@@ -1,0 +1,39 @@
+"""The write-ahead log of one reliable topic: segment files of CRC-checked records.
+
+Pure, synchronous Python: the topic actor calls it from a worker thread (writer) and
+reads committed offsets from the event loop. See README.md for the layout and paths.
+"""
+
+from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange
+from danube_zmq.storage.wal.format import (
+    HEADER,
+    HEADER_BYTES,
+    RECORD_BODY_BYTES_MAX,
+    Fault,
+    FaultKind,
+    RecordBatch,
+    ScanResult,
+    encode_batch,
+    scan,
+)
+from danube_zmq.storage.wal.log import RecoveryReport, WalLog, WalStatistics
+from danube_zmq.storage.wal.segment import SegmentInfo, segment_file_name
+
+__all__ = [
+    "HEADER",
+    "HEADER_BYTES",
+    "RECORD_BODY_BYTES_MAX",
+    "CorruptRecord",
+    "Fault",
+    "FaultKind",
+    "OffsetOutOfRange",
+    "RecordBatch",
+    "RecoveryReport",
+    "ScanResult",
+    "SegmentInfo",
+    "WalLog",
+    "WalStatistics",
+    "encode_batch",
+    "scan",
+    "segment_file_name",
+]

@@ -1,0 +1,364 @@
+"""The write-ahead log of one reliable topic: a directory of segment files.
+
+    <directory>/00000000000000000000.wal   sealed (immutable, whole)
+                00000000000000004096.wal   sealed
+                00000000000000009000.wal   active (appends go here)
+
+Threads. The writer side (`append`, `sync`, `roll`, `seal_active`,
+`delete_segments_before`, `close`) is not thread-safe: one thread at a time (the topic
+actor's worker). `read` may run at the same time from one other thread (the event
+loop) on committed offsets, that is below what the writer has appended and synced:
+it reads through the segments' own read-only descriptors with `os.pread`, on a
+snapshot of the segment tuple, which the writer replaces and never mutates.
+
+Errors. Assertions guard our bugs (an append not starting at `next_offset`); the
+world's faults are exceptions: `CorruptRecord` where the log must be whole,
+`OffsetOutOfRange` for reads below the first offset, and an `OSError` from write or
+fsync propagates unchanged (the caller maps ENOSPC to RESOURCE_EXHAUSTED).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+
+from danube_zmq.actors.clock import Clock
+from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange
+from danube_zmq.storage.wal.format import HEADER, HEADER_BYTES, RECORD_BODY_BYTES_MAX, RecordBatch
+from danube_zmq.storage.wal.segment import (
+    INDEX_INTERVAL_BYTES,
+    SEGMENT_SUFFIX,
+    Segment,
+    SegmentDeleted,
+    SegmentInfo,
+)
+from danube_zmq.transport.errors import FailedPrecondition
+
+log = logging.getLogger("danube_zmq.storage.wal")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryReport:
+    """What `WalLog.open` found on disk."""
+
+    segments: int
+    records: int  # records kept, from log_start_offset to next_offset
+    log_start_offset: int
+    next_offset: int
+    truncated_bytes: int  # torn or corrupt tail dropped from the active segment
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WalStatistics:
+    segments: int
+    bytes: int
+    next_offset: int
+    log_start_offset: int
+    appends: int  # `append` calls since open
+    syncs: int  # fsyncs of segment data since open (`sync` calls that had data, and rolls)
+
+
+class WalLog:
+    """A topic's write-ahead log. Build it with `WalLog.open`, which recovers."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes_max: int,
+        segment_age_ms_max: int | None,
+        clock: Clock,
+        index_interval_bytes: int = INDEX_INTERVAL_BYTES,
+        body_bytes_max: int = RECORD_BODY_BYTES_MAX,
+    ) -> None:
+        """Configuration only; nothing is read or written until `open` recovers."""
+        assert segment_bytes_max > 0, segment_bytes_max
+        assert segment_age_ms_max is None or segment_age_ms_max > 0, segment_age_ms_max
+        self.directory = Path(directory)
+        self.segment_bytes_max = segment_bytes_max
+        self.segment_age_ms_max = segment_age_ms_max
+        self._clock = clock
+        self._index_interval_bytes = index_interval_bytes
+        self._body_bytes_max = body_bytes_max
+        # The last segment is the active one. Replaced, never mutated (readers snapshot it).
+        self._segments: tuple[Segment, ...] = ()
+        self._next_offset = 0
+        self._directory_unsynced = False
+        self._recovery: RecoveryReport | None = None
+        self._appends = 0
+        self._syncs = 0
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        *,
+        segment_bytes_max: int,
+        segment_age_ms_max: int | None,
+        clock: Clock,
+        start_offset: int | None = None,
+        index_interval_bytes: int = INDEX_INTERVAL_BYTES,
+        body_bytes_max: int = RECORD_BODY_BYTES_MAX,
+    ) -> WalLog:
+        """Open (creating the directory if needed) and recover.
+
+        Every sealed segment must be whole, else `CorruptRecord`; the active one loses a
+        torn or corrupt tail (logged). An empty directory starts at `start_offset`
+        (default 0); with segments present, `start_offset` is a floor the recovered log
+        must reach (`FailedPrecondition` otherwise: offsets would be reused).
+        """
+        wal = cls(
+            directory,
+            segment_bytes_max=segment_bytes_max,
+            segment_age_ms_max=segment_age_ms_max,
+            clock=clock,
+            index_interval_bytes=index_interval_bytes,
+            body_bytes_max=body_bytes_max,
+        )
+        wal._recover(start_offset)
+        return wal
+
+    def _recover(self, start_offset: int | None) -> None:
+        assert not self._segments, "recover runs once, from open"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        paths = sorted(p for p in self.directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
+        segments: list[Segment] = []
+        truncated_bytes = 0
+        try:
+            for number, path in enumerate(paths):
+                active = number == len(paths) - 1
+                segment = Segment.open(
+                    path,
+                    clock=self._clock,
+                    writable=active,
+                    index_interval_bytes=self._index_interval_bytes,
+                    body_bytes_max=self._body_bytes_max,
+                )
+                segments.append(segment)
+                if segments[:-1] and segment.base_offset != segments[-2].next_offset:
+                    previous = segments[-2]
+                    reason = f"segment starts at offset {segment.base_offset}, {previous.path.name} ends at {previous.next_offset}"
+                    raise CorruptRecord(path, 0, reason)
+                fault = segment.recover()
+                if fault is None:
+                    continue
+                if not active:
+                    raise CorruptRecord(path, fault.position, f"{fault.kind} in a sealed segment: {fault.reason}")
+                truncated_bytes = segment.truncate_torn_tail()
+                log.warning(
+                    "WAL %s: dropped %d bytes of torn or corrupt tail at byte %d (%s: %s); next offset %d",
+                    path,
+                    truncated_bytes,
+                    fault.position,
+                    fault.kind,
+                    fault.reason,
+                    segment.next_offset,
+                )
+            if not segments:
+                segments.append(self._create_segment(start_offset or 0))
+            elif start_offset is not None and segments[-1].next_offset < start_offset:
+                raise FailedPrecondition(
+                    f"WAL {self.directory} ends at offset {segments[-1].next_offset}, below the start offset {start_offset}"
+                )
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        self._segments = tuple(segments)
+        self._next_offset = segments[-1].next_offset
+        self._recovery = RecoveryReport(
+            segments=len(segments),
+            records=self._next_offset - segments[0].base_offset,
+            log_start_offset=segments[0].base_offset,
+            next_offset=self._next_offset,
+            truncated_bytes=truncated_bytes,
+        )
+
+    def close(self) -> None:
+        """Sync what was appended, then close every segment. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.sync()
+        finally:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+
+    def __enter__(self) -> WalLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended record gets."""
+        return self._next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset still held (earlier segments were deleted)."""
+        return self._segments[0].base_offset
+
+    def recovery(self) -> RecoveryReport:
+        assert self._recovery is not None
+        return self._recovery
+
+    def segments(self) -> list[SegmentInfo]:
+        return [segment.info() for segment in self._segments]
+
+    def statistics(self) -> WalStatistics:
+        segments = self._segments
+        return WalStatistics(
+            segments=len(segments),
+            bytes=sum(segment.size_bytes for segment in segments),
+            next_offset=self._next_offset,
+            log_start_offset=segments[0].base_offset,
+            appends=self._appends,
+            syncs=self._syncs,
+        )
+
+    # -- writer side ----------------------------------------------------------------
+
+    def should_roll(self, incoming_bytes: int = 0) -> bool:
+        """Roll before this append? When the active segment is not empty and the append
+        would take it above `segment_bytes_max`, or it is `segment_age_ms_max` old."""
+        active = self._segments[-1]
+        if active.size_bytes == 0:
+            return False  # a lone batch larger than segment_bytes_max gets its own segment
+        if active.size_bytes + incoming_bytes > self.segment_bytes_max:
+            return True
+        age_ms_max = self.segment_age_ms_max
+        return age_ms_max is not None and self._clock.monotonic_ms() - active.created_ms >= age_ms_max
+
+    def append(self, encoded: bytes | bytearray | memoryview, count: int) -> int:
+        """Append `count` records encoded by `encode_batch(log.next_offset, ...)`; return
+        their base offset. Written, not synced: call `sync` before acknowledging."""
+        assert not self._closed, "append to a closed WAL"
+        base_offset = self._next_offset
+        # Pairs with encode_batch: a cheap look at the first header only.
+        assert count > 0 and len(encoded) >= count * HEADER_BYTES, (count, len(encoded))
+        assert HEADER.unpack_from(encoded, 0)[0] == base_offset, "records must start at next_offset"
+        if self.should_roll(len(encoded)):
+            self.roll()
+        self._segments[-1].append(encoded, count)
+        self._next_offset = base_offset + count
+        self._appends += 1
+        return base_offset
+
+    def sync(self) -> None:
+        """fsync the active segment, and the directory if a file was created or deleted."""
+        assert not self._closed, "sync of a closed WAL"
+        if self._segments[-1].sync():
+            self._syncs += 1
+        if self._directory_unsynced:
+            _fsync_directory(self.directory)
+            self._directory_unsynced = False
+
+    def roll(self) -> None:
+        """Seal the active segment (fsync, close for writing) and start a new one at next_offset."""
+        active = self._segments[-1]
+        assert active.size_bytes > 0, "rolling an empty segment would reuse its file name"
+        # fsync first, then create: a failure of either leaves the log as it was.
+        if active.sync():
+            self._syncs += 1
+        segment = self._create_segment(self._next_offset)
+        active.seal()
+        self._segments = (*self._segments, segment)
+
+    def seal_active(self) -> SegmentInfo | None:
+        """Make the active segment sealed and immutable (before upload or a move); None
+        when it holds no records, as there is nothing to seal."""
+        active = self._segments[-1]
+        if active.size_bytes == 0:
+            return None
+        self.roll()
+        return active.info()
+
+    def delete_segments_before(self, offset: int) -> int:
+        """Delete the sealed segments whose records all lie below `offset`; never the
+        active one. Returns how many were deleted."""
+        segments = self._segments
+        keep_from = 0
+        while keep_from < len(segments) - 1 and segments[keep_from].next_offset <= offset:
+            keep_from += 1
+        if keep_from == 0:
+            return 0
+        self._segments = segments[keep_from:]  # readers starting now no longer see them
+        for segment in segments[:keep_from]:
+            segment.delete()
+        self._directory_unsynced = True
+        return keep_from
+
+    def _create_segment(self, base_offset: int) -> Segment:
+        segment = Segment.create(
+            self.directory,
+            base_offset,
+            clock=self._clock,
+            index_interval_bytes=self._index_interval_bytes,
+            body_bytes_max=self._body_bytes_max,
+        )
+        self._directory_unsynced = True  # the new name must survive a crash too
+        return segment
+
+    # -- reader side ----------------------------------------------------------------
+
+    def read(self, start_offset: int, *, max_bytes: int, upto_offset: int) -> RecordBatch:
+        """Records from `start_offset` up to `upto_offset` (exclusive: pass the committed,
+        synced frontier) within `max_bytes` of record bytes (16-byte headers included),
+        across segment files; at least one record when any is available.
+
+        Raises `OffsetOutOfRange` below `log_start_offset`, `CorruptRecord` on damage.
+        """
+        assert not self._closed, "read of a closed WAL"
+        segments = self._segments  # one snapshot: the writer replaces the tuple
+        log_start_offset = segments[0].base_offset
+        if start_offset < log_start_offset:
+            raise OffsetOutOfRange(start_offset, log_start_offset)
+        upto_offset = min(upto_offset, segments[-1].next_offset)
+        if start_offset >= upto_offset:
+            return RecordBatch.empty()
+        number = bisect_right(segments, start_offset, key=_base_offset) - 1
+        batches: list[RecordBatch] = []
+        bytes_left = max_bytes
+        offset = start_offset
+        try:
+            for segment in segments[number:]:
+                if offset >= upto_offset:
+                    break
+                records, size_bytes = segment.read(
+                    offset, max_bytes=bytes_left, upto_offset=upto_offset, min_one_record=not batches
+                )
+                if records:
+                    batches.append(records)
+                    offset = records.offsets[-1] + 1
+                    bytes_left -= size_bytes
+                if offset < min(segment.next_offset, upto_offset) or bytes_left <= 0:
+                    break  # max_bytes stopped us inside this segment
+        except SegmentDeleted:
+            raise OffsetOutOfRange(offset, self._segments[0].base_offset) from None
+        if not batches:
+            return RecordBatch.empty()
+        return RecordBatch.concat(batches)
+
+
+def _base_offset(segment: Segment) -> int:
+    return segment.base_offset
+
+
+def _fsync_directory(directory: Path) -> None:
+    """fsync a directory so that file creations and deletions in it survive a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

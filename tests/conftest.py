@@ -1,0 +1,3 @@
+"""Fixtures shared by every test folder: the object-store emulators (tests/emulators.py)."""
+
+pytest_plugins = ["tests.emulators"]
