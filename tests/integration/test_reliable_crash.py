@@ -9,6 +9,7 @@ lost in the crash, then sent again by the client)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import signal
@@ -60,8 +61,8 @@ async def crash_run(broker_factory, seed: int, kills: int) -> dict[str, int]:
                     await asyncio.sleep(0.001)
                 broker.stop(signal.SIGKILL)
                 killed_at.append(len(acked))
-                url, admin_url = broker.url, broker.admin_url
-                broker = await loop.run_in_executor(None, lambda: broker_factory(url=url, admin_url=admin_url))
+                restart = functools.partial(broker_factory, url=broker.url, admin_url=broker.admin_url)
+                broker = await loop.run_in_executor(None, restart)
 
         await asyncio.gather(stream(), kill_and_restart())
         for _ in range(200):  # every send settles: acknowledged or failed
