@@ -16,6 +16,7 @@ of reliable subscriptions survive a restart, and reliable topics reopen their WA
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import shutil
@@ -35,9 +36,11 @@ from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.topic import TopicActor
 from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
-from danube_zmq.storage.catalog import LevelDbCatalog, topic_key
+from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
+from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import (
@@ -56,14 +59,21 @@ from danube_zmq.transport.internal_protocol import (
     DeadLetter,
     DeleteSubscription,
     DescribePartition,
+    DurableSegment,
+    ForgetSegments,
     ForgetSubscription,
     PartitionStats,
     PersistCursor,
+    SegmentDurable,
+    SegmentSealed,
     SubscriptionState,
     Tick,
 )
 
 log = logging.getLogger("danube_zmq.broker")
+
+# How long a clean stop waits for the uploads of just-sealed segments.
+_UPLOADS_AT_STOP_S = 30.0
 
 
 @dataclass(slots=True)
@@ -85,6 +95,9 @@ class BrokerActor(Actor):
         self.data_dir = Path(config.broker.data_dir)
         self.catalog: LevelDbCatalog | None = None
         self.cursor_writes: dict[str, bytes] = {}
+        self.durable_store: DurableStore | None = None
+        self.segment_catalog: SegmentCatalog | None = None
+        self.uploader: Uploader | None = None
         self.broker_id = broker_id
         self.broker_url = broker_url
         self.admin_url = admin_url
@@ -109,12 +122,17 @@ class BrokerActor(Actor):
             ap.ListSubscriptions: self._list_subscriptions,
             ap.Unsubscribe: self._unsubscribe,
             ap.ListBrokers: self._list_brokers,
+            ap.SeekSubscription: self._seek_subscription,
+            ap.SetFailurePolicy: self._set_failure_policy,
+            ap.GetFailurePolicy: self._get_failure_policy,
         }
 
     # ------------------------------------------------------------- lifecycle
     async def on_start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = LevelDbCatalog(self.data_dir / "catalog")
+        if self.config.storage.mode != "local":
+            self.segment_catalog = SegmentCatalog(self.catalog)
         for namespace in self.namespaces:
             self.catalog.put(_namespace_key(namespace), b"", sync=False)
         for key, _ in self.catalog.scan(_NAMESPACES):
@@ -125,9 +143,53 @@ class BrokerActor(Actor):
             record = msgpack.unpackb(value)
             name = parse_topic(key[len("/topics"):])
             await self._open_topic(name, record["partitions"], record["dispatch_strategy"])
+        await self._start_uploader()
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
 
+    async def _start_uploader(self) -> None:
+        """Durable modes: sealed segments of reliable topics are copied to the durable store."""
+        storage = self.config.storage
+        if storage.mode == "local":
+            return
+        assert self.catalog is not None and storage.durable_url
+        self.durable_store = DurableStore(storage.durable_url)
+        self.segment_catalog = SegmentCatalog(self.catalog)
+        self.uploader = Uploader(self.durable_store, self.segment_catalog, UploaderConfig(uploads_max=storage.uploads_max),
+                                 clock=self.system.clock, on_uploaded=self._on_uploaded)
+        await self.uploader.start()
+
+    def _on_uploaded(self, desc: SegmentDescriptor) -> None:
+        entry = self.topics.get(desc.topic)
+        if entry is not None and entry.endpoint is not None:
+            self.system.post(entry.endpoint, SegmentDurable(segment=_durable_segment(desc)))
+
+    def handle_SegmentSealed(self, msg: SegmentSealed) -> None:
+        if self.uploader is None or self.segment_catalog is None:
+            return
+        known = self.segment_catalog.get(msg.topic, msg.base_offset)
+        if known is not None:
+            self._on_uploaded(known)
+            return
+        try:
+            self.uploader.submit(SealedSegment(topic=msg.topic, base_offset=msg.base_offset, end_offset=msg.end_offset,
+                                               record_count=msg.record_count, local_path=Path(msg.path)))
+        except DanubeError as exc:
+            log.warning("segment %s@%d not queued for upload (%s); the topic reports it again", msg.topic,
+                        msg.base_offset, exc)
+
+    def handle_ForgetSegments(self, msg: ForgetSegments) -> None:
+        if self.segment_catalog is not None:
+            for base_offset in msg.base_offsets:
+                self.segment_catalog.remove(msg.topic, base_offset)
+
     async def on_stop(self) -> None:
+        if self.uploader is not None:
+            try:  # the segments topics sealed while stopping (told before this runs)
+                await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
+            except (TimeoutError, DanubeError) as exc:
+                log.warning("uploads still pending at shutdown (%s); they resume at the next start", exc)
+            await self.uploader.stop()
+            self.uploader = None
         if self.catalog is not None:
             self._flush_cursors()
             self.catalog.close()
@@ -139,7 +201,8 @@ class BrokerActor(Actor):
     def handle_PersistCursor(self, msg: PersistCursor) -> None:
         # Coalesced: the last state of each subscription is written with the next flush.
         self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = msgpack.packb(
-            {"sub_type": msg.sub_type, "cursor": msg.cursor, "acked_above": msg.acked_above})
+            {"sub_type": msg.sub_type, "cursor": msg.cursor, "acked_above": msg.acked_above,
+             "policy": None if msg.policy is None else msg.policy.to_record()})
 
     def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
         key = _subscription_key(msg.topic, msg.subscription)
@@ -271,15 +334,26 @@ class BrokerActor(Actor):
         seed = rng.getrandbits(64)
         if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             wal_dir = self._wal_dir(name)
+            cache_dir = self.data_dir / "durable-cache" / name.namespace / name.topic
             subscriptions = self._persisted_subscriptions(name)
+            durable = [_durable_segment(d) for d in self.segment_catalog.list(name.full)] if self.segment_catalog else []
             factory: Callable[[], Actor] = lambda: ReliableTopicActor(  # noqa: E731
                 name=name.full, config=config, rng=random.Random(seed), wal_dir=wal_dir, executor=executor,
-                subscriptions=subscriptions, broker_endpoint=broker)
+                subscriptions=subscriptions, broker_endpoint=broker, durable=durable, cache_dir=cache_dir)
         else:
             factory = lambda: TopicActor(  # noqa: E731
                 name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed))
         endpoint = await self.system.spawn(factory, name=f"topic {name.full}", parent=self.endpoint)
         return TopicEntry(name=name, dispatch_strategy=dispatch_strategy, endpoint=endpoint)
+
+    async def _delete_durable(self, topic: str) -> None:
+        """A deleted topic's durable segments go too: objects first, then descriptors."""
+        if self.segment_catalog is None:
+            return
+        for desc in self.segment_catalog.list(topic):
+            if self.durable_store is not None:
+                await asyncio.to_thread(self.durable_store.delete, desc.object_key)
+            self.segment_catalog.remove(topic, desc.base_offset)
 
     def _persisted_subscriptions(self, name: TopicName) -> list[SubscriptionState]:
         assert self.catalog is not None
@@ -288,7 +362,8 @@ class BrokerActor(Actor):
         for key, value in self.catalog.scan(prefix):
             record = msgpack.unpackb(value)
             states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record["sub_type"],
-                                            cursor=record["cursor"], acked_above=list(record["acked_above"])))
+                                            cursor=record["cursor"], acked_above=list(record["acked_above"]),
+                                            policy=ip.FailurePolicyState.from_record(record.get("policy"))))
         return states
 
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
@@ -364,6 +439,10 @@ class BrokerActor(Actor):
             stale = [k for k, _ in self.catalog.scan(f"{key}/")] + [key]
             self.catalog.write({}, stale, sync=True)
             shutil.rmtree(self._wal_dir(parse_topic(partition)), ignore_errors=True)
+            partition_name = parse_topic(partition)
+            shutil.rmtree(self.data_dir / "durable-cache" / partition_name.namespace / partition_name.topic,
+                          ignore_errors=True)
+            await self._delete_durable(partition)
         self.topics.pop(entry.name.full, None)
         self.catalog.delete(topic_key(entry.name.full), sync=True)
         METRICS.topics.set(sum(1 for e in self.topics.values() if e.endpoint is not None))
@@ -408,6 +487,56 @@ class BrokerActor(Actor):
                              metrics_url=self.metrics_url, role="standalone", status="active")
         return ap.BrokerList(request_id=msg.request_id, brokers=[info])
 
+    # ------------------------------------------------------------- admin: reliable subscriptions
+    async def _seek_subscription(self, msg: ap.SeekSubscription) -> Message:
+        entry = self._reliable_entry(msg.topic)
+        if entry.partitions and msg.offset is not None:
+            raise InvalidArgument(f"topic {entry.name.full} has {entry.partitions} partitions and offsets are per"
+                                  f" partition: seek by publish time, or name one partition topic"
+                                  f" ({entry.name.partition_name(0)} ...)")
+        for partition in _partition_names(entry):
+            endpoint = self.topics[partition].endpoint
+            assert endpoint is not None
+            await self.system.ask(endpoint, ip.SeekCursor(
+                subscription=msg.subscription, offset=msg.offset, publish_time=msg.publish_time))
+        return Ok(request_id=msg.request_id)
+
+    async def _set_failure_policy(self, msg: ap.SetFailurePolicy) -> Message:
+        entry = self._reliable_entry(msg.topic)
+        policy = ip.FailurePolicyState(
+            max_redelivery_count=msg.max_redelivery_count, ack_timeout_ms=msg.ack_timeout_ms,
+            base_redelivery_delay_ms=msg.base_redelivery_delay_ms, max_redelivery_delay_ms=msg.max_redelivery_delay_ms,
+            backoff=msg.backoff, poison_policy=msg.poison_policy, dead_letter_topic=msg.dead_letter_topic)
+        for partition in _partition_names(entry):
+            endpoint = self.topics[partition].endpoint
+            assert endpoint is not None
+            record = await self.system.ask(endpoint, ip.SetSubscriptionPolicy(subscription=msg.subscription,
+                                                                              policy=policy))
+            assert isinstance(record, PersistCursor)
+            self.handle_PersistCursor(record)
+        self._flush_cursors()  # stored before the answer: the policy survives a crash right after
+        return Ok(request_id=msg.request_id)
+
+    async def _get_failure_policy(self, msg: ap.GetFailurePolicy) -> Message:
+        entry = self._reliable_entry(msg.topic)
+        endpoint = self.topics[_partition_names(entry)[0]].endpoint
+        assert endpoint is not None
+        answer = await self.system.ask(endpoint, ip.GetSubscriptionPolicy(subscription=msg.subscription))
+        assert isinstance(answer, ip.SubscriptionPolicy)
+        policy = answer.policy
+        return ap.FailurePolicyInfo(
+            request_id=msg.request_id, max_redelivery_count=policy.max_redelivery_count,
+            ack_timeout_ms=policy.ack_timeout_ms, base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
+            max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
+            poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic, explicit=answer.explicit)
+
+    def _reliable_entry(self, topic: str) -> TopicEntry:
+        entry = self._existing(parse_topic(topic))
+        if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+            raise FailedPrecondition(f"topic {entry.name.full} is not reliable: seek and failure policies apply to"
+                                     " subscriptions of reliable topics only")
+        return entry
+
     def _is_partition_of_partitioned(self, entry: TopicEntry) -> bool:
         base = entry.name.base
         return entry.name.partition_index is not None and base.full in self.topics \
@@ -424,6 +553,11 @@ def _namespace_key(namespace: str) -> str:
 def _subscription_key(topic: str, subscription: str) -> str:
     # Not storage.catalog.cursor_key: the record holds the subscription's type too.
     return f"{topic_key(topic)}/subscriptions/{subscription}"
+
+
+def _durable_segment(desc: SegmentDescriptor) -> DurableSegment:
+    return DurableSegment(base_offset=desc.base_offset, end_offset=desc.end_offset, object_key=desc.object_key,
+                          size_bytes=desc.size_bytes, crc32c=desc.crc32c, created_ms=desc.created_ms)
 
 
 def _partition_names(entry: TopicEntry) -> list[str]:

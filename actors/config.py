@@ -289,6 +289,23 @@ class StorageSection:
     # How often subscription cursors are written to the catalog (a crash redelivers
     # at most the acknowledgements of this window), ms. Default 100.
     cursor_flush_interval_ms: int = 100
+    # Topic retention: sealed segments older than this (ms since their last record was
+    # written) are deleted once every subscription's cursor has passed them; null keeps
+    # them. Default null.
+    retention_time_ms: int | None = None
+    # ... and the oldest sealed segments go while a topic holds more than this many
+    # bytes (same cursor rule); null: no size limit. Default null.
+    retention_bytes_max: int | None = None
+    # shared_fs and object_store: a local WAL file is deleted once a durable segment
+    # covers it and it is older than this (ms) or the topic's local WAL exceeds
+    # local_retention_bytes_max. Default 3600000 (1 hour).
+    local_retention_ms: int = 3_600_000
+    # Default 1 GiB.
+    local_retention_bytes_max: int = 1024 * MIB
+    # How often retention runs, ms. Default 60000.
+    retention_check_interval_ms: int = 60_000
+    # Sealed segments uploaded at once by a broker (shared_fs, object_store). Default 4.
+    uploads_max: int = 4
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -304,6 +321,14 @@ class StorageSection:
             _check_range("storage.wal_segment_age_ms_max", self.wal_segment_age_ms_max, 1000, _INT_MAX)
         _check_range("storage.cache_bytes_max", self.cache_bytes_max, 0, _INT_MAX)
         _check_range("storage.cursor_flush_interval_ms", self.cursor_flush_interval_ms, 1, 60_000)
+        if self.retention_time_ms is not None:
+            _check_range("storage.retention_time_ms", self.retention_time_ms, 0, _INT_MAX)
+        if self.retention_bytes_max is not None:
+            _check_range("storage.retention_bytes_max", self.retention_bytes_max, 0, _INT_MAX)
+        _check_range("storage.local_retention_ms", self.local_retention_ms, 0, _INT_MAX)
+        _check_range("storage.local_retention_bytes_max", self.local_retention_bytes_max, 0, _INT_MAX)
+        _check_range("storage.retention_check_interval_ms", self.retention_check_interval_ms, 10, 86_400_000)
+        _check_range("storage.uploads_max", self.uploads_max, 1, 64)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

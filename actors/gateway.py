@@ -95,6 +95,7 @@ class Gateway(Actor):
             cp.Nack: self._to_consumer,
             cp.Unsubscribe: self._to_consumer,
             cp.CloseConsumer: self._to_consumer,
+            cp.Seek: self._to_consumer,
         }
 
     # ------------------------------------------------------------- lifecycle

@@ -23,6 +23,8 @@ class _Metrics:
     messages_out: Counter
     messages_dropped: Counter
     actor_failures: Counter
+    wal_flushes: Counter
+    wal_records: Counter
 
 
 METRICS = _Metrics(
@@ -39,4 +41,7 @@ METRICS = _Metrics(
                              "Non-reliable messages dropped because the subscription's pending bound was reached",
                              ["topic", "subscription"]),
     actor_failures=Counter("danube_actor_failures_total", "Actor handlers that raised (each restarts the actor)"),
+    wal_flushes=Counter("danube_wal_flushes_total",
+                        "WAL group commits (one write and, with wal_sync always, one fsync each)"),
+    wal_records=Counter("danube_wal_records_total", "Records committed to WALs"),
 )

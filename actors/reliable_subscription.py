@@ -15,6 +15,13 @@
 5. The cursor is sent to the broker (which persists it in the catalog) at most every
    `storage.cursor_flush_interval_ms` and when the actor stops; a restart resumes at
    cursor + 1, redelivering at most that window.
+6. Seek (a consumer's `Seek`, or the admin's `SeekSubscription` through the topic):
+   the topic turns a publish time into an offset and checks it against the log, then
+   `SeekTo` restarts the tracker there and empties the read-ahead; consumers stay
+   attached and each gets `SeekReset` (drop what you hold) before the new deliveries.
+7. Failure policy: the broker's `reliable:` defaults until an admin sets one
+   (`SetSubscriptionPolicy`); from then on it applies (`tracker.set_policy`) and is
+   persisted with the cursor, so a restart keeps it.
 
 The tracker (`dispatch/tracker.py`) is the pure core; this actor does the I/O.
 """
@@ -26,21 +33,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.dispatch.tracker import DeliveryTracker, FailurePolicy
-from danube_zmq.actors.gateway import OUTBOX
+from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
+from danube_zmq.actors.gateway import OUTBOX, reply_client
 from danube_zmq.actors.subscription import SubscriptionActor, _Consumer
+from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import FailedPrecondition
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InvalidArgument, ResourceExhausted
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     DeadLetter,
+    Done,
+    FailurePolicyState,
+    GetSubscriptionPolicy,
     PersistCursor,
     Publish,
     ReadRequest,
     ReadResult,
+    ResolveSeek,
+    SeekTo,
+    SetSubscriptionPolicy,
+    SubscriptionCursor,
+    SubscriptionPolicy,
     SubscriptionStats,
     Tick,
 )
@@ -64,7 +80,8 @@ class _Record:
 
 class ReliableSubscriptionActor(SubscriptionActor):
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
-                 broker_endpoint: str, cursor: int, acked_above: Sequence[int], committed_offset: int) -> None:
+                 broker_endpoint: str, cursor: int, acked_above: Sequence[int], committed_offset: int,
+                 policy: FailurePolicyState | None = None) -> None:
         super().__init__(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=topic_endpoint)
         reliable = config.reliable
         self.window = reliable.max_unacked_messages
@@ -73,6 +90,17 @@ class ReliableSubscriptionActor(SubscriptionActor):
             base_redelivery_delay_ms=reliable.base_redelivery_delay_ms,
             max_redelivery_delay_ms=reliable.max_redelivery_delay_ms, backoff=reliable.backoff,
             poison_policy=reliable.poison_policy, dead_letter_topic=reliable.dead_letter_topic)
+        # True once an admin set this subscription's policy: it is persisted and no longer
+        # follows the broker's `reliable:` defaults.
+        self.policy_explicit = False
+        if policy is not None:
+            try:
+                self.policy = failure_policy_from_state(policy)
+                self.policy_explicit = True
+            except InvalidArgument as exc:
+                log.error("%s:%s: the persisted failure policy is invalid (%s); the broker's defaults apply",
+                          topic, name, exc.message)
+        self.seeks = 0
         self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
         self.broker_endpoint = broker_endpoint
         self.records: dict[int, _Record] = {}
@@ -89,6 +117,8 @@ class ReliableSubscriptionActor(SubscriptionActor):
     async def on_start(self) -> None:
         interval_ms = min(self.config.storage.cursor_flush_interval_ms, 100)
         self.system.schedule_periodic(self.endpoint, interval_ms, Tick())
+        self.system.tell(self.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
+                                                                 cursor=self.tracker.cursor))
         self._fill()
 
     async def on_stop(self) -> None:
@@ -315,10 +345,75 @@ class ReliableSubscriptionActor(SubscriptionActor):
         current = (state.cursor, tuple(state.acked_above))
         if current == self.persisted and not force:
             return
-        if self.system.tell(self.broker_endpoint, PersistCursor(
-                topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
-                acked_above=list(state.acked_above))):
+        # The topic needs every subscription's cursor for retention.
+        self.system.tell(self.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))
+        if self.system.tell(self.broker_endpoint, self._cursor_record(state)):
             self.persisted = current
+
+    def _cursor_record(self, state: CursorState | None = None) -> PersistCursor:
+        """What the broker stores for this subscription: cursor, acks above it, and the
+        failure policy when an admin set one."""
+        state = state or self.tracker.snapshot()
+        return PersistCursor(
+            topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
+            acked_above=list(state.acked_above),
+            policy=failure_policy_state(self.policy) if self.policy_explicit else None)
+
+    # ------------------------------------------------------------- seek
+    def _seek(self, consumer: _Consumer, msg: cp.Seek) -> Message | None:
+        # The topic holds the log: it turns a publish time into an offset and checks the
+        # range, then tells `SeekTo`, which answers the client.
+        if not self.system.tell(self.topic_endpoint, ResolveSeek(
+                subscription=self.subscription, identity=consumer.identity, request_id=msg.request_id,
+                offset=msg.offset, publish_time=msg.publish_time)):
+            raise ResourceExhausted(f"topic {self.topic} is busy (full mailbox); retry the seek")
+        return None
+
+    def handle_SeekTo(self, msg: SeekTo) -> Message:
+        """Restart delivery at `msg.offset` (checked by the topic against its log).
+
+        Everything below counts as consumed, everything from it on is delivered again;
+        deliveries in flight, redeliveries, poisonings and a block are forgotten (acks
+        for them are then ignored, or count for a redelivery of the same offset). The
+        consumers stay attached: each first gets `SeekReset` so that it drops what it
+        had received and not yet processed, then `Ok` goes to the client that asked,
+        then deliveries from the new position, in that order on every connection.
+        """
+        offset = msg.offset
+        log.info("%s:%s: seek to offset %d (cursor was %d)", self.topic, self.subscription, offset,
+                 self.tracker.cursor)
+        self.tracker.seek(offset)
+        self.records.clear()
+        # A read in flight answers for another start offset and is dropped (`handle_ReadResult`),
+        # unless it starts exactly here, when its records are the right ones.
+        self.buffer_end = offset
+        self.head = max(self.head, offset)
+        self.seeks += 1
+        for consumer in self.consumers.values():
+            reset = cp.SeekReset(consumer_id=consumer.consumer_id, offset=offset)
+            self.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(reset)])
+        if msg.identity is not None:
+            reply_client(self.system, msg.identity, Ok(request_id=msg.request_id))
+        self._persist(force=True)
+        self._fill()
+        self._dispatch()
+        return Done()
+
+    # ------------------------------------------------------------- failure policy
+    def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
+        """Apply an admin's failure policy from now on; answers the record to persist."""
+        policy = failure_policy_from_state(msg.policy)
+        now = self.system.clock.monotonic_ms()
+        self.tracker.set_policy(policy, now)
+        self.policy = policy
+        self.policy_explicit = True
+        log.info("%s:%s: failure policy set to %s", self.topic, self.subscription, policy)
+        self._handle_poison(now)  # a lower max_redelivery_count may poison waiting messages now
+        self._dispatch()
+        return self._cursor_record()
+
+    def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
+        return SubscriptionPolicy(policy=failure_policy_state(self.policy), explicit=self.policy_explicit)
 
     # ------------------------------------------------------------- admin
     def handle_DescribeSubscription(self, msg: object) -> Message:
@@ -335,3 +430,43 @@ class ReliableSubscriptionActor(SubscriptionActor):
             pending_messages=self.tracker.backlog(self.head), delivered_messages=self.delivered_messages,
             dropped_messages=self.dropped_messages, cursor=t.cursor, backlog_messages=self.tracker.backlog(self.head),
             unacked_messages=t.in_flight, redeliveries=t.redeliveries_total, blocked_offset=t.blocked_offset)
+
+
+# An admin-set policy stays within the ranges the broker config allows for the
+# `reliable:` defaults (STYLE 8): name -> (minimum, maximum).
+_POLICY_RANGES = {
+    "max_redelivery_count": (0, 1000),
+    "ack_timeout_ms": (10, 86_400_000),
+    "base_redelivery_delay_ms": (0, 86_400_000),
+    "max_redelivery_delay_ms": (0, 86_400_000),
+}
+
+
+def failure_policy_from_state(state: FailurePolicyState) -> FailurePolicy:
+    """Check a failure policy from an admin (or the catalog); INVALID_ARGUMENT names the field.
+
+    `FailurePolicy`'s own rules, the ranges of the config's `reliable:` section, and a
+    valid topic name for `dead_letter_topic` ("" counts as none).
+    """
+    policy = FailurePolicy(
+        max_redelivery_count=state.max_redelivery_count, ack_timeout_ms=state.ack_timeout_ms,
+        base_redelivery_delay_ms=state.base_redelivery_delay_ms, max_redelivery_delay_ms=state.max_redelivery_delay_ms,
+        backoff=state.backoff, poison_policy=state.poison_policy, dead_letter_topic=state.dead_letter_topic or None)
+    for name, (minimum, maximum) in _POLICY_RANGES.items():
+        value = getattr(policy, name)
+        if not minimum <= value <= maximum:
+            raise InvalidArgument(f"{name} must be {minimum}..{maximum}, not {value}")
+    if policy.dead_letter_topic is not None:
+        try:
+            parse_topic(policy.dead_letter_topic)
+        except DanubeError as exc:
+            raise InvalidArgument(f"dead_letter_topic: {exc.message}") from None
+    return policy
+
+
+def failure_policy_state(policy: FailurePolicy) -> FailurePolicyState:
+    return FailurePolicyState(
+        max_redelivery_count=policy.max_redelivery_count, ack_timeout_ms=policy.ack_timeout_ms,
+        base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
+        max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
+        poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic)

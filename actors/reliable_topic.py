@@ -14,7 +14,13 @@
    truncates a torn tail) and carries on from its end; nothing unwritten is
    acknowledged and reads keep working.
 5. ReadRequest (a lagging subscription) -> committed records from the cache, else from
-   the WAL files -> `ReadResult`.
+   the WAL files, else (older offsets, shared_fs and object_store modes) from a durable
+   segment downloaded to `durable-cache/` -> `ReadResult`.
+6. Durable modes: each sealed WAL segment is reported to the broker (`SegmentSealed`),
+   whose uploader copies it to the durable store; `SegmentDurable` comes back, and local
+   WAL files covered by durable segments are deleted after `local_retention_*`.
+7. Retention (`retention_time_ms`, `retention_bytes_max`): whole sealed segments,
+   oldest first, once every subscription's cursor has passed them.
 
 The log object belongs to this actor; the worker thread writes the active segment
 while this actor reads only committed offsets.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import mmap
 import random
 from collections import deque
 from concurrent.futures import Executor
@@ -33,9 +40,12 @@ from pathlib import Path
 
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_subscription import ReliableSubscriptionActor
 from danube_zmq.actors.topic import TopicActor, _Subscription
-from danube_zmq.storage.wal import WalLog, encode_batch
+from danube_zmq.storage.durable import DurableStore
+from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
+from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
@@ -44,17 +54,27 @@ from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     AppendInternal,
     ClientRequest,
+    DurableSegment,
+    FailurePolicyState,
     FlushDone,
+    ForgetSegments,
     ForgetSubscription,
     Publish,
     ReadRequest,
     ReadResult,
+    SegmentDurable,
+    SegmentFetched,
+    SegmentSealed,
+    SubscriptionCursor,
     SubscriptionState,
+    Tick,
 )
 
 log = logging.getLogger("danube_zmq.topic")
 
 _READ_FRAMES_MAX = 64
+# Durable segments kept downloaded (and mapped) per topic for readers of old history.
+_FETCHED_SEGMENTS_MAX = 4
 _BROKER_PRODUCER_ID = 0
 
 
@@ -70,9 +90,18 @@ class _Batch:
 
 class ReliableTopicActor(TopicActor):
     def __init__(self, *, name: str, config: BrokerConfig, rng: random.Random, wal_dir: Path,
-                 executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str) -> None:
+                 executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
+                 durable: list[DurableSegment] | None = None, cache_dir: Path | None = None) -> None:
         super().__init__(name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config, rng=rng)
         self.wal_dir = wal_dir
+        self.durable_mode = config.storage.mode != "local"
+        self.durable: list[DurableSegment] = sorted(durable or [], key=lambda s: s.base_offset)
+        self.store = DurableStore(config.storage.durable_url) if self.durable_mode else None  # type: ignore[arg-type]
+        self.cache_dir = cache_dir or wal_dir.parent / "durable-cache"
+        self.sealed_reported = -1  # highest base offset of a sealed segment told to the broker
+        self.cursors: dict[str, int] = {}
+        self.fetching: dict[int, list[ReadRequest]] = {}
+        self.fetched: dict[int, tuple[Path, mmap.mmap]] = {}
         self.executor = executor
         self.persisted_subscriptions = subscriptions
         self.broker_endpoint = broker_endpoint
@@ -89,17 +118,30 @@ class ReliableTopicActor(TopicActor):
 
     async def on_start(self) -> None:
         storage = self.config.storage
+        # A topic whose local WAL is gone (a new disk, a move) resumes after its durable history.
+        start_offset = self.durable[-1].end_offset + 1 if self.durable else None
         self.wal = await asyncio.to_thread(
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
-            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock)
+            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
         for state in self.persisted_subscriptions:
-            await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above)
+            await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
+                                       policy=state.policy)
         if not self._sync_always:
             self.system.schedule_periodic(self.endpoint, storage.wal_sync_interval_ms, FlushDone(flush_id=-1))
+        self.system.schedule_periodic(self.endpoint, storage.retention_check_interval_ms, Tick())
+        self._report_sealed(again=True)
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        for _, mapped in self.fetched.values():
+            mapped.close()
+        self.fetched.clear()
+        if self.wal is not None and self.durable_mode and not self.restarting and not self.flushing:
+            # A clean stop seals the active segment so that all of the topic reaches the
+            # durable store (the broker waits for its uploads before it stops).
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.seal_active)
+            self._report_sealed()
         if self.wal is not None:
             wal, self.wal = self.wal, None
             # Let a flush in flight finish before the file is closed under it.
@@ -176,10 +218,13 @@ class ReliableTopicActor(TopicActor):
             await self._flush_failed(batches, msg)
         else:
             self._committed(batches)
+            self._report_sealed()
         if self.queued and not self.flushing:
             self._start_flush()
 
     def _committed(self, batches: list[_Batch]) -> None:
+        METRICS.wal_flushes.inc()
+        METRICS.wal_records.inc(sum(len(b.publish.payloads) for b in batches))
         for batch in batches:
             publish = batch.publish
             count = len(publish.payloads)
@@ -241,15 +286,153 @@ class ReliableTopicActor(TopicActor):
         if subscription is None or self.wal is None:
             return
         start = msg.start_offset
-        log_start = self.wal.log_start_offset
         frames: list[bytes] = []
-        if start >= log_start and start < self.committed_offset:
+        if self.wal.log_start_offset <= start < self.committed_offset:
             frames = self._read_cache(start, msg.max_bytes)
             if not frames:
                 batch = self.wal.read(start, max_bytes=msg.max_bytes, upto_offset=self.committed_offset)
                 frames = _publish_frames(self.topic, batch)
+        elif start < self.wal.log_start_offset:
+            segment = next((s for s in self.durable if s.end_offset >= start), None)
+            if segment is not None and segment.base_offset < self.wal.log_start_offset:
+                if segment.base_offset not in self.fetched:
+                    return self._fetch(segment, msg)
+                batch = self._read_fetched(segment, max(start, segment.base_offset), msg.max_bytes)
+                frames = _publish_frames(self.topic, batch)
         self.system.tell(subscription.endpoint, ReadResult(
-            start_offset=start, frames=frames, log_start_offset=log_start, committed_offset=self.committed_offset))
+            start_offset=start, frames=frames, log_start_offset=self._log_start(),
+            committed_offset=self.committed_offset))
+
+    def _log_start(self) -> int:
+        """The first offset the topic still holds, locally or in the durable store."""
+        assert self.wal is not None
+        if self.durable and self.durable[0].base_offset < self.wal.log_start_offset:
+            return self.durable[0].base_offset
+        return self.wal.log_start_offset
+
+    # ------------------------------------------------------------- durable segments
+    def _report_sealed(self, *, again: bool = False) -> None:
+        """Tell the broker about sealed WAL segments not yet durable (durable modes)."""
+        if not self.durable_mode or self.wal is None:
+            return
+        durable = {s.base_offset for s in self.durable}
+        for info in self.wal.segments():
+            if not info.sealed or info.base_offset in durable or info.next_offset == info.base_offset:
+                continue
+            if info.base_offset > self.sealed_reported or again:
+                self.system.tell(self.broker_endpoint, SegmentSealed(
+                    topic=self.topic, base_offset=info.base_offset, end_offset=info.next_offset - 1,
+                    record_count=info.next_offset - info.base_offset, path=str(info.path)))
+                self.sealed_reported = max(self.sealed_reported, info.base_offset)
+
+    def handle_SegmentDurable(self, msg: SegmentDurable) -> None:
+        if all(s.base_offset != msg.segment.base_offset for s in self.durable):
+            self.durable.append(msg.segment)
+            self.durable.sort(key=lambda s: s.base_offset)
+
+    def _fetch(self, segment: DurableSegment, request: ReadRequest) -> None:
+        waiting = self.fetching.setdefault(segment.base_offset, [])
+        waiting.append(request)
+        if len(waiting) > 1:
+            return  # already downloading
+        store, dest = self.store, self.cache_dir / f"{segment.base_offset:020d}.seg"
+        assert store is not None
+        system, endpoint, base = self.system, self.endpoint, segment.base_offset
+
+        def download() -> None:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            store.fetch(segment.object_key, dest, size_bytes=segment.size_bytes, crc32c=segment.crc32c)
+
+        def done(future: asyncio.Future[None]) -> None:
+            error = future.exception()
+            system.post(endpoint, SegmentFetched(base_offset=base, path=None if error else str(dest),
+                                                 error=None if error is None else f"{type(error).__name__}: {error}"))
+
+        asyncio.get_running_loop().run_in_executor(self.executor, download).add_done_callback(done)
+
+    def handle_SegmentFetched(self, msg: SegmentFetched) -> None:
+        waiting = self.fetching.pop(msg.base_offset, [])
+        if msg.path is None:
+            log.error("%s: durable segment %d could not be fetched: %s", self.topic, msg.base_offset, msg.error)
+            for request in waiting:  # answer with nothing: the subscription asks again later
+                subscription = self.subscriptions.get(request.subscription)
+                if subscription is not None:
+                    self.system.tell(subscription.endpoint, ReadResult(
+                        start_offset=request.start_offset, frames=[], log_start_offset=self._log_start(),
+                        committed_offset=self.committed_offset))
+            return
+        while len(self.fetched) >= _FETCHED_SEGMENTS_MAX:
+            oldest = next(iter(self.fetched))
+            path, mapped = self.fetched.pop(oldest)
+            mapped.close()
+            path.unlink(missing_ok=True)
+        path = Path(msg.path)
+        with open(path, "rb") as file:
+            self.fetched[msg.base_offset] = (path, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+        for request in waiting:
+            self.handle_ReadRequest(request)
+
+    def _read_fetched(self, segment: DurableSegment, start: int, max_bytes: int) -> RecordBatch:
+        path, mapped = self.fetched[segment.base_offset]
+        position, offset = skip_to(mapped, offset=segment.base_offset, start_offset=start)
+        result = scan(memoryview(mapped)[position:], expected_offset=offset, upto_offset=segment.end_offset + 1,
+                      max_bytes=max_bytes)
+        if result.fault is not None and len(result.records) == 0:
+            raise CorruptRecord(path, position + result.fault.position, result.fault.reason)
+        return result.records
+
+    # ------------------------------------------------------------- retention
+    def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
+        if msg.subscription in self.subscriptions:
+            self.cursors[msg.subscription] = msg.cursor
+
+    async def handle_Tick(self, msg: Tick) -> None:
+        if self.wal is None:
+            return
+        self._report_sealed(again=True)
+        storage = self.config.storage
+        now_ms = self.system.clock.now_ms()
+        # Offsets below `floor` are acknowledged by every subscription.
+        floor = min((self.cursors.get(name, -1) + 1 for name in self.subscriptions), default=self.committed_offset)
+        if self.durable_mode:
+            await self._durable_retention(now_ms, floor)
+        elif storage.retention_time_ms is not None or storage.retention_bytes_max is not None:
+            segments = [(i.base_offset, i.next_offset, i.size_bytes, _mtime_ms(i.path))
+                        for i in self.wal.segments() if i.sealed]
+            upto = _expired(segments, floor, now_ms, storage.retention_time_ms, storage.retention_bytes_max,
+                            sum(i.size_bytes for i in self.wal.segments()))
+            if upto is not None:
+                await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.delete_segments_before, upto)
+
+    async def _durable_retention(self, now_ms: int, floor: int) -> None:
+        assert self.wal is not None and self.store is not None
+        storage, loop = self.config.storage, asyncio.get_running_loop()
+        if storage.retention_time_ms is not None or storage.retention_bytes_max is not None:
+            segments = [(s.base_offset, s.end_offset + 1, s.size_bytes, s.created_ms) for s in self.durable]
+            upto = _expired(segments, floor, now_ms, storage.retention_time_ms, storage.retention_bytes_max,
+                            sum(s.size_bytes for s in self.durable))
+            if upto is not None:
+                gone = [s for s in self.durable if s.end_offset < upto]
+                for segment in gone:
+                    await loop.run_in_executor(self.executor, self.store.delete, segment.object_key)
+                self.durable = [s for s in self.durable if s.end_offset >= upto]
+                self.system.tell(self.broker_endpoint, ForgetSegments(
+                    topic=self.topic, base_offsets=[s.base_offset for s in gone]))
+                await loop.run_in_executor(self.executor, self.wal.delete_segments_before, upto)
+        # Local WAL files go once durable segments cover them and local retention is exceeded.
+        durable_end = self.durable[-1].end_offset + 1 if self.durable else 0
+        local = [i for i in self.wal.segments() if i.sealed and i.next_offset <= durable_end]
+        local_bytes = sum(i.size_bytes for i in self.wal.segments())
+        upto = None
+        for info in local:
+            if now_ms - _mtime_ms(info.path) >= storage.local_retention_ms \
+                    or local_bytes > storage.local_retention_bytes_max:
+                upto = info.next_offset
+                local_bytes -= info.size_bytes
+            else:
+                break
+        if upto is not None:
+            await loop.run_in_executor(self.executor, self.wal.delete_segments_before, upto)
 
     def _read_cache(self, start: int, max_bytes: int) -> list[bytes]:
         if not self.cache or start < self.cache[0][0]:
@@ -269,55 +452,113 @@ class ReliableTopicActor(TopicActor):
     async def _start_new_subscription(self, msg: cp.Subscribe) -> list[bytes]:
         if msg.start_offset is not None:
             assert self.wal is not None
-            if not self.wal.log_start_offset <= msg.start_offset <= self.committed_offset:
+            if not self._log_start() <= msg.start_offset <= self.committed_offset:
                 raise InvalidArgument(f"start offset {msg.start_offset} is outside {self.topic}'s log"
-                                      f" [{self.wal.log_start_offset}, {self.committed_offset}]")
+                                      f" [{self._log_start()}, {self.committed_offset}]")
             start = msg.start_offset
         elif msg.initial_position == cp.InitialPosition.EARLIEST:
-            assert self.wal is not None
-            start = self.wal.log_start_offset
+            start = self._log_start()
         else:
             start = self.committed_offset
         await self._spawn_reliable(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[])
         return []
 
+    async def _resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
+        """Where a seek moves a subscription: `offset` if the topic holds it (the committed
+        end included: nothing to redeliver, wait for new messages), else INVALID_ARGUMENT
+        naming the range; or the first committed message with publish_time >=
+        `publish_time`, found by reading the local WAL from its start in 1 MiB steps
+        (linear; other actors run between steps), the committed end when there is none.
+        History older than the local WAL (durable segments) is not scanned: a time at or
+        before the first local message resolves to the log start, which may deliver more
+        than asked, never less."""
+        assert self.wal is not None
+        log_start = self._log_start()
+        if offset is not None:
+            if not log_start <= offset <= self.committed_offset:
+                raise InvalidArgument(f"offset {offset} is outside {self.topic}'s log: seek to"
+                                      f" {log_start}..{self.committed_offset}")
+            return offset
+        assert publish_time is not None
+        position = local_start = self.wal.log_start_offset
+        while position < self.committed_offset:
+            batch = self.wal.read(position, max_bytes=1 << 20, upto_offset=self.committed_offset)
+            if not batch.offsets:
+                break
+            for found, published in zip(batch.offsets, batch.publish_times, strict=True):
+                if published >= publish_time:
+                    return log_start if found == local_start else found
+            position = batch.offsets[-1] + 1
+            await asyncio.sleep(0)
+            assert self.wal is not None
+        return self.committed_offset
+
     async def _spawn_subscription(self, name: str, sub_type: int) -> _Subscription:
         raise AssertionError("reliable subscriptions start through _spawn_reliable")
 
-    async def _spawn_reliable(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int]) -> _Subscription:
+    async def _spawn_reliable(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int],
+                              policy: FailurePolicyState | None = None) -> _Subscription:
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
         endpoint = await self.system.spawn(
             lambda: ReliableSubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                               topic_endpoint=parent, broker_endpoint=broker, cursor=cursor,
-                                              acked_above=acked_above, committed_offset=self.committed_offset),
+                                              acked_above=acked_above, committed_offset=self.committed_offset,
+                                              policy=policy),
             name=f"subscription {topic}:{name}", parent=self.endpoint)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription
         return subscription
 
     def _forget_subscription(self, name: str) -> None:
+        self.cursors.pop(name, None)
         self.system.tell(self.broker_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
 
 
-def _publish_frames(topic: str, batch: object) -> list[bytes]:
+def _mtime_ms(path: Path) -> int:
+    try:
+        return int(path.stat().st_mtime * 1000)
+    except FileNotFoundError:
+        return 0
+
+
+def _expired(segments: list[tuple[int, int, int, int]], floor: int, now_ms: int, time_ms: int | None,
+             bytes_max: int | None, total_bytes: int) -> int | None:
+    """Retention's pure rule. `segments` are sealed (base, next, size, written_ms), oldest
+    first. Returns the offset below which whole segments may go (or None): only segments
+    every subscription has passed (next <= floor), while the oldest is older than
+    `time_ms` or the topic holds more than `bytes_max`."""
+    upto = None
+    for _base, next_offset, size, written_ms in segments:
+        if next_offset > floor:
+            break
+        too_old = time_ms is not None and now_ms - written_ms >= time_ms
+        too_big = bytes_max is not None and total_bytes > bytes_max
+        if not (too_old or too_big):
+            break
+        upto = next_offset
+        total_bytes -= size
+    return upto
+
+
+def _publish_frames(topic: str, batch: RecordBatch) -> list[bytes]:
     """Encoded `Publish` frames for stored records, one per run of one producer."""
     frames: list[bytes] = []
-    offsets = batch.offsets  # type: ignore[attr-defined]
+    offsets = batch.offsets
     n = len(offsets)
     start = 0
     while start < n:
-        producer_id = batch.producer_ids[start]  # type: ignore[attr-defined]
+        producer_id = batch.producer_ids[start]
         end = start + 1
-        while end < n and batch.producer_ids[end] == producer_id:  # type: ignore[attr-defined]
+        while end < n and batch.producer_ids[end] == producer_id:
             end += 1
-        keys = batch.keys[start:end]  # type: ignore[attr-defined]
-        attributes = batch.attributes[start:end]  # type: ignore[attr-defined]
+        keys = batch.keys[start:end]
+        attributes = batch.attributes[start:end]
         frames.append(INTERNAL_PROTOCOL.encode(Publish(
-            topic=topic, producer_id=producer_id, producer_name=batch.producer_names[start],  # type: ignore[attr-defined]
-            base_offset=offsets[start], payloads=batch.payloads[start:end],  # type: ignore[attr-defined]
-            publish_times=batch.publish_times[start:end],  # type: ignore[attr-defined]
+            topic=topic, producer_id=producer_id, producer_name=batch.producer_names[start],
+            base_offset=offsets[start], payloads=batch.payloads[start:end],
+            publish_times=batch.publish_times[start:end],
             keys=keys if any(k is not None for k in keys) else None,
             attributes=attributes if any(attributes) else None,
-            schema_id=batch.schema_ids[start], schema_version=batch.schema_versions[start])))  # type: ignore[attr-defined]
+            schema_id=batch.schema_ids[start], schema_version=batch.schema_versions[start])))
         start = end
     return frames

@@ -99,6 +99,7 @@ class SubscriptionActor(Actor):
             cp.Nack: self._ack,
             cp.Unsubscribe: self._unsubscribe,
             cp.CloseConsumer: self._close_consumer,
+            cp.Seek: self._seek,
         }
 
     async def on_stop(self) -> None:
@@ -215,6 +216,10 @@ class SubscriptionActor(Actor):
         self._detach(consumer.consumer_id, reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id)))
         self.system.tell(self.topic_endpoint, SubscriptionEnded(subscription=self.subscription))
         return None
+
+    def _seek(self, consumer: _Consumer, msg: cp.Seek) -> Message | None:
+        # Nothing is stored to go back to (reliable subscriptions override this).
+        raise FailedPrecondition(f"topic {self.topic} is not reliable: seek applies to reliable topics only")
 
     def _close_consumer(self, consumer: _Consumer, msg: cp.CloseConsumer) -> Message | None:
         self._detach(consumer.consumer_id, reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id)))

@@ -29,6 +29,7 @@ import zmq.asyncio
 
 from danube_zmq.actors.actor import Actor, ActorStatistics
 from danube_zmq.actors.clock import Clock
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import (
     DanubeError,
@@ -415,6 +416,7 @@ class ActorSystem:
         """Restart the actor within its budget; False when it was stopped instead."""
         cell.failures += 1
         self.failures += 1
+        METRICS.actor_failures.inc()
         log.error("%s: handler for %s raised %s: %s", cell.name, what, type(exc).__name__, exc, exc_info=exc)
         now = self.clock.monotonic_ms()
         while cell.restart_times_ms and now - cell.restart_times_ms[0] > self.restart_window_ms:

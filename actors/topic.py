@@ -7,6 +7,10 @@ subscription actors, and carries out the topic's dispatch strategy.
    subscription whose mailbox is full misses the batch (counted), never blocks the
    topic; the last `tail_messages_max` messages are kept for `earliest` subscribers.
 3. Subscribe -> find or spawn the subscription actor -> `AttachConsumer` to it.
+4. Reliable topics: seek (`SeekCursor` from the admin, `ResolveSeek` from a consumer's
+   `Seek`) -> an offset checked against the log (`_seek_offset`) -> `SeekTo` to the
+   subscription; failure policy requests go through to the subscription. Non-reliable
+   topics refuse both with FAILED_PRECONDITION.
 
 Offsets are real and increasing on non-reliable topics too (Danube leaves them 0).
 """
@@ -46,10 +50,15 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscription,
     DetachProducer,
     Done,
+    GetSubscriptionPolicy,
     PartitionStats,
     ProducerAttached,
     ProducerDetached,
     Publish,
+    ResolveSeek,
+    SeekCursor,
+    SeekTo,
+    SetSubscriptionPolicy,
     SubscriptionEnded,
     SubscriptionStats,
 )
@@ -286,6 +295,50 @@ class TopicActor(Actor):
             subscriptions=subscriptions)
         return PartitionStats(info=info)
 
+    # ------------------------------------------------------------- seek and failure policy
+    async def handle_SeekCursor(self, msg: SeekCursor) -> Message:
+        subscription = self._reliable_subscription(msg.subscription)
+        offset = await self._seek_offset(msg.offset, msg.publish_time)
+        return await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+
+    async def handle_ResolveSeek(self, msg: ResolveSeek) -> None:
+        """A consumer's `Seek`, from its subscription: resolved here, answered by the
+        subscription once it has moved (or here, with the error)."""
+        try:
+            subscription = self._reliable_subscription(msg.subscription)
+            offset = await self._seek_offset(msg.offset, msg.publish_time)
+            if not self.system.tell(subscription.endpoint, SeekTo(
+                    offset=offset, identity=msg.identity, request_id=msg.request_id)):
+                raise ResourceExhausted(f"subscription '{msg.subscription}' is busy (full mailbox); retry the seek")
+        except DanubeError as exc:
+            reply_client(self.system, msg.identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
+
+    async def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
+        return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+
+    async def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
+        return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+
+    def _reliable_subscription(self, name: str) -> _Subscription:
+        if self.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+            raise FailedPrecondition(f"topic {self.topic} is not reliable: seek and failure policies apply to"
+                                     " subscriptions of reliable topics only")
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            raise NotFound(f"subscription '{name}' does not exist on {self.topic}")
+        return subscription
+
+    async def _seek_offset(self, offset: int | None, publish_time: int | None) -> int:
+        """The offset a seek moves a subscription to: exactly one of `offset` (checked
+        against the log) and `publish_time` (ms since the epoch: the first message
+        published at or after it)."""
+        _check_seek_target(offset, publish_time)
+        return await self._resolve_seek(offset, publish_time)
+
+    async def _resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
+        """Reliable topics override this; here nothing is stored to seek in."""
+        raise FailedPrecondition(f"topic {self.topic} is not reliable: seek applies to reliable topics only")
+
     def _forget_subscription(self, name: str) -> None:
         """A subscription was deleted; reliable topics also drop its persisted cursor."""
 
@@ -299,6 +352,16 @@ class TopicActor(Actor):
             candidate = self.rng.getrandbits(63)
             if candidate not in taken:
                 return candidate
+
+
+def _check_seek_target(offset: int | None, publish_time: int | None) -> None:
+    """A seek names exactly one target, never negative."""
+    if (offset is None) == (publish_time is None):
+        raise InvalidArgument("a seek takes exactly one of offset and publish_time")
+    if offset is not None and offset < 0:
+        raise InvalidArgument(f"offset must be >= 0, not {offset}")
+    if publish_time is not None and publish_time < 0:
+        raise InvalidArgument(f"publish_time must be >= 0 (ms since the epoch), not {publish_time}")
 
 
 def _check_name(what: str, value: str) -> None:

@@ -2,6 +2,12 @@
 
     .venv/bin/python benchmarks/e2e.py throughput --size 100 --count 500000
     .venv/bin/python benchmarks/e2e.py latency --rate 5000 --seconds 10
+    .venv/bin/python benchmarks/e2e.py throughput --reliable --size 100 --count 200000
+
+With --reliable the topic is reliable (acknowledged after fsync, wal_sync always), the
+consumer acknowledges every message, and the report adds produce-ack latency (send to
+receipt) and the WAL's group commits: flushes per second and records per flush, read
+from the broker's Prometheus endpoint.
 
 Throughput = messages received / (last receive - first send), client batching on
 (defaults: 1000 messages, 128 KiB, 10 ms). Latency = receive time - send time of each
@@ -17,11 +23,13 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 from danube_zmq import DanubeClient, SubType
@@ -46,7 +54,7 @@ async def _ready(admin_url: str) -> None:
     raise SystemExit("broker did not start")
 
 
-def consumer_main(url: str, topic: str, count: int, ready: mp.Event, out: mp.Queue) -> None:
+def consumer_main(url: str, topic: str, count: int, ready: mp.Event, out: mp.Queue, ack: bool) -> None:
     async def run() -> None:
         async with DanubeClient(url) as client:
             consumer = await client.subscribe(topic, "bench", sub_type=SubType.EXCLUSIVE, receiver_queue_size=20_000)
@@ -64,32 +72,56 @@ def consumer_main(url: str, topic: str, count: int, ready: mp.Event, out: mp.Que
                 (sent_ns,) = struct.unpack_from("<q", msg.payload)
                 latencies.append(last_ns - sent_ns)
                 got += 1
+                if ack:
+                    await consumer.ack(msg)
             out.put({"received": got, "first_ns": first_ns, "last_ns": last_ns, "latencies_ns": latencies})
     asyncio.run(run())
 
 
-async def produce(url: str, topic: str, count: int, size: int, rate: float) -> int:
+async def produce(url: str, topic: str, count: int, size: int, rate: float, reliable: bool) -> tuple[int, list[int]]:
+    """Send `count` messages (as fast as possible, or at `rate`); returns the start time
+    and each message's produce-ack latency in ns."""
     filler = b"x" * (size - 8)
+    ack_latencies: list[int] = []
+
+    def on_receipt(sent_ns: int):
+        def record(error: BaseException | None, message_id: object) -> None:
+            if error is None:
+                ack_latencies.append(time.monotonic_ns() - sent_ns)
+        return record
+
     async with DanubeClient(url) as client:
-        producer = await client.create_producer(topic)
+        producer = await client.create_producer(topic, dispatch="reliable" if reliable else "non_reliable")
         start = time.monotonic_ns()
-        if rate <= 0:
-            for _ in range(count):
-                try:
-                    producer.send_nowait(struct.pack("<q", time.monotonic_ns()) + filler)
-                except DanubeError:
-                    await producer.flush()
-                    producer.send_nowait(struct.pack("<q", time.monotonic_ns()) + filler)
-        else:
-            interval_ns = int(1e9 / rate)
-            for i in range(count):
-                target = start + i * interval_ns
-                delay = (target - time.monotonic_ns()) / 1e9
+        interval_ns = int(1e9 / rate) if rate > 0 else 0
+        for i in range(count):
+            if interval_ns:
+                delay = (start + i * interval_ns - time.monotonic_ns()) / 1e9
                 if delay > 0:
                     await asyncio.sleep(delay)
-                producer.send_nowait(struct.pack("<q", time.monotonic_ns()) + filler)
+            now = time.monotonic_ns()
+            payload = struct.pack("<q", now) + filler
+            while True:
+                try:
+                    producer.send_nowait(payload, callback=on_receipt(now))
+                    break
+                except DanubeError:  # the pending queue is full: let receipts come back
+                    await asyncio.sleep(0.001)
         await producer.flush()
-        return start
+        return start, ack_latencies
+
+
+def scrape(metrics_url: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("danube_wal_flushes_total", "danube_wal_records_total")):
+            name, value = line.split()
+            values[name] = float(value)
+    return values
 
 
 def percentile(sorted_values: list[int], q: float) -> float:
@@ -105,40 +137,56 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=300_000)
     parser.add_argument("--rate", type=float, default=5000)
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--reliable", action="store_true")
     args = parser.parse_args()
     rate = 0.0 if args.mode == "throughput" else args.rate
     count = args.count if args.mode == "throughput" else int(args.rate * args.seconds)
     url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    metrics_port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="danube-bench-")
     broker = subprocess.Popen([sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
-                               "--admin-listen", admin_url, "--metrics-port", "0"],
+                               "--admin-listen", admin_url, "--metrics-port", str(metrics_port),
+                               "--data-dir", data_dir],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         asyncio.run(_ready(admin_url))
         topic = f"/default/bench-{os.getpid()}"
 
         async def create() -> None:
             async with AdminClient(admin_url) as admin:
-                await admin.create_topic(topic)
+                await admin.create_topic(topic, dispatch_strategy=1 if args.reliable else 0)
         asyncio.run(create())
         ready, out = mp.Event(), mp.Queue()
-        consumer = mp.Process(target=consumer_main, args=(url, topic, count, ready, out))
+        consumer = mp.Process(target=consumer_main, args=(url, topic, count, ready, out, args.reliable))
         consumer.start()
         ready.wait(20)
-        start_ns = asyncio.run(produce(url, topic, count, args.size, rate))
+        wal_before = scrape(metrics_url)
+        start_ns, ack_latencies = asyncio.run(produce(url, topic, count, args.size, rate, args.reliable))
+        produce_s = (time.monotonic_ns() - start_ns) / 1e9
+        wal_after = scrape(metrics_url)
         result = out.get(timeout=600)
         consumer.join(10)
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(15)
+        shutil.rmtree(data_dir, ignore_errors=True)
     latencies = sorted(result.pop("latencies_ns"))
+    ack_latencies.sort()
     elapsed_s = (result["last_ns"] - start_ns) / 1e9
+    flushes = wal_after.get("danube_wal_flushes_total", 0) - wal_before.get("danube_wal_flushes_total", 0)
+    records = wal_after.get("danube_wal_records_total", 0) - wal_before.get("danube_wal_records_total", 0)
     print(json.dumps({
-        "mode": args.mode, "size": args.size, "sent": count, "received": result["received"],
+        "mode": args.mode, "reliable": args.reliable, "size": args.size, "sent": count,
+        "received": result["received"],
         "lost": count - result["received"],
         "msg_s": round(result["received"] / elapsed_s) if elapsed_s > 0 else None,
         "mb_s": round(result["received"] * args.size / elapsed_s / 1e6, 1) if elapsed_s > 0 else None,
         "latency_us": {"p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
                        "p99": percentile(latencies, 0.99), "max": percentile(latencies, 1.0)},
+        "produce_ack_latency_us": {"p50": percentile(ack_latencies, 0.5), "p99": percentile(ack_latencies, 0.99)},
+        "wal": {"flushes_per_s": round(flushes / produce_s, 1), "records_per_flush": round(records / flushes, 1)}
+        if flushes else None,
     }))
 
 

@@ -12,15 +12,17 @@ import asyncio
 import dataclasses
 import enum
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import click
 
+from danube_zmq.actors.dispatch.tracker import BACKOFFS, POISON_POLICIES
 from danube_zmq.actors.topic_name import validate_namespace
 from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
-from danube_zmq.transport.admin_protocol import BrokerInfo, TopicDescription, TopicInfo
+from danube_zmq.transport.admin_protocol import BrokerInfo, FailurePolicyInfo, TopicDescription, TopicInfo
 from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
 
 __all__ = ["admin"]
@@ -282,6 +284,16 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
         ],
         title="Subscriptions",
     )
+    reliable = [s for s in subscriptions if s.cursor is not None]
+    if reliable:
+        emit_table(
+            ["SUBSCRIPTION", "PARTITION", "CURSOR", "BACKLOG", "UNACKED", "REDELIVERIES", "BLOCKED-AT"],
+            [
+                [s.name, s.topic, s.cursor, s.backlog_messages, s.unacked_messages, s.redeliveries, s.blocked_offset]
+                for s in reliable
+            ],
+            title="Reliable delivery",
+        )
 
 
 @topics.command("subscriptions")
@@ -307,6 +319,139 @@ def topics_unsubscribe(ctx: click.Context, topic: str, subscription: str) -> Non
     topic = check_topic(topic)
     _call(ctx, lambda client: client.unsubscribe(topic, subscription))
     emit_line(f"deleted subscription {subscription} of {topic}")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _PublishTime(click.ParamType):
+    """A publish time: milliseconds since the epoch, or an ISO 8601 date-time (UTC
+    unless it names a zone), as milliseconds since the epoch."""
+
+    name = "ISO8601|MS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(f"{text!r} is neither milliseconds since the epoch nor an ISO 8601 date-time"
+                      " (2024-05-01T12:00:00Z)", param, ctx)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        ms = (moment - _EPOCH) // timedelta(milliseconds=1)
+        if ms < 0:
+            self.fail(f"{text!r} is before 1970", param, ctx)
+        return ms
+
+
+@topics.command("seek")
+@click.argument("topic")
+@click.option("-s", "--subscription", required=True, help="The subscription to move.")
+@click.option("--offset", type=click.IntRange(min=0), help="Deliver again from this offset (one partition).")
+@click.option(
+    "--time", "publish_time", type=_PublishTime(),
+    help="Deliver from the first message published at or after this time: ms since the epoch, or ISO 8601"
+    " (UTC unless a zone is given).",
+)
+@click.pass_context
+def topics_seek(ctx: click.Context, topic: str, subscription: str, offset: int | None, publish_time: int | None) -> None:
+    """Move a subscription of reliable TOPIC to an offset or a publish time.
+
+    Everything before the new position counts as consumed, everything from it is
+    delivered (again). Connected consumers stay attached and drop what they had
+    received but not processed. Offsets are per partition: a partitioned topic seeks
+    by --time, or name one partition topic.
+
+    \b
+    Examples:
+      danube admin topics seek /default/orders -s audit --offset 0
+      danube admin topics seek /default/orders -s audit --time 2024-05-01T12:00:00Z
+    """
+    topic = check_topic(topic)
+    if (offset is None) == (publish_time is None):
+        raise click.UsageError("give exactly one of --offset and --time")
+    _call(ctx, lambda client: client.seek_subscription(topic, subscription, offset=offset, publish_time=publish_time))
+    where = f"offset {offset}" if offset is not None else f"publish time {publish_time} ms"
+    emit_line(f"moved subscription {subscription} of {topic} to {where}")
+
+
+_POLICY_FIELDS = [
+    ("max_redelivery_count", "MAX-REDELIVERIES"),
+    ("ack_timeout_ms", "ACK-TIMEOUT-MS"),
+    ("base_redelivery_delay_ms", "BASE-DELAY-MS"),
+    ("max_redelivery_delay_ms", "MAX-DELAY-MS"),
+    ("backoff", "BACKOFF"),
+    ("poison_policy", "POISON-POLICY"),
+    ("dead_letter_topic", "DEAD-LETTER-TOPIC"),
+]
+
+
+def _emit_policy(policy: FailurePolicyInfo, output: str) -> None:
+    if output == "json":
+        emit_json(_record(policy))
+        return
+    emit_table(
+        [header for _, header in _POLICY_FIELDS] + ["SOURCE"],
+        [[getattr(policy, name) for name, _ in _POLICY_FIELDS] + ["set" if policy.explicit else "broker default"]],
+    )
+
+
+@topics.command("set-failure-policy")
+@click.argument("topic")
+@click.option("-s", "--subscription", required=True, help="The subscription to configure.")
+@click.option("--max-redelivery-count", type=click.IntRange(min=0),
+              help="Redeliveries of one message before the poison policy applies.")
+@click.option("--ack-timeout-ms", type=click.IntRange(min=1), help="Redeliver what is not acked within this time.")
+@click.option("--base-redelivery-delay-ms", type=click.IntRange(min=0), help="Delay before the first redelivery.")
+@click.option("--max-redelivery-delay-ms", type=click.IntRange(min=0), help="Longest redelivery delay.")
+@click.option("--backoff", "--backoff-strategy", "backoff", type=click.Choice(BACKOFFS, case_sensitive=False),
+              help="fixed: the base delay every time; exponential: base x 2^(n-1).")
+@click.option("--poison-policy", type=click.Choice(POISON_POLICIES, case_sensitive=False),
+              help="After max-redelivery-count: block the subscription, drop the message, or dead_letter it.")
+@click.option("--dead-letter-topic", help="Where dead_letter republishes poisoned messages ('' clears it).")
+@output_option
+@click.pass_context
+def topics_set_failure_policy(ctx: click.Context, topic: str, subscription: str, output: str,
+                              **fields: Any) -> None:
+    """Set the failure policy of a subscription of reliable TOPIC.
+
+    Options left out keep their current values (the broker's `reliable:` defaults
+    until a policy is set). The policy applies from now on, to every partition, and
+    survives broker restarts.
+
+    \b
+    Examples:
+      danube admin topics set-failure-policy /default/orders -s audit --max-redelivery-count 3 --poison-policy drop
+      danube admin topics set-failure-policy /default/orders -s audit \\
+          --poison-policy dead_letter --dead-letter-topic /default/orders-dlq
+    """
+    topic = check_topic(topic)
+    for name in ("backoff", "poison_policy"):
+        if fields[name] is not None:
+            fields[name] = fields[name].lower()
+    policy = _call(ctx, lambda client: client.set_failure_policy(topic, subscription, **fields))
+    if output == "json":
+        emit_json(_record(policy))
+        return
+    settings = ", ".join(f"{name}={getattr(policy, name)}" for name, _ in _POLICY_FIELDS)
+    emit_line(f"set the failure policy of subscription {subscription} of {topic}: {settings}")
+
+
+@topics.command("get-failure-policy")
+@click.argument("topic")
+@click.option("-s", "--subscription", required=True, help="The subscription to show.")
+@output_option
+@click.pass_context
+def topics_get_failure_policy(ctx: click.Context, topic: str, subscription: str, output: str) -> None:
+    """Show the failure policy of a subscription of reliable TOPIC."""
+    topic = check_topic(topic)
+    policy: FailurePolicyInfo = _call(ctx, lambda client: client.get_failure_policy(topic, subscription))
+    _emit_policy(policy, output)
 
 
 # -- brokers -----------------------------------------------------------------------

@@ -38,11 +38,15 @@ from danube_zmq.transport.admin_protocol import (
     DeleteNamespace,
     DeleteTopic,
     DescribeTopic,
+    FailurePolicyInfo,
+    GetFailurePolicy,
     ListBrokers,
     ListNamespaces,
     ListSubscriptions,
     ListTopics,
     NamespaceList,
+    SeekSubscription,
+    SetFailurePolicy,
     SubscriptionList,
     TopicDescription,
     TopicInfo,
@@ -244,6 +248,84 @@ class AdminClient:
             lambda rid: Unsubscribe(request_id=rid, topic=topic, subscription=subscription), Ok
         )
 
+    async def seek_subscription(
+        self, topic: str, subscription: str, *, offset: int | None = None, publish_time: int | None = None
+    ) -> None:
+        """Move a subscription of a reliable topic to `offset`, or to the first message
+        published at or after `publish_time` (ms since the epoch); exactly one of them.
+        A partitioned topic seeks by publish time only (every partition); name one
+        partition topic to seek it by offset. Its consumers stay attached and receive
+        from the new position."""
+        parse_topic(topic)
+        _check_subscription(subscription)
+        if (offset is None) == (publish_time is None):
+            raise InvalidArgument("seek takes exactly one of offset and publish_time")
+        for name, value in (("offset", offset), ("publish_time", publish_time)):
+            if value is not None and (type(value) is not int or value < 0):
+                raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
+        await self._call(
+            lambda rid: SeekSubscription(
+                request_id=rid, topic=topic, subscription=subscription, offset=offset, publish_time=publish_time
+            ),
+            Ok,
+        )
+
+    async def get_failure_policy(self, topic: str, subscription: str) -> FailurePolicyInfo:
+        """The failure policy of a subscription of a reliable topic; `explicit` is False
+        while it follows the broker's `reliable:` defaults."""
+        parse_topic(topic)
+        _check_subscription(subscription)
+        return await self._call(
+            lambda rid: GetFailurePolicy(request_id=rid, topic=topic, subscription=subscription),
+            FailurePolicyInfo,
+        )
+
+    async def set_failure_policy(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        max_redelivery_count: int | None = None,
+        ack_timeout_ms: int | None = None,
+        base_redelivery_delay_ms: int | None = None,
+        max_redelivery_delay_ms: int | None = None,
+        backoff: str | None = None,
+        poison_policy: str | None = None,
+        dead_letter_topic: str | None = None,
+    ) -> FailurePolicyInfo:
+        """Set the failure policy of a subscription of a reliable topic (every partition);
+        fields left None keep their current values (`dead_letter_topic=""` clears it).
+        The broker checks the result (INVALID_ARGUMENT names the field), applies it from
+        now on and stores it with the subscription. Returns the policy set."""
+        current = await self.get_failure_policy(topic, subscription)
+        merged = FailurePolicyInfo(
+            request_id=0,
+            max_redelivery_count=_pick(max_redelivery_count, current.max_redelivery_count),
+            ack_timeout_ms=_pick(ack_timeout_ms, current.ack_timeout_ms),
+            base_redelivery_delay_ms=_pick(base_redelivery_delay_ms, current.base_redelivery_delay_ms),
+            max_redelivery_delay_ms=_pick(max_redelivery_delay_ms, current.max_redelivery_delay_ms),
+            backoff=_pick(backoff, current.backoff),
+            poison_policy=_pick(poison_policy, current.poison_policy),
+            dead_letter_topic=_pick(dead_letter_topic, current.dead_letter_topic) or None,
+            explicit=True,
+        )
+        await self._call(
+            lambda rid: SetFailurePolicy(
+                request_id=rid,
+                topic=topic,
+                subscription=subscription,
+                max_redelivery_count=merged.max_redelivery_count,
+                ack_timeout_ms=merged.ack_timeout_ms,
+                base_redelivery_delay_ms=merged.base_redelivery_delay_ms,
+                max_redelivery_delay_ms=merged.max_redelivery_delay_ms,
+                backoff=merged.backoff,
+                poison_policy=merged.poison_policy,
+                dead_letter_topic=merged.dead_letter_topic,
+            ),
+            Ok,
+        )
+        return merged
+
     # -- brokers -----------------------------------------------------------
 
     async def list_brokers(self) -> list[BrokerInfo]:
@@ -295,3 +377,15 @@ class AdminClient:
             f"no answer from the broker at {self.endpoint} within "
             f"{self.timeout_ms / 1000:g} s; is it running?"
         )
+
+
+V = TypeVar("V")
+
+
+def _pick(given: V | None, current: V) -> V:
+    return current if given is None else given
+
+
+def _check_subscription(subscription: str) -> None:
+    if not subscription:
+        raise InvalidArgument("subscription name must not be empty")

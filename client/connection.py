@@ -5,7 +5,7 @@ future per id, a deadline per future), liveness (a `Ping` every heartbeat interv
 silence for the broker's session timeout means the connection is lost) and recovery
 (re-handshake with backoff on the same socket, whose fixed identity lets the broker
 tell a reconnect from a newcomer). Pushes (`Deliver`, `ProducerClosed`,
-`ConsumerClosed`) go to the producer or consumer registered under their id.
+`ConsumerClosed`, `SeekReset`) go to the producer or consumer registered under their id.
 
 Producers and consumers on a connection are its *listeners*: told when it is lost
 (their broker-side ids are void), restored (re-attach) or closed for good (fail).
@@ -34,6 +34,7 @@ from danube_zmq.transport.client_protocol import (
     ConsumerClosed,
     Deliver,
     ProducerClosed,
+    SeekReset,
 )
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
@@ -121,6 +122,8 @@ class ConsumerHandler(Protocol):
     def on_deliver(self, msg: Deliver) -> None: ...
 
     def on_consumer_closed(self, reason: str, reattach: bool) -> None: ...
+
+    def on_seek_reset(self, offset: int) -> None: ...
 
 
 class Connection:
@@ -529,6 +532,13 @@ class Connection:
                 self._pushes_unroutable += 1
                 return
             consumer.on_deliver(msg)
+            return
+        if isinstance(msg, SeekReset):
+            consumer = self._consumers.get(msg.consumer_id)
+            if consumer is None:
+                self._pushes_unroutable += 1
+                return
+            consumer.on_seek_reset(msg.offset)
             return
         if isinstance(msg, ConsumerClosed):
             consumer = self._consumers.pop(msg.consumer_id, None)

@@ -14,6 +14,11 @@ Read path:
 5. After a reconnect (or a `ConsumerClosed`), each partition consumer subscribes again
    with the same name and grants `window - queued` permits. If that fails for good,
    `receive` raises the error once the queue is empty.
+6. `seek` (reliable topics) sends queued acks, then `Seek` per partition. The broker
+   first pushes `SeekReset` to every consumer of the subscription: its messages still
+   in the queue are dropped and their permits granted again, so `receive` returns
+   messages from the new position next. Messages already returned by `receive` are
+   not recalled; acks for them are ignored unless their offset was delivered again.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from danube_zmq.transport.client_protocol import (
     Flow,
     InitialPosition,
     Nack,
+    Seek,
     Subscribe,
     Subscribed,
     SubType,
@@ -93,6 +99,21 @@ class _Inbox:
         self._queue.put_nowait(msg)
         self.size += 1
         return True
+
+    def discard(self, drop: Callable[[Message], bool]) -> int:
+        """Remove the queued messages for which `drop` is true, keeping the order of the
+        rest; returns how many were removed."""
+        kept: list[object] = []
+        while not self._queue.empty():
+            kept.append(self._queue.get_nowait())
+        dropped = 0
+        for item in kept:
+            if item is not _END and drop(item):  # type: ignore[arg-type]
+                dropped += 1
+            else:
+                self._queue.put_nowait(item)
+        self.size -= dropped
+        return dropped
 
     def fail(self, error: DanubeError, *, discard: bool = False) -> None:
         """From now on `get` raises `error` once the queue is empty; with `discard` the
@@ -258,6 +279,40 @@ class Consumer:
         """Send every queued ack now."""
         await asyncio.gather(*(p.flush_acks() for p in self._partitions))
 
+    async def seek(self, offset: int | None = None, publish_time: int | None = None) -> None:
+        """Move the subscription (reliable topics) to `offset`, or to the first message
+        published at or after `publish_time` (ms since the epoch); exactly one of them.
+
+        The subscription moves for all its consumers, which stay attached: once this
+        returns, `receive` gives messages from the new position (what was queued here
+        is dropped). Everything before the position counts as consumed. An offset is
+        per partition, so a partitioned topic seeks by `publish_time` (every
+        partition), or subscribe to one partition topic to seek it by offset.
+        Raises INVALID_ARGUMENT for an offset outside the topic's log (the message
+        names the range) and FAILED_PRECONDITION on a non-reliable topic.
+        """
+        if (offset is None) == (publish_time is None):
+            raise InvalidArgument("seek takes exactly one of offset and publish_time")
+        for name, value in (("offset", offset), ("publish_time", publish_time)):
+            if value is not None and (type(value) is not int or value < 0):
+                raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
+        if offset is not None and len(self._partitions) > 1:
+            raise InvalidArgument(
+                f"{self.topic} has {len(self._partitions)} partitions and offsets are per partition:"
+                " seek by publish_time, or subscribe to one partition topic"
+            )
+        if self._closing:
+            raise AlreadyClosed(f"consumer {self.consumer_name} is closed")
+        # Acks queued for messages before the seek go first, so they cannot settle a
+        # delivery of the same offset after it.
+        await self.flush_acks()
+        await asyncio.gather(*(p.seek(offset, publish_time) for p in self._partitions))
+
+    def _drop_queued(self, partition: _PartitionConsumer) -> int:
+        """Drop the messages of `partition` still in the receive queue (a seek moved its
+        subscription); returns how many."""
+        return self._inbox.discard(lambda msg: msg.message_id.topic == partition.topic)
+
     # ---------------------------------------------------------------- lifecycle
 
     async def close(self) -> None:
@@ -405,12 +460,31 @@ class _PartitionConsumer(Attachment):
         if not self._closing:
             self._broker_closed(reason, reattach)
 
+    def on_seek_reset(self, offset: int) -> None:
+        """The subscription was moved to `offset`: what we hold from before is stale."""
+        dropped = self._consumer._drop_queued(self)
+        log.info("%s on %s: subscription moved to offset %d; %d queued messages dropped",
+                 self.name, self.topic, offset, dropped)
+        if dropped:
+            # Given back as if taken: the broker spent permits on them.
+            self.queued -= dropped
+            self.left_queue(dropped)
+
+    async def seek(self, offset: int | None, publish_time: int | None) -> None:
+        await self._request_with_retries(
+            lambda cid: Seek(request_id=0, consumer_id=cid, offset=offset, publish_time=publish_time)
+        )
+
     # ---------------------------------------------------------------- permits
 
     def taken(self) -> None:
         """The application took one of our messages from the queue."""
         self.queued -= 1
-        self.unflowed += 1
+        self.left_queue(1)
+
+    def left_queue(self, count: int) -> None:
+        """`count` messages left the queue: their permits are granted back."""
+        self.unflowed += count
         assert self.queued >= 0
         if self.unflowed >= self.flow_threshold and (self._flow_task is None or self._flow_task.done()):
             self._flow_task = asyncio.get_running_loop().create_task(self._flow(), name=f"danube-flow-{self.name}")

@@ -174,9 +174,72 @@ class BrokerList(Message):
     brokers: list[BrokerInfo]
 
 
+@wire
+class SeekSubscription(Message):
+    """Move a subscription of a reliable topic to `offset`, or to the first message
+    published at or after `publish_time` (ms since the epoch); exactly one of the two.
+    Offsets are per partition: on a partitioned topic only `publish_time` applies (to
+    every partition); seek one partition by naming its topic. Answered by `Ok`."""
+
+    TAG = 31
+    request_id: int
+    topic: str
+    subscription: str
+    offset: int | None = None
+    publish_time: int | None = None
+
+
+@wire
+class SetFailurePolicy(Message):
+    """Set the failure policy of a subscription of a reliable topic (every partition):
+    Danube's `set-failure-policy`. Applies from now on and survives restarts. Answered
+    by `Ok`."""
+
+    TAG = 32
+    request_id: int
+    topic: str
+    subscription: str
+    max_redelivery_count: int
+    ack_timeout_ms: int
+    base_redelivery_delay_ms: int
+    max_redelivery_delay_ms: int
+    backoff: str
+    poison_policy: str
+    dead_letter_topic: str | None = None
+
+
+@wire
+class GetFailurePolicy(Message):
+    """The failure policy of a subscription of a reliable topic (its first partition's
+    when partitioned). Answered by `FailurePolicyInfo`."""
+
+    TAG = 33
+    request_id: int
+    topic: str
+    subscription: str
+
+
+@wire
+class FailurePolicyInfo(Message):
+    """A subscription's failure policy; `explicit` is False while it still follows the
+    broker's `reliable:` defaults (no `SetFailurePolicy` yet)."""
+
+    TAG = 34
+    request_id: int
+    max_redelivery_count: int
+    ack_timeout_ms: int
+    base_redelivery_delay_ms: int
+    max_redelivery_delay_ms: int
+    backoff: str
+    poison_policy: str
+    dead_letter_topic: str | None
+    explicit: bool = False
+
+
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
-    DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers,
+    DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
+    GetFailurePolicy,
 )
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -188,5 +251,6 @@ ADMIN_PROTOCOL = Protocol(
         ListNamespaces, NamespaceList, CreateNamespace, DeleteNamespace,
         ListTopics, TopicList, CreateTopic, DeleteTopic, DescribeTopic, TopicDescription,
         ListSubscriptions, SubscriptionList, Unsubscribe, ListBrokers, BrokerList,
+        SeekSubscription, SetFailurePolicy, GetFailurePolicy, FailurePolicyInfo,
     ),
 )

@@ -283,6 +283,32 @@ class ConsumerClosed(Message):
     reattach: bool = False
 
 
+@wire
+class Seek(Message):
+    """Move this consumer's subscription (reliable topics) to `offset`, or to the first
+    message published at or after `publish_time` (ms since the epoch); exactly one of
+    the two. Every consumer of the subscription then receives from there: each first
+    gets `SeekReset`. Answered by `Ok` (after the `SeekReset` to this consumer)."""
+
+    TAG = 37
+    request_id: int
+    consumer_id: int
+    offset: int | None = None
+    publish_time: int | None = None
+
+
+@wire
+class SeekReset(Message):
+    """The consumer's subscription was moved to `offset` (a `Seek` or an admin
+    `SeekSubscription`): drop every message of this consumer received before this frame
+    and not yet processed, and grant their permits again; deliveries that follow start
+    at `offset`."""
+
+    TAG = 38
+    consumer_id: int
+    offset: int
+
+
 CLIENT_PROTOCOL = Protocol(
     "client",
     PROTOCOL_VERSION,
@@ -291,6 +317,6 @@ CLIENT_PROTOCOL = Protocol(
         Lookup, LookupResult, GetPartitions, Partitions,
         CreateProducer, ProducerCreated, CloseProducer, Send, SendReceipt,
         Subscribe, Subscribed, Flow, Deliver, Ack, Nack, Unsubscribe, CloseConsumer,
-        HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed,
+        HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed, Seek, SeekReset,
     ),
 )

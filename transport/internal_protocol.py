@@ -245,8 +245,34 @@ class ReadResult(Message):
 
 
 @wire
+class FailurePolicyState(Struct):
+    """A reliable subscription's failure policy (`dispatch.tracker.FailurePolicy`, field
+    by field) as persisted with its cursor and sent between actors."""
+
+    max_redelivery_count: int
+    ack_timeout_ms: int
+    base_redelivery_delay_ms: int
+    max_redelivery_delay_ms: int
+    backoff: str
+    poison_policy: str
+    dead_letter_topic: str | None = None
+
+    def to_record(self) -> dict[str, object]:
+        """The catalog form: a map by field name, so that fields may be added later."""
+        return {name: getattr(self, name) for name in self._fields}
+
+    @classmethod
+    def from_record(cls, record: dict[str, object] | None) -> FailurePolicyState | None:
+        """Back from `to_record` (None stays None); unknown keys are ignored."""
+        if record is None:
+            return None
+        return cls(**{name: record[name] for name in cls._fields if name in record})  # type: ignore[arg-type]
+
+
+@wire
 class PersistCursor(Message):
-    """Reliable subscription -> broker: its cursor and out-of-order acks, to persist."""
+    """Reliable subscription -> broker: its cursor and out-of-order acks, to persist;
+    and its failure policy when an admin set one (None: the broker's defaults apply)."""
 
     TAG = 39
     topic: str
@@ -254,6 +280,7 @@ class PersistCursor(Message):
     sub_type: int
     cursor: int
     acked_above: list[int]
+    policy: FailurePolicyState | None = None
 
 
 @wire
@@ -273,6 +300,7 @@ class SubscriptionState(Struct):
     sub_type: int
     cursor: int
     acked_above: list[int]
+    policy: FailurePolicyState | None = None
 
 
 @wire
@@ -299,6 +327,135 @@ class AppendInternal(Message):
     attributes: list[dict[str, str] | None]
 
 
+@wire
+class DurableSegment(Struct):
+    """A sealed segment copied to the durable store (shared_fs, object_store)."""
+
+    base_offset: int
+    end_offset: int  # inclusive
+    object_key: str
+    size_bytes: int
+    crc32c: int
+    created_ms: int
+
+
+@wire
+class SegmentSealed(Message):
+    """Reliable topic -> broker: a WAL segment is sealed; upload it (durable modes)."""
+
+    TAG = 43
+    topic: str
+    base_offset: int
+    end_offset: int
+    record_count: int
+    path: str
+
+
+@wire
+class SegmentDurable(Message):
+    """Broker -> topic: a sealed segment is now in the durable store."""
+
+    TAG = 44
+    segment: DurableSegment
+
+
+@wire
+class SubscriptionCursor(Message):
+    """Reliable subscription -> its topic: its cursor, for retention."""
+
+    TAG = 45
+    subscription: str
+    cursor: int
+
+
+@wire
+class SegmentFetched(Message):
+    """Reliable topic -> itself: a durable segment was downloaded to `path` (or failed)."""
+
+    TAG = 46
+    base_offset: int
+    path: str | None
+    error: str | None = None
+
+
+@wire
+class ForgetSegments(Message):
+    """Reliable topic -> broker: retention deleted these durable segments' objects;
+    drop their descriptors."""
+
+    TAG = 47
+    topic: str
+    base_offsets: list[int]
+
+
+# Seek and failure policy of reliable subscriptions (tags from 60: room above for storage).
+
+
+@wire
+class SeekCursor(Message):
+    """Broker -> topic (ask): move subscription `subscription` to `offset`, or to the
+    first message published at or after `publish_time`. Answered by `Done`; a
+    non-reliable topic is FAILED_PRECONDITION, an offset outside the log INVALID_ARGUMENT."""
+
+    TAG = 60
+    subscription: str
+    offset: int | None
+    publish_time: int | None
+
+
+@wire
+class ResolveSeek(Message):
+    """Reliable subscription -> its topic: a consumer's `Seek`; the topic resolves and
+    checks the offset, then tells the subscription `SeekTo` (or answers the client's
+    request `request_id` on connection `identity` with the error)."""
+
+    TAG = 61
+    subscription: str
+    identity: bytes
+    request_id: int
+    offset: int | None
+    publish_time: int | None
+
+
+@wire
+class SeekTo(Message):
+    """Topic -> subscription (told, or asked for the admin): restart at `offset`, a
+    checked offset of the log; then answer `Ok` to request `request_id` on `identity`
+    when given. Answered by `Done` when asked."""
+
+    TAG = 62
+    offset: int
+    identity: bytes | None = None
+    request_id: int = 0
+
+
+@wire
+class SetSubscriptionPolicy(Message):
+    """Broker -> topic -> subscription (ask): apply and persist a new failure policy.
+    The subscription answers with the `PersistCursor` to store (policy included)."""
+
+    TAG = 63
+    subscription: str
+    policy: FailurePolicyState
+
+
+@wire
+class GetSubscriptionPolicy(Message):
+    """Broker -> topic -> subscription (ask). Answered by `SubscriptionPolicy`."""
+
+    TAG = 64
+    subscription: str
+
+
+@wire
+class SubscriptionPolicy(Message):
+    """A subscription's failure policy; `explicit`: set by an admin, not the defaults."""
+
+    TAG = 65
+    policy: FailurePolicyState
+    explicit: bool
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -309,5 +466,7 @@ INTERNAL_PROTOCOL = Protocol(
         SubscriptionEnded, DeleteSubscription, DescribeSubscription, SubscriptionStats,
         DescribePartition, PartitionStats, Done, ChildStopped,
         FlushDone, ReadRequest, ReadResult, PersistCursor, ForgetSubscription, DeadLetter, AppendInternal,
+        SegmentSealed, SegmentDurable, SubscriptionCursor, SegmentFetched, ForgetSegments,
+        SeekCursor, ResolveSeek, SeekTo, SetSubscriptionPolicy, GetSubscriptionPolicy, SubscriptionPolicy,
     ),
 )

@@ -532,6 +532,48 @@ class DeliveryTracker:
         self._mark_acked(offset)
         return self._cursor
 
+    def set_policy(self, policy: FailurePolicy, now_ms: int) -> None:
+        """Apply `policy` from now on (an admin changed the subscription's failure policy).
+
+        Deliveries in flight keep their ack deadlines and waiting redeliveries their
+        ready times; the new timeout and backoff apply from the next delivery or
+        failure. The redelivery bound applies at once, as if every offset had been
+        judged under it from the start:
+
+        - a waiting offset whose deliveries already exceed the new
+          `max_redelivery_count` is poisoned now;
+        - an offset poisoned under the old policy and not settled yet (blocked, or a
+          dead letter not yet republished) is judged again: still exhausted, it meets
+          the new poison policy (so block -> drop unblocks the subscription); no
+          longer exhausted (the count was raised), it waits for redelivery, ready now;
+        - an in-flight attempt number above the new bound is lowered to it, so its
+          next failure poisons it.
+
+        Report the resulting poisonings with `poisoned`. Not to be called between
+        `due` and `delivered`/`requeue`.
+        """
+        self._tick(now_ms)
+        assert not self._handed_out, self._handed_out
+        unsettled = {**self._blocked, **self._dead_letter}
+        self._blocked.clear()
+        self._dead_letter.clear()
+        self._unreported = [p for p in self._unreported if p.offset not in unsettled]
+        self.policy = policy
+        max_attempts = 1 + policy.max_redelivery_count
+        for flight in self._in_flight.values():
+            for offset, entry in flight.items():
+                if entry.attempt > max_attempts:
+                    flight[offset] = entry._replace(attempt=max_attempts)
+        for offset in sorted(o for o, entry in self._waiting.items() if entry.attempts >= max_attempts):
+            self._fail(offset, self._waiting.pop(offset).attempts, now_ms)
+        for offset in sorted(unsettled):
+            attempts = unsettled[offset]
+            if attempts < max_attempts:
+                self._waiting[offset] = _Waiting(attempts, now_ms)
+            else:
+                self._poisoned_total -= 1  # the same offset, counted when it was first poisoned
+                self._fail(offset, attempts, now_ms)
+
     def seek(self, offset: int) -> None:
         """Restart the subscription at `offset`: everything below it counts as consumed.
 

@@ -126,8 +126,11 @@ class Uploader:
         *,
         clock: Clock | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_uploaded: Callable[[SegmentDescriptor], None] | None = None,
     ) -> None:
         self._store = store
+        # Told (on the loop thread) after a descriptor is recorded: the owner tells the topic.
+        self._on_uploaded = on_uploaded
         self._segments = segments
         self._config = config or UploaderConfig()
         self._clock = clock or SystemClock()
@@ -271,6 +274,8 @@ class Uploader:
         self._segments.add(desc)
         self._uploaded_segments += 1
         self._uploaded_bytes += size
+        if self._on_uploaded is not None:
+            self._on_uploaded(desc)
 
     # ------------------------------------------------------------------ statistics
 

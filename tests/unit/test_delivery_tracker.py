@@ -570,6 +570,30 @@ class TrackerMachine(RuleBasedStateMachine):
         self.state[o] = ("acked",)
         assert self.t.skip([o], self.now) == self.cursor()
 
+    @rule(max_redeliveries=st.integers(0, 3), poison=st.sampled_from(POISON_POLICIES), backoff=st.sampled_from(BACKOFFS))
+    def change_policy(self, max_redeliveries: int, poison: str, backoff: str) -> None:
+        """An admin sets a new failure policy: the bound applies at once (`set_policy`)."""
+        self.policy = FailurePolicy(
+            max_redelivery_count=max_redeliveries, ack_timeout_ms=TIMEOUT_MS, base_redelivery_delay_ms=BASE_MS,
+            max_redelivery_delay_ms=CAP_MS, backoff=backoff, poison_policy=poison,
+            dead_letter_topic="/default/dlq" if poison == "dead_letter" else None,
+        )
+        max_attempts = 1 + max_redeliveries
+        unsettled = {o: s[1] for o, s in self.state.items() if s[0] in ("dead", "blocked")}
+        self.unreported = [p for p in self.unreported if p.offset not in unsettled]
+        self.reported_dead -= set(unsettled)
+        for o, s in list(self.state.items()):
+            if s[0] == "flight" and s[2] > max_attempts:
+                self.state[o] = ("flight", s[1], max_attempts, s[3])
+        for o in sorted(o for o, s in self.state.items() if s[0] == "waiting" and s[1] >= max_attempts):
+            self.fail(o, self.state[o][1], self.now)
+        for o in sorted(unsettled):
+            if unsettled[o] < max_attempts:
+                self.state[o] = ("waiting", unsettled[o], self.now)
+            else:
+                self.fail(o, unsettled[o], self.now)
+        self.t.set_policy(self.policy, self.now)
+
     @rule()
     def restart_from_snapshot(self) -> None:
         """A broker restart keeps only the cursor and the out-of-order acks."""
