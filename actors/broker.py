@@ -20,7 +20,6 @@ import asyncio
 import logging
 import random
 import shutil
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -335,11 +334,17 @@ class BrokerActor(Actor):
         if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             wal_dir = self._wal_dir(name)
             cache_dir = self.data_dir / "durable-cache" / name.namespace / name.topic
-            subscriptions = self._persisted_subscriptions(name)
-            durable = [_durable_segment(d) for d in self.segment_catalog.list(name.full)] if self.segment_catalog else []
-            factory: Callable[[], Actor] = lambda: ReliableTopicActor(  # noqa: E731
-                name=name.full, config=config, rng=random.Random(seed), wal_dir=wal_dir, executor=executor,
-                subscriptions=subscriptions, broker_endpoint=broker, durable=durable, cache_dir=cache_dir)
+            segments = self.segment_catalog
+
+            def factory() -> Actor:
+                # Evaluated at each (re)start: a topic restarted after a failure gets the
+                # subscriptions, cursors and durable segments as they are now, not as they
+                # were when it was first spawned. The parent builds its child's arguments.
+                return ReliableTopicActor(
+                    name=name.full, config=config, rng=random.Random(seed), wal_dir=wal_dir, executor=executor,
+                    subscriptions=self._persisted_subscriptions(name), broker_endpoint=broker,
+                    durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
+                    cache_dir=cache_dir)
         else:
             factory = lambda: TopicActor(  # noqa: E731
                 name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed))
@@ -359,7 +364,10 @@ class BrokerActor(Actor):
         assert self.catalog is not None
         prefix = f"{topic_key(name.full)}/subscriptions/"
         states = []
-        for key, value in self.catalog.scan(prefix):
+        # Cursors not yet flushed are newer than the catalog's.
+        records = dict(self.catalog.scan(prefix))
+        records.update((k, v) for k, v in self.cursor_writes.items() if k.startswith(prefix))
+        for key, value in sorted(records.items()):
             record = msgpack.unpackb(value)
             states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record["sub_type"],
                                             cursor=record["cursor"], acked_above=list(record["acked_above"]),

@@ -164,7 +164,7 @@ class ReliableTopicActor(TopicActor):
             base_offset=self.next_offset, payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
             attributes=msg.attributes), None, 0)
 
-    def _enqueue(self, publish: Publish, identity: bytes | None, request_id: int) -> None:
+    def _enqueue(self, publish: Publish, identity: bytes | None, request_id: int, *, start: bool = True) -> None:
         count = len(publish.payloads)
         encoded = encode_batch(publish.base_offset, publish.payloads, publish.publish_times, publish.producer_id,
                                publish.producer_name, keys=publish.keys, attributes=publish.attributes,
@@ -176,7 +176,7 @@ class ReliableTopicActor(TopicActor):
         self._messages_in_metric.inc(count)
         self._bytes_in_metric.inc(size)
         self.queued.append(_Batch(encoded, publish, identity, request_id))
-        if not self.flushing:
+        if start and not self.flushing:
             self._start_flush()
 
     def _start_flush(self) -> None:
@@ -188,10 +188,19 @@ class ReliableTopicActor(TopicActor):
         system, endpoint = self.system, self.endpoint
 
         def write() -> None:
-            for encoded, count in chunks:
-                wal.append(encoded, count)
-            if sync:
-                wal.sync()
+            try:
+                for encoded, count in chunks:
+                    wal.append(encoded, count)
+                if sync:
+                    wal.sync()
+            except OSError:
+                # Cut back to the last successful fsync: pages whose write-back failed are
+                # never trusted (the handler reopens the log if even this fails).
+                try:
+                    wal.rollback_unsynced()
+                except OSError:
+                    log.exception("%s: WAL rollback after a failed flush failed", wal.directory)
+                raise
 
         def done(future: asyncio.Future[None]) -> None:
             error = future.exception()
@@ -210,7 +219,13 @@ class ReliableTopicActor(TopicActor):
     async def handle_FlushDone(self, msg: FlushDone) -> None:
         if msg.flush_id == -1:  # interval mode: the periodic fsync
             if self.wal is not None and not self.flushing:
-                await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
+                except OSError as exc:
+                    # Interval mode already acknowledged these records: the weaker promise
+                    # it documents. Say so loudly; the next flush retries the sync.
+                    log.error("%s: periodic WAL fsync failed (%s); acknowledged records may not be durable",
+                              self.topic, exc)
             return
         assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
         batches, self.flushing = self.flushing, []
@@ -246,29 +261,49 @@ class ReliableTopicActor(TopicActor):
         self.queued = []
         log.error("%s: WAL flush failed (%s); %d batches refused", self.topic, msg.error_message, len(failed))
         reason = "disk full" if msg.error_code == ErrorCode.RESOURCE_EXHAUSTED else "write failed"
+        retry_internal = []
         for batch in failed:
-            if batch.identity is not None:
+            if batch.identity is None:
+                retry_internal.append(batch)  # dead letters: the broker's own, kept and retried
+            else:
                 reply_client(self.system, batch.identity, Error(
                     request_id=batch.request_id, code=msg.error_code or ErrorCode.INTERNAL,
-                    message=f"topic {self.topic}: {reason}, the messages were not stored ({msg.error_message})"))
-        # Start again from what the files really hold: recovery drops a torn tail; records
-        # written whole but not acknowledged may stay (the producer retries: at-least-once).
+                    message=f"topic {self.topic}: {reason}, the messages may not have been stored"
+                            f" ({msg.error_message})"))
         assert self.wal is not None
-        wal = self.wal
-        self.wal = None
-        await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
-        storage = self.config.storage
-        self.wal = await asyncio.to_thread(
-            WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
-            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock)
-        recovered = self.wal.next_offset
+        if self.wal.writable:
+            recovered = self.wal.next_offset  # the worker cut back to the last good fsync
+        else:
+            recovered = await self._reopen_wal()
         if recovered > self.committed_offset:
-            # Whole records past the acknowledged frontier survived: readable, never acknowledged.
+            # Records fsynced in this flush before it failed (a roll syncs the segment it
+            # seals): stored, readable, never acknowledged; the producer retries.
             read = self.wal.read(self.committed_offset, max_bytes=1 << 30, upto_offset=recovered)
             for frame in _publish_frames(self.topic, read):
                 for subscription in self.subscriptions.values():
                     self.system.tell_frame(subscription.endpoint, frame)
         self.next_offset = self.committed_offset = recovered
+        for batch in retry_internal:
+            publish = batch.publish
+            self._enqueue(Publish(
+                topic=self.topic, producer_id=publish.producer_id, producer_name=publish.producer_name,
+                base_offset=self.next_offset, payloads=publish.payloads, publish_times=publish.publish_times,
+                keys=publish.keys, attributes=publish.attributes), None, 0, start=False)
+
+    async def _reopen_wal(self) -> int:
+        """The active segment is unusable (even the rollback failed): reopen the log, whose
+        recovery fsyncs what it keeps."""
+        assert self.wal is not None
+        wal, self.wal = self.wal, None
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
+        except OSError:
+            log.exception("%s: closing the failed WAL", self.topic)
+        storage = self.config.storage
+        self.wal = await asyncio.to_thread(
+            WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
+            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock)
+        return self.wal.next_offset
 
     def _cache(self, base_offset: int, count: int, frame: bytes) -> None:
         limit = self.config.storage.cache_bytes_max
@@ -503,7 +538,7 @@ class ReliableTopicActor(TopicActor):
             lambda: ReliableSubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                               topic_endpoint=parent, broker_endpoint=broker, cursor=cursor,
                                               acked_above=acked_above, committed_offset=self.committed_offset,
-                                              policy=policy),
+                                              policy=self.subscription_policies.get(name, policy)),
             name=f"subscription {topic}:{name}", parent=self.endpoint)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription

@@ -50,6 +50,7 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscription,
     DetachProducer,
     Done,
+    FailurePolicyState,
     GetSubscriptionPolicy,
     PartitionStats,
     ProducerAttached,
@@ -93,6 +94,9 @@ class TopicActor(Actor):
         self.producers: dict[int, _Producer] = {}
         self.producer_ids_by_name: dict[str, int] = {}
         self.subscriptions: dict[str, _Subscription] = {}
+        # Reliable topics: failure policies an admin set since the subscription's actor was
+        # spawned, so that a restart of that actor (from its factory) keeps them.
+        self.subscription_policies: dict[str, FailurePolicyState] = {}
         # The non-reliable tail: (encoded Publish frame, message count), newest last.
         self.tail: deque[tuple[bytes, int]] = deque()
         self.tail_messages = 0
@@ -262,6 +266,7 @@ class TopicActor(Actor):
             if subscription.endpoint == msg.endpoint:
                 log.error("%s: subscription '%s' stopped after repeated failures (%s)", self.topic, name, msg.reason)
                 del self.subscriptions[name]
+                self.subscription_policies.pop(name, None)
 
     def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
         subscription = self.subscriptions.get(msg.subscription)
@@ -270,12 +275,14 @@ class TopicActor(Actor):
 
     async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
         subscription = self.subscriptions.pop(msg.subscription, None)
+        self.subscription_policies.pop(msg.subscription, None)
         if subscription is not None:
             await self.system.stop(subscription.endpoint)
             self._forget_subscription(msg.subscription)
 
     async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
         subscription = self.subscriptions.pop(msg.subscription, None)
+        self.subscription_policies.pop(msg.subscription, None)
         if subscription is None:
             raise NotFound(f"subscription '{msg.subscription}' does not exist on {self.topic}")
         await self.system.stop(subscription.endpoint)
@@ -314,7 +321,9 @@ class TopicActor(Actor):
             reply_client(self.system, msg.identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
 
     async def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
-        return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+        answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+        self.subscription_policies[msg.subscription] = msg.policy  # accepted
+        return answer
 
     async def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
         return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)

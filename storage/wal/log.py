@@ -166,6 +166,9 @@ class WalLog:
                 raise FailedPrecondition(
                     f"WAL {self.directory} ends at offset {segments[-1].next_offset}, below the start offset {start_offset}"
                 )
+            # What recovery kept may have lived in the page cache only (the process
+            # crashed, not the machine): fsync it before anything builds on it.
+            segments[-1].sync_recovered()
         except BaseException:
             for segment in segments:
                 segment.close()
@@ -263,6 +266,20 @@ class WalLog:
         if self._directory_unsynced:
             _fsync_directory(self.directory)
             self._directory_unsynced = False
+
+    @property
+    def writable(self) -> bool:
+        """False once a failed write could not be cut back: reopen the log."""
+        return not self._closed and not self._segments[-1].broken
+
+    def rollback_unsynced(self) -> int:
+        """After a failed append or sync: cut the active segment back to its last
+        successful fsync (see `Segment.truncate_to_synced`); sealed segments were fsynced
+        when they were rolled. Returns the new `next_offset`. An OSError here leaves the
+        segment refusing appends: reopen the log."""
+        assert not self._closed
+        self._next_offset = self._segments[-1].truncate_to_synced()
+        return self._next_offset
 
     def roll(self) -> None:
         """Seal the active segment (fsync, close for writing) and start a new one at next_offset."""

@@ -107,6 +107,10 @@ class Segment:
         self._unsynced = False
         self._broken = False
         self._file_bytes = 0  # size found on disk at `recover`, torn tail included
+        # The end the last successful fsync covered: where `truncate_to_synced` cuts back
+        # to after a failed write or fsync. Records found at open count as synced once
+        # `sync_recovered` has fsynced them.
+        self._synced_end = (base_offset, 0)
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -297,9 +301,41 @@ class Segment:
         if not self._unsynced:
             return False
         assert self._write_fd is not None
+        end = self._end
         os.fsync(self._write_fd)
         self._unsynced = False
+        self._synced_end = end
         return True
+
+    @property
+    def broken(self) -> bool:
+        return self._broken
+
+    def sync_recovered(self) -> None:
+        """At open: fsync what recovery kept (it may have been in the page cache only,
+        after a crash of the process), making it the synced end."""
+        assert self._write_fd is not None
+        os.fsync(self._write_fd)
+        self._synced_end = self._end
+
+    def truncate_to_synced(self) -> int:
+        """After a failed write or fsync: cut the file back to the end its last successful
+        fsync covered, and fsync the cut. Linux marks pages whose write-back failed as
+        clean, so what follows them in the page cache may never reach the disk; cutting
+        drops them, and later writes dirty fresh pages. Returns the new next offset."""
+        assert self._write_fd is not None, "only the writable (active) segment is truncated"
+        next_offset, size_bytes = self._synced_end
+        try:
+            os.ftruncate(self._write_fd, size_bytes)
+            os.fsync(self._write_fd)
+        except OSError:
+            self._broken = True
+            raise
+        self._end = self._synced_end
+        self._file_bytes = size_bytes
+        self._index = [entry for entry in self._index if entry[1] <= size_bytes]
+        self._unsynced = False
+        return next_offset
 
     def seal(self) -> None:
         """fsync and close the writer's descriptor: the file is immutable from now on."""
