@@ -124,6 +124,8 @@ class BrokerActor(Actor):
             ap.SeekSubscription: self._seek_subscription,
             ap.SetFailurePolicy: self._set_failure_policy,
             ap.GetFailurePolicy: self._get_failure_policy,
+            ap.SetDispatchConfig: self._set_dispatch_config,
+            ap.GetDispatchConfig: self._get_dispatch_config,
         }
 
     # ------------------------------------------------------------- lifecycle
@@ -201,7 +203,8 @@ class BrokerActor(Actor):
         # Coalesced: the last state of each subscription is written with the next flush.
         self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = msgpack.packb(
             {"sub_type": msg.sub_type, "cursor": msg.cursor, "acked_above": msg.acked_above,
-             "policy": None if msg.policy is None else msg.policy.to_record()})
+             "policy": None if msg.policy is None else msg.policy.to_record(),
+             "max_unacked_messages": msg.max_unacked_messages})
 
     def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
         key = _subscription_key(msg.topic, msg.subscription)
@@ -371,7 +374,8 @@ class BrokerActor(Actor):
             record = msgpack.unpackb(value)
             states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record["sub_type"],
                                             cursor=record["cursor"], acked_above=list(record["acked_above"]),
-                                            policy=ip.FailurePolicyState.from_record(record.get("policy"))))
+                                            policy=ip.FailurePolicyState.from_record(record.get("policy")),
+                                            max_unacked_messages=record.get("max_unacked_messages")))
         return states
 
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
@@ -538,11 +542,32 @@ class BrokerActor(Actor):
             max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
             poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic, explicit=answer.explicit)
 
+    async def _set_dispatch_config(self, msg: ap.SetDispatchConfig) -> Message:
+        entry = self._reliable_entry(msg.topic)
+        for partition in _partition_names(entry):
+            endpoint = self.topics[partition].endpoint
+            assert endpoint is not None
+            record = await self.system.ask(endpoint, ip.SetSubscriptionDispatchConfig(
+                subscription=msg.subscription, max_unacked_messages=msg.max_unacked_messages))
+            assert isinstance(record, PersistCursor)
+            self.handle_PersistCursor(record)
+        self._flush_cursors()  # stored before the answer, as the failure policy
+        return Ok(request_id=msg.request_id)
+
+    async def _get_dispatch_config(self, msg: ap.GetDispatchConfig) -> Message:
+        entry = self._reliable_entry(msg.topic)
+        endpoint = self.topics[_partition_names(entry)[0]].endpoint
+        assert endpoint is not None
+        answer = await self.system.ask(endpoint, ip.GetSubscriptionDispatchConfig(subscription=msg.subscription))
+        assert isinstance(answer, ip.SubscriptionDispatchConfig)
+        return ap.DispatchConfigInfo(request_id=msg.request_id, max_unacked_messages=answer.max_unacked_messages,
+                                     explicit=answer.explicit)
+
     def _reliable_entry(self, topic: str) -> TopicEntry:
         entry = self._existing(parse_topic(topic))
         if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
-            raise FailedPrecondition(f"topic {entry.name.full} is not reliable: seek and failure policies apply to"
-                                     " subscriptions of reliable topics only")
+            raise FailedPrecondition(f"topic {entry.name.full} is not reliable: seek, failure policies and dispatch"
+                                     " windows apply to subscriptions of reliable topics only")
         return entry
 
     def _is_partition_of_partitioned(self, entry: TopicEntry) -> bool:

@@ -22,6 +22,10 @@
 7. Failure policy: the broker's `reliable:` defaults until an admin sets one
    (`SetSubscriptionPolicy`); from then on it applies (`tracker.set_policy`) and is
    persisted with the cursor, so a restart keeps it.
+8. Dispatch window: `reliable.max_unacked_messages` until an admin sets one
+   (`SetSubscriptionDispatchConfig`); it applies at once (a consumer above a smaller
+   window gets nothing new until its acks bring it under) and is persisted with the
+   cursor like the failure policy.
 
 The tracker (`dispatch/tracker.py`) is the pure core; this actor does the I/O.
 """
@@ -47,6 +51,7 @@ from danube_zmq.transport.internal_protocol import (
     DeadLetter,
     Done,
     FailurePolicyState,
+    GetSubscriptionDispatchConfig,
     GetSubscriptionPolicy,
     PersistCursor,
     Publish,
@@ -54,8 +59,10 @@ from danube_zmq.transport.internal_protocol import (
     ReadResult,
     ResolveSeek,
     SeekTo,
+    SetSubscriptionDispatchConfig,
     SetSubscriptionPolicy,
     SubscriptionCursor,
+    SubscriptionDispatchConfig,
     SubscriptionPolicy,
     SubscriptionStats,
     Tick,
@@ -81,7 +88,7 @@ class _Record:
 class ReliableSubscriptionActor(SubscriptionActor):
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
                  broker_endpoint: str, cursor: int, acked_above: Sequence[int], committed_offset: int,
-                 policy: FailurePolicyState | None = None) -> None:
+                 policy: FailurePolicyState | None = None, max_unacked_messages: int | None = None) -> None:
         super().__init__(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=topic_endpoint)
         reliable = config.reliable
         self.window = reliable.max_unacked_messages
@@ -99,6 +106,15 @@ class ReliableSubscriptionActor(SubscriptionActor):
                 self.policy_explicit = True
             except InvalidArgument as exc:
                 log.error("%s:%s: the persisted failure policy is invalid (%s); the broker's defaults apply",
+                          topic, name, exc.message)
+        # True once an admin set this subscription's window (`max_unacked_messages`).
+        self.window_explicit = False
+        if max_unacked_messages is not None:
+            try:
+                self.window = check_max_unacked_messages(max_unacked_messages)
+                self.window_explicit = True
+            except InvalidArgument as exc:
+                log.error("%s:%s: the persisted dispatch window is invalid (%s); the broker's default applies",
                           topic, name, exc.message)
         self.seeks = 0
         self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
@@ -357,7 +373,8 @@ class ReliableSubscriptionActor(SubscriptionActor):
         return PersistCursor(
             topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
             acked_above=list(state.acked_above),
-            policy=failure_policy_state(self.policy) if self.policy_explicit else None)
+            policy=failure_policy_state(self.policy) if self.policy_explicit else None,
+            max_unacked_messages=self.window if self.window_explicit else None)
 
     # ------------------------------------------------------------- seek
     def _seek(self, consumer: _Consumer, msg: cp.Seek) -> Message | None:
@@ -415,6 +432,23 @@ class ReliableSubscriptionActor(SubscriptionActor):
     def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
         return SubscriptionPolicy(policy=failure_policy_state(self.policy), explicit=self.policy_explicit)
 
+    # ------------------------------------------------------------- dispatch window
+    def handle_SetSubscriptionDispatchConfig(self, msg: SetSubscriptionDispatchConfig) -> Message:
+        """Apply an admin's window at once; answers the record to persist. Deliveries in
+        flight stay: a consumer above a smaller window gets nothing new until its acks
+        bring it under; a larger one lets dispatch go on now."""
+        self.window = check_max_unacked_messages(msg.max_unacked_messages)
+        self.window_explicit = True
+        self.read_ahead_max = 2 * self.window
+        log.info("%s:%s: dispatch window set to %d unacked messages per consumer", self.topic, self.subscription,
+                 self.window)
+        self._fill()
+        self._dispatch()
+        return self._cursor_record()
+
+    def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:
+        return SubscriptionDispatchConfig(max_unacked_messages=self.window, explicit=self.window_explicit)
+
     # ------------------------------------------------------------- admin
     def handle_DescribeSubscription(self, msg: object) -> Message:
         stats = SubscriptionStats(info=self._info())
@@ -462,6 +496,18 @@ def failure_policy_from_state(state: FailurePolicyState) -> FailurePolicy:
         except DanubeError as exc:
             raise InvalidArgument(f"dead_letter_topic: {exc.message}") from None
     return policy
+
+
+# The same range the broker config allows for `reliable.max_unacked_messages`.
+MAX_UNACKED_MESSAGES_RANGE = (1, 10_000)
+
+
+def check_max_unacked_messages(value: int) -> int:
+    """An admin's (or the catalog's) window, checked; INVALID_ARGUMENT names the field."""
+    minimum, maximum = MAX_UNACKED_MESSAGES_RANGE
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise InvalidArgument(f"max_unacked_messages must be {minimum}..{maximum}, not {value}")
+    return value
 
 
 def failure_policy_state(policy: FailurePolicy) -> FailurePolicyState:

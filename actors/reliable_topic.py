@@ -29,6 +29,7 @@ while this actor reads only committed offsets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 import mmap
@@ -47,6 +48,7 @@ from danube_zmq.storage.durable import DurableStore
 from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import ErrorCode, InvalidArgument, NotFound
@@ -54,11 +56,13 @@ from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     AppendInternal,
     ClientRequest,
+    DescribePartition,
     DurableSegment,
     FailurePolicyState,
     FlushDone,
     ForgetSegments,
     ForgetSubscription,
+    PartitionStats,
     Publish,
     ReadRequest,
     ReadResult,
@@ -126,7 +130,7 @@ class ReliableTopicActor(TopicActor):
         self.next_offset = self.committed_offset = self.wal.next_offset
         for state in self.persisted_subscriptions:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
-                                       policy=state.policy)
+                                       policy=state.policy, max_unacked_messages=state.max_unacked_messages)
         if not self._sync_always:
             self.system.schedule_periodic(self.endpoint, storage.wal_sync_interval_ms, FlushDone(flush_id=-1))
         self.system.schedule_periodic(self.endpoint, storage.retention_check_interval_ms, Tick())
@@ -416,6 +420,27 @@ class ReliableTopicActor(TopicActor):
             raise CorruptRecord(path, position + result.fault.position, result.fault.reason)
         return result.records
 
+    async def handle_DescribePartition(self, msg: DescribePartition) -> Message:
+        stats = await super().handle_DescribePartition(msg)
+        assert isinstance(stats, PartitionStats)
+        subscriptions = [dataclasses.replace(s, backlog_bytes=self._backlog_bytes(s)) for s in stats.info.subscriptions]
+        return PartitionStats(info=dataclasses.replace(stats.info, subscriptions=subscriptions))
+
+    def _backlog_bytes(self, info: SubscriptionInfo) -> int | None:
+        """Bytes of the records after the cursor: measured in the local WAL, estimated from
+        descriptor sizes for durable segments, prorated for out-of-order acks."""
+        if info.cursor is None or info.backlog_messages is None or self.wal is None:
+            return None
+        start, end = info.cursor + 1, self.committed_offset
+        if start >= end:
+            return 0
+        total = self.wal.bytes_between(start, end)
+        for segment in self.durable:
+            low, high = max(start, segment.base_offset), min(end, self.wal.log_start_offset, segment.end_offset + 1)
+            if low < high:
+                total += segment.size_bytes * (high - low) // (segment.end_offset + 1 - segment.base_offset)
+        return total * info.backlog_messages // (end - start)
+
     # ------------------------------------------------------------- retention
     def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
         if msg.subscription in self.subscriptions:
@@ -532,13 +557,16 @@ class ReliableTopicActor(TopicActor):
         raise AssertionError("reliable subscriptions start through _spawn_reliable")
 
     async def _spawn_reliable(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int],
-                              policy: FailurePolicyState | None = None) -> _Subscription:
+                              policy: FailurePolicyState | None = None,
+                              max_unacked_messages: int | None = None) -> _Subscription:
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
         endpoint = await self.system.spawn(
             lambda: ReliableSubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                               topic_endpoint=parent, broker_endpoint=broker, cursor=cursor,
                                               acked_above=acked_above, committed_offset=self.committed_offset,
-                                              policy=self.subscription_policies.get(name, policy)),
+                                              policy=self.subscription_policies.get(name, policy),
+                                              max_unacked_messages=self.subscription_windows.get(
+                                                  name, max_unacked_messages)),
             name=f"subscription {topic}:{name}", parent=self.endpoint)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription

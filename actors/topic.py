@@ -9,8 +9,8 @@ subscription actors, and carries out the topic's dispatch strategy.
 3. Subscribe -> find or spawn the subscription actor -> `AttachConsumer` to it.
 4. Reliable topics: seek (`SeekCursor` from the admin, `ResolveSeek` from a consumer's
    `Seek`) -> an offset checked against the log (`_seek_offset`) -> `SeekTo` to the
-   subscription; failure policy requests go through to the subscription. Non-reliable
-   topics refuse both with FAILED_PRECONDITION.
+   subscription; failure policy and dispatch window requests go through to the
+   subscription. Non-reliable topics refuse them with FAILED_PRECONDITION.
 
 Offsets are real and increasing on non-reliable topics too (Danube leaves them 0).
 """
@@ -51,6 +51,7 @@ from danube_zmq.transport.internal_protocol import (
     DetachProducer,
     Done,
     FailurePolicyState,
+    GetSubscriptionDispatchConfig,
     GetSubscriptionPolicy,
     PartitionStats,
     ProducerAttached,
@@ -59,6 +60,7 @@ from danube_zmq.transport.internal_protocol import (
     ResolveSeek,
     SeekCursor,
     SeekTo,
+    SetSubscriptionDispatchConfig,
     SetSubscriptionPolicy,
     SubscriptionEnded,
     SubscriptionStats,
@@ -97,6 +99,8 @@ class TopicActor(Actor):
         # Reliable topics: failure policies an admin set since the subscription's actor was
         # spawned, so that a restart of that actor (from its factory) keeps them.
         self.subscription_policies: dict[str, FailurePolicyState] = {}
+        # Likewise their dispatch windows (`max_unacked_messages`).
+        self.subscription_windows: dict[str, int] = {}
         # The non-reliable tail: (encoded Publish frame, message count), newest last.
         self.tail: deque[tuple[bytes, int]] = deque()
         self.tail_messages = 0
@@ -267,6 +271,7 @@ class TopicActor(Actor):
                 log.error("%s: subscription '%s' stopped after repeated failures (%s)", self.topic, name, msg.reason)
                 del self.subscriptions[name]
                 self.subscription_policies.pop(name, None)
+                self.subscription_windows.pop(name, None)
 
     def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
         subscription = self.subscriptions.get(msg.subscription)
@@ -276,6 +281,7 @@ class TopicActor(Actor):
     async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
         subscription = self.subscriptions.pop(msg.subscription, None)
         self.subscription_policies.pop(msg.subscription, None)
+        self.subscription_windows.pop(msg.subscription, None)
         if subscription is not None:
             await self.system.stop(subscription.endpoint)
             self._forget_subscription(msg.subscription)
@@ -283,6 +289,7 @@ class TopicActor(Actor):
     async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
         subscription = self.subscriptions.pop(msg.subscription, None)
         self.subscription_policies.pop(msg.subscription, None)
+        self.subscription_windows.pop(msg.subscription, None)
         if subscription is None:
             raise NotFound(f"subscription '{msg.subscription}' does not exist on {self.topic}")
         await self.system.stop(subscription.endpoint)
@@ -328,10 +335,18 @@ class TopicActor(Actor):
     async def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
         return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
 
+    async def handle_SetSubscriptionDispatchConfig(self, msg: SetSubscriptionDispatchConfig) -> Message:
+        answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+        self.subscription_windows[msg.subscription] = msg.max_unacked_messages  # accepted
+        return answer
+
+    async def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:
+        return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+
     def _reliable_subscription(self, name: str) -> _Subscription:
         if self.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
-            raise FailedPrecondition(f"topic {self.topic} is not reliable: seek and failure policies apply to"
-                                     " subscriptions of reliable topics only")
+            raise FailedPrecondition(f"topic {self.topic} is not reliable: seek, failure policies and dispatch"
+                                     " windows apply to subscriptions of reliable topics only")
         subscription = self.subscriptions.get(name)
         if subscription is None:
             raise NotFound(f"subscription '{name}' does not exist on {self.topic}")

@@ -22,7 +22,13 @@ from danube_zmq.actors.topic_name import validate_namespace
 from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
-from danube_zmq.transport.admin_protocol import BrokerInfo, FailurePolicyInfo, TopicDescription, TopicInfo
+from danube_zmq.transport.admin_protocol import (
+    BrokerInfo,
+    DispatchConfigInfo,
+    FailurePolicyInfo,
+    TopicDescription,
+    TopicInfo,
+)
 from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
 
 __all__ = ["admin"]
@@ -287,9 +293,10 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
     reliable = [s for s in subscriptions if s.cursor is not None]
     if reliable:
         emit_table(
-            ["SUBSCRIPTION", "PARTITION", "CURSOR", "BACKLOG", "UNACKED", "REDELIVERIES", "BLOCKED-AT"],
+            ["SUBSCRIPTION", "PARTITION", "CURSOR", "BACKLOG", "BACKLOG-BYTES", "UNACKED", "REDELIVERIES", "BLOCKED-AT"],
             [
-                [s.name, s.topic, s.cursor, s.backlog_messages, s.unacked_messages, s.redeliveries, s.blocked_offset]
+                [s.name, s.topic, s.cursor, s.backlog_messages, s.backlog_bytes, s.unacked_messages, s.redeliveries,
+                 s.blocked_offset]
                 for s in reliable
             ],
             title="Reliable delivery",
@@ -452,6 +459,48 @@ def topics_get_failure_policy(ctx: click.Context, topic: str, subscription: str,
     topic = check_topic(topic)
     policy: FailurePolicyInfo = _call(ctx, lambda client: client.get_failure_policy(topic, subscription))
     _emit_policy(policy, output)
+
+
+@topics.command("set-dispatch-config")
+@click.argument("topic")
+@click.option("-s", "--subscription", required=True, help="The subscription to configure.")
+@click.option("--max-unacked-messages", type=click.IntRange(min=1), required=True,
+              help="Unacknowledged deliveries each consumer may hold (1..10000).")
+@click.pass_context
+def topics_set_dispatch_config(ctx: click.Context, topic: str, subscription: str, max_unacked_messages: int) -> None:
+    """Set the dispatch window of a subscription of reliable TOPIC.
+
+    Each consumer holds at most --max-unacked-messages deliveries awaiting an ack
+    (the broker's `reliable.max_unacked_messages` until set). It applies at once, to
+    every partition, and survives broker restarts.
+
+    \b
+    Example:
+      danube admin topics set-dispatch-config /default/orders -s audit --max-unacked-messages 10
+    """
+    topic = check_topic(topic)
+    _call(ctx, lambda client: client.set_dispatch_config(topic, subscription,
+                                                         max_unacked_messages=max_unacked_messages))
+    emit_line(f"set the dispatch config of subscription {subscription} of {topic}:"
+              f" max_unacked_messages={max_unacked_messages}")
+
+
+@topics.command("get-dispatch-config")
+@click.argument("topic")
+@click.option("-s", "--subscription", required=True, help="The subscription to show.")
+@output_option
+@click.pass_context
+def topics_get_dispatch_config(ctx: click.Context, topic: str, subscription: str, output: str) -> None:
+    """Show the dispatch window of a subscription of reliable TOPIC."""
+    topic = check_topic(topic)
+    config: DispatchConfigInfo = _call(ctx, lambda client: client.get_dispatch_config(topic, subscription))
+    if output == "json":
+        emit_json(_record(config))
+        return
+    emit_table(
+        ["MAX-UNACKED-MESSAGES", "SOURCE"],
+        [[config.max_unacked_messages, "set" if config.explicit else "broker default"]],
+    )
 
 
 # -- brokers -----------------------------------------------------------------------

@@ -38,7 +38,9 @@ from danube_zmq.transport.admin_protocol import (
     DeleteNamespace,
     DeleteTopic,
     DescribeTopic,
+    DispatchConfigInfo,
     FailurePolicyInfo,
+    GetDispatchConfig,
     GetFailurePolicy,
     ListBrokers,
     ListNamespaces,
@@ -46,6 +48,7 @@ from danube_zmq.transport.admin_protocol import (
     ListTopics,
     NamespaceList,
     SeekSubscription,
+    SetDispatchConfig,
     SetFailurePolicy,
     SubscriptionList,
     TopicDescription,
@@ -325,6 +328,32 @@ class AdminClient:
             Ok,
         )
         return merged
+
+    async def get_dispatch_config(self, topic: str, subscription: str) -> DispatchConfigInfo:
+        """The dispatch window of a subscription of a reliable topic; `explicit` is False
+        while it follows the broker's `reliable.max_unacked_messages`."""
+        parse_topic(topic)
+        _check_subscription(subscription)
+        return await self._call(
+            lambda rid: GetDispatchConfig(request_id=rid, topic=topic, subscription=subscription),
+            DispatchConfigInfo,
+        )
+
+    async def set_dispatch_config(self, topic: str, subscription: str, *, max_unacked_messages: int) -> None:
+        """Set the dispatch window of a subscription of a reliable topic (every partition):
+        at most `max_unacked_messages` (1..10000) unacknowledged deliveries per consumer.
+        It applies at once and is stored with the subscription; the broker checks the
+        range (INVALID_ARGUMENT naming the field)."""
+        parse_topic(topic)
+        _check_subscription(subscription)
+        if type(max_unacked_messages) is not int:
+            raise InvalidArgument(f"max_unacked_messages must be an int, got {max_unacked_messages!r}")
+        await self._call(
+            lambda rid: SetDispatchConfig(
+                request_id=rid, topic=topic, subscription=subscription, max_unacked_messages=max_unacked_messages
+            ),
+            Ok,
+        )
 
     # -- brokers -----------------------------------------------------------
 

@@ -9,6 +9,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix="${1:-$root/.cache/azurite}"
 mkdir -p "$prefix"
+bin="$prefix/node_modules/.bin/azurite-blob"
+if [[ -x "$bin" ]]; then
+    echo "$bin"
+    exit 0
+fi
 
 if ! command -v npm >/dev/null 2>&1; then
     echo "install-azurite: npm not found on PATH (node 18+ is required)" >&2
@@ -16,9 +21,14 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 
 # --no-audit/--no-fund: no extra registry calls and no noise; --prefix keeps it under .cache/.
-npm install --no-audit --no-fund --loglevel=error --prefix "$prefix" azurite@3
+for attempt in 1 2 3; do
+    if npm install --no-audit --no-fund --loglevel=error --prefix "$prefix" azurite@3; then
+        break
+    fi
+    echo "install-azurite: npm install failed (attempt $attempt of 3)" >&2
+    sleep $((attempt * 5))
+done
 
-bin="$prefix/node_modules/.bin/azurite-blob"
 if [[ ! -x "$bin" ]]; then
     echo "install-azurite: npm finished but $bin is missing" >&2
     exit 1

@@ -104,6 +104,9 @@ class SubscriptionInfo(Struct):
     unacked_messages: int | None = None
     redeliveries: int | None = None
     blocked_offset: int | None = None
+    # Bytes the backlog takes in the log (records after the cursor, headers included;
+    # out-of-order acks prorated).
+    backlog_bytes: int | None = None
 
 
 @wire
@@ -236,10 +239,46 @@ class FailurePolicyInfo(Message):
     explicit: bool = False
 
 
+@wire
+class SetDispatchConfig(Message):
+    """Set the dispatch window of a subscription of a reliable topic (every partition):
+    Danube's `SetSubscriptionDispatchConfig`. `max_unacked_messages` (1..10000) bounds
+    each consumer's unacknowledged deliveries in place of `reliable.max_unacked_messages`;
+    it applies at once and survives restarts. Answered by `Ok`."""
+
+    TAG = 35
+    request_id: int
+    topic: str
+    subscription: str
+    max_unacked_messages: int
+
+
+@wire
+class GetDispatchConfig(Message):
+    """The dispatch window of a subscription of a reliable topic (its first partition's
+    when partitioned). Answered by `DispatchConfigInfo`."""
+
+    TAG = 36
+    request_id: int
+    topic: str
+    subscription: str
+
+
+@wire
+class DispatchConfigInfo(Message):
+    """A subscription's dispatch window; `explicit` is False while it still follows the
+    broker's `reliable.max_unacked_messages` (no `SetDispatchConfig` yet)."""
+
+    TAG = 37
+    request_id: int
+    max_unacked_messages: int
+    explicit: bool = False
+
+
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
-    GetFailurePolicy,
+    GetFailurePolicy, SetDispatchConfig, GetDispatchConfig,
 )
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -252,5 +291,6 @@ ADMIN_PROTOCOL = Protocol(
         ListTopics, TopicList, CreateTopic, DeleteTopic, DescribeTopic, TopicDescription,
         ListSubscriptions, SubscriptionList, Unsubscribe, ListBrokers, BrokerList,
         SeekSubscription, SetFailurePolicy, GetFailurePolicy, FailurePolicyInfo,
+        SetDispatchConfig, GetDispatchConfig, DispatchConfigInfo,
     ),
 )

@@ -272,7 +272,8 @@ class FailurePolicyState(Struct):
 @wire
 class PersistCursor(Message):
     """Reliable subscription -> broker: its cursor and out-of-order acks, to persist;
-    and its failure policy when an admin set one (None: the broker's defaults apply)."""
+    and its failure policy and dispatch window when an admin set them (None: the
+    broker's defaults apply)."""
 
     TAG = 39
     topic: str
@@ -281,6 +282,7 @@ class PersistCursor(Message):
     cursor: int
     acked_above: list[int]
     policy: FailurePolicyState | None = None
+    max_unacked_messages: int | None = None
 
 
 @wire
@@ -301,6 +303,7 @@ class SubscriptionState(Struct):
     cursor: int
     acked_above: list[int]
     policy: FailurePolicyState | None = None
+    max_unacked_messages: int | None = None
 
 
 @wire
@@ -456,6 +459,37 @@ class SubscriptionPolicy(Message):
     explicit: bool
 
 
+# Dispatch window of reliable subscriptions.
+
+
+@wire
+class SetSubscriptionDispatchConfig(Message):
+    """Broker -> topic -> subscription (ask): apply and persist a new window
+    (`max_unacked_messages` per consumer). The subscription answers with the
+    `PersistCursor` to store (window included)."""
+
+    TAG = 66
+    subscription: str
+    max_unacked_messages: int
+
+
+@wire
+class GetSubscriptionDispatchConfig(Message):
+    """Broker -> topic -> subscription (ask). Answered by `SubscriptionDispatchConfig`."""
+
+    TAG = 67
+    subscription: str
+
+
+@wire
+class SubscriptionDispatchConfig(Message):
+    """A subscription's window; `explicit`: set by an admin, not the broker's default."""
+
+    TAG = 68
+    max_unacked_messages: int
+    explicit: bool
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -468,5 +502,6 @@ INTERNAL_PROTOCOL = Protocol(
         FlushDone, ReadRequest, ReadResult, PersistCursor, ForgetSubscription, DeadLetter, AppendInternal,
         SegmentSealed, SegmentDurable, SubscriptionCursor, SegmentFetched, ForgetSegments,
         SeekCursor, ResolveSeek, SeekTo, SetSubscriptionPolicy, GetSubscriptionPolicy, SubscriptionPolicy,
+        SetSubscriptionDispatchConfig, GetSubscriptionDispatchConfig, SubscriptionDispatchConfig,
     ),
 )

@@ -272,6 +272,20 @@ class WalLog:
         """False once a failed write could not be cut back: reopen the log."""
         return not self._closed and not self._segments[-1].broken
 
+    def bytes_between(self, start_offset: int, end_offset: int) -> int:
+        """Bytes the records [start_offset, end_offset) take in the WAL files (headers
+        included), for the part of the range the local WAL still holds."""
+        total = 0
+        for segment in self._segments:
+            low = max(start_offset, segment.base_offset)
+            high = min(end_offset, segment.next_offset)
+            if low < high:
+                try:
+                    total += segment.position_of(high) - segment.position_of(low)
+                except SegmentDeleted:
+                    continue
+        return total
+
     def rollback_unsynced(self) -> int:
         """After a failed append or sync: cut the active segment back to its last
         successful fsync (see `Segment.truncate_to_synced`); sealed segments were fsynced

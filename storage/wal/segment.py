@@ -346,6 +346,19 @@ class Segment:
 
     # -- reader side (any thread) ---------------------------------------------------
 
+    def position_of(self, offset: int) -> int:
+        """Byte position of record `offset` in the file; `next_offset` gives the end.
+        Uses the sparse index and header hops: no body is read."""
+        next_offset, size_bytes = self._end
+        assert self.base_offset <= offset <= next_offset, (offset, self.base_offset, next_offset)
+        if offset == next_offset:
+            return size_bytes
+        with self._read_lock:
+            fd = self._read_fd
+            if fd is None:
+                raise SegmentDeleted(self.path)
+            return self._locate(fd, offset, size_bytes)
+
     def read(self, start_offset: int, *, max_bytes: int, upto_offset: int, min_one_record: bool) -> tuple[RecordBatch, int]:
         """Records from `start_offset` below `upto_offset` within `max_bytes` of records
         (headers included; the first record is returned whatever its size when

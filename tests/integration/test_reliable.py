@@ -183,3 +183,16 @@ async def test_reliable_and_non_reliable_do_not_mix(broker) -> None:
         await client.create_producer("/default/r9", dispatch="reliable")
         with pytest.raises(FailedPrecondition, match="reliable"):
             await client.create_producer("/default/r9")
+
+
+async def test_describe_reports_backlog_in_messages_and_bytes(broker) -> None:
+    """A subscription behind by 11 messages of 1 KiB shows a backlog of 11 and at least 11 KiB."""
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/r10", dispatch="reliable")
+        await client.subscribe("/default/r10", "behind", sub_type=SubType.EXCLUSIVE, receiver_queue_size=1)
+        for _ in range(11):
+            await producer.send(b"x" * 1024)
+        await asyncio.sleep(0.3)
+        info = await describe_subscription(broker, "/default/r10", "behind")
+        assert info.backlog_messages == 11
+        assert 11 * 1024 <= info.backlog_bytes <= 11 * 1200
