@@ -20,9 +20,17 @@ if ! command -v npm >/dev/null 2>&1; then
     exit 127
 fi
 
+# Node does not read the system CA bundle by itself; without it npm cannot reach the
+# registry through a TLS-inspecting network and waits until its timeouts.
+if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -f /etc/ssl/certs/ca-certificates.crt ]]; then
+    export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
+
 # --no-audit/--no-fund: no extra registry calls and no noise; --prefix keeps it under .cache/.
+# Bounded fetches: a registry that does not answer fails fast and is retried below.
 for attempt in 1 2 3; do
-    if npm install --no-audit --no-fund --loglevel=error --prefix "$prefix" azurite@3; then
+    if npm install --no-audit --no-fund --loglevel=error --fetch-timeout=60000 --fetch-retries=2 \
+            --prefix "$prefix" azurite@3; then
         break
     fi
     echo "install-azurite: npm install failed (attempt $attempt of 3)" >&2
