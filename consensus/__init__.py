@@ -1,2 +1,3 @@
-"""Embedded Raft metadata store. Empty until the Raft issue lands; a standalone
-broker keeps its registry in the broker actor's memory until then."""
+"""Embedded Raft metadata store (see README.md): a pure Raft core, its deterministic
+simulator, the metadata state machine, the durable log store, and (next) the peer actor
+and the `MetadataStore` API the broker moves onto."""
