@@ -216,6 +216,10 @@ class SyncConsumer:
     def nack(self, message: Message | MessageId, delay_ms: int | None = None) -> None:
         self._runner.call(self.consumer.nack(message, delay_ms))
 
+    def seek(self, *, offset: int | None = None, publish_time: int | None = None) -> None:
+        """Move the subscription (reliable topics); see `Consumer.seek`."""
+        self._runner.call(self.consumer.seek(offset=offset, publish_time=publish_time))
+
     def unsubscribe(self) -> None:
         self._runner.call(self.consumer.unsubscribe())
 

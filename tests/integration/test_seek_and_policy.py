@@ -319,3 +319,18 @@ def test_cli_failure_policy_seek_and_describe(broker) -> None:
     assert danube(*admin, "topics", "create", "/default/cli-nr").returncode == 0
     refused = danube(*admin, "topics", "get-failure-policy", "/default/cli-nr", "-s", "s")
     assert refused.returncode != 0 and "not reliable" in refused.stderr
+
+
+def test_sync_consumer_seek(broker) -> None:
+    """The blocking facade seeks like the asyncio consumer."""
+    from danube_zmq import SyncClient
+
+    with SyncClient(broker.url) as client:
+        producer = client.create_producer("/default/sync-seek", dispatch="reliable")
+        consumer = client.subscribe("/default/sync-seek", "s", sub_type="exclusive")
+        for i in range(3):
+            producer.send(f"m{i}".encode())
+        for _ in range(3):
+            consumer.ack(consumer.receive(timeout=5))
+        consumer.seek(offset=1)
+        assert consumer.receive(timeout=5).payload == b"m1"
