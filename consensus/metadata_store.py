@@ -1,0 +1,209 @@
+"""The `MetadataStore` API the broker moves onto, and its Raft implementation.
+
+`MetadataStore` is the async, replicated successor of `storage.catalog.Catalog`: versioned
+values (etcd-style), TTLs, compare-and-swap on versions, monotonic ids, prefix scans and
+watches that resume from a revision. `RaftMetadataStore` implements it over a `RaftPeer`
+(consensus/peer.py); `embedded_store(data_dir)` builds a single-voter peer, so a
+standalone broker runs the same code path as a cluster.
+
+Writes go through the leader (a follower raises `NotLeader`, an `Unavailable` whose
+`redirect_url` names the leader). `get` and `list_prefix` are linearizable (ReadIndex;
+a follower asks the leader for the index) unless `linearizable=False`. `watch` is
+served from the local peer's applied state: it yields the events after
+`from_revision` in revision order, and waits on the peer's apply notification (no
+polling). When the peer's bounded history no longer holds them it raises `Compacted`:
+re-read with `list_prefix` and resume from the state's revision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from danube_zmq.consensus.peer import RaftPeer
+from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.consensus.state_machine import (
+    AllocatedId,
+    AllocateMonotonicId,
+    CasFailed,
+    Command,
+    CompareAndSwap,
+    Delete,
+    DeletePrefix,
+    Ok,
+    Put,
+    PutWithTtl,
+    Rejected,
+    Result,
+    Value,
+    VersionedValue,
+    WatchEvent,
+)
+from danube_zmq.transport.errors import InternalError, Unavailable
+
+__all__ = ["CasResult", "MetadataStore", "RaftMetadataStore", "embedded_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class CasResult:
+    """`succeeded`: the swap happened and `value` is the new value; otherwise `value` is
+    the current one (None: the key does not exist)."""
+
+    succeeded: bool
+    value: VersionedValue | None
+
+    @property
+    def version(self) -> int:
+        return self.value.version if self.value is not None else 0
+
+
+class MetadataStore(Protocol):
+    """Replicated key-value metadata. Keys are str, values bytes."""
+
+    async def get(self, key: str) -> VersionedValue | None: ...
+
+    async def put(self, key: str, value: bytes) -> VersionedValue: ...
+
+    async def put_with_ttl(self, key: str, value: bytes, ttl_ms: int) -> VersionedValue: ...
+
+    async def delete(self, key: str) -> bool:
+        """True if the key existed."""
+        ...
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """How many keys were deleted."""
+        ...
+
+    async def compare_and_swap(self, key: str, expected_version: int, value: bytes) -> CasResult:
+        """Set `key` if its version is `expected_version` (0: must not exist)."""
+        ...
+
+    async def allocate_id(self, key: str) -> int:
+        """The next id (1, 2, ...) of counter `key`."""
+        ...
+
+    async def list_prefix(self, prefix: str) -> list[tuple[str, VersionedValue]]: ...
+
+    def watch(self, prefix: str, from_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        """Events on keys under `prefix` after `from_revision`, in revision order, forever."""
+        ...
+
+
+class RaftMetadataStore:
+    """`MetadataStore` over one `RaftPeer`. With `owns_peer`, `start`/`stop` run the peer."""
+
+    def __init__(self, peer: RaftPeer, *, owns_peer: bool = False, start_timeout_s: float = 10.0) -> None:
+        self.peer = peer
+        self._owns_peer = owns_peer
+        self._start_timeout_s = start_timeout_s
+
+    async def start(self) -> None:
+        if self._owns_peer:
+            await self.peer.start()
+            await self.peer.wait_for_leader(self._start_timeout_s)
+
+    async def stop(self) -> None:
+        if self._owns_peer:
+            await self.peer.stop()
+
+    async def __aenter__(self) -> RaftMetadataStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str, *, linearizable: bool = True) -> VersionedValue | None:
+        return await self.peer.read(key, linearizable)
+
+    async def list_prefix(self, prefix: str, *, linearizable: bool = True) -> list[tuple[str, VersionedValue]]:
+        return await self.peer.list_prefix(prefix, linearizable)
+
+    async def watch(self, prefix: str, from_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        peer = self.peer
+        revision = from_revision
+        while True:
+            events = peer.state.events_since(prefix, revision)
+            for event in events:
+                yield event
+                revision = event.revision
+            if events:
+                continue  # more may have applied while the consumer held us
+            if not peer.running:
+                raise Unavailable(f"raft peer {peer.node_id} stopped; resume the watch at revision {revision}")
+            await peer.wait_changed()
+
+    # ------------------------------------------------------------------ writes
+
+    async def _propose(self, command: Command) -> Result:
+        result = await self.peer.propose(command)
+        if type(result) is Rejected:
+            raise result.to_error()
+        return result
+
+    async def put(self, key: str, value: bytes) -> VersionedValue:
+        return _value(await self._propose(Put(key=key, value=value)))
+
+    async def put_with_ttl(self, key: str, value: bytes, ttl_ms: int) -> VersionedValue:
+        now_ms = int(time.time() * 1000)  # stamped here, on the leader (proposals are leader-only)
+        return _value(await self._propose(PutWithTtl(key=key, value=value, ttl_ms=ttl_ms, now_ms=now_ms)))
+
+    async def delete(self, key: str) -> bool:
+        result = await self._propose(Delete(key=key))
+        return _ok(result).keys_changed > 0
+
+    async def delete_prefix(self, prefix: str) -> int:
+        return _ok(await self._propose(DeletePrefix(prefix=prefix))).keys_changed
+
+    async def compare_and_swap(self, key: str, expected_version: int, value: bytes) -> CasResult:
+        result = await self._propose(CompareAndSwap(key=key, expected_version=expected_version, value=value))
+        if type(result) is CasFailed:
+            return CasResult(False, result.current)
+        return CasResult(True, _value(result))
+
+    async def allocate_id(self, key: str) -> int:
+        result = await self._propose(AllocateMonotonicId(key=key))
+        if type(result) is not AllocatedId:
+            raise InternalError(f"allocate_id: unexpected result {result!r}")
+        return result.id
+
+    @property
+    def revision(self) -> int:
+        """The local peer's applied revision."""
+        return self.peer.state.revision
+
+
+def _value(result: Result) -> VersionedValue:
+    if type(result) is not Value:
+        raise InternalError(f"unexpected result {result!r}")
+    return result.value
+
+
+def _ok(result: Result) -> Ok:
+    if type(result) is not Ok:
+        raise InternalError(f"unexpected result {result!r}")
+    return result
+
+
+def embedded_store(
+    data_dir: str | Path,
+    *,
+    node_id: int = 1,
+    tick_ms: int = 10,
+    config: RaftConfig | None = None,
+) -> RaftMetadataStore:
+    """A single-voter Raft store for a standalone broker (no sockets): `async with` it."""
+    peer = RaftPeer(
+        node_id,
+        data_dir,
+        None,
+        {},
+        config if config is not None else RaftConfig(node_id=node_id),
+        tick_ms,
+    )
+    return RaftMetadataStore(peer, owns_peer=True)

@@ -1,0 +1,677 @@
+"""The Raft peer: the asyncio + ZeroMQ shell around the pure core (`raft/core.py`).
+
+One `RaftPeer` owns a `RaftNode`, its `RaftLogStore` and a `MetadataStateMachine`:
+
+    ROUTER (bound at `listen`)  --decode-->  events queue  --> one loop task:
+    tick timer (every tick_ms)  --Tick---->                    effects = node.step(event)
+    clients (propose / read)    --Propose/ReadIndex-->         run the effects IN ORDER
+                                                                  Persist*/SaveSnapshot/CompactLog:
+    DEALER per peer (identity str(node_id)) <--Send--             awaited in a worker thread
+                                                                  Apply -> state machine, futures
+
+Only the loop task steps the node and touches the log store (through `asyncio.to_thread`,
+one call at a time), and it executes each step's effects completely, awaiting every
+persistence call, before it takes the next event: "persist before anything that follows"
+(raft/README.md) holds by construction.
+
+Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for a peer
+that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
+retries (heartbeats, probes, election timers).
+
+Besides the Raft messages the peers speak two messages of their own (tags 40, 41): a
+follower's linearizable read asks the leader for a read index (`ReadIndexRequest`), then
+waits until it has applied that index and reads locally (etcd's forwarded MsgReadIndex).
+Proposals are leader-only for now: a follower raises `NotLeader` (an `Unavailable` with the
+leader's address in `redirect_url`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from danube_zmq.consensus.log_store import LogStoreStatistics, RaftLogStore
+from danube_zmq.consensus.raft import (
+    RAFT_PROTOCOL,
+    Apply,
+    ApplySnapshot,
+    CompactLog,
+    Effect,
+    Event,
+    PersistEntries,
+    PersistHardState,
+    ProposalResult,
+    Propose,
+    RaftConfig,
+    RaftError,
+    RaftNode,
+    ReadIndex,
+    ReadReady,
+    Receive,
+    Restore,
+    Role,
+    RoleChanged,
+    SaveSnapshot,
+    Send,
+    SnapshotTaken,
+    TakeSnapshot,
+    Tick,
+    bootstrap,
+)
+from danube_zmq.consensus.state_machine import (
+    Command,
+    ExpireTtlKeys,
+    MetadataStateMachine,
+    MetadataStatistics,
+    Result,
+    VersionedValue,
+    encode_command,
+)
+from danube_zmq.consensus.types import EntryKind, HardState
+from danube_zmq.transport.codec import Message, Protocol, wire
+from danube_zmq.transport.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Timeout,
+    Unavailable,
+)
+
+log = logging.getLogger("danube_zmq.raft.peer")
+
+__all__ = ["PEER_PROTOCOL", "NotLeader", "RaftPeer", "RaftPeerStatistics", "ReadIndexRequest", "ReadIndexResponse"]
+
+
+@wire
+class ReadIndexRequest(Message):
+    """A follower asks the leader for a read index (answered with `ReadIndexResponse`)."""
+
+    TAG = 40
+    from_id: int
+    to_id: int
+    request_id: int
+
+
+@wire
+class ReadIndexResponse(Message):
+    """`error` is 0 or a `RaftError`; on success, read once `read_index` is applied."""
+
+    TAG = 41
+    from_id: int
+    to_id: int
+    request_id: int
+    read_index: int
+    error: int = 0
+    leader_hint: int | None = None
+
+
+PEER_PROTOCOL = Protocol("raft-peer", 1, RAFT_PROTOCOL.message_types() + [ReadIndexRequest, ReadIndexResponse])
+"""Everything on the peer-to-peer sockets: the Raft messages plus the forwarded read index."""
+
+
+class NotLeader(Unavailable):
+    """This peer is not the leader. `leader_id` / `redirect_url` name the leader if known."""
+
+    def __init__(self, message: str, leader_id: int | None, redirect_url: str | None) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.redirect_url = redirect_url
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RaftPeerStatistics:
+    node_id: int
+    role: str
+    term: int
+    leader_id: int | None
+    commit_index: int
+    applied_index: int
+    last_index: int
+    steps: int
+    messages_sent: int
+    messages_dropped: int  # a full or unconnected pipe
+    messages_received: int
+    messages_invalid: int
+    proposals: int
+    proposals_committed: int
+    proposals_failed: int
+    reads: int
+    elections_won: int
+    log: LogStoreStatistics | None  # None once stopped
+    state: MetadataStatistics
+
+
+_STOP = object()
+_FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
+
+
+class RaftPeer:
+    """One Raft peer as an asyncio service; see the module docstring."""
+
+    def __init__(
+        self,
+        node_id: int,
+        data_dir: str | Path,
+        listen: str | None,
+        peers: dict[int, str],
+        config: RaftConfig,
+        tick_ms: int = 50,
+        *,
+        bootstrap_cluster: bool = True,
+        request_timeout_s: float = 5.0,
+        send_hwm: int = 1000,
+        frame_bytes_max: int = _FRAME_BYTES_MAX,
+        ttl_check_interval_s: float = 1.0,
+        state_machine_factory: Callable[[], MetadataStateMachine] = MetadataStateMachine,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        if config.node_id != node_id:
+            raise InvalidArgument(f"raft: config.node_id {config.node_id} != node_id {node_id}")
+        if tick_ms < 1:
+            raise InvalidArgument("raft: tick_ms must be at least 1")
+        self.node_id = node_id
+        self.data_dir = Path(data_dir)
+        self.listen = listen
+        self.peers = dict(peers)  # every founding voter's address (self included or not)
+        self.config = config
+        self.tick_s = tick_ms / 1000
+        self.bootstrap_cluster = bootstrap_cluster
+        self.request_timeout_s = request_timeout_s
+        self._send_hwm = send_hwm
+        self._frame_bytes_max = frame_bytes_max
+        self._ttl_check_interval_s = ttl_check_interval_s
+        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._sync_ctx = zmq.Context.shadow(self._ctx.underlying)
+
+        self.state = state_machine_factory()
+        self._node = RaftNode(config, random.Random())
+        self._store: RaftLogStore | None = None
+        self._router: zmq.asyncio.Socket | None = None
+        self._dealers: dict[int, zmq.Socket] = {}
+        self._events: asyncio.Queue[Any] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running = False
+        self._tick_queued = False
+        self._own_snapshot = False  # the step in progress is our own SnapshotTaken
+        self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
+
+        self._ids = itertools.count(1)
+        self._proposals: dict[int, asyncio.Future[Result]] = {}  # request id -> waiting for ProposalResult
+        self._appended: dict[int, tuple[int, int]] = {}  # request id -> (index, term)
+        self._by_index: dict[int, tuple[int, int, asyncio.Future[Result]]] = {}  # index -> (term, rid, future)
+        self._reads: dict[int, asyncio.Future[int]] = {}  # request id -> read index
+        self._remote_reads: dict[int, tuple[int, int]] = {}  # our core rid -> (follower, its rid)
+
+        self._steps = self._sent = self._dropped = self._received = self._invalid = 0
+        self._proposed = self._committed = self._failed = self._read_count = self._won = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open the store, recover (or bootstrap), bind and connect. One lifetime per object:
+        a restart is a new `RaftPeer` on the same `data_dir`."""
+        if self._running:
+            return
+        if self._node.restored:
+            raise FailedPrecondition(f"raft peer {self.node_id} was already started once; build a new one")
+        self._store = store = await asyncio.to_thread(RaftLogStore.open, self.data_dir)
+        try:
+            stored_id = await asyncio.to_thread(store.node_id, lambda: self.node_id)
+            if stored_id != self.node_id:
+                raise FailedPrecondition(f"{self.data_dir} belongs to raft node {stored_id}, not {self.node_id}")
+            restore = await asyncio.to_thread(self._restore_event, store)
+            self._open_sockets()
+        except BaseException:
+            self._close_sockets()
+            await asyncio.to_thread(store.close)
+            self._store = None
+            raise
+        self._running = True
+        await self._step(restore)
+        self._loop_task = asyncio.create_task(self._run(), name=f"raft-{self.node_id} loop")
+        self._tasks = [asyncio.create_task(self._ticker(), name=f"raft-{self.node_id} tick")]
+        if self._router is not None:
+            self._tasks.append(asyncio.create_task(self._receiver(), name=f"raft-{self.node_id} recv"))
+        self._tasks.append(asyncio.create_task(self._ttl_expirer(), name=f"raft-{self.node_id} ttl"))
+
+    async def stop(self) -> None:
+        if self._store is None:
+            return
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._loop_task is not None:
+            # Let the loop finish the step it is in (a persistence call may be in its thread).
+            self._events.put_nowait(_STOP)
+            await self._loop_task
+            self._loop_task = None
+        self._close_sockets()
+        gone = Unavailable(f"raft peer {self.node_id} stopped")
+        for fut in [*self._proposals.values(), *self._reads.values(), *(f for _, _, f in self._by_index.values())]:
+            if not fut.done():
+                fut.set_exception(gone)
+        self._proposals.clear()
+        self._reads.clear()
+        self._by_index.clear()
+        self._appended.clear()
+        self._wake()
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
+            self._store = None
+
+    async def __aenter__(self) -> RaftPeer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _restore_event(self, store: RaftLogStore) -> Restore:
+        """What is on disk; a fresh founding voter first persists `bootstrap(voters)`."""
+        snapshot = store.latest_snapshot()
+        hs = store.hard_state()
+        empty = snapshot is None and store.last_index() == 0 and hs.term == 0
+        if empty:
+            if not self.bootstrap_cluster:
+                return Restore(hard_state=HardState(term=0, voted_for=None, commit_index=0))
+            voters = sorted(set(self.peers) | {self.node_id})
+            boot = bootstrap(voters)
+            store.append(boot.entries, hard_state=boot.hard_state)
+            return boot
+        entries = store.entries(store.first_index(), store.last_index() + 1, 1 << 62)
+        if snapshot is None:
+            return Restore(hard_state=hs, entries=entries)
+        return Restore(hard_state=hs, snapshot=snapshot[0], snapshot_data=snapshot[1], entries=entries)
+
+    def _open_sockets(self) -> None:
+        if self.listen is not None:
+            router = self._ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.setsockopt(zmq.RCVHWM, self._send_hwm)
+            router.setsockopt(zmq.MAXMSGSIZE, self._frame_bytes_max)
+            router.bind(self.listen)
+            self._router = router
+        for peer_id, address in self.peers.items():
+            if peer_id == self.node_id:
+                continue
+            dealer = self._sync_ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.SNDHWM, self._send_hwm)
+            dealer.setsockopt(zmq.RCVHWM, 1)  # nothing comes back on it
+            dealer.setsockopt(zmq.IMMEDIATE, 1)  # no queue for a peer that is down
+            dealer.setsockopt(zmq.RECONNECT_IVL, 50)
+            dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            dealer.setsockopt(zmq.IDENTITY, str(self.node_id).encode())
+            dealer.connect(address)
+            self._dealers[peer_id] = dealer
+
+    def _close_sockets(self) -> None:
+        for dealer in self._dealers.values():
+            dealer.close(linger=0)
+        self._dealers.clear()
+        if self._router is not None:
+            self._router.close(linger=0)
+            self._router = None
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _run(self) -> None:
+        while True:
+            event = await self._events.get()
+            if event is _STOP:
+                return
+            if type(event) is Tick:
+                self._tick_queued = False
+            try:
+                await self._step(event)
+            except Exception:
+                # A failed persistence call: the node's memory is ahead of the disk. Stop
+                # serving rather than answer from a state that may not survive a restart.
+                log.exception("raft peer %d: step failed; stopping the peer", self.node_id)
+                self._running = False
+                for task in self._tasks:
+                    task.cancel()
+                return
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += self.tick_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if not self._tick_queued:  # a busy loop skips ticks rather than piling them up
+                self._tick_queued = True
+                self._events.put_nowait(Tick())
+
+    async def _receiver(self) -> None:
+        router = self._router
+        assert router is not None
+        while True:
+            frames = await router.recv_multipart()
+            self._received += 1
+            if len(frames) != 2:
+                self._invalid += 1
+                continue
+            try:
+                msg = PEER_PROTOCOL.decode(frames[1])
+            except InvalidArgument as exc:
+                self._invalid += 1
+                log.warning("raft peer %d: bad frame: %s", self.node_id, exc)
+                continue
+            if frames[0] != str(msg.from_id).encode() or msg.to_id != self.node_id:  # type: ignore[attr-defined]
+                self._invalid += 1
+                continue
+            if type(msg) is ReadIndexRequest:
+                rid = next(self._ids)
+                self._remote_reads[rid] = (msg.from_id, msg.request_id)
+                self._events.put_nowait(ReadIndex(request_id=rid))
+            elif type(msg) is ReadIndexResponse:
+                fut = self._reads.pop(msg.request_id, None)
+                if fut is not None and not fut.done():
+                    if msg.error:
+                        fut.set_exception(self._refusal(RaftError(msg.error), msg.leader_hint))
+                    else:
+                        fut.set_result(msg.read_index)
+            else:
+                self._events.put_nowait(Receive(message=msg))  # type: ignore[arg-type]
+
+    async def _ttl_expirer(self) -> None:
+        """The leader proposes `ExpireTtlKeys(now)` while keys with a TTL exist."""
+        while True:
+            await asyncio.sleep(self._ttl_check_interval_s)
+            if self.is_leader and self.state.statistics().ttl_keys:
+                with contextlib.suppress(Unavailable, Timeout, ResourceExhausted):
+                    await self.propose(ExpireTtlKeys(now_ms=int(time.time() * 1000)))
+
+    # ------------------------------------------------------------------ stepping
+
+    async def _step(self, event: Event) -> None:
+        self._steps += 1
+        self._own_snapshot = type(event) is SnapshotTaken
+        effects = self._node.step(event)
+        for effect in effects:
+            await self._execute(effect)
+
+    async def _execute(self, effect: Effect) -> None:
+        store = self._store
+        assert store is not None
+        match effect:
+            case Send(message=msg):
+                self._send(msg)
+            case PersistEntries(entries=entries, truncate_from=truncate_from):
+                await asyncio.to_thread(store.append, entries, truncate_from=truncate_from)
+            case PersistHardState(hard_state=hs):
+                await asyncio.to_thread(store.save_hard_state, hs)
+            case SaveSnapshot(meta=meta, data=data):
+                if self._own_snapshot:
+                    await asyncio.to_thread(store.save_snapshot, meta, data)
+                else:  # InstallSnapshot from the leader: the store drops or compacts the log itself
+                    await asyncio.to_thread(store.install_snapshot, meta, data)
+            case CompactLog(upto_index=upto):
+                await asyncio.to_thread(self._compact, store, upto)
+            case Apply(entries=entries):
+                self._apply(entries)
+            case ApplySnapshot(data=data):
+                self.state.restore(data)
+                for index in [i for i in self._by_index if i <= self.state.last_applied_index]:
+                    _, rid, fut = self._by_index.pop(index)
+                    self._appended.pop(rid, None)
+                    if not fut.done():
+                        fut.set_exception(Unavailable("proposal outcome unknown: covered by a snapshot"))
+                self._wake()
+            case ProposalResult():
+                self._on_proposal_result(effect)
+            case ReadReady():
+                self._on_read_ready(effect)
+            case TakeSnapshot():
+                self._events.put_nowait(
+                    SnapshotTaken(last_index=self.state.last_applied_index, data=self.state.snapshot())
+                )
+            case RoleChanged(role=role, term=term, leader_id=leader):
+                if role is Role.LEADER:
+                    self._won += 1
+                log.info("raft peer %d: %s term %d leader %s", self.node_id, role.name, term, leader)
+                self._wake()
+
+    @staticmethod
+    def _compact(store: RaftLogStore, upto: int) -> None:
+        if upto < store.first_index():
+            return  # already compacted (an installed snapshot does it itself)
+        term = store.term_of(upto)
+        assert term is not None, upto
+        store.compact(upto, term)
+
+    def _send(self, msg: Message) -> None:
+        dealer = self._dealers.get(msg.to_id)  # type: ignore[attr-defined]
+        if dealer is None:
+            self._dropped += 1
+            return
+        try:
+            dealer.send(PEER_PROTOCOL.encode(msg), zmq.NOBLOCK)
+            self._sent += 1
+        except zmq.Again:
+            self._dropped += 1
+
+    def _apply(self, entries: list[Any]) -> None:
+        sm = self.state
+        for entry in entries:
+            if entry.kind == EntryKind.COMMAND:
+                result: Result | None = sm.apply(entry.index, entry.data)
+            else:
+                sm.note_applied(entry.index)
+                result = None
+            pending = self._by_index.pop(entry.index, None)
+            if pending is None:
+                continue
+            term, rid, fut = pending
+            self._appended.pop(rid, None)
+            if fut.done():
+                continue
+            if term == entry.term and result is not None:
+                self._committed += 1
+                fut.set_result(result)
+            else:
+                self._failed += 1
+                fut.set_exception(Unavailable("proposal lost to a leader change; retry"))
+        self._wake()
+
+    def _on_proposal_result(self, e: ProposalResult) -> None:
+        fut = self._proposals.pop(e.request_id, None)
+        if fut is None or fut.done():
+            return
+        if e.error is not None:
+            self._failed += 1
+            fut.set_exception(self._refusal(e.error, e.leader_hint))
+            return
+        self._appended[e.request_id] = (e.index, e.term)
+        self._by_index[e.index] = (e.term, e.request_id, fut)
+
+    def _on_read_ready(self, e: ReadReady) -> None:
+        remote = self._remote_reads.pop(e.request_id, None)
+        if remote is not None:
+            follower, their_rid = remote
+            self._send(
+                ReadIndexResponse(
+                    from_id=self.node_id,
+                    to_id=follower,
+                    request_id=their_rid,
+                    read_index=e.read_index,
+                    error=int(e.error or 0),
+                    leader_hint=e.leader_hint,
+                )
+            )
+            return
+        fut = self._reads.pop(e.request_id, None)
+        if fut is None or fut.done():
+            return
+        if e.error is not None:
+            fut.set_exception(self._refusal(e.error, e.leader_hint))
+        else:
+            fut.set_result(e.read_index)
+
+    def _refusal(self, error: RaftError, leader_hint: int | None) -> Exception:
+        if error is RaftError.NOT_LEADER or error is RaftError.TRANSFERRING:
+            return self._not_leader(leader_hint)
+        if error is RaftError.BUSY:
+            return ResourceExhausted("raft: too many requests in flight; retry later")
+        return Unavailable(f"raft: refused ({error.name}); retry")
+
+    def _not_leader(self, leader_hint: int | None) -> NotLeader:
+        if leader_hint is None or leader_hint == self.node_id:
+            return NotLeader(f"raft peer {self.node_id} is not the leader; no leader known yet", None, None)
+        return NotLeader(
+            f"raft peer {self.node_id} is not the leader; the leader is {leader_hint}",
+            leader_hint,
+            self.peers.get(leader_hint),
+        )
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def is_leader(self) -> bool:
+        return self._running and self._node.role is Role.LEADER
+
+    @property
+    def leader_id(self) -> int | None:
+        return self._node.leader_id if self._running else None
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def wait_changed(self, timeout: float | None = None) -> None:
+        """Wait for the next apply or role change (or `timeout`)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def wait_for_leader(self, timeout: float = 10.0) -> int:
+        """The leader's id once one is known (raises `Timeout`)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            leader = self.leader_id
+            if leader is not None:
+                return leader
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise Timeout(f"raft peer {self.node_id}: no leader within {timeout} s")
+            await self.wait_changed(remaining)
+
+    async def propose(self, command: Command, timeout: float | None = None) -> Result:
+        """Replicate `command`; its result once committed and applied here (leader only)."""
+        if not self._running:
+            raise Unavailable(f"raft peer {self.node_id} is not running")
+        if self._node.role is not Role.LEADER:
+            raise self._not_leader(self._node.leader_id)
+        rid = next(self._ids)
+        fut: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._proposals[rid] = fut
+        self._proposed += 1
+        self._events.put_nowait(Propose(request_id=rid, data=encode_command(command)))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.request_timeout_s)
+        except TimeoutError:
+            self._failed += 1
+            raise Timeout(f"raft peer {self.node_id}: proposal not committed in time; outcome unknown") from None
+        finally:
+            self._proposals.pop(rid, None)
+            appended = self._appended.pop(rid, None)
+            if appended is not None:
+                pending = self._by_index.get(appended[0])
+                if pending is not None and pending[1] == rid:
+                    del self._by_index[appended[0]]
+
+    async def read_barrier(self, timeout: float | None = None) -> int:
+        """Wait until this peer's state reflects every write committed before the call
+        (ReadIndex; a follower asks the leader). Returns the read index."""
+        if not self._running:
+            raise Unavailable(f"raft peer {self.node_id} is not running")
+        timeout = timeout or self.request_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._node.leader_id is None:  # e.g. just restarted: wait for the leader's heartbeat
+            with contextlib.suppress(Timeout):
+                await self.wait_for_leader(timeout)
+        rid = next(self._ids)
+        fut: asyncio.Future[int] = loop.create_future()
+        self._read_count += 1
+        if self._node.role is Role.LEADER:
+            self._reads[rid] = fut
+            self._events.put_nowait(ReadIndex(request_id=rid))
+        else:
+            leader = self._node.leader_id
+            if leader is None or leader not in self._dealers:
+                raise self._not_leader(leader)
+            self._reads[rid] = fut
+            self._send(ReadIndexRequest(from_id=self.node_id, to_id=leader, request_id=rid))
+        try:
+            read_index = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise Timeout(f"raft peer {self.node_id}: read index not confirmed in time") from None
+        finally:
+            self._reads.pop(rid, None)
+        while self.state.last_applied_index < read_index:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not self._running:
+                raise Timeout(f"raft peer {self.node_id}: not caught up to read index {read_index} in time")
+            await self.wait_changed(remaining)
+        return read_index
+
+    async def read(self, key: str, linearizable: bool = True) -> VersionedValue | None:
+        if linearizable:
+            await self.read_barrier()
+        return self.state.get(key)
+
+    def get_local(self, key: str) -> VersionedValue | None:
+        """This peer's applied value (possibly stale)."""
+        return self.state.get(key)
+
+    async def list_prefix(self, prefix: str, linearizable: bool = True) -> list[tuple[str, VersionedValue]]:
+        if linearizable:
+            await self.read_barrier()
+        return self.state.list_prefix(prefix)
+
+    def statistics(self) -> RaftPeerStatistics:
+        node = self._node
+        store = self._store
+        log_stats = store.statistics() if store is not None else None
+        return RaftPeerStatistics(
+            node_id=self.node_id,
+            role=node.role.name,
+            term=node.term,
+            leader_id=node.leader_id,
+            commit_index=node.commit_index,
+            applied_index=self.state.last_applied_index,
+            last_index=node.last_index,
+            steps=self._steps,
+            messages_sent=self._sent,
+            messages_dropped=self._dropped,
+            messages_received=self._received,
+            messages_invalid=self._invalid,
+            proposals=self._proposed,
+            proposals_committed=self._committed,
+            proposals_failed=self._failed,
+            reads=self._read_count,
+            elections_won=self._won,
+            log=log_stats,
+            state=self.state.statistics(),
+        )
