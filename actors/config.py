@@ -35,7 +35,7 @@ from typing import ClassVar
 
 import yaml
 
-from danube_zmq.actors.topic_name import validate_namespace
+from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.transport.errors import ConfigError, InvalidArgument
 
 __all__ = [
@@ -375,6 +375,12 @@ class ReliableSection:
         if self.poison_policy == "dead_letter" and not self.dead_letter_topic:
             raise _error("reliable.dead_letter_topic", "is required when reliable.poison_policy is dead_letter",
                          "reliable.poison_policy")
+        if self.dead_letter_topic is not None:
+            # Checked here: a bad name found only when the first letter is written loses it.
+            try:
+                parse_topic(self.dead_letter_topic)
+            except InvalidArgument as exc:
+                raise _error("reliable.dead_letter_topic", str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -193,10 +193,15 @@ class ActorSystem:
         if endpoint not in self._cells:
             self.dead_letters += 1
             return False
+        if not self._try_push(endpoint, frame):
+            self.mailbox_full_drops += 1
+            return False
+        return True
+
+    def _try_push(self, endpoint: str, frame: bytes) -> bool:
         try:
             self._push_socket(endpoint).send(frame, zmq.DONTWAIT, copy=False)
         except zmq.Again:
-            self.mailbox_full_drops += 1
             return False
         return True
 
@@ -212,9 +217,11 @@ class ActorSystem:
     def post(self, endpoint: str, msg: Message) -> None:
         """Deliver a message that must not be lost to a full mailbox (a completion):
         told at once when there is room, else sent by a task that waits for room."""
-        if self.tell(endpoint, msg):
+        if endpoint not in self._cells:
+            self.dead_letters += 1
             return
-        self.mailbox_full_drops -= 1  # not dropped: it waits
+        if self._try_push(endpoint, INTERNAL_PROTOCOL.encode(msg)):
+            return
         task = asyncio.get_running_loop().create_task(self.send(endpoint, msg, timeout_ms=3_600_000))
         self._posts.add(task)
         task.add_done_callback(self._posts.discard)
@@ -228,14 +235,12 @@ class ActorSystem:
             if endpoint not in self._cells:
                 self.dead_letters += 1
                 raise Unavailable(f"actor {endpoint} is gone")
-            try:
-                self._push_socket(endpoint).send(frame, zmq.DONTWAIT, copy=False)
+            if self._try_push(endpoint, frame):
                 return
-            except zmq.Again:
-                if self.clock.monotonic_ms() >= deadline:
-                    raise ResourceExhausted(f"mailbox of {self._cells[endpoint].name} stayed full") from None
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 0.05)
+            if self.clock.monotonic_ms() >= deadline:
+                raise ResourceExhausted(f"mailbox of {self._cells[endpoint].name} stayed full")
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.05)
 
     async def ask(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> Message:
         """Send `msg` as a request and wait for the handler's return value."""

@@ -427,3 +427,10 @@ def test_sections_validate_when_built_directly() -> None:
         BrokerConfig(limits=LimitsSection(frame_bytes_max=MIB))
     with pytest.raises(dataclasses.FrozenInstanceError):
         BrokerConfig().auto_create_topics = False  # type: ignore[misc]
+
+
+def test_dead_letter_topic_must_be_a_valid_topic_name() -> None:
+    """A malformed dead-letter topic is refused at load, naming the key."""
+    with pytest.raises(ConfigError, match=r"reliable\.dead_letter_topic"):
+        load_config(None, env={}, overrides={"reliable.poison_policy": "dead_letter",
+                                             "reliable.dead_letter_topic": "not a topic"})
