@@ -4,23 +4,33 @@ Admin traffic is low-rate control: the gateway answers `Connect` (version check)
 and `Ping` itself, checks every other frame decodes, and forwards it to the broker
 actor as `AdminRequest`; answers come back through the admin outbox. It keeps no
 per-connection state, so `danube admin` can send a request without a handshake.
+
+Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, metadata
+get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, each
+in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
+RESOURCE_EXHAUSTED), since they wait on Raft rounds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
 
+from danube_zmq.actors import cluster_admin
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.consensus.peer import NotLeader
+from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
-from danube_zmq.transport.errors import ErrorCode, InvalidArgument
+from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument
 from danube_zmq.transport.internal_protocol import AdminRequest
 
 if TYPE_CHECKING:
@@ -28,11 +38,15 @@ if TYPE_CHECKING:
 
 ADMIN_OUTBOX = "inproc://admin-outbox"
 _DRAIN_MAX = 64
+_CLUSTER_TASKS_MAX = 256
 
 
 class AdminGateway(Actor):
-    def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str) -> None:
+    def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str,
+                 metadata: RaftMetadataStore | None = None) -> None:
         self.config = config
+        self.metadata = metadata
+        self._cluster_tasks: set[asyncio.Task[None]] = set()
         self.broker_id = broker_id
         self.broker_url = broker_url
         self.router: zmq.asyncio.Socket | None = None
@@ -57,6 +71,10 @@ class AdminGateway(Actor):
         self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
 
     async def on_stop(self) -> None:
+        for task in list(self._cluster_tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for sock in (self.router, self.outbox):
             if sock is not None:
                 sock.close(linger=0)
@@ -108,6 +126,9 @@ class AdminGateway(Actor):
             self._reply(identity, Pong(request_id=msg.request_id))
             return
         request_id = getattr(msg, "request_id", 0)
+        if type(msg) in CLUSTER_REQUESTS:
+            self._cluster_request(identity, msg)
+            return
         if type(msg) not in ADMIN_REQUESTS:
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.INVALID_ARGUMENT,
                                         message=f"{type(msg).__name__} is not an admin request"))
@@ -115,6 +136,30 @@ class AdminGateway(Actor):
         if not self.system.tell(self.system.broker_endpoint, AdminRequest(identity=identity, frame=frame)):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="broker busy; retry"))
+
+    def _cluster_request(self, identity: bytes, msg: Message) -> None:
+        request_id = msg.request_id  # type: ignore[attr-defined]
+        if self.metadata is None:
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
+                                        message="this broker runs no metadata store"))
+            return
+        if len(self._cluster_tasks) >= _CLUSTER_TASKS_MAX:
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message="too many metadata requests in flight; retry"))
+            return
+        task = asyncio.get_running_loop().create_task(self._answer_cluster(identity, msg, self.metadata))
+        self._cluster_tasks.add(task)
+        task.add_done_callback(self._cluster_tasks.discard)
+
+    async def _answer_cluster(self, identity: bytes, msg: Message, store: RaftMetadataStore) -> None:
+        try:
+            reply = await cluster_admin.answer(store, msg)
+        except DanubeError as exc:
+            text = exc.message
+            if isinstance(exc, NotLeader) and exc.redirect_url:
+                text += f" (raft peer at {exc.redirect_url})"
+            reply = Error(request_id=msg.request_id, code=exc.code, message=text)  # type: ignore[attr-defined]
+        self._reply(identity, reply)
 
     def _send_out(self, frames: list[Any]) -> None:
         try:

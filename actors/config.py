@@ -43,6 +43,7 @@ __all__ = [
     "MIB",
     "BrokerConfig",
     "BrokerSection",
+    "ClusterSection",
     "DispatchSection",
     "LimitsSection",
     "PoliciesSection",
@@ -384,6 +385,95 @@ class ReliableSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSection:
+    """The broker's Raft peer of the metadata store (`danube admin cluster ...`)."""
+
+    SECTION: ClassVar[str] = "cluster"
+
+    # This broker's Raft node id, 1..2**63-1, unique in the cluster; it is written
+    # into broker.data_dir/metadata on first start and a different id later is an
+    # error. Default 1.
+    node_id: int = 1
+    # Where the Raft peer listens for the other peers (tcp://HOST:PORT). Default
+    # null: standalone, a single-voter Raft with no socket.
+    raft_listen: str | None = None
+    # The address the other peers use to reach this one, if not raft_listen.
+    raft_advertised: str | None = None
+    # The founding voters, each "ID=tcp://HOST:PORT", this node included. Every
+    # founder lists the same set; it is used once, when the cluster first forms.
+    # Default [] (standalone, or a node that joins).
+    peers: tuple[str, ...] = ()
+    # Start with an empty log and wait to be added (`danube admin cluster add-node`,
+    # then `promote-node`) instead of founding a cluster; `peers` then lists
+    # members to reach. Default false.
+    join: bool = False
+    # The Raft timer period, ms. Default 50.
+    tick_ms: int = 50
+    # Leader heartbeat period, ms; a multiple of tick_ms. Default 100.
+    heartbeat_interval_ms: int = 100
+    # A follower that hears nothing from a leader for a random time in
+    # [min, max) ms starts an election. Default 500 and 1000: a new leader within
+    # about a second of a leader crash.
+    election_timeout_ms_min: int = 500
+    election_timeout_ms_max: int = 1000
+    # Snapshot the metadata and compact the log past this many entries. Default 10000.
+    snapshot_entries: int = 10_000
+    # A metadata write or read not answered in this time fails with TIMEOUT, ms.
+    # Default 5000.
+    request_timeout_ms: int = 5000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.peers, list):
+            object.__setattr__(self, "peers", tuple(self.peers))
+        _check_types(self)
+        _check_range("cluster.node_id", self.node_id, 1, _INT_MAX)
+        for key in ("raft_listen", "raft_advertised"):
+            endpoint = getattr(self, key)
+            if endpoint is not None:
+                _check_endpoint(f"cluster.{key}", endpoint)
+                if not endpoint.startswith("tcp://"):
+                    raise _error(f"cluster.{key}", f"raft peers talk over tcp://, got {endpoint!r}")
+        _check_range("cluster.tick_ms", self.tick_ms, 1, 10_000)
+        _check_range("cluster.heartbeat_interval_ms", self.heartbeat_interval_ms, self.tick_ms, 60_000)
+        _check_range("cluster.election_timeout_ms_min", self.election_timeout_ms_min,
+                     self.heartbeat_interval_ms + self.tick_ms, 600_000)
+        _check_range("cluster.election_timeout_ms_max", self.election_timeout_ms_max,
+                     self.election_timeout_ms_min + self.tick_ms, 600_000)
+        _check_range("cluster.snapshot_entries", self.snapshot_entries, 10, _INT_MAX)
+        _check_range("cluster.request_timeout_ms", self.request_timeout_ms, 10, 3_600_000)
+        founders = self.peer_addresses()
+        if founders and self.raft_listen is None:
+            raise _error("cluster.raft_listen", "is required when cluster.peers is set", "cluster.peers")
+        if self.join and self.raft_listen is None:
+            raise _error("cluster.raft_listen", "is required when cluster.join is true", "cluster.join")
+        if founders and not self.join and self.node_id not in founders:
+            raise _error("cluster.peers", f"founding voters must include this node (cluster.node_id {self.node_id})",
+                         "cluster.node_id")
+
+    def peer_addresses(self) -> dict[int, str]:
+        """`peers` as {node id: address}; the checks name the bad entry."""
+        out: dict[int, str] = {}
+        for item in self.peers:
+            node, eq, address = item.partition("=")
+            if not (eq and node.strip().isdigit() and int(node) >= 1):
+                raise _error("cluster.peers", f"each entry is ID=tcp://HOST:PORT with ID >= 1, got {item!r}")
+            _check_endpoint("cluster.peers", address.strip())
+            if int(node) in out:
+                raise _error("cluster.peers", f"node {int(node)} is listed twice")
+            out[int(node)] = address.strip()
+        return out
+
+    @property
+    def ticks(self) -> tuple[int, int, int]:
+        """(heartbeat, election min, election max) in ticks."""
+        return (
+            max(1, self.heartbeat_interval_ms // self.tick_ms),
+            max(2, self.election_timeout_ms_min // self.tick_ms),
+            max(3, self.election_timeout_ms_max // self.tick_ms),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
     """The whole broker configuration: one field per section, plus top-level keys."""
 
@@ -395,6 +485,7 @@ class BrokerConfig:
     policies: PoliciesSection = field(default_factory=PoliciesSection)
     storage: StorageSection = field(default_factory=StorageSection)
     reliable: ReliableSection = field(default_factory=ReliableSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
@@ -456,6 +547,7 @@ _SECTIONS: tuple[type, ...] = (
     PoliciesSection,
     StorageSection,
     ReliableSection,
+    ClusterSection,
 )
 
 

@@ -1,6 +1,8 @@
 """One standalone broker process: the actor system and its top-level actors.
 
     BrokerService
+      +-- RaftMetadataStore  this broker's Raft peer of the metadata store (`cluster:`);
+      |                      standalone: a single voter, no socket
       +-- ActorSystem (zmq context, mailboxes, supervision)
             +-- BrokerActor    registry of namespaces and topics; parent of topics
             |     +-- TopicActor per topic/partition
@@ -8,8 +10,10 @@
             +-- Gateway        client ROUTER (broker.listen) + outbox
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
 
-`start()` binds everything (and the Prometheus endpoint); `stop()` stops the actors in
-reverse order and closes the context. Use it as `async with BrokerService(cfg):`.
+`start()` opens the metadata store, then binds everything (and the Prometheus endpoint);
+`stop()` stops the actors in reverse order, then the metadata store, and closes the
+context. In a cluster the store starts without waiting for a leader (the other peers
+may not be up yet); standalone, its single voter leads at once. Use it as `async with BrokerService(cfg):`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
@@ -29,6 +34,9 @@ from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.system import ActorSystem
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.consensus.peer import RaftPeer
+from danube_zmq.consensus.raft import RaftConfig
 
 log = logging.getLogger("danube_zmq.service")
 
@@ -44,6 +52,7 @@ class BrokerService:
         self.metrics_url: str | None = None
         self._context: zmq.asyncio.Context | None = None
         self._system: ActorSystem | None = None
+        self.metadata: RaftMetadataStore | None = None
         self._metrics_server: object | None = None
         self._stopped = asyncio.Event()
         # WAL writes and fsyncs of reliable topics run here, off the event loop; a few
@@ -59,6 +68,8 @@ class BrokerService:
         system = ActorSystem(self._context, clock=self.clock, mailbox_messages_max=config.limits.mailbox_messages_max)
         self._system = system
         try:
+            self.metadata = self._metadata_store(self._context)
+            await self.metadata.start()
             if config.broker.metrics_port:
                 host = _listen_host(config.broker.listen)
                 self._metrics_server = start_http_server(config.broker.metrics_port, addr=host)
@@ -71,7 +82,8 @@ class BrokerService:
             assert isinstance(gateway, Gateway)
             self.client_url = gateway.bound_url
             admin_endpoint = await system.spawn(
-                lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
+                lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url,
+                                     metadata=self.metadata),
                 name="admin-gateway")
             admin = system.actor(admin_endpoint)
             assert isinstance(admin, AdminGateway)
@@ -82,6 +94,18 @@ class BrokerService:
             raise
         log.info("broker %d listening: clients %s, admin %s, metrics %s", self.broker_id, self.client_url,
                  self.admin_url, self.metrics_url or "off")
+
+    def _metadata_store(self, context: zmq.asyncio.Context) -> RaftMetadataStore:
+        cluster = self.config.cluster
+        heartbeat, election_min, election_max = cluster.ticks
+        raft = RaftConfig(node_id=cluster.node_id, heartbeat_ticks=heartbeat, election_ticks_min=election_min,
+                          election_ticks_max=election_max, log_entries_max=cluster.snapshot_entries)
+        peer = RaftPeer(cluster.node_id, Path(self.config.broker.data_dir) / "metadata", cluster.raft_listen,
+                        cluster.peer_addresses(), raft, cluster.tick_ms, advertised=cluster.raft_advertised,
+                        bootstrap_cluster=not cluster.join, request_timeout_s=cluster.request_timeout_ms / 1000,
+                        context=context)
+        # Standalone (no socket): the single voter leads at once, so waiting costs nothing.
+        return RaftMetadataStore(peer, owns_peer=True, wait_for_leader=cluster.raft_listen is None)
 
     def _broker_factory(self) -> BrokerActor:
         return BrokerActor(config=self.config, broker_id=self.broker_id, broker_url=self.advertised_url,
@@ -97,6 +121,9 @@ class BrokerService:
         if self._system is not None:
             await self._system.shutdown()
             self._system = None
+        if self.metadata is not None:
+            await self.metadata.stop()
+            self.metadata = None
         self._executor.shutdown(wait=True)
         if self._metrics_server is not None:
             server, thread = self._metrics_server  # type: ignore[misc]

@@ -4,6 +4,7 @@
     danube produce           cli/produce.py   send messages
     danube consume           cli/consume.py   receive and ack messages
     danube admin ...         cli/admin.py     namespaces, topics, subscriptions, brokers
+    danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
 
 Errors: every `DanubeError` (bad name, broker unreachable, the broker's own
 error), socket or file error ends as ONE line `error: <message>` on stderr and
@@ -20,6 +21,7 @@ import zmq
 from rich.logging import RichHandler
 
 from danube_zmq.cli.admin import admin
+from danube_zmq.cli.admin_cluster import cluster, metadata
 from danube_zmq.cli.broker import broker
 from danube_zmq.cli.consume import consume
 from danube_zmq.cli.output import stderr_console
@@ -124,6 +126,8 @@ cli.add_command(broker)
 cli.add_command(produce)
 cli.add_command(consume)
 cli.add_command(admin)
+admin.add_command(cluster)
+admin.add_command(metadata)
 
 
 def main() -> None:

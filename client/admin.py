@@ -31,8 +31,11 @@ import zmq.asyncio
 from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
+    AddClusterNode,
     BrokerInfo,
     BrokerList,
+    ClusterStatus,
+    ClusterStatusInfo,
     CreateNamespace,
     CreateTopic,
     DeleteNamespace,
@@ -46,7 +49,17 @@ from danube_zmq.transport.admin_protocol import (
     ListNamespaces,
     ListSubscriptions,
     ListTopics,
+    MetadataCompareAndSwap,
+    MetadataDelete,
+    MetadataEntries,
+    MetadataEntry,
+    MetadataGet,
+    MetadataList,
+    MetadataPut,
+    MetadataWritten,
     NamespaceList,
+    PromoteClusterNode,
+    RemoveClusterNode,
     SeekSubscription,
     SetDispatchConfig,
     SetFailurePolicy,
@@ -361,6 +374,62 @@ class AdminClient:
         reply = await self._call(lambda rid: ListBrokers(request_id=rid), BrokerList)
         return reply.brokers
 
+    # -- the metadata cluster ------------------------------------------------
+
+    async def cluster_status(self) -> ClusterStatusInfo:
+        """This broker's view of the Raft metadata cluster: role, term, leader, members."""
+        return await self._call(lambda rid: ClusterStatus(request_id=rid), ClusterStatusInfo)
+
+    async def add_node(self, node_id: int, address: str) -> ClusterStatusInfo:
+        """Add a node started with `cluster.join` (listening at `address`) as a learner."""
+        _check_node_id(node_id)
+        check_endpoint(address, "raft peer address")
+        return await self._call(
+            lambda rid: AddClusterNode(request_id=rid, node_id=node_id, address=address), ClusterStatusInfo
+        )
+
+    async def promote_node(self, node_id: int) -> ClusterStatusInfo:
+        """Make a learner a voter; UNAVAILABLE (retriable) while it has not caught up."""
+        _check_node_id(node_id)
+        return await self._call(lambda rid: PromoteClusterNode(request_id=rid, node_id=node_id), ClusterStatusInfo)
+
+    async def remove_node(self, node_id: int) -> ClusterStatusInfo:
+        """Remove a voter or a learner from the metadata cluster."""
+        _check_node_id(node_id)
+        return await self._call(lambda rid: RemoveClusterNode(request_id=rid, node_id=node_id), ClusterStatusInfo)
+
+    async def metadata_get(self, key: str, *, linearizable: bool = True) -> MetadataEntry | None:
+        reply = await self._call(
+            lambda rid: MetadataGet(request_id=rid, key=key, linearizable=linearizable), MetadataEntries
+        )
+        return reply.entries[0] if reply.entries else None
+
+    async def metadata_list(self, prefix: str, *, linearizable: bool = True, limit: int = 1000) -> MetadataEntries:
+        return await self._call(
+            lambda rid: MetadataList(request_id=rid, prefix=prefix, linearizable=linearizable, limit=limit),
+            MetadataEntries,
+        )
+
+    async def metadata_put(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> MetadataEntry:
+        reply = await self._call(
+            lambda rid: MetadataPut(request_id=rid, key=key, value=value, ttl_ms=ttl_ms), MetadataWritten
+        )
+        assert reply.entry is not None
+        return reply.entry
+
+    async def metadata_cas(self, key: str, expected_version: int, value: bytes) -> MetadataWritten:
+        """Set `key` if its version is `expected_version` (0: absent); `succeeded` says."""
+        return await self._call(
+            lambda rid: MetadataCompareAndSwap(request_id=rid, key=key, expected_version=expected_version,
+                                               value=value),
+            MetadataWritten,
+        )
+
+    async def metadata_delete(self, key: str, *, prefix: bool = False) -> int:
+        """How many keys were deleted."""
+        reply = await self._call(lambda rid: MetadataDelete(request_id=rid, key=key, prefix=prefix), MetadataWritten)
+        return reply.deleted
+
     # -- plumbing ----------------------------------------------------------
 
     async def _call(self, build: _Builder, expected: type[R]) -> R:
@@ -413,6 +482,11 @@ V = TypeVar("V")
 
 def _pick(given: V | None, current: V) -> V:
     return current if given is None else given
+
+
+def _check_node_id(node_id: int) -> None:
+    if node_id < 1:
+        raise InvalidArgument(f"a node id is a positive integer, got {node_id}")
 
 
 def _check_subscription(subscription: str) -> None:

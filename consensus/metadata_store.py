@@ -6,8 +6,12 @@ watches that resume from a revision. `RaftMetadataStore` implements it over a `R
 (consensus/peer.py); `embedded_store(data_dir)` builds a single-voter peer, so a
 standalone broker runs the same code path as a cluster.
 
-Writes go through the leader (a follower raises `NotLeader`, an `Unavailable` whose
-`redirect_url` names the leader). `get` and `list_prefix` are linearizable (ReadIndex;
+Writes go through the leader: a follower forwards them and returns once it has applied
+the result itself; with no leader known they raise `NotLeader` (an `Unavailable`; retry).
+Membership changes (`add_node`, `promote_node`, `remove_node`) go the same way, one at a
+time: a new node joins as a learner (its address written to `/cluster/nodes/{id}` first,
+so every member can reach it), is promoted to voter once it has caught up, and a removed
+node's address is deleted after it leaves. `get` and `list_prefix` are linearizable (ReadIndex;
 a follower asks the leader for the index) unless `linearizable=False`. `watch` is
 served from the local peer's applied state: it yields the events after
 `from_revision` in revision order, and waits on the peer's apply notification (no
@@ -23,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from danube_zmq.consensus.peer import RaftPeer
-from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.consensus.peer import ADDRESS_PREFIX, MemberInfo, RaftPeer
+from danube_zmq.consensus.raft import AddLearner, PromoteVoter, RaftConfig, RemoveVoter
 from danube_zmq.consensus.state_machine import (
     AllocatedId,
     AllocateMonotonicId,
@@ -42,7 +46,7 @@ from danube_zmq.consensus.state_machine import (
     VersionedValue,
     WatchEvent,
 )
-from danube_zmq.transport.errors import InternalError, Unavailable
+from danube_zmq.transport.errors import FailedPrecondition, InternalError, InvalidArgument, Unavailable
 
 __all__ = ["CasResult", "MetadataStore", "RaftMetadataStore", "embedded_store"]
 
@@ -95,15 +99,19 @@ class MetadataStore(Protocol):
 class RaftMetadataStore:
     """`MetadataStore` over one `RaftPeer`. With `owns_peer`, `start`/`stop` run the peer."""
 
-    def __init__(self, peer: RaftPeer, *, owns_peer: bool = False, start_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, peer: RaftPeer, *, owns_peer: bool = False, wait_for_leader: bool = True, start_timeout_s: float = 10.0
+    ) -> None:
         self.peer = peer
         self._owns_peer = owns_peer
+        self._wait_for_leader = wait_for_leader
         self._start_timeout_s = start_timeout_s
 
     async def start(self) -> None:
         if self._owns_peer:
             await self.peer.start()
-            await self.peer.wait_for_leader(self._start_timeout_s)
+            if self._wait_for_leader:
+                await self.peer.wait_for_leader(self._start_timeout_s)
 
     async def stop(self) -> None:
         if self._owns_peer:
@@ -176,6 +184,31 @@ class RaftMetadataStore:
     def revision(self) -> int:
         """The local peer's applied revision."""
         return self.peer.state.revision
+
+    # ------------------------------------------------------------------ membership
+
+    async def add_node(self, node_id: int, address: str) -> None:
+        """Make `node_id` (listening at `address`, started with `join`) a learner."""
+        if node_id < 1:
+            raise InvalidArgument(f"a node id is a positive integer, got {node_id}")
+        if not address.startswith("tcp://"):
+            raise InvalidArgument(f"a raft peer address is tcp://HOST:PORT, got {address!r}")
+        if any(m.node_id == node_id for m in self.peer.members()):
+            raise FailedPrecondition(f"node {node_id} is already a member")
+        await self.put(f"{ADDRESS_PREFIX}{node_id}", address.encode())
+        await self.peer.change_membership(AddLearner(node_id=node_id))
+
+    async def promote_node(self, node_id: int) -> None:
+        """Make learner `node_id` a voter (refused while it lags the leader's log)."""
+        await self.peer.change_membership(PromoteVoter(node_id=node_id))
+
+    async def remove_node(self, node_id: int) -> None:
+        """Remove a voter or a learner, then forget its address."""
+        await self.peer.change_membership(RemoveVoter(node_id=node_id))
+        await self.delete(f"{ADDRESS_PREFIX}{node_id}")
+
+    def members(self) -> list[MemberInfo]:
+        return self.peer.members()
 
 
 def _value(result: Result) -> VersionedValue:

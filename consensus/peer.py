@@ -18,17 +18,29 @@ Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for 
 that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
 retries (heartbeats, probes, election timers).
 
-Besides the Raft messages the peers speak two messages of their own (tags 40, 41): a
-follower's linearizable read asks the leader for a read index (`ReadIndexRequest`), then
-waits until it has applied that index and reads locally (etcd's forwarded MsgReadIndex).
-Proposals are leader-only for now: a follower raises `NotLeader` (an `Unavailable` with the
-leader's address in `redirect_url`).
+Besides the Raft messages the peers speak four messages of their own (tags 40-43):
+
+- a follower's linearizable read asks the leader for a read index (`ReadIndexRequest`),
+  then waits until it has applied that index and reads locally (etcd's forwarded
+  MsgReadIndex);
+- a follower forwards a proposal (a command or a membership change) to the leader
+  (`ForwardProposal`); the leader proposes it as its own and answers with the encoded
+  result and the entry's index (`ForwardedResult`), and the follower returns once it has
+  applied that index itself (read-your-writes on the peer that was asked). With no leader
+  known a proposal raises `NotLeader` (an `Unavailable` naming the leader when known).
+
+Addresses: the founding peers' addresses come from `peers`; every address is also kept in
+the replicated state under `/cluster/nodes/{id}` (the leader writes the founders' on its
+election, `add-node` writes a newcomer's before it becomes a learner), and each peer opens
+or closes its DEALERs as that prefix changes, so a node added at runtime is reachable by
+all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import logging
 import random
@@ -38,27 +50,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import zmq
 import zmq.asyncio
 
 from danube_zmq.consensus.log_store import LogStoreStatistics, RaftLogStore
 from danube_zmq.consensus.raft import (
     RAFT_PROTOCOL,
+    AddLearner,
     Apply,
     ApplySnapshot,
     CompactLog,
+    ConfigChange,
     Effect,
     Event,
     PersistEntries,
     PersistHardState,
+    PromoteVoter,
     ProposalResult,
     Propose,
+    ProposeConfig,
     RaftConfig,
     RaftError,
     RaftNode,
     ReadIndex,
     ReadReady,
     Receive,
+    RemoveVoter,
     Restore,
     Role,
     RoleChanged,
@@ -70,27 +88,47 @@ from danube_zmq.consensus.raft import (
     bootstrap,
 )
 from danube_zmq.consensus.state_machine import (
+    RESULT_PROTOCOL,
     Command,
     ExpireTtlKeys,
     MetadataStateMachine,
     MetadataStatistics,
+    Ok,
+    Put,
     Result,
     VersionedValue,
     encode_command,
 )
-from danube_zmq.consensus.types import EntryKind, HardState
+from danube_zmq.consensus.types import EntryKind, HardState, Membership
 from danube_zmq.transport.codec import Message, Protocol, wire
 from danube_zmq.transport.errors import (
+    DanubeError,
+    ErrorCode,
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
     Timeout,
     Unavailable,
+    error_from_code,
 )
 
 log = logging.getLogger("danube_zmq.raft.peer")
 
-__all__ = ["PEER_PROTOCOL", "NotLeader", "RaftPeer", "RaftPeerStatistics", "ReadIndexRequest", "ReadIndexResponse"]
+__all__ = [
+    "ADDRESS_PREFIX",
+    "PEER_PROTOCOL",
+    "ForwardProposal",
+    "ForwardedResult",
+    "MemberInfo",
+    "NotLeader",
+    "RaftPeer",
+    "RaftPeerStatistics",
+    "ReadIndexRequest",
+    "ReadIndexResponse",
+]
+
+ADDRESS_PREFIX = "/cluster/nodes/"
+"""`/cluster/nodes/{id}` -> the peer's tcp address (UTF-8), in the replicated state."""
 
 
 @wire
@@ -116,7 +154,49 @@ class ReadIndexResponse(Message):
     leader_hint: int | None = None
 
 
-PEER_PROTOCOL = Protocol("raft-peer", 1, RAFT_PROTOCOL.message_types() + [ReadIndexRequest, ReadIndexResponse])
+class ChangeKind(enum.IntEnum):
+    """A membership change in a `ForwardProposal` of kind CONFIG."""
+
+    ADD_LEARNER = 1
+    PROMOTE_VOTER = 2
+    REMOVE_VOTER = 3
+
+
+@wire
+class ForwardProposal(Message):
+    """A follower's proposal for the leader. `kind` is an `EntryKind`: COMMAND (`data` is
+    an encoded command) or CONFIG (`data` is msgpack `[ChangeKind, node_id]`)."""
+
+    TAG = 42
+    from_id: int
+    to_id: int
+    request_id: int
+    kind: int
+    data: bytes
+
+
+@wire
+class ForwardedResult(Message):
+    """The outcome of a `ForwardProposal`: `code` 0 and the entry's `index` and encoded
+    `result` (empty for CONFIG), or a transport `ErrorCode` with a message."""
+
+    TAG = 43
+    from_id: int
+    to_id: int
+    request_id: int
+    index: int = 0
+    result: bytes = b""
+    code: int = 0
+    message: str = ""
+    leader_hint: int | None = None
+    not_leader: bool = False  # the leader lost its leadership: retry at `leader_hint`
+
+
+PEER_PROTOCOL = Protocol(
+    "raft-peer",
+    1,
+    RAFT_PROTOCOL.message_types() + [ReadIndexRequest, ReadIndexResponse, ForwardProposal, ForwardedResult],
+)
 """Everything on the peer-to-peer sockets: the Raft messages plus the forwarded read index."""
 
 
@@ -127,6 +207,16 @@ class NotLeader(Unavailable):
         super().__init__(message)
         self.leader_id = leader_id
         self.redirect_url = redirect_url
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberInfo:
+    """One member as this peer sees it. `match_index` is known on the leader only."""
+
+    node_id: int
+    address: str | None
+    voter: bool
+    match_index: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +236,7 @@ class RaftPeerStatistics:
     proposals: int
     proposals_committed: int
     proposals_failed: int
+    proposals_forwarded: int
     reads: int
     elections_won: int
     log: LogStoreStatistics | None  # None once stopped
@@ -154,6 +245,12 @@ class RaftPeerStatistics:
 
 _STOP = object()
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
+_FORWARDS_MAX = 4096  # forwarded proposals a leader serves at once (Raft's own BUSY bound is the same)
+_CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] = {
+    ChangeKind.ADD_LEARNER: AddLearner,
+    ChangeKind.PROMOTE_VOTER: PromoteVoter,
+    ChangeKind.REMOVE_VOTER: RemoveVoter,
+}
 
 
 class RaftPeer:
@@ -168,6 +265,7 @@ class RaftPeer:
         config: RaftConfig,
         tick_ms: int = 50,
         *,
+        advertised: str | None = None,
         bootstrap_cluster: bool = True,
         request_timeout_s: float = 5.0,
         send_hwm: int = 1000,
@@ -183,7 +281,12 @@ class RaftPeer:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.listen = listen
-        self.peers = dict(peers)  # every founding voter's address (self included or not)
+        self.peers = dict(peers)  # the founding voters' addresses (self included or not)
+        self.advertised = advertised or listen  # where the other peers reach this one
+        self.addresses = dict(peers)  # every known member's address: `peers` + the replicated book
+        if self.advertised is not None:
+            self.addresses[node_id] = self.advertised
+        self._book: dict[int, str] = {}  # the replicated `/cluster/nodes/` entries, last seen
         self.config = config
         self.tick_s = tick_ms / 1000
         self.bootstrap_cluster = bootstrap_cluster
@@ -208,14 +311,17 @@ class RaftPeer:
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
 
         self._ids = itertools.count(1)
-        self._proposals: dict[int, asyncio.Future[Result]] = {}  # request id -> waiting for ProposalResult
+        # A proposal's future resolves to (result, index of its entry).
+        self._proposals: dict[int, asyncio.Future[tuple[Result, int]]] = {}  # request id -> waiting for ProposalResult
         self._appended: dict[int, tuple[int, int]] = {}  # request id -> (index, term)
-        self._by_index: dict[int, tuple[int, int, asyncio.Future[Result]]] = {}  # index -> (term, rid, future)
+        self._by_index: dict[int, tuple[int, int, asyncio.Future[tuple[Result, int]]]] = {}  # index -> (term, rid, fut)
         self._reads: dict[int, asyncio.Future[int]] = {}  # request id -> read index
         self._remote_reads: dict[int, tuple[int, int]] = {}  # our core rid -> (follower, its rid)
+        self._forwarded: dict[int, asyncio.Future[ForwardedResult]] = {}  # request id -> leader's answer
+        self._background: set[asyncio.Task[None]] = set()  # forwarded proposals served, address publishing
 
         self._steps = self._sent = self._dropped = self._received = self._invalid = 0
-        self._proposed = self._committed = self._failed = self._read_count = self._won = 0
+        self._proposed = self._committed = self._failed = self._read_count = self._won = self._forwards = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -256,6 +362,11 @@ class RaftPeer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        for task in list(self._background):
+            task.cancel()
+        for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._loop_task is not None:
             # Let the loop finish the step it is in (a persistence call may be in its thread).
             self._events.put_nowait(_STOP)
@@ -263,9 +374,11 @@ class RaftPeer:
             self._loop_task = None
         self._close_sockets()
         gone = Unavailable(f"raft peer {self.node_id} stopped")
-        for fut in [*self._proposals.values(), *self._reads.values(), *(f for _, _, f in self._by_index.values())]:
+        pending: list[asyncio.Future[Any]] = [*self._proposals.values(), *self._reads.values(), *self._forwarded.values()]
+        for fut in [*pending, *(f for _, _, f in self._by_index.values())]:
             if not fut.done():
                 fut.set_exception(gone)
+        self._forwarded.clear()
         self._proposals.clear()
         self._reads.clear()
         self._by_index.clear()
@@ -307,19 +420,50 @@ class RaftPeer:
             router.setsockopt(zmq.MAXMSGSIZE, self._frame_bytes_max)
             router.bind(self.listen)
             self._router = router
-        for peer_id, address in self.peers.items():
-            if peer_id == self.node_id:
-                continue
-            dealer = self._sync_ctx.socket(zmq.DEALER)
-            dealer.setsockopt(zmq.LINGER, 0)
-            dealer.setsockopt(zmq.SNDHWM, self._send_hwm)
-            dealer.setsockopt(zmq.RCVHWM, 1)  # nothing comes back on it
-            dealer.setsockopt(zmq.IMMEDIATE, 1)  # no queue for a peer that is down
-            dealer.setsockopt(zmq.RECONNECT_IVL, 50)
-            dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            dealer.setsockopt(zmq.IDENTITY, str(self.node_id).encode())
+        for peer_id, address in self.addresses.items():
+            if peer_id != self.node_id:
+                self._connect(peer_id, address)
+
+    def _connect(self, peer_id: int, address: str) -> None:
+        dealer = self._sync_ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.SNDHWM, self._send_hwm)
+        dealer.setsockopt(zmq.RCVHWM, 1)  # nothing comes back on it
+        dealer.setsockopt(zmq.IMMEDIATE, 1)  # no queue for a peer that is down
+        dealer.setsockopt(zmq.RECONNECT_IVL, 50)
+        dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        dealer.setsockopt(zmq.IDENTITY, str(self.node_id).encode())
+        try:
             dealer.connect(address)
-            self._dealers[peer_id] = dealer
+        except zmq.ZMQError as exc:  # a bad address in the book must not stop the peer
+            dealer.close(linger=0)
+            log.error("raft peer %d: cannot connect to peer %d at %r: %s", self.node_id, peer_id, address, exc)
+            return
+        self._dealers[peer_id] = dealer
+
+    def _refresh_addresses(self) -> None:
+        """Follow the replicated address book: open, move or close DEALERs as it changed."""
+        book: dict[int, str] = {}
+        for key, value in self.state.list_prefix(ADDRESS_PREFIX):
+            tail = key[len(ADDRESS_PREFIX) :]
+            if tail.isdigit():
+                book[int(tail)] = value.value.decode("utf-8", "replace")
+        if book == self._book:
+            return
+        self._book = book
+        addresses = {**self.peers, **book}
+        if self.advertised is not None:
+            addresses[self.node_id] = self.advertised
+        for peer_id, address in addresses.items():
+            if peer_id == self.node_id or (self.addresses.get(peer_id) == address and peer_id in self._dealers):
+                continue
+            old = self._dealers.pop(peer_id, None)
+            if old is not None:
+                old.close(linger=0)
+            self._connect(peer_id, address)
+        for peer_id in [p for p in self._dealers if p not in addresses]:
+            self._dealers.pop(peer_id).close(linger=0)
+        self.addresses = addresses
 
     def _close_sockets(self) -> None:
         for dealer in self._dealers.values():
@@ -381,6 +525,12 @@ class RaftPeer:
                 rid = next(self._ids)
                 self._remote_reads[rid] = (msg.from_id, msg.request_id)
                 self._events.put_nowait(ReadIndex(request_id=rid))
+            elif type(msg) is ForwardProposal:
+                self._serve(msg)
+            elif type(msg) is ForwardedResult:
+                fwd = self._forwarded.pop(msg.request_id, None)
+                if fwd is not None and not fwd.done():
+                    fwd.set_result(msg)
             elif type(msg) is ReadIndexResponse:
                 fut = self._reads.pop(msg.request_id, None)
                 if fut is not None and not fut.done():
@@ -427,8 +577,10 @@ class RaftPeer:
                 await asyncio.to_thread(self._compact, store, upto)
             case Apply(entries=entries):
                 self._apply(entries)
+                self._refresh_addresses()
             case ApplySnapshot(data=data):
                 self.state.restore(data)
+                self._refresh_addresses()
                 for index in [i for i in self._by_index if i <= self.state.last_applied_index]:
                     _, rid, fut = self._by_index.pop(index)
                     self._appended.pop(rid, None)
@@ -440,12 +592,12 @@ class RaftPeer:
             case ReadReady():
                 self._on_read_ready(effect)
             case TakeSnapshot():
-                self._events.put_nowait(
-                    SnapshotTaken(last_index=self.state.last_applied_index, data=self.state.snapshot())
-                )
+                self._events.put_nowait(SnapshotTaken(last_index=self.state.last_applied_index, data=self.state.snapshot()))
             case RoleChanged(role=role, term=term, leader_id=leader):
                 if role is Role.LEADER:
                     self._won += 1
+                    if self.advertised is not None:
+                        self._spawn(self._publish_founders(), "publish addresses")
                 log.info("raft peer %d: %s term %d leader %s", self.node_id, role.name, term, leader)
                 self._wake()
 
@@ -457,16 +609,54 @@ class RaftPeer:
         assert term is not None, upto
         store.compact(upto, term)
 
-    def _send(self, msg: Message) -> None:
+    def _send(self, msg: Message) -> bool:
         dealer = self._dealers.get(msg.to_id)  # type: ignore[attr-defined]
         if dealer is None:
             self._dropped += 1
-            return
+            return False
         try:
             dealer.send(PEER_PROTOCOL.encode(msg), zmq.NOBLOCK)
-            self._sent += 1
         except zmq.Again:
             self._dropped += 1
+            return False
+        self._sent += 1
+        return True
+
+    def _spawn(self, coro: Any, what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"raft-{self.node_id} {what}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _serve(self, msg: ForwardProposal) -> None:
+        """A follower's proposal: propose it here, answer with the outcome."""
+        if len(self._background) >= _FORWARDS_MAX:
+            self._answer(msg, code=ErrorCode.RESOURCE_EXHAUSTED, message="raft: too many forwarded proposals; retry")
+            return
+        self._spawn(self._serve_one(msg), "forwarded proposal")
+
+    async def _serve_one(self, msg: ForwardProposal) -> None:
+        try:
+            result, index = await self._propose_local(msg.kind, msg.data, self.request_timeout_s)
+        except NotLeader as exc:
+            self._answer(msg, code=exc.code, message=exc.message, leader_hint=exc.leader_id, not_leader=True)
+        except DanubeError as exc:
+            self._answer(msg, code=exc.code, message=exc.message)
+        else:
+            encoded = RESULT_PROTOCOL.encode(result) if msg.kind == EntryKind.COMMAND else b""
+            self._answer(msg, index=index, result=encoded)
+
+    def _answer(self, msg: ForwardProposal, **fields: Any) -> None:
+        self._send(ForwardedResult(from_id=self.node_id, to_id=msg.from_id, request_id=msg.request_id, **fields))
+
+    async def _publish_founders(self) -> None:
+        """A new leader writes missing member addresses it knows (the founders' from
+        `peers`, its own) into the replicated book, so nodes added later can reach them."""
+        members = set(self._node.membership.voters) | set(self._node.membership.learners)
+        for node_id, address in sorted(self.addresses.items()):
+            if node_id not in members or self._book.get(node_id) == address:
+                continue
+            with contextlib.suppress(DanubeError):
+                await self.propose(Put(key=f"{ADDRESS_PREFIX}{node_id}", value=address.encode()))
 
     def _apply(self, entries: list[Any]) -> None:
         sm = self.state
@@ -475,7 +665,8 @@ class RaftPeer:
                 result: Result | None = sm.apply(entry.index, entry.data)
             else:
                 sm.note_applied(entry.index)
-                result = None
+                # A membership change's proposer learns it applied (a NOOP has no proposer).
+                result = Ok(revision=sm.revision, keys_changed=0) if entry.kind == EntryKind.CONFIG else None
             pending = self._by_index.pop(entry.index, None)
             if pending is None:
                 continue
@@ -485,7 +676,7 @@ class RaftPeer:
                 continue
             if term == entry.term and result is not None:
                 self._committed += 1
-                fut.set_result(result)
+                fut.set_result((result, entry.index))
             else:
                 self._failed += 1
                 fut.set_exception(Unavailable("proposal lost to a leader change; retry"))
@@ -530,6 +721,15 @@ class RaftPeer:
             return self._not_leader(leader_hint)
         if error is RaftError.BUSY:
             return ResourceExhausted("raft: too many requests in flight; retry later")
+        if error is RaftError.INVALID_CONFIG_CHANGE:
+            return FailedPrecondition(
+                "raft: membership change refused: a learner is added once, only a learner is"
+                " promoted, only a member is removed, and the last voter stays"
+            )
+        if error is RaftError.LEARNER_BEHIND:
+            return Unavailable("raft: the learner has not caught up with the leader's log yet; retry")
+        if error is RaftError.CONFIG_CHANGE_IN_PROGRESS:
+            return Unavailable("raft: an earlier membership change is not committed yet; retry")
         return Unavailable(f"raft: refused ({error.name}); retry")
 
     def _not_leader(self, leader_hint: int | None) -> NotLeader:
@@ -577,18 +777,57 @@ class RaftPeer:
             await self.wait_changed(remaining)
 
     async def propose(self, command: Command, timeout: float | None = None) -> Result:
-        """Replicate `command`; its result once committed and applied here (leader only)."""
+        """Replicate `command`; its result once committed and applied on this peer. A
+        follower forwards it to the leader; with no leader known it raises `NotLeader`.
+        `Timeout` means the outcome is unknown (it may still commit)."""
+        result, _ = await self._submit(EntryKind.COMMAND, encode_command(command), timeout)
+        return result
+
+    async def change_membership(self, change: ConfigChange, timeout: float | None = None) -> None:
+        """Add a learner, promote a learner to voter, or remove a member (one at a time);
+        returns once the change is applied here. Errors as `propose`, plus
+        `FailedPrecondition` for a change Raft refuses (see `RaftError`)."""
+        kind = next(k for k, cls in _CHANGES.items() if type(change) is cls)
+        await self._submit(EntryKind.CONFIG, msgpack.packb([int(kind), change.node_id]), timeout)
+
+    async def _submit(self, kind: int, data: bytes, timeout: float | None) -> tuple[Result, int]:
+        if not self._running:
+            raise Unavailable(f"raft peer {self.node_id} is not running")
+        timeout = timeout or self.request_timeout_s
+        if self._node.role is Role.LEADER:
+            return await self._propose_local(kind, data, timeout)
+        leader = self._node.leader_id
+        if leader is None or leader == self.node_id or leader not in self._dealers:
+            raise self._not_leader(leader)
+        return await self._forward(leader, kind, data, timeout)
+
+    def _proposal_event(self, rid: int, kind: int, data: bytes) -> Propose | ProposeConfig:
+        if kind == EntryKind.COMMAND:
+            return Propose(request_id=rid, data=data)
+        if kind != EntryKind.CONFIG:
+            raise InvalidArgument(f"raft: a proposal is a command or a membership change, got kind {kind}")
+        try:
+            op, node_id = msgpack.unpackb(data)
+            change = _CHANGES[op](node_id=node_id)
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            raise InvalidArgument(f"raft: bad membership change {data!r}: {exc}") from None
+        if type(node_id) is not int or node_id < 1:
+            raise InvalidArgument(f"raft: a node id is a positive integer, got {node_id!r}")
+        return ProposeConfig(request_id=rid, change=change)
+
+    async def _propose_local(self, kind: int, data: bytes, timeout: float) -> tuple[Result, int]:
         if not self._running:
             raise Unavailable(f"raft peer {self.node_id} is not running")
         if self._node.role is not Role.LEADER:
             raise self._not_leader(self._node.leader_id)
         rid = next(self._ids)
-        fut: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        event = self._proposal_event(rid, kind, data)
+        fut: asyncio.Future[tuple[Result, int]] = asyncio.get_running_loop().create_future()
         self._proposals[rid] = fut
         self._proposed += 1
-        self._events.put_nowait(Propose(request_id=rid, data=encode_command(command)))
+        self._events.put_nowait(event)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.request_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             self._failed += 1
             raise Timeout(f"raft peer {self.node_id}: proposal not committed in time; outcome unknown") from None
@@ -599,6 +838,56 @@ class RaftPeer:
                 pending = self._by_index.get(appended[0])
                 if pending is not None and pending[1] == rid:
                     del self._by_index[appended[0]]
+
+    async def _forward(self, leader: int, kind: int, data: bytes, timeout: float) -> tuple[Result, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        rid = next(self._ids)
+        fut: asyncio.Future[ForwardedResult] = loop.create_future()
+        self._forwarded[rid] = fut
+        self._forwards += 1
+        try:
+            if not self._send(ForwardProposal(from_id=self.node_id, to_id=leader, request_id=rid, kind=kind, data=data)):
+                raise Unavailable(f"raft peer {self.node_id}: leader {leader} unreachable; retry")
+            answer = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            self._failed += 1
+            raise Timeout(f"raft peer {self.node_id}: leader {leader} did not answer in time; outcome unknown") from None
+        finally:
+            self._forwarded.pop(rid, None)
+        if answer.code:
+            self._failed += 1
+            if answer.not_leader:
+                raise self._not_leader(answer.leader_hint)
+            raise error_from_code(answer.code, answer.message)
+        # Read-your-writes on this peer: wait (within the deadline) until it applied the entry.
+        while self.state.last_applied_index < answer.index and self._running:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self.wait_changed(remaining)
+        if kind == EntryKind.COMMAND:
+            return RESULT_PROTOCOL.decode(answer.result), answer.index  # type: ignore[return-value]
+        return Ok(revision=self.state.revision, keys_changed=0), answer.index
+
+    def members(self) -> list[MemberInfo]:
+        """The current membership (as this peer has it), with addresses and, on the
+        leader, each member's replicated index."""
+        node = self._node
+        voters, learners = node.membership.voters, node.membership.learners
+        leading = self.is_leader
+        out = []
+        for node_id in sorted({*voters, *learners}):
+            match: int | None = None
+            if leading:
+                pr = node.progress.get(node_id)
+                match = node.last_index if node_id == self.node_id else (pr.match if pr is not None else None)
+            out.append(MemberInfo(node_id=node_id, address=self.addresses.get(node_id), voter=node_id in voters, match_index=match))
+        return out
+
+    @property
+    def membership(self) -> Membership:
+        return self._node.membership
 
     async def read_barrier(self, timeout: float | None = None) -> int:
         """Wait until this peer's state reflects every write committed before the call
@@ -670,6 +959,7 @@ class RaftPeer:
             proposals=self._proposed,
             proposals_committed=self._committed,
             proposals_failed=self._failed,
+            proposals_forwarded=self._forwards,
             reads=self._read_count,
             elections_won=self._won,
             log=log_stats,

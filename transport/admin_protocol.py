@@ -275,6 +275,168 @@ class DispatchConfigInfo(Message):
     explicit: bool = False
 
 
+# ---------------------------------------------------------------- the metadata cluster
+# Answered by the admin gateway itself from the broker's Raft peer (not the broker actor).
+
+
+@wire
+class ClusterStatus(Message):
+    """This broker's view of the metadata cluster. Answered by `ClusterStatusInfo`."""
+
+    TAG = 38
+    request_id: int
+
+
+@wire
+class ClusterMember(Struct):
+    """`match_index`: the highest log index known replicated on the member, when the
+    answering broker is the leader (None otherwise)."""
+
+    node_id: int
+    address: str | None
+    voter: bool
+    match_index: int | None
+
+
+@wire
+class ClusterStatusInfo(Message):
+    TAG = 39
+    request_id: int
+    node_id: int
+    role: str  # LEADER, FOLLOWER, CANDIDATE, PRE_CANDIDATE
+    term: int
+    leader_id: int | None
+    leader_address: str | None
+    commit_index: int
+    applied_index: int
+    last_index: int
+    revision: int
+    members: list[ClusterMember]
+
+
+@wire
+class AddClusterNode(Message):
+    """Add node `node_id` (started with `cluster.join`, listening at `address`) as a
+    learner. Answered by `ClusterStatusInfo` once the change is applied."""
+
+    TAG = 40
+    request_id: int
+    node_id: int
+    address: str
+
+
+@wire
+class PromoteClusterNode(Message):
+    """Make a learner a voter (UNAVAILABLE while it is behind; retry). Answered by
+    `ClusterStatusInfo`."""
+
+    TAG = 41
+    request_id: int
+    node_id: int
+
+
+@wire
+class RemoveClusterNode(Message):
+    """Remove a voter or learner. Answered by `ClusterStatusInfo`."""
+
+    TAG = 42
+    request_id: int
+    node_id: int
+
+
+@wire
+class MetadataEntry(Struct):
+    key: str
+    value: bytes
+    version: int
+    mod_revision: int
+    create_revision: int
+    ttl_ms: int | None = None
+
+
+@wire
+class MetadataGet(Message):
+    """One key. `linearizable` false: this broker's applied state, possibly stale.
+    Answered by `MetadataEntries` (no entries: the key does not exist)."""
+
+    TAG = 43
+    request_id: int
+    key: str
+    linearizable: bool = True
+
+
+@wire
+class MetadataList(Message):
+    """Keys under `prefix`, sorted, at most `limit`. Answered by `MetadataEntries`."""
+
+    TAG = 44
+    request_id: int
+    prefix: str
+    linearizable: bool = True
+    limit: int = 1000
+
+
+@wire
+class MetadataEntries(Message):
+    """`revision`: the answering broker's applied revision; `more`: `limit` cut the list."""
+
+    TAG = 45
+    request_id: int
+    entries: list[MetadataEntry]
+    revision: int
+    more: bool = False
+
+
+@wire
+class MetadataPut(Message):
+    """Set `key` (with a lease of `ttl_ms` when given). Answered by `MetadataWritten`."""
+
+    TAG = 46
+    request_id: int
+    key: str
+    value: bytes
+    ttl_ms: int | None = None
+
+
+@wire
+class MetadataCompareAndSwap(Message):
+    """Set `key` if its version is `expected_version` (0: absent). Answered by
+    `MetadataWritten`: `succeeded` and the new entry, or not and the current one."""
+
+    TAG = 47
+    request_id: int
+    key: str
+    expected_version: int
+    value: bytes
+
+
+@wire
+class MetadataDelete(Message):
+    """Delete `key`, or every key under it with `prefix`. Answered by `MetadataWritten`
+    (`deleted`: how many keys went)."""
+
+    TAG = 48
+    request_id: int
+    key: str
+    prefix: bool = False
+
+
+@wire
+class MetadataWritten(Message):
+    TAG = 49
+    request_id: int
+    succeeded: bool
+    entry: MetadataEntry | None = None
+    deleted: int = 0
+
+
+CLUSTER_REQUESTS = (
+    ClusterStatus, AddClusterNode, PromoteClusterNode, RemoveClusterNode,
+    MetadataGet, MetadataList, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
+)
+"""Admin requests the admin gateway answers from the metadata store."""
+
+
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
@@ -292,5 +454,8 @@ ADMIN_PROTOCOL = Protocol(
         ListSubscriptions, SubscriptionList, Unsubscribe, ListBrokers, BrokerList,
         SeekSubscription, SetFailurePolicy, GetFailurePolicy, FailurePolicyInfo,
         SetDispatchConfig, GetDispatchConfig, DispatchConfigInfo,
+        ClusterStatus, ClusterStatusInfo, AddClusterNode, PromoteClusterNode, RemoveClusterNode,
+        MetadataGet, MetadataList, MetadataEntries, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
+        MetadataWritten,
     ),
 )

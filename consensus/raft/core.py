@@ -305,6 +305,10 @@ class RaftNode:
         if snap.last_index > 0:
             self._fx.append(ApplySnapshot(meta=snap, data=self.snapshot_data))
         self._apply_committed()
+        if self.membership.voters == [self.id]:
+            # The sole voter needs nobody's vote: waiting out an election timeout (a
+            # standalone broker's start) would serve nothing.
+            self._campaign(transfer=False)
 
     def _on_tick(self, _ev: Tick) -> None:
         cfg = self.config

@@ -16,7 +16,7 @@ from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_stor
 from danube_zmq.consensus.peer import NotLeader, RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
 from danube_zmq.consensus.state_machine import Put, Value, WatchEvent, WatchKind
-from danube_zmq.transport.errors import Timeout, Unavailable
+from danube_zmq.transport.errors import FailedPrecondition, Timeout, Unavailable
 
 TICK_MS = 20
 
@@ -99,10 +99,11 @@ async def test_leader_elected_writes_commit_and_read_everywhere(cluster: Cluster
         assert [k for k, _ in await peer.list_prefix("/k/")] == sorted(f"/k/{i}" for i in range(10))
 
     follower = next(p for p in cluster.peers.values() if not p.is_leader)
-    with pytest.raises(NotLeader) as info:
-        await follower.propose(Put(key="/x", value=b""))
-    assert info.value.leader_id == leader.node_id
-    assert info.value.redirect_url == cluster.addresses[leader.node_id]
+    result = await follower.propose(Put(key="/x", value=b"forwarded"))  # forwarded to the leader
+    assert type(result) is Value and result.value.version == 1
+    got = follower.get_local("/x")  # applied on the follower before propose returned
+    assert got is not None and got.value == b"forwarded"
+    assert follower.statistics().proposals_forwarded == 1
 
     n = 200
     started = time.perf_counter()
@@ -219,6 +220,71 @@ async def test_watch_sees_puts_and_deletes_in_order_across_leader_change(cluster
     ]
     revisions = [e.revision for e in seen]
     assert revisions == sorted(revisions) and revisions[0] < revisions[2] < revisions[3] < revisions[4]
+
+
+async def test_no_leader_is_not_leader(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        alone = await cluster.start(1)  # one of three voters: it never wins an election
+        await asyncio.sleep(0.5)
+        with pytest.raises(NotLeader) as info:
+            await alone.propose(Put(key="/x", value=b""))
+        assert info.value.leader_id is None and info.value.retriable
+    finally:
+        for node_id in list(cluster.peers):
+            await cluster.stop(node_id)
+
+
+async def test_membership_add_promote_remove(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        for node_id in cluster.addresses:
+            await cluster.start(node_id)
+        leader = await cluster.leader()
+        for i in range(30):
+            await cluster.put(f"/m/{i}", b"x")
+        # A fourth node starts empty (join) knowing the founders; it is added through a follower.
+        cluster.addresses[4] = f"tcp://127.0.0.1:{_free_port()}"
+        config = RaftConfig(node_id=4, election_ticks_min=10, election_ticks_max=20)
+        founders = {i: a for i, a in cluster.addresses.items() if i != 4}
+        newcomer = RaftPeer(4, tmp_path / "peer-4", cluster.addresses[4], founders, config, tick_ms=TICK_MS,
+                            bootstrap_cluster=False)
+        await newcomer.start()
+        cluster.peers[4] = newcomer
+        follower = RaftMetadataStore(next(p for p in cluster.peers.values() if not p.is_leader and p.node_id != 4))
+        await follower.add_node(4, cluster.addresses[4])
+        members = {m.node_id: m for m in follower.members()}
+        assert not members[4].voter and members[4].address == cluster.addresses[4]
+        with pytest.raises(FailedPrecondition):
+            await follower.add_node(4, cluster.addresses[4])
+        deadline = time.monotonic() + 5.0
+        while newcomer.get_local("/m/29") is None:  # a learner replicates
+            assert time.monotonic() < deadline, newcomer.statistics()
+            await asyncio.sleep(0.02)
+        for _attempt in range(50):  # refused (retriable) until it has caught up
+            try:
+                await follower.promote_node(4)
+                break
+            except Unavailable:
+                await asyncio.sleep(0.05)
+        assert [m.node_id for m in leader.members() if m.voter] == [1, 2, 3, 4]
+        # Every member learned every address from the replicated book.
+        for peer in cluster.peers.values():
+            assert peer.addresses == cluster.addresses, (peer.node_id, peer.addresses)
+        # Remove a founder that is not the leader; the remaining three keep committing.
+        gone = next(i for i in (1, 2, 3) if i != leader.node_id)
+        await RaftMetadataStore(leader).remove_node(gone)
+        await cluster.stop(gone)
+        assert [m.node_id for m in leader.members()] == sorted({1, 2, 3, 4} - {gone})
+        await cluster.put("/after-remove", b"ok")
+        got = await newcomer.read("/after-remove")
+        assert got is not None and got.value == b"ok"
+        assert leader.get_local(f"/cluster/nodes/{gone}") is None
+        with pytest.raises(FailedPrecondition):
+            await RaftMetadataStore(leader).promote_node(gone)
+    finally:
+        for node_id in list(cluster.peers):
+            await cluster.stop(node_id)
 
 
 async def test_embedded_store(tmp_path: Path) -> None:
