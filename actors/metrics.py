@@ -7,9 +7,15 @@ Actors update these sinks as they work; the HTTP server only reads them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from danube_zmq.consensus.peer import RaftPeer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +51,34 @@ METRICS = _Metrics(
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),
     wal_records=Counter("danube_wal_records_total", "Records committed to WALs"),
 )
+
+
+class RaftCollector:
+    """The broker's Raft peer, read at scrape time (`danube_raft_*`). Registered by the
+    broker service while its metadata store runs. It reads plain counters only (no
+    disk), so the scrape thread never touches the log store."""
+
+    def __init__(self, peer: RaftPeer) -> None:
+        self._peer = peer
+
+    def describe(self) -> list[Metric]:
+        return []  # no registration-time name check: tests run several brokers in one process
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._peer.statistics(with_log=False)
+        yield GaugeMetricFamily("danube_raft_term", "Current Raft term of this broker's metadata peer", value=s.term)
+        yield GaugeMetricFamily("danube_raft_leader", "1 if this broker's metadata peer is the Raft leader",
+                                value=1 if s.role == "LEADER" else 0)
+        yield GaugeMetricFamily("danube_raft_commit_index", "Highest Raft log index known committed",
+                                value=s.commit_index)
+        yield GaugeMetricFamily("danube_raft_applied_index", "Highest Raft log index applied to the metadata",
+                                value=s.applied_index)
+        yield GaugeMetricFamily("danube_raft_voters", "Voting members of the metadata cluster",
+                                value=len(self._peer.membership.voters))
+        yield CounterMetricFamily("danube_raft_proposals", "Metadata writes proposed here", value=s.proposals)
+        yield CounterMetricFamily("danube_raft_proposals_failed", "Metadata writes that failed or timed out here",
+                                  value=s.proposals_failed)
+        yield CounterMetricFamily("danube_raft_elections_won", "Elections this peer won", value=s.elections_won)
+        yield CounterMetricFamily("danube_raft_messages_dropped",
+                                  "Peer messages dropped (peer down or its queue full; Raft retries)",
+                                  value=s.messages_dropped)

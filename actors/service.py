@@ -26,13 +26,14 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY, start_http_server
 
 from danube_zmq.actors.admin_gateway import AdminGateway
 from danube_zmq.actors.broker import BrokerActor
 from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
+from danube_zmq.actors.metrics import RaftCollector
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
@@ -53,6 +54,7 @@ class BrokerService:
         self._context: zmq.asyncio.Context | None = None
         self._system: ActorSystem | None = None
         self.metadata: RaftMetadataStore | None = None
+        self._raft_collector: RaftCollector | None = None
         self._metrics_server: object | None = None
         self._stopped = asyncio.Event()
         # WAL writes and fsyncs of reliable topics run here, off the event loop; a few
@@ -70,6 +72,8 @@ class BrokerService:
         try:
             self.metadata = self._metadata_store(self._context)
             await self.metadata.start()
+            self._raft_collector = RaftCollector(self.metadata.peer)
+            REGISTRY.register(self._raft_collector)
             if config.broker.metrics_port:
                 host = _listen_host(config.broker.listen)
                 self._metrics_server = start_http_server(config.broker.metrics_port, addr=host)
@@ -121,6 +125,9 @@ class BrokerService:
         if self._system is not None:
             await self._system.shutdown()
             self._system = None
+        if self._raft_collector is not None:
+            REGISTRY.unregister(self._raft_collector)
+            self._raft_collector = None
         if self.metadata is not None:
             await self.metadata.stop()
             self.metadata = None

@@ -239,7 +239,7 @@ class RaftPeerStatistics:
     proposals_forwarded: int
     reads: int
     elections_won: int
-    log: LogStoreStatistics | None  # None once stopped
+    log: LogStoreStatistics | None  # None once stopped (or not asked for)
     state: MetadataStatistics
 
 
@@ -939,10 +939,12 @@ class RaftPeer:
             await self.read_barrier()
         return self.state.list_prefix(prefix)
 
-    def statistics(self) -> RaftPeerStatistics:
+    def statistics(self, *, with_log: bool = True) -> RaftPeerStatistics:
+        """Counters and state; `with_log` False skips the log store's figures (they
+        list snapshot files; a metrics scrape from another thread wants none of that)."""
         node = self._node
         store = self._store
-        log_stats = store.statistics() if store is not None else None
+        log_stats = store.statistics() if store is not None and with_log else None
         return RaftPeerStatistics(
             node_id=self.node_id,
             role=node.role.name,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from danube_zmq.actors.metrics import RaftCollector
 from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_store
 from danube_zmq.consensus.peer import NotLeader, RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
@@ -324,3 +325,14 @@ async def test_embedded_store(tmp_path: Path) -> None:
         assert store.revision == revision
         assert await store.allocate_id("/ids/x") == 4
         assert await store.get("/t/one") is None
+
+
+async def test_raft_metrics(tmp_path: Path) -> None:
+    async with embedded_store(tmp_path / "meta") as store:
+        await store.put("/a", b"1")
+        families = {m.name: m for m in RaftCollector(store.peer).collect()}
+    assert families["danube_raft_leader"].samples[0].value == 1
+    assert families["danube_raft_voters"].samples[0].value == 1
+    assert families["danube_raft_commit_index"].samples[0].value >= 2  # the bootstrap entry and the put
+    proposals = families["danube_raft_proposals"].samples[0]
+    assert (proposals.name, proposals.value) == ("danube_raft_proposals_total", 1)

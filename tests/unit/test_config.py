@@ -434,3 +434,39 @@ def test_dead_letter_topic_must_be_a_valid_topic_name() -> None:
     with pytest.raises(ConfigError, match=r"reliable\.dead_letter_topic"):
         load_config(None, env={}, overrides={"reliable.poison_policy": "dead_letter",
                                              "reliable.dead_letter_topic": "not a topic"})
+
+
+def test_cluster_section_from_environment() -> None:
+    config = load_config(env={
+        "DANUBE_CLUSTER__NODE_ID": "2",
+        "DANUBE_CLUSTER__RAFT_LISTEN": "tcp://127.0.0.1:6662",
+        "DANUBE_CLUSTER__PEERS": "1=tcp://127.0.0.1:6661, 2=tcp://127.0.0.1:6662,3=tcp://127.0.0.1:6663",
+    })
+    cluster = config.cluster
+    assert cluster.peer_addresses() == {1: "tcp://127.0.0.1:6661", 2: "tcp://127.0.0.1:6662", 3: "tcp://127.0.0.1:6663"}
+    assert cluster.ticks == (2, 10, 20)  # 100 ms heartbeats, 500-1000 ms elections at 50 ms ticks
+    assert load_config().cluster.peer_addresses() == {}  # standalone by default
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"cluster.peers": ["1=tcp://127.0.0.1:1"]}, "cluster.raft_listen' ... is required when cluster.peers"),
+        ({"cluster.join": True}, "is required when cluster.join is true"),
+        ({"cluster.raft_listen": "ipc:///tmp/r"}, "raft peers talk over tcp://"),
+        ({"cluster.raft_listen": "tcp://127.0.0.1:1", "cluster.peers": ["one=tcp://127.0.0.1:1"]},
+         "each entry is ID=tcp://HOST:PORT"),
+        ({"cluster.raft_listen": "tcp://127.0.0.1:1", "cluster.peers": ["1=tcp://a:1", "1=tcp://b:1"]},
+         "node 1 is listed twice"),
+        ({"cluster.raft_listen": "tcp://127.0.0.1:1", "cluster.peers": ["2=tcp://a:1", "3=tcp://b:1"]},
+         "founding voters must include this node"),
+        ({"cluster.election_timeout_ms_min": 100}, "cluster.election_timeout_ms_min"),
+        ({"cluster.election_timeout_ms_max": 500}, "cluster.election_timeout_ms_max"),
+        ({"cluster.node_id": 0}, "cluster.node_id"),
+    ],
+)
+def test_cluster_section_errors(overrides: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    for part in expected.split(" ... "):
+        assert part in str(info.value), str(info.value)
