@@ -1,11 +1,11 @@
 """Raft metadata store figures on 3 broker processes on loopback (`cluster:` section).
 
-    .venv/bin/python benchmarks/raft.py writes --count 2000 --concurrency 1
+    .venv/bin/python benchmarks/raft.py writes --count 2000 --concurrency 1 --via leader
     .venv/bin/python benchmarks/raft.py writes --count 10000 --concurrency 64
     .venv/bin/python benchmarks/raft.py election --runs 10
 
-`writes`: committed puts through the admin API (`metadata put`) of a follower and of
-the leader in turn, each acknowledged once the entry is committed on a majority (every
+`writes`: committed puts through the admin API (`metadata put`) of the brokers named
+by `--via` (leader, follower, or all: proposers spread over the three), each acknowledged once the entry is committed on a majority (every
 log append fsynced) and applied on the broker asked. `--concurrency N` runs N
 proposers, each with its own admin connection and one request at a time. Reports puts/s
 and commit latency percentiles (request sent -> acknowledgement received).
@@ -111,14 +111,20 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50_ms": at(0.50), "p90_ms": at(0.90), "p99_ms": at(0.99), "max_ms": at(1.0)}
 
 
-async def writes(nodes: list[Node], count: int, concurrency: int, size: int) -> dict[str, object]:
+async def writes(nodes: list[Node], count: int, concurrency: int, size: int, via: str) -> dict[str, object]:
     leader_id, _ = await agreed_leader(nodes)
+    if via == "leader":
+        targets = [nodes[leader_id - 1]]
+    elif via == "follower":
+        targets = [n for n in nodes if n.node_id != leader_id]
+    else:
+        targets = nodes
     value = b"x" * size
     latencies: list[float] = []
     per = count // concurrency
 
     async def proposer(p: int) -> None:
-        node = nodes[p % len(nodes)]  # spread over leader and followers
+        node = targets[p % len(targets)]
         async with AdminClient(node.admin_url, timeout_ms=10_000) as admin:
             for i in range(per):
                 started = time.perf_counter()
@@ -128,7 +134,7 @@ async def writes(nodes: list[Node], count: int, concurrency: int, size: int) -> 
     started = time.perf_counter()
     await asyncio.gather(*(proposer(p) for p in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return {"workload": "writes", "peers": len(nodes), "leader": leader_id, "concurrency": concurrency,
+    return {"workload": "writes", "peers": len(nodes), "via": via, "concurrency": concurrency,
             "value_bytes": size, "committed": len(latencies), "seconds": round(elapsed, 2),
             "writes_per_s": round(len(latencies) / elapsed), **percentiles(latencies)}
 
@@ -156,6 +162,7 @@ async def main() -> None:
     w.add_argument("--count", type=int, default=2000)
     w.add_argument("--concurrency", type=int, default=1)
     w.add_argument("--size", type=int, default=100)
+    w.add_argument("--via", choices=["leader", "follower", "all"], default="all")
     e = sub.add_parser("election")
     e.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
@@ -166,7 +173,7 @@ async def main() -> None:
         for node in nodes:
             node.start(nodes)
         if args.workload == "writes":
-            report = await writes(nodes, args.count, args.concurrency, args.size)
+            report = await writes(nodes, args.count, args.concurrency, args.size, args.via)
         else:
             report = await election(nodes, args.runs)
         print(json.dumps(report))

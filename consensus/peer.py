@@ -54,7 +54,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from danube_zmq.consensus.log_store import LogStoreStatistics, RaftLogStore
+from danube_zmq.consensus.log_store import APPEND_ENTRIES_MAX, LogStoreStatistics, RaftLogStore
 from danube_zmq.consensus.raft import (
     RAFT_PROTOCOL,
     AddLearner,
@@ -69,6 +69,7 @@ from danube_zmq.consensus.raft import (
     PromoteVoter,
     ProposalResult,
     Propose,
+    ProposeBatch,
     ProposeConfig,
     RaftConfig,
     RaftError,
@@ -245,12 +246,30 @@ class RaftPeerStatistics:
 
 _STOP = object()
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
+_STEP_BATCH_MAX = 256  # events stepped before their effects run (one synced append for all)
 _FORWARDS_MAX = 4096  # forwarded proposals a leader serves at once (Raft's own BUSY bound is the same)
 _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] = {
     ChangeKind.ADD_LEARNER: AddLearner,
     ChangeKind.PROMOTE_VOTER: PromoteVoter,
     ChangeKind.REMOVE_VOTER: RemoveVoter,
 }
+
+
+def _batch_proposals(events: list[Any]) -> list[Any]:
+    """Adjacent `Propose` events as one `ProposeBatch`: one AppendEntries per follower."""
+    out: list[Any] = []
+    run: list[Propose] = []
+    for event in events:
+        if type(event) is Propose:
+            run.append(event)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else ProposeBatch(proposals=tuple(run)))
+            run = []
+        out.append(event)
+    if run:
+        out.append(run[0] if len(run) == 1 else ProposeBatch(proposals=tuple(run)))
+    return out
 
 
 class RaftPeer:
@@ -476,14 +495,28 @@ class RaftPeer:
     # ------------------------------------------------------------------ tasks
 
     async def _run(self) -> None:
+        held: Any = None  # an event taken while batching that must start a batch of its own
         while True:
-            event = await self._events.get()
+            event = held if held is not None else await self._events.get()
+            held = None
             if event is _STOP:
                 return
-            if type(event) is Tick:
-                self._tick_queued = False
+            # Step every event already queued before running any effect: the persistence
+            # they need becomes one synced LevelDB batch (group commit). Effects still run
+            # in order, so each persist precedes the sends and applies that follow it.
+            batch = [event]
+            if type(event) is not SnapshotTaken:
+                while len(batch) < _STEP_BATCH_MAX:
+                    try:
+                        nxt = self._events.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+                    if nxt is _STOP or type(nxt) is SnapshotTaken:
+                        held = nxt
+                        break
+                    batch.append(nxt)
             try:
-                await self._step(event)
+                await self._step_batch(batch)
             except Exception:
                 # A failed persistence call: the node's memory is ahead of the disk. Stop
                 # serving rather than answer from a state that may not survive a restart.
@@ -552,11 +585,68 @@ class RaftPeer:
     # ------------------------------------------------------------------ stepping
 
     async def _step(self, event: Event) -> None:
-        self._steps += 1
-        self._own_snapshot = type(event) is SnapshotTaken
-        effects = self._node.step(event)
+        await self._step_batch([event])
+
+    async def _step_batch(self, events: list[Any]) -> None:
+        self._own_snapshot = len(events) == 1 and type(events[0]) is SnapshotTaken
+        effects: list[Effect] = []
+        for event in _batch_proposals(events):
+            if type(event) is Tick:
+                self._tick_queued = False
+            self._steps += 1
+            effects.extend(self._node.step(event))
+        store = self._store
+        assert store is not None
+        # Persisting earlier never breaks "persist before what follows", and a send or an
+        # apply later only delays it: so between two storage barriers (a snapshot saved,
+        # a log compacted) every Persist* runs first, merged into as few synced appends as
+        # the log allows, then the other effects in their order.
+        segment: list[Effect] = []
         for effect in effects:
-            await self._execute(effect)
+            if type(effect) in (SaveSnapshot, CompactLog):
+                await self._run_segment(store, segment)
+                segment = []
+                await self._execute(effect)
+            else:
+                segment.append(effect)
+        await self._run_segment(store, segment)
+
+    async def _run_segment(self, store: RaftLogStore, effects: list[Effect]) -> None:
+        persists = [e for e in effects if type(e) in (PersistEntries, PersistHardState)]
+        i = 0
+        while i < len(persists):
+            entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
+            await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+        for effect in effects:
+            if type(effect) not in (PersistEntries, PersistHardState):
+                await self._execute(effect)
+
+    def _merge_persists(self, effects: list[Effect], i: int) -> tuple[list[Any], int | None, HardState | None, int]:
+        """Persist* effects from `i` as one atomic append: entries that continue each
+        other (a truncation only first), the last hard state."""
+        entries: list[Any] = []
+        truncate_from: int | None = None
+        hard_state: HardState | None = None
+        j = i
+        while j < len(effects):
+            effect = effects[j]
+            if type(effect) is PersistHardState:
+                hard_state = effect.hard_state
+            elif type(effect) is PersistEntries:
+                more = effect.entries
+                if j > i and (
+                    effect.truncate_from is not None
+                    or len(entries) + len(more) > APPEND_ENTRIES_MAX
+                    or (entries and more and more[0].index != entries[-1].index + 1)
+                ):
+                    break
+                if j == i:
+                    truncate_from = effect.truncate_from
+                entries.extend(more)
+            else:
+                break
+            j += 1
+        return entries, truncate_from, hard_state, j
 
     async def _execute(self, effect: Effect) -> None:
         store = self._store

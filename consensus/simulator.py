@@ -62,6 +62,7 @@ from danube_zmq.consensus.raft.events import (
     PromoteVoter,
     ProposalResult,
     Propose,
+    ProposeBatch,
     ProposeConfig,
     ReadIndex,
     ReadReady,
@@ -620,7 +621,7 @@ class Simulation:
             # Crash part way through a step now and then; more often in the steps where
             # entries exist on a leader alone (a proposal, a won election) or where a
             # leader's commit moves: the moments Figure 3.7 of the thesis is made of.
-            critical = type(event) is Propose or (node.role is Role.LEADER and (
+            critical = type(event) in (Propose, ProposeBatch) or (node.role is Role.LEADER and (
                 was_leader is False or node.commit_index != commit_before
             ))
             rate = self.faults.crash_rate / (3 if critical else 20)
@@ -753,6 +754,7 @@ class Simulation:
 
     def _clients_act(self) -> None:
         rng = self.rng
+        proposals: dict[int, list[Propose]] = {}
         for client in self.clients:
             op = client.pending
             if op is not None:
@@ -783,7 +785,13 @@ class Simulation:
                 self._step(peer, ReadIndex(request_id=request_id))
             else:
                 data = msgpack.packb([client.id, client.seq, kind, key, value, expected], use_bin_type=True)
-                self._step(peer, Propose(request_id=request_id, data=data))
+                proposals.setdefault(peer.id, []).append(Propose(request_id=request_id, data=data))
+        # Proposals reaching one peer in the same tick go in as one batch (the shell's
+        # group commit), so both Propose and ProposeBatch are exercised.
+        for peer_id, batch in proposals.items():
+            peer = self.peers[peer_id]
+            if peer.node is not None:
+                self._step(peer, batch[0] if len(batch) == 1 else ProposeBatch(proposals=tuple(batch)))
 
     def _complete(self, op: ClientOp, status: str, leader_hint: int | None = None) -> None:
         if op.status != "pending":

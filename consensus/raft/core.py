@@ -52,6 +52,7 @@ from danube_zmq.consensus.raft.events import (
     PromoteVoter,
     ProposalResult,
     Propose,
+    ProposeBatch,
     ProposeConfig,
     RaftError,
     ReadIndex,
@@ -147,6 +148,7 @@ class Progress:
 
     __slots__ = (
         "acked_context",
+        "commit_sent",
         "inflight",
         "match",
         "next",
@@ -169,6 +171,7 @@ class Progress:
         self.snapshot_elapsed = 0
         self.stall_elapsed = 0  # replicate: ticks since match last advanced while behind
         self.acked_context = 0  # highest read-index round this follower confirmed
+        self.commit_sent = 0  # highest commit index this follower was told (bounded by its match)
 
 
 class _PendingRead:
@@ -361,13 +364,24 @@ class RaftNode:
             self._broadcast_heartbeat()
 
     def _on_propose(self, ev: Propose) -> None:
+        if self._append_proposal(ev):
+            self._after_append()
+
+    def _on_propose_batch(self, ev: ProposeBatch) -> None:
+        appended = False
+        for proposal in ev.proposals:
+            appended = self._append_proposal(proposal) or appended
+        if appended:
+            self._after_append()
+
+    def _append_proposal(self, ev: Propose) -> bool:
         error = self._refuse_proposal()
         if error is not None:
             self._fx.append(ProposalResult(request_id=ev.request_id, error=error, leader_hint=self.leader_id))
-            return
+            return False
         entry = self._append(EntryKind.COMMAND, ev.data)
         self._fx.append(ProposalResult(request_id=ev.request_id, index=entry.index, term=entry.term))
-        self._after_append()
+        return True
 
     def _refuse_proposal(self) -> RaftError | None:
         if self.role is not Role.LEADER:
@@ -651,6 +665,7 @@ class RaftNode:
             if m.match_index > pr.match:
                 self._update_match(m.from_id, pr, m.match_index)
             self._send_more(m.from_id, pr)
+            self._notify_commit_to(m.from_id, pr)
             return
         if pr.state == _REPLICATE:
             if m.rejected_index <= pr.match:
@@ -774,6 +789,7 @@ class RaftNode:
                 context=self.read_seq,
             )
         )
+        pr.commit_sent = max(pr.commit_sent, min(self.commit_index, entries[-1].index if entries else prev))
         if pr.state == _REPLICATE:
             if entries:
                 pr.next = entries[-1].index + 1
@@ -836,6 +852,7 @@ class RaftNode:
         first_in_term = self.commit_index < self.leader_first_index
         self.commit_index = candidate
         self._apply_committed()
+        self._notify_commit()
         if first_in_term:
             self._start_read_round()  # reads that waited for the NOOP
         if not self.is_voter() and self.config_index <= self.commit_index:
@@ -844,6 +861,23 @@ class RaftNode:
             if self.progress[best].match == self.last_index:
                 self._send(TimeoutNow(from_id=self.id, to_id=best, term=self.term))
             self._become_follower(self.term, None)
+
+    def _notify_commit(self) -> None:
+        """Tell followers that hold everything sent to them about the new commit index now,
+        not at the next heartbeat: they apply (and answer a forwarded write, serve a
+        watch) a round trip after the commit instead of up to a heartbeat period later.
+        Followers with entries still to receive learn it from those AppendEntries."""
+        for peer, pr in self.progress.items():
+            self._notify_commit_to(peer, pr)
+
+    def _notify_commit_to(self, peer: int, pr: Progress) -> None:
+        if self.role is not Role.LEADER or pr.state != _REPLICATE or pr.next <= self.last_index:
+            return
+        known = min(self.commit_index, pr.match)
+        if known <= pr.commit_sent:
+            return
+        pr.commit_sent = known
+        self._send(Heartbeat(from_id=self.id, to_id=peer, term=self.term, leader_commit=known, context=self.read_seq))
 
     def _quorum_active(self) -> bool:
         voters = self.membership.voters
@@ -1047,6 +1081,7 @@ _HANDLERS = {
     Tick: RaftNode._on_tick,
     Receive: RaftNode._on_receive,
     Propose: RaftNode._on_propose,
+    ProposeBatch: RaftNode._on_propose_batch,
     ProposeConfig: RaftNode._on_propose_config,
     ReadIndex: RaftNode._on_read_index,
     SnapshotTaken: RaftNode._on_snapshot_taken,

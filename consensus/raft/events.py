@@ -78,6 +78,14 @@ class Propose:
 
 
 @_frozen
+class ProposeBatch:
+    """Several proposals at once: each is answered as if proposed alone, but the entries
+    go out to each follower in one AppendEntries (the shell's group commit)."""
+
+    proposals: tuple[Propose, ...]
+
+
+@_frozen
 class AddLearner:
     node_id: int
 
@@ -130,7 +138,7 @@ class TransferLeadership:
 
 
 Event = (
-    Restore | Tick | Receive | Propose | ProposeConfig | ReadIndex | SnapshotTaken | TransferLeadership
+    Restore | Tick | Receive | Propose | ProposeBatch | ProposeConfig | ReadIndex | SnapshotTaken | TransferLeadership
 )
 
 

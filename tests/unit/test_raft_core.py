@@ -20,6 +20,7 @@ from danube_zmq.consensus.raft import (
     PromoteVoter,
     ProposalResult,
     Propose,
+    ProposeBatch,
     ProposeConfig,
     RaftConfig,
     RaftError,
@@ -452,6 +453,27 @@ def test_uncommitted_entries_are_bounded():
     c.isolated = {2, 3}
     results = [e for k in range(5) for e in c.step(1, Propose(request_id=k, data=b"x")) if isinstance(e, ProposalResult)]
     assert [r.error for r in results] == [None, None, None, RaftError.BUSY, RaftError.BUSY]
+
+
+def test_a_batch_of_proposals_goes_out_in_one_append_per_follower():
+    c = Cluster([1, 2, 3], uncommitted_entries_max=4)
+    c.elect(1)
+    c.tick(n=2)
+    batch = ProposeBatch(proposals=tuple(Propose(request_id=k, data=b"c%d" % k) for k in range(6)))
+    effects = c.step(1, batch)
+    results = [e for e in effects if isinstance(e, ProposalResult)]
+    # Answered one by one, as if proposed alone: the bound applies inside the batch.
+    assert [r.request_id for r in results] == list(range(6))
+    assert [r.error for r in results] == [None] * 4 + [RaftError.BUSY] * 2
+    assert [r.index for r in results[:4]] == [results[0].index + k for k in range(4)]
+    appends = [e.message for e in effects if isinstance(e, Send) and isinstance(e.message, AppendEntries)]
+    assert sorted(m.to_id for m in appends) == [2, 3]
+    assert all([x.data for x in m.entries] == [b"c0", b"c1", b"c2", b"c3"] for m in appends)
+    c.tick(n=2)
+    for i in (1, 2, 3):
+        assert [e.data for e in c.applied(i)[-4:]] == [b"c0", b"c1", b"c2", b"c3"]
+    refused = [e for e in c.step(2, batch) if isinstance(e, ProposalResult)]
+    assert [r.error for r in refused] == [RaftError.NOT_LEADER] * 6
 
 
 # ------------------------------------------------------------------------ snapshots
