@@ -10,9 +10,12 @@ One `RaftPeer` owns a `RaftNode`, its `RaftLogStore` and a `MetadataStateMachine
                                                                   Apply -> state machine, futures
 
 Only the loop task steps the node and touches the log store (through `asyncio.to_thread`,
-one call at a time), and it executes each step's effects completely, awaiting every
-persistence call, before it takes the next event: "persist before anything that follows"
-(raft/README.md) holds by construction.
+one call at a time). It takes every event already queued (adjacent proposals become one
+`ProposeBatch`), steps them all, then executes their effects completely before it takes
+the next events: first every persist, merged into one synced append (group commit;
+persisting earlier is always allowed), then the rest in order. A snapshot saved or a log
+compacted is a barrier the persists are not moved across. "Persist before anything that
+follows" (raft/README.md) holds by construction.
 
 Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for a peer
 that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
