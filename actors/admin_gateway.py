@@ -13,8 +13,6 @@ RESOURCE_EXHAUSTED), since they wait on Raft rounds.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -25,6 +23,7 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS
@@ -46,7 +45,7 @@ class AdminGateway(Actor):
                  metadata: RaftMetadataStore | None = None) -> None:
         self.config = config
         self.metadata = metadata
-        self._cluster_tasks: set[asyncio.Task[None]] = set()
+        self._cluster_tasks = RequestTasks(_CLUSTER_TASKS_MAX)
         self.broker_id = broker_id
         self.broker_url = broker_url
         self.router: zmq.asyncio.Socket | None = None
@@ -71,10 +70,7 @@ class AdminGateway(Actor):
         self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
 
     async def on_stop(self) -> None:
-        for task in list(self._cluster_tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._cluster_tasks.cancel_all()
         for sock in (self.router, self.outbox):
             if sock is not None:
                 sock.close(linger=0)
@@ -143,13 +139,9 @@ class AdminGateway(Actor):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
                                         message="this broker runs no metadata store"))
             return
-        if len(self._cluster_tasks) >= _CLUSTER_TASKS_MAX:
+        if not self._cluster_tasks.start(self._answer_cluster(identity, msg, self.metadata)):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="too many metadata requests in flight; retry"))
-            return
-        task = asyncio.get_running_loop().create_task(self._answer_cluster(identity, msg, self.metadata))
-        self._cluster_tasks.add(task)
-        task.add_done_callback(self._cluster_tasks.discard)
 
     async def _answer_cluster(self, identity: bytes, msg: Message, store: RaftMetadataStore) -> None:
         try:

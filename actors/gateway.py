@@ -32,10 +32,13 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from danube_zmq.actors import schema_service
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
+from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
@@ -55,6 +58,7 @@ log = logging.getLogger("danube_zmq.gateway")
 
 OUTBOX = "inproc://gateway-outbox"
 _DRAIN_MAX = 512
+_SCHEMA_TASKS_MAX = 256  # schema requests answered at once (each waits on metadata-store rounds)
 _TICK_MS = 250
 
 
@@ -69,9 +73,11 @@ class Session:
 
 
 class Gateway(Actor):
-    def __init__(self, *, config: BrokerConfig, broker_id: int) -> None:
+    def __init__(self, *, config: BrokerConfig, broker_id: int, schemas: SchemaRegistry | None = None) -> None:
         self.config = config
         self.broker_id = broker_id
+        self.schemas = schemas
+        self._schema_tasks = RequestTasks(_SCHEMA_TASKS_MAX)
         self.sessions: dict[bytes, Session] = {}
         self.router: zmq.asyncio.Socket | None = None
         self.outbox: zmq.asyncio.Socket | None = None
@@ -124,6 +130,7 @@ class Gateway(Actor):
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
 
     async def on_stop(self) -> None:
+        await self._schema_tasks.cancel_all()
         for sock in (self.router, self.outbox):
             if sock is not None:
                 sock.close(linger=0)
@@ -179,6 +186,9 @@ class Gateway(Actor):
             METRICS.bad_frames.inc()
             self._reply(identity, Error(request_id=_request_id_of(frame), code=exc.code, message=exc.message))
             return
+        if type(msg) in cp.SCHEMA_REQUESTS:  # stateless: no session needed
+            self._schema_request(identity, msg)
+            return
         route = self._route.get(type(msg))
         if route is None:
             self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=ErrorCode.INVALID_ARGUMENT,
@@ -196,6 +206,22 @@ class Gateway(Actor):
             route(identity, session, msg, frame)
         except DanubeError as exc:
             self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=exc.code, message=exc.message))
+
+    def _schema_request(self, identity: bytes, msg: Message) -> None:
+        request_id = msg.request_id  # type: ignore[attr-defined]
+        if self.schemas is None:
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
+                                        message="this broker runs no schema registry"))
+        elif not self._schema_tasks.start(self._answer_schema(identity, msg, self.schemas)):
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message="too many schema requests in flight; retry"))
+
+    async def _answer_schema(self, identity: bytes, msg: Message, registry: SchemaRegistry) -> None:
+        try:
+            reply = await schema_service.answer(registry, msg)
+        except DanubeError as exc:
+            reply = Error(request_id=msg.request_id, code=exc.code, message=exc.message)  # type: ignore[attr-defined]
+        self._reply(identity, reply)
 
     def _on_connect(self, identity: bytes, session: Session | None, msg: Connect, frame: bytes) -> None:
         if msg.protocol_version != PROTOCOL_VERSION:

@@ -3,6 +3,7 @@
     BrokerService
       +-- RaftMetadataStore  this broker's Raft peer of the metadata store (`cluster:`);
       |                      standalone: a single voter, no socket
+      +-- SchemaRegistry     subjects and versions, kept in the metadata store
       +-- ActorSystem (zmq context, mailboxes, supervision)
             +-- BrokerActor    registry of namespaces and topics; parent of topics
             |     +-- TopicActor per topic/partition
@@ -38,6 +39,7 @@ from danube_zmq.actors.system import ActorSystem
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.schemas.registry import SchemaRegistry
 
 log = logging.getLogger("danube_zmq.service")
 
@@ -54,6 +56,7 @@ class BrokerService:
         self._context: zmq.asyncio.Context | None = None
         self._system: ActorSystem | None = None
         self.metadata: RaftMetadataStore | None = None
+        self.schemas: SchemaRegistry | None = None
         self._raft_collector: RaftCollector | None = None
         self._metrics_server: object | None = None
         self._stopped = asyncio.Event()
@@ -72,6 +75,7 @@ class BrokerService:
         try:
             self.metadata = self._metadata_store(self._context)
             await self.metadata.start()
+            self.schemas = SchemaRegistry(self.metadata)
             self._raft_collector = RaftCollector(self.metadata.peer)
             REGISTRY.register(self._raft_collector)
             if config.broker.metrics_port:
@@ -81,7 +85,7 @@ class BrokerService:
             # The gateways find the broker actor through `system.broker_endpoint` when a
             # request arrives, so they start first and the broker learns their URLs.
             system.gateway_endpoint = await system.spawn(
-                lambda: Gateway(config=config, broker_id=self.broker_id), name="gateway")
+                lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas), name="gateway")
             gateway = system.actor(system.gateway_endpoint)
             assert isinstance(gateway, Gateway)
             self.client_url = gateway.bound_url

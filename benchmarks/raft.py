@@ -5,8 +5,9 @@
     .venv/bin/python benchmarks/raft.py election --runs 10
 
 `writes`: committed puts through the admin API (`metadata put`) of the brokers named
-by `--via` (leader, follower, or all: proposers spread over the three), each acknowledged once the entry is committed on a majority (every
-log append fsynced) and applied on the broker asked. `--concurrency N` runs N
+by `--via` (leader, follower, or all: proposers spread over the three), each
+acknowledged once the entry is committed on a majority (every log append fsynced) and
+applied on the broker asked. `--concurrency N` runs N
 proposers, each with its own admin connection and one request at a time. Reports puts/s
 and commit latency percentiles (request sent -> acknowledgement received).
 

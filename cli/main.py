@@ -5,6 +5,7 @@
     danube consume           cli/consume.py   receive and ack messages
     danube admin ...         cli/admin.py     namespaces, topics, subscriptions, brokers
     danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
+    danube schemas ...       cli/schemas.py   the schema registry
 
 Errors: every `DanubeError` (bad name, broker unreachable, the broker's own
 error), socket or file error ends as ONE line `error: <message>` on stderr and
@@ -26,6 +27,7 @@ from danube_zmq.cli.broker import broker
 from danube_zmq.cli.consume import consume
 from danube_zmq.cli.output import stderr_console
 from danube_zmq.cli.produce import produce
+from danube_zmq.cli.schemas import schemas
 from danube_zmq.transport.errors import DanubeError
 
 __all__ = ["CliError", "cli", "main"]
@@ -126,6 +128,7 @@ cli.add_command(broker)
 cli.add_command(produce)
 cli.add_command(consume)
 cli.add_command(admin)
+cli.add_command(schemas)
 admin.add_command(cluster)
 admin.add_command(metadata)
 

@@ -19,16 +19,10 @@ map: the caller awaits each reply before sending the next request.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Callable
-from types import TracebackType
 from typing import TypeVar
 
-import zmq
-import zmq.asyncio
-
 from danube_zmq.actors.topic_name import parse_topic, validate_namespace
+from danube_zmq.client.rpc import RequestClient, check_endpoint
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
     AddClusterNode,
@@ -70,133 +64,22 @@ from danube_zmq.transport.admin_protocol import (
     Unsubscribe,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy
-from danube_zmq.transport.codec import Message
-from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ok
+from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import (
-    InternalError,
     InvalidArgument,
-    Unavailable,
-    UnsupportedVersion,
-    error_from_code,
 )
 
 __all__ = ["AdminClient", "check_endpoint"]
 
-log = logging.getLogger(__name__)
 
-R = TypeVar("R", bound=Message)
-# Builds a request from its request_id.
-_Builder = Callable[[int], Message]
-
-# Largest reply frame we accept. A topic list or description of a big cluster
-# stays far below; anything larger is a broken peer, refused by libzmq itself.
-_REPLY_BYTES_MAX = 64 * 1024 * 1024
-# Admin requests go one at a time, so a handful of queued frames is plenty; the
-# bound keeps a dead broker from buffering without limit.
-_QUEUE_MESSAGES_MAX = 16
-# Stale replies (to requests that timed out) skipped while waiting for one
-# reply, before we call the peer broken.
-_STALE_REPLIES_MAX = 1000
-
-
-def check_endpoint(endpoint: str, what: str = "broker endpoint") -> str:
-    """Return `endpoint` if it looks like a ZeroMQ endpoint, else raise InvalidArgument.
-
-    Catches the usual slip of pasting a Danube (gRPC) URL such as
-    `http://127.0.0.1:50051` before libzmq answers with a bare "Invalid argument".
-    """
-    if endpoint.startswith(("http://", "https://")):
-        rest = endpoint.split("://", 1)[1]
-        raise InvalidArgument(
-            f"invalid {what} {endpoint!r}: danube-zmq speaks ZeroMQ, use tcp://{rest}"
-        )
-    if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-        raise InvalidArgument(
-            f"invalid {what} {endpoint!r}: expected tcp://host:port (or ipc://path)"
-        )
-    return endpoint
-
-
-class AdminClient:
+class AdminClient(RequestClient):
     """Async client for the broker's admin API; use as `async with AdminClient(url)`."""
 
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        timeout_ms: int = 5000,
-        client_name: str = "danube-admin",
-    ) -> None:
-        if timeout_ms <= 0:
-            raise InvalidArgument(f"timeout_ms must be > 0, got {timeout_ms}")
-        self.endpoint = check_endpoint(endpoint, "admin endpoint")
-        self.timeout_ms = timeout_ms
-        self.client_name = client_name
-        self._context: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
-        self._next_request_id = 1
-        self.connected: Connected | None = None
-        """The broker's `Connected` answer once `connect()` succeeded."""
+    PROTOCOL = ADMIN_PROTOCOL
+    WHAT = "admin endpoint"
 
-    # -- lifecycle ---------------------------------------------------------
-
-    async def __aenter__(self) -> AdminClient:
-        try:
-            await self.connect()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def connect(self) -> Connected:
-        """Open the socket and do the `Connect` handshake."""
-        assert self._socket is None, "connect() called twice"
-        self._context = zmq.asyncio.Context()
-        sock = self._context.socket(zmq.DEALER)
-        # Linger 0: a request to a dead broker must not keep the process alive at exit.
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, _QUEUE_MESSAGES_MAX)
-        sock.setsockopt(zmq.RCVHWM, _QUEUE_MESSAGES_MAX)
-        sock.setsockopt(zmq.MAXMSGSIZE, _REPLY_BYTES_MAX)
-        self._socket = sock
-        try:
-            sock.connect(self.endpoint)
-        except zmq.ZMQError as err:
-            raise InvalidArgument(
-                f"invalid admin endpoint {self.endpoint!r}: {err.strerror}"
-            ) from None
-        reply = await self._request(
-            lambda rid: Connect(
-                request_id=rid,
-                protocol_version=PROTOCOL_VERSION,
-                client_name=self.client_name,
-            ),
-            Connected,
-        )
-        if reply.protocol_version != PROTOCOL_VERSION:
-            raise UnsupportedVersion(
-                f"the broker at {self.endpoint} speaks protocol version "
-                f"{reply.protocol_version}, this client {PROTOCOL_VERSION}"
-            )
-        self.connected = reply
-        return reply
-
-    def close(self) -> None:
-        """Close the socket and its context; idempotent."""
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
-        if self._context is not None:
-            self._context.term()
-            self._context = None
+    def __init__(self, endpoint: str, *, timeout_ms: int = 5000, client_name: str = "danube-admin") -> None:
+        super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name)
 
     # -- namespaces ------------------------------------------------------
 
@@ -429,52 +312,6 @@ class AdminClient:
         """How many keys were deleted."""
         reply = await self._call(lambda rid: MetadataDelete(request_id=rid, key=key, prefix=prefix), MetadataWritten)
         return reply.deleted
-
-    # -- plumbing ----------------------------------------------------------
-
-    async def _call(self, build: _Builder, expected: type[R]) -> R:
-        if self.connected is None:
-            raise InternalError("AdminClient is not connected; use `async with AdminClient(...)`")
-        return await self._request(build, expected)
-
-    async def _request(self, build: _Builder, expected: type[R]) -> R:
-        """Send one request and return its reply, or raise what the broker said."""
-        sock = self._socket
-        assert sock is not None
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        request = build(request_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_ms / 1000
-        frame = ADMIN_PROTOCOL.encode(request)
-        try:
-            await asyncio.wait_for(sock.send(frame), timeout=self.timeout_ms / 1000)
-        except TimeoutError:
-            raise self._no_answer() from None
-        for _ in range(_STALE_REPLIES_MAX):
-            remaining_ms = int((deadline - loop.time()) * 1000)
-            if remaining_ms <= 0 or not await sock.poll(remaining_ms, zmq.POLLIN):
-                raise self._no_answer()
-            reply = ADMIN_PROTOCOL.decode(await sock.recv())
-            if reply.request_id != request_id:  # type: ignore[attr-defined]
-                # The answer to an earlier request that we gave up on.
-                log.debug("dropping stale admin reply %s", type(reply).__name__)
-                continue
-            if isinstance(reply, Error):
-                raise error_from_code(reply.code, reply.message)
-            if not isinstance(reply, expected):
-                raise InternalError(
-                    f"the broker answered {type(request).__name__} with "
-                    f"{type(reply).__name__}, expected {expected.__name__}"
-                )
-            return reply
-        raise InternalError(f"the broker at {self.endpoint} sent too many stale replies")
-
-    def _no_answer(self) -> Unavailable:
-        return Unavailable(
-            f"no answer from the broker at {self.endpoint} within "
-            f"{self.timeout_ms / 1000:g} s; is it running?"
-        )
 
 
 V = TypeVar("V")

@@ -32,11 +32,14 @@ from danube_zmq.consensus.raft import AddLearner, PromoteVoter, RaftConfig, Remo
 from danube_zmq.consensus.state_machine import (
     AllocatedId,
     AllocateMonotonicId,
+    Batch,
     CasFailed,
     Command,
     CompareAndSwap,
     Delete,
     DeletePrefix,
+    KeyValue,
+    KeyVersion,
     Ok,
     Put,
     PutWithTtl,
@@ -87,6 +90,13 @@ class MetadataStore(Protocol):
 
     async def allocate_id(self, key: str) -> int:
         """The next id (1, 2, ...) of counter `key`."""
+        ...
+
+    async def transaction(
+        self, expect: dict[str, int], puts: dict[str, bytes], deletes: list[str] | None = None
+    ) -> bool:
+        """Apply `puts` and `deletes` atomically if every key in `expect` has that version
+        (0: absent); False (nothing changed) otherwise."""
         ...
 
     async def list_prefix(self, prefix: str) -> list[tuple[str, VersionedValue]]: ...
@@ -173,6 +183,16 @@ class RaftMetadataStore:
         if type(result) is CasFailed:
             return CasResult(False, result.current)
         return CasResult(True, _value(result))
+
+    async def transaction(
+        self, expect: dict[str, int], puts: dict[str, bytes], deletes: list[str] | None = None
+    ) -> bool:
+        command = Batch(
+            puts=[KeyValue(key=k, value=v) for k, v in puts.items()],
+            deletes=list(deletes or []),
+            expect=[KeyVersion(key=k, version=v) for k, v in expect.items()],
+        )
+        return type(await self._propose(command)) is not CasFailed
 
     async def allocate_id(self, key: str) -> int:
         result = await self._propose(AllocateMonotonicId(key=key))

@@ -17,8 +17,11 @@ deliberate differences:
   Nothing expires on a replica's own clock: until an `ExpireTtlKeys` applies, a key
   past its `expires_at_ms` is still there for `get`, CAS and watches. A new leader
   whose clock is ahead of the old one expires keys early, by the skew.
-- `Batch(puts, deletes)`: an atomic multi-key write, the replicated form of
-  `storage.catalog.Catalog.write`, which the broker uses today.
+- `Batch(puts, deletes, expect)`: an atomic multi-key write, the replicated form of
+  `storage.catalog.Catalog.write`, which the broker uses today; with `expect` it is a
+  transaction (etcd's Txn compare): it applies only if every listed key has the listed
+  version (0: absent), else nothing changes and the result is `CasFailed` for the first
+  key that differs.
 
 Values are versioned as in etcd (and Danube's `VersionedValue`):
 
@@ -54,7 +57,7 @@ import bisect
 import enum
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -81,6 +84,7 @@ __all__ = [
     "DeletePrefix",
     "ExpireTtlKeys",
     "KeyValue",
+    "KeyVersion",
     "MetadataStateMachine",
     "MetadataStatistics",
     "Ok",
@@ -190,14 +194,23 @@ class ExpireTtlKeys(Message):
 
 
 @wire
+class KeyVersion(Struct):
+    """A guard inside a `Batch`: `key` must be at `version` (0: must not exist)."""
+
+    key: str
+    version: int
+
+
+@wire
 class Batch(Message):
     """Apply all `puts` and `deletes` atomically, as one revision (all or nothing).
     A key both put and deleted ends up deleted, as in `Catalog.write`; a key may be
-    put at most once."""
+    put at most once. With `expect`, only if every guard holds (else `CasFailed`)."""
 
     TAG = 23
     puts: list[KeyValue]
     deletes: list[str]
+    expect: list[KeyVersion] = field(default_factory=list)
 
 
 Command = Put | PutWithTtl | Delete | DeletePrefix | CompareAndSwap | AllocateMonotonicId | ExpireTtlKeys | Batch
@@ -548,7 +561,13 @@ class MetadataStateMachine:
                 # Every (expires_at_ms, key) with expires_at_ms <= now_ms sorts before (now_ms + 1, "").
                 end = bisect.bisect_left(self._ttl_index, (now_ms + 1, ""))
                 return self._delete_keys(sorted(key for _, key in self._ttl_index[:end]))
-            case Batch(puts=puts, deletes=deletes):
+            case Batch(puts=puts, deletes=deletes, expect=expect):
+                for guard in expect:
+                    self._check_key(guard.key)
+                    current = self._kv.get(guard.key)
+                    version = current.version if current is not None else 0
+                    if version != guard.version:
+                        return CasFailed(current_version=version, current=current)
                 return self._apply_batch(puts, deletes)
         raise AssertionError(f"command {type(cmd).__name__} has no handler")  # the protocol lists only these
 

@@ -1,2 +1,2 @@
-"""Schema registry. Empty until the schema-registry issue lands; messages already
-carry schema id and version slots on the wire."""
+"""The schema registry (see schemas/README.md): formats, compatibility, subjects and
+versions kept in the metadata store."""

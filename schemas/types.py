@@ -13,6 +13,9 @@ A format turns a schema definition (the bytes a user registers) into:
   `payload` is not a valid encoding under `definition`.
 - `encode(definition, value) -> bytes` and `decode(definition, payload, reader=None)`:
   the client's serializers (Avro resolves the writer's schema against the reader's).
+- optionally `evolution_errors(old, new) -> list[str]`: rules about the change itself,
+  whatever the direction (Protobuf: a removed field must be reserved), checked in every
+  mode but NONE.
 
 Every function takes normalized or raw definitions alike, raises `InvalidArgument` (with
 a message a user can act on) for a bad definition, and caches what it compiles (bounded)

@@ -11,7 +11,7 @@ never builds a Python object per message. See docs/protocol.md for the byte layo
 
 from __future__ import annotations
 
-from danube_zmq.transport.codec import Message, Protocol, wire
+from danube_zmq.transport.codec import Message, Protocol, Struct, wire
 from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Enum
 
 
@@ -309,6 +309,171 @@ class SeekReset(Message):
     offset: int
 
 
+# ---------------------------------------------------------------- the schema registry
+# Danube serves its SchemaRegistry on the client port; so do we. These requests need no
+# session (no `Connect` first) and are answered by the gateway from the registry.
+
+
+@wire
+class RegisterSchema(Message):
+    """Register `definition` under `subject`. Answered by `SchemaRegistered`;
+    FAILED_PRECONDITION lists the reasons when it is incompatible."""
+
+    TAG = 39
+    request_id: int
+    subject: str
+    schema_type: str  # bytes, string, number, json_schema, avro, protobuf (aliases: json, proto, ...)
+    definition: bytes
+    description: str = ""
+
+
+@wire
+class SchemaRegistered(Message):
+    TAG = 40
+    request_id: int
+    schema_id: int
+    version: int
+    is_new: bool
+    fingerprint: str  # SHA-256 of the normalized definition, hex
+
+
+@wire
+class GetSchema(Message):
+    """By `schema_id` (with `version`, else the latest live one) or by `subject` (with
+    `version`, else the latest live one). Answered by `SchemaInfo`."""
+
+    TAG = 41
+    request_id: int
+    schema_id: int | None = None
+    subject: str | None = None
+    version: int | None = None
+
+
+@wire
+class SchemaInfo(Message):
+    TAG = 42
+    request_id: int
+    subject: str
+    schema_id: int
+    version: int
+    schema_type: str
+    definition: bytes  # normalized
+    fingerprint: str
+    compatibility: str
+    deleted: bool
+    created_ms: int
+    description: str
+
+
+@wire
+class ListSchemaVersions(Message):
+    TAG = 43
+    request_id: int
+    subject: str
+
+
+@wire
+class SchemaVersionInfo(Struct):
+    version: int
+    fingerprint: str
+    deleted: bool
+    created_ms: int
+    description: str
+
+
+@wire
+class SchemaVersions(Message):
+    TAG = 44
+    request_id: int
+    subject: str
+    versions: list[SchemaVersionInfo]
+
+
+@wire
+class CheckSchema(Message):
+    """Would `definition` be accepted under `subject`? `mode` overrides the subject's
+    compatibility mode for this check. Answered by `SchemaCheck`."""
+
+    TAG = 45
+    request_id: int
+    subject: str
+    schema_type: str
+    definition: bytes
+    mode: str | None = None
+
+
+@wire
+class SchemaCheck(Message):
+    TAG = 46
+    request_id: int
+    compatible: bool
+    reasons: list[str]
+
+
+@wire
+class GetCompatibility(Message):
+    TAG = 47
+    request_id: int
+    subject: str
+
+
+@wire
+class SetCompatibility(Message):
+    """Set a subject's compatibility mode. Answered by `CompatibilityInfo`."""
+
+    TAG = 48
+    request_id: int
+    subject: str
+    mode: str
+
+
+@wire
+class CompatibilityInfo(Message):
+    TAG = 49
+    request_id: int
+    subject: str
+    mode: str
+
+
+@wire
+class DeleteSchemaVersion(Message):
+    """Soft-delete a version (still readable by id and version). Answered by `Ok`."""
+
+    TAG = 50
+    request_id: int
+    subject: str
+    version: int
+
+
+@wire
+class ListSubjects(Message):
+    TAG = 51
+    request_id: int
+
+
+@wire
+class SubjectInfo(Struct):
+    subject: str
+    schema_id: int
+    schema_type: str
+    latest_version: int | None
+    compatibility: str
+
+
+@wire
+class SubjectList(Message):
+    TAG = 52
+    request_id: int
+    subjects: list[SubjectInfo]
+
+
+SCHEMA_REQUESTS = (
+    RegisterSchema, GetSchema, ListSchemaVersions, CheckSchema, GetCompatibility, SetCompatibility,
+    DeleteSchemaVersion, ListSubjects,
+)
+"""Schema-registry requests: no session needed; answered by the gateway from the registry."""
+
+
 CLIENT_PROTOCOL = Protocol(
     "client",
     PROTOCOL_VERSION,
@@ -318,5 +483,8 @@ CLIENT_PROTOCOL = Protocol(
         CreateProducer, ProducerCreated, CloseProducer, Send, SendReceipt,
         Subscribe, Subscribed, Flow, Deliver, Ack, Nack, Unsubscribe, CloseConsumer,
         HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed, Seek, SeekReset,
+        RegisterSchema, SchemaRegistered, GetSchema, SchemaInfo, ListSchemaVersions, SchemaVersions,
+        CheckSchema, SchemaCheck, GetCompatibility, SetCompatibility, CompatibilityInfo, DeleteSchemaVersion,
+        ListSubjects, SubjectList,
     ),
 )

@@ -336,3 +336,13 @@ async def test_raft_metrics(tmp_path: Path) -> None:
     assert families["danube_raft_commit_index"].samples[0].value >= 2  # the bootstrap entry and the put
     proposals = families["danube_raft_proposals"].samples[0]
     assert (proposals.name, proposals.value) == ("danube_raft_proposals_total", 1)
+
+
+async def test_transaction_applies_only_when_every_guard_holds(tmp_path: Path) -> None:
+    async with embedded_store(tmp_path / "meta") as store:
+        assert await store.transaction({"/s/meta": 0}, {"/s/meta": b"m1", "/s/v/1": b"d1"})
+        assert not await store.transaction({"/s/meta": 0}, {"/s/meta": b"m2", "/s/v/1": b"other"})
+        got = await store.get("/s/v/1")
+        assert got is not None and got.value == b"d1"  # the failed transaction changed nothing
+        assert await store.transaction({"/s/meta": 1, "/s/v/2": 0}, {"/s/meta": b"m2", "/s/v/2": b"d2"}, ["/s/v/1"])
+        assert [k for k, _ in await store.list_prefix("/s/")] == ["/s/meta", "/s/v/2"]
