@@ -26,6 +26,7 @@ from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
+from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
@@ -42,9 +43,10 @@ _CLUSTER_TASKS_MAX = 256
 
 class AdminGateway(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str,
-                 metadata: RaftMetadataStore | None = None) -> None:
+                 metadata: RaftMetadataStore | None = None, schemas: SchemaRegistry | None = None) -> None:
         self.config = config
         self.metadata = metadata
+        self.schemas = schemas
         self._cluster_tasks = RequestTasks(_CLUSTER_TASKS_MAX)
         self.broker_id = broker_id
         self.broker_url = broker_url
@@ -135,17 +137,18 @@ class AdminGateway(Actor):
 
     def _cluster_request(self, identity: bytes, msg: Message) -> None:
         request_id = msg.request_id  # type: ignore[attr-defined]
-        if self.metadata is None:
+        if self.metadata is None or self.schemas is None:
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
                                         message="this broker runs no metadata store"))
             return
-        if not self._cluster_tasks.start(self._answer_cluster(identity, msg, self.metadata)):
+        if not self._cluster_tasks.start(self._answer_cluster(identity, msg, self.metadata, self.schemas)):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="too many metadata requests in flight; retry"))
 
-    async def _answer_cluster(self, identity: bytes, msg: Message, store: RaftMetadataStore) -> None:
+    async def _answer_cluster(self, identity: bytes, msg: Message, store: RaftMetadataStore,
+                              registry: SchemaRegistry) -> None:
         try:
-            reply = await cluster_admin.answer(store, msg)
+            reply = await cluster_admin.answer(store, registry, msg)
         except DanubeError as exc:
             text = exc.message
             if isinstance(exc, NotLeader) and exc.redirect_url:

@@ -1,5 +1,6 @@
 """Answers to the admin API's metadata-cluster requests (`danube admin cluster ...`,
-`danube admin metadata ...`), served from this broker's Raft peer.
+`danube admin metadata ...`, `danube admin topics configure-schema|get-schema-config`),
+served from this broker's Raft peer and the schema registry kept in it.
 
 The admin gateway calls `answer` in a task per request (these wait on Raft: a commit, a
 read index), so a slow metadata round never holds up the broker actor. Writes and
@@ -10,11 +11,15 @@ from __future__ import annotations
 
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import VersionedValue
+from danube_zmq.schemas import topic_binding
+from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport.admin_protocol import (
     AddClusterNode,
     ClusterMember,
     ClusterStatus,
     ClusterStatusInfo,
+    ConfigureTopicSchema,
+    GetTopicSchemaConfig,
     MetadataCompareAndSwap,
     MetadataDelete,
     MetadataEntries,
@@ -25,19 +30,30 @@ from danube_zmq.transport.admin_protocol import (
     MetadataWritten,
     PromoteClusterNode,
     RemoveClusterNode,
+    TopicSchemaConfigInfo,
 )
 from danube_zmq.transport.codec import Message
-from danube_zmq.transport.errors import InvalidArgument
+from danube_zmq.transport.errors import InvalidArgument, NotFound
 
 __all__ = ["answer", "status"]
 
 _LIST_LIMIT_MAX = 100_000
 
 
-async def answer(store: RaftMetadataStore, msg: Message) -> Message:
+async def answer(store: RaftMetadataStore, registry: SchemaRegistry, msg: Message) -> Message:
     """The reply to one cluster request; errors are raised as `DanubeError`s."""
     rid: int = msg.request_id  # type: ignore[attr-defined]
     match msg:
+        case ConfigureTopicSchema(topic=topic, subject=subject, validation_policy=policy,
+                                  payload_validation=payload_validation):
+            config = await topic_binding.configure(store, registry, topic, subject,
+                                                   topic_binding.parse_policy(policy), payload_validation)
+            return await _schema_config(registry, rid, config)
+        case GetTopicSchemaConfig(topic=topic):
+            found = await topic_binding.get_config(store, topic)
+            if found is None:
+                raise NotFound(f"no schema is bound to {topic}")
+            return await _schema_config(registry, rid, found)
         case ClusterStatus():
             return status(store, rid)
         case AddClusterNode(node_id=node_id, address=address):
@@ -80,6 +96,14 @@ async def answer(store: RaftMetadataStore, msg: Message) -> Message:
                 deleted = int(await store.delete(key))
             return MetadataWritten(request_id=rid, succeeded=deleted > 0, deleted=deleted)
     raise InvalidArgument(f"{type(msg).__name__} is not a cluster request")
+
+
+async def _schema_config(registry: SchemaRegistry, rid: int, config: topic_binding.TopicSchemaConfig) -> Message:
+    summary = await registry.summary(config.subject)
+    return TopicSchemaConfigInfo(request_id=rid, topic=config.topic, subject=config.subject,
+                                 validation_policy=config.validation_policy.value,
+                                 payload_validation=config.payload_validation, schema_id=summary.schema_id,
+                                 latest_version=summary.latest_version)
 
 
 def status(store: RaftMetadataStore, request_id: int) -> ClusterStatusInfo:

@@ -91,7 +91,7 @@ class BrokerService:
             self.client_url = gateway.bound_url
             admin_endpoint = await system.spawn(
                 lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url,
-                                     metadata=self.metadata),
+                                     metadata=self.metadata, schemas=self.schemas),
                 name="admin-gateway")
             admin = system.actor(admin_endpoint)
             assert isinstance(admin, AdminGateway)

@@ -28,6 +28,7 @@ from danube_zmq.transport.admin_protocol import (
     FailurePolicyInfo,
     TopicDescription,
     TopicInfo,
+    TopicSchemaConfigInfo,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
 
@@ -501,6 +502,46 @@ def topics_get_dispatch_config(ctx: click.Context, topic: str, subscription: str
         ["MAX-UNACKED-MESSAGES", "SOURCE"],
         [[config.max_unacked_messages, "set" if config.explicit else "broker default"]],
     )
+
+
+# -- topic schemas ------------------------------------------------------------------
+
+
+def _emit_schema_config(info: TopicSchemaConfigInfo, output: str) -> None:
+    if output == "json":
+        emit_json(_record(info))
+        return
+    emit_table(["TOPIC", "SUBJECT", "SCHEMA-ID", "LATEST-VERSION", "VALIDATION-POLICY", "PAYLOAD-VALIDATION"],
+               [[info.topic, info.subject, info.schema_id, "-" if info.latest_version is None else info.latest_version,
+                 info.validation_policy, "on" if info.payload_validation else "off"]])
+
+
+@topics.command("configure-schema")
+@click.argument("topic")
+@click.option("--subject", required=True, help="A registered schema subject.")
+@click.option("--validation-policy", type=click.Choice(["none", "warn", "enforce"]), default="none", show_default=True,
+              help="warn: accept and count messages without the topic's schema; enforce: refuse them.")
+@click.option("--enable-payload-validation", is_flag=True,
+              help="Decode every payload against its schema version and refuse invalid ones.")
+@output_option
+@click.pass_context
+def topics_configure_schema(ctx: click.Context, topic: str, subject: str, validation_policy: str,
+                            enable_payload_validation: bool, output: str) -> None:
+    """Bind TOPIC (all its partitions) to a schema subject."""
+    topic = check_topic(topic)
+    info = _call(ctx, lambda client: client.configure_topic_schema(
+        topic, subject, validation_policy=validation_policy, payload_validation=enable_payload_validation))
+    _emit_schema_config(info, output)
+
+
+@topics.command("get-schema-config")
+@click.argument("topic")
+@output_option
+@click.pass_context
+def topics_get_schema_config(ctx: click.Context, topic: str, output: str) -> None:
+    """Show TOPIC's schema subject and validation policy."""
+    topic = check_topic(topic)
+    _emit_schema_config(_call(ctx, lambda client: client.get_topic_schema_config(topic)), output)
 
 
 # -- brokers -----------------------------------------------------------------------

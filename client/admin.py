@@ -30,6 +30,7 @@ from danube_zmq.transport.admin_protocol import (
     BrokerList,
     ClusterStatus,
     ClusterStatusInfo,
+    ConfigureTopicSchema,
     CreateNamespace,
     CreateTopic,
     DeleteNamespace,
@@ -39,6 +40,7 @@ from danube_zmq.transport.admin_protocol import (
     FailurePolicyInfo,
     GetDispatchConfig,
     GetFailurePolicy,
+    GetTopicSchemaConfig,
     ListBrokers,
     ListNamespaces,
     ListSubscriptions,
@@ -61,6 +63,7 @@ from danube_zmq.transport.admin_protocol import (
     TopicDescription,
     TopicInfo,
     TopicList,
+    TopicSchemaConfigInfo,
     Unsubscribe,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -256,6 +259,23 @@ class AdminClient(RequestClient):
     async def list_brokers(self) -> list[BrokerInfo]:
         reply = await self._call(lambda rid: ListBrokers(request_id=rid), BrokerList)
         return reply.brokers
+
+    # -- topic schemas -------------------------------------------------------
+
+    async def configure_topic_schema(self, topic: str, subject: str, *, validation_policy: str = "none",
+                                     payload_validation: bool = False) -> TopicSchemaConfigInfo:
+        """Bind `topic` to schema subject `subject` (Danube's `configure-schema`)."""
+        parse_topic(topic)
+        return await self._call(
+            lambda rid: ConfigureTopicSchema(request_id=rid, topic=topic, subject=subject,
+                                             validation_policy=validation_policy,
+                                             payload_validation=payload_validation),
+            TopicSchemaConfigInfo,
+        )
+
+    async def get_topic_schema_config(self, topic: str) -> TopicSchemaConfigInfo:
+        parse_topic(topic)
+        return await self._call(lambda rid: GetTopicSchemaConfig(request_id=rid, topic=topic), TopicSchemaConfigInfo)
 
     # -- the metadata cluster ------------------------------------------------
 

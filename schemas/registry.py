@@ -254,16 +254,17 @@ class SchemaRegistry:
         record, _ = await self._subject(subject)
         return list(record.versions)
 
+    async def summary(self, subject: str) -> SubjectSummary:
+        record, _ = await self._subject(subject)
+        return _summary(subject, record)
+
     async def list_subjects(self) -> list[SubjectSummary]:
         out = []
         for key, value in await self.store.list_prefix(_SUBJECTS):
             name = key[len(_SUBJECTS):]
             if "/" in name:
                 continue  # a version's definition
-            record = _Subject.decode(value.value)
-            live = record.live()
-            out.append(SubjectSummary(subject=name, schema_id=record.schema_id, schema_type=record.schema_type,
-                                      latest_version=live[-1].version if live else None, compatibility=record.mode))
+            out.append(_summary(name, _Subject.decode(value.value)))
         return out
 
     async def get_compatibility(self, subject: str) -> CompatibilityMode:
@@ -378,6 +379,12 @@ class SchemaRegistry:
             ]
 
         await self._update(subject, change)
+
+
+def _summary(subject: str, record: _Subject) -> SubjectSummary:
+    live = record.live()
+    return SubjectSummary(subject=subject, schema_id=record.schema_id, schema_type=record.schema_type,
+                          latest_version=live[-1].version if live else None, compatibility=record.mode)
 
 
 def _now_ms() -> int:

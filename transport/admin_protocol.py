@@ -430,11 +430,48 @@ class MetadataWritten(Message):
     deleted: int = 0
 
 
+@wire
+class ConfigureTopicSchema(Message):
+    """Bind a topic (its base name: partitions share it) to a registered schema subject,
+    with a validation policy (`none`, `warn`, `enforce`) and payload validation. Replaces
+    any earlier binding. Answered by `TopicSchemaConfigInfo`."""
+
+    TAG = 50
+    request_id: int
+    topic: str
+    subject: str
+    validation_policy: str = "none"
+    payload_validation: bool = False
+
+
+@wire
+class GetTopicSchemaConfig(Message):
+    """Answered by `TopicSchemaConfigInfo`; NOT_FOUND when no schema is bound."""
+
+    TAG = 51
+    request_id: int
+    topic: str
+
+
+@wire
+class TopicSchemaConfigInfo(Message):
+    TAG = 52
+    request_id: int
+    topic: str
+    subject: str
+    validation_policy: str
+    payload_validation: bool
+    schema_id: int
+    latest_version: int | None
+
+
 CLUSTER_REQUESTS = (
     ClusterStatus, AddClusterNode, PromoteClusterNode, RemoveClusterNode,
     MetadataGet, MetadataList, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
+    ConfigureTopicSchema, GetTopicSchemaConfig,
 )
-"""Admin requests the admin gateway answers from the metadata store."""
+"""Admin requests the admin gateway answers from the metadata store (and the schema
+registry kept in it)."""
 
 
 ADMIN_REQUESTS = (
@@ -456,6 +493,6 @@ ADMIN_PROTOCOL = Protocol(
         SetDispatchConfig, GetDispatchConfig, DispatchConfigInfo,
         ClusterStatus, ClusterStatusInfo, AddClusterNode, PromoteClusterNode, RemoveClusterNode,
         MetadataGet, MetadataList, MetadataEntries, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
-        MetadataWritten,
+        MetadataWritten, ConfigureTopicSchema, GetTopicSchemaConfig, TopicSchemaConfigInfo,
     ),
 )

@@ -62,6 +62,18 @@ def test_register_check_evolve_and_survive_a_restart(tmp_path: Path) -> None:
         out = schemas(broker, "register", "broken", "-t", "protobuf", "--schema", 'syntax = "proto3"; message {')
         assert out.returncode == 1 and "does not compile" in out.stderr
 
+        admin = ("admin", "--endpoint", broker.admin_url, "topics")
+        out = danube(*admin, "get-schema-config", "/default/orders")
+        assert out.returncode == 1 and "no schema is bound" in out.stderr
+        out = danube(*admin, "configure-schema", "/default/orders", "--subject", "orders", "--validation-policy",
+                     "enforce", "--enable-payload-validation", "-o", "json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"topic": "/default/orders", "subject": "orders", "validation_policy": "enforce",
+                                          "payload_validation": True, "schema_id": first["schema_id"],
+                                          "latest_version": 2}
+        out = danube(*admin, "configure-schema", "/default/orders", "--subject", "missing")
+        assert out.returncode == 1 and "not found" in out.stderr
+
         out = schemas(broker, "set-compatibility", "orders", "--mode", "full_transitive")
         assert out.returncode == 0 and "full_transitive" in out.stdout
         out = schemas(broker, "delete", "orders", "--version", "2")
@@ -81,6 +93,8 @@ def test_register_check_evolve_and_survive_a_restart(tmp_path: Path) -> None:
         out = schemas(broker, "list-subjects", "-o", "json")
         assert [(s["subject"], s["schema_type"]) for s in json.loads(out.stdout)] == [
             ("orders", "json_schema"), ("payments", "avro"), ("shipments", "protobuf")]
+        out = danube("admin", "--endpoint", broker.admin_url, "topics", "get-schema-config", "/default/orders-part-1")
+        assert out.returncode == 0 and "enforce" in out.stdout, out.stderr  # partitions share the base's binding
         out = schemas(broker, "get", "--subject", "nope")
         assert out.returncode == 1 and "not found" in out.stderr
         out = schemas(broker, "register", "x", "-t", "xml", "--schema", "<a/>")
