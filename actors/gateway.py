@@ -186,11 +186,11 @@ class Gateway(Actor):
             METRICS.bad_frames.inc()
             self._reply(identity, Error(request_id=_request_id_of(frame), code=exc.code, message=exc.message))
             return
-        if type(msg) in cp.SCHEMA_REQUESTS:  # stateless: no session needed
-            self._schema_request(identity, msg)
-            return
         route = self._route.get(type(msg))
         if route is None:
+            if type(msg) in cp.SCHEMA_REQUESTS:  # stateless: no session needed
+                self._schema_request(identity, msg)
+                return
             self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=ErrorCode.INVALID_ARGUMENT,
                                         message=f"{type(msg).__name__} is not a request a client may send"))
             return

@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from e2e import percentile  # benchmarks/ is on sys.path when a script here runs
+
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import DanubeError
 
@@ -103,13 +105,10 @@ async def caught_up(nodes: list[Node], timeout_s: float = 30.0) -> None:
     raise SystemExit("a node did not catch up")
 
 
-def percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
-
-    return {"p50_ms": at(0.50), "p90_ms": at(0.90), "p99_ms": at(0.99), "max_ms": at(1.0)}
+def percentiles(samples_us: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_us)
+    return {f"{name}_ms": round(percentile(ordered, q), 2) for name, q in
+            (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))}
 
 
 async def writes(nodes: list[Node], count: int, concurrency: int, size: int, via: str) -> dict[str, object]:
@@ -121,16 +120,16 @@ async def writes(nodes: list[Node], count: int, concurrency: int, size: int, via
     else:
         targets = nodes
     value = b"x" * size
-    latencies: list[float] = []
+    latencies: list[int] = []  # microseconds
     per = count // concurrency
 
     async def proposer(p: int) -> None:
         node = targets[p % len(targets)]
         async with AdminClient(node.admin_url, timeout_ms=10_000) as admin:
             for i in range(per):
-                started = time.perf_counter()
+                started = time.perf_counter_ns()
                 await admin.metadata_put(f"/bench/{p}/{i % 100}", value)
-                latencies.append(time.perf_counter() - started)
+                latencies.append((time.perf_counter_ns() - started) // 1000)
 
     started = time.perf_counter()
     await asyncio.gather(*(proposer(p) for p in range(concurrency)))

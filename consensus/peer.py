@@ -17,6 +17,11 @@ persisting earlier is always allowed), then the rest in order. A snapshot saved 
 compacted is a barrier the persists are not moved across. "Persist before anything that
 follows" (raft/README.md) holds by construction.
 
+The event queue is bounded (`events_max`): when it is full, client proposals and reads
+fail at once with RESOURCE_EXHAUSTED (retriable), and the receiver waits, so frames back
+up into the ROUTER's bounded queue (ZeroMQ drops past its HWM; Raft retries). Ticks are
+skipped rather than queued twice.
+
 Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for a peer
 that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
 retries (heartbeats, probes, election timers).
@@ -42,6 +47,7 @@ all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import itertools
@@ -248,6 +254,8 @@ class RaftPeerStatistics:
 
 
 _STOP = object()
+_WAKE = object()  # no event: only wakes the loop (to see a stop)
+_EVENTS_MAX = 10_000  # events waiting for the loop; past it clients get RESOURCE_EXHAUSTED, peers wait
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
 _STEP_BATCH_MAX = 256  # events stepped before their effects run (one synced append for all)
 _FORWARDS_MAX = 4096  # forwarded proposals a leader serves at once (Raft's own BUSY bound is the same)
@@ -261,17 +269,12 @@ _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] =
 def _batch_proposals(events: list[Any]) -> list[Any]:
     """Adjacent `Propose` events as one `ProposeBatch`: one AppendEntries per follower."""
     out: list[Any] = []
-    run: list[Propose] = []
-    for event in events:
-        if type(event) is Propose:
-            run.append(event)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else ProposeBatch(proposals=tuple(run)))
-            run = []
-        out.append(event)
-    if run:
-        out.append(run[0] if len(run) == 1 else ProposeBatch(proposals=tuple(run)))
+    for proposals, run in itertools.groupby(events, key=lambda e: type(e) is Propose):
+        items = list(run)
+        if proposals and len(items) > 1:
+            out.append(ProposeBatch(proposals=tuple(items)))
+        else:
+            out.extend(items)
     return out
 
 
@@ -291,6 +294,7 @@ class RaftPeer:
         bootstrap_cluster: bool = True,
         request_timeout_s: float = 5.0,
         send_hwm: int = 1000,
+        events_max: int = _EVENTS_MAX,
         frame_bytes_max: int = _FRAME_BYTES_MAX,
         ttl_check_interval_s: float = 1.0,
         state_machine_factory: Callable[[], MetadataStateMachine] = MetadataStateMachine,
@@ -324,7 +328,10 @@ class RaftPeer:
         self._store: RaftLogStore | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._dealers: dict[int, zmq.Socket] = {}
-        self._events: asyncio.Queue[Any] = asyncio.Queue()
+        self._events: asyncio.Queue[Any] = asyncio.Queue(maxsize=events_max)
+        # Events the loop gives itself (a snapshot taken) and the stop signal: never
+        # refused for a full queue, taken before the queue.
+        self._own: collections.deque[Any] = collections.deque()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_task: asyncio.Task[None] | None = None
         self._running = False
@@ -391,7 +398,9 @@ class RaftPeer:
                 await task
         if self._loop_task is not None:
             # Let the loop finish the step it is in (a persistence call may be in its thread).
-            self._events.put_nowait(_STOP)
+            self._own.append(_STOP)
+            with contextlib.suppress(asyncio.QueueFull):  # wake it if it waits; a full queue wakes it anyway
+                self._events.put_nowait(_WAKE)
             await self._loop_task
             self._loop_task = None
         self._close_sockets()
@@ -498,26 +507,28 @@ class RaftPeer:
     # ------------------------------------------------------------------ tasks
 
     async def _run(self) -> None:
-        held: Any = None  # an event taken while batching that must start a batch of its own
         while True:
-            event = held if held is not None else await self._events.get()
-            held = None
-            if event is _STOP:
-                return
-            # Step every event already queued before running any effect: the persistence
-            # they need becomes one synced LevelDB batch (group commit). Effects still run
-            # in order, so each persist precedes the sends and applies that follow it.
-            batch = [event]
-            if type(event) is not SnapshotTaken:
-                while len(batch) < _STEP_BATCH_MAX:
+            if self._own:
+                event = self._own.popleft()
+                if event is _STOP:
+                    return
+                batch = [event]  # a SnapshotTaken steps alone (SaveSnapshot knows it is ours)
+            else:
+                # Step every event already queued before running any effect: the
+                # persistence they need becomes one synced LevelDB batch (group commit).
+                batch = []
+                event = await self._events.get()
+                while True:
+                    if event is not _WAKE:
+                        batch.append(event)
+                    if len(batch) >= _STEP_BATCH_MAX or self._own:
+                        break
                     try:
-                        nxt = self._events.get_nowait()
+                        event = self._events.get_nowait()
                     except asyncio.QueueEmpty:
                         break
-                    if nxt is _STOP or type(nxt) is SnapshotTaken:
-                        held = nxt
-                        break
-                    batch.append(nxt)
+                if not batch:
+                    continue
             try:
                 await self._step_batch(batch)
             except Exception:
@@ -536,8 +547,9 @@ class RaftPeer:
             next_at += self.tick_s
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             if not self._tick_queued:  # a busy loop skips ticks rather than piling them up
-                self._tick_queued = True
-                self._events.put_nowait(Tick())
+                with contextlib.suppress(asyncio.QueueFull):
+                    self._events.put_nowait(Tick())
+                    self._tick_queued = True
 
     async def _receiver(self) -> None:
         router = self._router
@@ -560,7 +572,7 @@ class RaftPeer:
             if type(msg) is ReadIndexRequest:
                 rid = next(self._ids)
                 self._remote_reads[rid] = (msg.from_id, msg.request_id)
-                self._events.put_nowait(ReadIndex(request_id=rid))
+                await self._events.put(ReadIndex(request_id=rid))  # a full queue holds the socket back
             elif type(msg) is ForwardProposal:
                 self._serve(msg)
             elif type(msg) is ForwardedResult:
@@ -575,7 +587,7 @@ class RaftPeer:
                     else:
                         fut.set_result(msg.read_index)
             else:
-                self._events.put_nowait(Receive(message=msg))  # type: ignore[arg-type]
+                await self._events.put(Receive(message=msg))  # type: ignore[arg-type]
 
     async def _ttl_expirer(self) -> None:
         """The leader proposes `ExpireTtlKeys(now)` while keys with a TTL exist."""
@@ -685,7 +697,7 @@ class RaftPeer:
             case ReadReady():
                 self._on_read_ready(effect)
             case TakeSnapshot():
-                self._events.put_nowait(SnapshotTaken(last_index=self.state.last_applied_index, data=self.state.snapshot()))
+                self._own.append(SnapshotTaken(last_index=self.state.last_applied_index, data=self.state.snapshot()))
             case RoleChanged(role=role, term=term, leader_id=leader):
                 if role is Role.LEADER:
                     self._won += 1
@@ -834,6 +846,12 @@ class RaftPeer:
             self.peers.get(leader_hint),
         )
 
+    def _enqueue(self, event: Event) -> None:
+        try:
+            self._events.put_nowait(event)
+        except asyncio.QueueFull:
+            raise ResourceExhausted(f"raft peer {self.node_id}: {self._events.maxsize} requests queued; retry") from None
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -916,9 +934,9 @@ class RaftPeer:
         rid = next(self._ids)
         event = self._proposal_event(rid, kind, data)
         fut: asyncio.Future[tuple[Result, int]] = asyncio.get_running_loop().create_future()
+        self._enqueue(event)
         self._proposals[rid] = fut
         self._proposed += 1
-        self._events.put_nowait(event)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
@@ -997,8 +1015,8 @@ class RaftPeer:
         fut: asyncio.Future[int] = loop.create_future()
         self._read_count += 1
         if self._node.role is Role.LEADER:
+            self._enqueue(ReadIndex(request_id=rid))
             self._reads[rid] = fut
-            self._events.put_nowait(ReadIndex(request_id=rid))
         else:
             leader = self._node.leader_id
             if leader is None or leader not in self._dealers:

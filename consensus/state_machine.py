@@ -716,12 +716,14 @@ class MetadataStateMachine:
             history.popleft()
 
     def _keys_with_prefix(self, prefix: str) -> list[str]:
-        start = bisect.bisect_left(self._sorted_keys, prefix)
+        # Walk from the bisection point instead of slicing: a slice would copy every key
+        # after the prefix, and the peer lists `/cluster/nodes/` after every apply.
+        keys = self._sorted_keys
         out = []
-        for key in self._sorted_keys[start:]:
-            if not key.startswith(prefix):
+        for i in range(bisect.bisect_left(keys, prefix), len(keys)):
+            if not keys[i].startswith(prefix):
                 break
-            out.append(key)
+            out.append(keys[i])
         return out
 
     # ------------------------------------------------------------------ snapshots

@@ -110,8 +110,6 @@ class Workload:
         admins = {n.node_id: AdminClient(n.admin_url, timeout_ms=1500) for n in self.nodes}
         try:
             for admin in admins.values():
-                admin.timeout_ms = 1500
-            for admin in admins.values():
                 await admin.connect()
             while self.running:
                 node = self.rng.choice(self.live())

@@ -15,9 +15,9 @@ import pytest
 from danube_zmq.actors.metrics import RaftCollector
 from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_store
 from danube_zmq.consensus.peer import NotLeader, RaftPeer
-from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.consensus.raft import RaftConfig, ReadIndex
 from danube_zmq.consensus.state_machine import Put, Value, WatchEvent, WatchKind
-from danube_zmq.transport.errors import FailedPrecondition, Timeout, Unavailable
+from danube_zmq.transport.errors import FailedPrecondition, ResourceExhausted, Timeout, Unavailable
 
 TICK_MS = 20
 
@@ -346,3 +346,14 @@ async def test_transaction_applies_only_when_every_guard_holds(tmp_path: Path) -
         assert got is not None and got.value == b"d1"  # the failed transaction changed nothing
         assert await store.transaction({"/s/meta": 1, "/s/v/2": 0}, {"/s/meta": b"m2", "/s/v/2": b"d2"}, ["/s/v/1"])
         assert [k for k, _ in await store.list_prefix("/s/")] == ["/s/meta", "/s/v/2"]
+
+
+async def test_the_event_queue_is_bounded(tmp_path: Path) -> None:
+    peer = RaftPeer(1, tmp_path / "meta", None, {}, RaftConfig(node_id=1), tick_ms=10, events_max=4)
+    async with RaftMetadataStore(peer, owns_peer=True) as store:
+        # Nothing runs between these calls, so the loop cannot drain: the fifth is refused.
+        with pytest.raises(ResourceExhausted, match="requests queued"):
+            for k in range(5):
+                peer._enqueue(ReadIndex(request_id=1_000_000 + k))
+        await asyncio.sleep(0.05)  # the loop drains the queue, and the peer serves again
+        assert (await store.put("/after", b"ok")).version == 1
