@@ -67,6 +67,7 @@ from danube_zmq.transport.internal_protocol import (
     SegmentSealed,
     SubscriptionState,
     Tick,
+    TopicSchemaChanged,
 )
 
 log = logging.getLogger("danube_zmq.broker")
@@ -232,6 +233,17 @@ class BrokerActor(Actor):
         await self.system.send(entry.endpoint, AppendInternal(
             producer_name="dead-letter", payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
             attributes=msg.attributes))
+
+    def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
+        """A binding changed in the metadata store: tell the topic's actors served here."""
+        entry = self.topics.get(msg.topic)
+        if entry is None:
+            return
+        names = [entry.name.partition_name(i) for i in range(entry.partitions)] if entry.partitions else [msg.topic]
+        for name in names:
+            endpoint = self.topics[name].endpoint
+            if endpoint is not None:
+                self.system.post(endpoint, msg)  # not lost to a full mailbox; revisions keep the order
 
     # ------------------------------------------------------------- client side
     async def handle_ClientRequest(self, req: ClientRequest) -> None:

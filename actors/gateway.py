@@ -24,6 +24,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +40,9 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
+from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
+from danube_zmq.consensus.state_machine import Compacted, WatchEvent
+from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
@@ -51,14 +56,17 @@ from danube_zmq.transport.internal_protocol import (
     DetachProducer,
     ProducerAttached,
     ProducerDetached,
+    ProducerSchema,
     Tick,
+    TopicSchemaChanged,
 )
 
 log = logging.getLogger("danube_zmq.gateway")
 
 OUTBOX = "inproc://gateway-outbox"
 _DRAIN_MAX = 512
-_SCHEMA_TASKS_MAX = 256  # schema requests answered at once (each waits on metadata-store rounds)
+_SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (each waits on metadata-store rounds)
+_WATCH_RETRY_S = 1.0
 _TICK_MS = 250
 
 
@@ -78,6 +86,7 @@ class Gateway(Actor):
         self.broker_id = broker_id
         self.schemas = schemas
         self._schema_tasks = RequestTasks(_SCHEMA_TASKS_MAX)
+        self._binding_watch: asyncio.Task[None] | None = None
         self.sessions: dict[bytes, Session] = {}
         self.router: zmq.asyncio.Socket | None = None
         self.outbox: zmq.asyncio.Socket | None = None
@@ -128,8 +137,14 @@ class Gateway(Actor):
         self._router_sync = zmq.Socket.shadow(router.underlying)
         self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
+        if self.schemas is not None:
+            self._binding_watch = asyncio.get_running_loop().create_task(self._watch_bindings(self.schemas))
 
     async def on_stop(self) -> None:
+        if self._binding_watch is not None:
+            self._binding_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._binding_watch
         await self._schema_tasks.cancel_all()
         for sock in (self.router, self.outbox):
             if sock is not None:
@@ -262,7 +277,59 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message=f"this connection already has {cap} producers (producers_per_connection_max)"))
             return
-        self._forward(self.system.broker_endpoint, identity, msg, frame)
+        if self.schemas is None:
+            if msg.schema_subject is not None:
+                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.FAILED_PRECONDITION,
+                                            message="this broker runs no schema registry"))
+                return
+            self._forward(self.system.broker_endpoint, identity, msg, frame)
+        elif not self._schema_tasks.start(self._create_producer(identity, msg, frame, self.schemas)):
+            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message="too many producers being created; retry"))
+
+    async def _create_producer(self, identity: bytes, msg: cp.CreateProducer, frame: bytes,
+                               registry: SchemaRegistry) -> None:
+        """Resolve the producer's schema and the topic's binding, then let the broker
+        create the producer with them."""
+        try:
+            schema = await resolve_producer_schema(registry, msg)
+        except DanubeError as exc:
+            self._reply(identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
+            return
+        self._forward(self.system.broker_endpoint, identity, msg, frame, schema)
+
+    async def _watch_bindings(self, registry: SchemaRegistry) -> None:
+        """Tell topic actors every change of a schema binding, made on any broker."""
+        store = registry.store
+        revision = store.revision
+        while True:
+            try:
+                async for event in store.watch(topic_binding.PREFIX, revision):
+                    revision = event.revision
+                    await self._binding_changed(registry, event)
+            except Compacted:
+                revision = store.revision  # missed changes: send every binding as it is now
+                for key, value in await store.list_prefix(topic_binding.PREFIX):
+                    await self._binding_changed(registry, WatchEvent(revision=value.mod_revision, kind=0, key=key,
+                                                                     value=value, prev_version=0))
+            except Unavailable:
+                return  # the metadata store stopped: the broker is stopping
+            except DanubeError as exc:
+                log.warning("watch of schema bindings failed (%s); retrying", exc)
+                await asyncio.sleep(_WATCH_RETRY_S)
+
+    async def _binding_changed(self, registry: SchemaRegistry, event: WatchEvent) -> None:
+        topic = event.key[len(topic_binding.PREFIX) - 1:]
+        state = None
+        if event.value is not None:
+            config = topic_binding.decode_entry(event.key, event.value.value, event.value.mod_revision)
+            try:
+                state = await binding_state(registry, config)
+            except DanubeError as exc:
+                log.warning("schema binding of %s names subject %r: %s", topic, config.subject, exc)
+                return
+        self.system.post(self.system.broker_endpoint, TopicSchemaChanged(topic=topic, revision=event.revision,
+                                                                         state=state))
 
     def _on_subscribe(self, identity: bytes, session: Session, msg: cp.Subscribe, frame: bytes) -> None:
         cap = self.config.limits.consumers_per_connection_max
@@ -312,8 +379,9 @@ class Gateway(Actor):
             return
         self._forward(endpoint, identity, msg, frame)
 
-    def _forward(self, endpoint: str, identity: bytes, msg: Message, frame: bytes) -> None:
-        if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame)):
+    def _forward(self, endpoint: str, identity: bytes, msg: Message, frame: bytes,
+                 schema: ProducerSchema | None = None) -> None:
+        if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame, schema=schema)):
             if hasattr(msg, "request_id"):
                 self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                             message="broker busy: the actor serving this request has a full mailbox; retry"))

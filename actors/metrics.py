@@ -31,6 +31,8 @@ class _Metrics:
     actor_failures: Counter
     wal_flushes: Counter
     wal_records: Counter
+    schema_mismatched: Counter
+    schema_rejected: Counter
 
 
 METRICS = _Metrics(
@@ -50,6 +52,10 @@ METRICS = _Metrics(
     wal_flushes=Counter("danube_wal_flushes_total",
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),
     wal_records=Counter("danube_wal_records_total", "Records committed to WALs"),
+    schema_mismatched=Counter("danube_topic_schema_mismatched_messages_total",
+                              "Messages accepted without the topic's schema (validation policy warn)", ["topic"]),
+    schema_rejected=Counter("danube_topic_schema_rejected_messages_total",
+                            "Messages refused by the topic's validation policy or payload validation", ["topic"]),
 )
 
 

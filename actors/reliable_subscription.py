@@ -260,13 +260,14 @@ class ReliableSubscriptionActor(SubscriptionActor):
         return record.key if record.key is not None else record.producer_name
 
     def _send_records(self, consumer: _Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
-        """One `Deliver` per run of offsets from one producer with one redelivery count."""
+        """One `Deliver` per run of offsets from one producer and schema version with one
+        redelivery count."""
         start = 0
         while start < len(offsets):
             first = self.records[offsets[start]]
             count = counts[offsets[start]] if counts else 0
             end = start + 1
-            while end < len(offsets) and self.records[offsets[end]].producer_id == first.producer_id \
+            while end < len(offsets) and _same_run(self.records[offsets[end]], first) \
                     and (counts[offsets[end]] if counts else 0) == count:
                 end += 1
             run = offsets[start:end]
@@ -516,3 +517,9 @@ def failure_policy_state(policy: FailurePolicy) -> FailurePolicyState:
         base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
         max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
         poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic)
+
+
+def _same_run(record: _Record, first: _Record) -> bool:
+    """One `Deliver` carries one producer and one schema (id, version)."""
+    return record.producer_id == first.producer_id and record.schema_id == first.schema_id \
+        and record.schema_version == first.schema_version

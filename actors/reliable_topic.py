@@ -156,10 +156,11 @@ class ReliableTopicActor(TopicActor):
         producer = self.producers.get(msg.producer_id)
         if producer is None or producer.identity != req.identity:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        schema_id, schema_version = self._schema_of(producer, msg)
         self._enqueue(Publish(
             topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=self.next_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
-            schema_id=msg.schema_id, schema_version=msg.schema_version), req.identity, msg.request_id)
+            schema_id=schema_id, schema_version=schema_version), req.identity, msg.request_id)
         return None
 
     def handle_AppendInternal(self, msg: AppendInternal) -> None:
@@ -604,15 +605,18 @@ def _expired(segments: list[tuple[int, int, int, int]], floor: int, now_ms: int,
 
 
 def _publish_frames(topic: str, batch: RecordBatch) -> list[bytes]:
-    """Encoded `Publish` frames for stored records, one per run of one producer."""
+    """Encoded `Publish` frames for stored records, one per run of one producer and schema."""
     frames: list[bytes] = []
     offsets = batch.offsets
     n = len(offsets)
     start = 0
     while start < n:
-        producer_id = batch.producer_ids[start]
+        producer_id, schema_id, schema_version = batch.producer_ids[start], batch.schema_ids[start], \
+            batch.schema_versions[start]
         end = start + 1
-        while end < n and batch.producer_ids[end] == producer_id:
+        # A producer re-attached with another schema version starts a new run.
+        while end < n and batch.producer_ids[end] == producer_id and batch.schema_ids[end] == schema_id \
+                and batch.schema_versions[end] == schema_version:
             end += 1
         keys = batch.keys[start:end]
         attributes = batch.attributes[start:end]

@@ -28,6 +28,7 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import SubscriptionActor
+from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import PartitionInfo
 from danube_zmq.transport.codec import Message
@@ -56,14 +57,18 @@ from danube_zmq.transport.internal_protocol import (
     PartitionStats,
     ProducerAttached,
     ProducerDetached,
+    ProducerSchema,
     Publish,
     ResolveSeek,
+    SchemaVersionRef,
     SeekCursor,
     SeekTo,
     SetSubscriptionDispatchConfig,
     SetSubscriptionPolicy,
     SubscriptionEnded,
     SubscriptionStats,
+    TopicSchemaChanged,
+    TopicSchemaState,
 )
 
 log = logging.getLogger("danube_zmq.topic")
@@ -77,6 +82,7 @@ class _Producer:
     producer_id: int
     name: str
     identity: bytes
+    schema: SchemaVersionRef | None = None  # the schema version it writes, stamped on its messages
 
 
 @dataclass(slots=True)
@@ -108,6 +114,10 @@ class TopicActor(Actor):
         self.messages_in = 0
         self.bytes_in = 0
         self.dropped_messages = 0
+        # The topic's schema binding (None: no subject bound) and its metadata revision.
+        self.schema_guard: TopicSchemaGuard | None = None
+        self.schema_revision = -1
+        self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
         self._messages_in_metric = METRICS.messages_in.labels(topic=name)
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=name)
         self._routes = {
@@ -141,6 +151,11 @@ class TopicActor(Actor):
 
     async def _create_producer(self, req: ClientRequest, msg: cp.CreateProducer) -> Message | None:
         _check_name("producer name", msg.producer_name)
+        context = req.schema
+        if msg.schema_subject is not None and (context is None or context.version is None):
+            raise FailedPrecondition(f"topic {self.topic}: this broker runs no schema registry")
+        if context is not None:
+            self._apply_schema_state(context.topic, context.topic.revision if context.topic is not None else 0)
         producer_id = self.producer_ids_by_name.get(msg.producer_name)
         if producer_id is not None:
             # Same name re-attaches (a client reconnecting); an older connection loses it.
@@ -157,17 +172,58 @@ class TopicActor(Actor):
             producer_id = self._new_id(self.producers)
             self.producers[producer_id] = _Producer(producer_id, msg.producer_name, req.identity)
             self.producer_ids_by_name[msg.producer_name] = producer_id
+        schema = _version_of(context)
+        self.producers[producer_id].schema = schema
+        if schema is not None and self.schema_guard is not None:
+            self.schema_guard.learn(schema)
         created = cp.ProducerCreated(request_id=msg.request_id, producer_id=producer_id,
-                                     producer_name=msg.producer_name, topic=self.topic)
+                                     producer_name=msg.producer_name, topic=self.topic,
+                                     schema_id=schema.schema_id if schema else None,
+                                     schema_version=schema.version if schema else None)
         self.system.tell(self._gateway, ProducerAttached(
             identity=req.identity, producer_id=producer_id, endpoint=self.endpoint,
             reply=cp.CLIENT_PROTOCOL.encode(created)))
         return None
 
+    def _schema_of(self, producer: _Producer, msg: cp.Send) -> tuple[int | None, int | None]:
+        """The schema (id, version) the batch is stored with: its producer's. Checked
+        against the topic's binding when the topic has a guard that checks anything."""
+        schema = producer.schema
+        schema_id, version = (schema.schema_id, schema.version) if schema is not None else (None, None)
+        if msg.schema_id is not None and (msg.schema_id != schema_id or msg.schema_version != version):
+            raise InvalidArgument(f"producer '{producer.name}' writes schema id {schema_id} version {version};"
+                                  f" this batch says schema id {msg.schema_id} version {msg.schema_version}")
+        if self._schema_check is not None:
+            self._schema_check.check(schema_id, version, msg.payloads)
+        return schema_id, version
+
+    def _apply_schema_state(self, state: TopicSchemaState | None, revision: int) -> None:
+        """Take the topic's binding as of `revision` unless a newer one is already known."""
+        if revision < self.schema_revision:
+            return
+        self.schema_revision = revision
+        if state is None:
+            self.schema_guard = self._schema_check = None
+            return
+        guard = self.schema_guard
+        if guard is None or guard.state.schema_id != state.schema_id:
+            guard = TopicSchemaGuard(self.topic, state)
+            for producer in self.producers.values():
+                if producer.schema is not None:
+                    guard.learn(producer.schema)
+        else:
+            guard.update(state)
+        self.schema_guard = guard
+        self._schema_check = guard if guard.active else None
+
+    def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
+        self._apply_schema_state(msg.state, msg.revision)
+
     async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
         producer = self.producers.get(msg.producer_id)
         if producer is None or producer.identity != req.identity:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        schema_id, schema_version = self._schema_of(producer, msg)
         count = len(msg.payloads)
         base_offset = self.next_offset
         self.next_offset += count
@@ -181,7 +237,7 @@ class TopicActor(Actor):
         frame = INTERNAL_PROTOCOL.encode(Publish(
             topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
-            schema_id=msg.schema_id, schema_version=msg.schema_version))
+            schema_id=schema_id, schema_version=schema_version))
         for subscription in self.subscriptions.values():
             if not self.system.tell_frame(subscription.endpoint, frame):
                 self.dropped_messages += count
@@ -376,6 +432,10 @@ class TopicActor(Actor):
             candidate = self.rng.getrandbits(63)
             if candidate not in taken:
                 return candidate
+
+
+def _version_of(context: ProducerSchema | None) -> SchemaVersionRef | None:
+    return context.version if context is not None else None
 
 
 def _check_seek_target(offset: int | None, publish_time: int | None) -> None:

@@ -7,6 +7,11 @@
    Ctrl-C / SIGTERM (exit 0 in all three cases).
 
 In `--json` mode stdout carries nothing but messages; status goes to stderr.
+
+A message written with a schema is decoded by the version it names (fetched from the
+registry once): the human view pretty-prints the value under the message's line, the
+JSON record gets `value` and `schema_id`/`schema_version`/`schema_subject` beside the
+raw payload. `--reader-schema FILE` resolves Avro messages against that schema.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import base64
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -31,7 +37,7 @@ from danube_zmq.cli.options import (
 )
 from danube_zmq.cli.output import emit_json, emit_line, status
 from danube_zmq.transport.client_protocol import SubType
-from danube_zmq.transport.errors import Timeout
+from danube_zmq.transport.errors import DanubeError, Timeout
 
 __all__ = ["SUB_TYPES", "consume", "message_line", "message_record"]
 
@@ -72,6 +78,8 @@ _IDLE_RECEIVE_SECONDS = 60.0
     help="Exit when no message arrives for this long [default: wait forever].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per message.")
+@click.option("--reader-schema", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Decode schema'd messages against this reader schema (Avro schema resolution).")
 @connect_timeout_option
 def consume(
     service_url: str,
@@ -83,6 +91,7 @@ def consume(
     count: int | None,
     timeout: float | None,
     as_json: bool,
+    reader_schema: Path | None,
     connect_timeout: float,
 ) -> None:
     """Receive messages from a topic, print and acknowledge them.
@@ -90,7 +99,9 @@ def consume(
     Runs until Ctrl-C unless --count or --timeout says otherwise. With --json,
     each message is one line: topic, partition, offset, producer_id, key,
     attributes, publish_time, redelivery_count and payload (UTF-8 text) or
-    payload_b64 (anything else).
+    payload_b64 (anything else). Messages written with a schema are decoded:
+    the value is pretty-printed, and --json adds value, schema_subject,
+    schema_id and schema_version.
 
     \b
     Examples:
@@ -113,6 +124,7 @@ def consume(
             count=count,
             timeout=timeout,
             as_json=as_json,
+            reader_schema=reader_schema.read_bytes() if reader_schema is not None else None,
         )
     )
 
@@ -129,6 +141,7 @@ async def _consume(
     count: int | None,
     timeout: float | None,
     as_json: bool,
+    reader_schema: bytes | None = None,
 ) -> None:
     DanubeClient = load_client()
     received = 0
@@ -147,6 +160,7 @@ async def _consume(
                             sub_type=sub_type,
                             consumer_name=consumer_name,
                             initial_position=initial_position,
+                            reader_schema=reader_schema,
                         ),
                         connect_timeout,
                         service_url,
@@ -209,7 +223,29 @@ def message_record(message: Any) -> dict[str, Any]:
         record["payload"] = text
     else:
         record["payload_b64"] = base64.b64encode(payload).decode("ascii")
+    if getattr(message, "schema_id", None) is not None:
+        schema = message.schema
+        record["schema_subject"] = schema.subject if schema is not None else None
+        record["schema_id"] = message.schema_id
+        record["schema_version"] = message.schema_version
+        try:
+            record["value"] = _jsonable(message.value())
+        except DanubeError as exc:
+            record["value_error"] = exc.message
     return record
+
+
+def _jsonable(value: Any) -> Any:
+    """A decoded value as JSON can hold it: bytes as base64, sets and tuples as lists."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)  # decimals, datetimes, uuids of Avro logical types
 
 
 def message_line(message: Any) -> str:
@@ -222,6 +258,8 @@ def message_line(message: Any) -> str:
         parts.append("attributes={" + ",".join(f"{k}:{v}" for k, v in message.attributes.items()) + "}")
     if message.redelivery_count:
         parts.append(f"redelivery={message.redelivery_count}")
+    if getattr(message, "schema_id", None) is not None:
+        return _schema_line(message, parts)
     payload = bytes(message.payload)
     text = _payload_text(payload)
     if text is None:
@@ -232,3 +270,17 @@ def message_line(message: Any) -> str:
     else:
         shown = text
     return " ".join(parts) + " | " + shown
+
+
+def _schema_line(message: Any, parts: list[str]) -> str:
+    """A schema'd message: its line names the schema; a structured value follows, indented."""
+    schema = message.schema
+    subject = schema.subject if schema is not None else f"id {message.schema_id}"
+    parts.append(f"schema={subject} v{message.schema_version}")
+    try:
+        value = _jsonable(message.value())
+    except DanubeError as exc:
+        return " ".join(parts) + f" | <not decodable: {exc.message}>"
+    if isinstance(value, dict | list):
+        return " ".join(parts) + "\n" + json.dumps(value, indent=2, ensure_ascii=False)
+    return " ".join(parts) + " | " + (value if isinstance(value, str) else json.dumps(value))

@@ -5,12 +5,19 @@
 3. With `--interval 0`, pipeline: `send_nowait` up to `_IN_FLIGHT_MAX` messages,
    then `flush` and collect their ids; otherwise `send`, wait, repeat.
 4. Report each id (`--json`: one object per line) and a summary.
+
+With a schema (`--schema-subject`, or `--schema-file` registered on the way) each -m or
+--stdin text is read as the schema's type has it: JSON for json_schema, avro and
+protobuf (a JSON object of the message's fields), a number for number, text for string;
+the client encodes and checks it. -f sends the file's bytes as they are (already
+encoded), and the broker checks them if the topic validates payloads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import threading
 import time
@@ -33,7 +40,8 @@ from danube_zmq.cli.options import (
     within,
 )
 from danube_zmq.cli.output import emit_json, emit_line, status, stderr_console, stderr_is_terminal
-from danube_zmq.transport.errors import ResourceExhausted
+from danube_zmq.schemas.types import SchemaType, parse_schema_type
+from danube_zmq.transport.errors import InvalidArgument, ResourceExhausted
 
 __all__ = ["produce"]
 
@@ -58,6 +66,12 @@ class _Plan:
     reliable: bool
     producer_name: str | None
     as_json: bool
+    schema_subject: str | None = None
+    schema_version: int | None = None
+    schema_min_version: int | None = None
+    schema_file: Path | None = None
+    schema_type: SchemaType | None = None
+    text_payloads: bool = True  # -m / --stdin (read by the schema) rather than -f (sent as is)
 
 
 @click.command("produce")
@@ -92,6 +106,14 @@ class _Plan:
 @click.option("--reliable", is_flag=True, help="Reliable dispatch: stored and redelivered until acked.")
 @click.option("-n", "--producer-name", help="Producer name [default: chosen by the client].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per sent message.")
+@click.option("--schema-subject", metavar="SUBJECT", help="Write this registered schema subject (binds the topic).")
+@click.option("--schema-version", type=click.IntRange(min=1), metavar="N", help="Pin this version of the subject.")
+@click.option("--schema-min-version", type=click.IntRange(min=1), metavar="N",
+              help="Use the latest version if it is at least N.")
+@click.option("--schema-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Register this schema (subject: --schema-subject or the topic's name) and write it.")
+@click.option("--schema-type", metavar="TYPE",
+              help="Type of --schema-file: json_schema, avro, protobuf, string, bytes or number.")
 @connect_timeout_option
 def produce(
     service_url: str,
@@ -107,6 +129,11 @@ def produce(
     reliable: bool,
     producer_name: str | None,
     as_json: bool,
+    schema_subject: str | None,
+    schema_version: int | None,
+    schema_min_version: int | None,
+    schema_file: Path | None,
+    schema_type: str | None,
     connect_timeout: float,
 ) -> None:
     """Send messages to a topic.
@@ -122,6 +149,8 @@ def produce(
       danube produce -t /default/orders --reliable -a "priority:high,region:eu" -m '{"id":1}'
       danube produce -t /default/images -f photo.jpg
       seq 1000 | danube produce -t /default/numbers --stdin
+      danube produce -t /default/orders --schema-subject orders -m '{"id": 1, "sku": "apple"}'
+      danube produce -t /default/payments --schema-file payment.avsc --schema-type avro -m '{"amount": 9.5}'
     """
     if message == "-":
         message, from_stdin = None, True
@@ -131,6 +160,7 @@ def produce(
     if from_stdin and count != 1:
         raise click.UsageError("--count applies to -m and -f; with --stdin each line is sent once")
     topic = check_topic(topic)
+    kind = _schema_options(schema_subject, schema_version, schema_min_version, schema_file, schema_type)
     if message is not None:
         payload: bytes | None = message.encode("utf-8")
     elif file_path is not None:
@@ -152,8 +182,56 @@ def produce(
         reliable=reliable,
         producer_name=producer_name,
         as_json=as_json,
+        schema_subject=schema_subject or (_subject_of(topic) if schema_file is not None else None),
+        schema_version=schema_version,
+        schema_min_version=schema_min_version,
+        schema_file=schema_file,
+        schema_type=kind,
+        text_payloads=file_path is None,
     )
     asyncio.run(_produce(plan))
+
+
+def _schema_options(subject: str | None, version: int | None, min_version: int | None, schema_file: Path | None,
+                    schema_type: str | None) -> SchemaType | None:
+    if (schema_file is None) != (schema_type is None):
+        raise click.UsageError("--schema-file and --schema-type go together")
+    if subject is None and schema_file is None and (version is not None or min_version is not None):
+        raise click.UsageError("--schema-version and --schema-min-version need --schema-subject")
+    if version is not None and min_version is not None:
+        raise click.UsageError("give --schema-version or --schema-min-version, not both")
+    if schema_type is None:
+        return None
+    try:
+        return parse_schema_type(schema_type)
+    except InvalidArgument as exc:
+        raise click.BadParameter(exc.message, param_hint="--schema-type") from None
+
+
+def _subject_of(topic: str) -> str:
+    """The subject a --schema-file registers under by default: the topic's own name."""
+    return topic.rstrip("/").rsplit("/", 1)[-1]
+
+
+def schema_value(schema_type: SchemaType, payload: bytes) -> Any:
+    """What a -m / --stdin text means under a schema of `schema_type`."""
+    if schema_type is SchemaType.BYTES:
+        return payload
+    text = payload.decode("utf-8")
+    if schema_type is SchemaType.STRING:
+        return text
+    if schema_type is SchemaType.NUMBER:
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                raise InvalidArgument(f"message {text[:60]!r} is not a number") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"message is not JSON ({exc.msg} at column {exc.colno}): {text[:60]!r}") from None
 
 
 async def _produce(plan: _Plan) -> None:
@@ -196,12 +274,17 @@ async def _produce(plan: _Plan) -> None:
         # Registered before start: a start cut short by the timeout still closes its sockets.
         stack.push_async_callback(client.close)
         await within(client.start(), plan.connect_timeout, plan.service_url)
+        if plan.schema_file is not None:
+            await within(_register(plan), plan.connect_timeout, plan.service_url)
         producer = await within(
             client.create_producer(
                 plan.topic,
                 name=plan.producer_name,
                 dispatch="reliable" if plan.reliable else "non_reliable",
                 partitions=plan.partitions,
+                schema_subject=plan.schema_subject,
+                schema_version=plan.schema_version,
+                schema_min_version=plan.schema_min_version,
             ),
             plan.connect_timeout,
             plan.service_url,
@@ -210,7 +293,10 @@ async def _produce(plan: _Plan) -> None:
         started = time.monotonic()  # rates count sending, not connecting
         with progress:
             task = progress.add_task("send", total=total, topic=plan.topic, rate="")
-            payloads = _repeat(plan.payload, plan.count) if plan.payload is not None else _stdin_lines()
+            payloads: AsyncIterator[Any] = _repeat(plan.payload, plan.count) if plan.payload is not None \
+                else _stdin_lines()
+            if producer.schema is not None and plan.text_payloads:
+                payloads = _as_values(payloads, producer.schema.schema_type)
             if plan.interval_ms == 0:
                 await _send_pipelined(producer, payloads, plan, report)
             else:
@@ -229,7 +315,7 @@ async def _produce(plan: _Plan) -> None:
 
 
 async def _send_pipelined(
-    producer: Any, payloads: AsyncIterator[bytes], plan: _Plan, report: Callable[[Any], None]
+    producer: Any, payloads: AsyncIterator[Any], plan: _Plan, report: Callable[[Any], None]
 ) -> None:
     pending: deque[Any] = deque()
 
@@ -254,7 +340,7 @@ async def _send_pipelined(
 
 
 async def _send_paced(
-    producer: Any, payloads: AsyncIterator[bytes], plan: _Plan, report: Callable[[Any], None]
+    producer: Any, payloads: AsyncIterator[Any], plan: _Plan, report: Callable[[Any], None]
 ) -> None:
     first = True
     async for payload in payloads:
@@ -262,6 +348,21 @@ async def _send_paced(
             await asyncio.sleep(plan.interval_ms / 1000)
         first = False
         report(await producer.send(payload, key=plan.key, attributes=plan.attributes))
+
+
+async def _register(plan: _Plan) -> None:
+    from danube_zmq.client.schemas import SchemaRegistryClient
+
+    assert plan.schema_file is not None and plan.schema_type is not None and plan.schema_subject is not None
+    async with SchemaRegistryClient(plan.service_url) as registry:
+        done = await registry.register(plan.schema_subject, plan.schema_type.value, plan.schema_file.read_bytes())
+    state = "registered" if done.is_new else "already registered"
+    status(f"schema {plan.schema_subject!r} {state} as version {done.version}")
+
+
+async def _as_values(payloads: AsyncIterator[bytes], schema_type: SchemaType) -> AsyncIterator[Any]:
+    async for payload in payloads:
+        yield schema_value(schema_type, payload)
 
 
 async def _repeat(payload: bytes, count: int) -> AsyncIterator[bytes]:

@@ -7,6 +7,9 @@
         async for msg in consumer:
             await consumer.ack(msg)
 
+With a registered schema, `create_producer(topic, schema_subject="orders")` encodes what
+`send` is given and `msg.value()` decodes it (`client.schemas` caches the versions).
+
 The client keeps one `Connection` per broker URL (the service URL, plus any broker a
 redirect names) and retries operations that fail with a `retriable` error up to
 `operation_retries_max` times with exponential backoff (100 ms to 5 s).
@@ -31,6 +34,7 @@ from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.producer import Producer
 from danube_zmq.client.retry import backoff_ms
+from danube_zmq.client.schema_cache import SchemaCache, reader_definition
 from danube_zmq.transport.client_protocol import (
     DispatchStrategy,
     GetPartitions,
@@ -38,6 +42,7 @@ from danube_zmq.transport.client_protocol import (
     Partitions,
     SubType,
 )
+from danube_zmq.transport.codec import Message as TransportMessage
 from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, ResourceExhausted
 
 log = logging.getLogger("danube_zmq.client")
@@ -63,6 +68,20 @@ def parse_enum(value: Any, enum_cls: type[E], what: str) -> E:
             pass
     names = ", ".join(repr(m.name.lower()) for m in enum_cls)
     raise InvalidArgument(f"{what} must be one of {names}, got {value!r}")
+
+
+def _check_schema_choice(subject: Any, version: Any, min_version: Any) -> None:
+    if subject is None:
+        if version is not None or min_version is not None:
+            raise InvalidArgument("schema_version and schema_min_version need a schema_subject")
+        return
+    if not isinstance(subject, str) or not subject:
+        raise InvalidArgument(f"schema_subject must be a non-empty str, got {subject!r}")
+    if version is not None and min_version is not None:
+        raise InvalidArgument("pin a schema_version or ask for a schema_min_version, not both")
+    for what, value in (("schema_version", version), ("schema_min_version", min_version)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise InvalidArgument(f"{what} must be an int >= 1, got {value!r}")
 
 
 def _check_positive(**values: Any) -> None:
@@ -134,6 +153,7 @@ class DanubeClient:
         self._producers: dict[Producer, None] = {}
         self._consumers: dict[Consumer, None] = {}
         self._closed = False
+        self.schemas = SchemaCache(self._schema_request)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -187,14 +207,26 @@ class DanubeClient:
         batch_delay_ms: int = 10,
         pending_messages_max: int = 10_000,
         inflight_batches_max: int | None = None,
+        schema_subject: str | None = None,
+        schema_version: int | None = None,
+        schema_min_version: int | None = None,
     ) -> Producer:
         """A producer on `topic`, created with `partitions` partitions and the `dispatch`
         strategy if the topic does not exist yet (when the broker auto-creates topics).
         `name` defaults to a generated unique one; on a partitioned topic partition i
         gets `{name}-{i}`. `inflight_batches_max` defaults to 1 on reliable topics (order
         is kept across reconnects and retries) and 16 otherwise; more than 1 on a reliable
-        topic trades that ordering guarantee for throughput."""
+        topic trades that ordering guarantee for throughput.
+
+        With `schema_subject` (a registered subject) the producer writes that subject's
+        version `schema_version`, or the latest if it is at least `schema_min_version`, or
+        the latest; the version is fixed for the producer's life (all partitions, every
+        reconnect). `send` then encodes values with it (bytes are sent as they are) and
+        every message carries the schema id and version. The first producer naming a
+        subject binds the topic to it; naming another subject fails with
+        `FailedPrecondition`."""
         _check_name("topic", topic)
+        _check_schema_choice(schema_subject, schema_version, schema_min_version)
         if name is not None:
             _check_name("name", name)
         strategy = parse_enum(dispatch, DispatchStrategy, "dispatch")
@@ -229,6 +261,9 @@ class DanubeClient:
             batch_delay_ms=batch_delay_ms,
             pending_messages_max=pending_messages_max,
             inflight_batches_max=inflight_batches_max,
+            schema_subject=schema_subject,
+            schema_version=schema_version,
+            schema_min_version=schema_min_version,
         )
         await producer._start()
         self._producers[producer] = None
@@ -248,12 +283,15 @@ class DanubeClient:
         ack_batch_max: int = 1_000,
         ack_delay_ms: int = 10,
         pending_acks_max: int = 10_000,
+        reader_schema: bytes | str | None = None,
     ) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition of it). The topic must
         exist (`NotFound` otherwise). A new subscription starts at `initial_position`
         ("latest" or "earliest"), or at `start_offset` on a reliable topic. An existing one
         resumes where it was. `receiver_queue_size` bounds the messages buffered here, and
-        so the permits the broker holds, across all partitions."""
+        so the permits the broker holds, across all partitions. `Message.value()` decodes
+        a message written with a schema by the writer's version (fetched once, cached),
+        resolved against `reader_schema` when given (Avro: defaults fill added fields)."""
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None:
@@ -273,6 +311,7 @@ class DanubeClient:
         )
         if type(ack_delay_ms) is not int or ack_delay_ms < 0:
             raise InvalidArgument(f"ack_delay_ms must be an int >= 0, got {ack_delay_ms!r}")
+        reader = reader_definition(reader_schema)
         self._check_open()
         names = await self._retry(lambda: self._get_partitions(topic, create=False))
         consumer = Consumer(
@@ -289,6 +328,7 @@ class DanubeClient:
             ack_batch_max=ack_batch_max,
             ack_delay_ms=ack_delay_ms,
             pending_acks_max=pending_acks_max,
+            reader_schema=reader,
         )
         await consumer._start()
         self._consumers[consumer] = None
@@ -345,6 +385,13 @@ class DanubeClient:
         if not reply.partitions:
             raise InternalError(f"broker returned no partitions for {topic}")
         return list(reply.partitions)
+
+    async def _schema_request(self, msg: TransportMessage) -> TransportMessage:
+        return await self._retry(lambda: self._request_on_service(msg))
+
+    async def _request_on_service(self, msg: TransportMessage) -> TransportMessage:
+        connection = await self._service_connection()
+        return await connection.request(msg)
 
     async def _service_connection(self) -> Connection:
         return await self._connection(self.service_url)

@@ -24,6 +24,7 @@ Read path:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,6 +161,7 @@ class Consumer:
         ack_batch_max: int,
         ack_delay_ms: int,
         pending_acks_max: int,
+        reader_schema: bytes | None = None,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -174,6 +176,7 @@ class Consumer:
         self.ack_batch_max = ack_batch_max
         self.ack_delay_ms = ack_delay_ms
         self.pending_acks_max = pending_acks_max
+        self.reader_schema = reader_schema
         windows = split_window(receiver_queue_size, len(partition_topics))
         self._partitions = [_PartitionConsumer(self, t, w) for t, w in zip(partition_topics, windows, strict=True)]
         self._by_topic = {p.topic: p for p in self._partitions}
@@ -227,7 +230,26 @@ class Consumer:
                 raise Timeout(f"no message on {self.topic} ({self.subscription}) within {timeout} s") from None
         partition = self._by_topic[msg.topic]
         partition.taken()
+        if msg.schema_id is not None:
+            return await self._with_schema(msg)
         return msg
+
+    async def _with_schema(self, msg: Message) -> Message:
+        """`msg` with its writer's schema attached for `value()`. A schema that cannot be
+        fetched does not cost the message: `value()` then raises, `payload` stays."""
+        assert msg.schema_id is not None
+        if msg.schema_version is None:
+            return dataclasses.replace(msg, schema_error="the message names no schema version")
+        schemas = self._client.schemas
+        schema = schemas.cached(msg.schema_id, msg.schema_version)
+        if schema is None:
+            try:
+                schema = await schemas.get(msg.schema_id, msg.schema_version)
+            except DanubeError as exc:
+                log.warning("consumer %s: schema id %d version %d not fetched: %s", self.consumer_name,
+                            msg.schema_id, msg.schema_version, exc)
+                return dataclasses.replace(msg, schema_error=str(exc))
+        return dataclasses.replace(msg, schema=schema, reader_schema=self.reader_schema)
 
     def __aiter__(self) -> Consumer:
         return self

@@ -29,6 +29,7 @@ from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, ProducerQueu
 from danube_zmq.client.message import MessageId
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.routing import RoundRobin, partition_for_key
+from danube_zmq.client.schema_cache import CachedSchema
 from danube_zmq.transport.client_protocol import (
     CloseProducer,
     CreateProducer,
@@ -177,6 +178,9 @@ class Producer:
         batch_delay_ms: int,
         pending_messages_max: int,
         inflight_batches_max: int,
+        schema_subject: str | None = None,
+        schema_version: int | None = None,
+        schema_min_version: int | None = None,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -189,6 +193,11 @@ class Producer:
         self.batch_delay_ms = batch_delay_ms
         self.pending_messages_max = pending_messages_max
         self.inflight_batches_max = inflight_batches_max
+        self.schema_subject = schema_subject
+        self.schema_min_version = schema_min_version
+        # The version every partition attaches with: pinned, or the one the first attach resolved.
+        self._schema_pin = schema_version
+        self.schema: CachedSchema | None = None
         partitioned = len(partition_topics) > 1 or partition_topics[0] != topic
         self._partitions = [
             _PartitionProducer(self, i, t, f"{name}-{i}" if partitioned else name)
@@ -224,22 +233,47 @@ class Producer:
         )
 
     async def _start(self) -> None:
-        """Attach every partition (with retries); on failure detach the ones attached."""
-        results = await asyncio.gather(*(p.start() for p in self._partitions), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        """Attach every partition (with retries); on failure detach the ones attached.
+        With a schema subject the first partition attaches alone: the version it resolves
+        is the one the others are pinned to."""
+        rest = self._partitions
+        errors: list[BaseException] = []
+        if self.schema_subject is not None:
+            try:
+                await rest[0].start()
+            except DanubeError as exc:
+                errors.append(exc)
+            rest = rest[1:]
+        if not errors:
+            results = await asyncio.gather(*(p.start() for p in rest), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             self._closing = True
             await asyncio.gather(*(p.close() for p in self._partitions), return_exceptions=True)
             self._closed = True
             raise errors[0]
 
+    async def _schema_attached(self, reply: ProducerCreated) -> None:
+        """A partition attached with the producer's subject: fix (first time) or check the version."""
+        if reply.schema_id is None or reply.schema_version is None:
+            raise InternalError(f"broker attached producer {self.name} without the schema {self.schema_subject!r}")
+        if self.schema is None:
+            self.schema = await self._client.schemas.get(reply.schema_id, reply.schema_version)
+            self._schema_pin = reply.schema_version
+        elif (reply.schema_id, reply.schema_version) != (self.schema.schema_id, self.schema.version):
+            raise InternalError(f"producer {self.name} writes schema id {self.schema.schema_id} version"
+                                f" {self.schema.version}; the broker attached it with id {reply.schema_id}"
+                                f" version {reply.schema_version}")
+
     # ---------------------------------------------------------------- sending
 
     async def send(
-        self, payload: bytes | str, *, key: str | None = None, attributes: Mapping[str, str] | None = None
+        self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None
     ) -> MessageId:
         """Publish one message and wait for the broker's receipt. Waits for room when
-        `pending_messages_max` messages are already pending (backpressure)."""
+        `pending_messages_max` messages are already pending (backpressure). Without a
+        schema `payload` is bytes or str (UTF-8); with one, bytes are sent as they are and
+        any other value is encoded with the producer's schema version."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         await self._budget.take()
         if self._closing:
@@ -250,7 +284,7 @@ class Producer:
 
     def send_nowait(
         self,
-        payload: bytes | str,
+        payload: Any,
         *,
         key: str | None = None,
         attributes: Mapping[str, str] | None = None,
@@ -271,7 +305,7 @@ class Producer:
     ) -> tuple[_PartitionProducer, bytes, str | None, dict[str, str] | None]:
         if self._closing:
             raise AlreadyClosed(f"producer {self.name} is closed")
-        data = as_payload(payload)
+        data = as_payload(payload) if self.schema is None else self.schema.encode(payload)
         if key is not None and type(key) is not str:
             raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
         attrs = check_attributes(attributes)
@@ -398,16 +432,23 @@ class _PartitionProducer(Attachment):
         self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name=f"danube-producer-{self.name}")
 
     async def _attach_on(self, connection: Connection) -> None:
+        producer = self._producer
+        pin = producer._schema_pin
         reply = await connection.request(
             CreateProducer(
                 request_id=0,
                 topic=self.topic,
                 producer_name=self.name,
-                dispatch_strategy=int(self._producer.dispatch),
+                dispatch_strategy=int(producer.dispatch),
+                schema_subject=producer.schema_subject,
+                schema_version=pin,
+                schema_min_version=producer.schema_min_version if pin is None else None,
             )
         )
         if not isinstance(reply, ProducerCreated):
             raise InternalError(f"broker answered CreateProducer with {type(reply).__name__}")
+        if producer.schema_subject is not None:
+            await producer._schema_attached(reply)
         self.producer_id = reply.producer_id
         connection.register_producer(reply.producer_id, self)
 
@@ -493,6 +534,7 @@ class _PartitionProducer(Attachment):
         publish_times = [e.publish_time for e in entries]
         keys = [e.key for e in entries] if any(e.key is not None for e in entries) else None
         attributes = [e.attributes for e in entries] if any(e.attributes for e in entries) else None
+        schema = self._producer.schema
         attempt = 0
         while True:
             try:
@@ -506,6 +548,8 @@ class _PartitionProducer(Attachment):
                         publish_times=publish_times,
                         keys=keys,
                         attributes=attributes,
+                        schema_id=schema.schema_id if schema is not None else None,
+                        schema_version=schema.version if schema is not None else None,
                     )
                 )
                 if not isinstance(reply, SendReceipt):

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -29,9 +29,19 @@ from danube_zmq.consensus.metadata_store import MetadataStore
 from danube_zmq.schemas.registry import SchemaRegistry, check_subject
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
-__all__ = ["TopicSchemaConfig", "ValidationPolicy", "bind_producer", "configure", "get_config", "parse_policy"]
+__all__ = [
+    "PREFIX",
+    "TopicSchemaConfig",
+    "ValidationPolicy",
+    "bind_producer",
+    "configure",
+    "decode_entry",
+    "get_config",
+    "parse_policy",
+]
 
 _TOPICS = "/schemas/topics"
+PREFIX = _TOPICS + "/"  # every binding's key starts with it (watched by the gateway)
 _RETRIES_MAX = 16
 
 
@@ -54,6 +64,7 @@ class TopicSchemaConfig:
     subject: str
     validation_policy: ValidationPolicy
     payload_validation: bool
+    revision: int = field(default=0, compare=False)  # the binding's mod revision in the store
 
     def encode(self) -> bytes:
         return msgpack.packb([self.subject, self.validation_policy.value, self.payload_validation])
@@ -67,16 +78,21 @@ def _key(topic: str) -> str:
     return f"{_TOPICS}{_base_topic(topic)}"
 
 
-def _decode(topic: str, data: bytes) -> TopicSchemaConfig:
+def _decode(topic: str, data: bytes, revision: int) -> TopicSchemaConfig:
     subject, policy, payload = msgpack.unpackb(data)
     return TopicSchemaConfig(topic=_base_topic(topic), subject=subject, validation_policy=ValidationPolicy(policy),
-                             payload_validation=payload)
+                             payload_validation=payload, revision=revision)
+
+
+def decode_entry(key: str, data: bytes, revision: int) -> TopicSchemaConfig:
+    """A binding read from the store by key (a watch event, a prefix scan)."""
+    return _decode(key[len(_TOPICS):], data, revision)
 
 
 async def get_config(store: MetadataStore, topic: str) -> TopicSchemaConfig | None:
     """The topic's binding, or None when no schema is bound to it."""
     value = await store.get(_key(topic))
-    return None if value is None else _decode(topic, value.value)
+    return None if value is None else _decode(topic, value.value, value.mod_revision)
 
 
 async def configure(
@@ -88,8 +104,9 @@ async def configure(
     await registry.get_latest(subject)  # NOT_FOUND for an unknown subject, before anything changes
     config = TopicSchemaConfig(topic=_base_topic(topic), subject=subject, validation_policy=policy,
                                payload_validation=payload_validation)
-    await store.put(_key(topic), config.encode())
-    return config
+    written = await store.put(_key(topic), config.encode())
+    return TopicSchemaConfig(topic=config.topic, subject=subject, validation_policy=policy,
+                             payload_validation=payload_validation, revision=written.mod_revision)
 
 
 async def bind_producer(store: MetadataStore, registry: SchemaRegistry, topic: str, subject: str) -> TopicSchemaConfig:
@@ -111,6 +128,6 @@ async def bind_producer(store: MetadataStore, registry: SchemaRegistry, topic: s
             return current
         config = TopicSchemaConfig(topic=_base_topic(topic), subject=subject, validation_policy=ValidationPolicy.WARN,
                                    payload_validation=False)
-        if await store.transaction({_key(topic): 0}, {_key(topic): config.encode()}):
-            return config
+        await store.transaction({_key(topic): 0}, {_key(topic): config.encode()})
+        # Won or lost, the next read returns the binding with its revision.
     raise Unavailable(f"the schema binding of {topic} kept changing; retry")

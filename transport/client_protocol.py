@@ -94,7 +94,11 @@ class Partitions(Message):
 @wire
 class CreateProducer(Message):
     """Attach a producer to one (partition) topic. Producers auto-create the topic when
-    the broker allows it; the same `producer_name` on the same topic re-attaches."""
+    the broker allows it; the same `producer_name` on the same topic re-attaches.
+    With `schema_subject` the producer writes that registered subject: version
+    `schema_version` (pinned), the latest if it is at least `schema_min_version`, or the
+    latest. The first producer naming a subject binds the topic to it; a producer naming
+    another subject is refused with FAILED_PRECONDITION."""
 
     TAG = 20
     request_id: int
@@ -104,15 +108,21 @@ class CreateProducer(Message):
     access_mode: int = 0
     schema_subject: str | None = None
     schema_version: int | None = None
+    schema_min_version: int | None = None
 
 
 @wire
 class ProducerCreated(Message):
+    """`schema_id` and `schema_version`: the schema version the producer writes (None
+    without a subject); the client stamps them on every `Send`."""
+
     TAG = 21
     request_id: int
     producer_id: int
     producer_name: str
     topic: str
+    schema_id: int | None = None
+    schema_version: int | None = None
 
 
 @wire

@@ -42,12 +42,44 @@ class Tick(Message):
 
 
 @wire
+class SchemaVersionRef(Struct):
+    """One version of a registered schema, as a topic checks payloads against it."""
+
+    schema_id: int
+    version: int
+    schema_type: str
+    definition: bytes
+
+
+@wire
+class TopicSchemaState(Struct):
+    """A topic's schema binding (`schemas.topic_binding`) with its subject's schema id."""
+
+    subject: str
+    schema_id: int
+    validation_policy: str  # none | warn | enforce
+    payload_validation: bool
+    revision: int  # the binding's mod revision in the metadata store: newer states win
+
+
+@wire
+class ProducerSchema(Struct):
+    """What the gateway resolved for a `CreateProducer`: the topic's binding as it is now
+    (None: no schema bound) and the version the producer writes (None: no subject)."""
+
+    topic: TopicSchemaState | None
+    version: SchemaVersionRef | None
+
+
+@wire
 class ClientRequest(Message):
-    """A validated client frame from connection `identity`, for the actor that owns it."""
+    """A validated client frame from connection `identity`, for the actor that owns it.
+    A `CreateProducer` carries its resolved `schema` when the broker runs a registry."""
 
     TAG = 16
     identity: bytes
     frame: bytes
+    schema: ProducerSchema | None = None
 
 
 @wire
@@ -490,6 +522,18 @@ class SubscriptionDispatchConfig(Message):
     explicit: bool
 
 
+@wire
+class TopicSchemaChanged(Message):
+    """Gateway -> broker -> topic actors: the schema binding of `topic` (a base topic:
+    its partitions follow) changed in the metadata store at `revision`; `state` None: it
+    was removed."""
+
+    TAG = 69
+    topic: str
+    revision: int
+    state: TopicSchemaState | None
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -503,5 +547,6 @@ INTERNAL_PROTOCOL = Protocol(
         SegmentSealed, SegmentDurable, SubscriptionCursor, SegmentFetched, ForgetSegments,
         SeekCursor, ResolveSeek, SeekTo, SetSubscriptionPolicy, GetSubscriptionPolicy, SubscriptionPolicy,
         SetSubscriptionDispatchConfig, GetSubscriptionDispatchConfig, SubscriptionDispatchConfig,
+        TopicSchemaChanged,
     ),
 )

@@ -165,8 +165,8 @@ def test_raw_producer_and_raw_consumer_exchange_a_batch(broker, ctx):
 
     created = producer.request(CREATE_PRODUCER, topic, "raw-producer")
     assert created[0] == PRODUCER_CREATED, created
-    _, _, producer_id, producer_name, created_topic = created
-    assert (producer_name, created_topic) == ("raw-producer", topic)
+    _, _, producer_id, producer_name, created_topic, schema_id, schema_version = created
+    assert (producer_name, created_topic, schema_id, schema_version) == ("raw-producer", topic, None, None)
 
     subscribed = consumer.request(SUBSCRIBE, topic, "raw-sub", "raw-consumer", EXCLUSIVE, EARLIEST)
     assert subscribed[0] == SUBSCRIBED, subscribed
