@@ -142,13 +142,13 @@ class SyncProducer:
         return self.producer.name
 
     def send(
-        self, payload: bytes | str, *, key: str | None = None, attributes: Mapping[str, str] | None = None
+        self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None
     ) -> MessageId:
         return self._runner.call(self.producer.send(payload, key=key, attributes=attributes))
 
     def send_nowait(
         self,
-        payload: bytes | str,
+        payload: Any,
         *,
         key: str | None = None,
         attributes: Mapping[str, str] | None = None,

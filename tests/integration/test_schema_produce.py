@@ -171,3 +171,32 @@ async def test_a_binding_configured_later_reaches_attached_producers(broker) -> 
         with pytest.raises(InvalidArgument, match="does not match schema 'orders'"):
             await typed.send(b'{"id": 1}')
         await typed.send({"id": 1, "sku": "ok"})
+
+
+SHIPMENT_PROTO = 'syntax = "proto3";\npackage ops;\nmessage Shipment { string id = 1; int32 boxes = 2; }\n'
+
+
+@pytest.mark.parametrize(("kind", "definition", "value", "invalid"), [
+    ("protobuf", SHIPMENT_PROTO, {"id": "s-1", "boxes": 3}, b"\x12\x05"),
+    ("number", "float64", 2.5, b"\x00\x01"),
+    ("string", "", "grüße", b"\xff\xfe"),
+    ("bytes", "", b"\x00raw", None),
+])
+async def test_client_serializers_for_every_type(broker, kind: str, definition: str, value: object,
+                                                 invalid: bytes | None) -> None:
+    """`send(value)` encodes by the subject's type, the broker validates payloads of that
+    type, and `value()` gives the value back."""
+    async with SchemaRegistryClient(broker.url) as registry:
+        await registry.register(f"typed-{kind}", kind, definition.encode())
+    topic = f"/default/typed-{kind}"
+    async with AdminClient(broker.admin_url) as admin:
+        await admin.configure_topic_schema(topic, f"typed-{kind}", validation_policy="enforce", payload_validation=True)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer(topic, schema_subject=f"typed-{kind}", batching=False)
+        consumer = await client.subscribe(topic, "s", sub_type=SubType.EXCLUSIVE)
+        await producer.send(value)
+        if invalid is not None:
+            with pytest.raises(InvalidArgument, match=f"does not match schema 'typed-{kind}' version 1"):
+                await producer.send(invalid)
+        [msg] = await drain(consumer, 1)
+        assert msg.value() == value
