@@ -8,7 +8,8 @@ per-connection state, so `danube admin` can send a request without a handshake.
 Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, metadata
 get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, each
 in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
-RESOURCE_EXHAUSTED), since they wait on Raft rounds.
+RESOURCE_EXHAUSTED), since they wait on Raft rounds. Snapshot requests
+(`SNAPSHOT_REQUESTS`) go to the snapshot actor.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
 from danube_zmq.schemas.registry import SchemaRegistry
-from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS
+from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS, SNAPSHOT_REQUESTS
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument
@@ -126,6 +127,11 @@ class AdminGateway(Actor):
         request_id = getattr(msg, "request_id", 0)
         if type(msg) in CLUSTER_REQUESTS:
             self._cluster_request(identity, msg)
+            return
+        if type(msg) in SNAPSHOT_REQUESTS:
+            if not self.system.tell(self.system.snapshot_endpoint, AdminRequest(identity=identity, frame=frame)):
+                self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                            message="snapshot requests queued to the limit; retry"))
             return
         if type(msg) not in ADMIN_REQUESTS:
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.INVALID_ARGUMENT,

@@ -17,6 +17,7 @@ of reliable subscriptions survive a restart, and reliable topics reopen their WA
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import random
 import shutil
@@ -61,10 +62,13 @@ from danube_zmq.transport.internal_protocol import (
     DurableSegment,
     ForgetSegments,
     ForgetSubscription,
+    ListSnapshotTopics,
     PartitionStats,
     PersistCursor,
     SegmentDurable,
     SegmentSealed,
+    SnapshotTopicRef,
+    SnapshotTopics,
     SubscriptionState,
     Tick,
     TopicSchemaChanged,
@@ -233,6 +237,20 @@ class BrokerActor(Actor):
         await self.system.send(entry.endpoint, AppendInternal(
             producer_name="dead-letter", payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
             attributes=msg.attributes))
+
+    def handle_ListSnapshotTopics(self, msg: ListSnapshotTopics) -> Message:
+        """The reliable topics (partitions) served here, by name or base-topic glob."""
+        refs = []
+        for name, entry in sorted(self.topics.items()):
+            if entry.endpoint is None or entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+                continue
+            base = entry.name.base.full
+            if msg.pattern is not None and not (fnmatch.fnmatchcase(name, msg.pattern)
+                                                or fnmatch.fnmatchcase(base, msg.pattern)):
+                continue
+            refs.append(SnapshotTopicRef(topic=name, endpoint=entry.endpoint, base_topic=base,
+                                         partition=entry.name.partition_index))
+        return SnapshotTopics(topics=refs)
 
     def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
         """A binding changed in the metadata store: tell the topic's actors served here."""

@@ -474,6 +474,38 @@ class ClusterSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotsSection:
+    """WAL snapshots of reliable topics for Spark reports (`danube admin snapshots ...`,
+    `danube report backlog`)."""
+
+    SECTION: ClassVar[str] = "snapshots"
+
+    # Where snapshots go: an fsspec URL (a path, file://, s3://, gs://, az://,
+    # memory://). Default null: broker.data_dir/snapshots.
+    url: str | None = None
+    # Take a snapshot of every reliable topic this often, seconds; 0: only on demand
+    # (`danube admin snapshots create`). Default 0.
+    interval_seconds: int = 0
+    # Keep this many snapshots (the oldest are deleted after each new one); 0: keep
+    # all. Default 48.
+    retention_count: int = 48
+    # Export message payloads too (the data source's `payload` column); without them
+    # snapshots hold everything but the payload bytes. Default false.
+    include_payloads: bool = False
+    # How long a topic keeps the files of a snapshot in progress from retention, ms.
+    # Default 600000 (10 minutes).
+    pin_ms: int = 600_000
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.url is not None and not self.url.strip():
+            raise _error("snapshots.url", "must not be empty (null: broker.data_dir/snapshots)")
+        _check_range("snapshots.interval_seconds", self.interval_seconds, 0, 365 * 86_400)
+        _check_range("snapshots.retention_count", self.retention_count, 0, 1_000_000)
+        _check_range("snapshots.pin_ms", self.pin_ms, 1000, 86_400_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
     """The whole broker configuration: one field per section, plus top-level keys."""
 
@@ -486,6 +518,7 @@ class BrokerConfig:
     storage: StorageSection = field(default_factory=StorageSection)
     reliable: ReliableSection = field(default_factory=ReliableSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
@@ -548,6 +581,7 @@ _SECTIONS: tuple[type, ...] = (
     StorageSection,
     ReliableSection,
     ClusterSection,
+    SnapshotsSection,
 )
 
 

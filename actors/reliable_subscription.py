@@ -49,6 +49,7 @@ from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Invalid
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     DeadLetter,
+    DescribeSubscriptionCut,
     Done,
     FailurePolicyState,
     GetSubscriptionDispatchConfig,
@@ -62,6 +63,8 @@ from danube_zmq.transport.internal_protocol import (
     SetSubscriptionDispatchConfig,
     SetSubscriptionPolicy,
     SubscriptionCursor,
+    SubscriptionCut,
+    SubscriptionCutState,
     SubscriptionDispatchConfig,
     SubscriptionPolicy,
     SubscriptionStats,
@@ -451,6 +454,13 @@ class ReliableSubscriptionActor(SubscriptionActor):
         return SubscriptionDispatchConfig(max_unacked_messages=self.window, explicit=self.window_explicit)
 
     # ------------------------------------------------------------- admin
+    def handle_DescribeSubscriptionCut(self, msg: DescribeSubscriptionCut) -> Message:
+        state, t = self.tracker.snapshot(), self.tracker.statistics()
+        return SubscriptionCut(state=SubscriptionCutState(
+            name=self.subscription, sub_type=self.sub_type, cursor=state.cursor, acked_above=list(state.acked_above),
+            unacked=t.in_flight, consumers=sorted(c.name for c in self.consumers.values()),
+            backlog_messages=self.tracker.backlog(self.head)))
+
     def handle_DescribeSubscription(self, msg: object) -> Message:
         stats = SubscriptionStats(info=self._info())
         return stats

@@ -57,6 +57,7 @@ from danube_zmq.transport.internal_protocol import (
     AppendInternal,
     ClientRequest,
     DescribePartition,
+    DescribeSubscriptionCut,
     DurableSegment,
     FailurePolicyState,
     FlushDone,
@@ -66,11 +67,16 @@ from danube_zmq.transport.internal_protocol import (
     Publish,
     ReadRequest,
     ReadResult,
+    ReleaseSnapshotCut,
     SegmentDurable,
     SegmentFetched,
+    SegmentRef,
     SegmentSealed,
+    SnapshotCut,
     SubscriptionCursor,
+    SubscriptionCut,
     SubscriptionState,
+    TakeSnapshotCut,
     Tick,
 )
 
@@ -104,6 +110,8 @@ class ReliableTopicActor(TopicActor):
         self.cache_dir = cache_dir or wal_dir.parent / "durable-cache"
         self.sealed_reported = -1  # highest base offset of a sealed segment told to the broker
         self.cursors: dict[str, int] = {}
+        # Snapshot exports in progress: pin id -> deadline (monotonic ms); no retention meanwhile.
+        self.snapshot_pins: dict[int, int] = {}
         self.fetching: dict[int, list[ReadRequest]] = {}
         self.fetched: dict[int, tuple[Path, mmap.mmap]] = {}
         self.executor = executor
@@ -442,6 +450,41 @@ class ReliableTopicActor(TopicActor):
                 total += segment.size_bytes * (high - low) // (segment.end_offset + 1 - segment.base_offset)
         return total * info.backlog_messages // (end - start)
 
+    # ------------------------------------------------------------- snapshots
+    async def handle_TakeSnapshotCut(self, msg: TakeSnapshotCut) -> Message:
+        """The topic as of now: subscriptions first, then the committed end (so no
+        cursor is past it), and the files holding everything below the end."""
+        subscriptions = []
+        for subscription in list(self.subscriptions.values()):
+            reply = await self.system.ask(subscription.endpoint, DescribeSubscriptionCut())
+            assert isinstance(reply, SubscriptionCut)
+            subscriptions.append(reply.state)
+        assert self.wal is not None
+        end = self.committed_offset
+        self.snapshot_pins[msg.pin_id] = self.system.clock.monotonic_ms() + msg.pin_ms
+        wal_start = self.wal.log_start_offset
+        segments = [SegmentRef(base_offset=d.base_offset, upto_offset=min(d.end_offset + 1, end), sealed=True, path=None,
+                               durable=d)
+                    for d in self.durable if d.base_offset < min(wal_start, end)]
+        for info in self.wal.segments():
+            upto = min(info.next_offset, end)
+            if upto > info.base_offset:
+                segments.append(SegmentRef(base_offset=info.base_offset, upto_offset=upto,
+                                           sealed=info.sealed and upto == info.next_offset, path=str(info.path)))
+        return SnapshotCut(topic=self.topic, log_start_offset=self._log_start(), end_offset=end,
+                           messages_in=self.messages_in, producers=sorted(p.name for p in self.producers.values()),
+                           segments=segments, subscriptions=subscriptions)
+
+    def handle_ReleaseSnapshotCut(self, msg: ReleaseSnapshotCut) -> None:
+        self.snapshot_pins.pop(msg.pin_id, None)
+
+    def _pinned(self) -> bool:
+        now = self.system.clock.monotonic_ms()
+        for pin_id, deadline in list(self.snapshot_pins.items()):
+            if deadline <= now:
+                del self.snapshot_pins[pin_id]
+        return bool(self.snapshot_pins)
+
     # ------------------------------------------------------------- retention
     def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
         if msg.subscription in self.subscriptions:
@@ -451,6 +494,8 @@ class ReliableTopicActor(TopicActor):
         if self.wal is None:
             return
         self._report_sealed(again=True)
+        if self._pinned():
+            return  # a snapshot is reading these files: retention waits for the next tick
         storage = self.config.storage
         now_ms = self.system.clock.now_ms()
         # Offsets below `floor` are acknowledged by every subscription.

@@ -35,6 +35,7 @@ from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.metrics import RaftCollector
+from danube_zmq.actors.snapshot_actor import SnapshotActor
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
@@ -97,6 +98,9 @@ class BrokerService:
             assert isinstance(admin, AdminGateway)
             self.admin_url = admin.bound_url
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
+            system.snapshot_endpoint = await system.spawn(
+                lambda: SnapshotActor(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
+                name="snapshots")
         except BaseException:
             await self.stop()
             raise

@@ -106,6 +106,7 @@ class ActorSystem:
         # the broker actor (the gateways forward to it). Set by the owner at start.
         self.gateway_endpoint = ""
         self.broker_endpoint = ""
+        self.snapshot_endpoint = ""
         self._cells: dict[str, _Cell] = {}
         self._push: dict[str, zmq.Socket] = {}
         self._ids = itertools.count(1)

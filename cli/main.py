@@ -5,6 +5,7 @@
     danube consume           cli/consume.py   receive and ack messages
     danube admin ...         cli/admin.py     namespaces, topics, subscriptions, brokers
     danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
+    danube admin snapshots         cli/admin_snapshots.py  WAL snapshots for Spark reports
     danube schemas ...       cli/schemas.py   the schema registry
 
 Errors: every `DanubeError` (bad name, broker unreachable, the broker's own
@@ -23,6 +24,7 @@ from rich.logging import RichHandler
 
 from danube_zmq.cli.admin import admin
 from danube_zmq.cli.admin_cluster import cluster, metadata
+from danube_zmq.cli.admin_snapshots import snapshots
 from danube_zmq.cli.broker import broker
 from danube_zmq.cli.consume import consume
 from danube_zmq.cli.output import stderr_console
@@ -131,6 +133,7 @@ cli.add_command(admin)
 cli.add_command(schemas)
 admin.add_command(cluster)
 admin.add_command(metadata)
+admin.add_command(snapshots)
 
 
 def main() -> None:

@@ -32,9 +32,12 @@ from danube_zmq.transport.admin_protocol import (
     ClusterStatusInfo,
     ConfigureTopicSchema,
     CreateNamespace,
+    CreateSnapshot,
     CreateTopic,
     DeleteNamespace,
+    DeleteSnapshot,
     DeleteTopic,
+    DescribeSnapshot,
     DescribeTopic,
     DispatchConfigInfo,
     FailurePolicyInfo,
@@ -43,6 +46,7 @@ from danube_zmq.transport.admin_protocol import (
     GetTopicSchemaConfig,
     ListBrokers,
     ListNamespaces,
+    ListSnapshots,
     ListSubscriptions,
     ListTopics,
     MetadataCompareAndSwap,
@@ -59,6 +63,9 @@ from danube_zmq.transport.admin_protocol import (
     SeekSubscription,
     SetDispatchConfig,
     SetFailurePolicy,
+    SnapshotCreated,
+    SnapshotDescription,
+    SnapshotList,
     SubscriptionList,
     TopicDescription,
     TopicInfo,
@@ -276,6 +283,24 @@ class AdminClient(RequestClient):
     async def get_topic_schema_config(self, topic: str) -> TopicSchemaConfigInfo:
         parse_topic(topic)
         return await self._call(lambda rid: GetTopicSchemaConfig(request_id=rid, topic=topic), TopicSchemaConfigInfo)
+
+    # -- WAL snapshots ---------------------------------------------------------
+
+    async def create_snapshot(self, topic: str | None = None, *, timeout_ms: int = 600_000) -> SnapshotCreated:
+        """Snapshot this broker's reliable topics (those matching the glob `topic`); the
+        answer comes once the snapshot is written, which may take a while for big topics."""
+        return await self._call(lambda rid: CreateSnapshot(request_id=rid, topic=topic), SnapshotCreated,
+                                timeout_ms=timeout_ms)
+
+    async def list_snapshots(self) -> SnapshotList:
+        return await self._call(lambda rid: ListSnapshots(request_id=rid), SnapshotList)
+
+    async def describe_snapshot(self, snapshot_id: str) -> SnapshotDescription:
+        return await self._call(lambda rid: DescribeSnapshot(request_id=rid, snapshot_id=snapshot_id),
+                                SnapshotDescription)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self._call(lambda rid: DeleteSnapshot(request_id=rid, snapshot_id=snapshot_id), Ok)
 
     # -- the metadata cluster ------------------------------------------------
 

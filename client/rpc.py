@@ -144,20 +144,21 @@ class RequestClient:
 
     # -- plumbing ----------------------------------------------------------
 
-    async def _call(self, build: _Builder, expected: type[R]) -> R:
+    async def _call(self, build: _Builder, expected: type[R], *, timeout_ms: int | None = None) -> R:
         if self.connected is None:
             raise InternalError(f"{type(self).__name__} is not connected; use `async with {type(self).__name__}(...)`")
-        return await self._request(build, expected)
+        return await self._request(build, expected, timeout_ms=timeout_ms)
 
-    async def _request(self, build: _Builder, expected: type[R]) -> R:
-        """Send one request and return its reply, or raise what the broker said."""
+    async def _request(self, build: _Builder, expected: type[R], *, timeout_ms: int | None = None) -> R:
+        """Send one request and return its reply, or raise what the broker said; the
+        answer is awaited `timeout_ms` (default: the client's timeout)."""
         sock = self._socket
         assert sock is not None
         request_id = self._next_request_id
         self._next_request_id += 1
         request = build(request_id)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_ms / 1000
+        deadline = loop.time() + (timeout_ms or self.timeout_ms) / 1000
         frame = self.PROTOCOL.encode(request)
         try:
             await asyncio.wait_for(sock.send(frame), timeout=self.timeout_ms / 1000)

@@ -465,6 +465,87 @@ class TopicSchemaConfigInfo(Message):
     latest_version: int | None
 
 
+# WAL snapshots (53-59): `danube admin snapshots ...`, answered by the snapshot actor.
+
+
+@wire
+class SnapshotSummary(Struct):
+    snapshot_id: str
+    created_ms: int
+    broker_id: int
+    topics: int
+    subscriptions: int
+    records: int
+    record_bytes: int
+    files: int
+
+
+@wire
+class CreateSnapshot(Message):
+    """Snapshot the reliable topics served by this broker whose name (or base topic's
+    name) matches the glob `topic` (None: all). Answered by `SnapshotCreated` once the
+    manifest is written."""
+
+    TAG = 53
+    request_id: int
+    topic: str | None = None
+
+
+@wire
+class SnapshotCreated(Message):
+    TAG = 54
+    request_id: int
+    url: str
+    snapshot: SnapshotSummary
+    files_written: int
+    files_shared: int
+    elapsed_ms: int
+
+
+@wire
+class ListSnapshots(Message):
+    TAG = 55
+    request_id: int
+
+
+@wire
+class SnapshotList(Message):
+    TAG = 56
+    request_id: int
+    url: str
+    snapshots: list[SnapshotSummary]
+
+
+@wire
+class DescribeSnapshot(Message):
+    TAG = 57
+    request_id: int
+    snapshot_id: str
+
+
+@wire
+class SnapshotDescription(Message):
+    """`manifest`: the snapshot's manifest, as stored (JSON; see snapshots/manifest.py)."""
+
+    TAG = 58
+    request_id: int
+    url: str
+    manifest: str
+
+
+@wire
+class DeleteSnapshot(Message):
+    """Answered by `Ok`; NOT_FOUND for an unknown id."""
+
+    TAG = 59
+    request_id: int
+    snapshot_id: str
+
+
+SNAPSHOT_REQUESTS = (CreateSnapshot, ListSnapshots, DescribeSnapshot, DeleteSnapshot)
+"""Admin requests the snapshot actor answers."""
+
+
 CLUSTER_REQUESTS = (
     ClusterStatus, AddClusterNode, PromoteClusterNode, RemoveClusterNode,
     MetadataGet, MetadataList, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
@@ -494,5 +575,7 @@ ADMIN_PROTOCOL = Protocol(
         ClusterStatus, ClusterStatusInfo, AddClusterNode, PromoteClusterNode, RemoveClusterNode,
         MetadataGet, MetadataList, MetadataEntries, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
         MetadataWritten, ConfigureTopicSchema, GetTopicSchemaConfig, TopicSchemaConfigInfo,
+        CreateSnapshot, SnapshotCreated, ListSnapshots, SnapshotList, DescribeSnapshot, SnapshotDescription,
+        DeleteSnapshot,
     ),
 )

@@ -534,6 +534,100 @@ class TopicSchemaChanged(Message):
     state: TopicSchemaState | None
 
 
+# WAL snapshots (tags from 70): the snapshot actor asks the broker for the reliable
+# topics, each topic for a cut (subscriptions first, then the committed end, so no cursor
+# is past it), exports the segments the cut names, then releases the topic's pin.
+
+
+@wire
+class SnapshotTopicRef(Struct):
+    topic: str
+    endpoint: str
+    base_topic: str
+    partition: int | None
+
+
+@wire
+class ListSnapshotTopics(Message):
+    """Snapshot actor -> broker (ask): reliable topics served here whose name (or base
+    topic's name) matches the glob `pattern` (None: all). Answered by `SnapshotTopics`."""
+
+    TAG = 70
+    pattern: str | None = None
+
+
+@wire
+class SnapshotTopics(Message):
+    TAG = 71
+    topics: list[SnapshotTopicRef]
+
+
+@wire
+class SubscriptionCutState(Struct):
+    name: str
+    sub_type: int
+    cursor: int
+    acked_above: list[int]
+    unacked: int
+    consumers: list[str]
+    backlog_messages: int
+
+
+@wire
+class DescribeSubscriptionCut(Message):
+    """Topic -> reliable subscription (ask). Answered by `SubscriptionCut`."""
+
+    TAG = 72
+
+
+@wire
+class SubscriptionCut(Message):
+    TAG = 73
+    state: SubscriptionCutState
+
+
+@wire
+class SegmentRef(Struct):
+    """Records `base_offset .. upto_offset - 1` of one segment: a local WAL file (`path`)
+    or, when only the durable store has it, its durable copy. `sealed`: the whole segment
+    (its export can be shared by later snapshots)."""
+
+    base_offset: int
+    upto_offset: int
+    sealed: bool
+    path: str | None
+    durable: DurableSegment | None = None
+
+
+@wire
+class TakeSnapshotCut(Message):
+    """Snapshot actor -> reliable topic (ask): the topic's state now, its files kept
+    (no retention) until `ReleaseSnapshotCut(pin_id)` or `pin_ms` pass. Answered by
+    `SnapshotCut`."""
+
+    TAG = 74
+    pin_id: int
+    pin_ms: int
+
+
+@wire
+class SnapshotCut(Message):
+    TAG = 75
+    topic: str
+    log_start_offset: int
+    end_offset: int
+    messages_in: int
+    producers: list[str]
+    segments: list[SegmentRef]
+    subscriptions: list[SubscriptionCutState]
+
+
+@wire
+class ReleaseSnapshotCut(Message):
+    TAG = 76
+    pin_id: int
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -547,6 +641,7 @@ INTERNAL_PROTOCOL = Protocol(
         SegmentSealed, SegmentDurable, SubscriptionCursor, SegmentFetched, ForgetSegments,
         SeekCursor, ResolveSeek, SeekTo, SetSubscriptionPolicy, GetSubscriptionPolicy, SubscriptionPolicy,
         SetSubscriptionDispatchConfig, GetSubscriptionDispatchConfig, SubscriptionDispatchConfig,
-        TopicSchemaChanged,
+        TopicSchemaChanged, ListSnapshotTopics, SnapshotTopics, DescribeSubscriptionCut, SubscriptionCut,
+        TakeSnapshotCut, SnapshotCut, ReleaseSnapshotCut,
     ),
 )

@@ -161,6 +161,8 @@ class ScanResult:
     next_offset: int | None
     fault: Fault | None
     record_count: int
+    # With `with_sizes`: each record's bytes in the log (header included), in order.
+    sizes: list[int] | None = None
 
 
 def encode_batch(
@@ -217,6 +219,7 @@ def scan(
     min_one_record: bool = True,
     decode: bool = True,
     body_bytes_max: int = RECORD_BODY_BYTES_MAX,
+    with_sizes: bool = False,
 ) -> ScanResult:
     """Decode records from the start of `buf` until its end, a limit, or the first fault.
 
@@ -293,7 +296,8 @@ def scan(
         next_offset = expected
     if not (decode and count):
         empty = RecordBatch.empty()
-        return ScanResult(records=empty, valid_bytes=position, next_offset=next_offset, fault=fault, record_count=count)
+        return ScanResult(records=empty, valid_bytes=position, next_offset=next_offset, fault=fault, record_count=count,
+                          sizes=[] if with_sizes else None)
     rows = _decode_bodies(bodies)
     if len(rows) < count:
         # A CRC-clean body msgpack cannot read (a writer's bug, or damage the CRC
@@ -307,7 +311,9 @@ def scan(
         records = RecordBatch._from_columns(list(range(first_offset, first_offset + count)), columns)
     else:
         records = RecordBatch.empty()
-    return ScanResult(records=records, valid_bytes=position, next_offset=next_offset, fault=fault, record_count=count)
+    sizes = [HEADER_BYTES + len(body) for body in bodies[:count]] if with_sizes else None
+    return ScanResult(records=records, valid_bytes=position, next_offset=next_offset, fault=fault, record_count=count,
+                      sizes=sizes)
 
 
 def _decode_bodies(bodies: list[memoryview]) -> Sequence[Sequence[object]]:
