@@ -1,0 +1,2 @@
+"""Spark over WAL snapshots (see report/README.md): the `danube` data source and
+`danube report backlog`."""
