@@ -7,6 +7,7 @@
     danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
     danube admin snapshots         cli/admin_snapshots.py  WAL snapshots for Spark reports
     danube schemas ...       cli/schemas.py   the schema registry
+    danube report backlog    cli/report.py    Spark over WAL snapshots
 
 Errors: every `DanubeError` (bad name, broker unreachable, the broker's own
 error), socket or file error ends as ONE line `error: <message>` on stderr and
@@ -29,6 +30,7 @@ from danube_zmq.cli.broker import broker
 from danube_zmq.cli.consume import consume
 from danube_zmq.cli.output import stderr_console
 from danube_zmq.cli.produce import produce
+from danube_zmq.cli.report import report
 from danube_zmq.cli.schemas import schemas
 from danube_zmq.transport.errors import DanubeError
 
@@ -134,6 +136,7 @@ cli.add_command(schemas)
 admin.add_command(cluster)
 admin.add_command(metadata)
 admin.add_command(snapshots)
+cli.add_command(report)
 
 
 def main() -> None:

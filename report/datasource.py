@@ -9,7 +9,8 @@ Options:
 | option | default | meaning |
 |---|---|---|
 | path | (required) | the snapshot location (`snapshots.url`): any fsspec URL |
-| table | records | `records`: one row per record of one snapshot; `subscriptions`: one row per subscription per snapshot (the manifests' cursors); `topics`: one row per topic per snapshot |
+| table | records | `records`: one row per record of one snapshot; `subscriptions`: one row per |
+| | | subscription per snapshot (the manifests' cursors); `topics`: one per topic per snapshot |
 | snapshot | latest | `records`: the snapshot id to read (`latest`: the newest) |
 | topic | all | a glob over topic and partition names (`/default/orders*`) |
 | from, to | all | `subscriptions`/`topics`: snapshots taken in [from, to] (ms since the epoch) |

@@ -1,0 +1,139 @@
+"""`danube report backlog`: Spark over WAL snapshots (report/).
+
+1. Check the arguments (times, format, output path) before Spark starts.
+2. Start Spark (`--master local[*]` or `spark://host:7077`), read the snapshots with the
+   `danube` data source, compute the report (report/backlog.py); a spinner on stderr
+   says which step runs.
+3. Print it (table, JSON, CSV) or write it (`--out`; HTML is written to a file).
+
+A snapshot file that is missing or damaged fails the report with an error naming the
+file (exit 1); topics a snapshot left out (named in its manifest) are listed in the
+report instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+from pathlib import Path
+
+import click
+
+from danube_zmq.cli.output import emit_line, status, stderr_console, stderr_is_terminal
+from danube_zmq.transport.errors import DanubeError, InternalError
+
+__all__ = ["report"]
+
+_RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(text: str, *, now_ms: int | None = None) -> int:
+    """ms since the epoch from ISO 8601 (UTC unless it says otherwise), epoch ms, or
+    `-30m` / `-2h` / `-1d` (before now)."""
+    text = text.strip()
+    now_ms = round(time.time() * 1000) if now_ms is None else now_ms
+    relative = _RELATIVE.match(text)
+    if relative:
+        return now_ms - round(float(relative.group(1)) * _UNITS[relative.group(2)] * 1000)
+    if text.isdigit():
+        return int(text)
+    try:
+        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: use ISO 8601 (2026-11-21T10:00:00Z), ms since the epoch, or -30m/-2h/-1d") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return round(parsed.timestamp() * 1000)
+
+
+@click.group()
+def report() -> None:
+    """Reports computed with Spark from WAL snapshots (danube admin snapshots)."""
+
+
+@report.command("backlog")
+@click.option("--snapshots", "url", required=True, metavar="URL",
+              help="The snapshot location (the broker's snapshots.url): a path, s3://, gs://, az://.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master: local[N] or spark://HOST:PORT.")
+@click.option("--from", "from_text", metavar="TIME", help="Only snapshots taken at or after TIME.")
+@click.option("--to", "to_text", metavar="TIME", help="Only snapshots taken at or before TIME.")
+@click.option("--topic", metavar="GLOB", help="Only topics (or partitions) matching this glob.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many subscriptions the top-lagging list names.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "html"]), default="table",
+              show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report here instead of stdout (required for html).")
+def backlog(url: str, master: str, from_text: str | None, to_text: str | None, topic: str | None, top: int, fmt: str,
+            out_path: Path | None) -> None:
+    """Which subscriptions fall behind, by how much, since when, and how fast each
+    topic grows.
+
+    From the newest snapshot in the window: each subscription's backlog (messages and
+    bytes after its cursor, not acknowledged) and its oldest unacknowledged message.
+    From all snapshots in the window: backlog over time and its trend, produce and
+    consume rates per minute.
+
+    \b
+    Examples:
+      danube report backlog --snapshots ./danube-data/snapshots
+      danube report backlog --snapshots s3://ops/danube --from -2h --format html --out backlog.html
+      danube report backlog --snapshots /mnt/snap --master spark://10.0.0.5:7077 --topic '/default/orders*'
+    """
+    from_ms = parse_time(from_text) if from_text else None
+    to_ms = parse_time(to_text) if to_text else None
+    if from_ms is not None and to_ms is not None and from_ms > to_ms:
+        raise click.BadParameter("--from is after --to", param_hint="--from")
+    if fmt == "html" and out_path is None:
+        raise click.UsageError("--format html writes a file: give --out PATH")
+    if out_path is not None and not out_path.parent.is_dir():
+        raise click.BadParameter(f"directory {out_path.parent} does not exist", param_hint="--out")
+    from danube_zmq.report.backlog import compute_backlog
+    from danube_zmq.report.render import render
+    from danube_zmq.report.spark import spark_session
+
+    started = time.monotonic()
+    spinner = stderr_console().status("starting Spark", spinner="dots") if stderr_is_terminal() else None
+
+    def progress(text: str) -> None:
+        if spinner is not None:
+            spinner.update(text)
+        else:
+            status(text)
+
+    if spinner is not None:
+        spinner.start()
+    try:
+        progress(f"starting Spark ({master})")
+        spark = spark_session(master)
+        try:
+            result = compute_backlog(spark, url, from_ms=from_ms, to_ms=to_ms, topic=topic, top=top, progress=progress)
+        except DanubeError:
+            raise
+        except Exception as exc:  # Spark's errors (a damaged or missing file read on an executor)
+            raise InternalError(_spark_error(exc)) from None
+        finally:
+            spark.stop()
+    finally:
+        if spinner is not None:
+            spinner.stop()
+    text = render(result, fmt)
+    if out_path is None:
+        click.echo(text, nl=not text.endswith("\n"))
+    else:
+        out_path.write_text(text)
+        emit_line(f"wrote the {fmt} report to {out_path}")
+    status(f"report computed in {time.monotonic() - started:.1f} s over {result.snapshots} snapshots")
+
+
+def _spark_error(exc: Exception) -> str:
+    """The line that matters from a Spark failure: ours, raised on an executor, if any."""
+    text = str(exc)
+    for marker in ("NotFound: ", "InvalidArgument: ", "CorruptSegment: "):
+        if marker in text:
+            return text.split(marker, 1)[1].splitlines()[0].strip()
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"Spark failed: {first}"
