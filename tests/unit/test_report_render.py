@@ -1,0 +1,65 @@
+"""How a backlog report is shown (table, JSON, CSV) and how `danube report` reads
+times: the parts that need no Spark."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import click
+import pytest
+
+from danube_zmq.cli.report import parse_time
+from danube_zmq.report.backlog import BacklogReport, SubscriptionBacklog, TopicGrowth
+from danube_zmq.report.render import render
+
+
+def sample() -> BacklogReport:
+    return BacklogReport(
+        url="s3://ops/snaps", snapshot_id="20261121T100000.000Z-abc123", snapshot_ms=1_795_255_200_000, snapshots=3,
+        from_ms=None, to_ms=None, topic_pattern=None,
+        subscriptions=[
+            SubscriptionBacklog(topic="/default/orders", subscription="billing", sub_type="exclusive", partitions=2,
+                                backlog_messages=1200, backlog_bytes=98_000, oldest_unacked_ms=1_795_255_080_000,
+                                oldest_unacked_age_s=120.0, unacked=10, consumers=["c1"], consume_rate_per_min=55.5,
+                                backlog_trend_per_min=12.25),
+            SubscriptionBacklog(topic="/default/orders", subscription="idle", sub_type="shared", partitions=2,
+                                backlog_messages=0, backlog_bytes=0, oldest_unacked_ms=None, oldest_unacked_age_s=None,
+                                unacked=0, consumers=[], consume_rate_per_min=None, backlog_trend_per_min=None),
+        ],
+        topics=[TopicGrowth(topic="/default/orders", partitions=2, end_offset=5000, records=4000, record_bytes=400_000,
+                            produce_rate_per_min=60.0)],
+        top_lagging=["/default/orders:billing"],
+        backlog_series={"/default/orders:billing": [(1_795_255_100_000, 1000), (1_795_255_200_000, 1200)]},
+        errors=["20261121T090000.000Z-abc123: /default/bad: WAL segment x is damaged at byte 9: crc32c mismatch"],
+    )
+
+
+def test_table_names_every_subscription_and_topic() -> None:
+    text = render(sample(), "table")
+    assert "20261121T100000.000Z-abc123" in text and "billing" in text and "1,200" in text and "2.0 min" in text
+    assert "top lagging: /default/orders:billing" in text and "damaged at byte 9" in text
+    assert "60.0" in text and "5,000" in text
+
+
+def test_json_and_csv_hold_the_numbers() -> None:
+    data = json.loads(render(sample(), "json"))
+    assert data["subscriptions"][0]["backlog_messages"] == 1200
+    assert data["backlog_series"]["/default/orders:billing"][1] == {"time_ms": 1_795_255_200_000, "value": 1200}
+    rows = list(csv.DictReader(io.StringIO(render(sample(), "csv"))))
+    assert [(r["subscription"], r["backlog_messages"], r["oldest_unacked"]) for r in rows] == [
+        ("billing", "1200", "2026-11-21T09:58:00.000Z"), ("idle", "0", "")]
+    assert rows[1]["consume_rate_per_min"] == "" and rows[0]["backlog_trend_per_min"] == "12.25"
+
+
+def test_times_in_every_accepted_spelling() -> None:
+    now = 1_795_255_200_000
+    assert parse_time("2026-11-21T10:00:00Z") == now
+    assert parse_time("2026-11-21T11:00:00+01:00") == now
+    assert parse_time("2026-11-21T10:00:00") == now  # UTC unless it says otherwise
+    assert parse_time(str(now)) == now
+    assert parse_time("-30m", now_ms=now) == now - 1_800_000
+    assert parse_time("-1.5h", now_ms=now) == now - 5_400_000
+    with pytest.raises(click.BadParameter, match="ISO 8601"):
+        parse_time("yesterday")
