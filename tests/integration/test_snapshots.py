@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.snapshots.manifest import Manifest
 from danube_zmq.snapshots.store import SnapshotStore
 from tests.integration.conftest import BrokerProcess
+from tests.integration.test_durable_topics import broker_env
 
 SMALL_SEGMENTS = {"DANUBE_STORAGE__WAL_SEGMENT_BYTES_MAX": "8192", "DANUBE_SNAPSHOTS__RETENTION_COUNT": "3",
                   "DANUBE_STORAGE__CURSOR_FLUSH_INTERVAL_MS": "50"}
@@ -161,3 +163,33 @@ async def test_snapshots_on_a_schedule_and_a_damaged_segment_left_out(broker_fac
     assert [t.topic for t in manifest.topics] == ["/default/good"]
     assert len(manifest.errors) == 1 and "/default/bad" in manifest.errors[0] and ".wal" in manifest.errors[0] \
         and "damaged at byte" in manifest.errors[0]
+
+
+@pytest.fixture(params=["s3", "az", "gs"])
+def object_store(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    url, options = request.getfixturevalue({"s3": "moto_store", "az": "azurite_store", "gs": "gcs_store"}[request.param])
+    return f"{url.rsplit('/', 1)[0]}/snapshots-{request.node.name.rsplit('[', 1)[1].rstrip(']')}", options
+
+
+async def test_snapshots_to_an_object_store(broker_factory, object_store: tuple[str, dict[str, object]]) -> None:
+    """The same snapshot in s3://, az:// and gs:// (real emulators), read back from there."""
+    url, options = object_store
+    env = {**broker_env("object_store", url, options), **SMALL_SEGMENTS, "DANUBE_STORAGE__MODE": "local",
+           "DANUBE_SNAPSHOTS__URL": url}
+    del env["DANUBE_STORAGE__DURABLE_URL"]
+    broker = broker_factory(env=env)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/remote", dispatch="reliable", batch_messages_max=25)
+        for i in range(300):
+            producer.send_nowait(f"remote-{i}".encode())
+        await producer.flush()
+    out = danube(broker, "create", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    created = json.loads(out.stdout)
+    store = SnapshotStore(url, **options)
+    manifest = store.manifest(created["snapshot"]["snapshot_id"])
+    [topic] = manifest.topics
+    rows = [r for f in topic.files for r in pq.read_table(store.open_read(f.path)).to_pylist()]
+    assert [r["offset"] for r in rows] == list(range(300)) and len(topic.files) > 1
+    out = danube(broker, "list", "-o", "json")
+    assert json.loads(out.stdout)["url"] == url and len(json.loads(out.stdout)["snapshots"]) == 1
