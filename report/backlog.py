@@ -23,8 +23,7 @@ import fnmatch
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from danube_zmq.report.datasource import select_manifests
-from danube_zmq.snapshots.store import SnapshotStore
+from danube_zmq.snapshots.store import SnapshotStore, select_manifests
 from danube_zmq.transport.errors import NotFound
 
 __all__ = ["BacklogReport", "SubscriptionBacklog", "TopicGrowth", "compute_backlog"]

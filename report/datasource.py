@@ -34,10 +34,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from danube_zmq.snapshots.manifest import Manifest, TopicState
-from danube_zmq.snapshots.store import SnapshotStore
+from danube_zmq.snapshots.store import SnapshotStore, select_manifests
 from danube_zmq.transport.errors import InvalidArgument, NotFound
 
-__all__ = ["RECORDS_SCHEMA", "SUBSCRIPTIONS_SCHEMA", "TOPICS_SCHEMA", "DanubeDataSource", "select_manifests"]
+__all__ = ["RECORDS_SCHEMA", "SUBSCRIPTIONS_SCHEMA", "TOPICS_SCHEMA", "DanubeDataSource"]
 
 RECORDS_SCHEMA = (
     "topic STRING, partition INT, offset BIGINT, publish_time TIMESTAMP, key STRING, size INT, record_bytes INT,"
@@ -83,16 +83,6 @@ def _time_option(options: dict[str, str], name: str) -> int | None:
 
 def _matches(topic: TopicState, pattern: str | None) -> bool:
     return pattern is None or fnmatch.fnmatchcase(topic.topic, pattern) or fnmatch.fnmatchcase(topic.base_topic, pattern)
-
-
-def select_manifests(store: SnapshotStore, from_ms: int | None = None, to_ms: int | None = None) -> list[Manifest]:
-    """The snapshots taken in [from_ms, to_ms], oldest first."""
-    out = []
-    for snapshot_id in store.snapshot_ids():
-        manifest = store.manifest(snapshot_id)
-        if (from_ms is None or manifest.created_ms >= from_ms) and (to_ms is None or manifest.created_ms <= to_ms):
-            out.append(manifest)
-    return out
 
 
 @dataclass(frozen=True)

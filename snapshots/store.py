@@ -21,7 +21,7 @@ import fsspec
 from danube_zmq.snapshots.manifest import MANIFEST, SEGMENTS_DIR, SNAPSHOTS_DIR, Manifest, manifest_path
 from danube_zmq.transport.errors import InvalidArgument, NotFound, Unavailable
 
-__all__ = ["SnapshotStore"]
+__all__ = ["SnapshotStore", "select_manifests"]
 
 # A shared segment file nobody names is deleted only when older than this: another
 # broker's export in progress may be about to name it.
@@ -150,3 +150,13 @@ def _modified_s(info: dict[str, object], default: float) -> float:
 
                 return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     return default
+
+
+def select_manifests(store: SnapshotStore, from_ms: int | None = None, to_ms: int | None = None) -> list[Manifest]:
+    """The snapshots taken in [from_ms, to_ms], oldest first."""
+    out = []
+    for snapshot_id in store.snapshot_ids():
+        manifest = store.manifest(snapshot_id)
+        if (from_ms is None or manifest.created_ms >= from_ms) and (to_ms is None or manifest.created_ms <= to_ms):
+            out.append(manifest)
+    return out
