@@ -8,6 +8,7 @@
     danube admin snapshots         cli/admin_snapshots.py  WAL snapshots for Spark reports
     danube schemas ...       cli/schemas.py   the schema registry
     danube report backlog    cli/report.py    Spark over WAL snapshots
+    danube bench ...         cli/bench.py     load and measure a broker
 
 Errors: every `DanubeError` (bad name, broker unreachable, the broker's own
 error), socket or file error ends as ONE line `error: <message>` on stderr and
@@ -26,6 +27,7 @@ from rich.logging import RichHandler
 from danube_zmq.cli.admin import admin
 from danube_zmq.cli.admin_cluster import cluster, metadata
 from danube_zmq.cli.admin_snapshots import snapshots
+from danube_zmq.cli.bench import bench
 from danube_zmq.cli.broker import broker
 from danube_zmq.cli.consume import consume
 from danube_zmq.cli.output import stderr_console
@@ -137,6 +139,7 @@ admin.add_command(cluster)
 admin.add_command(metadata)
 admin.add_command(snapshots)
 cli.add_command(report)
+cli.add_command(bench)
 
 
 def main() -> None:

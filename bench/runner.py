@@ -1,0 +1,412 @@
+"""The load of `danube bench`: producers, consumers, and what they measure.
+
+- Producers (one client, one task each) send stamped messages (`stamp.py`) with
+  `send_nowait`, at `rate` msg/s in total or as fast as the broker takes them, for
+  `count` messages or `duration_s` seconds; every receipt records its produce-ack
+  latency. Producer i writes topic i mod `topics`.
+- Consumers (`consumers` per topic, one subscription) record the end-to-end latency of
+  every message (receive time minus the stamped send time: one machine's
+  CLOCK_MONOTONIC, so producers and consumers must share a machine) and which
+  (producer, sequence) pairs arrived: loss and duplicates. On reliable topics they ack.
+- `e2e` runs the consumers in a child process (the GIL would otherwise make producers
+  and consumers share one core) and the producers here.
+- When the broker listens on this machine, its CPU and peak RSS over the run are read
+  with psutil.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from danube_zmq.bench.accounting import Delivery
+from danube_zmq.bench.histogram import LatencyHistogram
+from danube_zmq.bench.stamp import Stamper, read_stamp
+from danube_zmq.client.client import DanubeClient
+from danube_zmq.client.errors import ProducerQueueFull
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, Timeout
+
+__all__ = ["BenchConfig", "BenchResult", "run_consume", "run_e2e", "run_produce"]
+
+Progress = Callable[[str], None]
+
+_PROGRESS_EVERY_S = 1.0
+_RSS_SAMPLE_S = 0.25
+_YIELD_EVERY = 256  # messages between yields at max rate, so receipts get handled
+_READY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchConfig:
+    url: str
+    topic: str
+    reliable: bool = False
+    size: int = 100
+    rate: float = 0.0  # msg/s over all producers; 0: as fast as possible
+    count: int | None = None  # messages over all producers
+    duration_s: float | None = None
+    producers: int = 1
+    consumers: int = 1  # per topic
+    sub_type: str = "shared"
+    topics: int = 1
+    partitions: int | None = None
+    batch_max_messages: int = 1000
+    batch_max_delay_ms: int = 10
+    subscription: str = "bench"
+    idle_timeout_s: float = 5.0  # consumers stop after this long without a message
+
+    def __post_init__(self) -> None:
+        if (self.count is None) == (self.duration_s is None):
+            raise InvalidArgument("give a message count or a duration, exactly one")
+        for name in ("producers", "consumers", "topics", "batch_max_messages"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name} must be >= 1")
+        if self.rate < 0 or (self.count is not None and self.count < 1):
+            raise InvalidArgument("rate must be >= 0 and count >= 1")
+
+    def topic_names(self) -> list[str]:
+        return [self.topic] if self.topics == 1 else [f"{self.topic}-{i}" for i in range(self.topics)]
+
+    def quota(self, producer: int) -> int | None:
+        if self.count is None:
+            return None
+        share, extra = divmod(self.count, self.producers)
+        return share + (1 if producer < extra else 0)
+
+
+@dataclass(slots=True)
+class BenchResult:
+    mode: str
+    config: dict[str, Any]
+    elapsed_s: float = 0.0
+    sent: int = 0
+    acked: int = 0
+    failed: int = 0
+    received: int = 0
+    lost: int | None = None
+    duplicates: int | None = None
+    msg_s: float = 0.0
+    mb_s: float = 0.0
+    e2e_latency_us: dict[str, float | None] | None = None
+    ack_latency_us: dict[str, float | None] | None = None
+    broker: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------- broker resources
+
+
+class BrokerProbe:
+    """CPU and peak RSS of the broker process listening on the service URL's port, when
+    it runs on this machine (found through its listening socket)."""
+
+    def __init__(self, url: str) -> None:
+        self.process: psutil.Process | None = _local_listener(url)
+        self.rss_max = 0
+        self._cpu_start = 0.0
+        self._wall_start = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            times = self.process.cpu_times()
+            self._cpu_start, self._wall_start = times.user + times.system, time.monotonic()
+            self._task = asyncio.get_running_loop().create_task(self._sample())
+
+    async def _sample(self) -> None:
+        assert self.process is not None
+        while True:
+            with contextlib.suppress(psutil.Error):
+                self.rss_max = max(self.rss_max, self.process.memory_info().rss)
+            await asyncio.sleep(_RSS_SAMPLE_S)
+
+    async def stop(self) -> dict[str, Any] | None:
+        if self.process is None or self._task is None:
+            return None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        try:
+            times = self.process.cpu_times()
+            self.rss_max = max(self.rss_max, self.process.memory_info().rss)
+        except psutil.Error:
+            return None
+        wall = max(time.monotonic() - self._wall_start, 1e-9)
+        return {"pid": self.process.pid, "cpu_percent": round(100 * (times.user + times.system - self._cpu_start) / wall, 1),
+                "rss_max_mb": round(self.rss_max / 2**20, 1)}
+
+
+def _local_listener(url: str) -> psutil.Process | None:
+    if not url.startswith("tcp://"):
+        return None
+    host, _, port = url[len("tcp://"):].rpartition(":")
+    host = host.strip("[]")
+    try:
+        local = host == "localhost" or host == "*" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+    if not local or not port.isdigit():
+        return None
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == int(port) and conn.pid:
+                return psutil.Process(conn.pid)
+    except psutil.Error:
+        return None
+    return None
+
+
+# ----------------------------------------------------------------- producing
+
+
+@dataclass(slots=True)
+class _ProduceState:
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)
+    sent: dict[int, int] = field(default_factory=dict)
+    acked: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    last_ack_ns: int = 0
+
+
+async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state: _ProduceState,
+                       start_ns: int, deadline_ns: int | None) -> None:
+    topic = cfg.topic_names()[index % cfg.topics]
+    producer = await client.create_producer(
+        topic, dispatch="reliable" if cfg.reliable else "non_reliable", partitions=cfg.partitions,
+        batch_messages_max=cfg.batch_max_messages, batch_delay_ms=cfg.batch_max_delay_ms)
+    stamper = Stamper(index, cfg.size)
+    quota = cfg.quota(index)
+    interval_ns = int(1e9 * cfg.producers / cfg.rate) if cfg.rate else 0
+    histogram = state.histogram
+
+    def receipt(sent_ns: int) -> Callable[[DanubeError | None, object], None]:
+        def done(error: DanubeError | None, _: object) -> None:
+            now = time.monotonic_ns()
+            if error is None:
+                state.acked += 1
+                state.last_ack_ns = now
+                histogram.record_ns(now - sent_ns)
+            else:
+                state.failed += 1
+                if len(state.errors) < 10:
+                    state.errors.append(f"{type(error).__name__}: {error}")
+        return done
+
+    sequence = 0
+    try:
+        while (quota is None or sequence < quota) and (deadline_ns is None or time.monotonic_ns() < deadline_ns):
+            if interval_ns:
+                delay_ns = start_ns + sequence * interval_ns - time.monotonic_ns()
+                if delay_ns > 0:
+                    await asyncio.sleep(delay_ns / 1e9)
+            elif sequence % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            now = time.monotonic_ns()
+            try:
+                producer.send_nowait(stamper.payload(sequence, now), callback=receipt(now))
+            except ProducerQueueFull:
+                await asyncio.sleep(0.001)  # receipts free room; the same sequence goes next
+                continue
+            sequence += 1
+            state.sent[index] = sequence
+        await producer.flush()
+    finally:
+        state.sent[index] = sequence
+        await producer.close()
+
+
+async def run_produce(cfg: BenchConfig, *, progress: Progress | None = None, mode: str = "produce") -> BenchResult:
+    result = BenchResult(mode=mode, config=asdict(cfg))
+    state = _ProduceState()
+    probe = BrokerProbe(cfg.url)
+    async with DanubeClient(cfg.url, client_name="danube-bench-producers") as client:
+        probe.start()
+        start_ns = time.monotonic_ns()
+        deadline_ns = None if cfg.duration_s is None else start_ns + int(cfg.duration_s * 1e9)
+        ticker = _ticker(progress, lambda: f"sent {sum(state.sent.values()):,}, acked {state.acked:,}", start_ns)
+        try:
+            await asyncio.gather(*(_produce_one(client, cfg, i, state, start_ns, deadline_ns)
+                                   for i in range(cfg.producers)))
+        finally:
+            ticker.cancel()
+        result.broker = await probe.stop()
+    end_ns = state.last_ack_ns or time.monotonic_ns()
+    result.elapsed_s = (end_ns - start_ns) / 1e9
+    result.sent, result.acked, result.failed = sum(state.sent.values()), state.acked, state.failed
+    result.msg_s = round(result.acked / result.elapsed_s, 1) if result.elapsed_s > 0 else 0.0
+    result.mb_s = round(result.msg_s * cfg.size / 1e6, 2)
+    result.ack_latency_us = state.histogram.summary_us()
+    result.errors = state.errors
+    result.config["sent_per_producer"] = dict(state.sent)
+    result.config["start_ns"] = start_ns
+    return result
+
+
+def _ticker(progress: Progress | None, line: Callable[[], str], start_ns: int) -> asyncio.Task[None]:
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(_PROGRESS_EVERY_S)
+            if progress is not None:
+                progress(f"{(time.monotonic_ns() - start_ns) / 1e9:6.1f} s  {line()}")
+    return asyncio.get_running_loop().create_task(tick())
+
+
+# ----------------------------------------------------------------- consuming
+
+
+@dataclass(slots=True)
+class ConsumeOutcome:
+    received: int
+    first_ns: int
+    last_ns: int
+    histogram: bytes  # encoded LatencyHistogram
+    delivery: Delivery
+    errors: list[str]
+
+
+async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[], None] | None = None,
+                  progress: Progress | None = None) -> ConsumeOutcome:
+    """Receive until `expected` messages arrived, `duration_s` passed (when no count),
+    or `idle_timeout_s` passed without a message once messages flowed."""
+    delivery, histogram = Delivery(), LatencyHistogram()
+    errors: list[str] = []
+    first_ns = last_ns = 0
+    done = asyncio.Event()
+    async with DanubeClient(cfg.url, client_name="danube-bench-consumers") as client:
+        consumers = []
+        for topic in cfg.topic_names():
+            for _ in range(cfg.consumers):
+                consumers.append(await client.subscribe(topic, cfg.subscription, sub_type=cfg.sub_type,
+                                                        receiver_queue_size=20_000))
+        if ready is not None:
+            ready()
+        start_ns = time.monotonic_ns()
+
+        async def receive(consumer: Any) -> None:
+            nonlocal first_ns, last_ns
+            while not done.is_set():
+                try:
+                    msg = await consumer.receive(timeout=cfg.idle_timeout_s if first_ns else None)
+                except Timeout:
+                    done.set()
+                    return
+                now = time.monotonic_ns()
+                first_ns = first_ns or now
+                last_ns = now
+                try:
+                    _, sent_ns = _check(msg.payload, delivery)
+                    histogram.record_ns(now - sent_ns)
+                except InvalidArgument as exc:
+                    if len(errors) < 10:
+                        errors.append(exc.message)
+                if cfg.reliable:
+                    await consumer.ack(msg)
+                if expected is not None and delivery.received >= expected:
+                    done.set()
+
+        deadline = None if cfg.duration_s is None else cfg.duration_s + cfg.idle_timeout_s
+        ticker = _ticker(progress, lambda: f"received {delivery.received:,}", start_ns)
+        tasks = [asyncio.get_running_loop().create_task(receive(c)) for c in consumers]
+        try:
+            await asyncio.wait_for(done.wait(), deadline)
+        except TimeoutError:
+            pass
+        finally:
+            done.set()
+            ticker.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for consumer in consumers:
+                with contextlib.suppress(DanubeError):
+                    await consumer.close()
+    return ConsumeOutcome(received=delivery.received, first_ns=first_ns, last_ns=last_ns,
+                          histogram=histogram.encode(), delivery=delivery, errors=errors)
+
+
+def _check(payload: bytes, delivery: Delivery) -> tuple[int, int]:
+    producer, sequence, sent_ns = read_stamp(payload)
+    delivery.record(producer, sequence)
+    return producer, sent_ns
+
+
+async def run_consume(cfg: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
+    result = BenchResult(mode="consume", config=asdict(cfg))
+    probe = BrokerProbe(cfg.url)
+    probe.start()
+    outcome = await consume(cfg, expected=cfg.count, progress=progress)
+    result.broker = await probe.stop()
+    _fill_consumed(result, outcome, cfg)
+    elapsed = (outcome.last_ns - outcome.first_ns) / 1e9
+    result.elapsed_s = round(elapsed, 3)
+    result.msg_s = round(outcome.received / elapsed, 1) if elapsed > 0 else 0.0
+    result.mb_s = round(result.msg_s * cfg.size / 1e6, 2)
+    return result
+
+
+def _fill_consumed(result: BenchResult, outcome: ConsumeOutcome, cfg: BenchConfig) -> None:
+    result.received = outcome.received
+    result.duplicates = outcome.delivery.duplicates
+    result.e2e_latency_us = LatencyHistogram(outcome.histogram).summary_us()
+    result.errors += outcome.errors
+
+
+# ----------------------------------------------------------------- end to end
+
+
+def _consumer_process(cfg: BenchConfig, expected: int | None, ready: Any, out: Any) -> None:
+    async def main() -> None:
+        try:
+            outcome = await consume(cfg, expected=expected, ready=ready.set)
+            out.put(outcome)
+        except DanubeError as exc:
+            ready.set()
+            out.put(exc.message)
+    asyncio.run(main())
+
+
+async def run_e2e(cfg: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
+    """Consumers in a child process, producers here; throughput from the first send to
+    the last receive."""
+    # Topics must exist before consumers subscribe: one producer per topic creates it.
+    async with DanubeClient(cfg.url, client_name="danube-bench-setup") as client:
+        for topic in cfg.topic_names():
+            producer = await client.create_producer(topic, dispatch="reliable" if cfg.reliable else "non_reliable",
+                                                    partitions=cfg.partitions)
+            await producer.close()
+    context = mp.get_context("spawn")
+    ready, out = context.Event(), context.Queue()
+    child = context.Process(target=_consumer_process, args=(cfg, cfg.count, ready, out), daemon=True)
+    child.start()
+    loop = asyncio.get_running_loop()
+    if not await loop.run_in_executor(None, ready.wait, _READY_TIMEOUT_S):
+        child.kill()
+        raise Timeout(f"bench consumers did not subscribe within {_READY_TIMEOUT_S:g} s")
+    result = await run_produce(cfg, progress=progress, mode="e2e")
+    outcome = await loop.run_in_executor(None, out.get, True, 600)
+    await loop.run_in_executor(None, child.join, 10)
+    if isinstance(outcome, str):
+        raise InvalidArgument(f"bench consumers failed: {outcome}")
+    _fill_consumed(result, outcome, cfg)
+    result.lost = outcome.delivery.lost(result.config["sent_per_producer"])
+    # One machine, one CLOCK_MONOTONIC: from the first send to the last receive.
+    span = (outcome.last_ns - result.config["start_ns"]) / 1e9
+    if outcome.received and span > 0:
+        result.elapsed_s = round(span, 3)
+        result.msg_s = round(outcome.received / span, 1)
+        result.mb_s = round(result.msg_s * cfg.size / 1e6, 2)
+    return result

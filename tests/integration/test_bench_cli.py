@@ -1,0 +1,37 @@
+"""`danube bench` against a real broker, with small counts: every message numbered,
+received, none lost or duplicated, latencies and the broker's resources reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.integration.conftest import BrokerProcess
+
+
+def bench(broker: BrokerProcess, *args: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "bench", *args, "-s", broker.url, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_e2e_non_reliable_and_reliable_account_for_every_message(broker: BrokerProcess) -> None:
+    plain = bench(broker, "e2e", "-t", "/default/bench-plain", "--count", "3000")
+    assert (plain["sent"], plain["acked"], plain["received"], plain["lost"], plain["duplicates"]) == (3000, 3000, 3000, 0, 0)
+    assert plain["msg_s"] > 0 and plain["e2e_latency_us"]["p50"] > 0 and plain["ack_latency_us"]["p99.9"] > 0
+    assert plain["broker"]["rss_max_mb"] > 10 and plain["broker"]["pid"] > 0
+
+    reliable = bench(broker, "e2e", "-t", "/default/bench-rel", "--reliable", "--count", "2000", "--producers", "2",
+                     "--topics", "2", "--partitions", "2", "--consumers", "2", "--sub-type", "shared", "--size", "256")
+    assert (reliable["received"], reliable["lost"], reliable["duplicates"]) == (2000, 0, 0)
+    assert reliable["config"]["sent_per_producer"] == {"0": 1000, "1": 1000}
+
+
+def test_produce_for_a_duration_at_a_rate(broker: BrokerProcess) -> None:
+    produced = bench(broker, "produce", "-t", "/default/bench-rate", "--duration", "1", "--rate", "500")
+    assert 100 <= produced["acked"] <= 550 and produced["failed"] == 0  # the limiter never runs ahead
+    done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "bench", "produce", "-s", broker.url, "-t",
+                           "/default/x", "--count", "5", "--duration", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not both" in done.stderr
