@@ -159,7 +159,7 @@ class SnapshotActor(Actor):
     async def create(self, pattern: str | None) -> ap.SnapshotCreated:
         started = time.monotonic()
         created_ms = self.system.clock.now_ms()
-        snapshot_id = new_snapshot_id(created_ms, self.broker_id)
+        snapshot_id = new_snapshot_id(created_ms, self.config.cluster.node_id)
         listed = await self.system.ask(self.system.broker_endpoint, ListSnapshotTopics(pattern=pattern))
         assert isinstance(listed, SnapshotTopics)
         if pattern is not None and not listed.topics:
@@ -256,8 +256,8 @@ class SnapshotActor(Actor):
     def _retention(self) -> None:
         store, keep = self._store(), self.config.snapshots.retention_count
         if keep:
-            suffix = new_snapshot_id(0, self.broker_id).rsplit("-", 1)[1]  # this broker's snapshots only
-            own = [s for s in store.snapshot_ids() if s.endswith(f"-{suffix}")]
+            suffix = new_snapshot_id(0, self.config.cluster.node_id).rsplit("-", 1)[1]
+            own = [s for s in store.snapshot_ids() if s.endswith(f"-{suffix}")]  # this broker's, every incarnation
             for snapshot_id in own[:max(0, len(own) - keep)]:
                 store.delete(snapshot_id)
                 log.info("snapshot %s deleted (snapshots.retention_count %d)", snapshot_id, keep)

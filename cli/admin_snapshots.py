@@ -30,7 +30,7 @@ def snapshots() -> None:
       danube admin snapshots create
       danube admin snapshots create --topic '/default/orders*'
       danube admin snapshots list
-      danube admin snapshots describe 20261121T230102.123Z-4f2a1c
+      danube admin snapshots describe 20261121T230102.123Z-n1
     """
 
 

@@ -13,7 +13,7 @@ files covering `[log_start_offset, end_offset)` in offset order, and every subsc
 as it was at the cut (cursor: the last offset acknowledged with all below it; offsets
 acknowledged above the cursor; messages in flight; consumers). A topic that could not
 be exported (a damaged segment) is left out and named in `errors`. Snapshot ids sort
-by time: `20261121T230102.123Z-<broker id>`.
+by time: `20261121T230102.123Z-n<cluster node id>`.
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ SEGMENTS_DIR = "segments"
 MANIFEST = "manifest.json"
 
 
-def new_snapshot_id(now_ms: int, broker_id: int) -> str:
+def new_snapshot_id(now_ms: int, node_id: int) -> str:
+    """Sortable by time; the suffix is the broker's cluster node id, stable across its
+    restarts (retention keeps each broker's own newest snapshots)."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ms / 1000))
-    return f"{stamp}.{now_ms % 1000:03d}Z-{broker_id & 0xFFFFFF:06x}"
+    return f"{stamp}.{now_ms % 1000:03d}Z-n{node_id}"
 
 
 def _topic_dir(topic: str) -> str:

@@ -193,3 +193,14 @@ async def test_snapshots_to_an_object_store(broker_factory, object_store: tuple[
     assert [r["offset"] for r in rows] == list(range(300)) and len(topic.files) > 1
     out = danube(broker, "list", "-o", "json")
     assert json.loads(out.stdout)["url"] == url and len(json.loads(out.stdout)["snapshots"]) == 1
+
+
+async def test_retention_counts_snapshots_of_earlier_runs_of_the_broker(broker_factory, tmp_path: Path) -> None:
+    env = {"DANUBE_SNAPSHOTS__RETENTION_COUNT": "2"}
+    broker = broker_factory(env=env)
+    first = [json.loads(danube(broker, "create", "-o", "json").stdout)["snapshot"]["snapshot_id"] for _ in range(2)]
+    assert broker.stop() == 0
+    broker = broker_factory(env=env, url=broker.url, admin_url=broker.admin_url)
+    latest = json.loads(danube(broker, "create", "-o", "json").stdout)["snapshot"]["snapshot_id"]
+    listed = [s["snapshot_id"] for s in json.loads(danube(broker, "list", "-o", "json").stdout)["snapshots"]]
+    assert listed == [first[1], latest] and all(s.endswith("-n1") for s in listed)

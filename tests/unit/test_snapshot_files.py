@@ -121,8 +121,8 @@ def test_manifests_round_trip_and_bad_ones_are_named() -> None:
 
 
 def test_ids_and_paths_sort_by_time_and_offset() -> None:
-    ids = [new_snapshot_id(ms, 0xABCDEF12) for ms in (1_700_000_000_000, 1_700_000_000_999, 1_700_000_001_000)]
-    assert ids == sorted(ids) and ids[0] == "20231114T221320.000Z-cdef12"
+    ids = [new_snapshot_id(ms, 3) for ms in (1_700_000_000_000, 1_700_000_000_999, 1_700_000_001_000)]
+    assert ids == sorted(ids) and ids[0] == "20231114T221320.000Z-n3"
     assert segment_path("/default/t-part-0", 0, 99, False) == \
         "segments/default/t-part-0/00000000000000000000-00000000000000000099.parquet"
     assert tail_path("S", "/default/t", 100, 150, True).endswith("00000000000000000150.payloads.parquet")
