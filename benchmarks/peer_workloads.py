@@ -1,0 +1,235 @@
+"""1 producer process -> peer broker -> 1 consumer process, for the peers a Python shop
+would pick instead of us, through their usual Python clients (the `peers` extra).
+
+Every message is `seq (8) + send time (8) + filler`; the consumer stops after `count`
+messages or 5 s without one. Throughput = messages received / (last receive - first
+send), wall clock (one machine). Client settings follow each client's documented fast
+path and are stated in `NOTES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+IDLE_S = 5.0
+PIPELINE = 100
+
+NOTES = {
+    "redis_pubsub": "redis-py, PUBLISH pipelined by 100; subscriber get_message",
+    "redis_streams": "redis-py, XADD pipelined by 100, AOF appendfsync everysec; XREADGROUP 500 + XACK",
+    "redis_streams_always": "as redis_streams with appendfsync always (fsync before each reply)",
+    "nats_core": "nats-py, publish per message, flush at the end; subscription callback",
+    "nats_js": "nats-py JetStream, file storage, publish_async window 1000; pull fetch 500 + ack",
+}
+
+
+def _payload(seq: int, filler: bytes) -> bytes:
+    return struct.pack(">Qq", seq, time.time_ns()) + filler
+
+
+# ---------------------------------------------------------------- Redis
+
+
+def redis_pubsub_producer(url: str, count: int, size: int, ready: Any, _: dict[str, Any]) -> float:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    ready.wait(30)
+    filler = b"x" * (size - 16)
+    start = time.time()
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.publish("bench", _payload(i, filler))
+        if (i + 1) % PIPELINE == 0:
+            pipe.execute()
+    pipe.execute()
+    return start
+
+
+def redis_pubsub_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
+    import redis
+
+    pubsub = redis.Redis.from_url(url).pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("bench")
+    while not pubsub.subscribed:
+        pubsub.get_message(timeout=0.1)
+    ready.set()
+    received, last = 0, time.time()
+    while received < count:
+        # None also stands for the subscription's own confirmation (ignored above).
+        message = pubsub.get_message(timeout=1.0)
+        if message is None:
+            if time.time() - last > IDLE_S:
+                break
+            continue
+        if message["type"] == "message":
+            received += 1
+            last = time.time()
+    return received, last
+
+
+def redis_streams_producer(url: str, count: int, size: int, ready: Any, _: dict[str, Any]) -> float:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    ready.wait(30)
+    filler = b"x" * (size - 16)
+    start = time.time()
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.xadd("bench-stream", {"d": _payload(i, filler)})
+        if (i + 1) % PIPELINE == 0:
+            pipe.execute()
+    pipe.execute()
+    return start
+
+
+def redis_streams_consumer(url: str, count: int, ready: Any, options: dict[str, Any]) -> tuple[int, float]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.delete("bench-stream")
+    client.config_set("appendfsync", options["appendfsync"])
+    client.xgroup_create("bench-stream", "g", id="0", mkstream=True)
+    ready.set()
+    received, last = 0, time.time()
+    while received < count:
+        reply = client.xreadgroup("g", "c", {"bench-stream": ">"}, count=500, block=1000)
+        if not reply:
+            if time.time() - last > IDLE_S:
+                break
+            continue
+        ids = [mid for mid, _ in reply[0][1]]
+        client.xack("bench-stream", "g", *ids)
+        received += len(ids)
+        last = time.time()
+    client.delete("bench-stream")
+    client.config_set("appendfsync", "everysec")
+    return received, last
+
+
+# ---------------------------------------------------------------- NATS
+
+
+def nats_core_producer(url: str, count: int, size: int, ready: Any, _: dict[str, Any]) -> float:
+    import nats
+
+    async def run() -> float:
+        nc = await nats.connect(url)
+        await asyncio.get_running_loop().run_in_executor(None, ready.wait, 30)
+        filler = b"x" * (size - 16)
+        start = time.time()
+        for i in range(count):
+            await nc.publish("bench", _payload(i, filler))
+        await nc.flush()
+        await nc.close()
+        return start
+    return asyncio.run(run())
+
+
+def nats_core_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
+    import nats
+
+    async def run() -> tuple[int, float]:
+        nc = await nats.connect(url, pending_size=1 << 30)
+        state = {"received": 0, "last": time.time()}
+        done = asyncio.Event()
+
+        async def on_message(_: Any) -> None:
+            state["received"] += 1
+            state["last"] = time.time()
+            if state["received"] >= count:
+                done.set()
+        await nc.subscribe("bench", cb=on_message, pending_msgs_limit=count + 1)
+        await nc.flush()
+        ready.set()
+        while not done.is_set() and time.time() - state["last"] < IDLE_S:
+            await asyncio.sleep(0.05)
+        await nc.close()
+        return int(state["received"]), float(state["last"])
+    return asyncio.run(run())
+
+
+def nats_js_producer(url: str, count: int, size: int, ready: Any, _: dict[str, Any]) -> float:
+    import nats
+
+    async def run() -> float:
+        nc = await nats.connect(url)
+        js = nc.jetstream(publish_async_max_pending=1000)
+        await asyncio.get_running_loop().run_in_executor(None, ready.wait, 30)
+        filler = b"x" * (size - 16)
+        start = time.time()
+        for i in range(count):
+            await js.publish_async("bench-js", _payload(i, filler))
+        await js.publish_async_completed()
+        await nc.close()
+        return start
+    return asyncio.run(run())
+
+
+def nats_js_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
+    import nats
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import StorageType, StreamConfig
+
+    async def run() -> tuple[int, float]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        try:
+            await js.delete_stream("BENCH")
+        except Exception:  # absent: fine
+            pass
+        await js.add_stream(StreamConfig(name="BENCH", subjects=["bench-js"], storage=StorageType.FILE))
+        pull = await js.pull_subscribe("bench-js", durable="c")
+        ready.set()
+        received, last = 0, time.time()
+        while received < count and time.time() - last < IDLE_S:
+            try:
+                batch = await pull.fetch(500, timeout=1)
+            except NatsTimeout:
+                continue
+            for message in batch:
+                await message.ack()
+            received += len(batch)
+            last = time.time()
+        await js.delete_stream("BENCH")
+        await nc.close()
+        return received, last
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------- running one
+
+
+WORKLOADS: dict[str, tuple[str, Callable[..., float], Callable[..., tuple[int, float]], dict[str, Any]]] = {
+    "redis_pubsub": ("redis", redis_pubsub_producer, redis_pubsub_consumer, {}),
+    "redis_streams": ("redis", redis_streams_producer, redis_streams_consumer, {"appendfsync": "everysec"}),
+    "redis_streams_always": ("redis", redis_streams_producer, redis_streams_consumer, {"appendfsync": "always"}),
+    "nats_core": ("nats", nats_core_producer, nats_core_consumer, {}),
+    "nats_js": ("nats", nats_js_producer, nats_js_consumer, {}),
+}
+
+
+def _consumer_main(consumer: Callable[..., tuple[int, float]], url: str, count: int, ready: Any, out: Any,
+                   options: dict[str, Any]) -> None:
+    out.put(consumer(url, count, ready, options))
+
+
+def run_workload(name: str, url: str, count: int, size: int) -> dict[str, Any]:
+    """One run: {"msg_s", "received", "lost"}."""
+    _, producer, consumer, options = WORKLOADS[name]
+    context = mp.get_context("spawn")
+    ready, out = context.Event(), context.Queue()
+    child = context.Process(target=_consumer_main, args=(consumer, url, count, ready, out, options), daemon=True)
+    child.start()
+    start = producer(url, count, size, ready, options)
+    received, last = out.get(timeout=600)
+    child.join(10)
+    elapsed = last - start
+    return {"msg_s": round(received / elapsed, 1) if received and elapsed > 0 else 0.0, "received": received,
+            "lost": count - received}
