@@ -13,9 +13,12 @@ __all__ = ["COMPARISONS", "Row", "median_rates", "ratio_rows"]
 COMPARISONS: tuple[tuple[str, str], ...] = (
     ("danube_non_reliable", "redis_pubsub"),
     ("danube_non_reliable", "nats_core"),
+    ("danube_non_reliable", "mqtt_qos0"),
     ("danube_reliable", "redis_streams"),
     ("danube_reliable", "redis_streams_always"),
     ("danube_reliable", "nats_js"),
+    ("danube_reliable", "rabbit_confirm"),
+    ("danube_reliable", "mqtt_qos1"),
 )
 
 

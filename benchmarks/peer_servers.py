@@ -55,6 +55,7 @@ class PeerServers:
         self.work_dir = work_dir
         self.peers: dict[str, Peer] = {}
         self.skipped: dict[str, str] = {}
+        self._epmd: set[int] = set()
 
     def start(self, names: list[str]) -> PeerServers:
         for name in names:
@@ -117,13 +118,26 @@ class PeerServers:
                "RABBITMQ_DIST_PORT": str(dist), "ERL_EPMD_ADDRESS": "127.0.0.1",
                "RABBITMQ_MNESIA_BASE": str(base / "mnesia"), "RABBITMQ_LOG_BASE": str(base / "log"),
                "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins")}
-        return self._spawn("rabbitmq", [BINARIES["rabbitmq"]], port, f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+        epmd_before = _epmd_pids()
+        peer = self._spawn("rabbitmq", [BINARIES["rabbitmq"]], port, f"amqp://guest:guest@127.0.0.1:{port}/%2F",
                            env=env, timeout_s=120)
+        # Erlang starts epmd as a daemon of its own, outside the server's process tree.
+        self._epmd = _epmd_pids() - epmd_before
+        return peer
 
     def stop(self) -> None:
         for peer in self.peers.values():
             _stop(peer.process)
         self.peers.clear()
+        for pid in self._epmd:
+            try:
+                psutil.Process(pid).terminate()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _epmd_pids() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "epmd"}
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -10,6 +10,7 @@ path and are stated in `NOTES`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import struct
 import time
@@ -25,6 +26,10 @@ NOTES = {
     "redis_streams_always": "as redis_streams with appendfsync always (fsync before each reply)",
     "nats_core": "nats-py, publish per message, flush at the end; subscription callback",
     "nats_js": "nats-py JetStream, file storage, publish_async window 1000; pull fetch 500 + ack",
+    "mqtt_qos0": "paho-mqtt 2, QoS 0, 1000 in flight; mosquitto without persistence",
+    "mqtt_qos1": "paho-mqtt 2, QoS 1 (PUBACK per message), 1000 in flight",
+    "rabbit_confirm": "aio-pika, durable queue, persistent messages, publisher confirms 500 in flight;"
+                      " consumer prefetch 1000, ack per message",
 }
 
 
@@ -203,6 +208,115 @@ def nats_js_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tup
     return asyncio.run(run())
 
 
+# ---------------------------------------------------------------- MQTT (mosquitto)
+
+
+def _mqtt_client(address: str, client_id: str) -> Any:
+    import paho.mqtt.client as mqtt
+
+    host, port = address.rsplit(":", 1)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    client.max_inflight_messages_set(1000)
+    client.max_queued_messages_set(0)
+    client.connect(host, int(port))
+    return client
+
+
+def mqtt_producer(address: str, count: int, size: int, ready: Any, options: dict[str, Any]) -> float:
+    import paho.mqtt.client as mqtt
+
+    client = _mqtt_client(address, "bench-producer")
+    client.loop_start()
+    ready.wait(30)
+    filler, qos = b"x" * (size - 16), options["qos"]
+    start = time.time()
+    info = None
+    for i in range(count):
+        info = client.publish("bench", _payload(i, filler), qos=qos)
+        while info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:  # the 16-bit message id space is full: wait for PUBACKs
+            time.sleep(0.001)
+            info = client.publish("bench", _payload(i, filler), qos=qos)
+    if info is not None:
+        info.wait_for_publish(60)
+    client.loop_stop()
+    client.disconnect()
+    return start
+
+
+def mqtt_consumer(address: str, count: int, ready: Any, options: dict[str, Any]) -> tuple[int, float]:
+    import threading
+
+    client = _mqtt_client(address, "bench-consumer")
+    state = {"received": 0, "last": time.time()}
+    done, subscribed = threading.Event(), threading.Event()
+
+    def on_message(*_: Any) -> None:
+        state["received"] += 1
+        state["last"] = time.time()
+        if state["received"] >= count:
+            done.set()
+    client.on_message = on_message
+    client.on_subscribe = lambda *_: subscribed.set()
+    client.subscribe("bench", qos=options["qos"])
+    client.loop_start()
+    subscribed.wait(10)
+    ready.set()
+    while not done.wait(0.1) and time.time() - state["last"] < IDLE_S:
+        pass
+    client.loop_stop()
+    client.disconnect()
+    return int(state["received"]), float(state["last"])
+
+
+# ---------------------------------------------------------------- RabbitMQ
+
+
+def rabbit_producer(url: str, count: int, size: int, ready: Any, options: dict[str, Any]) -> float:
+    import aio_pika
+
+    async def run() -> float:
+        connection = await aio_pika.connect(url)
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = channel.default_exchange
+        await asyncio.get_running_loop().run_in_executor(None, ready.wait, 30)
+        filler, window = b"x" * (size - 16), options["window"]
+        start = time.time()
+        for first in range(0, count, window):  # `window` publishes in flight, then their confirms
+            await asyncio.gather(*(exchange.publish(aio_pika.Message(_payload(i, filler), delivery_mode=2),
+                                                    routing_key="bench")
+                                   for i in range(first, min(count, first + window))))
+        await connection.close()
+        return start
+    return asyncio.run(run())
+
+
+def rabbit_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
+    import aio_pika
+
+    async def run() -> tuple[int, float]:
+        connection = await aio_pika.connect(url)
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=1000)
+        with contextlib.suppress(Exception):
+            await channel.queue_delete("bench")
+        queue = await channel.declare_queue("bench", durable=True)
+        ready.set()
+        received, last = 0, time.time()
+        async with queue.iterator() as messages:
+            while received < count:
+                try:
+                    message = await asyncio.wait_for(messages.__anext__(), IDLE_S)
+                except TimeoutError:
+                    break
+                await message.ack()
+                received += 1
+                last = time.time()
+        await channel.queue_delete("bench")
+        await connection.close()
+        return received, last
+    return asyncio.run(run())
+
+
 # ---------------------------------------------------------------- running one
 
 
@@ -212,6 +326,9 @@ WORKLOADS: dict[str, tuple[str, Callable[..., float], Callable[..., tuple[int, f
     "redis_streams_always": ("redis", redis_streams_producer, redis_streams_consumer, {"appendfsync": "always"}),
     "nats_core": ("nats", nats_core_producer, nats_core_consumer, {}),
     "nats_js": ("nats", nats_js_producer, nats_js_consumer, {}),
+    "mqtt_qos0": ("mosquitto", mqtt_producer, mqtt_consumer, {"qos": 0}),
+    "mqtt_qos1": ("mosquitto", mqtt_producer, mqtt_consumer, {"qos": 1}),
+    "rabbit_confirm": ("rabbitmq", rabbit_producer, rabbit_consumer, {"window": 500}),
 }
 
 

@@ -1,6 +1,6 @@
 """Our broker and the peers a Python shop would pick instead, side by side in one run.
 
-    .venv/bin/pip install -e '.[peers]'      # redis, nats-py (./run does not need them)
+    .venv/bin/pip install -e '.[peers]'      # redis, nats-py, aio-pika, paho-mqtt
     .venv/bin/python benchmarks/side_by_side.py --repeat 3 --count 200000
 
 Starts a danube broker and the peer servers on loopback (installing their Debian
@@ -10,7 +10,8 @@ our ratio to each peer; every run is appended to benchmarks/results/side_by_side
 
 Ours: `danube bench e2e` (non-reliable; reliable with wal_sync always, acks after
 fsync). Peers (benchmarks/peer_workloads.py): Redis PUB/SUB, Redis Streams with AOF
-everysec and always, NATS core, NATS JetStream. RabbitMQ and MQTT come next.
+everysec and always, NATS core, NATS JetStream, RabbitMQ durable queue with publisher
+confirms, MQTT QoS 0 and 1 (mosquitto).
 """
 
 from __future__ import annotations
