@@ -301,22 +301,24 @@ class Gateway(Actor):
     async def _watch_bindings(self, registry: SchemaRegistry) -> None:
         """Tell topic actors every change of a schema binding, made on any broker."""
         store = registry.store
-        revision = store.revision
-        while True:
+        revision, resync = store.revision, False
+        while store.peer.running:
             try:
+                if resync:  # changes were missed: send every binding as the local state has it
+                    revision = store.revision
+                    for key, value in await store.list_prefix(topic_binding.PREFIX, linearizable=False):
+                        await self._binding_changed(registry, WatchEvent(revision=value.mod_revision, kind=0, key=key,
+                                                                         value=value, prev_version=0))
+                    resync = False
                 async for event in store.watch(topic_binding.PREFIX, revision):
                     revision = event.revision
                     await self._binding_changed(registry, event)
             except Compacted:
-                revision = store.revision  # missed changes: send every binding as it is now
-                for key, value in await store.list_prefix(topic_binding.PREFIX):
-                    await self._binding_changed(registry, WatchEvent(revision=value.mod_revision, kind=0, key=key,
-                                                                     value=value, prev_version=0))
-            except Unavailable:
-                return  # the metadata store stopped: the broker is stopping
-            except DanubeError as exc:
-                log.warning("watch of schema bindings failed (%s); retrying", exc)
-                await asyncio.sleep(_WATCH_RETRY_S)
+                resync = True
+            except DanubeError as exc:  # the watch ends with the peer; anything else is retried
+                if store.peer.running:
+                    log.warning("watch of schema bindings failed (%s); retrying", exc)
+                    await asyncio.sleep(_WATCH_RETRY_S)
 
     async def _binding_changed(self, registry: SchemaRegistry, event: WatchEvent) -> None:
         topic = event.key[len(topic_binding.PREFIX) - 1:]

@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = ["Delivery"]
 
 _CHUNK_BITS = 1 << 20
-_SEQUENCE_MAX = 1 << 40  # bounds the bitmap a bad stamp could ask for (128 GiB of bits)
+_SEQUENCE_MAX = 1 << 31  # bounds the bitmap a bad stamp could ask for (256 MiB per producer)
 
 
 class Delivery:

@@ -14,6 +14,7 @@ import posixpath
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import IO
 
 import fsspec
@@ -146,8 +147,6 @@ def _modified_s(info: dict[str, object], default: float) -> float:
             return float(value.timestamp())  # type: ignore[union-attr]
         if isinstance(value, str):
             with contextlib.suppress(ValueError):
-                from datetime import datetime
-
                 return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     return default
 
