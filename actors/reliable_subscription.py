@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
@@ -74,10 +74,12 @@ from danube_zmq.transport.internal_protocol import (
 log = logging.getLogger("danube_zmq.subscription")
 
 _READ_BYTES_MAX = 1 << 20
+_new = tuple.__new__
 
 
-@dataclass(slots=True, frozen=True)
-class _Record:
+class _Record(NamedTuple):
+    """One message of the read-ahead; built with `tuple.__new__` (one C call per message)."""
+
     payload: bytes
     key: str | None
     attributes: dict[str, str] | None
@@ -181,10 +183,10 @@ class ReliableSubscriptionActor(SubscriptionActor):
         for i in range(self.buffer_end - base, len(publish.payloads)):
             offset = base + i
             if not self.tracker.is_acked(offset):
-                self.records[offset] = _Record(
+                self.records[offset] = _new(_Record, (
                     publish.payloads[i], None if keys is None else keys[i],
                     None if attributes is None else attributes[i], publish.publish_times[i], publish.producer_id,
-                    publish.producer_name, publish.schema_id, publish.schema_version)
+                    publish.producer_name, publish.schema_id, publish.schema_version))
         self.buffer_end = base + len(publish.payloads)
 
     def _fill(self) -> None:

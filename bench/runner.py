@@ -3,11 +3,19 @@
 - Producers (one client, one task each) send stamped messages (`stamp.py`) with
   `send_nowait`, at `rate` msg/s in total or as fast as the broker takes them, for
   `count` messages or `duration_s` seconds; every receipt records its produce-ack
-  latency. Producer i writes topic i mod `topics`.
-- Consumers (`consumers` per topic, one subscription) record the end-to-end latency of
-  every message (receive time minus the stamped send time: one machine's
-  CLOCK_MONOTONIC, so producers and consumers must share a machine) and which
-  (producer, sequence) pairs arrived: loss and duplicates. On reliable topics they ack.
+  latency. Producer i writes topic i mod `topics`. One callback serves all of a client
+  producer's receipts: they arrive in send order per partition topic, so the send
+  times wait in a deque. On a partitioned topic the bench therefore opens a client
+  producer per partition topic and routes round-robin itself, so it knows each
+  message's partition when it sends it.
+- Consumers (`consumers` per subscription, `subscriptions` distinct subscriptions per
+  topic) take what their queue holds with `batch_receive` and account for the batch at
+  once (numpy): the end-to-end latency of every message (the batch's receive time
+  minus the stamped send time: one machine's CLOCK_MONOTONIC, so producers and
+  consumers must share a machine; one clock read per batch, so a message is timed when
+  the application gets it, as with a per-message receive) and, per subscription, which
+  (producer, sequence) pairs arrived: loss and duplicates. On reliable topics they ack
+  each batch with one call.
 - `e2e` runs the consumers in a child process (the GIL would otherwise make producers
   and consumers share one core) and the producers here.
 - When the broker listens on this machine, its CPU and peak RSS over the run are read
@@ -21,15 +29,17 @@ import contextlib
 import ipaddress
 import multiprocessing as mp
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import psutil
 
 from danube_zmq.bench.accounting import Delivery
-from danube_zmq.bench.histogram import LatencyHistogram
-from danube_zmq.bench.stamp import Stamper, read_stamp
+from danube_zmq.bench.histogram import LatencyBuffer, LatencyHistogram
+from danube_zmq.bench.stamp import STAMP_BYTES, Stamper, read_stamps
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.client.errors import ProducerQueueFull
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Timeout
@@ -42,6 +52,8 @@ _PROGRESS_EVERY_S = 1.0
 _RSS_SAMPLE_S = 0.25
 _YIELD_EVERY = 256  # messages between yields at max rate, so receipts get handled
 _READY_TIMEOUT_S = 30.0
+_RECEIVE_BATCH_MAX = 5000  # messages per batch_receive: bounds the arrays one batch costs
+_LATENCIES_FLUSH = 4096  # produce-ack latencies gathered before they go into the histogram
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +66,8 @@ class BenchConfig:
     count: int | None = None  # messages over all producers
     duration_s: float | None = None
     producers: int = 1
-    consumers: int = 1  # per topic
+    consumers: int = 1  # per subscription
+    subscriptions: int = 1  # distinct subscriptions per topic (fan-out)
     sub_type: str = "shared"
     topics: int = 1
     partitions: int | None = None
@@ -66,7 +79,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if (self.count is None) == (self.duration_s is None):
             raise InvalidArgument("give a message count or a duration, exactly one")
-        for name in ("producers", "consumers", "topics", "batch_max_messages"):
+        for name in ("producers", "consumers", "subscriptions", "topics", "batch_max_messages"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be >= 1")
         if self.rate < 0 or (self.count is not None and self.count < 1):
@@ -74,6 +87,11 @@ class BenchConfig:
 
     def topic_names(self) -> list[str]:
         return [self.topic] if self.topics == 1 else [f"{self.topic}-{i}" for i in range(self.topics)]
+
+    def subscription_names(self) -> list[str]:
+        if self.subscriptions == 1:
+            return [self.subscription]
+        return [f"{self.subscription}-{i}" for i in range(self.subscriptions)]
 
     def quota(self, producer: int) -> int | None:
         if self.count is None:
@@ -95,6 +113,7 @@ class BenchResult:
     duplicates: int | None = None
     msg_s: float = 0.0
     mb_s: float = 0.0
+    per_subscription: dict[str, dict[str, int | None]] | None = None  # received, lost, duplicates
     e2e_latency_us: dict[str, float | None] | None = None
     ack_latency_us: dict[str, float | None] | None = None
     broker: dict[str, Any] | None = None
@@ -180,32 +199,66 @@ class _ProduceState:
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     last_ack_ns: int = 0
+    receipts: list[_Receipts] = field(default_factory=list)
+
+
+class _Receipts:
+    """The receipts of one client producer on one partition topic. They come back in
+    send order, so `done`, one callback for all of them, pops the oldest send time.
+    Latencies go into the histogram a few thousand at a time (`record_many_ns`)."""
+
+    __slots__ = ("_latencies", "_state", "sent_ns")
+
+    def __init__(self, state: _ProduceState) -> None:
+        self._state = state
+        self._latencies: list[int] = []
+        self.sent_ns: deque[int] = deque()
+        state.receipts.append(self)
+
+    def done(self, error: DanubeError | None, _: object) -> None:
+        now = time.monotonic_ns()
+        sent_ns = self.sent_ns.popleft()
+        state = self._state
+        if error is None:
+            state.acked += 1
+            state.last_ack_ns = now
+            latencies = self._latencies
+            latencies.append(now - sent_ns)
+            if len(latencies) >= _LATENCIES_FLUSH:
+                self.flush()
+        else:
+            state.failed += 1
+            if len(state.errors) < 10:
+                state.errors.append(f"{type(error).__name__}: {error}")
+
+    def flush(self) -> None:
+        if self._latencies:
+            self._state.histogram.record_many_ns(np.array(self._latencies, dtype=np.int64))
+            self._latencies = []
+
+
+async def _open_producers(client: DanubeClient, cfg: BenchConfig, topic: str) -> list[Any]:
+    """One client producer on `topic`, or one per partition topic when it has several."""
+    options: dict[str, Any] = {"dispatch": "reliable" if cfg.reliable else "non_reliable",
+                               "batch_messages_max": cfg.batch_max_messages, "batch_delay_ms": cfg.batch_max_delay_ms}
+    producer = await client.create_producer(topic, partitions=cfg.partitions, **options)
+    names = producer.partitions
+    if len(names) == 1:
+        return [producer]
+    await producer.close()
+    return [await client.create_producer(name, **options) for name in names]
 
 
 async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state: _ProduceState,
                        start_ns: int, deadline_ns: int | None) -> None:
-    topic = cfg.topic_names()[index % cfg.topics]
-    producer = await client.create_producer(
-        topic, dispatch="reliable" if cfg.reliable else "non_reliable", partitions=cfg.partitions,
-        batch_messages_max=cfg.batch_max_messages, batch_delay_ms=cfg.batch_max_delay_ms)
+    producers = await _open_producers(client, cfg, cfg.topic_names()[index % cfg.topics])
+    lanes = []  # (producer, its receipts' send times, their one callback) per partition topic
+    for producer in producers:
+        receipts = _Receipts(state)
+        lanes.append((producer, receipts.sent_ns, receipts.done))
     stamper = Stamper(index, cfg.size)
     quota = cfg.quota(index)
     interval_ns = int(1e9 * cfg.producers / cfg.rate) if cfg.rate else 0
-    histogram = state.histogram
-
-    def receipt(sent_ns: int) -> Callable[[DanubeError | None, object], None]:
-        def done(error: DanubeError | None, _: object) -> None:
-            now = time.monotonic_ns()
-            if error is None:
-                state.acked += 1
-                state.last_ack_ns = now
-                histogram.record_ns(now - sent_ns)
-            else:
-                state.failed += 1
-                if len(state.errors) < 10:
-                    state.errors.append(f"{type(error).__name__}: {error}")
-        return done
-
     sequence = 0
     try:
         while (quota is None or sequence < quota) and (deadline_ns is None or time.monotonic_ns() < deadline_ns):
@@ -215,18 +268,21 @@ async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state
                     await asyncio.sleep(delay_ns / 1e9)
             elif sequence % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)
+            producer, sent_ns, done = lanes[sequence % len(lanes)]
             now = time.monotonic_ns()
+            sent_ns.append(now)  # before sending: the receipt can never come first
             try:
-                producer.send_nowait(stamper.payload(sequence, now), callback=receipt(now))
+                producer.send_nowait(stamper.payload(sequence, now), callback=done)
             except ProducerQueueFull:
+                sent_ns.pop()
                 await asyncio.sleep(0.001)  # receipts free room; the same sequence goes next
                 continue
             sequence += 1
             state.sent[index] = sequence
-        await producer.flush()
+        await asyncio.gather(*(p.flush() for p in producers))
     finally:
         state.sent[index] = sequence
-        await producer.close()
+        await asyncio.gather(*(p.close() for p in producers))
 
 
 async def run_produce(cfg: BenchConfig, *, progress: Progress | None = None, mode: str = "produce") -> BenchResult:
@@ -244,6 +300,9 @@ async def run_produce(cfg: BenchConfig, *, progress: Progress | None = None, mod
         finally:
             ticker.cancel()
         result.broker = await probe.stop()
+    # Every receipt has run by now (the producers closed, then the client).
+    for receipts in state.receipts:
+        receipts.flush()
     end_ns = state.last_ack_ns or time.monotonic_ns()
     result.elapsed_s = (end_ns - start_ns) / 1e9
     result.sent, result.acked, result.failed = sum(state.sent.values()), state.acked, state.failed
@@ -270,57 +329,59 @@ def _ticker(progress: Progress | None, line: Callable[[], str], start_ns: int) -
 
 @dataclass(slots=True)
 class ConsumeOutcome:
-    received: int
     first_ns: int
     last_ns: int
     histogram: bytes  # encoded LatencyHistogram
-    delivery: Delivery
+    deliveries: dict[str, Delivery]  # per subscription
     errors: list[str]
+
+    @property
+    def received(self) -> int:
+        return sum(d.received for d in self.deliveries.values())
 
 
 async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[], None] | None = None,
                   progress: Progress | None = None) -> ConsumeOutcome:
-    """Receive until `expected` messages arrived, `duration_s` passed (when no count),
-    or `idle_timeout_s` passed without a message once messages flowed."""
-    delivery, histogram = Delivery(), LatencyHistogram()
+    """Receive until every subscription got `expected` messages, `duration_s` passed
+    (when no count), or `idle_timeout_s` passed without a message once messages flowed."""
+    deliveries = {name: Delivery() for name in cfg.subscription_names()}
+    histogram = LatencyHistogram()
+    latencies = LatencyBuffer(histogram)
     errors: list[str] = []
     first_ns = last_ns = 0
     done = asyncio.Event()
     async with DanubeClient(cfg.url, client_name="danube-bench-consumers") as client:
         consumers = []
         for topic in cfg.topic_names():
-            for _ in range(cfg.consumers):
-                consumers.append(await client.subscribe(topic, cfg.subscription, sub_type=cfg.sub_type,
-                                                        receiver_queue_size=20_000))
+            for name in cfg.subscription_names():
+                for _ in range(cfg.consumers):
+                    consumer = await client.subscribe(topic, name, sub_type=cfg.sub_type, receiver_queue_size=20_000)
+                    consumers.append((consumer, deliveries[name]))
         if ready is not None:
             ready()
         start_ns = time.monotonic_ns()
 
-        async def receive(consumer: Any) -> None:
+        async def receive(consumer: Any, delivery: Delivery) -> None:
             nonlocal first_ns, last_ns
             while not done.is_set():
                 try:
-                    msg = await consumer.receive(timeout=cfg.idle_timeout_s if first_ns else None)
+                    batch = await consumer.batch_receive(_RECEIVE_BATCH_MAX,
+                                                         timeout=cfg.idle_timeout_s if first_ns else None)
                 except Timeout:
                     done.set()
                     return
                 now = time.monotonic_ns()
                 first_ns = first_ns or now
                 last_ns = now
-                try:
-                    _, sent_ns = _check(msg.payload, delivery)
-                    histogram.record_ns(now - sent_ns)
-                except InvalidArgument as exc:
-                    if len(errors) < 10:
-                        errors.append(exc.message)
+                latencies.add_many(now - _account(batch, delivery, errors))
                 if cfg.reliable:
-                    await consumer.ack(msg)
-                if expected is not None and delivery.received >= expected:
+                    await consumer.ack(batch)
+                if expected is not None and all(d.received >= expected for d in deliveries.values()):
                     done.set()
 
         deadline = None if cfg.duration_s is None else cfg.duration_s + cfg.idle_timeout_s
-        ticker = _ticker(progress, lambda: f"received {delivery.received:,}", start_ns)
-        tasks = [asyncio.get_running_loop().create_task(receive(c)) for c in consumers]
+        ticker = _ticker(progress, lambda: f"received {sum(d.received for d in deliveries.values()):,}", start_ns)
+        tasks = [asyncio.get_running_loop().create_task(receive(c, d)) for c, d in consumers]
         try:
             await asyncio.wait_for(done.wait(), deadline)
         except TimeoutError:
@@ -331,17 +392,32 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for consumer in consumers:
+            for consumer, _ in consumers:
                 with contextlib.suppress(DanubeError):
                     await consumer.close()
-    return ConsumeOutcome(received=delivery.received, first_ns=first_ns, last_ns=last_ns,
-                          histogram=histogram.encode(), delivery=delivery, errors=errors)
+    latencies.flush()
+    return ConsumeOutcome(first_ns=first_ns, last_ns=last_ns, histogram=histogram.encode(), deliveries=deliveries,
+                          errors=errors)
 
 
-def _check(payload: bytes, delivery: Delivery) -> tuple[int, int]:
-    producer, sequence, sent_ns = read_stamp(payload)
-    delivery.record(producer, sequence)
-    return producer, sent_ns
+def _account(batch: list[Any], delivery: Delivery, errors: list[str]) -> np.ndarray:
+    """Record a received batch in `delivery`; returns the send times of its stamps."""
+    payloads = [m.payload for m in batch]
+    try:
+        stamps = read_stamps(payloads)
+    except InvalidArgument as exc:
+        if len(errors) < 10:
+            errors.append(exc.message)
+        stamps = read_stamps([p for p in payloads if len(p) >= STAMP_BYTES])
+    if not len(stamps):
+        return stamps.sent_ns
+    producers = stamps.producer
+    if (producers == producers[0]).all():
+        delivery.record_many(int(producers[0]), stamps.sequence)
+    else:
+        for producer in np.unique(producers).tolist():
+            delivery.record_many(producer, stamps.sequence[producers == producer])
+    return stamps.sent_ns
 
 
 async def run_consume(cfg: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
@@ -350,7 +426,7 @@ async def run_consume(cfg: BenchConfig, *, progress: Progress | None = None) -> 
     probe.start()
     outcome = await consume(cfg, expected=cfg.count, progress=progress)
     result.broker = await probe.stop()
-    _fill_consumed(result, outcome, cfg)
+    _fill_consumed(result, outcome)
     elapsed = (outcome.last_ns - outcome.first_ns) / 1e9
     result.elapsed_s = round(elapsed, 3)
     result.msg_s = round(outcome.received / elapsed, 1) if elapsed > 0 else 0.0
@@ -358,9 +434,16 @@ async def run_consume(cfg: BenchConfig, *, progress: Progress | None = None) -> 
     return result
 
 
-def _fill_consumed(result: BenchResult, outcome: ConsumeOutcome, cfg: BenchConfig) -> None:
+def _fill_consumed(result: BenchResult, outcome: ConsumeOutcome, sent: dict[int, int] | None = None) -> None:
+    """Received and duplicates (and lost, given what each producer sent): summed over
+    the subscriptions, and per subscription."""
+    per = result.per_subscription = {
+        name: {"received": d.received, "lost": None if sent is None else d.lost(sent), "duplicates": d.duplicates}
+        for name, d in outcome.deliveries.items()}
     result.received = outcome.received
-    result.duplicates = outcome.delivery.duplicates
+    result.duplicates = sum(d.duplicates for d in outcome.deliveries.values())
+    if sent is not None:
+        result.lost = sum(int(figures["lost"] or 0) for figures in per.values())
     result.e2e_latency_us = LatencyHistogram(outcome.histogram).summary_us()
     result.errors += outcome.errors
 
@@ -401,8 +484,7 @@ async def run_e2e(cfg: BenchConfig, *, progress: Progress | None = None) -> Benc
     await loop.run_in_executor(None, child.join, 10)
     if isinstance(outcome, str):
         raise InvalidArgument(f"bench consumers failed: {outcome}")
-    _fill_consumed(result, outcome, cfg)
-    result.lost = outcome.delivery.lost(result.config["sent_per_producer"])
+    _fill_consumed(result, outcome, result.config["sent_per_producer"])
     # One machine, one CLOCK_MONOTONIC: from the first send to the last receive.
     span = (outcome.last_ns - result.config["start_ns"]) / 1e9
     if outcome.received and span > 0:

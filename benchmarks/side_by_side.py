@@ -1,108 +1,140 @@
 """Our broker and the peers a Python shop would pick instead, side by side in one run.
 
     .venv/bin/pip install -e '.[peers]'      # redis, nats-py, aio-pika, paho-mqtt
-    .venv/bin/python benchmarks/side_by_side.py --repeat 3 --count 200000
+    .venv/bin/python benchmarks/side_by_side.py --repeat 3             # every workload
+    .venv/bin/python benchmarks/side_by_side.py --workloads throughput,latency --repeat 3 --count 200000
 
 Starts a danube broker and the peer servers on loopback (installing their Debian
-packages when missing: scripts/install-peers.sh), runs each workload 1 producer ->
-1 consumer at 100 B and 1 KiB, `--repeat` times in alternation, and prints medians with
-our ratio to each peer; every run is appended to benchmarks/results/side_by_side.jsonl.
+packages when missing: scripts/install-peers.sh) and runs the workloads named by
+`--workloads`, each `--repeat` times, printing a table of medians per workload:
 
-Ours: `danube bench e2e` (non-reliable; reliable with wal_sync always, acks after
-fsync). Peers (benchmarks/peer_workloads.py): Redis PUB/SUB, Redis Streams with AOF
-everysec and always, NATS core, NATS JetStream, RabbitMQ durable queue with publisher
-confirms, MQTT QoS 0 and 1 (mosquitto).
+- throughput: 1 producer -> 1 consumer at 100 B and 1 KiB, ours (`danube bench e2e`,
+  non-reliable; reliable with wal_sync always, acks after fsync) and the peers of
+  benchmarks/peer_workloads.py (Redis PUB/SUB, Redis Streams with AOF everysec and
+  always, NATS core, NATS JetStream, RabbitMQ durable queue with publisher confirms,
+  MQTT QoS 0 and 1), in alternation, with our ratio to each peer; runs appended to
+  benchmarks/results/side_by_side.jsonl.
+- latency (benchmarks/latency.py): p50/p99 at a fixed 5,000 msg/s, 100 B.
+- fanout (benchmarks/fanout.py): one topic to 10 subscriptions, aggregate msg/s.
+- footprint (benchmarks/footprint.py): 1,000 topics at 1 msg/s each, broker RSS per
+  topic and CPU (fresh servers per run).
+- slow_consumer (benchmarks/slow_consumer.py): a producer flat out, a consumer at
+  1,000 msg/s, broker RSS over time (a fresh broker per run).
+
+Throughput, latency and fan-out run first, on the suite's servers; footprint and the
+slow consumer after those are stopped. Each of those modules also runs alone (its --help); their options appear here with
+the workload's name as a prefix (--latency-seconds, --fanout-count, ...). Every run is
+appended to benchmarks/results/<workload>.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
-from e2e import _ready, free_port
-from peer_servers import PeerServers, ensure_installed
+import fanout
+import footprint
+import latency
+import slow_consumer
+from harness import RESULTS, Danube, Servers, append, now_utc
 from peer_workloads import NOTES, WORKLOADS, run_workload
 
 from danube_zmq.bench.compare import median_rates, ratio_rows
 
-RESULTS = Path(__file__).resolve().parent / "results" / "side_by_side.jsonl"
+WORKLOAD_NAMES = ("throughput", "latency", "fanout", "footprint", "slow_consumer")
 
 
-def run_ours(url: str, reliable: bool, count: int, size: int) -> dict[str, object]:
-    args = [sys.executable, "-m", "danube_zmq.cli.main", "bench", "e2e", "-s", url, "-t",
-            f"/default/sbs-{'r' if reliable else 'n'}-{size}-{time.monotonic_ns()}", "--size", str(size),
-            "--count", str(count), "--json"]
-    if reliable:
-        args.append("--reliable")
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(done.stderr)
-    result = json.loads(done.stdout)
+def run_ours(broker: Danube, reliable: bool, count: int, size: int) -> dict[str, object]:
+    result = broker.bench("e2e", f"/default/sbs-{'r' if reliable else 'n'}-{size}-{time.monotonic_ns()}", "--size",
+                          str(size), "--count", str(count), *(["--reliable"] if reliable else []))
     return {"msg_s": result["msg_s"], "received": result["received"], "lost": result["lost"],
             "broker": result["broker"]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--count", type=int, default=200_000)
-    parser.add_argument("--sizes", default="100,1024")
-    parser.add_argument("--peers", default=",".join(WORKLOADS), help="peer workloads to run")
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    workloads = [w for w in args.peers.split(",") if w]
-    still_missing = ensure_installed()
-    for name in still_missing:
-        print(f"skip: {name} could not be installed (scripts/install-peers.sh)", file=sys.stderr)
-    work = Path(tempfile.mkdtemp(prefix="danube-sbs-"))
-    servers = PeerServers(work).start(sorted({WORKLOADS[w][0] for w in workloads} - set(still_missing)))
-    for name, why in servers.skipped.items():
-        print(f"skip: {name} did not start: {why}", file=sys.stderr)
-    url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    broker = subprocess.Popen([sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
-                               "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(work / "danube")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    runs: list[dict[str, object]] = []
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    try:
-        asyncio.run(_ready(admin_url))
-        for repeat in range(args.repeat):
-            for size in sizes:
-                for reliable in (False, True):
-                    name = "danube_reliable" if reliable else "danube_non_reliable"
-                    runs.append({"workload": name, "size": size, "repeat": repeat, "at": stamp,
-                                 **run_ours(url, reliable, args.count, size)})
-                    print(json.dumps(runs[-1]), file=sys.stderr)
-                for workload in workloads:
-                    server = WORKLOADS[workload][0]
-                    if server not in servers.peers:
-                        continue
-                    count = args.count if workload != "redis_streams_always" else max(args.count // 4, 1000)
-                    result = run_workload(workload, servers.peers[server].url, count, size)
-                    runs.append({"workload": workload, "size": size, "repeat": repeat, "at": stamp,
-                                 "note": NOTES[workload], **result})
-                    print(json.dumps(runs[-1]), file=sys.stderr)
-    finally:
-        broker.terminate()
-        broker.wait(30)
-        servers.stop()
-    RESULTS.parent.mkdir(exist_ok=True)
-    with open(RESULTS, "a") as out:
+def throughput(servers: Servers, repeat: int, count: int, sizes: list[int], workloads: list[str]) -> None:
+    runs: list[dict[str, Any]] = []
+    stamp = now_utc()
+    for r in range(repeat):
+        for size in sizes:
+            for reliable in (False, True):
+                name = "danube_reliable" if reliable else "danube_non_reliable"
+                runs.append({"workload": name, "size": size, "repeat": r, "at": stamp,
+                             **run_ours(servers.danube, reliable, count, size)})
+                print(json.dumps(runs[-1]), file=sys.stderr)
+            for workload in workloads:
+                server = WORKLOADS[workload][0]
+                if server not in servers.peers:
+                    continue
+                peer_count = count if workload != "redis_streams_always" else max(count // 4, 1000)
+                result = run_workload(workload, servers.peers[server].url, peer_count, size)
+                runs.append({"workload": workload, "size": size, "repeat": r, "at": stamp, "note": NOTES[workload],
+                             **result})
+                print(json.dumps(runs[-1]), file=sys.stderr)
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / "side_by_side.jsonl", "a") as out:
         for run in runs:
             out.write(json.dumps(run) + "\n")
-    medians = median_rates(runs)
+    print(f"\nthroughput, 1 producer -> 1 consumer (medians of {repeat} runs)")
     print(f"{'size':>5}  {'ours':<20} {'msg/s':>10}  {'peer':<22} {'msg/s':>10}  ratio")
-    for row in ratio_rows(medians, sizes):
+    for row in ratio_rows(median_rates(runs), sizes):
         ours = f"{row.ours_msg_s:,.0f}" if row.ours_msg_s else "-"
         peer = f"{row.peer_msg_s:,.0f}" if row.peer_msg_s else "-"
         ratio = f"{row.ratio:.2f}x" if row.ratio else "-"
         print(f"{row.size:>5}  {row.ours:<20} {ours:>10}  {row.peer:<22} {peer:>10}  {ratio}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default=",".join(WORKLOAD_NAMES),
+                        help="which workloads to run: throughput, latency and fanout in this order on the suite's"
+                             " servers, then footprint and slow_consumer on fresh ones")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--count", type=int, default=200_000, help="throughput: messages per run")
+    parser.add_argument("--sizes", default="100,1024", help="throughput: message sizes")
+    parser.add_argument("--peers", default=",".join(WORKLOADS), help="throughput: peer workloads to run")
+    latency.add_arguments(parser, "latency-")
+    fanout.add_arguments(parser, "fanout-")
+    footprint.add_arguments(parser, "footprint-")
+    slow_consumer.add_arguments(parser, "slow-")
+    args = parser.parse_args()
+    chosen = [w for w in args.workloads.split(",") if w]
+    for name in set(chosen) - set(WORKLOAD_NAMES):
+        parser.error(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
+    peer_workloads = [w for w in args.peers.split(",") if w]
+    latency_options, fanout_options = latency.options(args, "latency-"), fanout.options(args, "fanout-")
+    # Latency and fan-out share the suite's servers with throughput; footprint and the
+    # slow consumer start fresh ones per run (they measure the servers' memory).
+    needed: set[str] = set()
+    if "throughput" in chosen:
+        needed |= {WORKLOADS[w][0] for w in peer_workloads}
+    if "latency" in chosen:
+        needed |= {latency.PEERS[p] for p in latency_options["peers"]}
+    if "fanout" in chosen:
+        needed |= {fanout.PEERS[p] for p in fanout_options["peers"]}
+    if {"throughput", "latency", "fanout"} & set(chosen):
+        with Servers(needed) as servers:
+            for name in chosen:
+                if name == "throughput":
+                    throughput(servers, args.repeat, args.count, [int(s) for s in args.sizes.split(",")], peer_workloads)
+                elif name == "latency":
+                    _finish(latency, latency.measure(servers, repeat=args.repeat, size=100, **latency_options))
+                elif name == "fanout":
+                    _finish(fanout, fanout.measure(servers, repeat=args.repeat, size=100, **fanout_options))
+    # After the shared servers stopped, so that they take no CPU from these measurements.
+    for name in chosen:
+        if name == "footprint":
+            _finish(footprint, footprint.measure(repeat=args.repeat, **footprint.options(args, "footprint-")))
+        elif name == "slow_consumer":
+            _finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
+
+
+def _finish(module: Any, runs: list[dict[str, Any]]) -> None:
+    module.report(runs)
+    path = append(module.WORKLOAD, runs)
+    print(f"  ({len(runs)} runs appended to {path.relative_to(RESULTS.parent.parent)})")
 
 
 if __name__ == "__main__":

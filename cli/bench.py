@@ -36,6 +36,7 @@ def bench() -> None:
       danube bench e2e -t /default/bench --reliable --rate 5000 --duration 10
       danube bench produce -t /default/load --producers 4 --topics 4 --duration 30 --json
       danube bench consume -t /default/load --consumers 2 --sub-type shared --count 100000
+      danube bench e2e -t /default/fanout --subscriptions 10 --count 100000
     """
 
 
@@ -52,7 +53,10 @@ def _options(function: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
                      help="Run this long instead of --count."),
         click.option("--producers", type=click.IntRange(min=1), default=1, show_default=True),
-        click.option("--consumers", type=click.IntRange(min=1), default=1, show_default=True, help="Per topic."),
+        click.option("--consumers", type=click.IntRange(min=1), default=1, show_default=True, help="Per subscription."),
+        click.option("--subscriptions", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Distinct subscriptions per topic (fan-out), each with --consumers consumers; loss and"
+                          " duplicates are counted per subscription."),
         click.option("--sub-type", type=click.Choice(list(_SUB_TYPES)), default="shared", show_default=True),
         click.option("--topics", type=click.IntRange(min=1), default=1, show_default=True),
         click.option("--partitions", type=click.IntRange(min=1), help="Create the topics with this many partitions."),
@@ -93,14 +97,20 @@ def _run(mode: str, config: BenchConfig, as_json: bool) -> None:
 def _print(r: BenchResult) -> None:
     c = r.config
     emit_line(f"{r.mode}: {c['topic']} x{c['topics']}, {'reliable' if c['reliable'] else 'non-reliable'},"
-              f" {c['size']} B, {c['producers']} producer(s), {c['consumers']} consumer(s) per topic,"
-              f" {r.elapsed_s:.2f} s")
-    rows: list[list[object]] = [["throughput", f"{r.msg_s:,.0f} msg/s", f"{r.mb_s:,.2f} MB/s"]]
+              f" {c['size']} B, {c['producers']} producer(s), {c['subscriptions']} subscription(s) per topic,"
+              f" {c['consumers']} consumer(s) per subscription, {r.elapsed_s:.2f} s")
+    fanned_out = c["subscriptions"] > 1 and r.mode != "produce"
+    rows: list[list[object]] = [["delivered, all subscriptions" if fanned_out else "throughput", f"{r.msg_s:,.0f} msg/s",
+                                 f"{r.mb_s:,.2f} MB/s"]]
     if r.mode != "consume":
         rows.append(["sent / acked / failed", f"{r.sent:,} / {r.acked:,} / {r.failed:,}", ""])
     if r.mode != "produce":
         lost = "-" if r.lost is None else f"{r.lost:,}"
         rows.append(["received / lost / duplicates", f"{r.received:,} / {lost} / {r.duplicates or 0:,}", ""])
+        if r.per_subscription and len(r.per_subscription) > 1:
+            for name, figures in r.per_subscription.items():
+                lost = "-" if figures["lost"] is None else f"{figures['lost']:,}"
+                rows.append([f"  subscription {name}", f"{figures['received']:,} / {lost} / {figures['duplicates']:,}", ""])
     for name, summary in (("produce-ack latency", r.ack_latency_us), ("end-to-end latency", r.e2e_latency_us)):
         if summary and summary.get("p50") is not None:
             rows.append([f"{name} µs", "p50 {p50:,.0f}  p90 {p90:,.0f}  p99 {p99:,.0f}".format(**summary),

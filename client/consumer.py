@@ -24,16 +24,17 @@ Read path:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from danube_zmq.client.attachment import Attachment
 from danube_zmq.client.connection import Connection
 from danube_zmq.client.errors import AlreadyClosed, copy_error
-from danube_zmq.client.message import Message, MessageId
+from danube_zmq.client.message import NO_ATTRIBUTES, Message, MessageId
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.transport.client_protocol import (
     Ack,
@@ -56,8 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("danube_zmq.client")
 
-_END = object()
-
+_new = tuple.__new__
 
 def split_window(receiver_queue_size: int, partitions: int) -> list[int]:
     """Share the receive queue among partitions, at least one permit each."""
@@ -81,64 +81,142 @@ class ConsumerStatistics:
     reattaches: int
 
 
+class _Chunk:
+    """The part of one `Deliver` still in the receive queue: messages `next` .. `end`-1."""
+
+    __slots__ = ("deliver", "end", "next", "partition")
+
+    def __init__(self, partition: _PartitionConsumer, deliver: Deliver, end: int) -> None:
+        self.partition = partition
+        self.deliver = deliver
+        self.next = 0
+        self.end = end
+
+    def take(self, count: int) -> list[Message]:
+        """The next `count` messages, built from the batch's columns."""
+        d, start = self.deliver, self.next
+        stop = start + count
+        self.next = stop
+        topic, producer_id, name, redelivery = self.partition.topic, d.producer_id, d.producer_name, d.redelivery_count
+        schema_id, schema_version = d.schema_id, d.schema_version
+        payloads, times = d.payloads[start:stop], d.publish_times[start:stop]
+        offsets = d.offsets[start:stop] if d.offsets is not None else range(d.base_offset + start, d.base_offset + stop)
+        keys = d.keys[start:stop] if d.keys is not None else repeat(None, count)
+        attributes = (
+            [a or NO_ATTRIBUTES for a in d.attributes[start:stop]] if d.attributes is not None
+            else repeat(NO_ATTRIBUTES, count)
+        )
+        # Column lengths were checked on arrival; `repeat` stands in for absent columns.
+        return [
+            _new(Message, (payload, topic, offset, producer_id, time, name, key, attrs, redelivery, schema_id,
+                           schema_version, None, None, None))
+            for payload, offset, time, key, attrs in zip(payloads, offsets, times, keys, attributes, strict=False)
+        ]
+
+
 class _Inbox:
-    """The bounded receive queue; `fail` makes `get` raise once it is empty."""
+    """The bounded receive queue. It holds whole `Deliver` batches and hands their
+    messages out one by one (or many at once), so a message costs one `Message` built
+    when it is taken and nothing while it waits. `fail` makes takers raise once it is
+    empty."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.size = 0  # messages in the queue (the end marker aside)
-        # One extra slot so the end marker always fits.
-        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=capacity + 1)
+        self.size = 0  # messages in the queue
+        self._chunks: deque[_Chunk] = deque()
+        self._nonempty = asyncio.Event()
         self._error: DanubeError | None = None
 
     def __len__(self) -> int:
         return self.size
 
-    def put_nowait(self, msg: Message) -> bool:
-        if self._error is not None or self.size >= self.capacity:
-            return False
-        self._queue.put_nowait(msg)
-        self.size += 1
-        return True
+    def put(self, partition: _PartitionConsumer, deliver: Deliver, count: int) -> int:
+        """Queue the first of `count` messages there is room for; returns how many."""
+        if self._error is not None:
+            return 0
+        room = min(count, self.capacity - self.size)
+        if room > 0:
+            self._chunks.append(_Chunk(partition, deliver, room))
+            self.size += room
+            self._nonempty.set()
+        return max(room, 0)
 
-    def discard(self, drop: Callable[[Message], bool]) -> int:
-        """Remove the queued messages for which `drop` is true, keeping the order of the
-        rest; returns how many were removed."""
-        kept: list[object] = []
-        while not self._queue.empty():
-            kept.append(self._queue.get_nowait())
-        dropped = 0
-        for item in kept:
-            if item is not _END and drop(item):  # type: ignore[arg-type]
-                dropped += 1
-            else:
-                self._queue.put_nowait(item)
-        self.size -= dropped
+    def take_one(self) -> Message:
+        """`take(1)` without the lists: the queue must not be empty."""
+        chunk = self._chunks[0]
+        d, i = chunk.deliver, chunk.next
+        chunk.next = i + 1
+        if chunk.next == chunk.end:
+            self._chunks.popleft()
+        msg = _new(Message, (
+            d.payloads[i], chunk.partition.topic, d.offsets[i] if d.offsets is not None else d.base_offset + i,
+            d.producer_id, d.publish_times[i], d.producer_name, d.keys[i] if d.keys is not None else None,
+            (d.attributes[i] or NO_ATTRIBUTES) if d.attributes is not None else NO_ATTRIBUTES,
+            d.redelivery_count, d.schema_id, d.schema_version, None, None, None,
+        ))
+        self.size -= 1
+        if not self.size and self._error is None:
+            self._nonempty.clear()
+        chunk.partition.taken(1)
+        return msg
+
+    def take(self, most: int) -> list[Message]:
+        """Up to `most` queued messages (at least one when the queue is not empty), in
+        order; their partitions grant the permits back."""
+        out: list[Message] = []
+        chunks = self._chunks
+        while chunks and len(out) < most:
+            chunk = chunks[0]
+            count = min(most - len(out), chunk.end - chunk.next)
+            out.extend(chunk.take(count))
+            if chunk.next == chunk.end:
+                chunks.popleft()
+            chunk.partition.taken(count)
+        self.size -= len(out)
+        if not self.size and self._error is None:
+            self._nonempty.clear()
+        return out
+
+    async def wait(self, timeout: float | None, what: str) -> None:
+        """Until a message is queued; raises the failure once the queue is empty, or
+        `Timeout` after `timeout` seconds."""
+        if self.size:
+            return
+        if timeout is None:
+            await self._wait()
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wait()
+        except TimeoutError:
+            raise Timeout(f"no message on {what} within {timeout} s") from None
+
+    async def _wait(self) -> None:
+        while not self.size:
+            if self._error is not None:
+                raise copy_error(self._error)
+            await self._nonempty.wait()
+
+    def discard(self, partition: _PartitionConsumer) -> int:
+        """Drop the queued messages of `partition`, keeping the order of the rest;
+        returns how many were dropped."""
+        dropped = sum(c.end - c.next for c in self._chunks if c.partition is partition)
+        if dropped:
+            self._chunks = deque(c for c in self._chunks if c.partition is not partition)
+            self.size -= dropped
+            if not self.size and self._error is None:
+                self._nonempty.clear()
         return dropped
 
     def fail(self, error: DanubeError, *, discard: bool = False) -> None:
-        """From now on `get` raises `error` once the queue is empty; with `discard` the
+        """From now on takers raise `error` once the queue is empty; with `discard` the
         queue is emptied first."""
         if discard:
-            while not self._queue.empty():
-                self._queue.get_nowait()
+            self._chunks.clear()
             self.size = 0
         if self._error is None:
             self._error = error
-        if self._queue.empty():
-            self._queue.put_nowait(_END)
-
-    async def get(self) -> Message:
-        if self._error is not None and self.size == 0:
-            raise copy_error(self._error)
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # for the next getter
-            assert self._error is not None
-            raise copy_error(self._error)
-        assert isinstance(item, Message)
-        self.size -= 1
-        return item
+        self._nonempty.set()  # wake waiters: they raise once the queue is empty
 
 
 class Consumer:
@@ -181,6 +259,7 @@ class Consumer:
         self._partitions = [_PartitionConsumer(self, t, w) for t, w in zip(partition_topics, windows, strict=True)]
         self._by_topic = {p.topic: p for p in self._partitions}
         self._inbox = _Inbox(sum(windows))
+        self._what = f"{topic} ({subscription})"  # names the consumer in a Timeout
         self._close_started = False
         self._closing = False
         self._messages_received = 0
@@ -220,26 +299,35 @@ class Consumer:
         """The next message; waits at most `timeout` seconds (forever if None) and then
         raises `Timeout`. Raises `AlreadyClosed` after `close`, or the error that made
         re-subscribing impossible."""
-        if timeout is None:
-            msg = await self._inbox.get()
-        else:
-            try:
-                async with asyncio.timeout(timeout):
-                    msg = await self._inbox.get()
-            except TimeoutError:
-                raise Timeout(f"no message on {self.topic} ({self.subscription}) within {timeout} s") from None
-        partition = self._by_topic[msg.topic]
-        partition.taken()
+        inbox = self._inbox
+        if not inbox.size:
+            await inbox.wait(timeout, self._what)
+        msg = inbox.take_one()
         if msg.schema_id is not None:
             return await self._with_schema(msg)
         return msg
+
+    async def batch_receive(self, max_messages: int | None = None, timeout: float | None = None) -> list[Message]:
+        """The messages queued now, at most `max_messages` (all of them if None), once
+        there is at least one: waits like `receive`. One call hands out a whole batch the
+        broker delivered, which is how a consumer keeps up with hundreds of thousands of
+        messages per second."""
+        if max_messages is not None and (type(max_messages) is not int or max_messages < 1):
+            raise InvalidArgument(f"max_messages must be a positive int, got {max_messages!r}")
+        inbox = self._inbox
+        if not inbox.size:
+            await inbox.wait(timeout, self._what)
+        messages = inbox.take(max_messages or inbox.size)
+        if any(msg.schema_id is not None for msg in messages):
+            messages = [await self._with_schema(msg) if msg.schema_id is not None else msg for msg in messages]
+        return messages
 
     async def _with_schema(self, msg: Message) -> Message:
         """`msg` with its writer's schema attached for `value()`. A schema that cannot be
         fetched does not cost the message: `value()` then raises, `payload` stays."""
         assert msg.schema_id is not None
         if msg.schema_version is None:
-            return dataclasses.replace(msg, schema_error="the message names no schema version")
+            return msg._replace(schema_error="the message names no schema version")
         schemas = self._client.schemas
         schema = schemas.cached(msg.schema_id, msg.schema_version)
         if schema is None:
@@ -248,8 +336,8 @@ class Consumer:
             except DanubeError as exc:
                 log.warning("consumer %s: schema id %d version %d not fetched: %s", self.consumer_name,
                             msg.schema_id, msg.schema_version, exc)
-                return dataclasses.replace(msg, schema_error=str(exc))
-        return dataclasses.replace(msg, schema=schema, reader_schema=self.reader_schema)
+                return msg._replace(schema_error=str(exc))
+        return msg._replace(schema=schema, reader_schema=self.reader_schema)
 
     def __aiter__(self) -> Consumer:
         return self
@@ -262,33 +350,42 @@ class Consumer:
                 raise StopAsyncIteration from None
             raise
 
-    def _delivered(self, partition: _PartitionConsumer, msg: Message) -> bool:
-        if self._inbox.put_nowait(msg):
-            self._messages_received += 1
-            return True
+    def _delivered(self, partition: _PartitionConsumer, deliver: Deliver, count: int) -> int:
+        accepted = self._inbox.put(partition, deliver, count)
+        self._messages_received += accepted
         # Only when the broker sent more than the permits allowed (or the consumer is
-        # closing): a reliable topic redelivers it, a non-reliable one may drop anyway.
-        self._messages_dropped += 1
-        return False
+        # closing): a reliable topic redelivers them, a non-reliable one may drop anyway.
+        self._messages_dropped += count - accepted
+        return accepted
 
     # ---------------------------------------------------------------- acknowledging
 
     def _partition_of(self, message: Message | MessageId) -> tuple[_PartitionConsumer, int]:
         if self._closing:
             raise AlreadyClosed(f"consumer {self.consumer_name} is closed")
-        message_id = message.message_id if isinstance(message, Message) else message
-        if not isinstance(message_id, MessageId):
+        if not isinstance(message, Message | MessageId):
             raise InvalidArgument(f"expected a Message or MessageId, not {type(message).__name__}")
-        partition = self._by_topic.get(message_id.topic)
+        partition = self._by_topic.get(message.topic)
         if partition is None:
-            raise InvalidArgument(f"message {message_id} is not from topic {self.topic}")
-        return partition, message_id.offset
+            raise InvalidArgument(f"message {message.topic}@{message.offset} is not from topic {self.topic}")
+        return partition, message.offset
 
-    async def ack(self, message: Message | MessageId) -> None:
-        """Acknowledge a message. Returns once the ack is queued (sent within ~10 ms, or
-        at once when `ack_batch_max` are queued); waits when `pending_acks_max` are."""
-        partition, offset = self._partition_of(message)
-        await partition.queue_ack(offset)
+    async def ack(self, message: Message | MessageId | Iterable[Message | MessageId]) -> None:
+        """Acknowledge a message, or every message of a list (as `batch_receive` returns).
+        Returns once the acks are queued (sent within ~10 ms, or at once when
+        `ack_batch_max` are queued); waits while `pending_acks_max` are."""
+        if isinstance(message, Message | MessageId):
+            partition, offset = self._partition_of(message)
+            await partition.queue_ack(offset)
+            return
+        if isinstance(message, str | bytes) or not isinstance(message, Iterable):
+            raise InvalidArgument(f"expected a Message, a MessageId or a list of them, not {type(message).__name__}")
+        by_partition: dict[_PartitionConsumer, list[int]] = {}
+        for item in message:
+            partition, offset = self._partition_of(item)
+            by_partition.setdefault(partition, []).append(offset)
+        for partition, offsets in by_partition.items():
+            await partition.queue_acks(offsets)
 
     async def nack(self, message: Message | MessageId, delay_ms: int | None = None) -> None:
         """Ask for redelivery of a message, after `delay_ms` (the broker's policy if None)."""
@@ -333,7 +430,7 @@ class Consumer:
     def _drop_queued(self, partition: _PartitionConsumer) -> int:
         """Drop the messages of `partition` still in the receive queue (a seek moved its
         subscription); returns how many."""
-        return self._inbox.discard(lambda msg: msg.message_id.topic == partition.topic)
+        return self._inbox.discard(partition)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -456,27 +553,7 @@ class _PartitionConsumer(Attachment):
             log.warning("dropped a malformed Deliver on %s: column lengths differ", self.topic)
             self._consumer._messages_dropped += count
             return
-        for i in range(count):
-            attributes = msg.attributes[i] if msg.attributes is not None else None
-            message = Message(
-                payload=msg.payloads[i],
-                # Named by our partition topic (which the broker echoes in `msg.topic`),
-                # since acks are routed by it.
-                message_id=MessageId(
-                    self.topic,
-                    msg.offsets[i] if msg.offsets is not None else msg.base_offset + i,
-                    msg.producer_id,
-                ),
-                publish_time=msg.publish_times[i],
-                producer_name=msg.producer_name,
-                key=msg.keys[i] if msg.keys is not None else None,
-                attributes=attributes or {},
-                redelivery_count=msg.redelivery_count,
-                schema_id=msg.schema_id,
-                schema_version=msg.schema_version,
-            )
-            if self._consumer._delivered(self, message):
-                self.queued += 1
+        self.queued += self._consumer._delivered(self, msg, count)
 
     def on_consumer_closed(self, reason: str, reattach: bool) -> None:
         if not self._closing:
@@ -499,10 +576,10 @@ class _PartitionConsumer(Attachment):
 
     # ---------------------------------------------------------------- permits
 
-    def taken(self) -> None:
-        """The application took one of our messages from the queue."""
-        self.queued -= 1
-        self.left_queue(1)
+    def taken(self, count: int) -> None:
+        """The application took `count` of our messages from the queue."""
+        self.queued -= count
+        self.left_queue(count)
 
     def left_queue(self, count: int) -> None:
         """`count` messages left the queue: their permits are granted back."""
@@ -538,6 +615,23 @@ class _PartitionConsumer(Attachment):
         self._ack_ready.set()
         if len(self._acks) >= self._consumer.ack_batch_max:
             self._ack_full.set()
+
+    async def queue_acks(self, offsets: list[int]) -> None:
+        """`queue_ack` for many: queued in slices that fit under `pending_acks_max`."""
+        pending_max = self._consumer.pending_acks_max
+        done = 0
+        while done < len(offsets):
+            while len(self._acks) >= pending_max:
+                self._ack_room.clear()
+                await self._ack_room.wait()
+                if self._consumer._closing:
+                    raise AlreadyClosed(f"consumer {self.name} is closed")
+            room = pending_max - len(self._acks)
+            self._acks.extend(offsets[done:done + room])
+            done += room
+            self._ack_ready.set()
+            if len(self._acks) >= self._consumer.ack_batch_max:
+                self._ack_full.set()
 
     async def _ack_loop(self) -> None:
         delay_s = self._consumer.ack_delay_ms / 1000

@@ -1,19 +1,27 @@
-"""What a consumer receives (`Message`) and how a message is named (`MessageId`)."""
+"""What a consumer receives (`Message`) and how a message is named (`MessageId`).
+
+Both are named tuples: a consumer builds one `Message` per message it hands out, and
+a tuple is built in one C call (a frozen dataclass sets each field through
+`object.__setattr__`, ten times the cost). They are immutable; `_replace` gives a
+changed copy.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from danube_zmq.transport.errors import FailedPrecondition
 
 if TYPE_CHECKING:
     from danube_zmq.client.schema_cache import CachedSchema
 
+# Shared by every message without attributes: read-only, so sharing it is safe.
+NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
 
-@dataclass(frozen=True, slots=True, order=True)
-class MessageId:
+
+class MessageId(NamedTuple):
     """Where a message sits: its (partition) topic, its offset there and its producer.
     Offsets on non-reliable topics are whatever the broker assigned (may repeat)."""
 
@@ -25,38 +33,47 @@ class MessageId:
         return f"{self.topic}@{self.offset}/{self.producer_id}"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Message:
-    """One received message. `publish_time` is milliseconds since the Unix epoch, set by
-    the producer; `redelivery_count` is 0 on first delivery."""
+class Message(NamedTuple):
+    """One received message. `topic` is the partition topic it came from (the topic
+    itself if not partitioned); `publish_time` is milliseconds since the Unix epoch,
+    set by the producer; `redelivery_count` is 0 on first delivery."""
 
     payload: bytes
-    message_id: MessageId
+    topic: str
+    offset: int
+    producer_id: int
     publish_time: int
     producer_name: str
     key: str | None = None
-    attributes: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, str] = NO_ATTRIBUTES
     redelivery_count: int = 0
     schema_id: int | None = None
     schema_version: int | None = None
-    # The writer's schema version and the consumer's reader schema, for `value()`.
-    schema: CachedSchema | None = field(default=None, compare=False, repr=False)
-    reader_schema: bytes | None = field(default=None, compare=False, repr=False)
-    schema_error: str | None = field(default=None, compare=False, repr=False)
+    # The writer's schema version and the consumer's reader schema, for `value()`;
+    # not part of the message's identity (equality, hash, repr).
+    schema: CachedSchema | None = None
+    reader_schema: bytes | None = None
+    schema_error: str | None = None
 
-    # Explicit so that Messages can go in sets and dict keys (attributes are a dict);
-    # equal messages have equal ids, so this agrees with the generated __eq__.
+    @property
+    def message_id(self) -> MessageId:
+        return MessageId(self.topic, self.offset, self.producer_id)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return self[:_IDENTITY] == other[:_IDENTITY]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     def __hash__(self) -> int:
-        return hash(self.message_id)
+        return hash((self.topic, self.offset, self.producer_id))
 
-    @property
-    def topic(self) -> str:
-        """The partition topic the message came from (the topic itself if not partitioned)."""
-        return self.message_id.topic
-
-    @property
-    def offset(self) -> int:
-        return self.message_id.offset
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields[:_IDENTITY], self, strict=False))
+        return f"Message({shown})"
 
     def value(self) -> Any:
         """The payload decoded with the schema version it was written with (resolved
@@ -73,3 +90,6 @@ class Message:
     def data(self) -> bytes:
         """The raw payload (pulsar-client's name for it)."""
         return self.payload
+
+
+_IDENTITY = Message._fields.index("schema")

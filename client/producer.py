@@ -1,5 +1,5 @@
 """A producer: routes each message to a partition, batches per partition, and resolves
-each message's future with its `MessageId` when the broker's receipt arrives.
+each message's `PendingSend` with its `MessageId` when the broker's receipt arrives.
 
 Write path:
 1. `send` / `send_nowait` checks the payload, picks a partition (`routing.py`) and takes
@@ -9,7 +9,9 @@ Write path:
    `batch_bytes_max` (capped by the broker's `frame_bytes_max`) or `batch_delay_ms`.
 3. The cut batch goes to the partition's sender, which keeps up to
    `inflight_batches_max` `Send` requests in flight, in order.
-4. A `SendReceipt` resolves every future of the batch; a failed batch fails all of them.
+4. A `SendReceipt` resolves the batch (one future per batch: a message costs its
+   payload, its publish time and a `PendingSend` handle, appended to the batch's
+   columns); a failed batch fails all of its messages.
    Retriable failures are retried up to `operation_retries_max` times, after the
    partition's broker-side producer is re-created if the connection was lost.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,30 +99,92 @@ class ProducerStatistics:
     reattaches: int
 
 
-class _Entry:
-    __slots__ = ("attributes", "future", "key", "payload", "publish_time")
-
-    def __init__(
-        self,
-        payload: bytes,
-        publish_time: int,
-        key: str | None,
-        attributes: dict[str, str] | None,
-        future: asyncio.Future[MessageId],
-    ) -> None:
-        self.payload = payload
-        self.publish_time = publish_time
-        self.key = key
-        self.attributes = attributes
-        self.future = future
-
-
 class _Batch:
-    __slots__ = ("done", "entries")
+    """One partition's batch: its columns while it fills, then the broker's receipt.
+    `keys` and `attributes` stay None until a message has one."""
 
-    def __init__(self, entries: list[_Entry], done: asyncio.Future[None]) -> None:
-        self.entries = entries
-        self.done = done
+    __slots__ = ("attributes", "bytes", "callbacks", "done", "error", "keys", "offsets", "payloads",
+                 "producer_id", "publish_times", "topic")
+
+    def __init__(self, topic: str, done: asyncio.Future[None]) -> None:
+        self.topic = topic
+        self.payloads: list[bytes] = []
+        self.publish_times: list[int] = []
+        self.keys: list[str | None] | None = None
+        self.attributes: list[dict[str, str] | None] | None = None
+        self.callbacks: list[tuple[int, SendCallback]] | None = None
+        self.bytes = 0
+        self.done = done  # resolved (never with an exception) once offsets or error is set
+        self.offsets: list[int] = []
+        self.producer_id = 0
+        self.error: DanubeError | None = None
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def message_id(self, index: int) -> MessageId:
+        return MessageId(self.topic, self.offsets[index], self.producer_id)
+
+    def finish(self, offsets: list[int], producer_id: int, error: DanubeError | None) -> None:
+        if self.done.done():
+            return
+        self.offsets, self.producer_id, self.error = offsets, producer_id, error
+        self.done.set_result(None)
+        for index, callback in self.callbacks or ():
+            try:
+                if error is None:
+                    callback(None, self.message_id(index))
+                else:
+                    callback(copy_error(error), None)
+            except Exception:
+                log.exception("send callback %r raised", callback)
+
+
+class PendingSend:
+    """The receipt of one message queued with `send_nowait`: await it for the
+    `MessageId` (or the error), or ask `done()` / `result()` / `exception()` /
+    `add_done_callback(fn)` as of an `asyncio.Future`. The messages of a batch share
+    one future, so a handle costs two references."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def done(self) -> bool:
+        return self._batch.done.done()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self) -> MessageId:
+        batch = self._batch
+        if not batch.done.done():
+            raise asyncio.InvalidStateError("the receipt has not arrived yet")
+        if batch.error is not None:
+            raise copy_error(batch.error)
+        return batch.message_id(self._index)
+
+    def exception(self) -> DanubeError | None:
+        batch = self._batch
+        if not batch.done.done():
+            raise asyncio.InvalidStateError("the receipt has not arrived yet")
+        return copy_error(batch.error) if batch.error is not None else None
+
+    def add_done_callback(self, fn: Callable[[PendingSend], Any]) -> None:
+        self._batch.done.add_done_callback(lambda _: fn(self))
+
+    def __await__(self) -> Generator[Any, None, MessageId]:
+        done = self._batch.done
+        if not done.done():
+            # Shielded: cancelling one awaiter must not cancel the batch's shared future.
+            yield from asyncio.shield(done).__await__()
+        return self.result()
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done() else "failed" if self._batch.error else "done"
+        return f"<PendingSend {self._batch.topic} #{self._index} {state}>"
 
 
 class _Budget:
@@ -129,10 +193,10 @@ class _Budget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.waiters: deque[asyncio.Future[None]] = deque()
 
     def try_take(self) -> bool:
-        if self.used < self.limit and not self._waiters:
+        if self.used < self.limit and not self.waiters:
             self.used += 1
             return True
         return False
@@ -141,21 +205,21 @@ class _Budget:
         if self.try_take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self.waiters.append(waiter)
         try:
             await waiter  # `give` counts the unit for us before waking us
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give(1)
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            elif waiter in self.waiters:
+                self.waiters.remove(waiter)
             raise
 
     def give(self, n: int) -> None:
         self.used -= n
         assert self.used >= 0
-        while self._waiters and self.used < self.limit:
-            waiter = self._waiters.popleft()
+        while self.waiters and self.used < self.limit:
+            waiter = self.waiters.popleft()
             if not waiter.done():
                 self.used += 1
                 waiter.set_result(None)
@@ -279,8 +343,7 @@ class Producer:
         if self._closing:
             self._budget.give(1)
             raise AlreadyClosed(f"producer {self.name} is closed")
-        future = self._enqueue(partition, payload_bytes, key, attrs, None)
-        return await future
+        return await partition.add(payload_bytes, key, attrs, None)
 
     def send_nowait(
         self,
@@ -289,58 +352,53 @@ class Producer:
         key: str | None = None,
         attributes: Mapping[str, str] | None = None,
         callback: SendCallback | None = None,
-    ) -> asyncio.Future[MessageId]:
-        """Queue one message and return a future of its `MessageId` at once; raise
-        `ProducerQueueFull` when `pending_messages_max` messages are already pending.
-        `callback(error, message_id)`, if given, runs when the future is done."""
-        partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
-        if not self._budget.try_take():
+    ) -> PendingSend:
+        """Queue one message and return its `PendingSend` at once (await it for the
+        `MessageId`); raise `ProducerQueueFull` when `pending_messages_max` messages are
+        already pending. `callback(error, message_id)`, if given, runs when the receipt
+        (or the failure) arrives; a partition's callbacks run in send order."""
+        budget = self._budget
+        if budget.used >= budget.limit or budget.waiters:
             raise ProducerQueueFull(
                 f"producer {self.name} has {self.pending_messages_max} messages pending (pending_messages_max)"
             )
-        return self._enqueue(partition, payload_bytes, key, attrs, callback)
+        partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
+        budget.used += 1
+        return partition.add(payload_bytes, key, attrs, callback)
 
     def _prepare(
         self, payload: Any, key: Any, attributes: Any
     ) -> tuple[_PartitionProducer, bytes, str | None, dict[str, str] | None]:
         if self._closing:
             raise AlreadyClosed(f"producer {self.name} is closed")
-        data = as_payload(payload) if self.schema is None else self.schema.encode(payload)
+        if self.schema is not None:
+            data = self.schema.encode(payload)
+        elif type(payload) is bytes:
+            data = payload
+        else:
+            data = as_payload(payload)
         if key is not None and type(key) is not str:
             raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
-        attrs = check_attributes(attributes)
-        if key is None or len(self._partitions) == 1:
-            index = self._round_robin.next() if len(self._partitions) > 1 else 0
+        attrs = check_attributes(attributes) if attributes is not None else None
+        partitions = self._partitions
+        if len(partitions) == 1:
+            partition = partitions[0]
+        elif key is None:
+            partition = partitions[self._round_robin.next()]
         else:
-            index = partition_for_key(key, len(self._partitions))
-        partition = self._partitions[index]
+            partition = partitions[partition_for_key(key, len(partitions))]
         if partition.failed is not None:
             raise copy_error(partition.failed)
-        limits = partition.connection.limits
-        if len(data) > limits.message_bytes_max:
+        if len(data) > partition.message_bytes_max:
             raise InvalidArgument(
-                f"message of {len(data)} bytes is over the broker's message_bytes_max {limits.message_bytes_max}"
+                f"message of {len(data)} bytes is over the broker's message_bytes_max {partition.message_bytes_max}"
             )
-        if entry_bytes(data, key, attrs) + SEND_OVERHEAD_BYTES > limits.frame_bytes_max:
+        if (key is not None or attrs) and entry_bytes(data, key, attrs) > partition.frame_room:
             raise InvalidArgument(
                 "message with its key and attributes does not fit the broker's "
-                f"frame_bytes_max {limits.frame_bytes_max}"
+                f"frame_bytes_max {partition.connection.limits.frame_bytes_max}"
             )
         return partition, data, key, attrs
-
-    def _enqueue(
-        self,
-        partition: _PartitionProducer,
-        payload: bytes,
-        key: str | None,
-        attrs: dict[str, str] | None,
-        callback: SendCallback | None,
-    ) -> asyncio.Future[MessageId]:
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        if callback is not None:
-            future.add_done_callback(_callback_adapter(callback))
-        partition.add(_Entry(payload, self._client._clock.now_ms(), key, attrs, future))
-        return future
 
     def _batch_cut(self, batch: _Batch) -> None:
         self._open_batches.add(batch.done)
@@ -350,15 +408,15 @@ class Producer:
         if not batch.done.done():
             batch.done.set_result(None)
         if sent:
-            self._messages_sent += len(batch.entries)
+            self._messages_sent += len(batch)
             self._batches_sent += 1
         else:
-            self._messages_failed += len(batch.entries)
-        self._budget.give(len(batch.entries))
+            self._messages_failed += len(batch)
+        self._budget.give(len(batch))
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send what is batched now and wait until every message sent so far has its
-        receipt or its error (errors are on the messages' futures, not raised here).
+        receipt or its error (errors are on the messages' handles, not raised here).
         With `timeout` (seconds), stop waiting then (raising `Timeout`)."""
         for partition in self._partitions:
             partition.cut()
@@ -393,21 +451,6 @@ class Producer:
         return f"<Producer {self.name!r} on {self.topic!r} partitions={len(self._partitions)}>"
 
 
-def _callback_adapter(callback: SendCallback) -> Callable[[asyncio.Future[MessageId]], None]:
-    def done(future: asyncio.Future[MessageId]) -> None:
-        if future.cancelled():
-            callback(AlreadyClosed("send cancelled"), None)
-            return
-        error = future.exception()
-        if error is None:
-            callback(None, future.result())
-        else:
-            assert isinstance(error, DanubeError)
-            callback(error, None)
-
-    return done
-
-
 class _PartitionProducer(Attachment):
     """The broker-side producer on one partition topic, its accumulator and its sender."""
 
@@ -418,8 +461,14 @@ class _PartitionProducer(Attachment):
         self._producer = producer
         self.index = index
         self.producer_id: int | None = None
-        self._batch: list[_Entry] = []
-        self._batch_bytes = 0
+        self._batch: _Batch | None = None  # the open batch
+        self._now_ms = producer._client._clock.now_ms
+        # The broker's limits, from the connection they were computed for (a redirect
+        # moves the producer to another broker).
+        self._limits_of: Connection | None = None
+        self._message_bytes_max = 0
+        self._frame_room = 0
+        self._batch_bytes_max = 0
         self._timer: asyncio.TimerHandle | None = None
         # Bounded by the producer's budget: a batch holds at least one pending message.
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=producer.pending_messages_max)
@@ -466,32 +515,73 @@ class _PartitionProducer(Attachment):
 
     # ---------------------------------------------------------------- batching
 
-    def _batch_bytes_limit(self) -> int:
-        frame_limit = self.connection.limits.frame_bytes_max - SEND_OVERHEAD_BYTES
-        return min(self._producer.batch_bytes_max, frame_limit)
+    def _limits(self) -> None:
+        connection = self.connection
+        limits = connection.limits
+        self._message_bytes_max = limits.message_bytes_max
+        self._frame_room = limits.frame_bytes_max - SEND_OVERHEAD_BYTES
+        self._batch_bytes_max = min(self._producer.batch_bytes_max, self._frame_room)
+        self._limits_of = connection
 
-    def add(self, entry: _Entry) -> None:
-        size = entry_bytes(entry.payload, entry.key, entry.attributes)
-        if self._batch and self._batch_bytes + size > self._batch_bytes_limit():
+    @property
+    def message_bytes_max(self) -> int:
+        if self.connection is not self._limits_of:
+            self._limits()
+        return self._message_bytes_max
+
+    @property
+    def frame_room(self) -> int:
+        """The bytes of messages one `Send` frame can carry."""
+        if self.connection is not self._limits_of:
+            self._limits()
+        return self._frame_room
+
+    def add(self, payload: bytes, key: str | None, attributes: dict[str, str] | None,
+            callback: SendCallback | None) -> PendingSend:
+        if self.connection is not self._limits_of:
+            self._limits()
+        size = len(payload) + 19 if key is None and not attributes else entry_bytes(payload, key, attributes)
+        batch = self._batch
+        if batch is not None and batch.bytes + size > self._batch_bytes_max:
             self.cut()
-        self._batch.append(entry)
-        self._batch_bytes += size
-        producer = self._producer
-        if len(self._batch) >= producer.batch_messages_max or self._batch_bytes >= self._batch_bytes_limit():
+            batch = None
+        if batch is None:
+            loop = asyncio.get_running_loop()
+            batch = self._batch = _Batch(self.topic, loop.create_future())
+            self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self.cut)
+        index = len(batch.payloads)
+        batch.payloads.append(payload)
+        batch.publish_times.append(self._now_ms())
+        if key is not None:
+            if batch.keys is None:
+                batch.keys = [None] * index
+            batch.keys.append(key)
+        elif batch.keys is not None:
+            batch.keys.append(None)
+        if attributes:
+            if batch.attributes is None:
+                batch.attributes = [None] * index
+            batch.attributes.append(attributes)
+        elif batch.attributes is not None:
+            batch.attributes.append(None)
+        if callback is not None:
+            if batch.callbacks is None:
+                batch.callbacks = []
+            batch.callbacks.append((index, callback))
+        batch.bytes += size
+        if index + 1 >= self._producer.batch_messages_max or batch.bytes >= self._batch_bytes_max:
             self.cut()
-        elif len(self._batch) == 1:
-            self._timer = asyncio.get_running_loop().call_later(producer.batch_delay_ms / 1000, self.cut)
+        return PendingSend(batch, index)
 
     def cut(self) -> None:
         """Hand the open batch to the sender now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._batch:
+        batch = self._batch
+        if batch is None:
             return
-        batch = _Batch(self._batch, asyncio.get_running_loop().create_future())
-        self._batch = []
-        self._batch_bytes = 0
+        self._batch = None
         self._producer._batch_cut(batch)
         self._batches.put_nowait(batch)  # cannot be full: see the queue's bound
 
@@ -501,7 +591,7 @@ class _PartitionProducer(Attachment):
             try:
                 await self._window.acquire()
             except asyncio.CancelledError:
-                _fail_entries(batch, AlreadyClosed(f"producer {self.name} closed"))
+                _fail_batch(batch, AlreadyClosed(f"producer {self.name} closed"))
                 self._producer._batch_finished(batch, False)
                 raise
             task = asyncio.get_running_loop().create_task(self._deliver(batch))
@@ -512,28 +602,21 @@ class _PartitionProducer(Attachment):
         sent = False
         try:
             receipt = await self._send_with_retries(batch)
-            for entry, offset in zip(batch.entries, receipt.offsets, strict=True):
-                if not entry.future.done():
-                    entry.future.set_result(MessageId(self.topic, offset, receipt.producer_id))
+            batch.finish(receipt.offsets, receipt.producer_id, None)
             sent = True
         except DanubeError as exc:
-            _fail_entries(batch, exc)
+            _fail_batch(batch, exc)
         except asyncio.CancelledError:
-            _fail_entries(batch, AlreadyClosed(f"producer {self.name} closed before the receipt"))
+            _fail_batch(batch, AlreadyClosed(f"producer {self.name} closed before the receipt"))
             raise
         except Exception as exc:  # a bug of ours: report it on every future, never lose it
             log.exception("producer %s: batch delivery crashed", self.name)
-            _fail_entries(batch, InternalError(f"batch delivery crashed: {exc!r}"))
+            _fail_batch(batch, InternalError(f"batch delivery crashed: {exc!r}"))
         finally:
             self._window.release()
             self._producer._batch_finished(batch, sent)
 
     async def _send_with_retries(self, batch: _Batch) -> SendReceipt:
-        entries = batch.entries
-        payloads = [e.payload for e in entries]
-        publish_times = [e.publish_time for e in entries]
-        keys = [e.key for e in entries] if any(e.key is not None for e in entries) else None
-        attributes = [e.attributes for e in entries] if any(e.attributes for e in entries) else None
         schema = self._producer.schema
         attempt = 0
         while True:
@@ -544,18 +627,18 @@ class _PartitionProducer(Attachment):
                     Send(
                         request_id=0,
                         producer_id=self.producer_id,
-                        payloads=payloads,
-                        publish_times=publish_times,
-                        keys=keys,
-                        attributes=attributes,
+                        payloads=batch.payloads,
+                        publish_times=batch.publish_times,
+                        keys=batch.keys,
+                        attributes=batch.attributes,
                         schema_id=schema.schema_id if schema is not None else None,
                         schema_version=schema.version if schema is not None else None,
                     )
                 )
                 if not isinstance(reply, SendReceipt):
                     raise InternalError(f"broker answered Send with {type(reply).__name__}")
-                if len(reply.offsets) != len(entries):
-                    raise InternalError(f"broker sent {len(reply.offsets)} offsets for {len(entries)} messages")
+                if len(reply.offsets) != len(batch):
+                    raise InternalError(f"broker sent {len(reply.offsets)} offsets for {len(batch)} messages")
                 return reply
             except DanubeError as exc:
                 if not exc.retriable or attempt >= self._client.operation_retries_max:
@@ -566,7 +649,7 @@ class _PartitionProducer(Attachment):
                     self._detach()
                     self._schedule_reattach()
                 self._producer._send_retries += 1
-                log.info("send of %d messages on %s failed (%s); retrying", len(entries), self.topic, exc)
+                log.info("send of %d messages on %s failed (%s); retrying", len(batch), self.topic, exc)
             await asyncio.sleep(backoff_ms(attempt, self._client._rng) / 1000)
             attempt += 1
 
@@ -582,7 +665,7 @@ class _PartitionProducer(Attachment):
         await asyncio.gather(*inflight, return_exceptions=True)
         while not self._batches.empty():
             batch = self._batches.get_nowait()
-            _fail_entries(batch, AlreadyClosed(f"producer {self.name} closed"))
+            _fail_batch(batch, AlreadyClosed(f"producer {self.name} closed"))
             self._producer._batch_finished(batch, False)
         connection = await self._stop_attachment()
         producer_id = self.producer_id
@@ -597,7 +680,5 @@ class _PartitionProducer(Attachment):
                 log.info("closing producer %s on %s: %s", self.name, self.topic, exc)
 
 
-def _fail_entries(batch: _Batch, error: DanubeError) -> None:
-    for entry in batch.entries:
-        if not entry.future.done():
-            entry.future.set_exception(copy_error(error))
+def _fail_batch(batch: _Batch, error: DanubeError) -> None:
+    batch.finish([], 0, error)

@@ -202,6 +202,9 @@ class SyncConsumer:
     def receive(self, timeout: float | None = None) -> Message:
         return self._runner.call(self.consumer.receive(timeout))
 
+    def batch_receive(self, max_messages: int | None = None, timeout: float | None = None) -> list[Message]:
+        return self._runner.call(self.consumer.batch_receive(max_messages, timeout))
+
     def __iter__(self) -> Iterator[Message]:
         """Messages until the consumer is closed."""
         while True:
@@ -210,7 +213,7 @@ class SyncConsumer:
             except AlreadyClosed:
                 return
 
-    def ack(self, message: Message | MessageId) -> None:
+    def ack(self, message: Message | MessageId | list[Message]) -> None:
         self._runner.call(self.consumer.ack(message))
 
     def nack(self, message: Message | MessageId, delay_ms: int | None = None) -> None:

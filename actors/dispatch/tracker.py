@@ -195,6 +195,11 @@ class TrackerStatistics:
     blocked_offset: int | None
 
 
+# Named tuples built per offset go through `tuple.__new__`: their generated `__new__`
+# is Python code, several times slower.
+_new = tuple.__new__
+
+
 class _InFlight(NamedTuple):
     attempt: int  # 1 for the first delivery
     deadline_ms: int
@@ -397,7 +402,7 @@ class DeliveryTracker:
                 self._redeliveries_total += 1
             assert offset not in flight, (consumer_id, offset)
             assert attempts <= self.policy.max_redelivery_count, (offset, attempts)
-            flight[offset] = _InFlight(attempts + 1, deadline_ms)
+            flight[offset] = _new(_InFlight, (attempts + 1, deadline_ms))
         if not flight:
             del self._in_flight[consumer_id]
 

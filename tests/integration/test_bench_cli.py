@@ -35,3 +35,12 @@ def test_produce_for_a_duration_at_a_rate(broker: BrokerProcess) -> None:
     done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "bench", "produce", "-s", broker.url, "-t",
                            "/default/x", "--count", "5", "--duration", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not both" in done.stderr
+
+
+def test_e2e_fans_out_to_every_subscription_without_loss(broker: BrokerProcess) -> None:
+    """Two subscriptions on one topic each receive every message: the totals count both,
+    and each subscription's own accounting shows no loss and no duplicates."""
+    fanned = bench(broker, "e2e", "-t", "/default/bench-fanout", "--count", "2000", "--subscriptions", "2")
+    assert (fanned["sent"], fanned["received"], fanned["lost"], fanned["duplicates"]) == (2000, 4000, 0, 0)
+    assert fanned["per_subscription"] == {name: {"received": 2000, "lost": 0, "duplicates": 0}
+                                          for name in ("bench-0", "bench-1")}

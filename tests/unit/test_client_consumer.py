@@ -253,3 +253,52 @@ async def test_broker_restart_resubscribes_with_same_name() -> None:
         assert len(broker.of(Connect)) == 2
         await producer.send(b"two")
         assert (await consumer.receive(timeout=2)).payload == b"two"
+
+
+@pytest.mark.asyncio
+async def test_batch_receive_takes_what_is_queued_in_order_and_acks_a_list() -> None:
+    """Two deliveries of 30 queue up; batch_receive(max 40) gives the first 40 in order,
+    the next call the 20 left; ack(list) acknowledges all of them in one Ack, and the
+    queue grants the permits back."""
+    async with running_broker() as broker, client_for(broker) as client:
+        broker.create_topic(TOPIC)
+        consumer = await client.subscribe(TOPIC, "sub", receiver_queue_size=100)
+        await broker.publish(TOPIC, [b"a%d" % i for i in range(30)])
+        await broker.publish(TOPIC, [b"b%d" % i for i in range(30)])
+        await eventually(lambda: len(consumer._inbox) == 60, what="60 queued")
+        first = await consumer.batch_receive(40, timeout=2)
+        rest = await consumer.batch_receive(timeout=2)
+        assert [m.payload for m in first + rest] == [b"a%d" % i for i in range(30)] + [b"b%d" % i for i in range(30)]
+        assert [m.offset for m in first + rest] == list(range(60))
+        assert len(first) == 40 and len(rest) == 20 and len(consumer._inbox) == 0
+        await consumer.ack(first + rest)
+        await consumer.flush_acks()
+        assert broker.acks == [(only_consumer(broker).consumer_id, list(range(60)))]
+        with pytest.raises(Timeout):
+            await consumer.batch_receive(timeout=0.05)
+        with pytest.raises(InvalidArgument):
+            await consumer.batch_receive(0)
+        with pytest.raises(InvalidArgument):
+            await consumer.ack("not a message")
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_batch_receive_loses_nothing() -> None:
+    """A batch_receive cancelled while it waits takes nothing: the next message still
+    reaches the next receive."""
+    async with running_broker() as broker, client_for(broker) as client:
+        broker.create_topic(TOPIC)
+        consumer = await client.subscribe(TOPIC, "sub")
+        waiting = asyncio.get_running_loop().create_task(consumer.batch_receive())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        await broker.publish(TOPIC, [b"kept"])
+        assert (await consumer.receive(timeout=2)).payload == b"kept"
+
+
+def test_messages_compare_by_identity_not_by_attached_schema() -> None:
+    msg = Message(b"x", TOPIC, 3, 7, 1_700_000_000_000, "p")
+    assert msg.message_id == MessageId(TOPIC, 3, 7)
+    assert msg == msg._replace(schema_error="not fetched") and hash(msg) == hash(msg._replace(schema_error="e"))
+    assert msg != msg._replace(offset=4)
+    assert dict(msg.attributes) == {} and "reader_schema" not in repr(msg)

@@ -348,3 +348,45 @@ async def test_close_with_the_broker_gone_is_bounded() -> None:
         assert asyncio.get_running_loop().time() - started < 1.5
         with pytest.raises(AlreadyClosed):
             await future
+
+
+@pytest.mark.asyncio
+async def test_pending_send_acts_like_a_future_of_its_message_id() -> None:
+    """Before the receipt: not done, result() raises InvalidStateError. After: the
+    MessageId; callbacks run in send order; cancelling one awaiter leaves the batch's
+    other messages alone."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_delay_ms=50)
+        order: list[int] = []
+        handles = [producer.send_nowait(b"m%d" % i, callback=lambda e, mid: order.append(mid.offset)) for i in range(5)]
+        assert not handles[0].done() and not handles[0].cancelled()
+        with pytest.raises(asyncio.InvalidStateError):
+            handles[0].result()
+        awaiter = asyncio.get_running_loop().create_task(_await(handles[0]))
+        await asyncio.sleep(0)
+        awaiter.cancel()
+        seen: list[object] = []
+        handles[4].add_done_callback(seen.append)
+        ids = await asyncio.gather(*handles[1:])
+        assert [m.offset for m in ids] == [1, 2, 3, 4]
+        assert handles[0].result().offset == 0 and handles[0].exception() is None
+        assert order == [0, 1, 2, 3, 4] and seen == [handles[4]]
+
+
+async def _await(handle: object) -> object:
+    return await handle  # type: ignore[misc]
+
+
+@pytest.mark.asyncio
+async def test_a_failed_batch_fails_every_pending_send_and_callback() -> None:
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC)
+        broker.fail_next(Send, ErrorCode.FAILED_PRECONDITION, "refused")
+        errors: list[object] = []
+        handles = [producer.send_nowait(b"x", callback=lambda e, mid: errors.append(e)) for _ in range(3)]
+        await producer.flush()
+        for handle in handles:
+            assert isinstance(handle.exception(), FailedPrecondition)
+            with pytest.raises(FailedPrecondition, match="refused"):
+                await handle
+        assert [type(e) for e in errors] == [FailedPrecondition] * 3

@@ -1,0 +1,213 @@
+"""What the side-by-side workloads share: our broker and the peer servers on loopback,
+`danube bench` as a subprocess, peer producer/consumer process pairs, process
+resources (RSS, CPU) read with psutil, medians of repeated runs, plain tables, and the
+JSON lines every run is appended to (benchmarks/results/<workload>.jsonl).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from e2e import _ready, free_port
+from peer_servers import Peer, PeerServers, ensure_installed
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_BENCH_TIMEOUT_S = 900
+
+
+class Danube:
+    """Our broker, `danube broker start` on free loopback ports, data in `work_dir`."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self.url = f"tcp://127.0.0.1:{free_port()}"
+        self.admin_url = f"tcp://127.0.0.1:{free_port()}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Danube:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.work_dir / "broker.log", "wb")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url, "--admin-listen",
+             self.admin_url, "--metrics-port", "0", "--data-dir", str(self.work_dir / "data")],
+            stdout=log, stderr=subprocess.STDOUT)
+        asyncio.run(_ready(self.admin_url))
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(10)
+
+    def bench(self, mode: str, topic: str, *args: str) -> dict[str, Any]:
+        """`danube bench MODE -t TOPIC ARGS --json` against this broker: its JSON result."""
+        done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "bench", mode, "-s", self.url, "-t", topic,
+                               *args, "--json"], capture_output=True, text=True, timeout=_BENCH_TIMEOUT_S)
+        if done.returncode != 0:
+            raise SystemExit(f"danube bench {mode} failed:\n{done.stderr}")
+        return json.loads(done.stdout)
+
+
+class Servers:
+    """Our broker and the named peers for one run (peers installed when missing, a peer
+    that cannot be installed or started skipped with a line saying why)."""
+
+    def __init__(self, peers: Iterable[str]) -> None:
+        self.work_dir = Path(tempfile.mkdtemp(prefix="danube-sbs-"))
+        self.danube = Danube(self.work_dir / "danube")
+        self._wanted = sorted(set(peers))
+        self._peers = PeerServers(self.work_dir)
+
+    @property
+    def peers(self) -> dict[str, Peer]:
+        return self._peers.peers
+
+    def __enter__(self) -> Servers:
+        missing = ensure_installed() if self._wanted else []
+        for name in missing:
+            print(f"skip: {name} could not be installed (scripts/install-peers.sh)", file=sys.stderr)
+        try:
+            self._peers.start([name for name in self._wanted if name not in missing])
+            for name, why in self._peers.skipped.items():
+                print(f"skip: {name} did not start: {why}", file=sys.stderr)
+            self.danube.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.danube.stop()
+        self._peers.stop()
+
+
+@contextmanager
+def servers_for(shared: Servers | None, peers: Iterable[str]) -> Iterator[Servers]:
+    """`shared` when the suite passes its servers in, else fresh ones for this workload."""
+    if shared is not None:
+        yield shared
+        return
+    with Servers(peers) as servers:
+        yield servers
+
+
+# ---------------------------------------------------------------- peer process pairs
+
+
+def _consumer_main(consumer: Callable[..., Any], ready: Any, out: Any, args: tuple[Any, ...]) -> None:
+    out.put(consumer(ready, *args))
+
+
+def run_pair(producer: Callable[..., Any], consumer: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    """consumer(ready, *args) in a child process, which sets `ready` once subscribed;
+    producer(ready, *args) here, which waits for it. Returns both results."""
+    context = mp.get_context("spawn")
+    ready, out = context.Event(), context.Queue()
+    child = context.Process(target=_consumer_main, args=(consumer, ready, out, args), daemon=True)
+    child.start()
+    try:
+        produced = producer(ready, *args)
+        consumed = out.get(timeout=600)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    return produced, consumed
+
+
+# ---------------------------------------------------------------- process resources
+
+
+class Meter:
+    """RSS and CPU time of a server process and its children (psutil)."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+
+    def _family(self) -> list[psutil.Process]:
+        return [self.process, *self.process.children(recursive=True)]
+
+    def rss_bytes(self) -> int:
+        return sum(p.memory_info().rss for p in self._family())
+
+    def cpu_s(self) -> float:
+        return sum(t.user + t.system for t in (p.cpu_times() for p in self._family()))
+
+    async def cpu_percent(self, seconds: float) -> float:
+        """CPU over the next `seconds`, as % of one core."""
+        cpu, wall = self.cpu_s(), time.monotonic()
+        await asyncio.sleep(seconds)
+        return round(100 * (self.cpu_s() - cpu) / (time.monotonic() - wall), 2)
+
+
+# ---------------------------------------------------------------- results
+
+
+def append(workload: str, runs: list[dict[str, Any]]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{workload}.jsonl"
+    with open(path, "a") as out:
+        for run in runs:
+            out.write(json.dumps(run) + "\n")
+    return path
+
+
+def now_utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def medians(runs: list[dict[str, Any]], key: str, fields: Iterable[str]) -> list[dict[str, Any]]:
+    """One row per distinct `run[key]`, in first-seen order: the median of each field
+    over the runs that have it (None where none has), and how many runs there were."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault(run[key], []).append(run)
+    rows = []
+    for name, group in groups.items():
+        row: dict[str, Any] = {key: name, "runs": len(group)}
+        for field in fields:
+            values = [run[field] for run in group if isinstance(run.get(field), int | float)]
+            row[field] = statistics.median(values) if values else None
+        rows.append(row)
+    return rows
+
+
+def print_table(title: str, columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
+    """`columns`: (header, field); numbers with thousands separators, None as '-'."""
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
+        if isinstance(value, int):
+            return f"{value:,}"
+        return str(value)
+    table = [[header for header, _ in columns]] + [[cell(row.get(field)) for _, field in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    print(f"\n{title}")
+    for number, line in enumerate(table):
+        print("  ".join(text.ljust(w) if i == 0 else text.rjust(w) for i, (text, w) in enumerate(zip(line, widths,
+                                                                                                       strict=True))))
+        if number == 0:
+            print("  ".join("-" * w for w in widths))
