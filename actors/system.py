@@ -60,7 +60,7 @@ class _Cell:
     name: str
     factory: Callable[[], Actor]
     parent: str | None
-    socket: zmq.asyncio.Socket
+    socket: zmq.Socket  # the mailbox: a plain socket when the actor polls nothing else
     instance: Actor
     task: asyncio.Task[None] | None = None
     children: list[str] = field(default_factory=list)
@@ -79,6 +79,11 @@ class SystemStatistics:
     restarts: int
     dead_letters: int
     mailbox_full_drops: int
+
+
+def _mailbox_only(instance: Actor) -> bool:
+    """The actor polls no socket besides its mailbox (topics, subscriptions, ...)."""
+    return type(instance).extra_sockets is Actor.extra_sockets
 
 
 class ActorSystem:
@@ -139,11 +144,12 @@ class ActorSystem:
     async def spawn(self, factory: Callable[[], Actor], *, name: str, parent: str | None = None) -> str:
         """Start an actor; returns its endpoint (its address for `tell`)."""
         endpoint = f"inproc://actor-{next(self._ids)}"
-        sock = self.context.socket(zmq.PULL)
+        instance = self._instantiate(factory, endpoint, name)
+        context = self._sync_context if _mailbox_only(instance) else self.context
+        sock = context.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self.mailbox_messages_max)
         sock.bind(endpoint)
-        instance = self._instantiate(factory, endpoint, name)
         cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, socket=sock, instance=instance)
         self._cells[endpoint] = cell
         if parent is not None and parent in self._cells:
@@ -332,6 +338,35 @@ class ActorSystem:
         cell.socket.close(linger=0)
 
     async def _run(self, cell: _Cell) -> None:
+        if _mailbox_only(cell.instance):
+            await self._run_mailbox(cell)
+        else:
+            await self._run_polled(cell)
+
+    async def _run_mailbox(self, cell: _Cell) -> None:
+        # The mailbox's ZMQ_FD is watched by the event loop directly: a wake-up costs a
+        # callback and an Event, where a `zmq.asyncio.Poller` round builds futures and
+        # registers every socket again. ZMQ_FD is edge-triggered: it is signalled when
+        # ZMQ_EVENTS may have changed, so the loop reads ZMQ_EVENTS before every wait
+        # (and a drain stops at `_DRAIN_MAX` with frames left, which ZMQ_EVENTS shows).
+        mailbox = cell.socket
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        fd = mailbox.FD
+        loop.add_reader(fd, wake.set)
+        try:
+            while True:
+                if mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if not await self._drain_mailbox(cell, mailbox):
+                        return
+                    await asyncio.sleep(0)  # a busy mailbox must not starve the other actors
+                    continue
+                wake.clear()
+                await wake.wait()
+        finally:
+            loop.remove_reader(fd)
+
+    async def _run_polled(self, cell: _Cell) -> None:
         # One task per actor polls its mailbox and any sockets it owns, then drains
         # what is ready in bursts: one wake-up of the event loop serves many frames.
         mailbox = zmq.Socket.shadow(cell.socket.underlying)

@@ -40,6 +40,7 @@ import psutil
 from danube_zmq.bench.accounting import Delivery
 from danube_zmq.bench.histogram import LatencyBuffer, LatencyHistogram
 from danube_zmq.bench.stamp import STAMP_BYTES, Stamper, read_stamps
+from danube_zmq.cli import event_loop
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.client.errors import ProducerQueueFull
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Timeout
@@ -459,7 +460,7 @@ def _consumer_process(cfg: BenchConfig, expected: int | None, ready: Any, out: A
         except DanubeError as exc:
             ready.set()
             out.put(exc.message)
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 async def run_e2e(cfg: BenchConfig, *, progress: Progress | None = None) -> BenchResult:

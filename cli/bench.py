@@ -9,7 +9,6 @@ one JSON object for machines.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import click
 
 from danube_zmq.bench.runner import BenchConfig, BenchResult, run_consume, run_e2e, run_produce
+from danube_zmq.cli.event_loop import run
 from danube_zmq.cli.options import check_topic, service_url_option
 from danube_zmq.cli.output import emit_line, emit_table, status, stderr_is_terminal
 from danube_zmq.transport.errors import InvalidArgument
@@ -85,7 +85,7 @@ def _config(service_url: str, topic: str, count: int | None, duration_s: float |
 def _run(mode: str, config: BenchConfig, as_json: bool) -> None:
     progress = status if stderr_is_terminal() and not as_json else None
     runner = {"produce": run_produce, "consume": run_consume, "e2e": run_e2e}[mode]
-    result: BenchResult = asyncio.run(runner(config, progress=progress))
+    result: BenchResult = run(runner(config, progress=progress))
     if as_json:
         out = result.to_dict()
         out["config"].pop("start_ns", None)

@@ -8,13 +8,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
 
 import click
 
+from danube_zmq.cli.event_loop import ENV as EVENT_LOOP_ENV
+from danube_zmq.cli.event_loop import LOOPS, run
 from danube_zmq.cli.options import Interrupted, StopSignals
 from danube_zmq.cli.output import emit_line
 
@@ -47,12 +48,20 @@ def broker() -> None:
     type=click.IntRange(0, 65535),
     help="Prometheus port, 0 disables; overrides broker.metrics_port [9040].",
 )
+@click.option(
+    "--event-loop",
+    type=click.Choice(LOOPS),
+    envvar=EVENT_LOOP_ENV,
+    show_envvar=True,
+    help="uvloop (the default, when installed) or the standard library's asyncio loop.",
+)
 def start(
     config_path: Path | None,
     data_dir: str | None,
     listen: str | None,
     admin_listen: str | None,
     metrics_port: int | None,
+    event_loop: str | None,
 ) -> None:
     """Start a broker and run it until SIGTERM or Ctrl-C.
 
@@ -76,7 +85,7 @@ def start(
             "broker.data_dir": data_dir,
         },
     )
-    asyncio.run(_run(config))
+    run(_run(config), event_loop)
 
 
 async def _run(config: Any) -> None:
