@@ -284,6 +284,22 @@ class ActorSystem:
         handle_box = [loop.call_later(interval_ms / 1000, fire)]
         self._timers.add(handle_box[0])
 
+    def schedule_once(self, endpoint: str, delay_ms: int, msg: Message) -> None:
+        """Deliver `msg` to the actor once, after `delay_ms`; a full mailbox defers it by
+        as long again rather than losing it (the actor may count on it arriving)."""
+        loop = asyncio.get_running_loop()
+        frame = INTERNAL_PROTOCOL.encode(msg)
+
+        def fire() -> None:
+            self._timers.discard(handle_box[0])
+            if not self.is_alive(endpoint) or self._try_push(endpoint, frame):
+                return
+            handle_box[0] = loop.call_later(delay_ms / 1000, fire)
+            self._timers.add(handle_box[0])
+
+        handle_box = [loop.call_later(delay_ms / 1000, fire)]
+        self._timers.add(handle_box[0])
+
     def count_unrecognized(self, endpoint: str) -> None:
         cell = self._cells.get(endpoint)
         if cell is not None:

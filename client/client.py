@@ -218,6 +218,12 @@ class DanubeClient:
         is kept across reconnects and retries) and 16 otherwise; more than 1 on a reliable
         topic trades that ordering guarantee for throughput.
 
+        Batching: a batch opened while nothing is in flight leaves on the event loop's
+        next turn (with every message queued in that turn); one opened while batches are
+        in flight fills until `batch_messages_max`, `batch_bytes_max`, the pipe draining,
+        or `batch_delay_ms`, whichever comes first. Light traffic is not delayed and heavy
+        traffic batches itself.
+
         With `schema_subject` (a registered subject) the producer writes that subject's
         version `schema_version`, or the latest if it is at least `schema_min_version`, or
         the latest; the version is fixed for the producer's life (all partitions, every

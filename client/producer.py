@@ -5,8 +5,9 @@ Write path:
 1. `send` / `send_nowait` checks the payload, picks a partition (`routing.py`) and takes
    one unit of the producer's `pending_messages_max` budget (waits, or raises
    `ProducerQueueFull`).
-2. The partition's accumulator collects messages until `batch_messages_max`,
-   `batch_bytes_max` (capped by the broker's `frame_bytes_max`) or `batch_delay_ms`.
+2. The partition's accumulator cuts a batch on the loop's next turn when nothing is in
+   flight, else at `batch_messages_max`, `batch_bytes_max` (capped by the broker's
+   `frame_bytes_max`), when the pipe drains, or after `batch_delay_ms`.
 3. The cut batch goes to the partition's sender, which keeps up to
    `inflight_batches_max` `Send` requests in flight, in order.
 4. A `SendReceipt` resolves the batch (one future per batch: a message costs its
@@ -469,7 +470,7 @@ class _PartitionProducer(Attachment):
         self._message_bytes_max = 0
         self._frame_room = 0
         self._batch_bytes_max = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         # Bounded by the producer's budget: a batch holds at least one pending message.
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=producer.pending_messages_max)
         self._window = asyncio.Semaphore(producer.inflight_batches_max)
@@ -548,7 +549,14 @@ class _PartitionProducer(Attachment):
         if batch is None:
             loop = asyncio.get_running_loop()
             batch = self._batch = _Batch(self.topic, loop.create_future())
-            self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self.cut)
+            if self._pipe_idle():
+                # Nothing in flight: the batch leaves on the loop's next turn, with what
+                # this turn queued, so light traffic does not wait out the delay. Under
+                # load batches fill while earlier ones are in flight (`_deliver` cuts the
+                # open one when the pipe drains), up to the size limits or the delay.
+                self._timer = loop.call_soon(self.cut)
+            else:
+                self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self.cut)
         index = len(batch.payloads)
         batch.payloads.append(payload)
         batch.publish_times.append(self._now_ms())
@@ -572,6 +580,10 @@ class _PartitionProducer(Attachment):
         if index + 1 >= self._producer.batch_messages_max or batch.bytes >= self._batch_bytes_max:
             self.cut()
         return PendingSend(batch, index)
+
+    def _pipe_idle(self, finishing: int = 0) -> bool:
+        """No batch queued or in flight, besides `finishing` deliveries ending now."""
+        return len(self._inflight) <= finishing and self._batches.empty()
 
     def cut(self) -> None:
         """Hand the open batch to the sender now."""
@@ -615,6 +627,8 @@ class _PartitionProducer(Attachment):
         finally:
             self._window.release()
             self._producer._batch_finished(batch, sent)
+            if self._batch is not None and self._pipe_idle(finishing=1):
+                self.cut()
 
     async def _send_with_retries(self, batch: _Batch) -> SendReceipt:
         schema = self._producer.schema

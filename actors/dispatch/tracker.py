@@ -297,6 +297,14 @@ class DeliveryTracker:
         return self._read_offset
 
     @property
+    def acked_above_count(self) -> int:
+        return len(self._acked_above)
+
+    def settled(self) -> bool:
+        """Nothing in flight and nothing waiting for (re)delivery: no deadline to watch."""
+        return not self._in_flight and not self._waiting
+
+    @property
     def acked_above(self) -> frozenset[int]:
         """Offsets above the cursor acked out of order."""
         return frozenset(self._acked_above)

@@ -75,14 +75,33 @@ async def test_batches_fit_the_brokers_frame_bytes_max() -> None:
 
 
 @pytest.mark.asyncio
-async def test_batch_delay_sends_a_lone_message() -> None:
-    """A single message is sent after batch_delay_ms without any flush."""
+async def test_a_lone_message_leaves_at_once_and_the_next_waits_for_the_pipe() -> None:
+    """Nothing in flight: a message leaves on the loop's next turn, whatever
+    batch_delay_ms. While that batch is in flight the next one fills, and leaves when
+    the pipe drains, here long before its one-minute delay."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_delay_ms=60_000)
+        broker.hold(Send)
+        first = producer.send_nowait(b"first")
+        await eventually(lambda: len(broker.held) == 1, what="the first batch sent at once")
+        second = [producer.send_nowait(b"second-%d" % i) for i in range(3)]
+        await broker.release(Send)
+        assert (await asyncio.wait_for(first, 2)).offset == 0
+        assert [m.offset for m in await asyncio.wait_for(asyncio.gather(*second), 2)] == [1, 2, 3]
+        assert [len(s.payloads) for s in broker.of(Send)] == [1, 3]
+
+
+@pytest.mark.asyncio
+async def test_batch_delay_bounds_the_wait_while_a_batch_is_in_flight() -> None:
     async with running_broker() as broker, client_for(broker) as client:
         producer = await client.create_producer(TOPIC, batch_delay_ms=20)
-        future = producer.send_nowait(b"alone")
-        await asyncio.sleep(0.005)
-        assert broker.of(Send) == []
-        assert (await asyncio.wait_for(future, 1)).offset == 0
+        broker.hold(Send)
+        producer.send_nowait(b"first")
+        await eventually(lambda: len(broker.held) == 1, what="the first batch sent at once")
+        producer.send_nowait(b"second")
+        await eventually(lambda: len(broker.held) == 2, what="the second batch sent after its delay")
+        await broker.release(Send)
+        await producer.flush(timeout=2)
 
 
 @pytest.mark.asyncio

@@ -63,7 +63,8 @@ def test_sync_send_nowait_returns_concurrent_future(broker: FakeBroker) -> None:
             producer.send_nowait(b"c")
         producer.flush()
         assert [f.result(2).offset for f in futures] == [0, 1]
-        assert len([m for m in broker.received if isinstance(m, Send)]) == 1
+        # The first leaves at once (nothing in flight); the second joins it or follows.
+        assert len([m for m in broker.received if isinstance(m, Send)]) in (1, 2)
 
 
 def test_sync_iteration_stops_on_close(broker: FakeBroker) -> None:
