@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
+from itertools import groupby, islice, repeat
+from operator import attrgetter
 from typing import NamedTuple
 
 from danube_zmq.actors.config import BrokerConfig
@@ -75,6 +78,8 @@ log = logging.getLogger("danube_zmq.subscription")
 
 _READ_BYTES_MAX = 1 << 20
 _new = tuple.__new__
+# What one `Deliver` shares: producer and schema version.
+_run_key = attrgetter("producer_id", "schema_id", "schema_version")
 
 
 class _Record(NamedTuple):
@@ -88,6 +93,9 @@ class _Record(NamedTuple):
     producer_name: str
     schema_id: int | None
     schema_version: int | None
+
+
+_make_record = partial(_new, _Record)
 
 
 class ReliableSubscriptionActor(SubscriptionActor):
@@ -184,7 +192,18 @@ class ReliableSubscriptionActor(SubscriptionActor):
     def _buffer(self, publish: Publish) -> None:
         base = publish.base_offset
         keys, attributes = publish.keys, publish.attributes
-        for i in range(self.buffer_end - base, len(publish.payloads)):
+        start, count = self.buffer_end - base, len(publish.payloads)
+        if self.tracker.acked_above_count == 0 and self.buffer_end > self.tracker.cursor:
+            # Nothing at or above buffer_end is acked yet (the steady state): every record
+            # goes in, built in C (zip, then tuple.__new__ per row) rather than in a loop.
+            self.records.update(zip(range(base + start, base + count), map(_make_record, zip(
+                publish.payloads[start:], repeat(None) if keys is None else keys[start:],
+                repeat(None) if attributes is None else attributes[start:], publish.publish_times[start:],
+                repeat(publish.producer_id), repeat(publish.producer_name), repeat(publish.schema_id),
+                repeat(publish.schema_version), strict=False)), strict=True))
+            self.buffer_end = base + count
+            return
+        for i in range(start, count):
             offset = base + i
             if not self.tracker.is_acked(offset):
                 self.records[offset] = _new(_Record, (
@@ -213,13 +232,10 @@ class ReliableSubscriptionActor(SubscriptionActor):
             if left:
                 self.tracker.requeue(left, now)
         while capacity and self.tracker.may_deliver_new():
-            offsets = []
-            offset = self.tracker.read_offset
             limit = min(sum(capacity.values()), self.tracker.new_allowance())
-            while offset < self.buffer_end and len(offsets) < limit:
-                if offset in self.records:
-                    offsets.append(offset)
-                offset += 1
+            # The buffered offsets from the read offset on (acked ones are not buffered).
+            offsets = list(islice(filter(self.records.__contains__, range(self.tracker.read_offset, self.buffer_end)),
+                                  limit))
             if not offsets or not self._assign(offsets, capacity, None, now):
                 break
         self._fill()
@@ -237,6 +253,17 @@ class ReliableSubscriptionActor(SubscriptionActor):
         become holes the tracker hands out again through `due`."""
         keys = [self._key(o) for o in offsets] if self.sub_type == cp.SubType.KEY_SHARED else None
         assignment = self.rule.assign(len(offsets), keys, "", capacity)
+        if counts is None and len(assignment.slices) == 1 and not assignment.skipped:
+            # New offsets (ascending) to one consumer: one run, nothing to sort.
+            (part,) = assignment.slices
+            run = offsets if len(part.indices) == len(offsets) else [offsets[i] for i in part.indices]
+            cid = part.consumer_id
+            self.tracker.delivered(cid, run, now)
+            capacity[cid] -= len(run)
+            if capacity[cid] <= 0:
+                del capacity[cid]
+            self._send_records(self.consumers[cid], run, None)
+            return set(run)
         owner: dict[int, int] = {}
         for part in assignment.slices:
             for i in part.indices:
@@ -271,43 +298,44 @@ class ReliableSubscriptionActor(SubscriptionActor):
     def _send_records(self, consumer: _Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
         """One `Deliver` per run of offsets from one producer and schema version with one
         redelivery count."""
+        records = list(map(self.records.__getitem__, offsets))
+        keys = map(_run_key, records) if counts is None else zip(map(_run_key, records), map(counts.__getitem__, offsets),
+                                                                strict=True)
         start = 0
-        while start < len(offsets):
-            first = self.records[offsets[start]]
-            count = counts[offsets[start]] if counts else 0
-            end = start + 1
-            while end < len(offsets) and _same_run(self.records[offsets[end]], first) \
-                    and (counts[offsets[end]] if counts else 0) == count:
-                end += 1
-            run = offsets[start:end]
-            records = [self.records[o] for o in run]
-            keys = [r.key for r in records]
-            attributes = [r.attributes for r in records]
-            contiguous = run[-1] - run[0] + 1 == len(run)
-            deliver = cp.Deliver(
-                consumer_id=consumer.consumer_id, topic=self.topic, producer_id=first.producer_id,
-                producer_name=first.producer_name, base_offset=run[0], payloads=[r.payload for r in records],
-                publish_times=[r.publish_time for r in records],
-                keys=keys if any(k is not None for k in keys) else None,
-                attributes=attributes if any(attributes) else None,
-                offsets=None if contiguous else run, redelivery_count=count,
-                schema_id=first.schema_id, schema_version=first.schema_version)
-            consumer.permits -= len(run)
-            if self.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
-                self.delivered_messages += len(run)
-                self._out_metric.inc(len(run))
-            # A frame the gateway could not take is redelivered after the ack timeout.
-            if count:
-                self.redeliveries += len(run)
+        for key, group in groupby(keys):
+            end = start + sum(1 for _ in group)
+            self._deliver_run(consumer, offsets[start:end], records[start:end], key[1] if counts is not None else 0)
             start = end
+
+    def _deliver_run(self, consumer: _Consumer, run: list[int], records: list[_Record], count: int) -> None:
+        first = records[0]
+        keys = [r.key for r in records]
+        attributes = [r.attributes for r in records]
+        contiguous = run[-1] - run[0] + 1 == len(run)
+        deliver = cp.Deliver(
+            consumer_id=consumer.consumer_id, topic=self.topic, producer_id=first.producer_id,
+            producer_name=first.producer_name, base_offset=run[0], payloads=[r.payload for r in records],
+            publish_times=[r.publish_time for r in records],
+            keys=keys if any(k is not None for k in keys) else None,
+            attributes=attributes if any(attributes) else None,
+            offsets=None if contiguous else run, redelivery_count=count,
+            schema_id=first.schema_id, schema_version=first.schema_version)
+        consumer.permits -= len(run)
+        if self.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
+            self.delivered_messages += len(run)
+            self._out_metric.inc(len(run))
+        # A frame the gateway could not take is redelivered after the ack timeout.
+        if count:
+            self.redeliveries += len(run)
 
     # ------------------------------------------------------------- consumers
     def _ack(self, consumer: _Consumer, msg: cp.Ack | cp.Nack) -> Message:
         if type(msg) is cp.Ack:
-            self.tracker.ack(consumer.consumer_id, msg.offsets)
+            cursor = self.tracker.ack(consumer.consumer_id, msg.offsets)
+            pop = self.records.pop
             for offset in msg.offsets:
-                if self.tracker.is_acked(offset):
-                    self.records.pop(offset, None)
+                if offset <= cursor or self.tracker.is_acked(offset):
+                    pop(offset, None)
         else:
             self.tracker.nack(consumer.consumer_id, msg.offsets, self.system.clock.monotonic_ms(), msg.delay_ms)
         self._dispatch()
@@ -550,9 +578,3 @@ def failure_policy_state(policy: FailurePolicy) -> FailurePolicyState:
         base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
         max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
         poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic)
-
-
-def _same_run(record: _Record, first: _Record) -> bool:
-    """One `Deliver` carries one producer and one schema (id, version)."""
-    return record.producer_id == first.producer_id and record.schema_id == first.schema_id \
-        and record.schema_version == first.schema_version

@@ -50,6 +50,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 from danube_zmq.transport.errors import InvalidArgument
@@ -198,6 +199,14 @@ class TrackerStatistics:
 # Named tuples built per offset go through `tuple.__new__`: their generated `__new__`
 # is Python code, several times slower.
 _new = tuple.__new__
+
+
+def _next_run(offsets: Sequence[int], first: int) -> bool:
+    """`offsets` are `first`, `first + 1`, ... in order (compared in C, not per item in Python)."""
+    count = len(offsets)
+    if not count or offsets[0] != first or offsets[-1] != first + count - 1:
+        return False
+    return list(offsets) == list(range(first, first + count))
 
 
 class _InFlight(NamedTuple):
@@ -395,6 +404,15 @@ class DeliveryTracker:
         self._tick(now_ms)
         deadline_ms = now_ms + self.policy.ack_timeout_ms
         flight = self._in_flight.setdefault(consumer_id, {})
+        if _next_run(offsets, self._read_offset):
+            # First deliveries of the next offsets in a row, the steady state: none of
+            # them is tracked yet (everything tracked lies below read_offset), so the
+            # loop below would only add them in flight and move read_offset.
+            assert not self._blocked, (offsets[0], self._blocked)
+            assert offsets[-1] - self._cursor <= self._acked_above_max, (offsets[-1], self._cursor)
+            flight.update(zip(offsets, repeat(_new(_InFlight, (1, deadline_ms)))))
+            self._read_offset = offsets[-1] + 1
+            return
         for offset in offsets:
             attempts = self._handed_out.pop(offset, None)
             if attempts is None:
@@ -441,6 +459,19 @@ class DeliveryTracker:
         never delivered, handed out by `due`, or poisoned (a poisoning is final).
         """
         flight = self._in_flight.get(consumer_id)
+        if flight is not None and isinstance(offsets, Sequence) and _next_run(offsets, self._cursor + 1) \
+                and all(map(flight.__contains__, offsets)):
+            # The next offsets in a row, all in flight here, the steady state: acking them
+            # one by one would move the cursor over each in turn.
+            for offset in offsets:
+                del flight[offset]
+            if not flight:
+                del self._in_flight[consumer_id]
+            self._cursor = offsets[-1]
+            while self._cursor + 1 in self._acked_above:
+                self._cursor += 1
+                self._acked_above.remove(self._cursor)
+            return self._cursor
         for offset in offsets:
             if flight is not None and offset in flight:
                 del flight[offset]

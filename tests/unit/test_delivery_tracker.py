@@ -637,3 +637,42 @@ class TrackerMachine(RuleBasedStateMachine):
 
 TrackerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_random_interleavings_lose_no_offset = TrackerMachine.TestCase
+
+
+def _state(t: DeliveryTracker) -> tuple[object, ...]:
+    return (t.snapshot(), t.read_offset, t.statistics(), {c: dict(f) for c, f in t._in_flight.items()},
+            dict(t._waiting))
+
+
+@given(
+    earlier=st.lists(st.tuples(st.sampled_from((1, 2)), st.integers(1, 4), st.booleans()), max_size=6),
+    run=st.integers(1, 12),
+    acked=st.integers(0, 12),
+)
+@settings(max_examples=300, deadline=None)
+def test_runs_in_order_take_the_fast_path_to_the_same_state(
+    earlier: list[tuple[int, int, bool]], run: int, acked: int
+) -> None:
+    """Delivering the next offsets in a row, and acking the next ones after the cursor,
+    end in the state the general path reaches with the same offsets in reverse."""
+    fast, general = tracker(), tracker()
+    now = 0
+    for consumer, count, ack in earlier:  # some history: deliveries, some acked out of order
+        for t in (fast, general):
+            offsets = list(range(t.read_offset, t.read_offset + count))
+            t.delivered(consumer, offsets, now)
+            if ack:
+                t.ack(consumer, offsets[1:])
+    offsets = list(range(fast.read_offset, fast.read_offset + run))
+    fast.delivered(3, offsets, now)
+    general.delivered(3, offsets[::-1], now)
+    assert _state(fast) == _state(general)
+    fast.check_invariants()
+    in_flight_3 = sorted(fast._in_flight.get(3, {}))
+    start = fast.cursor + 1
+    ackable = [o for o in range(start, start + acked) if o in in_flight_3]
+    prefix = ackable[: next((i for i, o in enumerate(ackable) if o != start + i), len(ackable))]
+    fast.ack(3, prefix)
+    general.ack(3, prefix[::-1])
+    assert _state(fast) == _state(general)
+    fast.check_invariants()
