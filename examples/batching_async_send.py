@@ -1,11 +1,13 @@
 """Batching and asynchronous sends: `send_nowait` with callbacks, then `flush`.
 
-`send_nowait` queues a message and returns at once; the producer packs queued
-messages into batches (up to `batch_messages_max` messages or `batch_delay_ms`
-milliseconds) and keeps several batches in flight. A callback per message reports
+`send_nowait` queues a message and returns at once (a `PendingSend`, awaitable for
+the `MessageId`); the producer packs queued messages into batches (a batch leaves at
+once when nothing is in flight, else when the pipe drains, at `batch_messages_max`
+messages or after `batch_delay_ms` milliseconds) and keeps several batches in flight. A callback per message reports
 its `MessageId` or error. When `pending_messages_max` messages are pending,
 `send_nowait` raises `ProducerQueueFull`: this example then waits with `flush` and
-goes on (backpressure). A consumer reads along; the script prints the throughput.
+goes on (backpressure). A consumer reads along, a batch at a time with
+`batch_receive` and one `ack` per batch; the script prints the throughput.
 
     python examples/batching_async_send.py [tcp://127.0.0.1:6650]
 
@@ -39,11 +41,11 @@ async def count_received(consumer: Consumer) -> int:
     received = 0
     while True:
         try:
-            message = await consumer.receive(timeout=1.0)
+            messages = await consumer.batch_receive(timeout=1.0)
         except Timeout:
             return received
-        await consumer.ack(message)
-        received += 1
+        await consumer.ack(messages)
+        received += len(messages)
 
 
 async def main() -> None:
