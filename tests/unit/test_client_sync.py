@@ -55,12 +55,16 @@ def test_sync_round_trip(broker: FakeBroker) -> None:
 
 
 def test_sync_send_nowait_returns_concurrent_future(broker: FakeBroker) -> None:
+    """Futures from another thread; with the receipts held at the broker, the third
+    send finds pending_messages_max (2) taken."""
+    broker.hold(Send)
     with SyncClient(broker.url, request_timeout_ms=2_000) as client:
         producer = client.create_producer(TOPIC, pending_messages_max=2, batch_delay_ms=200)
         futures = [producer.send_nowait(b"a"), producer.send_nowait(b"b")]
         assert all(isinstance(f, concurrent.futures.Future) for f in futures)
         with pytest.raises(ProducerQueueFull):
             producer.send_nowait(b"c")
+        asyncio.run_coroutine_threadsafe(broker.release(Send), broker.loop).result(5)  # type: ignore[attr-defined]
         producer.flush()
         assert [f.result(2).offset for f in futures] == [0, 1]
         # The first leaves at once (nothing in flight); the second joins it or follows.
