@@ -70,6 +70,9 @@ _ENV_PREFIX = "DANUBE_"
 # --------------------------------------------------------------------------
 
 
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerSection:
     """Identity and endpoints of this broker (Danube's `broker:` section)."""
@@ -102,9 +105,14 @@ class BrokerSection:
     session_timeout_ms: int = 5000
     # How often clients are told to ping the broker. Default 1000 ms.
     heartbeat_interval_ms: int = 1000
+    # The asyncio event loop: "uvloop" (libuv; used when installed, else the
+    # standard loop) or "asyncio" (the standard library's). Default uvloop.
+    event_loop: str = "uvloop"
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.event_loop not in EVENT_LOOPS:
+            raise _error("broker.event_loop", f"must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         _check_range("broker.heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 3_600_000)
         _check_range("broker.session_timeout_ms", self.session_timeout_ms, 20, 3_600_000)
         if self.session_timeout_ms < 2 * self.heartbeat_interval_ms:

@@ -269,7 +269,15 @@ class ActorSystem:
 
     def schedule_periodic(self, endpoint: str, interval_ms: int, msg: Message) -> None:
         """Deliver `msg` to the actor every `interval_ms` while it lives."""
-        assert interval_ms > 0
+        self._schedule(endpoint, interval_ms, msg, periodic=True)
+
+    def schedule_once(self, endpoint: str, delay_ms: int, msg: Message) -> None:
+        """Deliver `msg` to the actor once, after `delay_ms`; a full mailbox defers it by
+        as long again rather than losing it (the actor may count on it arriving)."""
+        self._schedule(endpoint, delay_ms, msg, periodic=False)
+
+    def _schedule(self, endpoint: str, delay_ms: int, msg: Message, *, periodic: bool) -> None:
+        assert delay_ms > 0
         loop = asyncio.get_running_loop()
         frame = INTERNAL_PROTOCOL.encode(msg)
 
@@ -277,22 +285,7 @@ class ActorSystem:
             self._timers.discard(handle_box[0])
             if not self.is_alive(endpoint):
                 return
-            self.tell_frame(endpoint, frame)
-            handle_box[0] = loop.call_later(interval_ms / 1000, fire)
-            self._timers.add(handle_box[0])
-
-        handle_box = [loop.call_later(interval_ms / 1000, fire)]
-        self._timers.add(handle_box[0])
-
-    def schedule_once(self, endpoint: str, delay_ms: int, msg: Message) -> None:
-        """Deliver `msg` to the actor once, after `delay_ms`; a full mailbox defers it by
-        as long again rather than losing it (the actor may count on it arriving)."""
-        loop = asyncio.get_running_loop()
-        frame = INTERNAL_PROTOCOL.encode(msg)
-
-        def fire() -> None:
-            self._timers.discard(handle_box[0])
-            if not self.is_alive(endpoint) or self._try_push(endpoint, frame):
+            if self.tell_frame(endpoint, frame) and not periodic:
                 return
             handle_box[0] = loop.call_later(delay_ms / 1000, fire)
             self._timers.add(handle_box[0])
@@ -372,13 +365,14 @@ class ActorSystem:
         loop.add_reader(fd, wake.set)
         try:
             while True:
-                if mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    if not await self._drain_mailbox(cell, mailbox):
-                        return
-                    await asyncio.sleep(0)  # a busy mailbox must not starve the other actors
+                if not mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    wake.clear()
+                    await wake.wait()
                     continue
-                wake.clear()
-                await wake.wait()
+                if not await self._drain_mailbox(cell, mailbox):
+                    return
+                if mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    await asyncio.sleep(0)  # frames left after a full drain: let the other actors run
         finally:
             loop.remove_reader(fd)
 

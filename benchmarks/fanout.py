@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from typing import Any
 
-from harness import Servers, append, medians, now_utc, print_table, run_pair, servers_for
+from harness import Servers, medians, now_utc, print_table, run_alone, run_pair, servers_for, split_list
 from peer_workloads import nats_core_producer, redis_pubsub_producer
 
 WORKLOAD = "fanout"
@@ -101,7 +102,7 @@ PRODUCERS = {"redis_pubsub": _produce_redis, "nats_core": _produce_nats}
 CONSUMERS = {"redis_pubsub": redis_consumers, "nats_core": nats_consumers}
 
 
-def measure(servers: Servers | None, *, repeat: int, count: int, size: int, subscribers: int,
+def measure(servers: Servers | None = None, *, repeat: int, count: int, size: int, subscribers: int,
             peers: list[str]) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     expected = count * subscribers
@@ -148,19 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
 def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     get, key = vars(args), prefix.replace("-", "_")
     return {"count": get[f"{key}count"], "subscribers": get[f"{key}subscribers"],
-            "peers": [p for p in get[f"{key}peers"].split(",") if p]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--size", type=int, default=100)
-    add_arguments(parser)
-    args = parser.parse_args()
-    runs = measure(None, repeat=args.repeat, size=args.size, **options(args))
-    append(WORKLOAD, runs)
-    report(runs)
+            "peers": split_list(get[f"{key}peers"])}
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(sys.modules[__name__], sized=True)

@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from harness import Meter, Servers, append, medians, now_utc, print_table
+from harness import Meter, Servers, medians, now_utc, print_table, run_alone, split_list
 
 from danube_zmq import DanubeClient
 from danube_zmq.transport.errors import Timeout
@@ -210,19 +211,9 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
 def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     get, key = vars(args), prefix.replace("-", "_")
     return {"topics": get[f"{key}topics"], "seconds": get[f"{key}seconds"],
-            "dispatches": [d for d in get[f"{key}dispatch"].split(",") if d],
-            "peers": [p for p in get[f"{key}peers"].split(",") if p]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3)
-    add_arguments(parser)
-    args = parser.parse_args()
-    runs = measure(repeat=args.repeat, **options(args))
-    append(WORKLOAD, runs)
-    report(runs)
+            "dispatches": split_list(get[f"{key}dispatch"]),
+            "peers": split_list(get[f"{key}peers"])}
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(sys.modules[__name__])

@@ -6,6 +6,7 @@ JSON lines every run is appended to (benchmarks/results/<workload>.jsonl).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -171,6 +172,31 @@ def append(workload: str, runs: list[dict[str, Any]]) -> Path:
         for run in runs:
             out.write(json.dumps(run) + "\n")
     return path
+
+
+def finish(module: Any, runs: list[dict[str, Any]]) -> None:
+    """A workload module's table of medians, and its runs appended to its results file."""
+    module.report(runs)
+    path = append(module.WORKLOAD, runs)
+    print(f"  ({len(runs)} runs appended to {path.relative_to(RESULTS.parent.parent)})")
+
+
+def run_alone(module: Any, *, sized: bool = False) -> None:
+    """A workload module's own command line: --repeat (and --size), its options, then
+    `finish`."""
+    parser = argparse.ArgumentParser(description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    if sized:
+        parser.add_argument("--size", type=int, default=100)
+    module.add_arguments(parser)
+    args = parser.parse_args()
+    extra = {"size": args.size} if sized else {}
+    finish(module, module.measure(repeat=args.repeat, **extra, **module.options(args)))
+
+
+def split_list(text: str) -> list[str]:
+    """The items of a comma-separated option."""
+    return [item for item in text.split(",") if item]
 
 
 def now_utc() -> str:

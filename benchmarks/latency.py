@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from typing import Any
 
 import numpy as np
-from harness import Servers, append, medians, now_utc, print_table, run_pair, servers_for
+from harness import Servers, medians, now_utc, print_table, run_alone, run_pair, servers_for, split_list
 
 from danube_zmq.bench.histogram import LatencyHistogram
 from danube_zmq.bench.stamp import Stamper, read_stamp
@@ -151,7 +152,7 @@ def _row(workload: str, repeat: int, count: int, e2e: dict[str, Any] | None, ack
     return row
 
 
-def measure(servers: Servers | None, *, repeat: int, seconds: float, rate: float, size: int,
+def measure(servers: Servers | None = None, *, repeat: int, seconds: float, rate: float, size: int,
             batch_delays: list[int], peers: list[str]) -> list[dict[str, Any]]:
     count = max(int(rate * seconds), 1)
     runs: list[dict[str, Any]] = []
@@ -200,20 +201,9 @@ def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     get = vars(args)
     key = prefix.replace("-", "_")
     return {"seconds": get[f"{key}seconds"], "rate": get[f"{key}rate"],
-            "batch_delays": [int(d) for d in get[f"{key}batch_delays"].split(",") if d],
-            "peers": [p for p in get[f"{key}peers"].split(",") if p]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--size", type=int, default=100)
-    add_arguments(parser)
-    args = parser.parse_args()
-    runs = measure(None, repeat=args.repeat, size=args.size, **options(args))
-    append(WORKLOAD, runs)
-    report(runs)
+            "batch_delays": [int(d) for d in split_list(get[f"{key}batch_delays"])],
+            "peers": split_list(get[f"{key}peers"])}
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(sys.modules[__name__], sized=True)

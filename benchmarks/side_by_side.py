@@ -39,7 +39,7 @@ import fanout
 import footprint
 import latency
 import slow_consumer
-from harness import RESULTS, Danube, Servers, append, now_utc
+from harness import Danube, Servers, append, finish, now_utc, split_list
 from peer_workloads import NOTES, WORKLOADS, run_workload
 
 from danube_zmq.bench.compare import median_rates, ratio_rows
@@ -73,10 +73,7 @@ def throughput(servers: Servers, repeat: int, count: int, sizes: list[int], work
                 runs.append({"workload": workload, "size": size, "repeat": r, "at": stamp, "note": NOTES[workload],
                              **result})
                 print(json.dumps(runs[-1]), file=sys.stderr)
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "side_by_side.jsonl", "a") as out:
-        for run in runs:
-            out.write(json.dumps(run) + "\n")
+    append("side_by_side", runs)
     print(f"\nthroughput, 1 producer -> 1 consumer (medians of {repeat} runs)")
     print(f"{'size':>5}  {'ours':<20} {'msg/s':>10}  {'peer':<22} {'msg/s':>10}  ratio")
     for row in ratio_rows(median_rates(runs), sizes):
@@ -100,10 +97,10 @@ def main() -> None:
     footprint.add_arguments(parser, "footprint-")
     slow_consumer.add_arguments(parser, "slow-")
     args = parser.parse_args()
-    chosen = [w for w in args.workloads.split(",") if w]
+    chosen = split_list(args.workloads)
     for name in set(chosen) - set(WORKLOAD_NAMES):
         parser.error(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
-    peer_workloads = [w for w in args.peers.split(",") if w]
+    peer_workloads = split_list(args.peers)
     latency_options, fanout_options = latency.options(args, "latency-"), fanout.options(args, "fanout-")
     # Latency and fan-out share the suite's servers with throughput; footprint and the
     # slow consumer start fresh ones per run (they measure the servers' memory).
@@ -118,23 +115,17 @@ def main() -> None:
         with Servers(needed) as servers:
             for name in chosen:
                 if name == "throughput":
-                    throughput(servers, args.repeat, args.count, [int(s) for s in args.sizes.split(",")], peer_workloads)
+                    throughput(servers, args.repeat, args.count, [int(s) for s in split_list(args.sizes)], peer_workloads)
                 elif name == "latency":
-                    _finish(latency, latency.measure(servers, repeat=args.repeat, size=100, **latency_options))
+                    finish(latency, latency.measure(servers, repeat=args.repeat, size=100, **latency_options))
                 elif name == "fanout":
-                    _finish(fanout, fanout.measure(servers, repeat=args.repeat, size=100, **fanout_options))
+                    finish(fanout, fanout.measure(servers, repeat=args.repeat, size=100, **fanout_options))
     # After the shared servers stopped, so that they take no CPU from these measurements.
     for name in chosen:
         if name == "footprint":
-            _finish(footprint, footprint.measure(repeat=args.repeat, **footprint.options(args, "footprint-")))
+            finish(footprint, footprint.measure(repeat=args.repeat, **footprint.options(args, "footprint-")))
         elif name == "slow_consumer":
-            _finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
-
-
-def _finish(module: Any, runs: list[dict[str, Any]]) -> None:
-    module.report(runs)
-    path = append(module.WORKLOAD, runs)
-    print(f"  ({len(runs)} runs appended to {path.relative_to(RESULTS.parent.parent)})")
+            finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
 
 
 if __name__ == "__main__":

@@ -25,11 +25,12 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import queue
+import sys
 import threading
 import time
 from typing import Any
 
-from harness import Meter, Servers, append, medians, now_utc, print_table
+from harness import Meter, Servers, medians, now_utc, print_table, run_alone, split_list
 
 from danube_zmq.actors.config import DispatchSection, StorageSection
 from danube_zmq.transport.errors import Timeout
@@ -146,18 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
 def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     get, key = vars(args), prefix.replace("-", "_")
     return {"seconds": get[f"{key}seconds"], "consume_rate": get[f"{key}consume_rate"],
-            "dispatches": [d for d in get[f"{key}dispatch"].split(",") if d]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3)
-    add_arguments(parser)
-    args = parser.parse_args()
-    runs = measure(repeat=args.repeat, **options(args))
-    append(WORKLOAD, runs)
-    report(runs)
+            "dispatches": split_list(get[f"{key}dispatch"])}
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(sys.modules[__name__])

@@ -14,8 +14,7 @@ from typing import Any
 
 import click
 
-from danube_zmq.cli.event_loop import ENV as EVENT_LOOP_ENV
-from danube_zmq.cli.event_loop import LOOPS, run
+from danube_zmq.cli.event_loop import run
 from danube_zmq.cli.options import Interrupted, StopSignals
 from danube_zmq.cli.output import emit_line
 
@@ -50,10 +49,8 @@ def broker() -> None:
 )
 @click.option(
     "--event-loop",
-    type=click.Choice(LOOPS),
-    envvar=EVENT_LOOP_ENV,
-    show_envvar=True,
-    help="uvloop (the default, when installed) or the standard library's asyncio loop.",
+    type=click.Choice(("uvloop", "asyncio")),
+    help="Overrides broker.event_loop [uvloop: used when installed; asyncio: the standard loop].",
 )
 def start(
     config_path: Path | None,
@@ -83,9 +80,10 @@ def start(
             "broker.admin_listen": admin_listen,
             "broker.metrics_port": metrics_port,
             "broker.data_dir": data_dir,
+            "broker.event_loop": event_loop,
         },
     )
-    run(_run(config), event_loop)
+    run(_run(config), config.broker.event_loop)
 
 
 async def _run(config: Any) -> None:

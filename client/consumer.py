@@ -376,7 +376,7 @@ class Consumer:
         `ack_batch_max` are queued); waits while `pending_acks_max` are."""
         if isinstance(message, Message | MessageId):
             partition, offset = self._partition_of(message)
-            await partition.queue_ack(offset)
+            await partition.queue_acks([offset])
             return
         if isinstance(message, str | bytes) or not isinstance(message, Iterable):
             raise InvalidArgument(f"expected a Message, a MessageId or a list of them, not {type(message).__name__}")
@@ -605,19 +605,9 @@ class _PartitionConsumer(Attachment):
 
     # ---------------------------------------------------------------- acks
 
-    async def queue_ack(self, offset: int) -> None:
-        while len(self._acks) >= self._consumer.pending_acks_max:
-            self._ack_room.clear()
-            await self._ack_room.wait()
-            if self._consumer._closing:
-                raise AlreadyClosed(f"consumer {self.name} is closed")
-        self._acks.append(offset)
-        self._ack_ready.set()
-        if len(self._acks) >= self._consumer.ack_batch_max:
-            self._ack_full.set()
-
     async def queue_acks(self, offsets: list[int]) -> None:
-        """`queue_ack` for many: queued in slices that fit under `pending_acks_max`."""
+        """Queue acks for sending, in slices that fit under `pending_acks_max` (waits
+        for room)."""
         pending_max = self._consumer.pending_acks_max
         done = 0
         while done < len(offsets):

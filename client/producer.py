@@ -57,6 +57,8 @@ SEND_OVERHEAD_BYTES = 64
 def entry_bytes(payload: bytes, key: str | None, attributes: Mapping[str, str] | None) -> int:
     """Upper bound of one message's bytes in a msgpack `Send` frame (5-byte headers, 9-byte ints)."""
     size = 5 + len(payload) + 9 + 5
+    if key is None and not attributes:
+        return size
     if key is not None:
         size += len(key.encode("utf-8"))
     if attributes:
@@ -194,10 +196,10 @@ class _Budget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     def try_take(self) -> bool:
-        if self.used < self.limit and not self.waiters:
+        if self.used < self.limit and not self._waiters:
             self.used += 1
             return True
         return False
@@ -206,21 +208,21 @@ class _Budget:
         if self.try_take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
+        self._waiters.append(waiter)
         try:
             await waiter  # `give` counts the unit for us before waking us
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give(1)
-            elif waiter in self.waiters:
-                self.waiters.remove(waiter)
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
             raise
 
     def give(self, n: int) -> None:
         self.used -= n
         assert self.used >= 0
-        while self.waiters and self.used < self.limit:
-            waiter = self.waiters.popleft()
+        while self._waiters and self.used < self.limit:
+            waiter = self._waiters.popleft()
             if not waiter.done():
                 self.used += 1
                 waiter.set_result(None)
@@ -358,13 +360,11 @@ class Producer:
         `MessageId`); raise `ProducerQueueFull` when `pending_messages_max` messages are
         already pending. `callback(error, message_id)`, if given, runs when the receipt
         (or the failure) arrives; a partition's callbacks run in send order."""
-        budget = self._budget
-        if budget.used >= budget.limit or budget.waiters:
+        partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
+        if not self._budget.try_take():
             raise ProducerQueueFull(
                 f"producer {self.name} has {self.pending_messages_max} messages pending (pending_messages_max)"
             )
-        partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
-        budget.used += 1
         return partition.add(payload_bytes, key, attrs, callback)
 
     def _prepare(
@@ -541,7 +541,7 @@ class _PartitionProducer(Attachment):
             callback: SendCallback | None) -> PendingSend:
         if self.connection is not self._limits_of:
             self._limits()
-        size = len(payload) + 19 if key is None and not attributes else entry_bytes(payload, key, attributes)
+        size = entry_bytes(payload, key, attributes)
         batch = self._batch
         if batch is not None and batch.bytes + size > self._batch_bytes_max:
             self.cut()

@@ -290,6 +290,7 @@ def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
         ("broker.broker_id", -5, "must be >= 0, got -5"),
         ("broker.broker_id", 2**63, "must be between 0 and 9223372036854775807"),
         ("broker.data_dir", "", "must not be empty"),
+        ("broker.event_loop", "trio", "must be one of uvloop, asyncio, got 'trio'"),
     ],
 )
 def test_out_of_range(key: str, value: object, expected: str) -> None:
