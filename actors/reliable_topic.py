@@ -613,7 +613,7 @@ class ReliableTopicActor(TopicActor):
                                               policy=self.subscription_policies.get(name, policy),
                                               max_unacked_messages=self.subscription_windows.get(
                                                   name, max_unacked_messages)),
-            name=f"subscription {topic}:{name}", parent=self.endpoint)
+            name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription
         return subscription

@@ -310,7 +310,7 @@ class TopicActor(Actor):
         topic, config, parent = self.topic, self.config, self.endpoint
         endpoint = await self.system.spawn(
             lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=parent),
-            name=f"subscription {topic}:{name}", parent=self.endpoint)
+            name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription
         return subscription

@@ -39,6 +39,7 @@ class Recorder(Actor):
         raise RuntimeError(f"boom {msg.subscription}")
 
     async def handle_DescribePartition(self, msg: DescribePartition) -> Done:
+        Recorder.seen.append("asked")
         return Done()
 
     def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
@@ -138,3 +139,96 @@ async def test_stop_stops_children_first(system: ActorSystem) -> None:
     child = await system.spawn(Recorder, name="child", parent=parent)
     await system.stop(parent)
     assert not system.is_alive(parent) and not system.is_alive(child)
+
+
+class Host(Actor):
+    """A parent whose children share its mailbox: on `ConsumerCount` it tells the named
+    guest a Tick and asks it a DescribePartition, which only works served in place."""
+
+    seen: list[str] = []
+
+    def handle_Tick(self, msg: Tick) -> None:
+        Host.seen.append("host tick")
+
+    async def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
+        assert self.system.tell(msg.subscription, Tick())
+        answer = await self.system.ask(msg.subscription, DescribePartition(), timeout_ms=500)
+        Host.seen.append(f"host asked: {type(answer).__name__}")
+
+    def handle_ChildStopped(self, msg: ChildStopped) -> None:
+        Host.seen.append(f"child stopped: {msg.name}")
+
+
+async def spawn_group(system: ActorSystem) -> tuple[str, str]:
+    Host.seen = []
+    host = await system.spawn(Host, name="host")
+    guest = await system.spawn(Recorder, name="guest", parent=host, share_mailbox=True)
+    return host, guest
+
+
+async def test_a_guest_is_an_actor_of_its_own_on_its_hosts_mailbox(system: ActorSystem) -> None:
+    """Frames to a guest come through its host's socket behind a header and reach the
+    guest's handlers in order; the host's own frames still reach the host."""
+    host, guest = await spawn_group(system)
+    assert guest.startswith(host + "/")
+    for _ in range(3):
+        assert system.tell(guest, Tick())
+        assert system.tell(host, Tick())
+    await wait_for(lambda: len(Recorder.seen) == 3 and len(Host.seen) == 3)
+    assert Recorder.seen == ["tick 1", "tick 2", "tick 3"] and Host.seen == ["host tick"] * 3
+    stats = {s.name: s for s in system.actor_statistics()}
+    assert stats["guest"].handled_messages == 3 and stats["host"].handled_messages == 3
+    assert stats["guest"].unrecognized_messages == stats["host"].unrecognized_messages == 0
+
+
+async def test_inside_a_group_tells_take_the_lane_and_asks_are_served_in_place(system: ActorSystem) -> None:
+    """The host's ask to its guest is answered (through the mailbox it would wait for the
+    very task that is waiting), and the Tick the host told first is handled first."""
+    host, guest = await spawn_group(system)
+    assert system.tell(host, ConsumerCount(subscription=guest, consumers=1))
+    await wait_for(lambda: len(Host.seen) == 1)
+    assert Host.seen == ["host asked: Done"]
+    assert Recorder.seen == ["tick 1", "asked"]
+
+
+async def test_a_guest_fails_alone(system: ActorSystem) -> None:
+    """A guest's handler raising restarts the guest, not the host; past its budget it
+    stops, the host hears ChildStopped, and frames for it become dead letters."""
+    host, guest = await spawn_group(system)
+    system.tell(guest, Tick())
+    system.tell(guest, SubscriptionEnded(subscription="a"))
+    system.tell(guest, Tick())
+    await wait_for(lambda: len(Recorder.seen) == 2)
+    assert Recorder.seen == ["tick 1", "tick 1"] and Recorder.instances == 2
+    for i in range(2):
+        system.tell(guest, SubscriptionEnded(subscription=str(i)))
+    await wait_for(lambda: "child stopped: guest" in Host.seen)
+    assert system.is_alive(host) and not system.is_alive(guest)
+    assert not system.tell(guest, Tick())
+    system.tell(host, Tick())
+    await wait_for(lambda: Host.seen[-1] == "host tick")
+    assert system.statistics().restarts == 2
+
+
+async def test_frames_for_a_stopped_guest_are_dead_letters_not_host_frames(system: ActorSystem) -> None:
+    """Frames already queued for a guest when it stops are dropped and counted; the header
+    frame never reaches the host as a frame of its own."""
+    host, guest = await spawn_group(system)
+    for _ in range(5):
+        assert system.tell(guest, Tick())
+    await system.stop(guest)
+    assert system.tell(host, Tick())
+    await wait_for(lambda: Host.seen == ["host tick"])
+    assert Recorder.seen == [] and system.statistics().dead_letters == 5
+    assert {s.name: s for s in system.actor_statistics()}["host"].unrecognized_messages == 0
+
+
+async def test_stopping_a_host_stops_its_guests(system: ActorSystem) -> None:
+    host, guest = await spawn_group(system)
+    await system.stop(host)
+    assert not system.is_alive(host) and not system.is_alive(guest)
+
+
+async def test_share_mailbox_needs_a_live_parent(system: ActorSystem) -> None:
+    with pytest.raises(ValueError, match="live parent"):
+        await system.spawn(Recorder, name="orphan", share_mailbox=True)
