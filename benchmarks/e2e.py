@@ -10,7 +10,7 @@ receipt) and the WAL's group commits: flushes per second and records per flush, 
 from the broker's Prometheus endpoint.
 
 Throughput = messages received / (last receive - first send), client batching on
-(defaults: 1000 messages, 128 KiB, 10 ms). Latency = receive time - send time of each
+(defaults: 1000 messages, 1 MiB, 10 ms). Latency = receive time - send time of each
 message (CLOCK_MONOTONIC is shared by processes on one machine), stamped in the first
 8 bytes of the payload. Loss is counted (non-reliable topics may drop under overload).
 Prints one JSON line. `danube bench` (a later issue) grows out of this.
