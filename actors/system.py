@@ -32,8 +32,9 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -71,7 +72,7 @@ class _Cell:
     name: str
     factory: Callable[[], Actor]
     parent: str | None
-    socket: zmq.Socket  # the mailbox: a plain socket when the actor polls nothing else
+    socket: zmq.Socket  # the mailbox (a guest's is its host's)
     instance: Actor
     task: asyncio.Task[None] | None = None
     children: list[str] = field(default_factory=list)
@@ -169,8 +170,7 @@ class ActorSystem:
             return await self._spawn_guest(factory, name=name, parent=parent)
         endpoint = f"inproc://actor-{next(self._ids)}"
         instance = self._instantiate(factory, endpoint, name)
-        context = self._sync_context if _mailbox_only(instance) else self.context
-        sock = context.socket(zmq.PULL)
+        sock = self._sync_context.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self.mailbox_messages_max)
         sock.bind(endpoint)
@@ -188,8 +188,8 @@ class ActorSystem:
 
     async def _spawn_guest(self, factory: Callable[[], Actor], *, name: str, parent: str | None) -> str:
         host = self._cells.get(parent) if parent is not None else None
-        if host is None or host.host is not None or not _mailbox_only(host.instance):
-            raise ValueError(f"{name}: share_mailbox needs a live parent that owns a plain mailbox")
+        if host is None or host.host is not None:
+            raise ValueError(f"{name}: share_mailbox needs a live parent that owns its mailbox")
         number = next(self._ids)
         endpoint = f"{host.endpoint}/{number}"
         instance = self._instantiate(factory, endpoint, name)
@@ -436,69 +436,58 @@ class ActorSystem:
         cell.socket.close(linger=0)
 
     async def _run(self, cell: _Cell) -> None:
-        if _mailbox_only(cell.instance):
-            await self._run_mailbox(cell)
-        else:
-            await self._run_polled(cell)
-
-    async def _run_mailbox(self, cell: _Cell) -> None:
-        # The mailbox's ZMQ_FD is watched by the event loop directly: a wake-up costs a
-        # callback and an Event, where a `zmq.asyncio.Poller` round builds futures and
-        # registers every socket again. ZMQ_FD is edge-triggered: it is signalled when
-        # ZMQ_EVENTS may have changed, so the loop reads ZMQ_EVENTS before every wait
-        # (and a drain stops at `_DRAIN_MAX` with frames left, which ZMQ_EVENTS shows).
-        mailbox = cell.socket
+        # The ZMQ_FD of the mailbox and of any socket the actor owns is watched by the
+        # event loop directly: a wake-up costs a callback and an Event, where a
+        # `zmq.asyncio.Poller` round builds futures and registers every socket again
+        # (on the gateway that was a fifth of the broker's loop at 5k msg/s). ZMQ_FD is
+        # edge-triggered: it is signalled when ZMQ_EVENTS may have changed, so the loop
+        # reads ZMQ_EVENTS before every wait (and a drain that stops at `_DRAIN_MAX`
+        # with frames left shows in ZMQ_EVENTS and is taken up after a yield).
+        mailbox = zmq.Socket.shadow(cell.socket.underlying)
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
-        fd = mailbox.FD
-        loop.add_reader(fd, wake.set)
+        instance: Actor | None = None
+        extra: list[tuple[zmq.Socket, Callable[[], Awaitable[object]]]] = []
+        fds: list[int] = []
         try:
             while True:
-                if not cell.local and not mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if cell.instance is not instance:
+                    instance = cell.instance
+                    for fd in fds:
+                        loop.remove_reader(fd)
+                    extra = [(zmq.Socket.shadow(sock.underlying), drain) for sock, drain in instance.extra_sockets()]
+                    fds = [mailbox.FD, *(sock.FD for sock, _ in extra)]
+                    for fd in fds:
+                        loop.add_reader(fd, wake.set)
+                if not self._ready(cell, mailbox, extra):
                     wake.clear()
                     await wake.wait()
                     continue
-                if not await self._drain_mailbox(cell, mailbox):
+                if (cell.local or mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN) and \
+                        not await self._drain_mailbox(cell, mailbox):
                     return
-                if cell.local or mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    await asyncio.sleep(0)  # frames left after a full drain: let the other actors run
+                for sock, drain in extra:
+                    if cell.instance is not instance:
+                        break
+                    if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        try:
+                            await drain()
+                        except asyncio.CancelledError:
+                            raise
+                        except Exception as exc:
+                            if not await self._on_failure(cell, "socket", exc):
+                                return
+                if cell.instance is instance and self._ready(cell, mailbox, extra):
+                    await asyncio.sleep(0)  # frames left after full drains: let the other actors run
         finally:
-            loop.remove_reader(fd)
+            for fd in fds:
+                loop.remove_reader(fd)
 
-    async def _run_polled(self, cell: _Cell) -> None:
-        # One task per actor polls its mailbox and any sockets it owns, then drains
-        # what is ready in bursts: one wake-up of the event loop serves many frames.
-        mailbox = zmq.Socket.shadow(cell.socket.underlying)
-        instance: Actor | None = None
-        poller = zmq.asyncio.Poller()
-        handlers: dict[object, Callable[[], object]] = {}
-        while True:
-            if cell.instance is not instance:
-                instance = cell.instance
-                poller = zmq.asyncio.Poller()
-                poller.register(cell.socket, zmq.POLLIN)
-                handlers = {}
-                for sock, drain in instance.extra_sockets():
-                    poller.register(sock, zmq.POLLIN)
-                    handlers[sock] = drain
-            ready = await poller.poll()
-            for sock, _ in ready:
-                if sock is cell.socket:
-                    if not await self._drain_mailbox(cell, mailbox):
-                        return
-                else:
-                    drain = handlers.get(sock)
-                    if drain is None:
-                        continue
-                    try:
-                        await drain()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        if not await self._on_failure(cell, "socket", exc):
-                            return
-                if cell.instance is not instance:
-                    break
+    @staticmethod
+    def _ready(cell: _Cell, mailbox: zmq.Socket, extra: list[tuple[zmq.Socket, Any]]) -> bool:
+        if cell.local or mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return True
+        return any(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN for sock, _ in extra)
 
     async def _drain_mailbox(self, cell: _Cell, mailbox: zmq.Socket) -> bool:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when
