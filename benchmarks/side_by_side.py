@@ -20,6 +20,9 @@ packages when missing: scripts/install-peers.sh) and runs the workloads named by
   topic and CPU (fresh servers per run).
 - slow_consumer (benchmarks/slow_consumer.py): a producer flat out, a consumer at
   1,000 msg/s, broker RSS over time (a fresh broker per run).
+- floors (benchmarks/floors.py): no broker at all: a bare pyzmq relay between three
+  processes at 5,000 msg/s, a pyzmq round trip idle and busy, and fdatasync: what the
+  latency targets are up against on this machine.
 
 Throughput, latency and fan-out run first, on the suite's servers; footprint and the
 slow consumer after those are stopped. Each of those modules also runs alone (its --help); their options appear here with
@@ -36,6 +39,7 @@ import time
 from typing import Any
 
 import fanout
+import floors
 import footprint
 import latency
 import slow_consumer
@@ -44,7 +48,7 @@ from peer_workloads import NOTES, WORKLOADS, run_workload
 
 from danube_zmq.bench.compare import median_rates, ratio_rows
 
-WORKLOAD_NAMES = ("throughput", "latency", "fanout", "footprint", "slow_consumer")
+WORKLOAD_NAMES = ("throughput", "latency", "fanout", "footprint", "slow_consumer", "floors")
 
 
 def run_ours(broker: Danube, reliable: bool, count: int, size: int) -> dict[str, object]:
@@ -87,7 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(WORKLOAD_NAMES),
                         help="which workloads to run: throughput, latency and fanout in this order on the suite's"
-                             " servers, then footprint and slow_consumer on fresh ones")
+                             " servers, then footprint and slow_consumer on fresh ones, and floors with no server")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--count", type=int, default=200_000, help="throughput: messages per run")
     parser.add_argument("--sizes", default="100,1024", help="throughput: message sizes")
@@ -96,6 +100,7 @@ def main() -> None:
     fanout.add_arguments(parser, "fanout-")
     footprint.add_arguments(parser, "footprint-")
     slow_consumer.add_arguments(parser, "slow-")
+    floors.add_arguments(parser, "floors-")
     args = parser.parse_args()
     chosen = split_list(args.workloads)
     for name in set(chosen) - set(WORKLOAD_NAMES):
@@ -126,6 +131,8 @@ def main() -> None:
             finish(footprint, footprint.measure(repeat=args.repeat, **footprint.options(args, "footprint-")))
         elif name == "slow_consumer":
             finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
+        elif name == "floors":
+            finish(floors, floors.measure(repeat=args.repeat, size=100, **floors.options(args, "floors-")))
 
 
 if __name__ == "__main__":
