@@ -232,3 +232,62 @@ async def test_stopping_a_host_stops_its_guests(system: ActorSystem) -> None:
 async def test_share_mailbox_needs_a_live_parent(system: ActorSystem) -> None:
     with pytest.raises(ValueError, match="live parent"):
         await system.spawn(Recorder, name="orphan", share_mailbox=True)
+
+
+class Listener(Actor):
+    """Owns a PULL socket besides its mailbox (as the gateway owns its ROUTER); each
+    instance binds a fresh endpoint, so a restart swaps the socket the loop watches."""
+
+    heard: list[str] = []
+    instances = 0
+
+    def __init__(self) -> None:
+        Listener.instances += 1
+        self.number = Listener.instances
+        self.sock: zmq.Socket | None = None
+
+    async def on_start(self) -> None:
+        self.sock = zmq.Context.shadow(self.system.context.underlying).socket(zmq.PULL)
+        self.sock.bind(f"inproc://listener-{self.number}")
+
+    async def on_stop(self) -> None:
+        assert self.sock is not None
+        self.sock.close(linger=0)
+
+    def extra_sockets(self) -> list[tuple[object, object]]:
+        return [(self.sock, self._drain)]
+
+    async def _drain(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frame == b"boom":
+                raise RuntimeError("bad frame")
+            Listener.heard.append(f"{self.number}: {frame.decode()}")
+
+    def handle_Tick(self, msg: Tick) -> None:
+        Listener.heard.append(f"{self.number}: tick")
+
+
+async def test_an_actors_own_sockets_are_watched_with_its_mailbox(system: ActorSystem) -> None:
+    """Frames on a socket the actor owns wake it like its mailbox does; a failure in its
+    drain restarts the actor, and the new instance's socket is the one watched."""
+    Listener.heard, Listener.instances = [], 0
+    endpoint = await system.spawn(Listener, name="listener")
+    push = zmq.Context.shadow(system.context.underlying).socket(zmq.PUSH)
+    push.connect("inproc://listener-1")
+    push.send(b"hello")
+    system.tell(endpoint, Tick())
+    await wait_for(lambda: sorted(Listener.heard) == ["1: hello", "1: tick"])
+    push.send(b"boom")
+    await wait_for(lambda: Listener.instances == 2)
+    push.close(linger=0)
+    push = zmq.Context.shadow(system.context.underlying).socket(zmq.PUSH)
+    push.connect("inproc://listener-2")
+    push.send(b"again")
+    await wait_for(lambda: Listener.heard[-1] == "2: again")
+    push.close(linger=0)
+    assert system.statistics().restarts == 1
