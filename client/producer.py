@@ -7,7 +7,8 @@ Write path:
    `ProducerQueueFull`).
 2. The partition's accumulator cuts a batch on the loop's next turn when nothing is in
    flight, else at `batch_messages_max`, `batch_bytes_max` (capped by the broker's
-   `frame_bytes_max`), when the pipe drains, or after `batch_delay_ms`.
+   `frame_bytes_max`), when the pipe drains, or after `batch_delay_ms` (if every
+   in-flight slot is taken then, it keeps filling until a slot frees).
 3. The cut batch goes to the partition's sender, which keeps up to
    `inflight_batches_max` `Send` requests in flight, in order.
 4. A `SendReceipt` resolves the batch (one future per batch: a message costs its
@@ -471,6 +472,7 @@ class _PartitionProducer(Attachment):
         self._frame_room = 0
         self._batch_bytes_max = 0
         self._timer: asyncio.Handle | None = None
+        self._overdue = False  # the open batch's delay ran out while another batch waited for the window
         # Bounded by the producer's budget: a batch holds at least one pending message.
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=producer.pending_messages_max)
         self._window = asyncio.Semaphore(producer.inflight_batches_max)
@@ -556,7 +558,7 @@ class _PartitionProducer(Attachment):
                 # open one when the pipe drains), up to the size limits or the delay.
                 self._timer = loop.call_soon(self.cut)
             else:
-                self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self.cut)
+                self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
         index = len(batch.payloads)
         batch.payloads.append(payload)
         batch.publish_times.append(self._now_ms())
@@ -585,8 +587,21 @@ class _PartitionProducer(Attachment):
         """No batch queued or in flight, besides `finishing` deliveries ending now."""
         return len(self._inflight) <= finishing and self._batches.empty()
 
+    def _delay_over(self) -> None:
+        self._timer = None
+        if self._batches.empty() and not self._window.locked():
+            self.cut()
+        else:
+            # The window is full: this batch could not leave now anyway. It keeps filling
+            # and is cut when a batch in flight finishes with nothing queued (`_deliver`),
+            # or at the size limits. Cutting it now queued
+            # a batch per turn of the loop behind the window (with `batch_delay_ms=0`,
+            # one message each: a reliable producer fell seconds behind at 5k msg/s).
+            self._overdue = True
+
     def cut(self) -> None:
         """Hand the open batch to the sender now."""
+        self._overdue = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -627,7 +642,8 @@ class _PartitionProducer(Attachment):
         finally:
             self._window.release()
             self._producer._batch_finished(batch, sent)
-            if self._batch is not None and self._pipe_idle(finishing=1):
+            # The pipe drained, or this batch's slot in the window is free for an overdue one.
+            if self._batch is not None and (self._pipe_idle(finishing=1) or (self._overdue and self._batches.empty())):
                 self.cut()
 
     async def _send_with_retries(self, batch: _Batch) -> SendReceipt:
