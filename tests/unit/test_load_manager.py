@@ -1,0 +1,295 @@
+"""The load manager's pure core: placement strategies and rebalancing decisions, with
+property tests over random clusters (never a non-active broker, never past the hourly
+cap, every move narrows a gap so nothing oscillates, a skewed cluster converges)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from danube_zmq.actors.load import (
+    Aggressiveness,
+    BrokerState,
+    LoadReport,
+    RebalancePolicy,
+    Strategy,
+    TopicLoad,
+    broker_loads,
+    drain,
+    measure,
+    place,
+    plan,
+    scores,
+    topic_loads,
+)
+from danube_zmq.actors.load.rebalance import HOUR_MS, blacklisted
+from danube_zmq.transport.errors import InvalidArgument, Unavailable
+
+ACTIVE, DRAINING, DRAINED = BrokerState.ACTIVE, BrokerState.DRAINING, BrokerState.DRAINED
+MIB = 1024 * 1024
+
+
+def topic(i: int) -> str:
+    return f"/default/t{i}"
+
+
+states_strategy = st.dictionaries(st.integers(1, 6), st.sampled_from(list(BrokerState)), min_size=1, max_size=6)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[dict[int, BrokerState], dict[str, int], dict[str, TopicLoad]]:
+    states = draw(states_strategy)
+    brokers = sorted(states)
+    count = draw(st.integers(0, 40))
+    assignments = {topic(i): draw(st.sampled_from(brokers)) for i in range(count)}
+    loads = {}
+    for name in assignments:
+        if draw(st.booleans()):
+            loads[name] = TopicLoad(topic=name, byte_rate_in=draw(st.floats(0, 5 * MIB)),
+                                    producers=draw(st.integers(0, 5)), consumers=draw(st.integers(0, 5)),
+                                    backlog=draw(st.integers(0, 100_000)))
+    return states, assignments, loads
+
+
+def squares(loads: dict[int, float]) -> float:
+    return sum(v * v for v in loads.values())
+
+
+# ---------------------------------------------------------------- loads
+
+
+def test_topic_load_is_danubes_weighted_sum() -> None:
+    load = TopicLoad(topic=topic(1), byte_rate_in=MIB, byte_rate_out=MIB, producers=1, consumers=2, backlog=20_000)
+    assert load.weight == pytest.approx(0.2 + 0.3 * 2 + 0.3 * 3 + 0.2 * 2)
+    assert broker_loads([1, 2], {topic(1): 1, topic(2): 1}, {topic(1): load}) == {1: pytest.approx(load.weight + 0.2),
+                                                                                 2: 0.0}
+
+
+def test_a_published_backlog_report_raises_a_topics_backlog() -> None:
+    reports = {1: LoadReport(broker_id=1, topics=(TopicLoad(topic=topic(1), backlog=10),))}
+    assert topic_loads(reports, {topic(1): 50_000, topic(9): 5})[topic(1)].backlog == 50_000
+    assert topic_loads(reports, {topic(1): 3})[topic(1)].backlog == 10
+    assert topic(9) not in topic_loads(reports, {topic(9): 5})
+
+
+# ---------------------------------------------------------------- placement
+
+
+@given(clusters(), st.sampled_from(list(Strategy)), st.integers(0, 100))
+def test_placement_only_picks_an_active_broker_within_10_percent_of_the_best(cluster, strategy, cursor) -> None:
+    states, assignments, loads = cluster
+    reports = {b: LoadReport(broker_id=b, cpu_percent=10.0 * b, memory_percent=5.0 * b) for b in states}
+    if ACTIVE not in states.values():
+        with pytest.raises(Unavailable):
+            place(strategy, states, reports, assignments, loads, cursor=cursor)
+        return
+    chosen = place(strategy, states, reports, assignments, loads, cursor=cursor)
+    assert states[chosen.broker_id] is ACTIVE
+    scored = dict(chosen.scores)
+    assert set(scored) == {b for b, s in states.items() if s is ACTIVE}
+    best = min(scored.values())
+    assert scored[chosen.broker_id] <= best + 0.1 * abs(best) + 1e-12
+
+
+def test_fair_placement_takes_turns_and_spreads_a_burst() -> None:
+    states = {1: ACTIVE, 2: ACTIVE, 3: ACTIVE, 4: DRAINING}
+    assignments: dict[str, int] = {}
+    cursor = 0
+    for i in range(30):
+        chosen = place(Strategy.FAIR, states, {}, assignments, {}, cursor=cursor)
+        assignments[topic(i)], cursor = chosen.broker_id, chosen.cursor
+    counts = [list(assignments.values()).count(b) for b in (1, 2, 3, 4)]
+    assert counts == [10, 10, 10, 0]
+
+
+def test_balanced_placement_weighs_cpu_and_memory() -> None:
+    states = {1: ACTIVE, 2: ACTIVE}
+    reports = {1: LoadReport(broker_id=1, cpu_percent=90, memory_percent=80), 2: LoadReport(broker_id=2)}
+    assignments = {topic(1): 2}  # broker 2 has the only topic but no resource use
+    scored = scores(Strategy.BALANCED, states, reports, assignments, {})
+    assert scored == {1: pytest.approx(0.35 * 0.9 + 0.35 * 0.8), 2: pytest.approx(0.3)}
+    assert place(Strategy.BALANCED, states, reports, assignments, {}).broker_id == 2
+
+
+def test_weighted_load_gives_a_bottleneck_half_the_weight() -> None:
+    states = {1: ACTIVE, 2: ACTIVE}
+    reports = {1: LoadReport(broker_id=1, cpu_percent=95), 2: LoadReport(broker_id=2, cpu_percent=40)}
+    scored = scores(Strategy.WEIGHTED_LOAD, states, reports, {}, {})
+    # broker 1: CPU 0.95 > 0.7 weighs 0.5, the three other metrics (all 0) 1/6 each
+    assert scored[1] == pytest.approx(0.5 * 0.95)
+    assert scored[2] == pytest.approx(0.25 * 0.4)
+
+
+def test_placement_can_exclude_the_broker_a_topic_leaves() -> None:
+    states = {1: ACTIVE, 2: ACTIVE}
+    assert place(Strategy.FAIR, states, {}, {topic(1): 2}, {}, exclude=frozenset({1})).broker_id == 2
+    with pytest.raises(Unavailable):
+        place(Strategy.FAIR, {1: ACTIVE, 2: DRAINED}, {}, {}, {}, exclude=frozenset({1}))
+
+
+# ---------------------------------------------------------------- balance and policy
+
+
+def test_measure_names_overloaded_and_underloaded_brokers() -> None:
+    balance = measure({1: 10.0, 2: 2.0, 3: 0.0, 4: 4.0})
+    assert balance.mean == 4.0
+    assert balance.cv == pytest.approx(balance.std / 4.0)
+    assert balance.overloaded == {1} and balance.underloaded == {3}
+    assert measure({}).cv == 0.0 and measure({1: 0.0}).cv == 0.0
+
+
+def test_policy_levels_and_their_checks() -> None:
+    assert RebalancePolicy.of(Aggressiveness.CONSERVATIVE).max_moves_per_hour == 5
+    assert RebalancePolicy.of(Aggressiveness.AGGRESSIVE).cv_threshold == 0.20
+    custom = RebalancePolicy.of(Aggressiveness.BALANCED, cooldown_s=5, blacklist=("/system/*",))
+    assert (custom.cv_threshold, custom.cooldown_s) == (0.30, 5)
+    with pytest.raises(InvalidArgument, match="max_moves_per_hour"):
+        RebalancePolicy.of(Aggressiveness.BALANCED, max_moves_per_hour=0)
+    with pytest.raises(InvalidArgument, match="blacklist"):
+        RebalancePolicy.of(Aggressiveness.BALANCED, blacklist=("orders",))
+
+
+def test_blacklist_matches_names_partitions_and_namespaces() -> None:
+    patterns = ("/default/orders", "/system/*")
+    assert blacklisted("/default/orders", patterns)
+    assert blacklisted("/default/orders-part-3", patterns)
+    assert blacklisted("/system/anything", patterns)
+    assert not blacklisted("/default/orders2", patterns)
+    assert not blacklisted("/systems/x", patterns)
+
+
+# ---------------------------------------------------------------- rebalancing
+
+
+def skewed(topics: int = 30) -> tuple[dict[int, BrokerState], dict[str, int]]:
+    return {1: ACTIVE, 2: ACTIVE, 3: ACTIVE}, {topic(i): 1 for i in range(topics)}
+
+
+def run_cycles(policy: RebalancePolicy, states, assignments, loads, *, cycles: int, start_ms: int = 10 * HOUR_MS):
+    """Apply plans cycle after cycle as the load manager would; returns the assignments
+    and every executed move with its time."""
+    assignments = dict(assignments)
+    history: list[tuple[int, object]] = []
+    last_moved: dict[str, int] = {}
+    now = start_ms
+    for _ in range(cycles):
+        result = plan(now_ms=now, policy=policy, states=states, assignments=assignments, loads=loads,
+                      created_ms={}, last_moved_ms=last_moved, recent_moves_ms=[t for t, _ in history])
+        for move in result.moves:
+            assert assignments[move.topic] == move.from_broker
+            assignments[move.topic] = move.to_broker
+            last_moved[move.topic] = now
+            history.append((now, move))
+        now += policy.check_interval_s * 1000
+    return assignments, history
+
+
+def test_thirty_topics_on_one_broker_converge_under_the_balanced_policy() -> None:
+    states, assignments = skewed()
+    policy = RebalancePolicy.of(Aggressiveness.BALANCED)
+    final, history = run_cycles(policy, states, assignments, {}, cycles=60)
+    loads = broker_loads(states, final, {})
+    assert measure(loads).cv <= policy.cv_threshold
+    assert len(history) == len({move.topic for _, move in history})  # no topic moved twice
+    for t, _ in history:  # never more than the hourly cap in any hour
+        assert sum(1 for u, _ in history if t <= u < t + HOUR_MS) <= policy.max_moves_per_hour
+
+
+def test_a_plan_respects_age_cooldown_blacklist_and_the_hourly_cap() -> None:
+    states, assignments = skewed(6)
+    policy = RebalancePolicy.of(Aggressiveness.AGGRESSIVE, moves_per_cycle=10, blacklist=(topic(0),))
+    now = 5 * HOUR_MS
+    result = plan(now_ms=now, policy=policy, states=states, assignments=assignments, loads={},
+                  created_ms={topic(1): now - 1000}, last_moved_ms={topic(2): now - 1000},
+                  recent_moves_ms=[now - HOUR_MS - 1] + [now - 60_000] * 18)
+    assert [m.topic for m in result.moves] == [topic(3), topic(4)]  # 20 an hour, 18 done: 2 left
+    assert {m.to_broker for m in result.moves} == {2, 3}
+    capped = plan(now_ms=now, policy=policy, states=states, assignments=assignments, loads={}, created_ms={},
+                  last_moved_ms={}, recent_moves_ms=[now - 1] * 20)
+    assert capped.moves == () and "cap" in capped.why_none
+
+
+def test_a_dry_run_is_the_plan_itself_and_max_moves_replaces_the_cycle_budget() -> None:
+    states, assignments = skewed()
+    policy = RebalancePolicy.of(Aggressiveness.BALANCED)
+    one = plan(now_ms=HOUR_MS, policy=policy, states=states, assignments=assignments, loads={}, created_ms={},
+               last_moved_ms={}, recent_moves_ms=[])
+    three = plan(now_ms=HOUR_MS, policy=policy, states=states, assignments=assignments, loads={}, created_ms={},
+                 last_moved_ms={}, recent_moves_ms=[], max_moves=3)
+    assert len(one.moves) == 1 and len(three.moves) == 3
+    assert assignments == skewed()[1]  # planning changed nothing
+
+
+def test_balanced_or_small_clusters_plan_nothing() -> None:
+    policy = RebalancePolicy.of(Aggressiveness.BALANCED)
+    even = {topic(i): 1 + i % 3 for i in range(30)}
+    states = {1: ACTIVE, 2: ACTIVE, 3: ACTIVE}
+    assert "balanced" in plan(now_ms=0, policy=policy, states=states, assignments=even, loads={}, created_ms={},
+                              last_moved_ms={}, recent_moves_ms=[]).why_none
+    lonely = plan(now_ms=0, policy=policy, states={1: ACTIVE, 2: DRAINING}, assignments={topic(0): 1}, loads={},
+                  created_ms={}, last_moved_ms={}, recent_moves_ms=[])
+    assert lonely.moves == () and "fewer than 2" in lonely.why_none
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), st.sampled_from(list(Aggressiveness)), st.integers(1, 5))
+def test_every_move_narrows_a_gap_between_active_brokers(cluster, level, per_cycle) -> None:
+    """Moves go between ACTIVE brokers only, and each lowers the sum of squared broker
+    loads: a sequence of plans can never come back to a state it left."""
+    states, assignments, loads = cluster
+    policy = RebalancePolicy.of(level, moves_per_cycle=per_cycle, cooldown_s=0, min_topic_age_s=0)
+    result = plan(now_ms=HOUR_MS, policy=policy, states=states, assignments=assignments, loads=loads,
+                  created_ms={}, last_moved_ms={}, recent_moves_ms=[])
+    assert len(result.moves) <= per_cycle
+    active = [b for b, s in states.items() if s is ACTIVE]
+    current = broker_loads(active, assignments, loads)
+    working = dict(assignments)
+    for move in result.moves:
+        assert states[move.from_broker] is ACTIVE and states[move.to_broker] is ACTIVE
+        assert working[move.topic] == move.from_broker
+        before = squares(current)
+        working[move.topic] = move.to_broker
+        current = broker_loads(active, working, loads)
+        assert squares(current) < before
+    assert result.after == pytest.approx(current)
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters(), st.sampled_from(list(Aggressiveness)))
+def test_repeated_cycles_settle_and_keep_the_hourly_cap(cluster, level) -> None:
+    """Cycle after cycle on a random cluster: the moves stop (balanced, or no move narrows
+    a gap), no hour has more than the cap, no topic moves within its cooldown."""
+    states, assignments, loads = cluster
+    policy = RebalancePolicy.of(level, moves_per_cycle=3, min_topic_age_s=0)
+    final, history = run_cycles(policy, states, assignments, loads, cycles=80)
+    for t, _ in history:
+        assert sum(1 for u, _ in history if t <= u < t + HOUR_MS) <= policy.max_moves_per_hour
+    moved_at: dict[str, int] = {}
+    for t, move in history:
+        if move.topic in moved_at:
+            assert t - moved_at[move.topic] >= policy.cooldown_s * 1000
+        moved_at[move.topic] = t
+    settled = plan(now_ms=10 * HOUR_MS + 200 * HOUR_MS, policy=policy, states=states, assignments=final, loads=loads,
+                   created_ms={}, last_moved_ms={}, recent_moves_ms=[])
+    if settled.moves:  # only the hourly cap or cooldowns stopped it: more cycles make progress
+        assert squares(settled.after) < squares(broker_loads([b for b, s in states.items() if s is ACTIVE],
+                                                             final, loads))
+
+
+# ---------------------------------------------------------------- draining
+
+
+@given(clusters(), st.sampled_from(list(Strategy)))
+def test_drain_moves_every_topic_of_the_broker_to_other_active_brokers(cluster, strategy) -> None:
+    states, assignments, loads = cluster
+    broker = min(states)
+    others = [b for b, s in states.items() if s is ACTIVE and b != broker]
+    owned = {t for t, b in assignments.items() if b == broker}
+    if owned and not others:
+        with pytest.raises(Unavailable):
+            drain(broker, strategy=strategy, states=states, reports={}, assignments=assignments, loads=loads)
+        return
+    moves = drain(broker, strategy=strategy, states=states, reports={}, assignments=assignments, loads=loads)
+    assert {m.topic for m in moves} == owned
+    assert all(m.from_broker == broker and m.to_broker in others for m in moves)
