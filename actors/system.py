@@ -502,13 +502,15 @@ class ActorSystem:
                     self.dead_letters += 1
                     continue
             else:
+                # Without a copy: a bytes copy of a large frame is an allocation that
+                # faults its pages in (1 MiB: ~1 ms here, against ~20 µs for the frame).
                 try:
-                    frame = mailbox.recv(zmq.NOBLOCK)
+                    frame = mailbox.recv(zmq.NOBLOCK, copy=False).buffer
                 except zmq.Again:
                     return True
                 if cell.guests is not None and mailbox.rcvmore:
-                    guest = cell.guests.get(frame)
-                    frame = mailbox.recv(zmq.NOBLOCK)
+                    guest = cell.guests.get(bytes(frame))
+                    frame = mailbox.recv(zmq.NOBLOCK, copy=False).buffer
                     if guest is None:  # stopped since the frame was sent
                         self.dead_letters += 1
                         continue
@@ -519,7 +521,7 @@ class ActorSystem:
                 return True
         return True
 
-    async def _handle_frame(self, cell: _Cell, frame: bytes) -> bool:
+    async def _handle_frame(self, cell: _Cell, frame: bytes | memoryview) -> bool:
         """Decode and handle one frame; False when a failure stopped the actor."""
         try:
             msg = INTERNAL_PROTOCOL.decode(frame)
