@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from danube_zmq.actors.config import EVENT_LOOPS
 from danube_zmq.cli.event_loop import run
 from danube_zmq.cli.options import Interrupted, StopSignals
 from danube_zmq.cli.output import emit_line
@@ -49,7 +50,7 @@ def broker() -> None:
 )
 @click.option(
     "--event-loop",
-    type=click.Choice(("uvloop", "asyncio")),
+    type=click.Choice(EVENT_LOOPS),
     help="Overrides broker.event_loop [uvloop: used when installed; asyncio: the standard loop].",
 )
 def start(

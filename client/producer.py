@@ -472,7 +472,7 @@ class _PartitionProducer(Attachment):
         self._frame_room = 0
         self._batch_bytes_max = 0
         self._timer: asyncio.Handle | None = None
-        self._overdue = False  # the open batch's delay ran out while another batch waited for the window
+        self._overdue = False  # the open batch's delay ran out while the window was full
         # Bounded by the producer's budget: a batch holds at least one pending message.
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=producer.pending_messages_max)
         self._window = asyncio.Semaphore(producer.inflight_batches_max)
@@ -594,9 +594,9 @@ class _PartitionProducer(Attachment):
         else:
             # The window is full: this batch could not leave now anyway. It keeps filling
             # and is cut when a batch in flight finishes with nothing queued (`_deliver`),
-            # or at the size limits. Cutting it now queued
-            # a batch per turn of the loop behind the window (with `batch_delay_ms=0`,
-            # one message each: a reliable producer fell seconds behind at 5k msg/s).
+            # or at the size limits. Cutting it now queued a batch per turn of the loop
+            # behind the window (with `batch_delay_ms=0`, one message each: a reliable
+            # producer fell seconds behind at 5k msg/s).
             self._overdue = True
 
     def cut(self) -> None:

@@ -29,6 +29,9 @@ from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport.errors import InvalidArgument
 
 HOUR_MS = 3_600_000
+# A move must narrow the gap by more than float rounding: two brokers whose loads differ
+# by an ulp are even, and moving a topic between them would only trade the rounding.
+GAP_MARGIN = 1e-9
 
 
 class Aggressiveness(Enum):
@@ -159,7 +162,7 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
         candidates = sorted(
             (weight_of(t, loads), t) for t, b in owner.items()
             if b == source and t not in moved and _eligible(t, now_ms, policy, created_ms, last_moved_ms))
-        choice = next(((w, t) for w, t in candidates if current[target] + w < current[source]), None)
+        choice = next(((w, t) for w, t in candidates if current[target] + w < current[source] - GAP_MARGIN), None)
         if choice is None:
             break
         weight, topic = choice

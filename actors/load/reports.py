@@ -14,7 +14,7 @@ of the 1.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 MIB = 1024 * 1024
@@ -71,12 +71,6 @@ class LoadReport:
     memory_percent: float = 0.0
     topics: tuple[TopicLoad, ...] = field(default=())
 
-    def topic(self, name: str) -> TopicLoad | None:
-        for load in self.topics:
-            if load.topic == name:
-                return load
-        return None
-
 
 def topic_loads(reports: Mapping[int, LoadReport], backlog: Mapping[str, int] | None = None) -> dict[str, TopicLoad]:
     """The latest known load of every reported topic. `backlog` (from the Spark backlog
@@ -89,7 +83,7 @@ def topic_loads(reports: Mapping[int, LoadReport], backlog: Mapping[str, int] | 
     for topic, messages in (backlog or {}).items():
         load = loads.get(topic)
         if load is not None and messages > load.backlog:
-            loads[topic] = TopicLoad(**{**_fields(load), "backlog": messages})
+            loads[topic] = replace(load, backlog=messages)
     return loads
 
 
@@ -107,7 +101,3 @@ def broker_loads(brokers: Iterable[int], assignments: Mapping[str, int],
         if broker in totals:
             totals[broker] += weight_of(topic, loads)
     return totals
-
-
-def _fields(load: TopicLoad) -> dict[str, object]:
-    return {name: getattr(load, name) for name in TopicLoad.__slots__}
