@@ -47,6 +47,9 @@ class Actor:
     # True while `on_stop` runs because the actor failed and is being rebuilt (its
     # clients may come back), False when it is stopped for good.
     restarting: bool = False
+    # True while `on_stop` runs because the actor is stopped to be served by another
+    # broker (unloaded): its clients re-attach, and are redirected there.
+    moving: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,26 +1,42 @@
-"""The broker actor: the registry of namespaces and topics of one broker.
+"""The broker actor: the topics this broker serves, and where every other topic is.
 
-It answers the requests that need to know which topics exist (lookup, partition
-discovery, producer creation, subscribe) and the admin requests, and it is the
-parent of every topic actor. Creating a topic spawns its actor (one per partition);
-deleting it stops the actor, whose `on_stop` tells its clients.
+The cluster's registry lives in the Raft metadata store (`transport/cluster_records.py`
+has the keys): namespaces, topic records, and which broker serves each topic or
+partition. A standalone broker is the same code with one voter.
 
-Until the Raft metadata store exists, the registry is persisted in the broker's local
-catalog (LevelDB under `broker.data_dir/catalog`): namespaces, topics and the cursors
-of reliable subscriptions survive a restart, and reliable topics reopen their WAL.
+1. Creating a topic (a producer's auto-create, `GetPartitions(create)`, the admin API)
+   writes its record and an unassigned marker per partition in one transaction. The
+   leader's load manager (`load_manager.py`) gives each a broker.
+2. This broker follows `/cluster/assignments/`: a topic assigned here is loaded (its
+   actor spawned); one assigned elsewhere, or deleted, is unloaded (a deleted topic's
+   WAL, cursors and durable segments go too).
+3. A client request for a topic served here goes to its actor; for a topic served by
+   another broker it is answered UNAVAILABLE with that broker's URL (`Moved`), which
+   the client follows; a request for a topic with no broker yet (just created, or
+   moving) waits here, bounded in number and time, until the assignment arrives.
+4. The broker holds a registration lease (`/cluster/register/{id}`, TTL
+   `cluster.lease_ttl_ms`, renewed every third of it). When renewing keeps failing it
+   unloads every topic before the lease can run out, so it never serves a topic the
+   load manager has given to another broker (fencing); when it renews again it loads
+   what is assigned to it then.
+5. Admin requests about a topic run on the brokers that serve its partitions: local
+   partitions by asking their actors, others through the owner's admin port.
 
-1. Client request -> validate the name -> create when allowed -> forward the frame
-   to the topic actor, which answers the client.
-2. Admin request -> change the registry -> answer on the admin outbox.
+The cursors of reliable subscriptions and the catalog of durable segments are still in
+the broker's local LevelDB catalog (`broker.data_dir/catalog`); they move to the
+metadata store with topic migration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import fnmatch
 import logging
 import random
 import shutil
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +50,16 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
+from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import TopicActor
 from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.consensus.state_machine import Compacted
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
@@ -48,12 +68,16 @@ from danube_zmq.transport.errors import (
     DanubeError,
     FailedPrecondition,
     InvalidArgument,
+    Moved,
     NotFound,
     ResourceExhausted,
+    Unavailable,
 )
 from danube_zmq.transport.internal_protocol import (
     AdminRequest,
     AppendInternal,
+    AssignmentChanged,
+    AssignmentsResync,
     ChildStopped,
     ClientRequest,
     DeadLetter,
@@ -62,7 +86,9 @@ from danube_zmq.transport.internal_protocol import (
     DurableSegment,
     ForgetSegments,
     ForgetSubscription,
+    LeaseChanged,
     ListSnapshotTopics,
+    ParkedExpired,
     PartitionStats,
     PersistCursor,
     SegmentDurable,
@@ -78,24 +104,52 @@ log = logging.getLogger("danube_zmq.broker")
 
 # How long a clean stop waits for the uploads of just-sealed segments.
 _UPLOADS_AT_STOP_S = 30.0
+# Client requests waiting for a topic's assignment, at most, and how often their
+# deadlines are checked.
+_PARKED_MAX = 10_000
+_PARKED_CHECK_MS = 200
+_RETRY_S = 0.2
+_REMOTE_ADMIN_TASKS_MAX = 64
+_DEAD_LETTER_BATCHES_MAX = 1_000
 
 
 @dataclass(slots=True)
 class TopicEntry:
-    """A topic as the registry knows it. A partitioned topic has `partitions` > 0 and
-    no actor of its own; each of its partitions has an entry with an actor."""
+    """A topic (or one partition) served here, and its actor."""
 
     name: TopicName
     dispatch_strategy: int
-    partitions: int = 0
-    endpoint: str | None = None
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A name resolved against the topic records: `base` has the record (a partitioned
+    topic's base, or the topic itself); `name` is what was asked for."""
+
+    name: TopicName
+    base: TopicName
+    record: cr.TopicRecord
+
+    @property
+    def partitioned_base(self) -> bool:
+        """The name is a partitioned topic's base (it has no actor of its own)."""
+        return self.record.partitions > 0 and self.name.full == self.base.full
+
+    def served_names(self) -> list[str]:
+        """The topics with an actor that the name stands for."""
+        if self.partitioned_base:
+            return [self.base.partition_name(i) for i in range(self.record.partitions)]
+        return [self.name.full]
 
 
 class BrokerActor(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
-                 metrics_url: str | None, rng: random.Random, executor: Executor) -> None:
+                 metrics_url: str | None, rng: random.Random, executor: Executor,
+                 metadata: RaftMetadataStore) -> None:
         self.config = config
         self.executor = executor
+        self.metadata = metadata
         self.data_dir = Path(config.broker.data_dir)
         self.catalog: LevelDbCatalog | None = None
         self.cursor_writes: dict[str, bytes] = {}
@@ -107,8 +161,17 @@ class BrokerActor(Actor):
         self.admin_url = admin_url
         self.metrics_url = metrics_url
         self.rng = rng
-        self.namespaces: set[str] = set(config.bootstrap_namespaces)
         self.topics: dict[str, TopicEntry] = {}
+        self.lease_held = False
+        self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
+        self.parked: dict[str, list[tuple[ClientRequest, int]]] = {}
+        self.parked_count = 0
+        self.dead_letters: dict[str, list[DeadLetter]] = {}
+        self.dead_letters_count = 0
+        self._replay_deadline: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
+        self._admin_clients: dict[str, Any] = {}
         self._client_routes = {
             cp.Lookup: self._lookup,
             cp.GetPartitions: self._get_partitions,
@@ -122,10 +185,13 @@ class BrokerActor(Actor):
             ap.ListTopics: self._list_topics,
             ap.CreateTopic: self._admin_create_topic,
             ap.DeleteTopic: self._delete_topic,
+            ap.ListBrokers: self._list_brokers,
+        }
+        # Requests about one topic, run where its partitions are served.
+        self._topic_routes = {
             ap.DescribeTopic: self._describe_topic,
             ap.ListSubscriptions: self._list_subscriptions,
             ap.Unsubscribe: self._unsubscribe,
-            ap.ListBrokers: self._list_brokers,
             ap.SeekSubscription: self._seek_subscription,
             ap.SetFailurePolicy: self._set_failure_policy,
             ap.GetFailurePolicy: self._get_failure_policy,
@@ -139,18 +205,11 @@ class BrokerActor(Actor):
         self.catalog = LevelDbCatalog(self.data_dir / "catalog")
         if self.config.storage.mode != "local":
             self.segment_catalog = SegmentCatalog(self.catalog)
-        for namespace in self.namespaces:
-            self.catalog.put(_namespace_key(namespace), b"", sync=False)
-        for key, _ in self.catalog.scan(_NAMESPACES):
-            self.namespaces.add(key[len(_NAMESPACES):])
-        for key, value in self.catalog.scan("/topics/"):
-            if key.count("/") != 3:
-                continue  # subscription records below a topic
-            record = msgpack.unpackb(value)
-            name = parse_topic(key[len("/topics"):])
-            await self._open_topic(name, record["partitions"], record["dispatch_strategy"])
         await self._start_uploader()
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
+        self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._join(), name=f"broker {self.broker_id} join"))
 
     async def _start_uploader(self) -> None:
         """Durable modes: sealed segments of reliable topics are copied to the durable store."""
@@ -164,9 +223,309 @@ class BrokerActor(Actor):
                                  clock=self.system.clock, on_uploaded=self._on_uploaded)
         await self.uploader.start()
 
+    async def on_stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self._remote_admin.cancel_all()
+        for client in self._admin_clients.values():
+            client.close()
+        self._admin_clients.clear()
+        if self.uploader is not None:
+            try:  # the segments topics sealed while stopping (told before this runs)
+                await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
+            except (TimeoutError, DanubeError) as exc:
+                log.warning("uploads still pending at shutdown (%s); they resume at the next start", exc)
+            await self.uploader.stop()
+            self.uploader = None
+        if self.catalog is not None:
+            self._flush_cursors()
+            self.catalog.close()
+            self.catalog = None
+
+    # ------------------------------------------------------------- joining the cluster
+    async def _join(self) -> None:
+        """Wait for a leader, seed the namespaces, import a pre-cluster catalog, then
+        hold the lease and follow the assignments."""
+        while True:
+            try:
+                await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
+                await self._bootstrap()
+                break
+            except DanubeError as exc:
+                log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
+                await asyncio.sleep(_RETRY_S)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._keep_lease(), name=f"broker {self.broker_id} lease"))
+        self._tasks.append(loop.create_task(self._fence(), name=f"broker {self.broker_id} fence"))
+        await self._follow_assignments()
+
+    async def _bootstrap(self) -> None:
+        for namespace in self.config.bootstrap_namespaces:
+            await self.metadata.compare_and_swap(cr.namespace_key(namespace), 0, b"")
+        await self.metadata.compare_and_swap(cr.state_key(self.broker_id), 0,
+                                             cr.encode(cr.BrokerStateRecord(mode=cr.BrokerMode.ACTIVE)))
+        await self._import_local_registry()
+
+    async def _import_local_registry(self) -> None:
+        """Namespaces and topics a broker kept in its local catalog before the registry
+        moved to the metadata store are created there once, then forgotten locally."""
+        assert self.catalog is not None
+        legacy = []
+        for key, _ in self.catalog.scan(cr.NAMESPACES):
+            await self.metadata.compare_and_swap(key, 0, b"")
+            legacy.append(key)
+        for key, value in self.catalog.scan(cr.TOPICS):
+            if key.count("/") != 3:
+                continue  # subscription records below a topic stay here
+            record = msgpack.unpackb(value)
+            name = parse_topic(cr.topic_of(key, cr.TOPICS))
+            with contextlib.suppress(AlreadyExists):
+                await self._write_topic(name, record["partitions"], record["dispatch_strategy"])
+                log.info("topic %s moved from the local catalog to the metadata store", name.full)
+            legacy.append(key)
+        if legacy:
+            self.catalog.write({}, legacy, sync=True)
+
+    async def _keep_lease(self) -> None:
+        ttl = self.config.cluster.lease_ttl_ms
+        registration = cr.encode(cr.BrokerRegistration(
+            broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
+            raft_node_id=self.config.cluster.node_id, started_ms=self.system.clock.now_ms(),
+            metrics_url=self.metrics_url))
+        clock = self.system.clock
+        while True:
+            sent = clock.monotonic_ms()
+            try:
+                await asyncio.wait_for(self.metadata.put_with_ttl(cr.register_key(self.broker_id), registration, ttl),
+                                       ttl / 1000)
+                # The leader stamps the lease after we sent, so it cannot end before
+                # sent + ttl; a sixth of it is left for the unload.
+                self.lease_until_ms = sent + ttl - ttl // 6
+                if not self.lease_held:
+                    await self.system.send(self.endpoint, LeaseChanged(held=True))
+            except (DanubeError, TimeoutError) as exc:
+                log.warning("broker %d could not renew its lease (%s)", self.broker_id, exc or "timeout")
+            await asyncio.sleep(max(0.0, (sent + ttl / 3 - clock.monotonic_ms()) / 1000))
+
+    async def _fence(self) -> None:
+        clock = self.system.clock
+        while True:
+            await asyncio.sleep(0.05)
+            if self.lease_held and clock.monotonic_ms() >= self.lease_until_ms:
+                self.lease_held = False  # no request is served from here on, before the message is handled
+                await self.system.send(self.endpoint, LeaseChanged(held=False))
+
+    async def _follow_assignments(self) -> None:
+        """Tell this actor every assignment change, in revision order."""
+        store = self.metadata
+        revision: int | None = None
+        while store.peer.running:
+            try:
+                if revision is None:
+                    await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
+                    state = store.peer.state
+                    revision = state.revision
+                    mine = [cr.topic_of(key, cr.ASSIGNMENTS) for key, value in state.list_prefix(cr.ASSIGNMENTS)
+                            if _owner(key, value.value) == self.broker_id]
+                    await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
+                async for event in store.watch(cr.ASSIGNMENTS, revision):
+                    revision = event.revision
+                    owner = None if event.value is None else _owner(event.key, event.value.value)
+                    await self.system.send(self.endpoint, AssignmentChanged(
+                        topic=cr.topic_of(event.key, cr.ASSIGNMENTS), broker_id=owner, revision=revision))
+            except Compacted:
+                revision = None
+            except DanubeError as exc:
+                if store.peer.running:
+                    log.warning("watch of assignments failed (%s); retrying", exc)
+                    revision = None
+                    await asyncio.sleep(_RETRY_S)
+
+    # ------------------------------------------------------------- loading and unloading
+    async def handle_LeaseChanged(self, msg: LeaseChanged) -> None:
+        if msg.held:
+            if self.lease_held:
+                return
+            self.lease_held = True
+            log.info("broker %d holds its lease: serving", self.broker_id)
+            await self._resync(self._assigned_here())
+            for topic in list(self.parked):
+                await self._wake(topic)
+            return
+        self.lease_held = False
+        if self.topics:
+            log.error("broker %d lost its lease: unloading %d topics (another broker may take them)",
+                      self.broker_id, len(self.topics))
+        for topic in list(self.topics):
+            await self._unload(topic)
+
+    async def handle_AssignmentChanged(self, msg: AssignmentChanged) -> None:
+        if msg.broker_id == self.broker_id:
+            await self._load(msg.topic)
+        else:
+            deleted = msg.broker_id is None and self._resolve_local(parse_topic(msg.topic)) is None
+            await self._unload(msg.topic, deleted=deleted)
+            if deleted:
+                await self._delete_local(msg.topic)
+        await self._wake(msg.topic)
+
+    async def handle_AssignmentsResync(self, msg: AssignmentsResync) -> None:
+        await self._resync(msg.topics)
+
+    async def _resync(self, topics: list[str]) -> None:
+        wanted = set(topics)
+        for topic in list(self.topics):
+            if topic not in wanted:
+                await self._unload(topic)
+        for topic in sorted(wanted):
+            await self._load(topic)
+            await self._wake(topic)
+
+    def _assigned_here(self) -> list[str]:
+        return [cr.topic_of(key, cr.ASSIGNMENTS) for key, value in self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)
+                if _owner(key, value.value) == self.broker_id]
+
+    async def _load(self, topic: str) -> None:
+        if topic in self.topics or not self.lease_held:
+            return
+        name = parse_topic(topic)
+        resolved = self._resolve_local(name)
+        if resolved is None or resolved.partitioned_base:
+            return  # deleted since; its assignment goes with it
+        entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy)
+        METRICS.topics.set(len(self.topics))
+        log.info("topic %s loaded on broker %d", topic, self.broker_id)
+        waiting = self.dead_letters.pop(topic, [])
+        self.dead_letters_count -= len(waiting)
+        await self._append_dead_letters(entry, waiting)
+
+    async def _unload(self, topic: str, *, deleted: bool = False) -> None:
+        entry = self.topics.pop(topic, None)
+        if entry is None:
+            return
+        # On the way out the actor tells its clients: to re-attach (and be redirected)
+        # unless the topic is gone.
+        await self.system.stop(entry.endpoint, moving=not deleted)
+        self._flush_cursors()
+        METRICS.topics.set(len(self.topics))
+        log.info("topic %s unloaded from broker %d", topic, self.broker_id)
+
+    async def _delete_local(self, topic: str) -> None:
+        """A deleted topic's data here: cursors, WAL, cache, durable segments."""
+        assert self.catalog is not None
+        self._flush_cursors()
+        key = topic_key(topic)
+        stale = [k for k, _ in self.catalog.scan(f"{key}/")]
+        if stale:
+            self.catalog.write({}, stale, sync=True)
+        name = parse_topic(topic)
+        shutil.rmtree(self._wal_dir(name), ignore_errors=True)
+        shutil.rmtree(self.data_dir / "durable-cache" / name.namespace / name.topic, ignore_errors=True)
+        await self._delete_durable(topic)
+
+    # ------------------------------------------------------------- requests waiting for an assignment
+    def _park(self, topic: str, req: ClientRequest) -> None:
+        if self.parked_count >= _PARKED_MAX:
+            raise ResourceExhausted(f"{_PARKED_MAX} requests already wait for topics to be assigned; retry")
+        deadline = self._replay_deadline
+        if deadline is None:
+            deadline = self.system.clock.monotonic_ms() + self.config.cluster.request_timeout_ms
+        self.parked.setdefault(topic, []).append((req, deadline))
+        self.parked_count += 1
+
+    async def _wake(self, topic: str) -> None:
+        waiting = self.parked.pop(topic, None)
+        if not waiting:
+            return
+        self.parked_count -= len(waiting)
+        for req, deadline in waiting:
+            self._replay_deadline = deadline
+            try:
+                await self.handle_ClientRequest(req)
+            finally:
+                self._replay_deadline = None
+
+    def handle_ParkedExpired(self, msg: ParkedExpired) -> None:
+        if not self.parked:
+            return
+        now = self.system.clock.monotonic_ms()
+        for topic in list(self.parked):
+            keep = []
+            for req, deadline in self.parked[topic]:
+                if deadline > now:
+                    keep.append((req, deadline))
+                    continue
+                request = cp.CLIENT_PROTOCOL.decode(req.frame)
+                reason = "this broker does not hold its lease" if not self.lease_held \
+                    else "it has no broker yet"
+                reply_client(self.system, req.identity, Error(
+                    request_id=request.request_id, code=Unavailable.code,  # type: ignore[attr-defined]
+                    message=f"topic {topic} is not served: {reason}; retry"))
+            self.parked_count -= len(self.parked[topic]) - len(keep)
+            if keep:
+                self.parked[topic] = keep
+            else:
+                del self.parked[topic]
+
+    # ------------------------------------------------------------- reading the registry
+    def _record(self, full: str) -> cr.TopicRecord | None:
+        value = self.metadata.peer.state.get(cr.topic_record_key(full))
+        return None if value is None else cr.decode(value.value, cr.TopicRecord)
+
+    def _resolve_local(self, name: TopicName) -> Resolved | None:
+        record = self._record(name.full)
+        if record is not None:
+            return Resolved(name=name, base=name, record=record)
+        if name.partition_index is not None:
+            base = self._record(name.base.full)
+            if base is not None and name.partition_index < base.partitions:
+                return Resolved(name=name, base=name.base, record=base)
+        return None
+
+    async def _resolve(self, name: TopicName) -> Resolved | None:
+        """From the local state; a name it does not know is read again linearizably (it
+        may have been created on another broker a moment ago)."""
+        resolved = self._resolve_local(name)
+        if resolved is None:
+            await self.metadata.get(cr.topic_record_key(name.full))
+            resolved = self._resolve_local(name)
+        return resolved
+
+    async def _existing(self, name: TopicName) -> Resolved:
+        resolved = await self._resolve(name)
+        if resolved is None:
+            raise NotFound(f"topic {name.full} does not exist")
+        return resolved
+
+    async def _namespace_exists(self, namespace: str) -> bool:
+        key = cr.namespace_key(namespace)
+        if self.metadata.peer.state.get(key) is not None:
+            return True
+        return await self.metadata.get(key) is not None
+
+    def _assignment(self, topic: str) -> cr.Assignment | None:
+        value = self.metadata.peer.state.get(cr.assignment_key(topic))
+        return None if value is None else cr.decode(value.value, cr.Assignment)
+
+    def _registration(self, broker_id: int) -> cr.BrokerRegistration | None:
+        value = self.metadata.peer.state.get(cr.register_key(broker_id))
+        return None if value is None else cr.decode(value.value, cr.BrokerRegistration)
+
+    def _elsewhere(self, topic: str) -> cr.BrokerRegistration | None:
+        """The registration of the other live broker serving `topic`, if there is one."""
+        assignment = self._assignment(topic)
+        if assignment is None or assignment.broker_id == self.broker_id:
+            return None
+        return self._registration(assignment.broker_id)
+
+    # ------------------------------------------------------------- reliable storage
     def _on_uploaded(self, desc: SegmentDescriptor) -> None:
         entry = self.topics.get(desc.topic)
-        if entry is not None and entry.endpoint is not None:
+        if entry is not None:
             self.system.post(entry.endpoint, SegmentDurable(segment=_durable_segment(desc)))
 
     def handle_SegmentSealed(self, msg: SegmentSealed) -> None:
@@ -187,19 +546,6 @@ class BrokerActor(Actor):
         if self.segment_catalog is not None:
             for base_offset in msg.base_offsets:
                 self.segment_catalog.remove(msg.topic, base_offset)
-
-    async def on_stop(self) -> None:
-        if self.uploader is not None:
-            try:  # the segments topics sealed while stopping (told before this runs)
-                await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
-            except (TimeoutError, DanubeError) as exc:
-                log.warning("uploads still pending at shutdown (%s); they resume at the next start", exc)
-            await self.uploader.stop()
-            self.uploader = None
-        if self.catalog is not None:
-            self._flush_cursors()
-            self.catalog.close()
-            self.catalog = None
 
     def handle_Tick(self, msg: Tick) -> None:
         self._flush_cursors()
@@ -225,24 +571,38 @@ class BrokerActor(Actor):
     async def handle_DeadLetter(self, msg: DeadLetter) -> None:
         try:
             name = parse_topic(msg.topic)
-            entry = self.topics.get(name.full)
-            if entry is None:
-                entry = await self._create_topic(name, 0, cp.DispatchStrategy.RELIABLE)
-            if entry.partitions:
-                entry = self.topics[name.partition_name(0)]
+            resolved = await self._resolve(name)
+            if resolved is None:
+                await self._create_or_existing(name, 0, cp.DispatchStrategy.RELIABLE)
+                resolved = await self._existing(name)
+            topic = resolved.served_names()[0]
+            if topic not in self.topics:
+                owner = self._elsewhere(topic)
+                if owner is not None:
+                    raise Unavailable(f"dead-letter topic {topic} is served by broker {owner.broker_id}")
+                if self.dead_letters_count >= _DEAD_LETTER_BATCHES_MAX:
+                    raise ResourceExhausted(f"{_DEAD_LETTER_BATCHES_MAX} dead-letter batches already wait for their"
+                                            " topics to be loaded")
+                # Just created: it is appended once its assignment loads it here.
+                self.dead_letters.setdefault(topic, []).append(msg)
+                self.dead_letters_count += 1
+                return
         except DanubeError as exc:
             log.error("dead letters for %s lost: %s", msg.topic, exc)
             return
-        assert entry.endpoint is not None
-        await self.system.send(entry.endpoint, AppendInternal(
-            producer_name="dead-letter", payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
-            attributes=msg.attributes))
+        await self._append_dead_letters(self.topics[topic], [msg])
+
+    async def _append_dead_letters(self, entry: TopicEntry, batches: list[DeadLetter]) -> None:
+        for msg in batches:
+            await self.system.send(entry.endpoint, AppendInternal(
+                producer_name="dead-letter", payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
+                attributes=msg.attributes))
 
     def handle_ListSnapshotTopics(self, msg: ListSnapshotTopics) -> Message:
         """The reliable topics (partitions) served here, by name or base-topic glob."""
         refs = []
         for name, entry in sorted(self.topics.items()):
-            if entry.endpoint is None or entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+            if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
                 continue
             base = entry.name.base.full
             if msg.pattern is not None and not (fnmatch.fnmatchcase(name, msg.pattern)
@@ -254,14 +614,10 @@ class BrokerActor(Actor):
 
     def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
         """A binding changed in the metadata store: tell the topic's actors served here."""
-        entry = self.topics.get(msg.topic)
-        if entry is None:
-            return
-        names = [entry.name.partition_name(i) for i in range(entry.partitions)] if entry.partitions else [msg.topic]
-        for name in names:
-            endpoint = self.topics[name].endpoint
-            if endpoint is not None:
-                self.system.post(endpoint, msg)  # not lost to a full mailbox; revisions keep the order
+        base = parse_topic(msg.topic).base.full
+        for name, entry in self.topics.items():
+            if name == msg.topic or entry.name.base.full == base:
+                self.system.post(entry.endpoint, msg)  # not lost to a full mailbox; revisions keep the order
 
     # ------------------------------------------------------------- client side
     async def handle_ClientRequest(self, req: ClientRequest) -> None:
@@ -269,94 +625,107 @@ class BrokerActor(Actor):
         try:
             answer = await self._client_routes[type(msg)](req, msg)
         except DanubeError as exc:
-            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
+            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message,
+                           redirect_url=getattr(exc, "redirect_url", None))
         if answer is not None:
             reply_client(self.system, req.identity, answer)
 
-    async def _lookup(self, req: ClientRequest, msg: cp.Lookup) -> Message:
-        self._existing(parse_topic(msg.topic))
+    def _serve(self, topic: str, req: ClientRequest) -> TopicEntry | None:
+        """The entry when `topic` is served here; raises `Moved` when another broker
+        serves it; None when the request was parked until it has a broker."""
+        entry = self.topics.get(topic)
+        if entry is not None and self.lease_held:
+            return entry
+        owner = self._elsewhere(topic)
+        if owner is not None:
+            raise Moved(f"topic {topic} is served by broker {owner.broker_id}", owner.broker_url)
+        self._park(topic, req)
+        return None
+
+    async def _lookup(self, req: ClientRequest, msg: cp.Lookup) -> Message | None:
+        resolved = await self._existing(parse_topic(msg.topic))
+        if resolved.partitioned_base:
+            return cp.LookupResult(request_id=msg.request_id, kind=cp.LookupKind.CONNECT, broker_url=self.broker_url)
+        try:
+            if self._serve(resolved.name.full, req) is None:
+                return None
+        except Moved as moved:
+            return cp.LookupResult(request_id=msg.request_id, kind=cp.LookupKind.REDIRECT,
+                                   broker_url=moved.redirect_url)
         return cp.LookupResult(request_id=msg.request_id, kind=cp.LookupKind.CONNECT, broker_url=self.broker_url)
 
     async def _get_partitions(self, req: ClientRequest, msg: cp.GetPartitions) -> Message:
         name = parse_topic(msg.topic)
-        entry = self.topics.get(name.full)
-        if entry is None:
+        resolved = await self._resolve(name)
+        if resolved is None:
             if not msg.create:
                 raise NotFound(f"topic {name.full} does not exist")
             if not self.config.auto_create_topics:
                 raise NotFound(f"topic {name.full} does not exist and auto_create_topics is off")
-            entry = await self._create_topic(name, msg.partitions, msg.dispatch_strategy)
+            resolved = await self._create_or_existing(name, msg.partitions, msg.dispatch_strategy)
         elif msg.create:
-            _check_shape(entry, msg.partitions, msg.dispatch_strategy)
-        return cp.Partitions(request_id=msg.request_id, topic=name.full, partitions=_partition_names(entry))
+            _check_shape(resolved, msg.partitions, msg.dispatch_strategy)
+        return cp.Partitions(request_id=msg.request_id, topic=name.full, partitions=resolved.served_names())
 
     async def _create_producer(self, req: ClientRequest, msg: cp.CreateProducer) -> Message | None:
         name = parse_topic(msg.topic)
-        entry = self.topics.get(name.full)
-        if entry is None:
+        resolved = await self._resolve(name)
+        if resolved is None:
             if not self.config.auto_create_topics:
                 raise NotFound(f"topic {name.full} does not exist and auto_create_topics is off")
-            entry = await self._create_topic(name, 0, msg.dispatch_strategy)
-        if entry.partitions:
-            raise FailedPrecondition(f"topic {name.full} has {entry.partitions} partitions:"
+            resolved = await self._create_or_existing(name, 0, msg.dispatch_strategy)
+        if resolved.partitioned_base:
+            raise FailedPrecondition(f"topic {name.full} has {resolved.record.partitions} partitions:"
                                      f" attach producers to its partitions {name.partition_name(0)} ...")
-        _check_shape(entry, 0, msg.dispatch_strategy)
-        return self._forward(entry, req, msg)
+        _check_shape(resolved, 0, msg.dispatch_strategy)
+        return self._forward(name.full, req)
 
     async def _subscribe(self, req: ClientRequest, msg: cp.Subscribe) -> Message | None:
-        entry = self._existing(parse_topic(msg.topic))
-        if entry.partitions:
-            raise FailedPrecondition(f"topic {entry.name.full} has {entry.partitions} partitions:"
+        resolved = await self._existing(parse_topic(msg.topic))
+        if resolved.partitioned_base:
+            raise FailedPrecondition(f"topic {resolved.name.full} has {resolved.record.partitions} partitions:"
                                      f" subscribe to each of its partitions")
-        return self._forward(entry, req, msg)
+        return self._forward(resolved.name.full, req)
 
-    def _forward(self, entry: TopicEntry, req: ClientRequest, msg: Any) -> Message | None:
-        assert entry.endpoint is not None
-        if not self.system.tell(entry.endpoint, req):
-            raise ResourceExhausted(f"topic {entry.name.full} is busy (full mailbox); retry")
+    def _forward(self, topic: str, req: ClientRequest) -> Message | None:
+        entry = self._serve(topic, req)
+        if entry is not None and not self.system.tell(entry.endpoint, req):
+            raise ResourceExhausted(f"topic {topic} is busy (full mailbox); retry")
         return None
 
-    def _existing(self, name: TopicName) -> TopicEntry:
-        entry = self.topics.get(name.full)
-        if entry is None:
-            raise NotFound(f"topic {name.full} does not exist")
-        return entry
+    async def _create_or_existing(self, name: TopicName, partitions: int, dispatch_strategy: int) -> Resolved:
+        """Create the topic; when another broker created it first, the one it created."""
+        try:
+            await self._write_topic(name, partitions, dispatch_strategy)
+        except AlreadyExists:
+            pass
+        resolved = await self._existing(name)
+        _check_shape(resolved, partitions, dispatch_strategy)
+        return resolved
 
-    async def _create_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> TopicEntry:
-        if name.namespace not in self.namespaces:
+    async def _write_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> None:
+        """The topic's record and an unassigned marker per partition, in one transaction."""
+        if not await self._namespace_exists(name.namespace):
             raise NotFound(f"namespace '{name.namespace}' does not exist")
         if partitions < 0 or partitions > 10_000:
             raise InvalidArgument(f"partitions must be 0..10000, got {partitions}")
         if dispatch_strategy not in (cp.DispatchStrategy.NON_RELIABLE, cp.DispatchStrategy.RELIABLE):
             raise InvalidArgument(f"unknown dispatch strategy {dispatch_strategy}")
-        base = name.base
-        if name.partition_index is not None and base.full in self.topics:
-            raise AlreadyExists(f"{name.full} is a partition of {base.full}; it exists only with it")
+        if name.partition_index is not None and await self._resolve(name.base) is not None:
+            raise AlreadyExists(f"{name.full} is a partition of {name.base.full}; it exists only with it")
         names = [name.partition_name(i) for i in range(partitions)] if partitions else [name.full]
-        clash = [n for n in names if n in self.topics]
-        if clash:
-            raise AlreadyExists(f"topic {clash[0]} already exists")
-        assert self.catalog is not None
-        self.catalog.put(topic_key(name.full), msgpack.packb(
-            {"dispatch_strategy": dispatch_strategy, "partitions": partitions}), sync=True)
-        entry = await self._open_topic(name, partitions, dispatch_strategy)
+        for other in names:
+            if other != name.full and self._record(other) is not None:
+                raise AlreadyExists(f"topic {other} already exists")
+        now = self.system.clock.now_ms()
+        record = cr.encode(cr.TopicRecord(dispatch_strategy=dispatch_strategy, partitions=partitions, created_ms=now))
+        marker = cr.encode(cr.Unassigned(reason=cr.UnassignedReason.NEW, since_ms=now))
+        key = cr.topic_record_key(name.full)
+        puts = {key: record} | {cr.unassigned_key(n): marker for n in names}
+        if not await self.metadata.transaction({key: 0}, puts):
+            raise AlreadyExists(f"topic {name.full} already exists")
         log.info("topic %s created (%d partitions, %s)", name.full, partitions,
                  cp.DispatchStrategy(dispatch_strategy).name.lower())
-        return entry
-
-    async def _open_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> TopicEntry:
-        """Register a topic and start its actors (one per partition)."""
-        entry = TopicEntry(name=name, dispatch_strategy=dispatch_strategy, partitions=partitions)
-        if partitions:
-            for i in range(partitions):
-                partition = parse_topic(name.partition_name(i))
-                self.topics[partition.full] = await self._spawn_topic(partition, dispatch_strategy)
-            self.topics[name.full] = entry
-        else:
-            entry = await self._spawn_topic(name, dispatch_strategy)
-            self.topics[name.full] = entry
-        METRICS.topics.set(sum(1 for e in self.topics.values() if e.endpoint is not None))
-        return entry
 
     def _wal_dir(self, name: TopicName) -> Path:
         return self.data_dir / "wal" / name.namespace / name.topic
@@ -411,96 +780,139 @@ class BrokerActor(Actor):
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
         for full, entry in list(self.topics.items()):
             if entry.endpoint == msg.endpoint:
-                log.error("topic %s stopped after repeated failures (%s); it is removed", full, msg.reason)
+                log.error("topic %s stopped after repeated failures (%s); it is no longer served", full, msg.reason)
                 del self.topics[full]
 
     # ------------------------------------------------------------- admin side
     async def handle_AdminRequest(self, req: AdminRequest) -> None:
         msg = ap.ADMIN_PROTOCOL.decode(req.frame)
+        route = self._topic_routes.get(type(msg))
+        if route is not None:
+            try:
+                names = (await self._existing(parse_topic(msg.topic))).served_names()  # type: ignore[attr-defined]
+            except DanubeError as exc:
+                reply_admin(self.system, req.identity, _error(msg, exc))
+                return
+            if all(name in self.topics for name in names):
+                await self._answer_admin(req, msg, route)
+            elif not self._remote_admin.start(self._answer_admin(req, msg, route)):
+                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
+                    "too many admin requests waiting on other brokers; retry")))
+            return
+        await self._answer_admin(req, msg, self._admin_routes[type(msg)])
+
+    async def _answer_admin(self, req: AdminRequest, msg: Any, route: Callable[[Any], Awaitable[Message]]) -> None:
         try:
-            answer = await self._admin_routes[type(msg)](msg)
+            answer = await route(msg)
         except DanubeError as exc:
-            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
+            answer = _error(msg, exc)
         reply_admin(self.system, req.identity, answer)
 
+    async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
+        """Run `local` on the partition's actor when it is served here, else send `msg`
+        (naming that partition) to the admin port of the broker serving it."""
+        entry = self.topics.get(partition)
+        if entry is not None:
+            return await local(entry)
+        owner = self._elsewhere(partition)
+        if owner is None:
+            raise Unavailable(f"topic {partition} has no broker right now; retry")
+        from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
+
+        client = self._admin_clients.get(owner.admin_url)
+        if client is None:
+            client = AdminClient(owner.admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
+                                 client_name=f"broker-{self.broker_id}")
+            await client.connect()
+            self._admin_clients[owner.admin_url] = client
+        try:
+            return await client._call(lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition), Message)
+        except Unavailable:
+            self._admin_clients.pop(owner.admin_url, None)
+            client.close()
+            raise
+
     async def _list_namespaces(self, msg: ap.ListNamespaces) -> Message:
-        return ap.NamespaceList(request_id=msg.request_id, namespaces=sorted(self.namespaces))
+        names = [key[len(cr.NAMESPACES):] for key, _ in await self.metadata.list_prefix(cr.NAMESPACES)]
+        return ap.NamespaceList(request_id=msg.request_id, namespaces=sorted(names))
 
     async def _create_namespace(self, msg: ap.CreateNamespace) -> Message:
         namespace = validate_namespace(msg.namespace)
-        if namespace in self.namespaces:
+        created = await self.metadata.compare_and_swap(cr.namespace_key(namespace), 0, b"")
+        if not created.succeeded:
             raise AlreadyExists(f"namespace '{namespace}' already exists")
-        self.namespaces.add(namespace)
-        assert self.catalog is not None
-        self.catalog.put(_namespace_key(namespace), b"", sync=True)
         return Ok(request_id=msg.request_id)
 
     async def _delete_namespace(self, msg: ap.DeleteNamespace) -> Message:
         namespace = validate_namespace(msg.namespace)
-        if namespace not in self.namespaces:
+        key = cr.namespace_key(namespace)
+        current = await self.metadata.get(key)
+        if current is None:
             raise NotFound(f"namespace '{namespace}' does not exist")
-        held = [full for full, e in self.topics.items()
-                if e.name.namespace == namespace and not self._is_partition_of_partitioned(e)]
+        held = await self._topic_records(namespace)
         if held:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
-        self.namespaces.discard(namespace)
-        assert self.catalog is not None
-        self.catalog.delete(_namespace_key(namespace), sync=True)
+        if not await self.metadata.transaction({key: current.version}, {}, [key]):
+            raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
+
+    async def _topic_records(self, namespace: str) -> list[tuple[str, cr.TopicRecord]]:
+        prefix = f"{cr.TOPICS}{namespace}/"
+        return [(cr.topic_of(key, cr.TOPICS), cr.decode(value.value, cr.TopicRecord))
+                for key, value in await self.metadata.list_prefix(prefix) if key.count("/") == 3]
 
     async def _list_topics(self, msg: ap.ListTopics) -> Message:
         namespace = validate_namespace(msg.namespace)
-        if namespace not in self.namespaces:
+        if not await self._namespace_exists(namespace):
             raise NotFound(f"namespace '{namespace}' does not exist")
-        topics = [
-            ap.TopicInfo(name=full, dispatch_strategy=e.dispatch_strategy, partitions=e.partitions,
-                         broker_id=self.broker_id)
-            for full, e in sorted(self.topics.items())
-            if e.name.namespace == namespace and not self._is_partition_of_partitioned(e)
-        ]
+        topics = []
+        for full, record in await self._topic_records(namespace):
+            first = parse_topic(full).partition_name(0) if record.partitions else full
+            assignment = self._assignment(first)
+            topics.append(ap.TopicInfo(name=full, dispatch_strategy=record.dispatch_strategy,
+                                       partitions=record.partitions,
+                                       broker_id=assignment.broker_id if assignment is not None else 0))
         return ap.TopicList(request_id=msg.request_id, topics=topics)
 
     async def _admin_create_topic(self, msg: ap.CreateTopic) -> Message:
-        name = parse_topic(msg.topic)
-        if name.full in self.topics:
-            raise AlreadyExists(f"topic {name.full} already exists")
-        await self._create_topic(name, msg.partitions, msg.dispatch_strategy)
+        await self._write_topic(parse_topic(msg.topic), msg.partitions, msg.dispatch_strategy)
         return Ok(request_id=msg.request_id)
 
     async def _delete_topic(self, msg: ap.DeleteTopic) -> Message:
-        entry = self._existing(parse_topic(msg.topic))
-        if self._is_partition_of_partitioned(entry):
-            raise FailedPrecondition(f"{entry.name.full} is a partition; delete {entry.name.base.full} instead")
-        assert self.catalog is not None
-        for partition in _partition_names(entry):
-            partition_entry = self.topics.pop(partition)
-            if partition_entry.endpoint is not None:
-                await self.system.stop(partition_entry.endpoint)
-            self._flush_cursors()
-            key = topic_key(partition)
-            stale = [k for k, _ in self.catalog.scan(f"{key}/")] + [key]
-            self.catalog.write({}, stale, sync=True)
-            shutil.rmtree(self._wal_dir(parse_topic(partition)), ignore_errors=True)
-            partition_name = parse_topic(partition)
-            shutil.rmtree(self.data_dir / "durable-cache" / partition_name.namespace / partition_name.topic,
-                          ignore_errors=True)
-            await self._delete_durable(partition)
-        self.topics.pop(entry.name.full, None)
-        self.catalog.delete(topic_key(entry.name.full), sync=True)
-        METRICS.topics.set(sum(1 for e in self.topics.values() if e.endpoint is not None))
+        resolved = await self._existing(parse_topic(msg.topic))
+        if resolved.name.full != resolved.base.full:
+            raise FailedPrecondition(f"{resolved.name.full} is a partition; delete {resolved.base.full} instead")
+        key = cr.topic_record_key(resolved.base.full)
+        current = await self.metadata.get(key)
+        if current is None:
+            raise NotFound(f"topic {resolved.base.full} does not exist")
+        names = resolved.served_names()
+        stale = [key] + [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
+        if not await self.metadata.transaction({key: current.version}, {}, stale):
+            raise FailedPrecondition(f"topic {resolved.base.full} changed meanwhile; retry")
+        for name in names:  # the partitions served here now; other brokers follow the deletion
+            if name in self.topics:
+                await self._unload(name, deleted=True)
+                await self._delete_local(name)
         return Ok(request_id=msg.request_id)
 
     async def _describe_topic(self, msg: ap.DescribeTopic) -> Message:
-        entry = self._existing(parse_topic(msg.topic))
+        resolved = await self._existing(parse_topic(msg.topic))
         partitions = []
-        for partition in _partition_names(entry):
-            endpoint = self.topics[partition].endpoint
-            assert endpoint is not None
-            stats = await self.system.ask(endpoint, DescribePartition())
-            assert isinstance(stats, PartitionStats)
-            partitions.append(stats.info)
-        return ap.TopicDescription(request_id=msg.request_id, name=entry.name.full,
-                                   dispatch_strategy=entry.dispatch_strategy, broker_id=self.broker_id,
+        owner = 0
+        for partition in resolved.served_names():
+            async def local(entry: TopicEntry) -> list[ap.PartitionInfo]:
+                stats = await self.system.ask(entry.endpoint, DescribePartition())
+                assert isinstance(stats, PartitionStats)
+                return [stats.info]
+
+            answer = await self._on_owner(msg, partition, local)
+            partitions.extend(answer.partitions if isinstance(answer, ap.TopicDescription) else answer)
+            if not owner:
+                assignment = self._assignment(partition)
+                owner = assignment.broker_id if assignment is not None else 0
+        return ap.TopicDescription(request_id=msg.request_id, name=resolved.name.full,
+                                   dispatch_strategy=resolved.record.dispatch_strategy, broker_id=owner,
                                    partitions=partitions)
 
     async def _list_subscriptions(self, msg: ap.ListSubscriptions) -> Message:
@@ -510,107 +922,132 @@ class BrokerActor(Actor):
         return ap.SubscriptionList(request_id=msg.request_id, subscriptions=names)
 
     async def _unsubscribe(self, msg: ap.Unsubscribe) -> Message:
-        entry = self._existing(parse_topic(msg.topic))
+        resolved = await self._existing(parse_topic(msg.topic))
         found = False
-        for partition in _partition_names(entry):
-            endpoint = self.topics[partition].endpoint
-            assert endpoint is not None
+        for partition in resolved.served_names():
+            async def local(entry: TopicEntry) -> None:
+                await self.system.ask(entry.endpoint, DeleteSubscription(subscription=msg.subscription))
+
             try:
-                await self.system.ask(endpoint, DeleteSubscription(subscription=msg.subscription))
+                await self._on_owner(msg, partition, local)
                 found = True
             except NotFound:
                 continue
         if not found:
-            raise NotFound(f"subscription '{msg.subscription}' does not exist on topic {entry.name.full}")
+            raise NotFound(f"subscription '{msg.subscription}' does not exist on topic {resolved.name.full}")
         return Ok(request_id=msg.request_id)
 
     async def _list_brokers(self, msg: ap.ListBrokers) -> Message:
-        info = ap.BrokerInfo(broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
-                             metrics_url=self.metrics_url, role="standalone", status="active")
-        return ap.BrokerList(request_id=msg.request_id, brokers=[info])
+        await self.metadata.get(cr.LEADER)  # a linearizable barrier: registrations as of now
+        state = self.metadata.peer.state
+        leader = state.get(cr.LEADER)
+        leader_id = cr.decode(leader.value, cr.LeaderRecord).broker_id if leader is not None else None
+        standalone = self.config.cluster.raft_listen is None
+        brokers = []
+        for _key, value in state.list_prefix(cr.REGISTER):
+            registration = cr.decode(value.value, cr.BrokerRegistration)
+            mode = state.get(cr.state_key(registration.broker_id))
+            status = cr.decode(mode.value, cr.BrokerStateRecord).mode if mode is not None else cr.BrokerMode.ACTIVE
+            role = "standalone" if standalone else ("leader" if registration.broker_id == leader_id else "follower")
+            brokers.append(ap.BrokerInfo(broker_id=registration.broker_id, broker_url=registration.broker_url,
+                                         admin_url=registration.admin_url, metrics_url=registration.metrics_url,
+                                         role=role, status=str(status)))
+        return ap.BrokerList(request_id=msg.request_id, brokers=brokers)
 
     # ------------------------------------------------------------- admin: reliable subscriptions
     async def _seek_subscription(self, msg: ap.SeekSubscription) -> Message:
-        entry = self._reliable_entry(msg.topic)
-        if entry.partitions and msg.offset is not None:
-            raise InvalidArgument(f"topic {entry.name.full} has {entry.partitions} partitions and offsets are per"
-                                  f" partition: seek by publish time, or name one partition topic"
-                                  f" ({entry.name.partition_name(0)} ...)")
-        for partition in _partition_names(entry):
-            endpoint = self.topics[partition].endpoint
-            assert endpoint is not None
-            await self.system.ask(endpoint, ip.SeekCursor(
-                subscription=msg.subscription, offset=msg.offset, publish_time=msg.publish_time))
+        resolved = await self._reliable(msg.topic)
+        if resolved.partitioned_base and msg.offset is not None:
+            raise InvalidArgument(f"topic {resolved.name.full} has {resolved.record.partitions} partitions and offsets"
+                                  f" are per partition: seek by publish time, or name one partition topic"
+                                  f" ({resolved.name.partition_name(0)} ...)")
+        for partition in resolved.served_names():
+            async def local(entry: TopicEntry) -> None:
+                await self.system.ask(entry.endpoint, ip.SeekCursor(
+                    subscription=msg.subscription, offset=msg.offset, publish_time=msg.publish_time))
+
+            await self._on_owner(msg, partition, local)
         return Ok(request_id=msg.request_id)
 
     async def _set_failure_policy(self, msg: ap.SetFailurePolicy) -> Message:
-        entry = self._reliable_entry(msg.topic)
+        resolved = await self._reliable(msg.topic)
         policy = ip.FailurePolicyState(
             max_redelivery_count=msg.max_redelivery_count, ack_timeout_ms=msg.ack_timeout_ms,
             base_redelivery_delay_ms=msg.base_redelivery_delay_ms, max_redelivery_delay_ms=msg.max_redelivery_delay_ms,
             backoff=msg.backoff, poison_policy=msg.poison_policy, dead_letter_topic=msg.dead_letter_topic)
-        for partition in _partition_names(entry):
-            endpoint = self.topics[partition].endpoint
-            assert endpoint is not None
-            record = await self.system.ask(endpoint, ip.SetSubscriptionPolicy(subscription=msg.subscription,
-                                                                              policy=policy))
-            assert isinstance(record, PersistCursor)
-            self.handle_PersistCursor(record)
+        for partition in resolved.served_names():
+            async def local(entry: TopicEntry) -> None:
+                record = await self.system.ask(entry.endpoint, ip.SetSubscriptionPolicy(
+                    subscription=msg.subscription, policy=policy))
+                assert isinstance(record, PersistCursor)
+                self.handle_PersistCursor(record)
+
+            await self._on_owner(msg, partition, local)
         self._flush_cursors()  # stored before the answer: the policy survives a crash right after
         return Ok(request_id=msg.request_id)
 
     async def _get_failure_policy(self, msg: ap.GetFailurePolicy) -> Message:
-        entry = self._reliable_entry(msg.topic)
-        endpoint = self.topics[_partition_names(entry)[0]].endpoint
-        assert endpoint is not None
-        answer = await self.system.ask(endpoint, ip.GetSubscriptionPolicy(subscription=msg.subscription))
-        assert isinstance(answer, ip.SubscriptionPolicy)
-        policy = answer.policy
-        return ap.FailurePolicyInfo(
-            request_id=msg.request_id, max_redelivery_count=policy.max_redelivery_count,
-            ack_timeout_ms=policy.ack_timeout_ms, base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
-            max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
-            poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic, explicit=answer.explicit)
+        resolved = await self._reliable(msg.topic)
+
+        async def local(entry: TopicEntry) -> Message:
+            answer = await self.system.ask(entry.endpoint, ip.GetSubscriptionPolicy(subscription=msg.subscription))
+            assert isinstance(answer, ip.SubscriptionPolicy)
+            policy = answer.policy
+            return ap.FailurePolicyInfo(
+                request_id=msg.request_id, max_redelivery_count=policy.max_redelivery_count,
+                ack_timeout_ms=policy.ack_timeout_ms, base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
+                max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
+                poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic,
+                explicit=answer.explicit)
+
+        answer = await self._on_owner(msg, resolved.served_names()[0], local)
+        return dataclasses.replace(answer, request_id=msg.request_id)
 
     async def _set_dispatch_config(self, msg: ap.SetDispatchConfig) -> Message:
-        entry = self._reliable_entry(msg.topic)
-        for partition in _partition_names(entry):
-            endpoint = self.topics[partition].endpoint
-            assert endpoint is not None
-            record = await self.system.ask(endpoint, ip.SetSubscriptionDispatchConfig(
-                subscription=msg.subscription, max_unacked_messages=msg.max_unacked_messages))
-            assert isinstance(record, PersistCursor)
-            self.handle_PersistCursor(record)
+        resolved = await self._reliable(msg.topic)
+        for partition in resolved.served_names():
+            async def local(entry: TopicEntry) -> None:
+                record = await self.system.ask(entry.endpoint, ip.SetSubscriptionDispatchConfig(
+                    subscription=msg.subscription, max_unacked_messages=msg.max_unacked_messages))
+                assert isinstance(record, PersistCursor)
+                self.handle_PersistCursor(record)
+
+            await self._on_owner(msg, partition, local)
         self._flush_cursors()  # stored before the answer, as the failure policy
         return Ok(request_id=msg.request_id)
 
     async def _get_dispatch_config(self, msg: ap.GetDispatchConfig) -> Message:
-        entry = self._reliable_entry(msg.topic)
-        endpoint = self.topics[_partition_names(entry)[0]].endpoint
-        assert endpoint is not None
-        answer = await self.system.ask(endpoint, ip.GetSubscriptionDispatchConfig(subscription=msg.subscription))
-        assert isinstance(answer, ip.SubscriptionDispatchConfig)
-        return ap.DispatchConfigInfo(request_id=msg.request_id, max_unacked_messages=answer.max_unacked_messages,
-                                     explicit=answer.explicit)
+        resolved = await self._reliable(msg.topic)
 
-    def _reliable_entry(self, topic: str) -> TopicEntry:
-        entry = self._existing(parse_topic(topic))
-        if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
-            raise FailedPrecondition(f"topic {entry.name.full} is not reliable: seek, failure policies and dispatch"
+        async def local(entry: TopicEntry) -> Message:
+            answer = await self.system.ask(entry.endpoint, ip.GetSubscriptionDispatchConfig(
+                subscription=msg.subscription))
+            assert isinstance(answer, ip.SubscriptionDispatchConfig)
+            return ap.DispatchConfigInfo(request_id=msg.request_id, max_unacked_messages=answer.max_unacked_messages,
+                                         explicit=answer.explicit)
+
+        answer = await self._on_owner(msg, resolved.served_names()[0], local)
+        return dataclasses.replace(answer, request_id=msg.request_id)
+
+    async def _reliable(self, topic: str) -> Resolved:
+        resolved = await self._existing(parse_topic(topic))
+        if resolved.record.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+            raise FailedPrecondition(f"topic {resolved.name.full} is not reliable: seek, failure policies and dispatch"
                                      " windows apply to subscriptions of reliable topics only")
-        return entry
-
-    def _is_partition_of_partitioned(self, entry: TopicEntry) -> bool:
-        base = entry.name.base
-        return entry.name.partition_index is not None and base.full in self.topics \
-            and self.topics[base.full].partitions > 0
+        return resolved
 
 
-_NAMESPACES = "/namespaces/"
+def _owner(key: str, value: bytes) -> int | None:
+    try:
+        return cr.decode(value, cr.Assignment).broker_id
+    except DanubeError as exc:
+        log.error("metadata key %s holds no assignment (%s); ignored", key, exc)
+        return None
 
 
-def _namespace_key(namespace: str) -> str:
-    return f"{_NAMESPACES}{namespace}"
+def _error(msg: Any, exc: DanubeError) -> Error:
+    return Error(request_id=msg.request_id, code=exc.code, message=exc.message,
+                 redirect_url=getattr(exc, "redirect_url", None))
 
 
 def _subscription_key(topic: str, subscription: str) -> str:
@@ -623,18 +1060,14 @@ def _durable_segment(desc: SegmentDescriptor) -> DurableSegment:
                           size_bytes=desc.size_bytes, crc32c=desc.crc32c, created_ms=desc.created_ms)
 
 
-def _partition_names(entry: TopicEntry) -> list[str]:
-    if entry.partitions:
-        return [entry.name.partition_name(i) for i in range(entry.partitions)]
-    return [entry.name.full]
-
-
-def _check_shape(entry: TopicEntry, partitions: int, dispatch_strategy: int) -> None:
-    if entry.dispatch_strategy != dispatch_strategy:
-        have = cp.DispatchStrategy(entry.dispatch_strategy).name.lower()
+def _check_shape(resolved: Resolved, partitions: int, dispatch_strategy: int) -> None:
+    record = resolved.record
+    if record.dispatch_strategy != dispatch_strategy:
+        have = cp.DispatchStrategy(record.dispatch_strategy).name.lower()
         want = cp.DispatchStrategy(dispatch_strategy).name.lower() if dispatch_strategy in (0, 1) \
             else str(dispatch_strategy)
-        raise FailedPrecondition(f"topic {entry.name.full} is {have}; a {want} producer cannot attach")
-    if partitions and entry.partitions != partitions:
-        raise FailedPrecondition(f"topic {entry.name.full} has {entry.partitions} partitions,"
+        raise FailedPrecondition(f"topic {resolved.name.full} is {have}; a {want} producer cannot attach")
+    if partitions and (not resolved.partitioned_base or record.partitions != partitions):
+        have_partitions = record.partitions if resolved.partitioned_base else 0
+        raise FailedPrecondition(f"topic {resolved.name.full} has {have_partitions} partitions,"
                                  f" the producer asked for {partitions}")

@@ -429,6 +429,10 @@ class ClusterSection:
     # A metadata write or read not answered in this time fails with TIMEOUT, ms.
     # Default 5000.
     request_timeout_ms: int = 5000
+    # The broker's registration lease, ms: renewed every third of it. A broker that
+    # cannot renew stops serving its topics before the lease runs out, and the load
+    # manager gives them to other brokers once it has. Default 6000.
+    lease_ttl_ms: int = 6000
 
     def __post_init__(self) -> None:
         if isinstance(self.peers, list):
@@ -449,6 +453,7 @@ class ClusterSection:
                      self.election_timeout_ms_min + self.tick_ms, 600_000)
         _check_range("cluster.snapshot_entries", self.snapshot_entries, 10, _INT_MAX)
         _check_range("cluster.request_timeout_ms", self.request_timeout_ms, 10, 3_600_000)
+        _check_range("cluster.lease_ttl_ms", self.lease_ttl_ms, 300, 3_600_000)
         founders = self.peer_addresses()
         if founders and self.raft_listen is None:
             raise _error("cluster.raft_listen", "is required when cluster.peers is set", "cluster.peers")
@@ -479,6 +484,26 @@ class ClusterSection:
             max(2, self.election_timeout_ms_min // self.tick_ms),
             max(3, self.election_timeout_ms_max // self.tick_ms),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadManagerSection:
+    """Where the cluster's leader puts topics (`actors/load/`)."""
+
+    SECTION: ClassVar[str] = "load_manager"
+
+    # fair (fewest topics), balanced (topic load, CPU and memory) or weighted_load
+    # (the same plus throughput, the bottleneck weighing most). Default balanced.
+    assignment_strategy: str = "balanced"
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.assignment_strategy not in ASSIGNMENT_STRATEGIES:
+            raise _error("load_manager.assignment_strategy",
+                         f"must be one of {', '.join(ASSIGNMENT_STRATEGIES)}, got {self.assignment_strategy!r}")
+
+
+ASSIGNMENT_STRATEGIES = ("fair", "balanced", "weighted_load")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -526,6 +551,7 @@ class BrokerConfig:
     storage: StorageSection = field(default_factory=StorageSection)
     reliable: ReliableSection = field(default_factory=ReliableSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    load_manager: LoadManagerSection = field(default_factory=LoadManagerSection)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
@@ -589,6 +615,7 @@ _SECTIONS: tuple[type, ...] = (
     StorageSection,
     ReliableSection,
     ClusterSection,
+    LoadManagerSection,
     SnapshotsSection,
 )
 

@@ -6,8 +6,9 @@
       +-- SchemaRegistry     subjects and versions, kept in the metadata store
       +-- ActorSystem (zmq context, mailboxes, supervision)
             +-- BrokerActor    registry of namespaces and topics; parent of topics
-            |     +-- TopicActor per topic/partition
+            |     +-- TopicActor per topic/partition served here
             |           +-- SubscriptionActor per subscription
+            +-- LoadManagerActor   assigns topics to brokers while this peer leads
             +-- Gateway        client ROUTER (broker.listen) + outbox
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +36,7 @@ from danube_zmq.actors.broker import BrokerActor
 from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
+from danube_zmq.actors.load_manager import LoadManagerActor
 from danube_zmq.actors.metrics import RaftCollector
 from danube_zmq.actors.snapshot_actor import SnapshotActor
 from danube_zmq.actors.system import ActorSystem
@@ -41,6 +44,7 @@ from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
 from danube_zmq.schemas.registry import SchemaRegistry
+from danube_zmq.transport.errors import InvalidArgument
 
 log = logging.getLogger("danube_zmq.service")
 
@@ -50,7 +54,7 @@ class BrokerService:
         self.config = config
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()
-        self.broker_id = config.broker.broker_id if config.broker.broker_id is not None else self.rng.getrandbits(63)
+        self.broker_id = config.broker.broker_id if config.broker.broker_id is not None else self._stored_broker_id()
         self.client_url = ""
         self.admin_url = ""
         self.metrics_url: str | None = None
@@ -98,6 +102,8 @@ class BrokerService:
             assert isinstance(admin, AdminGateway)
             self.admin_url = admin.bound_url
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
+            await system.spawn(lambda: LoadManagerActor(config=config, broker_id=self.broker_id,
+                                                        metadata=self.metadata), name="load-manager")
             system.snapshot_endpoint = await system.spawn(
                 lambda: SnapshotActor(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
                 name="snapshots")
@@ -123,7 +129,27 @@ class BrokerService:
         return BrokerActor(config=self.config, broker_id=self.broker_id, broker_url=self.advertised_url,
                            admin_url=self.admin_url,
                            metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)),
-                           executor=self._executor)
+                           executor=self._executor, metadata=self.metadata)
+
+    def _stored_broker_id(self) -> int:
+        """The id this data directory's broker had before (its topics are assigned to
+        it by id), or a new random one, kept in `data_dir/broker_id`."""
+        path = Path(self.config.broker.data_dir) / "broker_id"
+        try:
+            return int(path.read_text().strip())
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            raise InvalidArgument(f"{path} holds no broker id; remove it or set broker.broker_id") from None
+        broker_id = self.rng.getrandbits(63)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        with open(temporary, "w") as out:
+            out.write(f"{broker_id}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+        return broker_id
 
     @property
     def advertised_url(self) -> str:

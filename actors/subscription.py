@@ -104,8 +104,8 @@ class SubscriptionActor(Actor):
 
     async def on_stop(self) -> None:
         # A subscription stopped with its parent topic's restart comes back too.
-        restarting = self.restarting or self._topic_restarting()
-        state = "restarted" if restarting else "closed"
+        restarting = self.restarting or self.moving or self._topic_restarting()
+        state = "moved" if self.moving else "restarted" if restarting else "closed"
         for consumer in self.consumers.values():
             self.system.tell(self.system.gateway_endpoint, ConsumerDetached(
                 identity=consumer.identity, consumer_id=consumer.consumer_id,

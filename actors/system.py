@@ -209,14 +209,16 @@ class ActorSystem:
             raise
         return endpoint
 
-    async def stop(self, endpoint: str) -> None:
-        """Stop an actor and, first, its children (newest first)."""
+    async def stop(self, endpoint: str, *, moving: bool = False) -> None:
+        """Stop an actor and, first, its children (newest first). `moving`: it goes on
+        elsewhere (unloaded from this broker), so its `on_stop` tells clients to re-attach."""
         cell = self._cells.get(endpoint)
         if cell is None or cell.stopping:
             return
         cell.stopping = True
+        cell.instance.moving = moving
         for child in reversed(list(cell.children)):
-            await self.stop(child)
+            await self.stop(child, moving=moving)
         if cell.task is not None and cell.task is not asyncio.current_task():
             cell.task.cancel()
             await asyncio.gather(cell.task, return_exceptions=True)

@@ -130,10 +130,10 @@ class TopicActor(Actor):
     async def on_stop(self) -> None:
         # Subscriptions (children) were stopped first and told their consumers.
         for producer in self.producers.values():
-            reason = f"topic {self.topic} restarted" if self.restarting else f"topic {self.topic} closed"
+            state = "moved" if self.moving else "restarted" if self.restarting else "closed"
             self.system.tell(self._gateway, ProducerDetached(
-                identity=producer.identity, producer_id=producer.producer_id, reason=reason,
-                reattach=self.restarting))
+                identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} {state}",
+                reattach=self.restarting or self.moving))
 
     @property
     def _gateway(self) -> str:

@@ -39,6 +39,8 @@ from danube_zmq.transport.client_protocol import (
     DispatchStrategy,
     GetPartitions,
     InitialPosition,
+    Lookup,
+    LookupResult,
     Partitions,
     SubType,
 )
@@ -373,6 +375,19 @@ class DanubeClient:
                 log.info("retriable failure (%s: %s); retry %d", type(exc).__name__, exc, attempt + 1)
             await asyncio.sleep(backoff_ms(attempt, self._rng) / 1000)
             attempt += 1
+
+    async def lookup(self, topic: str) -> str:
+        """The URL of the broker serving `topic` (a topic without partitions, or one
+        partition), as the service URL's broker answers: itself or a redirect."""
+        _check_name("topic", topic)
+
+        async def ask() -> str:
+            reply = await self._request_on_service(Lookup(request_id=0, topic=topic))
+            if not isinstance(reply, LookupResult):
+                raise InternalError(f"broker answered Lookup with {type(reply).__name__}")
+            return reply.broker_url
+
+        return await self._retry(ask)
 
     async def _get_partitions(
         self,

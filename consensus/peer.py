@@ -863,6 +863,10 @@ class RaftPeer:
         return self._running and self._node.role is Role.LEADER
 
     @property
+    def current_term(self) -> int:
+        return self._node.term
+
+    @property
     def leader_id(self) -> int | None:
         return self._node.leader_id if self._running else None
 

@@ -68,7 +68,7 @@ async def main() -> None:
     store = SnapshotStore(created.url)
     manifest = store.manifest(created.snapshot.snapshot_id)
     for topic in manifest.topics:
-        rows = [row for f in topic.files for row in pq.read_table(store.open_read(f.path)).to_pylist()]
+        rows = [row for f in topic.files for row in pq.read_table(store.open_read(f.path), use_threads=False).to_pylist()]
         audit = next(s for s in topic.subscriptions if s.name == "audit")
         backlog = sum(1 for r in rows if r["offset"] > audit.cursor and r["offset"] not in audit.acked_above)
         print(f"{topic.topic}: offsets {topic.log_start_offset}..{topic.end_offset - 1}, audit cursor"

@@ -69,6 +69,14 @@ class Unavailable(DanubeError):
     retriable = True
 
 
+class Moved(Unavailable):
+    """Another broker serves the topic: go to `redirect_url` (its advertised URL)."""
+
+    def __init__(self, message: str, redirect_url: str) -> None:
+        super().__init__(message)
+        self.redirect_url = redirect_url
+
+
 class FailedPrecondition(DanubeError):
     code = ErrorCode.FAILED_PRECONDITION
 

@@ -628,6 +628,44 @@ class ReleaseSnapshotCut(Message):
     pin_id: int
 
 
+@wire
+class AssignmentChanged(Message):
+    """Broker's assignment watch -> broker: `topic` (a partition, or a topic without
+    partitions) is now served by `broker_id` (None: by nobody, unassigned or deleted),
+    as of metadata `revision`."""
+
+    TAG = 77
+    topic: str
+    broker_id: int | None
+    revision: int
+
+
+@wire
+class AssignmentsResync(Message):
+    """Broker's assignment watch -> broker: every topic assigned to this broker as of
+    `revision` (after a start, a lost history, or a regained lease)."""
+
+    TAG = 78
+    topics: list[str]
+    revision: int
+
+
+@wire
+class LeaseChanged(Message):
+    """Broker's lease keeper -> broker: the registration lease is held (serve) or lost
+    (stop serving: another broker may take the topics once it expires)."""
+
+    TAG = 79
+    held: bool
+
+
+@wire
+class ParkedExpired(Message):
+    """Timer -> broker: answer the requests waiting for an assignment past their deadline."""
+
+    TAG = 80
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -643,5 +681,6 @@ INTERNAL_PROTOCOL = Protocol(
         SetSubscriptionDispatchConfig, GetSubscriptionDispatchConfig, SubscriptionDispatchConfig,
         TopicSchemaChanged, ListSnapshotTopics, SnapshotTopics, DescribeSubscriptionCut, SubscriptionCut,
         TakeSnapshotCut, SnapshotCut, ReleaseSnapshotCut,
+        AssignmentChanged, AssignmentsResync, LeaseChanged, ParkedExpired,
     ),
 )

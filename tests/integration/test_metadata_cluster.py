@@ -34,8 +34,9 @@ class Node:
         self.admin_url = f"tcp://127.0.0.1:{free_port()}"
         self.process: BrokerProcess | None = None
 
-    def start(self, founders: list[Node], *, join: bool = False) -> Node:
+    def start(self, founders: list[Node], *, join: bool = False, env: dict[str, str] | None = None) -> Node:
         env = {
+            **(env or {}),
             "DANUBE_CLUSTER__NODE_ID": str(self.node_id),
             "DANUBE_CLUSTER__RAFT_LISTEN": self.raft,
             "DANUBE_CLUSTER__PEERS": ",".join(f"{n.node_id}={n.raft}" for n in founders),
@@ -58,10 +59,10 @@ class Node:
             assert code == 0, f"node {self.node_id} did not stop cleanly (exit {code}):\n{log}"
 
 
-def start_cluster(tmp_path: Path, size: int) -> list[Node]:
+def start_cluster(tmp_path: Path, size: int, env: dict[str, str] | None = None) -> list[Node]:
     nodes = [Node(tmp_path, i) for i in range(1, size + 1)]
     for node in nodes:
-        node.start(nodes)
+        node.start(nodes, env=env)
     return nodes
 
 

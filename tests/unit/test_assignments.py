@@ -1,0 +1,104 @@
+"""The load manager's assignment decisions (actors/load/assign.py) and the cluster
+records they are stored as (transport/cluster_records.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from danube_zmq.actors.load.assign import ClusterView, Waiting, plan
+from danube_zmq.actors.load.placement import Strategy
+from danube_zmq.actors.load.reports import BrokerState
+from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.errors import InvalidArgument
+
+GRACE = 1_000
+
+states = st.sampled_from(list(BrokerState))
+broker_ids = st.integers(1, 6)
+
+
+@st.composite
+def views(draw: st.DrawFn) -> ClusterView:
+    brokers = draw(st.dictionaries(broker_ids, states, max_size=5))
+    topics = [f"/ns/t{i}" for i in range(draw(st.integers(0, 30)))]
+    deleted = set(draw(st.lists(st.sampled_from(topics), max_size=3))) if topics else set()
+    exists = set(topics) - deleted
+    assignments = {}
+    waiting = {}
+    for topic in topics:
+        kind = draw(st.sampled_from(["assigned", "waiting", "none"]))
+        if kind == "assigned":
+            assignments[topic] = (draw(broker_ids), draw(st.integers(1, 5)))
+        elif kind == "waiting":
+            waiting[topic] = Waiting(from_broker=draw(st.none() | broker_ids), to_broker=draw(st.none() | broker_ids),
+                                     epoch=draw(st.integers(0, 5)))
+    absent = {b: draw(st.integers(0, 2 * GRACE)) for b in draw(st.lists(broker_ids, max_size=3)) if b not in brokers}
+    return ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
+                       absent_since_ms=absent)
+
+
+@given(views(), st.sampled_from(list(Strategy)), st.integers(0, 100))
+def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor: int) -> None:
+    now = 2 * GRACE
+    decided = plan(view, strategy, {}, {}, now_ms=now, grace_ms=GRACE, cursor=cursor)
+    for choice in decided.assign:
+        marker = view.waiting[choice.topic]
+        assert view.brokers[choice.broker_id] is BrokerState.ACTIVE  # only live ACTIVE brokers take topics
+        assert choice.broker_id != marker.from_broker  # never back to the broker it leaves
+        assert choice.topic in view.exists and choice.topic not in view.assignments
+        assert choice.epoch == marker.epoch + 1
+        if marker.to_broker is not None and view.brokers.get(marker.to_broker) is BrokerState.ACTIVE \
+                and marker.to_broker != marker.from_broker:
+            assert choice.broker_id == marker.to_broker  # a rebalance's target is kept
+    assert len({c.topic for c in decided.assign}) == len(decided.assign)
+    for orphan in decided.orphans:
+        assert orphan.from_broker not in view.brokers  # only brokers whose lease is gone
+        assert now - decided.absent_since_ms[orphan.from_broker] >= GRACE
+        assert view.assignments[orphan.topic] == (orphan.from_broker, orphan.epoch)
+    assert set(decided.drop) == {t for t in view.waiting if t not in view.exists}
+    placeable = [t for t in view.waiting if t in view.exists and t not in view.assignments]
+    assert len(decided.assign) + decided.unplaced == len(placeable)
+    if not any(s is BrokerState.ACTIVE for s in view.brokers.values()):
+        assert not decided.assign
+
+
+def test_a_missing_broker_is_orphaned_only_after_the_grace() -> None:
+    view = ClusterView(brokers={1: BrokerState.ACTIVE}, assignments={"/ns/a": (2, 3)}, waiting={},
+                       exists={"/ns/a"})
+    first = plan(view, Strategy.FAIR, {}, {}, now_ms=10_000, grace_ms=GRACE)
+    assert first.orphans == () and first.absent_since_ms == {2: 10_000}
+    later = ClusterView(brokers=view.brokers, assignments=view.assignments, waiting={}, exists=view.exists,
+                        absent_since_ms=first.absent_since_ms)
+    assert plan(later, Strategy.FAIR, {}, {}, now_ms=10_999, grace_ms=GRACE).orphans == ()
+    [orphan] = plan(later, Strategy.FAIR, {}, {}, now_ms=11_000, grace_ms=GRACE).orphans
+    assert (orphan.topic, orphan.from_broker, orphan.epoch) == ("/ns/a", 2, 3)
+    # Back before the grace ran out: forgotten, nothing moves.
+    back = ClusterView(brokers={1: BrokerState.ACTIVE, 2: BrokerState.ACTIVE}, assignments=view.assignments,
+                       waiting={}, exists=view.exists, absent_since_ms=first.absent_since_ms)
+    assert plan(back, Strategy.FAIR, {}, {}, now_ms=20_000, grace_ms=GRACE).absent_since_ms == {}
+
+
+@pytest.mark.parametrize("strategy", list(Strategy))
+@given(count=st.integers(1, 40), active=st.integers(1, 5))
+def test_new_topics_spread_evenly_on_an_idle_cluster(strategy: Strategy, count: int, active: int) -> None:
+    view = ClusterView(brokers={b: BrokerState.ACTIVE for b in range(1, active + 1)}, assignments={},
+                       waiting={f"/ns/p-part-{i}": Waiting() for i in range(count)},
+                       exists={f"/ns/p-part-{i}" for i in range(count)})
+    decided = plan(view, strategy, {}, {}, now_ms=0, grace_ms=GRACE)
+    per_broker = [sum(1 for c in decided.assign if c.broker_id == b) for b in view.brokers]
+    assert len(decided.assign) == count
+    assert max(per_broker) - min(per_broker) <= 1
+
+
+def test_records_round_trip_and_refuse_the_wrong_kind() -> None:
+    record = cr.Assignment(broker_id=7, epoch=2, assigned_ms=123)
+    assert cr.decode(cr.encode(record), cr.Assignment) == record
+    with pytest.raises(InvalidArgument, match="is a Assignment, expected TopicRecord"):
+        cr.decode(cr.encode(record), cr.TopicRecord)
+    with pytest.raises(InvalidArgument):
+        cr.decode(b"\x93garbage", cr.Assignment)
+    assert cr.topic_of(cr.assignment_key("/ns/t-part-1"), cr.ASSIGNMENTS) == "/ns/t-part-1"
+    assert cr.broker_of(cr.state_key(42), cr.BROKERS) == 42
+    assert cr.broker_of(cr.register_key(9), cr.REGISTER) == 9

@@ -1,0 +1,162 @@
+"""The cluster's records in the Raft metadata store, and where each one lives.
+
+Every broker reads and writes these through Raft, so they are a protocol like the
+others: declared once, msgpack arrays checked field by field on decode.
+
+    /namespaces/{ns}                      b""                 a namespace
+    /topics/{ns}/{topic}                  TopicRecord         a topic (partitioned: one record for the base)
+    /cluster/register/{broker_id}         BrokerRegistration  a live broker (TTL lease, renewed)
+    /cluster/brokers/{broker_id}/state    BrokerStateRecord   active / draining / drained
+    /cluster/assignments/{ns}/{topic}     Assignment          who serves a topic or partition
+    /cluster/unassigned/{ns}/{topic}      Unassigned          a topic or partition waiting for a broker
+    /cluster/leader                       LeaderRecord        the broker whose Raft peer leads
+
+Assignments are keyed by topic (Danube keys them by broker) so a lookup on any broker
+is one read; each broker watches the prefix and keeps the entries naming it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeVar
+
+from danube_zmq.transport.codec import Message, Protocol, wire
+from danube_zmq.transport.common import PROTOCOL_VERSION
+from danube_zmq.transport.errors import InvalidArgument
+
+T = TypeVar("T", bound=Message)
+
+NAMESPACES = "/namespaces/"
+TOPICS = "/topics/"
+REGISTER = "/cluster/register/"
+BROKERS = "/cluster/brokers/"
+ASSIGNMENTS = "/cluster/assignments/"
+UNASSIGNED = "/cluster/unassigned/"
+LEADER = "/cluster/leader"
+
+
+def namespace_key(namespace: str) -> str:
+    return f"{NAMESPACES}{namespace}"
+
+
+def topic_record_key(topic: str) -> str:
+    """`topic` is the full name, "/ns/name"."""
+    return f"/topics{topic}"
+
+
+def register_key(broker_id: int) -> str:
+    return f"{REGISTER}{broker_id}"
+
+
+def state_key(broker_id: int) -> str:
+    return f"{BROKERS}{broker_id}/state"
+
+
+def assignment_key(topic: str) -> str:
+    return f"/cluster/assignments{topic}"
+
+
+def unassigned_key(topic: str) -> str:
+    return f"/cluster/unassigned{topic}"
+
+
+def topic_of(key: str, prefix: str) -> str:
+    """The full topic name in `prefix` + "ns/name" (the inverse of the key functions)."""
+    return "/" + key[len(prefix):]
+
+
+def broker_of(key: str, prefix: str) -> int | None:
+    """The broker id in a `/cluster/register/{id}` or `/cluster/brokers/{id}/...` key."""
+    head = key[len(prefix):].split("/", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+class BrokerMode(enum.StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DRAINED = "drained"
+
+
+class UnassignedReason(enum.StrEnum):
+    NEW = "new"
+    UNLOAD = "unload"
+    REBALANCE = "rebalance"
+    FAILOVER = "failover"
+
+
+@wire
+class TopicRecord(Message):
+    """A topic: its dispatch strategy and partitions (0: not partitioned)."""
+
+    TAG = 1
+    dispatch_strategy: int
+    partitions: int
+    created_ms: int
+
+
+@wire
+class BrokerRegistration(Message):
+    """A live broker's endpoints; the key has a TTL the broker renews (its lease)."""
+
+    TAG = 2
+    broker_id: int
+    broker_url: str
+    admin_url: str
+    raft_node_id: int
+    started_ms: int
+    metrics_url: str | None = None
+
+
+@wire
+class BrokerStateRecord(Message):
+    TAG = 3
+    mode: str  # a BrokerMode
+    reason: str = ""
+
+
+@wire
+class Assignment(Message):
+    """The broker serving a topic (or one partition). `epoch` grows with every new
+    owner, so a stale owner can tell it was replaced."""
+
+    TAG = 4
+    broker_id: int
+    epoch: int
+    assigned_ms: int
+
+
+@wire
+class Unassigned(Message):
+    """A topic or partition waiting for the load manager. `from_broker`: the broker it
+    leaves (excluded from placement); `to_broker`: a rebalance's chosen target."""
+
+    TAG = 5
+    reason: str  # an UnassignedReason
+    from_broker: int | None = None
+    to_broker: int | None = None
+    epoch: int = 0  # the epoch of the assignment it replaces
+    since_ms: int = 0
+
+
+@wire
+class LeaderRecord(Message):
+    TAG = 6
+    broker_id: int
+    term: int
+
+
+CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
+    TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord,
+])
+
+
+def encode(record: Message) -> bytes:
+    return CLUSTER_RECORDS.encode(record)
+
+
+def decode(data: bytes, kind: type[T]) -> T:
+    """Decode a stored record, checking it is a `kind` (InvalidArgument otherwise)."""
+    record = CLUSTER_RECORDS.decode(data)
+    if type(record) is not kind:
+        raise InvalidArgument(f"metadata record is a {type(record).__name__}, expected {kind.__name__}")
+    return record
