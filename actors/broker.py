@@ -22,9 +22,13 @@ partition. A standalone broker is the same code with one voter.
 5. Admin requests about a topic run on the brokers that serve its partitions: local
    partitions by asking their actors, others through the owner's admin port.
 
-The cursors of reliable subscriptions and the catalog of durable segments are still in
-the broker's local LevelDB catalog (`broker.data_dir/catalog`); they move to the
-metadata store with topic migration.
+6. Cursors of reliable subscriptions and the catalog of durable segments are in the
+   metadata store too, so the next owner of a topic has them. A broker that stops
+   serving a reliable topic it still has (unload, rebalance) seals it first: the active
+   WAL segment is sealed and (durable modes) uploaded, cursors are written, and
+   `TopicState` records where its offsets stopped; only then is the unassigned marker
+   marked sealed and the load manager gives the topic to another broker, which starts
+   its offsets there (dropping a stale local WAL of its own from an earlier turn).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.admin_gateway import reply_admin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.load_report import LoadSampler
+from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.request_tasks import RequestTasks
@@ -57,6 +63,7 @@ from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
+from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -67,11 +74,13 @@ from danube_zmq.transport.errors import (
     AlreadyExists,
     DanubeError,
     FailedPrecondition,
+    InternalError,
     InvalidArgument,
     Moved,
     NotFound,
     ResourceExhausted,
     Unavailable,
+    error_from_code,
 )
 from danube_zmq.transport.internal_protocol import (
     AdminRequest,
@@ -151,7 +160,6 @@ class BrokerActor(Actor):
         self.executor = executor
         self.metadata = metadata
         self.data_dir = Path(config.broker.data_dir)
-        self.catalog: LevelDbCatalog | None = None
         self.cursor_writes: dict[str, bytes] = {}
         self.durable_store: DurableStore | None = None
         self.segment_catalog: SegmentCatalog | None = None
@@ -186,7 +194,10 @@ class BrokerActor(Actor):
             ap.CreateTopic: self._admin_create_topic,
             ap.DeleteTopic: self._delete_topic,
             ap.ListBrokers: self._list_brokers,
+            ap.UnloadTopic: self._unload_topic,
         }
+        # Requests for the cluster's leader (its load manager).
+        self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
         # Requests about one topic, run where its partitions are served.
         self._topic_routes = {
             ap.DescribeTopic: self._describe_topic,
@@ -202,9 +213,6 @@ class BrokerActor(Actor):
     # ------------------------------------------------------------- lifecycle
     async def on_start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.catalog = LevelDbCatalog(self.data_dir / "catalog")
-        if self.config.storage.mode != "local":
-            self.segment_catalog = SegmentCatalog(self.catalog)
         await self._start_uploader()
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
@@ -216,9 +224,9 @@ class BrokerActor(Actor):
         storage = self.config.storage
         if storage.mode == "local":
             return
-        assert self.catalog is not None and storage.durable_url
+        assert storage.durable_url
         self.durable_store = DurableStore(storage.durable_url)
-        self.segment_catalog = SegmentCatalog(self.catalog)
+        self.segment_catalog = SegmentCatalog(MetadataCatalog(self.metadata))
         self.uploader = Uploader(self.durable_store, self.segment_catalog, UploaderConfig(uploads_max=storage.uploads_max),
                                  clock=self.system.clock, on_uploaded=self._on_uploaded)
         await self.uploader.start()
@@ -241,10 +249,10 @@ class BrokerActor(Actor):
                 log.warning("uploads still pending at shutdown (%s); they resume at the next start", exc)
             await self.uploader.stop()
             self.uploader = None
-        if self.catalog is not None:
-            self._flush_cursors()
-            self.catalog.close()
-            self.catalog = None
+        try:
+            await self._flush_cursors()
+        except DanubeError as exc:
+            log.error("cursors not written at shutdown (%s): subscriptions resume from the last written ones", exc)
 
     # ------------------------------------------------------------- joining the cluster
     async def _join(self) -> None:
@@ -261,6 +269,7 @@ class BrokerActor(Actor):
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._keep_lease(), name=f"broker {self.broker_id} lease"))
         self._tasks.append(loop.create_task(self._fence(), name=f"broker {self.broker_id} fence"))
+        self._tasks.append(loop.create_task(self._publish_load(), name=f"broker {self.broker_id} load"))
         await self._follow_assignments()
 
     async def _bootstrap(self) -> None:
@@ -271,24 +280,30 @@ class BrokerActor(Actor):
         await self._import_local_registry()
 
     async def _import_local_registry(self) -> None:
-        """Namespaces and topics a broker kept in its local catalog before the registry
-        moved to the metadata store are created there once, then forgotten locally."""
-        assert self.catalog is not None
-        legacy = []
-        for key, _ in self.catalog.scan(cr.NAMESPACES):
-            await self.metadata.compare_and_swap(key, 0, b"")
-            legacy.append(key)
-        for key, value in self.catalog.scan(cr.TOPICS):
-            if key.count("/") != 3:
-                continue  # subscription records below a topic stay here
-            record = msgpack.unpackb(value)
-            name = parse_topic(cr.topic_of(key, cr.TOPICS))
-            with contextlib.suppress(AlreadyExists):
-                await self._write_topic(name, record["partitions"], record["dispatch_strategy"])
-                log.info("topic %s moved from the local catalog to the metadata store", name.full)
-            legacy.append(key)
-        if legacy:
-            self.catalog.write({}, legacy, sync=True)
+        """A data directory from before the registry moved to the metadata store has a
+        local catalog: its namespaces, topics, cursors and segment descriptors are
+        written to the store once, then the catalog is set aside (`catalog.imported`)."""
+        path = self.data_dir / "catalog"
+        if not path.exists():
+            return
+        catalog = LevelDbCatalog(path)
+        try:
+            for key, _ in catalog.scan(cr.NAMESPACES):
+                await self.metadata.compare_and_swap(key, 0, b"")
+            for key, value in catalog.scan(cr.TOPICS):
+                if key.count("/") != 3:
+                    await self.metadata.compare_and_swap(key, 0, value)  # a subscription's cursor
+                    continue
+                record = msgpack.unpackb(value)
+                name = parse_topic(cr.topic_of(key, cr.TOPICS))
+                with contextlib.suppress(AlreadyExists):
+                    await self._write_topic(name, record["partitions"], record["dispatch_strategy"])
+                    log.info("topic %s moved from the local catalog to the metadata store", name.full)
+            for key, value in catalog.scan("/storage/topics/"):
+                await self.metadata.compare_and_swap(key, 0, value)  # segment descriptors
+        finally:
+            catalog.close()
+        path.rename(self.data_dir / "catalog.imported")
 
     async def _keep_lease(self) -> None:
         ttl = self.config.cluster.lease_ttl_ms
@@ -318,6 +333,27 @@ class BrokerActor(Actor):
             if self.lease_held and clock.monotonic_ms() >= self.lease_until_ms:
                 self.lease_held = False  # no request is served from here on, before the message is handled
                 await self.system.send(self.endpoint, LeaseChanged(held=False))
+
+    async def _publish_load(self) -> None:
+        """Publish this broker's load report (`load_report.py`) every report interval,
+        with a TTL of three intervals."""
+        sampler = LoadSampler()
+        interval = self.config.load_manager.report_interval_ms
+        while True:
+            await asyncio.sleep(interval / 1000)
+            if not self.lease_held:
+                continue
+            partitions = []
+            for entry in list(self.topics.values()):
+                with contextlib.suppress(DanubeError):  # stopped meanwhile
+                    stats = await self.system.ask(entry.endpoint, DescribePartition(), timeout_ms=interval)
+                    assert isinstance(stats, PartitionStats)
+                    partitions.append(stats.info)
+            report = sampler.report(self.broker_id, partitions, self.system.clock.now_ms())
+            try:
+                await self.metadata.put_with_ttl(cr.load_key(self.broker_id), cr.encode(report), 3 * interval)
+            except DanubeError as exc:
+                log.info("load report not published (%s)", exc)
 
     async def _follow_assignments(self) -> None:
         """Tell this actor every assignment change, in revision order."""
@@ -396,7 +432,10 @@ class BrokerActor(Actor):
         resolved = self._resolve_local(name)
         if resolved is None or resolved.partitioned_base:
             return  # deleted since; its assignment goes with it
-        entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy)
+        start_offset = None
+        if resolved.record.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
+            start_offset = await self._start_offset(name)
+        entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
         log.info("topic %s loaded on broker %d", topic, self.broker_id)
         waiting = self.dead_letters.pop(topic, [])
@@ -410,22 +449,116 @@ class BrokerActor(Actor):
         # On the way out the actor tells its clients: to re-attach (and be redirected)
         # unless the topic is gone.
         await self.system.stop(entry.endpoint, moving=not deleted)
-        self._flush_cursors()
         METRICS.topics.set(len(self.topics))
         log.info("topic %s unloaded from broker %d", topic, self.broker_id)
+        if deleted:
+            self._drop_cursor_writes(topic)
+            return
+        try:
+            await self._seal(entry)
+        except DanubeError as exc:
+            log.error("topic %s not sealed (%s): its next broker starts from what reached the store", topic, exc)
+
+    async def _seal(self, entry: TopicEntry) -> None:
+        """Leave a topic this broker stopped serving to the next: cursors written,
+        (durable modes) its segments uploaded, where its offsets stopped recorded, then
+        the unassigned marker that waits for this marked sealed."""
+        topic = entry.name.full
+        await self._flush_cursors()
+        if entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
+            next_offset, sealed = await asyncio.to_thread(self._seal_wal, entry.name)
+            if self.uploader is not None and self.segment_catalog is not None:
+                # Every sealed segment reaches the durable store before the next broker
+                # opens the topic from it (the topic's own reports of them may still be
+                # in this actor's mailbox).
+                for segment in sealed:
+                    if self.segment_catalog.get(topic, segment.base_offset) is None:
+                        with contextlib.suppress(DanubeError):  # queued already
+                            self.uploader.submit(segment)
+                try:
+                    await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
+                except TimeoutError:
+                    raise Unavailable(f"uploads did not finish within {_UPLOADS_AT_STOP_S:g} s") from None
+            if next_offset is not None:
+                await self.metadata.put(cr.topic_state_key(topic), cr.encode(cr.TopicState(
+                    next_offset=next_offset, broker_id=self.broker_id, sealed_ms=self.system.clock.now_ms())))
+        key = cr.unassigned_key(topic)
+        current = await self.metadata.get(key)
+        if current is None:
+            return
+        marker = cr.decode(current.value, cr.Unassigned)
+        if marker.from_broker == self.broker_id and not marker.sealed:
+            await self.metadata.compare_and_swap(key, current.version,
+                                                 cr.encode(dataclasses.replace(marker, sealed=True)))
+            log.info("topic %s sealed on broker %d for its next broker", topic, self.broker_id)
+
+    def _seal_wal(self, name: TopicName) -> tuple[int | None, list[SealedSegment]]:
+        """Seal the active segment of a topic no longer served here (durable modes);
+        its next offset and its sealed segments. Runs in a thread."""
+        directory = self._wal_dir(name)
+        if not directory.exists():
+            return None, []
+        storage = self.config.storage
+        wal = WalLog.open(directory, segment_bytes_max=storage.wal_segment_bytes_max,
+                          segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock)
+        try:
+            if storage.mode == "local":
+                return wal.next_offset, []
+            wal.seal_active()
+            return wal.next_offset, [
+                SealedSegment(topic=name.full, base_offset=info.base_offset, end_offset=info.next_offset - 1,
+                              record_count=info.next_offset - info.base_offset, local_path=Path(info.path))
+                for info in wal.segments() if info.sealed and info.next_offset > info.base_offset]
+        finally:
+            wal.close()
+
+    def _wal_end(self, name: TopicName) -> int | None:
+        """The next offset of the topic's local WAL (None: it has none). Runs in a thread."""
+        directory = self._wal_dir(name)
+        if not directory.exists():
+            return None
+        storage = self.config.storage
+        wal = WalLog.open(directory, segment_bytes_max=storage.wal_segment_bytes_max,
+                          segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock)
+        try:
+            return wal.next_offset
+        finally:
+            wal.close()
+
+    async def _start_offset(self, name: TopicName) -> int | None:
+        """Where a reliable topic loaded here must start: where its last owner stopped,
+        and past its durable segments. A local WAL of an earlier turn here that ends
+        below is stale (the topic moved on elsewhere): it is dropped."""
+        floors = []
+        state = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        if state is not None:
+            floors.append(cr.decode(state.value, cr.TopicState).next_offset)
+        if self.segment_catalog is not None:
+            segments = self.segment_catalog.list(name.full)
+            if segments:
+                floors.append(segments[-1].end_offset + 1)
+        if not floors:
+            return None
+        start = max(floors)
+        local_end = await asyncio.to_thread(self._wal_end, name)
+        if local_end is not None and local_end < start:
+            log.warning("topic %s: the local WAL ends at %d, the topic at %d (served elsewhere since): dropping it",
+                        name.full, local_end, start)
+            await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
+        return start
 
     async def _delete_local(self, topic: str) -> None:
-        """A deleted topic's data here: cursors, WAL, cache, durable segments."""
-        assert self.catalog is not None
-        self._flush_cursors()
-        key = topic_key(topic)
-        stale = [k for k, _ in self.catalog.scan(f"{key}/")]
-        if stale:
-            self.catalog.write({}, stale, sync=True)
+        """A deleted topic's files here: WAL and durable cache. (Its metadata went with
+        the deletion; its durable segments are deleted by the broker that deleted it.)"""
+        self._drop_cursor_writes(topic)
         name = parse_topic(topic)
-        shutil.rmtree(self._wal_dir(name), ignore_errors=True)
-        shutil.rmtree(self.data_dir / "durable-cache" / name.namespace / name.topic, ignore_errors=True)
-        await self._delete_durable(topic)
+        await asyncio.to_thread(shutil.rmtree, self._wal_dir(name), True)
+        await asyncio.to_thread(shutil.rmtree, self.data_dir / "durable-cache" / name.namespace / name.topic, True)
+
+    def _drop_cursor_writes(self, topic: str) -> None:
+        prefix = f"{topic_key(topic)}/"
+        for key in [k for k in self.cursor_writes if k.startswith(prefix)]:
+            del self.cursor_writes[key]
 
     # ------------------------------------------------------------- requests waiting for an assignment
     def _park(self, topic: str, req: ClientRequest) -> None:
@@ -542,13 +675,16 @@ class BrokerActor(Actor):
             log.warning("segment %s@%d not queued for upload (%s); the topic reports it again", msg.topic,
                         msg.base_offset, exc)
 
-    def handle_ForgetSegments(self, msg: ForgetSegments) -> None:
+    async def handle_ForgetSegments(self, msg: ForgetSegments) -> None:
         if self.segment_catalog is not None:
             for base_offset in msg.base_offsets:
-                self.segment_catalog.remove(msg.topic, base_offset)
+                await self.segment_catalog.remove(msg.topic, base_offset)
 
-    def handle_Tick(self, msg: Tick) -> None:
-        self._flush_cursors()
+    async def handle_Tick(self, msg: Tick) -> None:
+        try:
+            await self._flush_cursors()
+        except DanubeError as exc:
+            log.warning("cursors not written (%s); retrying at the next flush", exc)
 
     def handle_PersistCursor(self, msg: PersistCursor) -> None:
         # Coalesced: the last state of each subscription is written with the next flush.
@@ -557,16 +693,26 @@ class BrokerActor(Actor):
              "policy": None if msg.policy is None else msg.policy.to_record(),
              "max_unacked_messages": msg.max_unacked_messages})
 
-    def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
+    async def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
         key = _subscription_key(msg.topic, msg.subscription)
         self.cursor_writes.pop(key, None)
-        assert self.catalog is not None
-        self.catalog.delete(key, sync=True)
+        try:
+            await self.metadata.delete(key)
+        except DanubeError as exc:
+            log.error("subscription %s of %s not forgotten in the metadata store (%s)", msg.subscription, msg.topic,
+                      exc)
 
-    def _flush_cursors(self) -> None:
-        if self.cursor_writes and self.catalog is not None:
-            writes, self.cursor_writes = self.cursor_writes, {}
-            self.catalog.write(writes, sync=True)
+    async def _flush_cursors(self) -> None:
+        """Write the cursors changed since the last flush, in one metadata transaction."""
+        if not self.cursor_writes:
+            return
+        writes, self.cursor_writes = self.cursor_writes, {}
+        try:
+            await self.metadata.transaction({}, writes)
+        except DanubeError:
+            writes.update(self.cursor_writes)  # what changed meanwhile is newer
+            self.cursor_writes = writes
+            raise
 
     async def handle_DeadLetter(self, msg: DeadLetter) -> None:
         try:
@@ -730,7 +876,7 @@ class BrokerActor(Actor):
     def _wal_dir(self, name: TopicName) -> Path:
         return self.data_dir / "wal" / name.namespace / name.topic
 
-    async def _spawn_topic(self, name: TopicName, dispatch_strategy: int) -> TopicEntry:
+    async def _spawn_topic(self, name: TopicName, dispatch_strategy: int, start_offset: int | None) -> TopicEntry:
         config, rng, executor, broker = self.config, self.rng, self.executor, self.endpoint
         seed = rng.getrandbits(64)
         if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
@@ -746,7 +892,7 @@ class BrokerActor(Actor):
                     name=name.full, config=config, rng=random.Random(seed), wal_dir=wal_dir, executor=executor,
                     subscriptions=self._persisted_subscriptions(name), broker_endpoint=broker,
                     durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
-                    cache_dir=cache_dir)
+                    cache_dir=cache_dir, start_offset=start_offset)
         else:
             factory = lambda: TopicActor(  # noqa: E731
                 name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed))
@@ -760,14 +906,13 @@ class BrokerActor(Actor):
         for desc in self.segment_catalog.list(topic):
             if self.durable_store is not None:
                 await asyncio.to_thread(self.durable_store.delete, desc.object_key)
-            self.segment_catalog.remove(topic, desc.base_offset)
+            await self.segment_catalog.remove(topic, desc.base_offset)
 
     def _persisted_subscriptions(self, name: TopicName) -> list[SubscriptionState]:
-        assert self.catalog is not None
         prefix = f"{topic_key(name.full)}/subscriptions/"
         states = []
-        # Cursors not yet flushed are newer than the catalog's.
-        records = dict(self.catalog.scan(prefix))
+        # Cursors not yet flushed are newer than the store's.
+        records = {key: value.value for key, value in self.metadata.peer.state.list_prefix(prefix)}
         records.update((k, v) for k, v in self.cursor_writes.items() if k.startswith(prefix))
         for key, value in sorted(records.items()):
             record = msgpack.unpackb(value)
@@ -786,6 +931,11 @@ class BrokerActor(Actor):
     # ------------------------------------------------------------- admin side
     async def handle_AdminRequest(self, req: AdminRequest) -> None:
         msg = ap.ADMIN_PROTOCOL.decode(req.frame)
+        if isinstance(msg, self._leader_requests):
+            if not self._remote_admin.start(self._answer_admin(req, msg, self._on_leader)):
+                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
+                    "too many admin requests waiting on other brokers; retry")))
+            return
         route = self._topic_routes.get(type(msg))
         if route is not None:
             try:
@@ -806,7 +956,45 @@ class BrokerActor(Actor):
             answer = await route(msg)
         except DanubeError as exc:
             answer = _error(msg, exc)
+        except Exception as exc:  # a bug of ours: the caller still gets an answer
+            log.exception("admin request %s failed", type(msg).__name__)
+            answer = _error(msg, InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
         reply_admin(self.system, req.identity, answer)
+
+    async def _on_leader(self, msg: Any) -> Message:
+        """Ask the load manager of the broker that leads the cluster."""
+        if self.metadata.peer.is_leader:
+            reply = await self.system.ask(self.system.load_manager_endpoint,
+                                          ip.LoadManagerRequest(frame=ap.ADMIN_PROTOCOL.encode(msg)))
+            assert isinstance(reply, ip.LoadManagerReply)
+            answer = ap.ADMIN_PROTOCOL.decode(reply.frame)
+            if isinstance(answer, Error):
+                raise error_from_code(answer.code, answer.message)
+            return answer
+        await self.metadata.get(cr.LEADER)  # linearizable: the current leader's record
+        leader = self.metadata.peer.state.get(cr.LEADER)
+        registration = None if leader is None else self._registration(cr.decode(leader.value, cr.LeaderRecord).broker_id)
+        if registration is None or registration.broker_id == self.broker_id:
+            raise Unavailable("the cluster's leader is not known yet; retry")
+        answer = await self._remote(registration.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid))
+        return dataclasses.replace(answer, request_id=msg.request_id)  # the caller's id, not ours to the leader
+
+    async def _remote(self, admin_url: str, build: Callable[[int], Any]) -> Any:
+        """One admin request to another broker's admin port."""
+        from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
+
+        client = self._admin_clients.get(admin_url)
+        if client is None:
+            client = AdminClient(admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
+                                 client_name=f"broker-{self.broker_id}")
+            await client.connect()
+            self._admin_clients[admin_url] = client
+        try:
+            return await client._call(build, Message)
+        except Unavailable:
+            self._admin_clients.pop(admin_url, None)
+            client.close()
+            raise
 
     async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
         """Run `local` on the partition's actor when it is served here, else send `msg`
@@ -817,20 +1005,7 @@ class BrokerActor(Actor):
         owner = self._elsewhere(partition)
         if owner is None:
             raise Unavailable(f"topic {partition} has no broker right now; retry")
-        from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
-
-        client = self._admin_clients.get(owner.admin_url)
-        if client is None:
-            client = AdminClient(owner.admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
-                                 client_name=f"broker-{self.broker_id}")
-            await client.connect()
-            self._admin_clients[owner.admin_url] = client
-        try:
-            return await client._call(lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition), Message)
-        except Unavailable:
-            self._admin_clients.pop(owner.admin_url, None)
-            client.close()
-            raise
+        return await self._remote(owner.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition))
 
     async def _list_namespaces(self, msg: ap.ListNamespaces) -> Message:
         names = [key[len(cr.NAMESPACES):] for key, _ in await self.metadata.list_prefix(cr.NAMESPACES)]
@@ -887,13 +1062,35 @@ class BrokerActor(Actor):
         if current is None:
             raise NotFound(f"topic {resolved.base.full} does not exist")
         names = resolved.served_names()
+        state = self.metadata.peer.state
         stale = [key] + [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
+        stale += [cr.topic_state_key(n) for n in names]
+        stale += [k for n in names for k, _ in state.list_prefix(f"{topic_key(n)}/")]  # cursors
         if not await self.metadata.transaction({key: current.version}, {}, stale):
             raise FailedPrecondition(f"topic {resolved.base.full} changed meanwhile; retry")
         for name in names:  # the partitions served here now; other brokers follow the deletion
             if name in self.topics:
                 await self._unload(name, deleted=True)
                 await self._delete_local(name)
+            await self._delete_durable(name)
+        return Ok(request_id=msg.request_id)
+
+    async def _unload_topic(self, msg: ap.UnloadTopic) -> Message:
+        resolved = await self._existing(parse_topic(msg.topic))
+        moved = 0
+        for name in resolved.served_names():
+            key = cr.assignment_key(name)
+            current = await self.metadata.get(key)
+            if current is None:
+                continue  # between brokers already
+            assignment = cr.decode(current.value, cr.Assignment)
+            marker = cr.Unassigned(reason=cr.UnassignedReason.UNLOAD, from_broker=assignment.broker_id,
+                                   epoch=assignment.epoch, since_ms=self.system.clock.now_ms(), sealed=False)
+            if await self.metadata.transaction({key: current.version, cr.unassigned_key(name): 0},
+                                               {cr.unassigned_key(name): cr.encode(marker)}, [key]):
+                moved += 1
+        if not moved:
+            raise FailedPrecondition(f"topic {resolved.name.full} is not served by any broker right now; retry")
         return Ok(request_id=msg.request_id)
 
     async def _describe_topic(self, msg: ap.DescribeTopic) -> Message:
@@ -983,7 +1180,7 @@ class BrokerActor(Actor):
                 self.handle_PersistCursor(record)
 
             await self._on_owner(msg, partition, local)
-        self._flush_cursors()  # stored before the answer: the policy survives a crash right after
+        await self._flush_cursors()  # stored before the answer: the policy survives a crash right after
         return Ok(request_id=msg.request_id)
 
     async def _get_failure_policy(self, msg: ap.GetFailurePolicy) -> Message:
@@ -1013,7 +1210,7 @@ class BrokerActor(Actor):
                 self.handle_PersistCursor(record)
 
             await self._on_owner(msg, partition, local)
-        self._flush_cursors()  # stored before the answer, as the failure policy
+        await self._flush_cursors()  # stored before the answer, as the failure policy
         return Ok(request_id=msg.request_id)
 
     async def _get_dispatch_config(self, msg: ap.GetDispatchConfig) -> Message:

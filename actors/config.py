@@ -495,15 +495,49 @@ class LoadManagerSection:
     # fair (fewest topics), balanced (topic load, CPU and memory) or weighted_load
     # (the same plus throughput, the bottleneck weighing most). Default balanced.
     assignment_strategy: str = "balanced"
+    # How often each broker publishes its load report (CPU, memory, per-topic rates),
+    # ms. Default 5000.
+    report_interval_ms: int = 5000
+    # Move topics from the most to the least loaded broker while the coefficient of
+    # variation of broker load is above the level's threshold. Default false.
+    rebalancing: bool = False
+    # conservative (CV 0.40, checked every 600 s, 5 moves an hour, 120 s cooldown),
+    # balanced (0.30, 300 s, 10, 60 s) or aggressive (0.20, 180 s, 20, 30 s).
+    rebalancing_level: str = "balanced"
+    # Overrides of the level's values; null keeps the level's.
+    rebalancing_check_interval_s: int | None = None
+    rebalancing_max_moves_per_hour: int | None = None
+    rebalancing_cooldown_s: int | None = None
+    # A topic younger than this is not moved. Default 300.
+    rebalancing_min_topic_age_s: int = 300
+    # Topics never moved: exact names (/ns/topic) or whole namespaces (/ns/*).
+    rebalancing_blacklist: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.rebalancing_blacklist, list):
+            object.__setattr__(self, "rebalancing_blacklist", tuple(self.rebalancing_blacklist))
         _check_types(self)
         if self.assignment_strategy not in ASSIGNMENT_STRATEGIES:
             raise _error("load_manager.assignment_strategy",
                          f"must be one of {', '.join(ASSIGNMENT_STRATEGIES)}, got {self.assignment_strategy!r}")
+        if self.rebalancing_level not in REBALANCING_LEVELS:
+            raise _error("load_manager.rebalancing_level",
+                         f"must be one of {', '.join(REBALANCING_LEVELS)}, got {self.rebalancing_level!r}")
+        _check_range("load_manager.report_interval_ms", self.report_interval_ms, 100, 3_600_000)
+        for key in ("rebalancing_check_interval_s", "rebalancing_max_moves_per_hour"):
+            if getattr(self, key) is not None:
+                _check_range(f"load_manager.{key}", getattr(self, key), 1, 1_000_000)
+        if self.rebalancing_cooldown_s is not None:
+            _check_range("load_manager.rebalancing_cooldown_s", self.rebalancing_cooldown_s, 0, 1_000_000)
+        _check_range("load_manager.rebalancing_min_topic_age_s", self.rebalancing_min_topic_age_s, 0, 1_000_000)
+        for pattern in self.rebalancing_blacklist:
+            if not pattern.startswith("/"):
+                raise _error("load_manager.rebalancing_blacklist",
+                             f"each entry is /namespace/topic or /namespace/*, got {pattern!r}")
 
 
 ASSIGNMENT_STRATEGIES = ("fair", "balanced", "weighted_load")
+REBALANCING_LEVELS = ("conservative", "balanced", "aggressive")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

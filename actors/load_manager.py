@@ -1,37 +1,86 @@
 """The load manager: on the broker whose Raft peer leads, it gives every unassigned
-topic (and partition) a broker and reassigns the topics of brokers whose lease ran out.
+topic (and partition) a broker, reassigns the topics of brokers whose lease ran out,
+rebalances, and drains brokers on request.
 
 Every broker runs one; only the leader's acts. It is level-triggered: after each change
 the metadata store applies (or every `_PERIOD_S`), the leader reads the cluster from
-its applied state and carries out `actors/load/assign.plan`. Each write is a
+its applied state (registrations, broker states, assignments, markers, topics and the
+brokers' load reports) and carries out `actors/load/assign.plan`. Each write is a
 transaction guarded by the versions it read, so a decision made on a state that moved
 on is refused and made again on the next round, never applied twice.
 
     /cluster/unassigned/{t}  --plan-->  /cluster/assignments/{t} = Assignment(broker, epoch + 1)
     /cluster/assignments/{t} of a broker gone for grace  -->  /cluster/unassigned/{t} (failover)
+    rebalance / drain: /cluster/assignments/{t}  -->  /cluster/unassigned/{t} (not sealed,
+        to_broker); the broker it leaves seals it, then the plan assigns it
+
+Rebalancing (`load_manager.rebalancing`) runs `load/rebalance.plan` every check
+interval. Moves are remembered in `/cluster/rebalancing/{ms}-{n}` for an hour, so the
+hourly cap and the cooldowns hold across leader changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from typing import Any
+
+import msgpack
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.load.assign import ClusterView, Plan, Waiting, plan
 from danube_zmq.actors.load.placement import Strategy
-from danube_zmq.actors.load.reports import BrokerState
+from danube_zmq.actors.load.rebalance import (
+    HOUR_MS,
+    Aggressiveness,
+    Move,
+    RebalancePolicy,
+    drain,
+    measure,
+)
+from danube_zmq.actors.load.rebalance import plan as rebalance_plan
+from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, topic_loads
+from danube_zmq.actors.load_report import as_load_report
 from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
-from danube_zmq.transport.errors import DanubeError
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Error, Ok
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, Unavailable
+from danube_zmq.transport.internal_protocol import LoadManagerReply, LoadManagerRequest
 
 log = logging.getLogger("danube_zmq.load_manager")
 
 _PERIOD_S = 0.5
 _WRITES_AT_ONCE = 256  # proposals in flight per round (the peer batches adjacent ones)
+HISTORY = "/cluster/rebalancing/"
+
+
+@dataclasses.dataclass(slots=True)
+class _Cluster:
+    """One round's reading of the store."""
+
+    view: ClusterView
+    versions: dict[str, int]
+    reports: dict[int, LoadReport]
+    created_ms: dict[str, int]
+    moves_ms: list[int]
+    last_moved_ms: dict[str, int]
+    backlog: dict[str, int]  # per partition, from the published Spark backlog report
+    suspect: set[int]  # registered brokers that missed a lease renewal
+
+    def loads(self) -> dict[str, TopicLoad]:
+        return topic_loads(self.reports, self.backlog)
+
+    def placeable(self) -> ClusterView:
+        """The view placement and rebalancing decide on: a suspect broker takes nothing new."""
+        states = {b: BrokerState.DRAINING if b in self.suspect and s is BrokerState.ACTIVE else s
+                  for b, s in self.view.brokers.items()}
+        return dataclasses.replace(self.view, brokers=states)
 
 
 class LoadManagerActor(Actor):
@@ -39,12 +88,19 @@ class LoadManagerActor(Actor):
         self.config = config
         self.broker_id = broker_id
         self.metadata = metadata
-        self.strategy = Strategy(config.load_manager.assignment_strategy)
+        lm = config.load_manager
+        self.strategy = Strategy(lm.assignment_strategy)
+        overrides = {k: v for k, v in (("check_interval_s", lm.rebalancing_check_interval_s),
+                                       ("max_moves_per_hour", lm.rebalancing_max_moves_per_hour),
+                                       ("cooldown_s", lm.rebalancing_cooldown_s)) if v is not None}
+        self.policy = RebalancePolicy.of(Aggressiveness(lm.rebalancing_level), min_topic_age_s=lm.rebalancing_min_topic_age_s,
+                                         blacklist=tuple(lm.rebalancing_blacklist), **overrides)
         self.grace_ms = config.cluster.lease_ttl_ms // 3
         self.cursor = 0
         self.absent_since_ms: dict[int, int] = {}
         self.leading = False
         self.rounds = 0
+        self.next_rebalance_ms = 0
         self._task: asyncio.Task[None] | None = None
 
     async def on_start(self) -> None:
@@ -75,22 +131,31 @@ class LoadManagerActor(Actor):
                     await self.metadata.put(cr.LEADER, cr.encode(cr.LeaderRecord(broker_id=self.broker_id,
                                                                                  term=peer.current_term)))
                     self.leading = True
+                    self.next_rebalance_ms = self._now() + self.policy.check_interval_s * 1000
                     log.info("broker %d leads the cluster: load manager active", self.broker_id)
                 await self._round()
             except DanubeError as exc:
                 log.info("load manager round failed (%s); retrying", exc)
                 await asyncio.sleep(_PERIOD_S)
 
+    def _now(self) -> int:
+        return self.system.clock.now_ms()
+
     async def _round(self) -> None:
-        view, versions = self._view()
-        decided = plan(view, self.strategy, {}, {}, now_ms=self.system.clock.now_ms(), grace_ms=self.grace_ms,
-                       cursor=self.cursor)
+        cluster = self._read()
+        decided = plan(cluster.placeable(), self.strategy, cluster.reports, cluster.loads(), now_ms=self._now(),
+                       grace_ms=self.grace_ms, cursor=self.cursor)
         self.cursor = decided.cursor
         self.absent_since_ms = decided.absent_since_ms
         self.rounds += 1
-        await self._carry_out(decided, versions)
+        await self._carry_out(decided, cluster.versions)
+        await self._finish_drains(cluster)
+        if self.config.load_manager.rebalancing and self._now() >= self.next_rebalance_ms:
+            self.next_rebalance_ms = self._now() + self.policy.check_interval_s * 1000
+            await self._rebalance(cluster, max_moves=None, dry_run=False)
 
-    def _view(self) -> tuple[ClusterView, dict[str, int]]:
+    # ------------------------------------------------------------- reading the store
+    def _read(self) -> _Cluster:
         """The cluster as this peer has applied it, and the version of every key read."""
         state = self.metadata.peer.state
         versions: dict[str, int] = {}
@@ -99,25 +164,34 @@ class LoadManagerActor(Actor):
             broker = cr.broker_of(key, cr.BROKERS)
             if broker is not None and key.endswith("/state"):
                 modes[broker] = _decoded(key, value.value, cr.BrokerStateRecord, cr.BrokerStateRecord(mode="active")).mode
+                versions[key] = value.version
         brokers = {}
-        for key, _value in state.list_prefix(cr.REGISTER):
+        suspect: set[int] = set()
+        now_ms = self._now()
+        for key, value in state.list_prefix(cr.REGISTER):
             broker = cr.broker_of(key, cr.REGISTER)
-            if broker is not None:
-                brokers[broker] = BrokerState(modes.get(broker, cr.BrokerMode.ACTIVE))
+            if broker is None:
+                continue
+            brokers[broker] = BrokerState(modes.get(broker, cr.BrokerMode.ACTIVE))
+            # A broker that missed its last renewal may be dead: it keeps its topics until
+            # its lease ends, but new ones go elsewhere.
+            if value.expires_at_ms is not None and value.ttl_ms is not None \
+                    and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+                suspect.add(broker)
         assignments = {}
         for key, value in state.list_prefix(cr.ASSIGNMENTS):
             record = _decoded(key, value.value, cr.Assignment, None)
             if record is not None:
-                topic = cr.topic_of(key, cr.ASSIGNMENTS)
-                assignments[topic] = (record.broker_id, record.epoch)
+                assignments[cr.topic_of(key, cr.ASSIGNMENTS)] = (record.broker_id, record.epoch)
                 versions[key] = value.version
         waiting = {}
         for key, value in state.list_prefix(cr.UNASSIGNED):
             marker = _decoded(key, value.value, cr.Unassigned, cr.Unassigned(reason=cr.UnassignedReason.NEW))
-            topic = cr.topic_of(key, cr.UNASSIGNED)
-            waiting[topic] = Waiting(from_broker=marker.from_broker, to_broker=marker.to_broker, epoch=marker.epoch)
+            waiting[cr.topic_of(key, cr.UNASSIGNED)] = Waiting(
+                from_broker=marker.from_broker, to_broker=marker.to_broker, epoch=marker.epoch, sealed=marker.sealed)
             versions[key] = value.version
-        exists = set()
+        exists: set[str] = set()
+        created: dict[str, int] = {}
         for key, value in state.list_prefix(cr.TOPICS):
             if key.count("/") != 3:
                 continue
@@ -125,15 +199,45 @@ class LoadManagerActor(Actor):
             if record is None:
                 continue
             name = parse_topic(cr.topic_of(key, cr.TOPICS))
-            if record.partitions:
-                exists.update(name.partition_name(i) for i in range(record.partitions))
-            else:
-                exists.add(name.full)
-        return ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
-                           absent_since_ms=self.absent_since_ms), versions
+            names = [name.partition_name(i) for i in range(record.partitions)] if record.partitions else [name.full]
+            exists.update(names)
+            created.update(dict.fromkeys(names, record.created_ms))
+        reports = {}
+        for key, value in state.list_prefix(cr.LOAD):
+            record = _decoded(key, value.value, cr.LoadReportRecord, None)
+            if record is not None and record.broker_id in brokers:
+                reports[record.broker_id] = as_load_report(record)
+        moves_ms: list[int] = []
+        last_moved: dict[str, int] = {}
+        for _key, value in state.list_prefix(HISTORY):
+            with contextlib.suppress(Exception):
+                at_ms, topic = msgpack.unpackb(value.value)
+                moves_ms.append(at_ms)
+                last_moved[topic] = max(at_ms, last_moved.get(topic, 0))
+        view = ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
+                           absent_since_ms=self.absent_since_ms)
+        return _Cluster(view=view, versions=versions, reports=reports, created_ms=created, moves_ms=moves_ms,
+                        last_moved_ms=last_moved, backlog=self._published_backlog(), suspect=suspect)
 
+    def _published_backlog(self) -> dict[str, int]:
+        value = self.metadata.peer.state.get(cr.BACKLOG_REPORT)
+        record = None if value is None else _decoded(cr.BACKLOG_REPORT, value.value, cr.BacklogReportRecord, None)
+        backlog: dict[str, int] = {}
+        state = self.metadata.peer.state
+        for topic in record.topics if record is not None else []:
+            stored = state.get(cr.topic_record_key(topic.topic))
+            partitions = _decoded(topic.topic, stored.value, cr.TopicRecord, None) if stored is not None else None
+            if partitions is not None and partitions.partitions:  # Spark sums the partitions: spread it again
+                name = parse_topic(topic.topic)
+                for i in range(partitions.partitions):
+                    backlog[name.partition_name(i)] = topic.backlog_messages // partitions.partitions
+            else:
+                backlog[topic.topic] = topic.backlog_messages
+        return backlog
+
+    # ------------------------------------------------------------- assignments
     async def _carry_out(self, decided: Plan, versions: dict[str, int]) -> None:
-        now_ms = self.system.clock.now_ms()
+        now_ms = self._now()
         writes: list[Any] = []
         for orphan in decided.orphans:
             key = cr.assignment_key(orphan.topic)
@@ -154,15 +258,135 @@ class LoadManagerActor(Actor):
                 {marker: versions[marker], key: 0},
                 {key: cr.encode(cr.Assignment(broker_id=choice.broker_id, epoch=choice.epoch, assigned_ms=now_ms))},
                 [marker]))
-        for start in range(0, len(writes), _WRITES_AT_ONCE):
-            results = await asyncio.gather(*writes[start:start + _WRITES_AT_ONCE], return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, DanubeError):
-                    raise result
+        await _gather(writes)
         if decided.assign:
             log.info("assigned %d topics (%s)", len(decided.assign),
                      ", ".join(f"{a.topic} -> {a.broker_id}" for a in decided.assign[:5])
                      + (" ..." if len(decided.assign) > 5 else ""))
+
+    async def _start_moves(self, moves: list[Move], versions: dict[str, int], reason: str) -> list[Move]:
+        """Replace each moving topic's assignment by an unsealed marker naming its
+        target; the broker it leaves seals it, then `plan` assigns it there."""
+        now_ms = self._now()
+        started = []
+        for n, move in enumerate(moves):
+            key = cr.assignment_key(move.topic)
+            current = self.metadata.peer.state.get(key)
+            if current is None or current.version != versions.get(key):
+                continue
+            epoch = cr.decode(current.value, cr.Assignment).epoch
+            marker = cr.Unassigned(reason=reason, from_broker=move.from_broker, to_broker=move.to_broker, epoch=epoch,
+                                   since_ms=now_ms, sealed=False)
+            history = {f"{HISTORY}{now_ms:020d}-{n}": msgpack.packb([now_ms, move.topic])}
+            if await self.metadata.transaction({key: current.version, cr.unassigned_key(move.topic): 0},
+                                               {cr.unassigned_key(move.topic): cr.encode(marker)}, [key]):
+                started.append(move)
+                for history_key, value in history.items():
+                    await self.metadata.put_with_ttl(history_key, value, HOUR_MS)
+                log.info("moving %s from broker %d to %d (%s)", move.topic, move.from_broker, move.to_broker,
+                         move.reason)
+        return started
+
+    async def _rebalance(self, cluster: _Cluster, *, max_moves: int | None, dry_run: bool) -> ap.Rebalanced:
+        assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
+        decided = rebalance_plan(now_ms=self._now(), policy=self.policy, states=cluster.placeable().brokers,
+                                 assignments=assigned, loads=cluster.loads(),
+                                 created_ms=cluster.created_ms, last_moved_ms=cluster.last_moved_ms,
+                                 recent_moves_ms=cluster.moves_ms, max_moves=max_moves)
+        moves = list(decided.moves)
+        if not dry_run and moves:
+            moves = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.REBALANCE)
+        return ap.Rebalanced(request_id=0, moves=[_move_info(m) for m in moves], why_none=decided.why_none,
+                             coefficient_of_variation=decided.balance.cv, dry_run=dry_run)
+
+    async def _finish_drains(self, cluster: _Cluster) -> None:
+        """A draining broker that serves nothing and has nothing leaving it is drained."""
+        for broker, state in cluster.view.brokers.items():
+            if state is not BrokerState.DRAINING:
+                continue
+            holding = any(b == broker for b, _ in cluster.view.assignments.values())
+            leaving = any(m.from_broker == broker and not m.sealed for m in cluster.view.waiting.values())
+            if not holding and not leaving:
+                key = cr.state_key(broker)
+                await self.metadata.transaction({key: cluster.versions.get(key, 0)}, {key: cr.encode(
+                    cr.BrokerStateRecord(mode=cr.BrokerMode.DRAINED, reason="unloaded"))})
+                log.info("broker %d is drained", broker)
+
+    # ------------------------------------------------------------- admin requests
+    async def handle_LoadManagerRequest(self, msg: LoadManagerRequest) -> Message:
+        request = ap.ADMIN_PROTOCOL.decode(msg.frame)
+        try:
+            if not self.leading:
+                raise Unavailable(f"broker {self.broker_id} does not lead the cluster; retry")
+            answer = await self._admin(request)
+        except DanubeError as exc:
+            answer = Error(request_id=request.request_id, code=exc.code, message=exc.message)  # type: ignore[attr-defined]
+        return LoadManagerReply(frame=ap.ADMIN_PROTOCOL.encode(answer))
+
+    async def _admin(self, request: Any) -> Message:
+        await self.metadata.get(cr.LEADER)  # a barrier: the applied state is current
+        cluster = self._read()
+        if isinstance(request, ap.GetClusterBalance):
+            return self._balance(cluster, request.request_id)
+        if isinstance(request, ap.RebalanceCluster):
+            answer = await self._rebalance(cluster, max_moves=request.max_moves, dry_run=request.dry_run)
+            return dataclasses.replace(answer, request_id=request.request_id)
+        if isinstance(request, ap.UnloadBroker):
+            return await self._drain(cluster, request)
+        if isinstance(request, ap.ActivateBroker):
+            await self._set_mode(cluster, request.broker_id, cr.BrokerMode.ACTIVE, "activated")
+            return Ok(request_id=request.request_id)
+        raise FailedPrecondition(f"{type(request).__name__} is not a load manager request")
+
+    def _balance(self, cluster: _Cluster, request_id: int) -> ap.ClusterBalance:
+        assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
+        active = [b for b, s in cluster.view.brokers.items() if s is BrokerState.ACTIVE]
+        loads = broker_loads(active, assigned, cluster.loads())
+        balance = measure(loads)
+        brokers = [ap.BrokerLoadInfo(broker_id=b, load=loads.get(b, 0.0),
+                                     topic_count=sum(1 for owner in assigned.values() if owner == b),
+                                     overloaded=b in balance.overloaded, underloaded=b in balance.underloaded,
+                                     status=cluster.view.brokers[b].value)
+                   for b in sorted(cluster.view.brokers)]
+        values = list(loads.values()) or [0.0]
+        return ap.ClusterBalance(request_id=request_id, coefficient_of_variation=balance.cv, mean_load=balance.mean,
+                                 max_load=max(values), min_load=min(values), std_deviation=balance.std,
+                                 brokers=brokers, assignment_strategy=self.strategy.value,
+                                 rebalancing=self.config.load_manager.rebalancing)
+
+    async def _drain(self, cluster: _Cluster, request: ap.UnloadBroker) -> ap.Rebalanced:
+        broker = request.broker_id
+        if broker not in cluster.view.brokers:
+            raise NotFound(f"broker {broker} is not registered")
+        await self._set_mode(cluster, broker, cr.BrokerMode.DRAINING, "unload requested")
+        others = {b: s for b, s in cluster.placeable().brokers.items() if b != broker}
+        if not any(s is BrokerState.ACTIVE for s in others.values()):
+            raise FailedPrecondition(f"no other active broker can take the topics of broker {broker}")
+        assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
+        moves = drain(broker, strategy=self.strategy, states=others | {broker: BrokerState.DRAINING},
+                      reports=cluster.reports, assignments=assigned, loads=cluster.loads())
+        started = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.UNLOAD)
+        return ap.Rebalanced(request_id=request.request_id, moves=[_move_info(m) for m in started], why_none="",
+                             coefficient_of_variation=0.0, dry_run=False)
+
+    async def _set_mode(self, cluster: _Cluster, broker: int, mode: str, reason: str) -> None:
+        if broker not in cluster.view.brokers:
+            raise NotFound(f"broker {broker} is not registered")
+        key = cr.state_key(broker)
+        await self.metadata.put(key, cr.encode(cr.BrokerStateRecord(mode=mode, reason=reason)))
+
+
+def _move_info(move: Move) -> ap.MoveInfo:
+    return ap.MoveInfo(topic=move.topic, from_broker=move.from_broker, to_broker=move.to_broker,
+                       estimated_load=move.estimated_load)
+
+
+async def _gather(writes: list[Any]) -> None:
+    for start in range(0, len(writes), _WRITES_AT_ONCE):
+        results = await asyncio.gather(*writes[start:start + _WRITES_AT_ONCE], return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, DanubeError):
+                raise result
 
 
 def _decoded(key: str, data: bytes, kind: type[Any], default: Any) -> Any:

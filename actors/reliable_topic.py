@@ -101,9 +101,13 @@ class _Batch:
 class ReliableTopicActor(TopicActor):
     def __init__(self, *, name: str, config: BrokerConfig, rng: random.Random, wal_dir: Path,
                  executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
-                 durable: list[DurableSegment] | None = None, cache_dir: Path | None = None) -> None:
+                 durable: list[DurableSegment] | None = None, cache_dir: Path | None = None,
+                 start_offset: int | None = None) -> None:
         super().__init__(name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config, rng=rng)
         self.wal_dir = wal_dir
+        # Where the topic's previous owner stopped (the broker read it from the metadata
+        # store): offsets continue from there, never below.
+        self.start_offset = start_offset
         self.durable_mode = config.storage.mode != "local"
         self.durable: list[DurableSegment] = sorted(durable or [], key=lambda s: s.base_offset)
         self.store = DurableStore(config.storage.durable_url) if self.durable_mode else None  # type: ignore[arg-type]
@@ -130,8 +134,12 @@ class ReliableTopicActor(TopicActor):
 
     async def on_start(self) -> None:
         storage = self.config.storage
-        # A topic whose local WAL is gone (a new disk, a move) resumes after its durable history.
-        start_offset = self.durable[-1].end_offset + 1 if self.durable else None
+        # A topic whose local WAL is gone (a new disk, a move) resumes after its durable
+        # history, or where its previous owner stopped.
+        floors = [self.durable[-1].end_offset + 1] if self.durable else []
+        if self.start_offset is not None:
+            floors.append(self.start_offset)
+        start_offset = max(floors) if floors else None
         self.wal = await asyncio.to_thread(
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
             segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock, start_offset=start_offset)
@@ -158,6 +166,16 @@ class ReliableTopicActor(TopicActor):
             wal, self.wal = self.wal, None
             # Let a flush in flight finish before the file is closed under it.
             await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
+        # Sends not yet acknowledged are answered now rather than left to the client's
+        # timeout: it sends them again (a batch written just before the stop may then
+        # be stored twice: at least once, never lost).
+        state = "moved" if self.moving else "restarted" if self.restarting else "closed"
+        for batch in self.flushing + self.queued:
+            if batch.identity is not None:
+                reply_client(self.system, batch.identity, Error(
+                    request_id=batch.request_id, code=ErrorCode.UNAVAILABLE,
+                    message=f"topic {self.topic} {state} before this batch was acknowledged; send it again"))
+        self.flushing, self.queued = [], []
 
     # ------------------------------------------------------------- produce
     async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:

@@ -102,8 +102,9 @@ class BrokerService:
             assert isinstance(admin, AdminGateway)
             self.admin_url = admin.bound_url
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
-            await system.spawn(lambda: LoadManagerActor(config=config, broker_id=self.broker_id,
-                                                        metadata=self.metadata), name="load-manager")
+            system.load_manager_endpoint = await system.spawn(
+                lambda: LoadManagerActor(config=config, broker_id=self.broker_id, metadata=self.metadata),
+                name="load-manager")
             system.snapshot_endpoint = await system.spawn(
                 lambda: SnapshotActor(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
                 name="snapshots")

@@ -133,6 +133,7 @@ class ActorSystem:
         self.gateway_endpoint = ""
         self.broker_endpoint = ""
         self.snapshot_endpoint = ""
+        self.load_manager_endpoint = ""
         self._cells: dict[str, _Cell] = {}
         self._push: dict[str, zmq.Socket] = {}
         self._ids = itertools.count(1)

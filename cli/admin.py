@@ -153,7 +153,7 @@ def topics() -> None:
 
 @admin.group()
 def brokers() -> None:
-    """List the brokers of the cluster."""
+    """The brokers of the cluster: list, balance, rebalance, unload (drain), activate."""
 
 
 # -- namespaces --------------------------------------------------------------------
@@ -251,6 +251,17 @@ def topics_delete(ctx: click.Context, topic: str) -> None:
     topic = check_topic(topic)
     _call(ctx, lambda client: client.delete_topic(topic))
     emit_line(f"deleted topic {topic}")
+
+
+@topics.command("unload")
+@click.argument("topic")
+@click.pass_context
+def topics_unload(ctx: click.Context, topic: str) -> None:
+    """Move TOPIC (each partition) off the broker serving it: that broker seals it, then
+    the load manager gives it to another broker; clients follow. Offsets continue."""
+    topic = check_topic(topic)
+    _call(ctx, lambda client: client.unload_topic(topic))
+    emit_line(f"unloading topic {topic}: it is sealed and assigned to another broker")
 
 
 @topics.command("describe")
@@ -560,3 +571,62 @@ def brokers_list(ctx: click.Context, output: str) -> None:
         ["BROKER-ID", "CLIENT-URL", "ADMIN-URL", "METRICS-URL", "ROLE", "STATUS"],
         [[b.broker_id, b.broker_url, b.admin_url, b.metrics_url, b.role, b.status] for b in found],
     )
+
+
+@brokers.command("balance")
+@output_option
+@click.pass_context
+def brokers_balance(ctx: click.Context, output: str) -> None:
+    """The cluster's balance: coefficient of variation and each broker's load."""
+    info = _call(ctx, lambda client: client.cluster_balance())
+    if output == "json":
+        emit_json(_record(info))
+        return
+    emit_line(f"coefficient of variation {info.coefficient_of_variation:.3f} (mean {info.mean_load:.2f},"
+              f" min {info.min_load:.2f}, max {info.max_load:.2f}); strategy {info.assignment_strategy},"
+              f" rebalancing {'on' if info.rebalancing else 'off'}")
+    emit_table(["BROKER-ID", "LOAD", "TOPICS", "STATUS", "OVERLOADED", "UNDERLOADED"],
+               [[b.broker_id, f"{b.load:.2f}", b.topic_count, b.status, b.overloaded, b.underloaded]
+                for b in info.brokers])
+
+
+def _emit_moves(result: Any, output: str, verb: str) -> None:
+    if output == "json":
+        emit_json(_record(result))
+        return
+    if not result.moves:
+        emit_line(f"no moves: {result.why_none or 'nothing to move'}")
+        return
+    emit_table(["TOPIC", "FROM", "TO", "LOAD"],
+               [[m.topic, m.from_broker, m.to_broker, f"{m.estimated_load:.2f}"] for m in result.moves])
+    emit_line(f"{len(result.moves)} moves {verb}")
+
+
+@brokers.command("rebalance")
+@click.option("--dry-run", is_flag=True, help="Show the moves without making them.")
+@click.option("--max-moves", type=click.IntRange(min=1), default=None, help="At most N moves (default: the policy's).")
+@output_option
+@click.pass_context
+def brokers_rebalance(ctx: click.Context, dry_run: bool, max_moves: int | None, output: str) -> None:
+    """Rebalance now: move topics from the most to the least loaded brokers."""
+    result = _call(ctx, lambda client: client.rebalance(dry_run=dry_run, max_moves=max_moves))
+    _emit_moves(result, output, "planned (dry run)" if dry_run else "started")
+
+
+@brokers.command("unload")
+@click.option("--broker-id", type=int, required=True, help="The broker to drain.")
+@output_option
+@click.pass_context
+def brokers_unload(ctx: click.Context, broker_id: int, output: str) -> None:
+    """Drain a broker: it takes no new topics and its topics move to the others."""
+    result = _call(ctx, lambda client: client.unload_broker(broker_id))
+    _emit_moves(result, output, f"started; broker {broker_id} is drained once they are done")
+
+
+@brokers.command("activate")
+@click.option("--broker-id", type=int, required=True, help="The broker to activate.")
+@click.pass_context
+def brokers_activate(ctx: click.Context, broker_id: int) -> None:
+    """Let a drained broker take topics again."""
+    _call(ctx, lambda client: client.activate_broker(broker_id))
+    emit_line(f"broker {broker_id} is active")

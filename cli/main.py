@@ -29,6 +29,7 @@ from danube_zmq.cli.admin_cluster import cluster, metadata
 from danube_zmq.cli.admin_snapshots import snapshots
 from danube_zmq.cli.bench import bench
 from danube_zmq.cli.broker import broker
+from danube_zmq.cli.cluster import cluster_group
 from danube_zmq.cli.consume import consume
 from danube_zmq.cli.output import stderr_console
 from danube_zmq.cli.produce import produce
@@ -131,6 +132,7 @@ def cli(log_level: str) -> None:
 
 
 cli.add_command(broker)
+cli.add_command(cluster_group)
 cli.add_command(produce)
 cli.add_command(consume)
 cli.add_command(admin)

@@ -13,10 +13,12 @@ report instead.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -67,8 +69,11 @@ def report() -> None:
               show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report here instead of stdout (required for html).")
+@click.option("--publish", "admin_url", metavar="ADMIN_URL",
+              help="Also publish each topic's backlog into the cluster's metadata (a broker's admin endpoint), where"
+                   " the load manager weighs it.")
 def backlog(url: str, master: str, from_text: str | None, to_text: str | None, topic: str | None, top: int, fmt: str,
-            out_path: Path | None) -> None:
+            out_path: Path | None, admin_url: str | None) -> None:
     """Which subscriptions fall behind, by how much, since when, and how fast each
     topic grows.
 
@@ -82,6 +87,7 @@ def backlog(url: str, master: str, from_text: str | None, to_text: str | None, t
       danube report backlog --snapshots ./danube-data/snapshots
       danube report backlog --snapshots s3://ops/danube --from -2h --format html --out backlog.html
       danube report backlog --snapshots /mnt/snap --master spark://10.0.0.5:7077 --topic '/default/orders*'
+      danube report backlog --snapshots ./danube-data/snapshots --publish tcp://127.0.0.1:50051
     """
     from_ms = parse_time(from_text) if from_text else None
     to_ms = parse_time(to_text) if to_text else None
@@ -120,6 +126,9 @@ def backlog(url: str, master: str, from_text: str | None, to_text: str | None, t
     finally:
         if spinner is not None:
             spinner.stop()
+    if admin_url is not None:
+        asyncio.run(_publish(admin_url, result))
+        status(f"published the backlog of {len(result.topics)} topics to {admin_url}")
     text = render(result, fmt)
     if out_path is None:
         click.echo(text, nl=not text.endswith("\n"))
@@ -137,3 +146,19 @@ def _spark_error(exc: Exception) -> str:
             return text.split(marker, 1)[1].splitlines()[0].strip()
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"Spark failed: {first}"
+
+
+async def _publish(admin_url: str, result: Any) -> None:
+    """The report's backlog per topic, as `/cluster/backlog-report` (cluster_records)."""
+    from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport import cluster_records as cr
+
+    backlog: dict[str, int] = {}
+    for subscription in result.subscriptions:
+        backlog[subscription.topic] = backlog.get(subscription.topic, 0) + subscription.backlog_messages
+    record = cr.BacklogReportRecord(
+        snapshot_id=result.snapshot_id, snapshot_ms=result.snapshot_ms, published_ms=int(time.time() * 1000),
+        topics=[cr.TopicBacklogRecord(topic=t.topic, partitions=t.partitions, backlog_messages=backlog.get(t.topic, 0))
+                for t in result.topics])
+    async with AdminClient(admin_url) as admin:
+        await admin.metadata_put(cr.BACKLOG_REPORT, cr.encode(record))

@@ -25,9 +25,11 @@ from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.client.rpc import RequestClient, check_endpoint
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
+    ActivateBroker,
     AddClusterNode,
     BrokerInfo,
     BrokerList,
+    ClusterBalance,
     ClusterStatus,
     ClusterStatusInfo,
     ConfigureTopicSchema,
@@ -41,6 +43,7 @@ from danube_zmq.transport.admin_protocol import (
     DescribeTopic,
     DispatchConfigInfo,
     FailurePolicyInfo,
+    GetClusterBalance,
     GetDispatchConfig,
     GetFailurePolicy,
     GetTopicSchemaConfig,
@@ -59,6 +62,8 @@ from danube_zmq.transport.admin_protocol import (
     MetadataWritten,
     NamespaceList,
     PromoteClusterNode,
+    RebalanceCluster,
+    Rebalanced,
     RemoveClusterNode,
     SeekSubscription,
     SetDispatchConfig,
@@ -71,6 +76,8 @@ from danube_zmq.transport.admin_protocol import (
     TopicInfo,
     TopicList,
     TopicSchemaConfigInfo,
+    UnloadBroker,
+    UnloadTopic,
     Unsubscribe,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -135,6 +142,32 @@ class AdminClient(RequestClient):
     async def delete_topic(self, topic: str) -> None:
         parse_topic(topic)
         await self._call(lambda rid: DeleteTopic(request_id=rid, topic=topic), Ok)
+
+    async def cluster_balance(self) -> ClusterBalance:
+        """The coefficient of variation of broker load and each broker's load, as the
+        leader's load manager sees them."""
+        return await self._call(lambda rid: GetClusterBalance(request_id=rid), ClusterBalance)
+
+    async def rebalance(self, *, dry_run: bool = False, max_moves: int | None = None) -> Rebalanced:
+        """Plan a rebalancing round now and (unless `dry_run`) start its moves."""
+        if max_moves is not None and max_moves < 1:
+            raise InvalidArgument(f"max_moves must be >= 1, got {max_moves}")
+        return await self._call(lambda rid: RebalanceCluster(request_id=rid, dry_run=dry_run, max_moves=max_moves),
+                                Rebalanced)
+
+    async def unload_broker(self, broker_id: int) -> Rebalanced:
+        """Drain broker `broker_id`: no new topics, and each of its topics moves away."""
+        return await self._call(lambda rid: UnloadBroker(request_id=rid, broker_id=broker_id), Rebalanced)
+
+    async def activate_broker(self, broker_id: int) -> None:
+        """Let broker `broker_id` take topics again."""
+        await self._call(lambda rid: ActivateBroker(request_id=rid, broker_id=broker_id), Ok)
+
+    async def unload_topic(self, topic: str) -> None:
+        """Move `topic` (each partition) off its broker: sealed there, then served by
+        another one the load manager picks. Returns once the move is recorded."""
+        parse_topic(topic)
+        await self._call(lambda rid: UnloadTopic(request_id=rid, topic=topic), Ok)
 
     async def describe_topic(self, topic: str) -> TopicDescription:
         parse_topic(topic)

@@ -107,6 +107,12 @@ class Attachment:
         attempt = 0
         while True:
             try:
+                if not self.connection.ready and self.connection.url != self._client.service_url:
+                    # The broker we were redirected to is gone: look the topic up again
+                    # through the service URL, which redirects to its new broker.
+                    log.info("%s %s on %s: %s is unreachable; looking up again", self.kind, self.name, self.topic,
+                             self.connection.url)
+                    self._move_to(await self._client._service_connection())
                 await self.connection.wait_ready()
                 await self._attach_once()
                 return
@@ -159,6 +165,8 @@ class Attachment:
     def connection_lost(self, connection: Connection, error: DanubeError) -> None:
         if connection is self.connection:
             self._detach()
+            if connection.url != self._client.service_url:
+                self._schedule_reattach()  # through the service URL (the topic may have moved)
 
     def connection_restored(self, connection: Connection) -> None:
         if connection is self.connection:

@@ -42,7 +42,7 @@ from danube_zmq.transport.client_protocol import (
     Send,
     SendReceipt,
 )
-from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, Timeout, Unavailable
+from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, NotFound, Timeout, Unavailable
 
 if TYPE_CHECKING:
     from danube_zmq.client.client import DanubeClient
@@ -671,9 +671,12 @@ class _PartitionProducer(Attachment):
                     raise InternalError(f"broker sent {len(reply.offsets)} offsets for {len(batch)} messages")
                 return reply
             except DanubeError as exc:
-                if not exc.retriable or attempt >= self._client.operation_retries_max:
+                # NOT_FOUND on a Send: the broker dropped this producer id just before
+                # (its topic moved or restarted): re-create it and send again.
+                detached = isinstance(exc, NotFound)
+                if not (exc.retriable or detached) or attempt >= self._client.operation_retries_max:
                     raise
-                if isinstance(exc, Unavailable) and not isinstance(exc, ConnectionLost):
+                if detached or (isinstance(exc, Unavailable) and not isinstance(exc, ConnectionLost)):
                     # The broker no longer serves this producer here (unloaded, moved):
                     # re-create it, following a redirect if there is one.
                     self._detach()

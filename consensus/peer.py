@@ -590,12 +590,15 @@ class RaftPeer:
                 await self._events.put(Receive(message=msg))  # type: ignore[arg-type]
 
     async def _ttl_expirer(self) -> None:
-        """The leader proposes `ExpireTtlKeys(now)` while keys with a TTL exist."""
+        """The leader proposes `ExpireTtlKeys(now)` when a key's TTL has run out (checked
+        every `ttl_check_interval_s`; a lease renewed in time never costs a proposal)."""
         while True:
             await asyncio.sleep(self._ttl_check_interval_s)
-            if self.is_leader and self.state.statistics().ttl_keys:
+            due = self.state.next_expiry_ms()
+            now_ms = int(time.time() * 1000)
+            if self.is_leader and due is not None and due <= now_ms:
                 with contextlib.suppress(Unavailable, Timeout, ResourceExhausted):
-                    await self.propose(ExpireTtlKeys(now_ms=int(time.time() * 1000)))
+                    await self.propose(ExpireTtlKeys(now_ms=now_ms))
 
     # ------------------------------------------------------------------ stepping
 

@@ -475,6 +475,10 @@ class MetadataStateMachine:
             return []
         return [e for e in self._history if e.revision > revision and e.key.startswith(prefix)]
 
+    def next_expiry_ms(self) -> int | None:
+        """When the earliest TTL key expires (None: no key has a TTL)."""
+        return self._ttl_index[0][0] if self._ttl_index else None
+
     def statistics(self) -> MetadataStatistics:
         return MetadataStatistics(
             keys=len(self._kv),

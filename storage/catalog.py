@@ -1,9 +1,9 @@
-"""The local metadata catalog: a small key-value store for storage metadata.
+"""Segment descriptors (`SegmentCatalog`) and the key-value catalogs they can live in.
 
-Until the Raft metadata store exists, a broker keeps its storage metadata (segment
-descriptors, cursors, topic records) here, in one LevelDB per broker process. The
-`Catalog` protocol is deliberately the shape of the replicated store's key-value API
-(get / put / delete / prefix scan / atomic batch), so callers move over unchanged.
+On a broker the descriptors live in the Raft metadata store (through
+`actors/metadata_catalog.py`, a `DescriptorStore`). `LevelDbCatalog` is the local
+LevelDB catalog a broker kept before the registry moved to the metadata store (it is
+imported once, then set aside); `MemoryCatalog` serves unit tests.
 
 Key layout (mirrors Danube's metadata keys; topic names are `/ns/topic`, already
 validated, so every part is `[A-Za-z0-9_-]+` and safe in a key):
@@ -44,6 +44,7 @@ from danube_zmq.transport.errors import FailedPrecondition, InternalError, Inval
 __all__ = [
     "Catalog",
     "CatalogCorruption",
+    "DescriptorStore",
     "LevelDbCatalog",
     "MemoryCatalog",
     "SegmentCatalog",
@@ -86,6 +87,19 @@ class Catalog(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class DescriptorStore(Protocol):
+    """What `SegmentCatalog` needs: reads now, durable writes it waits for. Both local
+    catalogs have it; so has the broker's view of the Raft metadata store."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def scan(self, prefix: str) -> list[tuple[str, bytes]]: ...
+
+    async def put_async(self, key: str, value: bytes) -> None: ...
+
+    async def delete_async(self, key: str) -> None: ...
 
 
 # ----------------------------------------------------------------------------- keys
@@ -200,6 +214,12 @@ class LevelDbCatalog:
             for k in delete_keys:
                 batch.delete(k)
 
+    async def put_async(self, key: str, value: bytes) -> None:
+        self.put(key, value, sync=True)
+
+    async def delete_async(self, key: str) -> None:
+        self.delete(key, sync=True)
+
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
@@ -255,6 +275,12 @@ class MemoryCatalog:
                 data[k] = v
             for k in delete_keys:
                 data.pop(k, None)
+
+    async def put_async(self, key: str, value: bytes) -> None:
+        self.put(key, value, sync=True)
+
+    async def delete_async(self, key: str) -> None:
+        self.delete(key, sync=True)
 
     def close(self) -> None:
         with self._lock:
@@ -357,11 +383,11 @@ class SegmentCatalog:
     (a segment whose upload has not finished yet); `durable_end` stops at the first gap.
     """
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: DescriptorStore) -> None:
         self._catalog = catalog
 
-    def add(self, desc: SegmentDescriptor) -> None:
-        """Record `desc` (fsynced). Replaces a descriptor with the same base offset
+    async def add(self, desc: SegmentDescriptor) -> None:
+        """Record `desc` (durably). Replaces a descriptor with the same base offset
         (a re-upload); raises FailedPrecondition if it would overlap another segment."""
         segments = self.list(desc.topic)
         bases = [s.base_offset for s in segments]
@@ -379,7 +405,7 @@ class SegmentCatalog:
                 f"segment {desc.topic}@{desc.base_offset}..{desc.end_offset} overlaps "
                 f"{after.base_offset}..{after.end_offset}"
             )
-        self._catalog.put(segment_key(desc.topic, desc.base_offset), desc.to_bytes(), sync=True)
+        await self._catalog.put_async(segment_key(desc.topic, desc.base_offset), desc.to_bytes())
 
     def get(self, topic: str, base_offset: int) -> SegmentDescriptor | None:
         raw = self._catalog.get(segment_key(topic, base_offset))
@@ -401,8 +427,8 @@ class SegmentCatalog:
             return segments[i]
         return None
 
-    def remove(self, topic: str, base_offset: int) -> None:
-        self._catalog.delete(segment_key(topic, base_offset), sync=True)
+    async def remove(self, topic: str, base_offset: int) -> None:
+        await self._catalog.delete_async(segment_key(topic, base_offset))
 
     def durable_end(self, topic: str) -> int | None:
         """The highest end_offset reachable from the first segment without a gap; None if none."""

@@ -555,10 +555,105 @@ CLUSTER_REQUESTS = (
 registry kept in it)."""
 
 
+@wire
+class UnloadTopic(Message):
+    """Stop serving `topic` (every partition of a partitioned one) on its broker: the
+    broker seals it and the load manager gives it to another broker (Danube's `topics
+    unload`). Answered `Ok` once the move is recorded (the topic's assignment is
+    replaced by an unassigned marker); clients re-attach through a redirect."""
+
+    TAG = 60
+    request_id: int
+    topic: str
+
+
+@wire
+class BrokerLoadInfo(Struct):
+    broker_id: int
+    load: float
+    topic_count: int
+    overloaded: bool
+    underloaded: bool
+    status: str
+
+
+@wire
+class GetClusterBalance(Message):
+    """The cluster's balance as the leader's load manager sees it (Danube's `brokers
+    balance`). Answered by `ClusterBalance`."""
+
+    TAG = 61
+    request_id: int
+
+
+@wire
+class ClusterBalance(Message):
+    TAG = 62
+    request_id: int
+    coefficient_of_variation: float
+    mean_load: float
+    max_load: float
+    min_load: float
+    std_deviation: float
+    brokers: list[BrokerLoadInfo]
+    assignment_strategy: str
+    rebalancing: bool
+
+
+@wire
+class MoveInfo(Struct):
+    topic: str
+    from_broker: int
+    to_broker: int
+    estimated_load: float
+
+
+@wire
+class RebalanceCluster(Message):
+    """Plan a rebalancing round now and, unless `dry_run`, start its moves; at most
+    `max_moves` (default: the policy's moves per cycle). Answered by `Rebalanced`."""
+
+    TAG = 63
+    request_id: int
+    dry_run: bool = False
+    max_moves: int | None = None
+
+
+@wire
+class Rebalanced(Message):
+    TAG = 64
+    request_id: int
+    moves: list[MoveInfo]
+    why_none: str
+    coefficient_of_variation: float
+    dry_run: bool
+
+
+@wire
+class UnloadBroker(Message):
+    """Drain broker `broker_id`: it takes no new topics (draining) and each of its topics
+    moves to the broker placement picks; then it is drained. Answered by `Rebalanced`
+    (the moves started)."""
+
+    TAG = 65
+    request_id: int
+    broker_id: int
+
+
+@wire
+class ActivateBroker(Message):
+    """Make broker `broker_id` take topics again (active). Answered `Ok`."""
+
+    TAG = 66
+    request_id: int
+    broker_id: int
+
+
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
-    GetFailurePolicy, SetDispatchConfig, GetDispatchConfig,
+    GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
+    GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
 )
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -576,6 +671,7 @@ ADMIN_PROTOCOL = Protocol(
         MetadataGet, MetadataList, MetadataEntries, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
         MetadataWritten, ConfigureTopicSchema, GetTopicSchemaConfig, TopicSchemaConfigInfo,
         CreateSnapshot, SnapshotCreated, ListSnapshots, SnapshotList, DescribeSnapshot, SnapshotDescription,
-        DeleteSnapshot,
+        DeleteSnapshot, UnloadTopic, GetClusterBalance, ClusterBalance, RebalanceCluster, Rebalanced,
+        UnloadBroker, ActivateBroker,
     ),
 )

@@ -10,6 +10,11 @@ others: declared once, msgpack arrays checked field by field on decode.
     /cluster/assignments/{ns}/{topic}     Assignment          who serves a topic or partition
     /cluster/unassigned/{ns}/{topic}      Unassigned          a topic or partition waiting for a broker
     /cluster/leader                       LeaderRecord        the broker whose Raft peer leads
+    /cluster/load/{broker_id}             LoadReportRecord    CPU, memory and per-topic load (TTL)
+    /cluster/backlog-report               BacklogReportRecord the latest Spark backlog report's totals
+    /topics/{ns}/{topic}/subscriptions/{sub}  msgpack         a reliable subscription's cursor and settings
+    /storage/topics/{ns}/{topic}/segments/{base}  SegmentDescriptor (storage/catalog.py)
+    /storage/topics/{ns}/{topic}/state    TopicState          where a reliable topic's offsets stopped
 
 Assignments are keyed by topic (Danube keys them by broker) so a lookup on any broker
 is one read; each broker watches the prefix and keeps the entries naming it.
@@ -20,7 +25,7 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
-from danube_zmq.transport.codec import Message, Protocol, wire
+from danube_zmq.transport.codec import Message, Protocol, Struct, wire
 from danube_zmq.transport.common import PROTOCOL_VERSION
 from danube_zmq.transport.errors import InvalidArgument
 
@@ -33,6 +38,8 @@ BROKERS = "/cluster/brokers/"
 ASSIGNMENTS = "/cluster/assignments/"
 UNASSIGNED = "/cluster/unassigned/"
 LEADER = "/cluster/leader"
+LOAD = "/cluster/load/"
+BACKLOG_REPORT = "/cluster/backlog-report"
 
 
 def namespace_key(namespace: str) -> str:
@@ -42,6 +49,10 @@ def namespace_key(namespace: str) -> str:
 def topic_record_key(topic: str) -> str:
     """`topic` is the full name, "/ns/name"."""
     return f"/topics{topic}"
+
+
+def load_key(broker_id: int) -> str:
+    return f"{LOAD}{broker_id}"
 
 
 def register_key(broker_id: int) -> str:
@@ -58,6 +69,10 @@ def assignment_key(topic: str) -> str:
 
 def unassigned_key(topic: str) -> str:
     return f"/cluster/unassigned{topic}"
+
+
+def topic_state_key(topic: str) -> str:
+    return f"/storage/topics{topic}/state"
 
 
 def topic_of(key: str, prefix: str) -> str:
@@ -136,6 +151,9 @@ class Unassigned(Message):
     to_broker: int | None = None
     epoch: int = 0  # the epoch of the assignment it replaces
     since_ms: int = 0
+    # False while the broker it leaves is still sealing it (unload, rebalance): the
+    # load manager waits for True, or for that broker's lease to end.
+    sealed: bool = True
 
 
 @wire
@@ -145,8 +163,68 @@ class LeaderRecord(Message):
     term: int
 
 
+@wire
+class TopicState(Message):
+    """Written by the broker that stops serving a reliable topic (or partition): the
+    next owner starts its offsets at `next_offset`, never below."""
+
+    TAG = 7
+    next_offset: int
+    broker_id: int
+    sealed_ms: int
+
+
+@wire
+class TopicLoadRecord(Struct):
+    """One topic (or partition) in a load report: rates over the last interval."""
+
+    topic: str
+    msg_rate_in: float
+    msg_rate_out: float
+    byte_rate_in: float
+    byte_rate_out: float
+    producers: int
+    consumers: int
+    subscriptions: int
+    backlog: int
+
+
+@wire
+class LoadReportRecord(Message):
+    """What a broker publishes every `load_manager.report_interval_ms` (with a TTL of
+    three intervals, so a dead broker's report goes away)."""
+
+    TAG = 8
+    broker_id: int
+    cpu_percent: float
+    memory_percent: float
+    topics: list[TopicLoadRecord]
+    reported_ms: int
+
+
+@wire
+class TopicBacklogRecord(Struct):
+    topic: str  # the base topic
+    partitions: int
+    backlog_messages: int  # over every subscription
+
+
+@wire
+class BacklogReportRecord(Message):
+    """Published by `danube report backlog --publish`: what Spark read from the WAL
+    snapshots; the load manager weighs a topic's backlog by the larger of this and what
+    its broker reports."""
+
+    TAG = 9
+    snapshot_id: str
+    snapshot_ms: int
+    published_ms: int
+    topics: list[TopicBacklogRecord]
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
-    TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord,
+    TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
+    LoadReportRecord, BacklogReportRecord,
 ])
 
 

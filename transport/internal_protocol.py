@@ -666,6 +666,22 @@ class ParkedExpired(Message):
     TAG = 80
 
 
+@wire
+class LoadManagerRequest(Message):
+    """Broker -> load manager (ask): an admin request for the cluster's leader (balance,
+    rebalance, unload or activate a broker), as its admin-protocol frame. Answered by
+    `LoadManagerReply` with the admin answer's frame."""
+
+    TAG = 81
+    frame: bytes
+
+
+@wire
+class LoadManagerReply(Message):
+    TAG = 82
+    frame: bytes
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -681,6 +697,6 @@ INTERNAL_PROTOCOL = Protocol(
         SetSubscriptionDispatchConfig, GetSubscriptionDispatchConfig, SubscriptionDispatchConfig,
         TopicSchemaChanged, ListSnapshotTopics, SnapshotTopics, DescribeSubscriptionCut, SubscriptionCut,
         TakeSnapshotCut, SnapshotCut, ReleaseSnapshotCut,
-        AssignmentChanged, AssignmentsResync, LeaseChanged, ParkedExpired,
+        AssignmentChanged, AssignmentsResync, LeaseChanged, ParkedExpired, LoadManagerRequest, LoadManagerReply,
     ),
 )

@@ -2,12 +2,15 @@
 metadata store has it: a pure function, no I/O and no clock of its own.
 
 - An unassigned topic (or partition) whose topic still exists goes to a broker chosen
-  by `placement.place` (never the broker it leaves); a marker whose topic is gone is
-  dropped.
+  by `placement.place`, never the broker it leaves unless that is the only ACTIVE one;
+  a marker whose topic is gone is dropped.
 - A topic assigned to a broker whose registration has been gone for `grace_ms` (its
   lease expired: it is dead, or fenced itself) is posted unassigned again, reason
   failover. The grace covers a fresh leader that has not yet seen a restarted broker
   renew, so a full-cluster restart does not reshuffle every topic.
+- A topic being unloaded waits until the broker it leaves has sealed it (its offsets
+  and cursors are in the store, its segments uploaded), or until that broker's lease
+  is gone: then the new owner starts where the old one stopped.
 - A topic assigned to a registered broker that is not ACTIVE stays where it is (a
   drain moves topics on purpose, through unload markers).
 """
@@ -29,6 +32,7 @@ class Waiting:
     from_broker: int | None = None
     to_broker: int | None = None
     epoch: int = 0
+    sealed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +86,19 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
     for topic, marker in sorted(view.waiting.items()):
         if topic not in view.exists or topic in view.assignments:
             continue
+        if not marker.sealed and marker.from_broker in view.brokers:
+            continue  # the broker it leaves is still sealing it
         exclude = frozenset() if marker.from_broker is None else frozenset({marker.from_broker})
         target = marker.to_broker
         if target is None or view.brokers.get(target) is not BrokerState.ACTIVE or target in exclude:
             try:
                 chosen = place(strategy, view.brokers, reports, placed, loads, cursor=cursor, exclude=exclude)
             except Unavailable:
-                unplaced += 1
-                continue
+                try:  # the broker it leaves is the only ACTIVE one: back there (a reload)
+                    chosen = place(strategy, view.brokers, reports, placed, loads, cursor=cursor)
+                except Unavailable:
+                    unplaced += 1
+                    continue
             target, cursor = chosen.broker_id, chosen.cursor
         placed[topic] = target
         assign.append(Assign(topic=topic, broker_id=target, epoch=marker.epoch + 1))

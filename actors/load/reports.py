@@ -75,14 +75,17 @@ class LoadReport:
 def topic_loads(reports: Mapping[int, LoadReport], backlog: Mapping[str, int] | None = None) -> dict[str, TopicLoad]:
     """The latest known load of every reported topic. `backlog` (from the Spark backlog
     report, when one was published) replaces a topic's reported backlog where it is
-    larger: the report reads the WAL snapshots, the broker only what it holds."""
+    larger (the report reads the WAL snapshots, the broker only what it holds), and
+    gives a topic no broker reported yet its backlog."""
     loads: dict[str, TopicLoad] = {}
     for report in reports.values():
         for load in report.topics:
             loads[load.topic] = load
     for topic, messages in (backlog or {}).items():
         load = loads.get(topic)
-        if load is not None and messages > load.backlog:
+        if load is None:
+            loads[topic] = TopicLoad(topic=topic, backlog=messages)  # no report yet: its backlog is still known
+        elif messages > load.backlog:
             loads[topic] = replace(load, backlog=messages)
     return loads
 

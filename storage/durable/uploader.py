@@ -270,8 +270,8 @@ class Uploader:
             created_ms=self._clock.now_ms(),
         )
         # On the loop thread, not a worker: adds for one topic are then serialized and the
-        # overlap check in SegmentCatalog.add cannot race. It costs one fsynced LevelDB write.
-        self._segments.add(desc)
+        # overlap check in SegmentCatalog.add cannot race. It costs one durable metadata write.
+        await self._segments.add(desc)
         self._uploaded_segments += 1
         self._uploaded_bytes += size
         if self._on_uploaded is not None:

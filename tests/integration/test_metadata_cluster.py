@@ -61,8 +61,14 @@ class Node:
 
 def start_cluster(tmp_path: Path, size: int, env: dict[str, str] | None = None) -> list[Node]:
     nodes = [Node(tmp_path, i) for i in range(1, size + 1)]
-    for node in nodes:
-        node.start(nodes, env=env)
+    try:
+        for node in nodes:
+            node.start(nodes, env=env)
+    except BaseException:
+        for node in nodes:  # the ones that did start must not outlive the test
+            if node.process is not None:
+                node.kill()
+        raise
     return nodes
 
 
@@ -227,21 +233,21 @@ async def test_five_nodes_two_down_keep_committing(tmp_path: Path) -> None:
         followers = [n for n in nodes if n.node_id != leader_id]
         for node in (nodes[leader_id - 1], followers[0]):  # the leader and one more: a new election on 3 of 5
             node.kill()
-        await agreed_leader(nodes, timeout_s=5.0, term_above=term)
+        await agreed_leader(nodes, timeout_s=10.0, term_above=term)
         survivor = next(n for n in nodes if n.process is not None)
-        async with AdminClient(survivor.admin_url, timeout_ms=3000) as admin:
+        async with AdminClient(survivor.admin_url, timeout_ms=5000) as admin:
             for i in range(20):
                 await admin.metadata_put(f"/five/{i}", b"%d" % i)
             info = await admin.cluster_status()
         assert len([m for m in info.members if m.voter]) == 5
         for node in nodes:
             if node.process is not None:
-                async with AdminClient(node.admin_url, timeout_ms=3000) as admin:
+                async with AdminClient(node.admin_url, timeout_ms=5000) as admin:
                     entry = await admin.metadata_get("/five/19")
                 assert entry is not None and entry.value == b"19"
         # A third node down: no quorum, writes fail (retriable), nothing is acknowledged.
         next(n for n in nodes if n.process is not None and n is not survivor).kill()
-        async with AdminClient(survivor.admin_url, timeout_ms=3000) as admin:
+        async with AdminClient(survivor.admin_url, timeout_ms=5000) as admin:
             with pytest.raises(DanubeError) as info_err:
                 await admin.metadata_put("/five/no-quorum", b"x")
         assert info_err.value.retriable

@@ -202,3 +202,37 @@ def test_the_same_report_on_a_standalone_cluster(traffic: Traffic, tmp_path: Pat
     got = {f"{s['topic']}:{s['subscription']}": s["backlog_messages"] for s in report["subscriptions"]}
     assert got["/default/audit:workers"] == 470 and got["/default/orders:billing"] == 160
     assert "app-" in "".join(p.name for p in (tmp_path / "work").iterdir())  # the worker ran executors
+
+
+def test_published_backlog_weighs_in_the_load_manager(traffic: Traffic, tmp_path: Path) -> None:
+    """`--publish` writes each topic's backlog into the metadata store; the load manager
+    then counts it in the broker's load (a topic's load grows 0.2 per 10,000 messages).
+    The broker publishes no load report of its own in the test's time, so the backlog
+    comes from Spark alone."""
+    broker = start_broker(traffic.root, env={**SMALL_SEGMENTS, "DANUBE_LOAD_MANAGER__REPORT_INTERVAL_MS": "3600000"})
+    try:
+        async def balance() -> float:
+            async with AdminClient(broker.admin_url) as admin:
+                return (await admin.cluster_balance()).mean_load
+
+        before = asyncio.run(balance())
+        done = danube_report("--snapshots", traffic.url, "--master", "local[2]", "--format", "json",
+                             "--publish", broker.admin_url)
+        assert done.returncode == 0, done.stderr
+        published = asyncio.run(_published(broker.admin_url))
+        expected = {name: sum(backlog for backlog, _ in subs.values()) for name, subs in traffic.described.items()}
+        assert published == expected
+        after = asyncio.run(balance())
+        assert after > before
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+async def _published(admin_url: str) -> dict[str, int]:
+    from danube_zmq.transport import cluster_records as cr
+
+    async with AdminClient(admin_url) as admin:
+        entry = await admin.metadata_get(cr.BACKLOG_REPORT)
+    assert entry is not None
+    record = cr.decode(entry.value, cr.BacklogReportRecord)
+    return {t.topic: t.backlog_messages for t in record.topics}

@@ -33,7 +33,7 @@ def views(draw: st.DrawFn) -> ClusterView:
             assignments[topic] = (draw(broker_ids), draw(st.integers(1, 5)))
         elif kind == "waiting":
             waiting[topic] = Waiting(from_broker=draw(st.none() | broker_ids), to_broker=draw(st.none() | broker_ids),
-                                     epoch=draw(st.integers(0, 5)))
+                                     epoch=draw(st.integers(0, 5)), sealed=draw(st.booleans()))
     absent = {b: draw(st.integers(0, 2 * GRACE)) for b in draw(st.lists(broker_ids, max_size=3)) if b not in brokers}
     return ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
                        absent_since_ms=absent)
@@ -46,9 +46,11 @@ def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor:
     for choice in decided.assign:
         marker = view.waiting[choice.topic]
         assert view.brokers[choice.broker_id] is BrokerState.ACTIVE  # only live ACTIVE brokers take topics
-        assert choice.broker_id != marker.from_broker  # never back to the broker it leaves
+        others = [b for b, s in view.brokers.items() if s is BrokerState.ACTIVE and b != marker.from_broker]
+        assert choice.broker_id != marker.from_broker or not others  # back only when it is the only one
         assert choice.topic in view.exists and choice.topic not in view.assignments
         assert choice.epoch == marker.epoch + 1
+        assert marker.sealed or marker.from_broker not in view.brokers  # never before the old owner sealed it
         if marker.to_broker is not None and view.brokers.get(marker.to_broker) is BrokerState.ACTIVE \
                 and marker.to_broker != marker.from_broker:
             assert choice.broker_id == marker.to_broker  # a rebalance's target is kept
@@ -58,7 +60,8 @@ def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor:
         assert now - decided.absent_since_ms[orphan.from_broker] >= GRACE
         assert view.assignments[orphan.topic] == (orphan.from_broker, orphan.epoch)
     assert set(decided.drop) == {t for t in view.waiting if t not in view.exists}
-    placeable = [t for t in view.waiting if t in view.exists and t not in view.assignments]
+    placeable = [t for t, m in view.waiting.items() if t in view.exists and t not in view.assignments
+                 and (m.sealed or m.from_broker not in view.brokers)]
     assert len(decided.assign) + decided.unplaced == len(placeable)
     if not any(s is BrokerState.ACTIVE for s in view.brokers.values()):
         assert not decided.assign

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -179,17 +180,17 @@ def segments(catalog: Catalog) -> SegmentCatalog:
 def test_segments_list_sorted_by_offset_not_insert_order(segments: SegmentCatalog) -> None:
     """Segments come back in offset order (20-digit keys), per topic, whatever the insert order."""
     for base, end in [(10_000_000_000, 10_000_000_009), (0, 9), (100, 199), (10, 99)]:
-        segments.add(desc(base, end))
-    segments.add(desc(0, 4, topic="/default/other"))
+        asyncio.run(segments.add(desc(base, end)))
+    asyncio.run(segments.add(desc(0, 4, topic="/default/other")))
     assert [s.base_offset for s in segments.list(TOPIC)] == [0, 10, 100, 10_000_000_000]
     assert [s.base_offset for s in segments.list("/default/other")] == [0]
 
 
 def test_covering_finds_the_segment_holding_an_offset(segments: SegmentCatalog) -> None:
     """covering() answers the segment whose inclusive range holds the offset, None in gaps and beyond."""
-    segments.add(desc(0, 9))
-    segments.add(desc(10, 19))
-    segments.add(desc(30, 39))  # gap 20..29
+    asyncio.run(segments.add(desc(0, 9)))
+    asyncio.run(segments.add(desc(10, 19)))
+    asyncio.run(segments.add(desc(30, 39)))  # gap 20..29
     assert segments.covering(TOPIC, 0) == desc(0, 9)
     assert segments.covering(TOPIC, 9) == desc(0, 9)
     assert segments.covering(TOPIC, 10) == desc(10, 19)
@@ -202,31 +203,31 @@ def test_covering_finds_the_segment_holding_an_offset(segments: SegmentCatalog) 
 def test_durable_end_stops_at_the_first_gap(segments: SegmentCatalog) -> None:
     """durable_end is the end of the gap-free run from the first segment; filling the gap extends it."""
     assert segments.durable_end(TOPIC) is None
-    segments.add(desc(100, 199))  # the first segment need not start at 0 (retention removed older ones)
+    asyncio.run(segments.add(desc(100, 199)))  # the first segment need not start at 0 (retention removed older ones)
     assert segments.durable_end(TOPIC) == 199
-    segments.add(desc(300, 399))
+    asyncio.run(segments.add(desc(300, 399)))
     assert segments.durable_end(TOPIC) == 199
-    segments.add(desc(200, 299))
+    asyncio.run(segments.add(desc(200, 299)))
     assert segments.durable_end(TOPIC) == 399
-    segments.remove(TOPIC, 100)
+    asyncio.run(segments.remove(TOPIC, 100))
     assert segments.durable_end(TOPIC) == 399
-    segments.remove(TOPIC, 200)
+    asyncio.run(segments.remove(TOPIC, 200))
     assert segments.durable_end(TOPIC) == 399  # only 300..399 left: it is the first
-    segments.remove(TOPIC, 300)
+    asyncio.run(segments.remove(TOPIC, 300))
     assert segments.durable_end(TOPIC) is None
 
 
 def test_add_replaces_same_base_and_rejects_overlap(segments: SegmentCatalog) -> None:
     """Re-adding a base offset replaces its descriptor (a re-upload); an overlapping range is refused."""
-    segments.add(desc(0, 9))
-    segments.add(desc(20, 29))
+    asyncio.run(segments.add(desc(0, 9)))
+    asyncio.run(segments.add(desc(20, 29)))
     replaced = SegmentDescriptor(**{**_fields(desc(0, 9)), "crc32c": 7})
-    segments.add(replaced)
+    asyncio.run(segments.add(replaced))
     assert segments.get(TOPIC, 0) == replaced
     for bad in [desc(5, 14), desc(10, 20), desc(15, 35), desc(0, 20)]:
         with pytest.raises(FailedPrecondition, match="overlaps"):
-            segments.add(bad)
-    segments.add(desc(10, 19))
+            asyncio.run(segments.add(bad))
+    asyncio.run(segments.add(desc(10, 19)))
     assert segments.durable_end(TOPIC) == 29
 
 

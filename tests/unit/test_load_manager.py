@@ -70,7 +70,7 @@ def test_a_published_backlog_report_raises_a_topics_backlog() -> None:
     reports = {1: LoadReport(broker_id=1, topics=(TopicLoad(topic=topic(1), backlog=10),))}
     assert topic_loads(reports, {topic(1): 50_000, topic(9): 5})[topic(1)].backlog == 50_000
     assert topic_loads(reports, {topic(1): 3})[topic(1)].backlog == 10
-    assert topic(9) not in topic_loads(reports, {topic(9): 5})
+    assert topic_loads(reports, {topic(9): 5})[topic(9)] == TopicLoad(topic=topic(9), backlog=5)
 
 
 # ---------------------------------------------------------------- placement
