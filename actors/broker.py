@@ -649,11 +649,20 @@ class BrokerActor(Actor):
         return None if value is None else cr.decode(value.value, cr.BrokerRegistration)
 
     def _elsewhere(self, topic: str) -> cr.BrokerRegistration | None:
-        """The registration of the other live broker serving `topic`, if there is one."""
+        """The registration of the other live broker serving `topic`, if there is one. A
+        broker that missed its last lease renewal does not count: it may be dead, and a
+        client sent there would wait out a connection timeout; the request waits here
+        instead until the topic is reassigned or the broker renews."""
         assignment = self._assignment(topic)
         if assignment is None or assignment.broker_id == self.broker_id:
             return None
-        return self._registration(assignment.broker_id)
+        value = self.metadata.peer.state.get(cr.register_key(assignment.broker_id))
+        if value is None:
+            return None
+        if value.expires_at_ms is not None and value.ttl_ms is not None \
+                and self.system.clock.now_ms() - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+            return None
+        return cr.decode(value.value, cr.BrokerRegistration)
 
     # ------------------------------------------------------------- reliable storage
     def _on_uploaded(self, desc: SegmentDescriptor) -> None:

@@ -292,6 +292,11 @@ class StorageSection:
     wal_segment_bytes_max: int = 64 * MIB
     # ... or past this age, ms; null: no age limit. Default null.
     wal_segment_age_ms_max: int | None = None
+    # shared_fs / object_store: seal the WAL segment after every group commit, so each
+    # batch is uploaded as soon as it is acknowledged. Shrinks what a dead disk loses
+    # (the records not yet uploaded) to the uploads in flight, at the cost of one
+    # segment file and one upload per flush. Default false.
+    seal_every_flush: bool = False
     # Recent committed batches a reliable topic keeps in memory to serve readers
     # without touching the WAL files, bytes. Default 16 MiB.
     cache_bytes_max: int = 16 * MIB

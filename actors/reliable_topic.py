@@ -215,6 +215,7 @@ class ReliableTopicActor(TopicActor):
         self.flushing, self.queued = self.queued, []
         self.flush_id += 1
         flush_id, wal, sync = self.flush_id, self.wal, self._sync_always
+        seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
         system, endpoint = self.system, self.endpoint
 
@@ -224,6 +225,8 @@ class ReliableTopicActor(TopicActor):
                     wal.append(encoded, count)
                 if sync:
                     wal.sync()
+                if seal:  # each flush its own segment, uploaded at once: the dead-disk loss window
+                    wal.seal_active()
             except OSError:
                 # Cut back to the last successful fsync: pages whose write-back failed are
                 # never trusted (the handler reopens the log if even this fails).
