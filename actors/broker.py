@@ -19,8 +19,8 @@ partition. A standalone broker is the same code with one voter.
    unloads every topic before the lease can run out, so it never serves a topic the
    load manager has given to another broker (fencing); when it renews again it loads
    what is assigned to it then.
-5. Admin requests about a topic run on the brokers that serve its partitions: local
-   partitions by asking their actors, others through the owner's admin port.
+5. Admin requests (`broker_admin.py`, mixed in): about a topic they run on the
+   brokers that serve its partitions; balance and rebalancing go to the leader.
 
 6. Cursors of reliable subscriptions and the catalog of durable segments are in the
    metadata store too, so the next owner of a topic has them. A broker that stops
@@ -40,16 +40,14 @@ import fnmatch
 import logging
 import random
 import shutil
-from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
 from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.admin_gateway import reply_admin
+from danube_zmq.actors.broker_admin import BrokerAdmin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.load_report import LoadSampler
@@ -58,7 +56,8 @@ from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import TopicActor
-from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
+from danube_zmq.actors.topic_name import TopicName, parse_topic
+from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
@@ -69,28 +68,24 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
-from danube_zmq.transport.common import Error, Ok
+from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
     AlreadyExists,
     DanubeError,
     FailedPrecondition,
-    InternalError,
     InvalidArgument,
     Moved,
     NotFound,
     ResourceExhausted,
     Unavailable,
-    error_from_code,
 )
 from danube_zmq.transport.internal_protocol import (
-    AdminRequest,
     AppendInternal,
     AssignmentChanged,
     AssignmentsResync,
     ChildStopped,
     ClientRequest,
     DeadLetter,
-    DeleteSubscription,
     DescribePartition,
     DurableSegment,
     ForgetSegments,
@@ -122,37 +117,7 @@ _REMOTE_ADMIN_TASKS_MAX = 64
 _DEAD_LETTER_BATCHES_MAX = 1_000
 
 
-@dataclass(slots=True)
-class TopicEntry:
-    """A topic (or one partition) served here, and its actor."""
-
-    name: TopicName
-    dispatch_strategy: int
-    endpoint: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resolved:
-    """A name resolved against the topic records: `base` has the record (a partitioned
-    topic's base, or the topic itself); `name` is what was asked for."""
-
-    name: TopicName
-    base: TopicName
-    record: cr.TopicRecord
-
-    @property
-    def partitioned_base(self) -> bool:
-        """The name is a partitioned topic's base (it has no actor of its own)."""
-        return self.record.partitions > 0 and self.name.full == self.base.full
-
-    def served_names(self) -> list[str]:
-        """The topics with an actor that the name stands for."""
-        if self.partitioned_base:
-            return [self.base.partition_name(i) for i in range(self.record.partitions)]
-        return [self.name.full]
-
-
-class BrokerActor(Actor):
+class BrokerActor(BrokerAdmin, Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore) -> None:
@@ -937,323 +902,12 @@ class BrokerActor(Actor):
                 log.error("topic %s stopped after repeated failures (%s); it is no longer served", full, msg.reason)
                 del self.topics[full]
 
-    # ------------------------------------------------------------- admin side
-    async def handle_AdminRequest(self, req: AdminRequest) -> None:
-        msg = ap.ADMIN_PROTOCOL.decode(req.frame)
-        if isinstance(msg, self._leader_requests):
-            if not self._remote_admin.start(self._answer_admin(req, msg, self._on_leader)):
-                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
-                    "too many admin requests waiting on other brokers; retry")))
-            return
-        route = self._topic_routes.get(type(msg))
-        if route is not None:
-            try:
-                names = (await self._existing(parse_topic(msg.topic))).served_names()  # type: ignore[attr-defined]
-            except DanubeError as exc:
-                reply_admin(self.system, req.identity, _error(msg, exc))
-                return
-            if all(name in self.topics for name in names):
-                await self._answer_admin(req, msg, route)
-            elif not self._remote_admin.start(self._answer_admin(req, msg, route)):
-                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
-                    "too many admin requests waiting on other brokers; retry")))
-            return
-        await self._answer_admin(req, msg, self._admin_routes[type(msg)])
-
-    async def _answer_admin(self, req: AdminRequest, msg: Any, route: Callable[[Any], Awaitable[Message]]) -> None:
-        try:
-            answer = await route(msg)
-        except DanubeError as exc:
-            answer = _error(msg, exc)
-        except Exception as exc:  # a bug of ours: the caller still gets an answer
-            log.exception("admin request %s failed", type(msg).__name__)
-            answer = _error(msg, InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
-        reply_admin(self.system, req.identity, answer)
-
-    async def _on_leader(self, msg: Any) -> Message:
-        """Ask the load manager of the broker that leads the cluster."""
-        if self.metadata.peer.is_leader:
-            reply = await self.system.ask(self.system.load_manager_endpoint,
-                                          ip.LoadManagerRequest(frame=ap.ADMIN_PROTOCOL.encode(msg)))
-            assert isinstance(reply, ip.LoadManagerReply)
-            answer = ap.ADMIN_PROTOCOL.decode(reply.frame)
-            if isinstance(answer, Error):
-                raise error_from_code(answer.code, answer.message)
-            return answer
-        await self.metadata.get(cr.LEADER)  # linearizable: the current leader's record
-        leader = self.metadata.peer.state.get(cr.LEADER)
-        registration = None if leader is None else self._registration(cr.decode(leader.value, cr.LeaderRecord).broker_id)
-        if registration is None or registration.broker_id == self.broker_id:
-            raise Unavailable("the cluster's leader is not known yet; retry")
-        answer = await self._remote(registration.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid))
-        return dataclasses.replace(answer, request_id=msg.request_id)  # the caller's id, not ours to the leader
-
-    async def _remote(self, admin_url: str, build: Callable[[int], Any]) -> Any:
-        """One admin request to another broker's admin port."""
-        from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
-
-        client = self._admin_clients.get(admin_url)
-        if client is None:
-            client = AdminClient(admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
-                                 client_name=f"broker-{self.broker_id}")
-            await client.connect()
-            self._admin_clients[admin_url] = client
-        try:
-            return await client._call(build, Message)
-        except Unavailable:
-            self._admin_clients.pop(admin_url, None)
-            client.close()
-            raise
-
-    async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
-        """Run `local` on the partition's actor when it is served here, else send `msg`
-        (naming that partition) to the admin port of the broker serving it."""
-        entry = self.topics.get(partition)
-        if entry is not None:
-            return await local(entry)
-        owner = self._elsewhere(partition)
-        if owner is None:
-            raise Unavailable(f"topic {partition} has no broker right now; retry")
-        return await self._remote(owner.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition))
-
-    async def _list_namespaces(self, msg: ap.ListNamespaces) -> Message:
-        names = [key[len(cr.NAMESPACES):] for key, _ in await self.metadata.list_prefix(cr.NAMESPACES)]
-        return ap.NamespaceList(request_id=msg.request_id, namespaces=sorted(names))
-
-    async def _create_namespace(self, msg: ap.CreateNamespace) -> Message:
-        namespace = validate_namespace(msg.namespace)
-        created = await self.metadata.compare_and_swap(cr.namespace_key(namespace), 0, b"")
-        if not created.succeeded:
-            raise AlreadyExists(f"namespace '{namespace}' already exists")
-        return Ok(request_id=msg.request_id)
-
-    async def _delete_namespace(self, msg: ap.DeleteNamespace) -> Message:
-        namespace = validate_namespace(msg.namespace)
-        key = cr.namespace_key(namespace)
-        current = await self.metadata.get(key)
-        if current is None:
-            raise NotFound(f"namespace '{namespace}' does not exist")
-        held = await self._topic_records(namespace)
-        if held:
-            raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
-        if not await self.metadata.transaction({key: current.version}, {}, [key]):
-            raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
-        return Ok(request_id=msg.request_id)
-
-    async def _topic_records(self, namespace: str) -> list[tuple[str, cr.TopicRecord]]:
-        prefix = f"{cr.TOPICS}{namespace}/"
-        return [(cr.topic_of(key, cr.TOPICS), cr.decode(value.value, cr.TopicRecord))
-                for key, value in await self.metadata.list_prefix(prefix) if key.count("/") == 3]
-
-    async def _list_topics(self, msg: ap.ListTopics) -> Message:
-        namespace = validate_namespace(msg.namespace)
-        if not await self._namespace_exists(namespace):
-            raise NotFound(f"namespace '{namespace}' does not exist")
-        topics = []
-        for full, record in await self._topic_records(namespace):
-            first = parse_topic(full).partition_name(0) if record.partitions else full
-            assignment = self._assignment(first)
-            topics.append(ap.TopicInfo(name=full, dispatch_strategy=record.dispatch_strategy,
-                                       partitions=record.partitions,
-                                       broker_id=assignment.broker_id if assignment is not None else 0))
-        return ap.TopicList(request_id=msg.request_id, topics=topics)
-
-    async def _admin_create_topic(self, msg: ap.CreateTopic) -> Message:
-        await self._write_topic(parse_topic(msg.topic), msg.partitions, msg.dispatch_strategy)
-        return Ok(request_id=msg.request_id)
-
-    async def _delete_topic(self, msg: ap.DeleteTopic) -> Message:
-        resolved = await self._existing(parse_topic(msg.topic))
-        if resolved.name.full != resolved.base.full:
-            raise FailedPrecondition(f"{resolved.name.full} is a partition; delete {resolved.base.full} instead")
-        key = cr.topic_record_key(resolved.base.full)
-        current = await self.metadata.get(key)
-        if current is None:
-            raise NotFound(f"topic {resolved.base.full} does not exist")
-        names = resolved.served_names()
-        state = self.metadata.peer.state
-        stale = [key] + [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
-        stale += [cr.topic_state_key(n) for n in names]
-        stale += [k for n in names for k, _ in state.list_prefix(f"{topic_key(n)}/")]  # cursors
-        if not await self.metadata.transaction({key: current.version}, {}, stale):
-            raise FailedPrecondition(f"topic {resolved.base.full} changed meanwhile; retry")
-        for name in names:  # the partitions served here now; other brokers follow the deletion
-            if name in self.topics:
-                await self._unload(name, deleted=True)
-                await self._delete_local(name)
-            await self._delete_durable(name)
-        return Ok(request_id=msg.request_id)
-
-    async def _unload_topic(self, msg: ap.UnloadTopic) -> Message:
-        resolved = await self._existing(parse_topic(msg.topic))
-        moved = 0
-        for name in resolved.served_names():
-            key = cr.assignment_key(name)
-            current = await self.metadata.get(key)
-            if current is None:
-                continue  # between brokers already
-            assignment = cr.decode(current.value, cr.Assignment)
-            marker = cr.Unassigned(reason=cr.UnassignedReason.UNLOAD, from_broker=assignment.broker_id,
-                                   epoch=assignment.epoch, since_ms=self.system.clock.now_ms(), sealed=False)
-            if await self.metadata.transaction({key: current.version, cr.unassigned_key(name): 0},
-                                               {cr.unassigned_key(name): cr.encode(marker)}, [key]):
-                moved += 1
-        if not moved:
-            raise FailedPrecondition(f"topic {resolved.name.full} is not served by any broker right now; retry")
-        return Ok(request_id=msg.request_id)
-
-    async def _describe_topic(self, msg: ap.DescribeTopic) -> Message:
-        resolved = await self._existing(parse_topic(msg.topic))
-        partitions = []
-        owner = 0
-        for partition in resolved.served_names():
-            async def local(entry: TopicEntry) -> list[ap.PartitionInfo]:
-                stats = await self.system.ask(entry.endpoint, DescribePartition())
-                assert isinstance(stats, PartitionStats)
-                return [stats.info]
-
-            answer = await self._on_owner(msg, partition, local)
-            partitions.extend(answer.partitions if isinstance(answer, ap.TopicDescription) else answer)
-            if not owner:
-                assignment = self._assignment(partition)
-                owner = assignment.broker_id if assignment is not None else 0
-        return ap.TopicDescription(request_id=msg.request_id, name=resolved.name.full,
-                                   dispatch_strategy=resolved.record.dispatch_strategy, broker_id=owner,
-                                   partitions=partitions)
-
-    async def _list_subscriptions(self, msg: ap.ListSubscriptions) -> Message:
-        described = await self._describe_topic(ap.DescribeTopic(request_id=msg.request_id, topic=msg.topic))
-        assert isinstance(described, ap.TopicDescription)
-        names = sorted({s.name for p in described.partitions for s in p.subscriptions})
-        return ap.SubscriptionList(request_id=msg.request_id, subscriptions=names)
-
-    async def _unsubscribe(self, msg: ap.Unsubscribe) -> Message:
-        resolved = await self._existing(parse_topic(msg.topic))
-        found = False
-        for partition in resolved.served_names():
-            async def local(entry: TopicEntry) -> None:
-                await self.system.ask(entry.endpoint, DeleteSubscription(subscription=msg.subscription))
-
-            try:
-                await self._on_owner(msg, partition, local)
-                found = True
-            except NotFound:
-                continue
-        if not found:
-            raise NotFound(f"subscription '{msg.subscription}' does not exist on topic {resolved.name.full}")
-        return Ok(request_id=msg.request_id)
-
-    async def _list_brokers(self, msg: ap.ListBrokers) -> Message:
-        await self.metadata.get(cr.LEADER)  # a linearizable barrier: registrations as of now
-        state = self.metadata.peer.state
-        leader = state.get(cr.LEADER)
-        leader_id = cr.decode(leader.value, cr.LeaderRecord).broker_id if leader is not None else None
-        standalone = self.config.cluster.raft_listen is None
-        brokers = []
-        for _key, value in state.list_prefix(cr.REGISTER):
-            registration = cr.decode(value.value, cr.BrokerRegistration)
-            mode = state.get(cr.state_key(registration.broker_id))
-            status = cr.decode(mode.value, cr.BrokerStateRecord).mode if mode is not None else cr.BrokerMode.ACTIVE
-            role = "standalone" if standalone else ("leader" if registration.broker_id == leader_id else "follower")
-            brokers.append(ap.BrokerInfo(broker_id=registration.broker_id, broker_url=registration.broker_url,
-                                         admin_url=registration.admin_url, metrics_url=registration.metrics_url,
-                                         role=role, status=str(status)))
-        return ap.BrokerList(request_id=msg.request_id, brokers=brokers)
-
-    # ------------------------------------------------------------- admin: reliable subscriptions
-    async def _seek_subscription(self, msg: ap.SeekSubscription) -> Message:
-        resolved = await self._reliable(msg.topic)
-        if resolved.partitioned_base and msg.offset is not None:
-            raise InvalidArgument(f"topic {resolved.name.full} has {resolved.record.partitions} partitions and offsets"
-                                  f" are per partition: seek by publish time, or name one partition topic"
-                                  f" ({resolved.name.partition_name(0)} ...)")
-        for partition in resolved.served_names():
-            async def local(entry: TopicEntry) -> None:
-                await self.system.ask(entry.endpoint, ip.SeekCursor(
-                    subscription=msg.subscription, offset=msg.offset, publish_time=msg.publish_time))
-
-            await self._on_owner(msg, partition, local)
-        return Ok(request_id=msg.request_id)
-
-    async def _set_failure_policy(self, msg: ap.SetFailurePolicy) -> Message:
-        resolved = await self._reliable(msg.topic)
-        policy = ip.FailurePolicyState(
-            max_redelivery_count=msg.max_redelivery_count, ack_timeout_ms=msg.ack_timeout_ms,
-            base_redelivery_delay_ms=msg.base_redelivery_delay_ms, max_redelivery_delay_ms=msg.max_redelivery_delay_ms,
-            backoff=msg.backoff, poison_policy=msg.poison_policy, dead_letter_topic=msg.dead_letter_topic)
-        for partition in resolved.served_names():
-            async def local(entry: TopicEntry) -> None:
-                record = await self.system.ask(entry.endpoint, ip.SetSubscriptionPolicy(
-                    subscription=msg.subscription, policy=policy))
-                assert isinstance(record, PersistCursor)
-                self.handle_PersistCursor(record)
-
-            await self._on_owner(msg, partition, local)
-        await self._flush_cursors()  # stored before the answer: the policy survives a crash right after
-        return Ok(request_id=msg.request_id)
-
-    async def _get_failure_policy(self, msg: ap.GetFailurePolicy) -> Message:
-        resolved = await self._reliable(msg.topic)
-
-        async def local(entry: TopicEntry) -> Message:
-            answer = await self.system.ask(entry.endpoint, ip.GetSubscriptionPolicy(subscription=msg.subscription))
-            assert isinstance(answer, ip.SubscriptionPolicy)
-            policy = answer.policy
-            return ap.FailurePolicyInfo(
-                request_id=msg.request_id, max_redelivery_count=policy.max_redelivery_count,
-                ack_timeout_ms=policy.ack_timeout_ms, base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
-                max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
-                poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic,
-                explicit=answer.explicit)
-
-        answer = await self._on_owner(msg, resolved.served_names()[0], local)
-        return dataclasses.replace(answer, request_id=msg.request_id)
-
-    async def _set_dispatch_config(self, msg: ap.SetDispatchConfig) -> Message:
-        resolved = await self._reliable(msg.topic)
-        for partition in resolved.served_names():
-            async def local(entry: TopicEntry) -> None:
-                record = await self.system.ask(entry.endpoint, ip.SetSubscriptionDispatchConfig(
-                    subscription=msg.subscription, max_unacked_messages=msg.max_unacked_messages))
-                assert isinstance(record, PersistCursor)
-                self.handle_PersistCursor(record)
-
-            await self._on_owner(msg, partition, local)
-        await self._flush_cursors()  # stored before the answer, as the failure policy
-        return Ok(request_id=msg.request_id)
-
-    async def _get_dispatch_config(self, msg: ap.GetDispatchConfig) -> Message:
-        resolved = await self._reliable(msg.topic)
-
-        async def local(entry: TopicEntry) -> Message:
-            answer = await self.system.ask(entry.endpoint, ip.GetSubscriptionDispatchConfig(
-                subscription=msg.subscription))
-            assert isinstance(answer, ip.SubscriptionDispatchConfig)
-            return ap.DispatchConfigInfo(request_id=msg.request_id, max_unacked_messages=answer.max_unacked_messages,
-                                         explicit=answer.explicit)
-
-        answer = await self._on_owner(msg, resolved.served_names()[0], local)
-        return dataclasses.replace(answer, request_id=msg.request_id)
-
-    async def _reliable(self, topic: str) -> Resolved:
-        resolved = await self._existing(parse_topic(topic))
-        if resolved.record.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
-            raise FailedPrecondition(f"topic {resolved.name.full} is not reliable: seek, failure policies and dispatch"
-                                     " windows apply to subscriptions of reliable topics only")
-        return resolved
-
-
 def _owner(key: str, value: bytes) -> int | None:
     try:
         return cr.decode(value, cr.Assignment).broker_id
     except DanubeError as exc:
         log.error("metadata key %s holds no assignment (%s); ignored", key, exc)
         return None
-
-
-def _error(msg: Any, exc: DanubeError) -> Error:
-    return Error(request_id=msg.request_id, code=exc.code, message=exc.message,
-                 redirect_url=getattr(exc, "redirect_url", None))
 
 
 def _subscription_key(topic: str, subscription: str) -> str:
