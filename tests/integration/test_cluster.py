@@ -408,3 +408,39 @@ def test_failover_loses_at_most_the_uploads_in_flight(tmp_path: Path) -> None:
 
     with running_cluster(tmp_path, env) as nodes:
         asyncio.run(run(nodes))
+
+
+def test_a_broker_cut_off_from_the_metadata_majority_stops_serving(tmp_path: Path) -> None:
+    """Fencing: with both other brokers gone, the third cannot renew its lease; it
+    unloads its topics before the lease can run out (5/6 of it), so it never serves a
+    topic the cluster may give to another broker. Its clients are told to re-attach,
+    and their requests are refused until it holds a lease again."""
+    async def run(nodes: list[Node]) -> None:
+        topics = [f"/default/fenced-{i}" for i in range(6)]
+        async with AdminClient(nodes[0].admin_url) as admin:
+            for topic in topics:
+                await admin.create_topic(topic)
+        owners = await _owners(nodes[0], topics)
+        lonely = next(node for node in nodes if node.url in owners.values())
+        mine = next(t for t, url in owners.items() if url == lonely.url)
+        async with DanubeClient(lonely.url, operation_retries_max=0, request_timeout_ms=1000) as client:
+            producer = await client.create_producer(mine)
+            await producer.send(b"before")
+            for node in nodes:
+                if node is not lonely:
+                    node.kill()
+            cut_at = time.monotonic()
+            last_ack = cut_at
+            while time.monotonic() - cut_at < 8:
+                try:
+                    await producer.send(b"while cut off")
+                    last_ack = time.monotonic()
+                except DanubeError:
+                    pass
+                await asyncio.sleep(0.05)
+        served_for = last_ack - cut_at
+        print(f"cut off from the majority: the last send acknowledged {served_for:.2f} s after (lease 3 s)")
+        assert served_for < 3.0  # it stopped before its lease could end anywhere (fenced at 5/6 of it)
+
+    with running_cluster(tmp_path) as nodes:
+        asyncio.run(run(nodes))
