@@ -30,7 +30,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import psutil
-from thespian.actors import ActorExitRequest, ActorTypeDispatcher, ChildActorExited, WakeupMessage
+from thespian.actors import (
+    ActorExitRequest,
+    ActorSystemConventionUpdate,
+    ActorTypeDispatcher,
+    ChildActorExited,
+    WakeupMessage,
+)
 
 log = logging.getLogger("danube_zmq.supervisor")
 
@@ -50,6 +56,7 @@ class BrokerSpec:
     env: dict[str, str]
     data_dir: str
     log_path: str
+    host: str | None = None  # the `danube-host` capability of the system to run it on (None: this one)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class BrokerStatus:
     running: bool
     restarts: int
     last_exit: str = ""
+    host: str = ""  # the `danube-host` of the system it runs on
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,19 @@ class StopBrokers:
 
 
 @dataclass(frozen=True)
+class GetHosts:
+    """Which hosts (systems with a `danube-host` capability) the convention has."""
+
+
+@dataclass(frozen=True)
+class Hosts:
+    names: list[str]
+
+
+HOST_ENV = "DANUBE_HOST_NAME"  # set in each system's processes: the host its keepers report
+
+
+@dataclass(frozen=True)
 class Stopped:
     names: list[str]
 
@@ -95,6 +116,25 @@ class HostSupervisor(ActorTypeDispatcher):
         self.keepers: dict[str, object] = {}  # name -> keeper address
         self.status: dict[str, BrokerStatus] = {}
         self.stopping_for: object | None = None
+        self.hosts: set[str] = {os.environ.get(HOST_ENV, "")}
+        self.watching = False
+
+    def receiveMessage(self, msg: object, sender: object) -> object:
+        if not self.watching:  # hear of the convention's members (not possible in __init__)
+            self.watching = True
+            self.notifyOnSystemRegistrationChanges(True)
+        return super().receiveMessage(msg, sender)
+
+    def receiveMsg_ActorSystemConventionUpdate(self, msg: ActorSystemConventionUpdate, sender: object) -> None:
+        name = (msg.remoteCapabilities or {}).get("danube-host")
+        if name:
+            if msg.remoteAdded:
+                self.hosts.add(name)
+            else:
+                self.hosts.discard(name)
+
+    def receiveMsg_GetHosts(self, msg: GetHosts, sender: object) -> None:
+        self.send(sender, Hosts(names=sorted(h for h in self.hosts if h)))
 
     def receiveMsg_StartBrokers(self, msg: StartBrokers, sender: object) -> None:
         for spec in msg.specs:
@@ -104,7 +144,9 @@ class HostSupervisor(ActorTypeDispatcher):
         self.send(sender, Status(brokers=self._statuses()))
 
     def _start_keeper(self, spec: BrokerSpec) -> None:
-        keeper = self.createActor(BrokerKeeper)
+        # Placed by capability: on the system (this host or a convention member) whose
+        # `danube-host` is the spec's.
+        keeper = self.createActor(BrokerKeeper, targetActorRequirements={"danube-host": spec.host} if spec.host else None)
         self.keepers[spec.name] = keeper
         self.send(keeper, spec)
 
@@ -147,6 +189,11 @@ class HostSupervisor(ActorTypeDispatcher):
 
 
 class BrokerKeeper(ActorTypeDispatcher):
+    @staticmethod
+    def actorSystemCapabilityCheck(capabilities: dict[str, object], requirements: dict[str, object] | None) -> bool:
+        wanted = (requirements or {}).get("danube-host")
+        return bool(capabilities.get("danube-broker-host")) and (wanted is None or capabilities.get("danube-host") == wanted)
+
     def __init__(self) -> None:
         super().__init__()
         self.spec: BrokerSpec | None = None
@@ -246,7 +293,7 @@ class BrokerKeeper(ActorTypeDispatcher):
         pid = process.pid if process is not None else None
         self.send(self.supervisor, BrokerStatus(name=self.spec.name, node_id=self.spec.node_id, pid=pid,
                                               running=self._exit_code() is None, restarts=self.restarts,
-                                              last_exit=self.last_exit))
+                                              last_exit=self.last_exit, host=os.environ.get(HOST_ENV, "")))
 
 
 def bind_to_base_address() -> None:
@@ -282,10 +329,13 @@ def main() -> None:
     parser.add_argument("--bind", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--convention")
+    parser.add_argument("--host-name", default=os.uname().nodename)
     args = parser.parse_args()
     os.environ["THESPIAN_BASE_IPADDR"] = args.bind
+    os.environ[HOST_ENV] = args.host_name
     bind_to_base_address()
-    capabilities: dict[str, object] = {"Admin Port": args.port, "danube-broker-host": True}
+    capabilities: dict[str, object] = {"Admin Port": args.port, "danube-broker-host": True,
+                                       "danube-host": args.host_name}
     if args.convention:
         capabilities["Convention Address.IPv4"] = args.convention
     system = ActorSystem("multiprocTCPBase", capabilities)

@@ -39,13 +39,15 @@ def _actor_system(bind: str, port: int) -> Any:
     return ActorSystem("multiprocTCPBase", {"Admin Port": port, "danube-broker-host": True})
 
 
-def _start_system(bind: str, port: int, convention: str | None, log_path: Path) -> None:
+def _start_system(bind: str, port: int, convention: str | None, log_path: Path, host_name: str | None) -> None:
     """Start the ActorSystem and its supervisor from a helper process: its admin process
     outlives this command and must not inherit our stdout (a caller reading our output
     would wait for it forever), so the helper runs with a log file as its output."""
     argv = [sys.executable, "-m", "danube_zmq.actors.supervisor", "--bind", bind, "--port", str(port)]
     if convention:
         argv += ["--convention", convention]
+    if host_name:
+        argv += ["--host-name", host_name]
     with open(log_path, "ab") as log:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=60,
                               env={**os.environ, "THESPIAN_BASE_IPADDR": bind})
@@ -105,21 +107,28 @@ def cluster_group() -> None:
               help="Raft node id of the first broker here; the others count up.")
 @click.option("--peers", metavar="ID=tcp://HOST:PORT,...",
               help="Every founding broker of the cluster, on every host (default: the brokers started here).")
+@click.option("--host-name", default=None, help="This host's name in the convention [its hostname].")
+@click.option("--place", metavar="NAME=ADDRESS,...",
+              help="Spread the brokers over these hosts (joined with `danube cluster join`, or this one), in turn;"
+                   " each broker listens on its host's address.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_port: int, admin_port: int,
        raft_port: int, supervisor_port: int, convention: str | None, first_node_id: int, peers: str | None,
-       output: str) -> None:
+       host_name: str | None, place: str | None, output: str) -> None:
     """Start COUNT brokers forming one cluster, supervised, and print their endpoints."""
     from danube_zmq.actors.supervisor import BrokerSpec, StartBrokers, Status
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    hosts = _placement(place) if place else [(None, bind)]
     brokers = []
     for i in range(count):
         node = first_node_id + i
-        brokers.append({"name": f"broker-{node}", "node_id": node, "url": f"tcp://{bind}:{client_port + i}",
-                        "admin_url": f"tcp://{bind}:{admin_port + i}", "raft": f"tcp://{bind}:{raft_port + i}",
-                        "data_dir": str(data_dir / f"broker-{node}"), "log": str(data_dir / f"broker-{node}.log")})
+        host, address = hosts[i % len(hosts)]
+        brokers.append({"name": f"broker-{node}", "node_id": node, "host": host,
+                        "url": f"tcp://{address}:{client_port + i}", "admin_url": f"tcp://{address}:{admin_port + i}",
+                        "raft": f"tcp://{address}:{raft_port + i}", "data_dir": str(data_dir / f"broker-{node}"),
+                        "log": str(data_dir / f"broker-{node}.log")})
     peers = peers or ",".join(f"{b['node_id']}={b['raft']}" for b in brokers)
     specs = []
     for b in brokers:
@@ -130,11 +139,12 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
         env = {"DANUBE_CLUSTER__NODE_ID": str(b["node_id"]), "DANUBE_CLUSTER__RAFT_LISTEN": b["raft"],
                "DANUBE_CLUSTER__PEERS": peers}
         specs.append(BrokerSpec(name=b["name"], node_id=b["node_id"], argv=argv, env=env, data_dir=b["data_dir"],
-                                log_path=b["log"]))
+                                log_path=b["log"], host=b["host"]))
     layout = {"bind": bind, "supervisor_port": supervisor_port, "brokers": brokers}
     (data_dir / LAYOUT).write_text(json.dumps(layout, indent=2) + "\n")
-    _start_system(bind, supervisor_port, convention, data_dir / "supervisor.log")
+    _start_system(bind, supervisor_port, convention, data_dir / "supervisor.log", host_name)
     system = _actor_system(bind, supervisor_port)
+    _wait_for_hosts(system, {b["host"] for b in brokers if b["host"]})
     answer = system.ask(_supervisor(system), StartBrokers(specs=specs), _ASK_TIMEOUT_S)
     if not isinstance(answer, Status):
         raise Unavailable(f"the supervisor on port {supervisor_port} did not answer (got {answer!r})")
@@ -146,6 +156,32 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
                [[b["name"], b["node_id"], b["url"], b["admin_url"], b["raft"], b["log"]] for b in brokers])
     emit_line(f"cluster up: {count} brokers, Raft leader node {leader}; supervisor on {bind}:{supervisor_port};"
               f" `danube cluster status --data-dir {data_dir}`")
+
+
+def _placement(text: str) -> list[tuple[str | None, str]]:
+    hosts = []
+    for item in text.split(","):
+        name, eq, address = item.strip().partition("=")
+        if not (eq and name and address):
+            raise click.BadParameter(f"each entry is NAME=ADDRESS, got {item!r}", param_hint="--place")
+        hosts.append((name, address))
+    return hosts
+
+
+def _wait_for_hosts(system: Any, names: set[str]) -> None:
+    """Until every host named in --place has joined the convention (`danube cluster join`)."""
+    from danube_zmq.actors.supervisor import GetHosts, Hosts
+
+    deadline = time.monotonic() + _UP_TIMEOUT_S
+    known: set[str] = set()
+    while time.monotonic() < deadline:
+        answer = system.ask(_supervisor(system), GetHosts(), _ASK_TIMEOUT_S)
+        known = set(answer.names) if isinstance(answer, Hosts) else set()
+        if names <= known:
+            return
+        time.sleep(0.3)
+    raise Unavailable(f"hosts {sorted(names - known)} did not join the convention within {_UP_TIMEOUT_S:g} s"
+                      f" (run `danube cluster join` there); joined: {sorted(known)}")
 
 
 async def _wait_for_leader(brokers: list[dict[str, Any]]) -> int:
@@ -190,6 +226,7 @@ def status(data_dir: Path, output: str) -> None:
         process = by_name.get(b["name"])
         broker = info["brokers"].get(b["url"], {})
         rows.append({"name": b["name"], "node_id": b["node_id"], "url": b["url"],
+                     "host": process.host if process else "",
                      "pid": process.pid if process else None, "running": bool(process and process.running),
                      "restarts": process.restarts if process else 0, "raft_role": broker.get("raft_role", "down"),
                      "status": broker.get("status", "unknown"), "topics": broker.get("topics", 0),
@@ -197,9 +234,9 @@ def status(data_dir: Path, output: str) -> None:
     if output == "json":
         emit_json({"leader_node_id": info["leader"], "term": info["term"], "cv": info["cv"], "brokers": rows})
         return
-    emit_table(["BROKER", "NODE", "CLIENT-URL", "PID", "RUNNING", "RESTARTS", "RAFT", "STATUS", "TOPICS", "LOAD"],
-               [[r["name"], r["node_id"], r["url"], r["pid"], r["running"], r["restarts"], r["raft_role"], r["status"],
-                 r["topics"], f"{r['load']:.2f}"] for r in rows])
+    emit_table(["BROKER", "NODE", "HOST", "CLIENT-URL", "PID", "RUNNING", "RESTARTS", "RAFT", "STATUS", "TOPICS", "LOAD"],
+               [[r["name"], r["node_id"], r["host"], r["url"], r["pid"], r["running"], r["restarts"], r["raft_role"],
+                 r["status"], r["topics"], f"{r['load']:.2f}"] for r in rows])
     emit_line(f"Raft leader: node {info['leader']} (term {info['term']}); load CV {info['cv']:.2f}")
 
 
@@ -244,3 +281,28 @@ def down(data_dir: Path) -> None:
     if not isinstance(answer, Stopped):
         raise Unavailable("the supervisor did not confirm the brokers stopped; its ActorSystem was shut down")
     emit_line(f"cluster down: stopped {', '.join(answer.names)}")
+
+
+@cluster_group.command("join")
+@click.option("--convention", metavar="HOST:PORT", required=True, help="The leading supervisor's address.")
+@click.option("--bind", required=True, help="This host's private address (the supervisor has no authentication).")
+@click.option("--supervisor-port", type=click.IntRange(1, 65535), default=1900, show_default=True)
+@click.option("--host-name", required=True, help="This host's name: `danube cluster up --place NAME=ADDRESS`.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIR,
+              show_default=True, help="Where the supervisor's log goes.")
+def join(convention: str, bind: str, supervisor_port: int, host_name: str, data_dir: Path) -> None:
+    """Start this host's supervisor in the convention led at --convention: `up` there
+    can then place brokers here by name."""
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _start_system(bind, supervisor_port, convention, data_dir / "supervisor.log", host_name)
+    emit_line(f"host {host_name} joined the convention at {convention}; supervisor on {bind}:{supervisor_port}")
+
+
+@cluster_group.command("leave")
+@click.option("--bind", required=True)
+@click.option("--supervisor-port", type=click.IntRange(1, 65535), default=1900, show_default=True)
+def leave(bind: str, supervisor_port: int) -> None:
+    """Stop this host's supervisor (after `danube cluster down` stopped its brokers)."""
+    _joined({"bind": bind, "supervisor_port": supervisor_port}).shutdown()
+    emit_line(f"supervisor on {bind}:{supervisor_port} stopped")

@@ -130,3 +130,53 @@ async def _kill_the_owner_while_producing(urls: list[str], layout: dict, data_di
     assert not lost, f"acknowledged messages lost: {lost[:5]}"
     print(f"kill -9 of the owner -> the next send acknowledged after {resumed_at - killed_at:.2f} s;"
           f" {total} acknowledged, none lost")
+
+
+def test_brokers_are_placed_on_convention_members_by_capability(tmp_path: Path) -> None:
+    """Two supervisors (two "hosts" on loopback): `up --place a=...,b=...` on the first
+    waits for the second to `join` its convention, then places one broker on each by
+    their `danube-host` capability; the broker on b is started, and restarted after
+    kill -9, by a keeper running on b's ActorSystem."""
+    leader_port, member_port = _ports(1), _ports(1)
+    while member_port == leader_port:
+        member_port = _ports(1)
+    data_dir = tmp_path / "cluster"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "danube_zmq.cli.main", "cluster", "up", "--brokers", "2", "--data-dir", str(data_dir),
+         "--client-port", str(_ports(2)), "--admin-port", str(_ports(2)), "--raft-port", str(_ports(2)),
+         "--supervisor-port", str(leader_port), "--host-name", "a", "--place", "a=127.0.0.1,b=127.0.0.1",
+         "--output", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(c.laddr == ("127.0.0.1", leader_port) for c in psutil.net_connections("tcp")
+                      if c.status == psutil.CONN_LISTEN):
+            assert time.monotonic() < deadline and up.poll() is None, up.communicate()
+            time.sleep(0.2)
+        joined = danube("cluster", "join", "--convention", f"127.0.0.1:{leader_port}", "--bind", "127.0.0.1",
+                        "--supervisor-port", str(member_port), "--host-name", "b", "--data-dir", str(tmp_path / "b"))
+        assert joined.returncode == 0, joined.stderr
+        out, err = up.communicate(timeout=120)
+        assert up.returncode == 0, err + out
+        status = json.loads(danube("cluster", "status", "--data-dir", str(data_dir), "--output", "json").stdout)
+        assert [(b["name"], b["host"], b["running"]) for b in status["brokers"]] == [
+            ("broker-1", "a", True), ("broker-2", "b", True)]
+        on_b = psutil.Process(status["brokers"][1]["pid"])
+        ancestry = " ".join(" ".join(p.cmdline()) for p in on_b.parents())
+        assert f"--port {member_port}" in ancestry and f"--port {leader_port}" not in ancestry
+        on_b.kill()
+        deadline = time.monotonic() + 10
+        while True:
+            status = json.loads(danube("cluster", "status", "--data-dir", str(data_dir), "--output", "json").stdout)
+            if status["brokers"][1]["restarts"] == 1 and status["brokers"][1]["running"]:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
+    finally:
+        if up.poll() is None:
+            up.kill()
+        danube("cluster", "down", "--data-dir", str(data_dir))
+        danube("cluster", "leave", "--bind", "127.0.0.1", "--supervisor-port", str(member_port))
+    deadline = time.monotonic() + 10
+    while (_leftovers(data_dir, leader_port) or _leftovers(data_dir, member_port)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _leftovers(data_dir, leader_port) and not _leftovers(data_dir, member_port)
