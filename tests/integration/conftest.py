@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,7 +20,29 @@ from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+
+
 def free_port() -> int:
+    """A free port outside the kernel's ephemeral range: a port picked now and bound a
+    moment later (a broker's, a cluster node's chosen up front) cannot be taken in
+    between by the outgoing connections of the brokers already running."""
+    for _ in range(200):
+        port = random.randint(10_000, _EPHEMERAL[0] - 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
