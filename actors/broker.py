@@ -144,7 +144,7 @@ class BrokerActor(BrokerAdmin, Actor):
         self._replay_deadline: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
-        self._admin_clients: dict[str, Any] = {}
+        self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
         self._client_routes = {
             cp.Lookup: self._lookup,
             cp.GetPartitions: self._get_partitions,
@@ -204,8 +204,9 @@ class BrokerActor(BrokerAdmin, Actor):
                 await task
         self._tasks.clear()
         await self._remote_admin.cancel_all()
-        for client in self._admin_clients.values():
-            client.close()
+        for client, _turn in self._admin_clients.values():
+            if client is not None:
+                client.close()
         self._admin_clients.clear()
         if self.uploader is not None:
             try:  # the segments topics sealed while stopping (told before this runs)

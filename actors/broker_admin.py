@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -104,21 +105,25 @@ class BrokerAdmin:
         return dataclasses.replace(answer, request_id=msg.request_id)  # the caller's id, not ours to the leader
 
     async def _remote(self, admin_url: str, build: Callable[[int], Any]) -> Any:
-        """One admin request to another broker's admin port."""
+        """One admin request to another broker's admin port. An admin client carries one
+        request at a time, so the tasks asking one broker take turns on its client."""
         from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
 
-        client = self._admin_clients.get(admin_url)
-        if client is None:
-            client = AdminClient(admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
-                                 client_name=f"broker-{self.broker_id}")
-            await client.connect()
-            self._admin_clients[admin_url] = client
-        try:
-            return await client._call(build, Message)
-        except Unavailable:
-            self._admin_clients.pop(admin_url, None)
-            client.close()
-            raise
+        client, turn = self._admin_clients.setdefault(admin_url, (None, asyncio.Lock()))
+        async with turn:
+            client = self._admin_clients[admin_url][0]
+            try:
+                if client is None:
+                    client = AdminClient(admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
+                                         client_name=f"broker-{self.broker_id}")
+                    self._admin_clients[admin_url] = (client, turn)
+                    await client.connect()
+                return await client._call(build, Message)
+            except DanubeError as exc:
+                if isinstance(exc, Unavailable) or client.connected is None:
+                    self._admin_clients[admin_url] = (None, turn)  # a fresh connection next time
+                    client.close()
+                raise
 
     async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
         """Run `local` on the partition's actor when it is served here, else send `msg`

@@ -15,7 +15,7 @@ on is refused and made again on the next round, never applied twice.
         to_broker); the broker it leaves seals it, then the plan assigns it
 
 Rebalancing (`load_manager.rebalancing`) runs `load/rebalance.plan` every check
-interval. Moves are remembered in `/cluster/rebalancing/{ms}-{n}` for an hour, so the
+interval. Moves are remembered (`MoveRecord`, `/cluster/rebalancing/`) for an hour, so the
 hourly cap and the cooldowns hold across leader changes.
 """
 
@@ -26,8 +26,6 @@ import contextlib
 import dataclasses
 import logging
 from typing import Any
-
-import msgpack
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
@@ -57,7 +55,6 @@ log = logging.getLogger("danube_zmq.load_manager")
 
 _PERIOD_S = 0.5
 _WRITES_AT_ONCE = 256  # proposals in flight per round (the peer batches adjacent ones)
-HISTORY = "/cluster/rebalancing/"
 
 
 @dataclasses.dataclass(slots=True)
@@ -99,7 +96,6 @@ class LoadManagerActor(Actor):
         self.cursor = 0
         self.absent_since_ms: dict[int, int] = {}
         self.leading = False
-        self.rounds = 0
         self.next_rebalance_ms = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -147,7 +143,6 @@ class LoadManagerActor(Actor):
                        grace_ms=self.grace_ms, cursor=self.cursor)
         self.cursor = decided.cursor
         self.absent_since_ms = decided.absent_since_ms
-        self.rounds += 1
         await self._carry_out(decided, cluster.versions)
         await self._finish_drains(cluster)
         if self.config.load_manager.rebalancing and self._now() >= self.next_rebalance_ms:
@@ -209,11 +204,11 @@ class LoadManagerActor(Actor):
                 reports[record.broker_id] = as_load_report(record)
         moves_ms: list[int] = []
         last_moved: dict[str, int] = {}
-        for _key, value in state.list_prefix(HISTORY):
-            with contextlib.suppress(Exception):
-                at_ms, topic = msgpack.unpackb(value.value)
-                moves_ms.append(at_ms)
-                last_moved[topic] = max(at_ms, last_moved.get(topic, 0))
+        for key, value in state.list_prefix(cr.MOVES):
+            move = _decoded(key, value.value, cr.MoveRecord, None)
+            if move is not None:
+                moves_ms.append(move.at_ms)
+                last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
         view = ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
                            absent_since_ms=self.absent_since_ms)
         return _Cluster(view=view, versions=versions, reports=reports, created_ms=created, moves_ms=moves_ms,
@@ -277,12 +272,11 @@ class LoadManagerActor(Actor):
             epoch = cr.decode(current.value, cr.Assignment).epoch
             marker = cr.Unassigned(reason=reason, from_broker=move.from_broker, to_broker=move.to_broker, epoch=epoch,
                                    since_ms=now_ms, sealed=False)
-            history = {f"{HISTORY}{now_ms:020d}-{n}": msgpack.packb([now_ms, move.topic])}
             if await self.metadata.transaction({key: current.version, cr.unassigned_key(move.topic): 0},
                                                {cr.unassigned_key(move.topic): cr.encode(marker)}, [key]):
                 started.append(move)
-                for history_key, value in history.items():
-                    await self.metadata.put_with_ttl(history_key, value, HOUR_MS)
+                await self.metadata.put_with_ttl(f"{cr.MOVES}{now_ms:020d}-{n}", cr.encode(cr.MoveRecord(
+                    at_ms=now_ms, topic=move.topic, from_broker=move.from_broker, to_broker=move.to_broker)), HOUR_MS)
                 log.info("moving %s from broker %d to %d (%s)", move.topic, move.from_broker, move.to_broker,
                          move.reason)
         return started
@@ -385,7 +379,9 @@ async def _gather(writes: list[Any]) -> None:
     for start in range(0, len(writes), _WRITES_AT_ONCE):
         results = await asyncio.gather(*writes[start:start + _WRITES_AT_ONCE], return_exceptions=True)
         for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, DanubeError):
+            if isinstance(result, DanubeError):
+                log.info("a load manager write failed (%s); the next round decides again", result)
+            elif isinstance(result, BaseException):
                 raise result
 
 

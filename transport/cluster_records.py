@@ -12,6 +12,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /cluster/leader                       LeaderRecord        the broker whose Raft peer leads
     /cluster/load/{broker_id}             LoadReportRecord    CPU, memory and per-topic load (TTL)
     /cluster/backlog-report               BacklogReportRecord the latest Spark backlog report's totals
+    /cluster/rebalancing/{ms}-{n}         MoveRecord          a move the load manager made (TTL 1 h)
     /topics/{ns}/{topic}/subscriptions/{sub}  msgpack         a reliable subscription's cursor and settings
     /storage/topics/{ns}/{topic}/segments/{base}  SegmentDescriptor (storage/catalog.py)
     /storage/topics/{ns}/{topic}/state    TopicState          where a reliable topic's offsets stopped
@@ -40,6 +41,7 @@ UNASSIGNED = "/cluster/unassigned/"
 LEADER = "/cluster/leader"
 LOAD = "/cluster/load/"
 BACKLOG_REPORT = "/cluster/backlog-report"
+MOVES = "/cluster/rebalancing/"
 
 
 def namespace_key(namespace: str) -> str:
@@ -222,9 +224,21 @@ class BacklogReportRecord(Message):
     topics: list[TopicBacklogRecord]
 
 
+@wire
+class MoveRecord(Message):
+    """A move the load manager started (rebalance or drain), kept an hour so the hourly
+    cap and the cooldowns hold across leader changes."""
+
+    TAG = 10
+    at_ms: int
+    topic: str
+    from_broker: int
+    to_broker: int
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
-    LoadReportRecord, BacklogReportRecord,
+    LoadReportRecord, BacklogReportRecord, MoveRecord,
 ])
 
 

@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
 
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import DanubeError
 from tests.integration.test_metadata_cluster import ELECTION_S_MAX, Node, agreed_leader, start_cluster
@@ -295,7 +295,7 @@ def test_drain_then_rebalance_converges(tmp_path: Path) -> None:
                 await asyncio.sleep(0.5)
             counts = {b.broker_id: b.topic_count for b in balance.brokers}
             history = await admin.metadata_list("/cluster/rebalancing/")
-        moved = [msgpack.unpackb(entry.value)[1] for entry in history.entries]
+        moved = [cr.decode(entry.value, cr.MoveRecord).topic for entry in history.entries]
         assert len(moved) == len(set(moved)), f"a topic moved twice within its cooldown: {moved}"
         assert min(counts.values()) >= 7, counts
         print(f"rebalanced 31 topics in {len(moved)} moves: {sorted(counts.values())},"
