@@ -29,6 +29,13 @@ partition. A standalone broker is the same code with one voter.
    `TopicState` records where its offsets stopped; only then is the unassigned marker
    marked sealed and the load manager gives the topic to another broker, which starts
    its offsets there (dropping a stale local WAL of its own from an earlier turn).
+   A non-reliable topic is asked where its offsets stopped (`SealTopic`) and the next
+   broker continues them too.
+7. Offsets of reliable topics are reserved in `TopicState` before they are
+   acknowledged (`ReserveOffsets` from the topic, coalesced into one transaction): a
+   broker taking over a dead broker's topic starts past its reservation, never reusing
+   an offset the dead broker may have acknowledged, unless it was the reserving broker
+   itself (restarted on its disk: its WAL says exactly where it stopped).
 """
 
 from __future__ import annotations
@@ -92,9 +99,13 @@ from danube_zmq.transport.internal_protocol import (
     ForgetSubscription,
     LeaseChanged,
     ListSnapshotTopics,
+    OffsetsReserved,
     ParkedExpired,
     PartitionStats,
     PersistCursor,
+    ProducerRegistry,
+    ReserveOffsets,
+    SealTopic,
     SegmentDurable,
     SegmentSealed,
     SnapshotTopicRef,
@@ -102,6 +113,8 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionState,
     Tick,
     TopicSchemaChanged,
+    TopicSealed,
+    TopicStopped,
 )
 
 log = logging.getLogger("danube_zmq.broker")
@@ -115,6 +128,8 @@ _PARKED_CHECK_MS = 200
 _RETRY_S = 0.2
 _REMOTE_ADMIN_TASKS_MAX = 64
 _DEAD_LETTER_BATCHES_MAX = 1_000
+# How long offset reservations are retried before the topic is told they failed.
+_RESERVE_RETRY_S = 3.0
 
 
 class BrokerActor(BrokerAdmin, Actor):
@@ -126,6 +141,12 @@ class BrokerActor(BrokerAdmin, Actor):
         self.metadata = metadata
         self.data_dir = Path(config.broker.data_dir)
         self.cursor_writes: dict[str, bytes] = {}
+        self.producer_writes: dict[str, bytes | None] = {}  # producer record key -> record (None: delete)
+        self._flush_turn = asyncio.Lock()
+        self._flushing: asyncio.Task[None] | None = None
+        self.reservations: dict[str, int] = {}  # topic -> the `until` to write
+        self._reserving: asyncio.Task[None] | None = None
+        self.stopped_offsets: dict[str, int] = {}  # reliable topics stopped at shutdown -> their log's end
         self.durable_store: DurableStore | None = None
         self.segment_catalog: SegmentCatalog | None = None
         self.uploader: Uploader | None = None
@@ -204,6 +225,11 @@ class BrokerActor(BrokerAdmin, Actor):
                 await task
         self._tasks.clear()
         await self._remote_admin.cancel_all()
+        for task in (self._reserving, self._flushing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for client, _turn in self._admin_clients.values():
             if client is not None:
                 client.close()
@@ -215,6 +241,10 @@ class BrokerActor(BrokerAdmin, Actor):
                 log.warning("uploads still pending at shutdown (%s); they resume at the next start", exc)
             await self.uploader.stop()
             self.uploader = None
+        try:
+            await self._end_reservations()
+        except (DanubeError, TimeoutError) as exc:
+            log.warning("offset reservations not ended at shutdown (%s): a next broker starts past them", exc)
         try:
             await self._flush_cursors()
         except DanubeError as exc:
@@ -362,8 +392,14 @@ class BrokerActor(BrokerAdmin, Actor):
         if self.topics:
             log.error("broker %d lost its lease: unloading %d topics (another broker may take them)",
                       self.broker_id, len(self.topics))
-        for topic in list(self.topics):
-            await self._unload(topic)
+        # Every topic stops first: sealing waits on the metadata store, which may be
+        # out of reach (the likely reason the lease was lost).
+        stopped = [await self._stop_topic(topic) for topic in list(self.topics)]
+        for entry, next_offset in filter(None, stopped):
+            try:
+                await self._seal(entry, next_offset)
+            except DanubeError as exc:
+                log.error("topic %s not sealed (%s)", entry.name.full, exc)
 
     async def handle_AssignmentChanged(self, msg: AssignmentChanged) -> None:
         if msg.broker_id == self.broker_id:
@@ -398,9 +434,14 @@ class BrokerActor(BrokerAdmin, Actor):
         resolved = self._resolve_local(name)
         if resolved is None or resolved.partitioned_base:
             return  # deleted since; its assignment goes with it
-        start_offset = None
         if resolved.record.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             start_offset = await self._start_offset(name)
+        else:
+            state = self.metadata.peer.state.get(cr.topic_state_key(topic))
+            start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
+        # Producers recorded by the topic's previous broker attach again here.
+        for key, _ in self.metadata.peer.state.list_prefix(cr.producers_prefix(topic)):
+            self.producer_writes.setdefault(key, None)
         entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
         log.info("topic %s loaded on broker %d", topic, self.broker_id)
@@ -409,9 +450,28 @@ class BrokerActor(BrokerAdmin, Actor):
         await self._append_dead_letters(entry, waiting)
 
     async def _unload(self, topic: str, *, deleted: bool = False) -> None:
+        stopped = await self._stop_topic(topic, deleted=deleted)
+        if stopped is None or deleted:
+            return
+        try:
+            await self._seal(*stopped)
+        except DanubeError as exc:
+            log.error("topic %s not sealed (%s): its next broker starts from what reached the store", topic, exc)
+
+    async def _stop_topic(self, topic: str, *, deleted: bool = False) -> tuple[TopicEntry, int | None] | None:
+        """Stop serving `topic`: its actor stops. The entry, and where a non-reliable
+        topic's offsets stopped (None: unknown, or reliable: its log says)."""
         entry = self.topics.pop(topic, None)
         if entry is None:
-            return
+            return None
+        next_offset = None
+        if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE and not deleted:
+            try:  # from here on it refuses sends: no offset is given out after this one
+                sealed = await self.system.ask(entry.endpoint, SealTopic())
+                next_offset = sealed.next_offset if isinstance(sealed, TopicSealed) else None
+            except DanubeError as exc:
+                log.warning("topic %s: where its offsets stopped is unknown (%s); the next broker starts at 0",
+                            topic, exc)
         # On the way out the actor tells its clients: to re-attach (and be redirected)
         # unless the topic is gone.
         await self.system.stop(entry.endpoint, moving=not deleted)
@@ -419,16 +479,13 @@ class BrokerActor(BrokerAdmin, Actor):
         log.info("topic %s unloaded from broker %d", topic, self.broker_id)
         if deleted:
             self._drop_cursor_writes(topic)
-            return
-        try:
-            await self._seal(entry)
-        except DanubeError as exc:
-            log.error("topic %s not sealed (%s): its next broker starts from what reached the store", topic, exc)
+        return entry, next_offset
 
-    async def _seal(self, entry: TopicEntry) -> None:
+    async def _seal(self, entry: TopicEntry, next_offset: int | None) -> None:
         """Leave a topic this broker stopped serving to the next: cursors written,
-        (durable modes) its segments uploaded, where its offsets stopped recorded, then
-        the unassigned marker that waits for this marked sealed."""
+        (durable modes) its segments uploaded, where its offsets stopped recorded (the
+        reservation ends there: the next broker continues without a gap), then the
+        unassigned marker that waits for this marked sealed."""
         topic = entry.name.full
         await self._flush_cursors()
         if entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
@@ -445,9 +502,8 @@ class BrokerActor(BrokerAdmin, Actor):
                     await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
                 except TimeoutError:
                     raise Unavailable(f"uploads did not finish within {_UPLOADS_AT_STOP_S:g} s") from None
-            if next_offset is not None:
-                await self.metadata.put(cr.topic_state_key(topic), cr.encode(cr.TopicState(
-                    next_offset=next_offset, broker_id=self.broker_id, sealed_ms=self.system.clock.now_ms())))
+        if next_offset is not None:
+            await self._write_topic_state(entry, next_offset)
         key = cr.unassigned_key(topic)
         current = await self.metadata.get(key)
         if current is None:
@@ -457,6 +513,23 @@ class BrokerActor(BrokerAdmin, Actor):
             await self.metadata.compare_and_swap(key, current.version,
                                                  cr.encode(dataclasses.replace(marker, sealed=True)))
             log.info("topic %s sealed on broker %d for its next broker", topic, self.broker_id)
+
+    async def _write_topic_state(self, entry: TopicEntry, next_offset: int) -> None:
+        """Record where the topic's offsets stopped, unless another broker reserved its
+        offsets since (it took the topic over from this one: its record stands)."""
+        key = cr.topic_state_key(entry.name.full)
+        current = self.metadata.peer.state.get(key)
+        if current is not None and entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
+            holder = cr.decode(current.value, cr.TopicState).broker_id
+            if holder != self.broker_id:
+                log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full, holder)
+                return
+        state = cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=self.system.clock.now_ms(),
+                              reserved_until=next_offset)
+        result = await self.metadata.compare_and_swap(key, current.version if current is not None else 0,
+                                                      cr.encode(state))
+        if not result.succeeded:
+            log.warning("topic %s: its offsets record changed meanwhile; not sealed here", entry.name.full)
 
     def _seal_wal(self, name: TopicName) -> tuple[int | None, list[SealedSegment]]:
         """Seal the active segment of a topic no longer served here (durable modes);
@@ -493,12 +566,19 @@ class BrokerActor(BrokerAdmin, Actor):
 
     async def _start_offset(self, name: TopicName) -> int | None:
         """Where a reliable topic loaded here must start: where its last owner stopped,
-        and past its durable segments. A local WAL of an earlier turn here that ends
-        below is stale (the topic moved on elsewhere): it is dropped."""
+        past every offset another broker reserved, and past its durable segments. A
+        local WAL of an earlier turn here that ends below is stale (the topic moved on
+        elsewhere): it is dropped."""
         floors = []
-        state = self.metadata.peer.state.get(cr.topic_state_key(name.full))
-        if state is not None:
-            floors.append(cr.decode(state.value, cr.TopicState).next_offset)
+        local_end = await asyncio.to_thread(self._wal_end, name)
+        value = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        if value is not None:
+            state = cr.decode(value.value, cr.TopicState)
+            floors.append(state.next_offset)
+            if state.broker_id != self.broker_id or local_end is None:
+                # Reserved by another broker (or by this one on a disk since lost): some
+                # of those offsets may have been acknowledged; none is given out again.
+                floors.append(state.reserved_until)
         if self.segment_catalog is not None:
             segments = self.segment_catalog.list(name.full)
             if segments:
@@ -506,7 +586,6 @@ class BrokerActor(BrokerAdmin, Actor):
         if not floors:
             return None
         start = max(floors)
-        local_end = await asyncio.to_thread(self._wal_end, name)
         if local_end is not None and local_end < start:
             log.warning("topic %s: the local WAL ends at %d, the topic at %d (served elsewhere since): dropping it",
                         name.full, local_end, start)
@@ -525,6 +604,8 @@ class BrokerActor(BrokerAdmin, Actor):
         prefix = f"{topic_key(topic)}/"
         for key in [k for k in self.cursor_writes if k.startswith(prefix)]:
             del self.cursor_writes[key]
+        for key in [k for k in self.producer_writes if k.startswith(prefix)]:
+            del self.producer_writes[key]
 
     # ------------------------------------------------------------- requests waiting for an assignment
     def _park(self, topic: str, req: ClientRequest) -> None:
@@ -650,12 +731,97 @@ class BrokerActor(BrokerAdmin, Actor):
             log.warning("segment %s@%d not queued for upload (%s); the topic reports it again", msg.topic,
                         msg.base_offset, exc)
 
+    def handle_TopicStopped(self, msg: TopicStopped) -> None:
+        if msg.topic in self.topics:  # a shutdown (an unloaded topic was sealed by `_seal`)
+            self.stopped_offsets[msg.topic] = msg.next_offset
+
+    async def _end_reservations(self) -> None:
+        """At a clean shutdown: each reliable topic's reservation ends where its log ends,
+        so that whichever broker serves it next continues without a gap (even if this
+        disk is then lost: the durable store has everything, the uploads are done)."""
+        expect: dict[str, int] = {}
+        puts: dict[str, bytes] = {}
+        now_ms = self.system.clock.now_ms()
+        for topic, next_offset in self.stopped_offsets.items():
+            key = cr.topic_state_key(topic)
+            current = self.metadata.peer.state.get(key)
+            if current is None or cr.decode(current.value, cr.TopicState).broker_id != self.broker_id:
+                continue
+            expect[key] = current.version
+            puts[key] = cr.encode(cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=now_ms,
+                                                reserved_until=next_offset))
+        self.stopped_offsets.clear()
+        if puts and not await asyncio.wait_for(self.metadata.transaction(expect, puts), _RESERVE_RETRY_S):
+            log.warning("offset reservations changed meanwhile; not ended at shutdown")
+
+    def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
+        self.reservations[msg.topic] = max(self.reservations.get(msg.topic, 0), msg.until)
+        if self._reserving is None or self._reserving.done():
+            self._reserving = asyncio.get_running_loop().create_task(self._write_reservations())
+
+    async def _write_reservations(self) -> None:
+        """Write the reservations asked for, all pending ones in one transaction, and
+        answer each topic; retried for `_RESERVE_RETRY_S`, then refused."""
+        failing_since: float | None = None
+        while self.reservations:
+            wanted, self.reservations = self.reservations, {}
+            try:
+                granted = await self._reserve(wanted)
+            except DanubeError as exc:
+                now = asyncio.get_running_loop().time()
+                failing_since = failing_since or now
+                if now - failing_since < _RESERVE_RETRY_S:
+                    for topic, until in wanted.items():
+                        self.reservations[topic] = max(self.reservations.get(topic, 0), until)
+                    await asyncio.sleep(_RETRY_S)
+                    continue
+                log.error("offsets of %d topics not reserved: %s", len(wanted), exc)
+                for topic in wanted:
+                    if topic in self.topics:
+                        self.system.post(self.topics[topic].endpoint, OffsetsReserved(until=0, error=str(exc)))
+                failing_since = None
+                continue
+            failing_since = None
+            for topic, until in granted.items():
+                entry = self.topics.get(topic)
+                if entry is not None:
+                    self.system.post(entry.endpoint, OffsetsReserved(until=until))
+
+    async def _reserve(self, wanted: dict[str, int]) -> dict[str, int]:
+        if not self.lease_held:
+            raise Unavailable(f"broker {self.broker_id} holds no lease")
+        expect: dict[str, int] = {}
+        puts: dict[str, bytes] = {}
+        granted: dict[str, int] = {}
+        for topic, until in wanted.items():
+            if topic not in self.topics:
+                continue  # unloaded meanwhile: its seal ended the reservation
+            key = cr.topic_state_key(topic)
+            current = self.metadata.peer.state.get(key)
+            state = cr.decode(current.value, cr.TopicState) if current is not None else None
+            if state is not None and state.broker_id == self.broker_id:
+                until = max(until, state.reserved_until)  # a restarted topic actor asks from its WAL's end
+            expect[key] = current.version if current is not None else 0
+            puts[key] = cr.encode(cr.TopicState(
+                next_offset=state.next_offset if state is not None else 0, broker_id=self.broker_id,
+                sealed_ms=state.sealed_ms if state is not None else 0, reserved_until=until))
+            granted[topic] = until
+        if puts and not await self.metadata.transaction(expect, puts):
+            raise Unavailable("a topic's offsets record changed meanwhile")  # re-read and retried
+        return granted
+
     async def handle_ForgetSegments(self, msg: ForgetSegments) -> None:
         if self.segment_catalog is not None:
             for base_offset in msg.base_offsets:
                 await self.segment_catalog.remove(msg.topic, base_offset)
 
-    async def handle_Tick(self, msg: Tick) -> None:
+    def handle_Tick(self, msg: Tick) -> None:
+        # In a task: a write the metadata store cannot take (no majority) must not hold
+        # the broker actor, which has to stop serving when its lease runs out.
+        if (self.cursor_writes or self.producer_writes) and (self._flushing is None or self._flushing.done()):
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_in_background())
+
+    async def _flush_in_background(self) -> None:
         try:
             await self._flush_cursors()
         except DanubeError as exc:
@@ -677,16 +843,33 @@ class BrokerActor(BrokerAdmin, Actor):
             log.error("subscription %s of %s not forgotten in the metadata store (%s)", msg.subscription, msg.topic,
                       exc)
 
+    def handle_ProducerRegistry(self, msg: ProducerRegistry) -> None:
+        if msg.topic not in self.topics:
+            return  # unloaded: the topic's next broker clears its records
+        self.producer_writes[cr.producer_key(msg.topic, msg.producer_id)] = cr.encode(cr.ProducerRecord(
+            producer_id=msg.producer_id, producer_name=msg.producer_name, topic=msg.topic,
+            access_mode=msg.access_mode, broker_id=self.broker_id)) if msg.attached else None
+
     async def _flush_cursors(self) -> None:
-        """Write the cursors changed since the last flush, in one metadata transaction."""
-        if not self.cursor_writes:
+        """Write the cursors and producer records changed since the last flush, in one
+        metadata transaction; one flush at a time, so that a newer cursor is never
+        overwritten by an older one."""
+        async with self._flush_turn:
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
+        if not self.cursor_writes and not self.producer_writes:
             return
         writes, self.cursor_writes = self.cursor_writes, {}
+        producers, self.producer_writes = self.producer_writes, {}
+        puts = {**writes, **{k: v for k, v in producers.items() if v is not None}}
         try:
-            await self.metadata.transaction({}, writes)
-        except DanubeError:
+            await self.metadata.transaction({}, puts, [k for k, v in producers.items() if v is None])
+        except BaseException:  # failed or cancelled (shutdown): kept for the next flush
             writes.update(self.cursor_writes)  # what changed meanwhile is newer
             self.cursor_writes = writes
+            producers.update(self.producer_writes)
+            self.producer_writes = producers
             raise
 
     async def handle_DeadLetter(self, msg: DeadLetter) -> None:
@@ -870,7 +1053,8 @@ class BrokerActor(BrokerAdmin, Actor):
                     cache_dir=cache_dir, start_offset=start_offset)
         else:
             factory = lambda: TopicActor(  # noqa: E731
-                name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed))
+                name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed),
+                broker_endpoint=broker, start_offset=start_offset or 0)
         endpoint = await self.system.spawn(factory, name=f"topic {name.full}", parent=self.endpoint)
         return TopicEntry(name=name, dispatch_strategy=dispatch_strategy, endpoint=endpoint)
 

@@ -50,6 +50,11 @@ from danube_zmq.transport.internal_protocol import (
 
 log = logging.getLogger("danube_zmq.broker")
 
+# How long a request about a topic between brokers waits for its next one (a move takes
+# about a tenth of a second), within the admin client's default 5 s timeout.
+_OWNER_WAIT_S = 3.0
+_OWNER_POLL_S = 0.05
+
 
 class BrokerAdmin:
     """Mixed into `BrokerActor`; uses its registry, metadata store and topics."""
@@ -127,14 +132,29 @@ class BrokerAdmin:
 
     async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
         """Run `local` on the partition's actor when it is served here, else send `msg`
-        (naming that partition) to the admin port of the broker serving it."""
-        entry = self.topics.get(partition)
-        if entry is not None:
-            return await local(entry)
-        owner = self._elsewhere(partition)
-        if owner is None:
-            raise Unavailable(f"topic {partition} has no broker right now; retry")
-        return await self._remote(owner.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition))
+        (naming that partition) to the admin port of the broker serving it. A partition
+        between brokers (moving, just created) is waited for, up to `_OWNER_WAIT_S`; one
+        whose broker stopped renewing its lease is answered UNAVAILABLE at once, saying
+        when it is reassigned."""
+        deadline = asyncio.get_running_loop().time() + _OWNER_WAIT_S
+        while True:
+            entry = self.topics.get(partition)
+            if entry is not None:
+                return await local(entry)
+            owner = self._elsewhere(partition)
+            if owner is not None:
+                return await self._remote(owner.admin_url,
+                                          lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition))
+            assignment = self._assignment(partition)
+            if assignment is not None and assignment.broker_id != self.broker_id:
+                lease = self.metadata.peer.state.get(cr.register_key(assignment.broker_id))
+                ends = "" if lease is None or lease.expires_at_ms is None else \
+                    f" in {max(0, lease.expires_at_ms - self.system.clock.now_ms()) / 1000:.1f} s"
+                raise Unavailable(f"topic {partition}: its broker {assignment.broker_id} stopped renewing its lease;"
+                                  f" another broker takes it over when the lease ends{ends}; retry then")
+            if asyncio.get_running_loop().time() >= deadline:
+                raise Unavailable(f"topic {partition} has no broker right now; retry")
+            await asyncio.sleep(_OWNER_POLL_S)
 
     async def _list_namespaces(self, msg: ap.ListNamespaces) -> Message:
         names = [key[len(cr.NAMESPACES):] for key, _ in await self.metadata.list_prefix(cr.NAMESPACES)]

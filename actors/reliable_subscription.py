@@ -138,6 +138,9 @@ class ReliableSubscriptionActor(SubscriptionActor):
         self.buffer_end = cursor + 1
         self.head = committed_offset  # offsets below are committed in the topic's log
         self.reading = False
+        # The end of offsets the log never held, found at `buffer_end` (0: none): crossed
+        # once everything buffered before it is delivered (`_cross_gap`).
+        self.gap_end = 0
         self.read_ahead_max = 2 * self.window
         self.persisted = (cursor, tuple(sorted(acked_above)))
         self.redeliveries = 0
@@ -178,6 +181,8 @@ class ReliableSubscriptionActor(SubscriptionActor):
             gone = range(max(self.buffer_end, self.tracker.read_offset), msg.log_start_offset)
             self.tracker.skip(gone, self.system.clock.monotonic_ms())
             self.buffer_end = msg.log_start_offset
+        elif not msg.frames and msg.gap_end > self.buffer_end:
+            self.gap_end = msg.gap_end
         for frame in msg.frames:
             publish = INTERNAL_PROTOCOL.decode(frame)
             assert isinstance(publish, Publish)
@@ -212,7 +217,24 @@ class ReliableSubscriptionActor(SubscriptionActor):
                     publish.producer_name, publish.schema_id, publish.schema_version))
         self.buffer_end = base + len(publish.payloads)
 
+    def _cross_gap(self) -> bool:
+        """Past the gap at `buffer_end` once every record before it is delivered (the
+        tracker settles its offsets, never held, as acknowledged)."""
+        if self.gap_end <= self.buffer_end:
+            self.gap_end = 0
+            return True
+        if self.tracker.read_offset != self.buffer_end or not self.tracker.skip_gap(
+                self.buffer_end, self.gap_end, self.system.clock.monotonic_ms()):
+            return False
+        log.warning("%s:%s: offsets %d..%d were reserved by a broker that died before storing them; skipped",
+                    self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
+        self.buffer_end, self.gap_end = self.gap_end, 0
+        self._persist()
+        return True
+
     def _fill(self) -> None:
+        if self.gap_end and not self._cross_gap():
+            return
         if not self.reading and self.buffer_end < self.head and self._room():
             self.reading = self.system.tell(self.topic_endpoint, ReadRequest(
                 subscription=self.subscription, start_offset=self.buffer_end, max_bytes=_READ_BYTES_MAX))
@@ -456,6 +478,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
                  self.tracker.cursor)
         self.tracker.seek(offset)
         self.records.clear()
+        self.gap_end = 0
         # A read in flight answers for another start offset and is dropped (`handle_ReadResult`),
         # unless it starts exactly here, when its records are the right ones.
         self.buffer_end = offset

@@ -9,6 +9,12 @@
 3. FlushDone -> `committed_offset` moves on -> `SendReceipt` to each producer ->
    one `Publish` per batch to every subscription (they deliver from it when caught
    up) -> the batch joins the in-memory cache of recent committed batches.
+   Offsets are reserved before they are acknowledged: the broker records in the
+   metadata store that this topic may give out offsets below `reserved_until`
+   (`ReserveOffsets`, a block sized to about two seconds of sends, asked for when half
+   of the last is used). Batches past the reservation wait for it; a broker taking the
+   topic over from a dead one starts past it, so no acknowledged offset is ever given
+   out again. The gap this leaves is skipped by readers (`ReadResult.gap_end`).
 4. A write or fsync error fails the batches of that flush and those queued after it
    (RESOURCE_EXHAUSTED for a full disk, INTERNAL otherwise), reopens the log (recovery
    truncates a torn tail) and carries on from its end; nothing unwritten is
@@ -63,11 +69,13 @@ from danube_zmq.transport.internal_protocol import (
     FlushDone,
     ForgetSegments,
     ForgetSubscription,
+    OffsetsReserved,
     PartitionStats,
     Publish,
     ReadRequest,
     ReadResult,
     ReleaseSnapshotCut,
+    ReserveOffsets,
     SegmentDurable,
     SegmentFetched,
     SegmentRef,
@@ -78,6 +86,7 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionState,
     TakeSnapshotCut,
     Tick,
+    TopicStopped,
 )
 
 log = logging.getLogger("danube_zmq.topic")
@@ -86,6 +95,11 @@ _READ_FRAMES_MAX = 64
 # Durable segments kept downloaded (and mapped) per topic for readers of old history.
 _FETCHED_SEGMENTS_MAX = 4
 _BROKER_PRODUCER_ID = 0
+# Offsets reserved at a time: about two seconds of the topic's recent send rate, within
+# these bounds (the gap a broker taking over from a dead one leaves is at most one block).
+_RESERVE_MIN = 4096
+_RESERVE_MAX = 1 << 22
+_RESERVE_AHEAD_S = 2.0
 
 
 @dataclass(slots=True)
@@ -103,7 +117,8 @@ class ReliableTopicActor(TopicActor):
                  executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
                  durable: list[DurableSegment] | None = None, cache_dir: Path | None = None,
                  start_offset: int | None = None) -> None:
-        super().__init__(name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config, rng=rng)
+        super().__init__(name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config, rng=rng,
+                         broker_endpoint=broker_endpoint)
         self.wal_dir = wal_dir
         # Where the topic's previous owner stopped (the broker read it from the metadata
         # store): offsets continue from there, never below.
@@ -120,7 +135,6 @@ class ReliableTopicActor(TopicActor):
         self.fetched: dict[int, tuple[Path, mmap.mmap]] = {}
         self.executor = executor
         self.persisted_subscriptions = subscriptions
-        self.broker_endpoint = broker_endpoint
         self.wal: WalLog | None = None
         self.committed_offset = 0  # every offset below is durable (or written, in interval mode)
         self.queued: list[_Batch] = []
@@ -131,6 +145,10 @@ class ReliableTopicActor(TopicActor):
         self.cache: deque[tuple[int, int, bytes]] = deque()
         self.cache_bytes = 0
         self._sync_always = config.storage.wal_sync == "always"
+        self.reserved_until = 0  # nothing at or above is committed before the broker reserves it
+        self.reserving = 0  # the `until` asked for and not answered yet (0: none)
+        self.reserve_block = _RESERVE_MIN
+        self.reserve_since = (0, 0)  # (next_offset, monotonic ms) when the last block was asked for
 
     async def on_start(self) -> None:
         storage = self.config.storage
@@ -144,6 +162,7 @@ class ReliableTopicActor(TopicActor):
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
             segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
+        self._reserve_ahead()
         for state in self.persisted_subscriptions:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
@@ -166,6 +185,8 @@ class ReliableTopicActor(TopicActor):
             wal, self.wal = self.wal, None
             # Let a flush in flight finish before the file is closed under it.
             await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
+            if not self.restarting:
+                self.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
         # timeout: it sends them again (a batch written just before the stop may then
         # be stored twice: at least once, never lost).
@@ -207,8 +228,54 @@ class ReliableTopicActor(TopicActor):
         self._messages_in_metric.inc(count)
         self._bytes_in_metric.inc(size)
         self.queued.append(_Batch(encoded, publish, identity, request_id))
-        if start and not self.flushing:
+        if self.next_offset > self.reserved_until - self.reserve_block // 2:
+            self._reserve_ahead()
+        if start and not self.flushing and self.next_offset <= self.reserved_until:
             self._start_flush()
+
+    def _reserve_ahead(self) -> None:
+        """Ask the broker for the next block of offsets (one request at a time), sized
+        to the rate since the last block was asked for."""
+        if self.reserving:
+            return
+        now = self.system.clock.monotonic_ms()
+        since_offset, since_ms = self.reserve_since
+        if since_ms and now > since_ms:
+            rate = (self.next_offset - since_offset) * 1000 / (now - since_ms)
+            wanted = max(_RESERVE_MIN, min(_RESERVE_MAX, int(rate * _RESERVE_AHEAD_S)))
+            self.reserve_block = 1 << (wanted - 1).bit_length()
+        self.reserve_since = (self.next_offset, now)
+        self.reserving = max(self.next_offset, self.reserved_until) + self.reserve_block
+        self.system.tell(self.broker_endpoint, ReserveOffsets(topic=self.topic, until=self.reserving))
+
+    def handle_OffsetsReserved(self, msg: OffsetsReserved) -> None:
+        self.reserving = 0
+        if msg.error is not None:
+            log.error("%s: offsets not reserved (%s); %d waiting batches refused", self.topic, msg.error,
+                      len(self.queued))
+            self._refuse_queued(ErrorCode.UNAVAILABLE, f"topic {self.topic}: offsets could not be reserved in the"
+                                                       f" metadata store ({msg.error}); send again")
+            return
+        self.reserved_until = max(self.reserved_until, msg.until)
+        if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
+            self._start_flush()
+        if self.next_offset > self.reserved_until - self.reserve_block // 2:
+            self._reserve_ahead()
+
+    def _refuse_queued(self, code: int, message: str) -> None:
+        """Answer the producers' batches not yet flushing with an error and take their
+        offsets back; the broker's own (dead letters) stay queued for the next try."""
+        if not self.queued:
+            return
+        self.next_offset = self.queued[0].publish.base_offset
+        queued, self.queued = self.queued, []
+        for batch in queued:
+            publish = batch.publish
+            if batch.identity is None:
+                self._enqueue(dataclasses.replace(publish, base_offset=self.next_offset), None, 0, start=False)
+            else:
+                reply_client(self.system, batch.identity, Error(request_id=batch.request_id, code=code,
+                                                                message=message))
 
     def _start_flush(self) -> None:
         assert not self.flushing and self.queued and self.wal is not None
@@ -268,7 +335,7 @@ class ReliableTopicActor(TopicActor):
         else:
             self._committed(batches)
             self._report_sealed()
-        if self.queued and not self.flushing:
+        if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
             self._start_flush()
 
     def _committed(self, batches: list[_Batch]) -> None:
@@ -356,21 +423,27 @@ class ReliableTopicActor(TopicActor):
             return
         start = msg.start_offset
         frames: list[bytes] = []
-        if self.wal.log_start_offset <= start < self.committed_offset:
+        gap_end = 0
+        wal_start = self.wal.log_start_offset
+        if wal_start <= start < self.committed_offset:
             frames = self._read_cache(start, msg.max_bytes)
             if not frames:
                 batch = self.wal.read(start, max_bytes=msg.max_bytes, upto_offset=self.committed_offset)
                 frames = _publish_frames(self.topic, batch)
-        elif start < self.wal.log_start_offset:
+        elif start < wal_start:
             segment = next((s for s in self.durable if s.end_offset >= start), None)
-            if segment is not None and segment.base_offset < self.wal.log_start_offset:
+            if segment is not None and segment.base_offset <= start:
                 if segment.base_offset not in self.fetched:
                     return self._fetch(segment, msg)
-                batch = self._read_fetched(segment, max(start, segment.base_offset), msg.max_bytes)
+                batch = self._read_fetched(segment, start, msg.max_bytes)
                 frames = _publish_frames(self.topic, batch)
+            elif start >= self._log_start():
+                # Offsets a dead owner reserved and never stored: the log goes on at the
+                # next durable segment or at the local WAL.
+                gap_end = min(segment.base_offset, wal_start) if segment is not None else wal_start
         self.system.tell(subscription.endpoint, ReadResult(
             start_offset=start, frames=frames, log_start_offset=self._log_start(),
-            committed_offset=self.committed_offset))
+            committed_offset=self.committed_offset, gap_end=gap_end))
 
     def _log_start(self) -> int:
         """The first offset the topic still holds, locally or in the durable store."""
@@ -514,6 +587,8 @@ class ReliableTopicActor(TopicActor):
     async def handle_Tick(self, msg: Tick) -> None:
         if self.wal is None:
             return
+        if self.queued and self.next_offset > self.reserved_until:
+            self._reserve_ahead()  # an earlier reservation failed; the broker's own batches wait
         self._report_sealed(again=True)
         if self._pinned():
             return  # a snapshot is reading these files: retention waits for the next tick

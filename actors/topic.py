@@ -39,6 +39,7 @@ from danube_zmq.transport.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    Unavailable,
 )
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
@@ -57,10 +58,12 @@ from danube_zmq.transport.internal_protocol import (
     PartitionStats,
     ProducerAttached,
     ProducerDetached,
+    ProducerRegistry,
     ProducerSchema,
     Publish,
     ResolveSeek,
     SchemaVersionRef,
+    SealTopic,
     SeekCursor,
     SeekTo,
     SetSubscriptionDispatchConfig,
@@ -69,6 +72,7 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionStats,
     TopicSchemaChanged,
     TopicSchemaState,
+    TopicSealed,
 )
 
 log = logging.getLogger("danube_zmq.topic")
@@ -82,6 +86,7 @@ class _Producer:
     producer_id: int
     name: str
     identity: bytes
+    access_mode: int
     schema: SchemaVersionRef | None = None  # the schema version it writes, stamped on its messages
 
 
@@ -93,12 +98,17 @@ class _Subscription:
 
 
 class TopicActor(Actor):
-    def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: random.Random) -> None:
+    def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: random.Random,
+                 broker_endpoint: str, start_offset: int = 0) -> None:
         self.topic = name
+        self.broker_endpoint = broker_endpoint
         self.dispatch_strategy = dispatch_strategy
         self.config = config
         self.rng = rng
-        self.next_offset = 0
+        # Where the topic's previous broker stopped (non-reliable; a reliable topic's
+        # offsets come from its log).
+        self.next_offset = start_offset
+        self.sealed = False  # being moved to another broker: sends are refused
         self.producers: dict[int, _Producer] = {}
         self.producer_ids_by_name: dict[str, int] = {}
         self.subscriptions: dict[str, _Subscription] = {}
@@ -170,8 +180,9 @@ class TopicActor(Actor):
             if limit and len(self.producers) >= limit:
                 raise ResourceExhausted(f"topic {self.topic} already has {limit} producers (max_producers_per_topic)")
             producer_id = self._new_id(self.producers)
-            self.producers[producer_id] = _Producer(producer_id, msg.producer_name, req.identity)
+            self.producers[producer_id] = _Producer(producer_id, msg.producer_name, req.identity, msg.access_mode)
             self.producer_ids_by_name[msg.producer_name] = producer_id
+            self._register(self.producers[producer_id], attached=True)
         schema = _version_of(context)
         self.producers[producer_id].schema = schema
         if schema is not None and self.schema_guard is not None:
@@ -219,10 +230,16 @@ class TopicActor(Actor):
     def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
         self._apply_schema_state(msg.state, msg.revision)
 
+    def handle_SealTopic(self, msg: SealTopic) -> Message:
+        self.sealed = True
+        return TopicSealed(next_offset=self.next_offset)
+
     async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
         producer = self.producers.get(msg.producer_id)
         if producer is None or producer.identity != req.identity:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        if self.sealed:
+            raise Unavailable(f"topic {self.topic} is moving to another broker; send again")
         schema_id, schema_version = self._schema_of(producer, msg)
         count = len(msg.payloads)
         base_offset = self.next_offset
@@ -426,6 +443,13 @@ class TopicActor(Actor):
         producer = self.producers.pop(producer_id, None)
         if producer is not None:
             self.producer_ids_by_name.pop(producer.name, None)
+            self._register(producer, attached=False)
+
+    def _register(self, producer: _Producer, *, attached: bool) -> None:
+        """Tell the broker, which records the topic's producers in the metadata store."""
+        self.system.tell(self.broker_endpoint, ProducerRegistry(
+            topic=self.topic, producer_id=producer.producer_id, producer_name=producer.name,
+            access_mode=producer.access_mode, attached=attached))
 
     def _new_id(self, taken: dict[int, object]) -> int:
         while True:

@@ -14,6 +14,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /cluster/backlog-report               BacklogReportRecord the latest Spark backlog report's totals
     /cluster/rebalancing/{ms}-{n}         MoveRecord          a move the load manager made (TTL 1 h)
     /topics/{ns}/{topic}/subscriptions/{sub}  msgpack         a reliable subscription's cursor and settings
+    /topics/{ns}/{topic}/producers/{id}   ProducerRecord      a producer attached to a topic or partition
     /storage/topics/{ns}/{topic}/segments/{base}  SegmentDescriptor (storage/catalog.py)
     /storage/topics/{ns}/{topic}/state    TopicState          where a reliable topic's offsets stopped
 
@@ -75,6 +76,14 @@ def unassigned_key(topic: str) -> str:
 
 def topic_state_key(topic: str) -> str:
     return f"/storage/topics{topic}/state"
+
+
+def producers_prefix(topic: str) -> str:
+    return f"/topics{topic}/producers/"
+
+
+def producer_key(topic: str, producer_id: int) -> str:
+    return f"{producers_prefix(topic)}{producer_id}"
 
 
 def topic_of(key: str, prefix: str) -> str:
@@ -167,13 +176,19 @@ class LeaderRecord(Message):
 
 @wire
 class TopicState(Message):
-    """Written by the broker that stops serving a reliable topic (or partition): the
-    next owner starts its offsets at `next_offset`, never below."""
+    """Where a topic's (or partition's) offsets stand, for its next owner.
+
+    `next_offset`: written by the broker that stops serving the topic (a seal): the
+    next owner starts there, never below. `reserved_until`: the serving broker
+    (`broker_id`) reserves offsets in blocks before it acknowledges any of them, so
+    a broker that takes the topic over from a dead one starts past every offset the
+    dead one may have given out (a seal sets it to `next_offset`: no gap)."""
 
     TAG = 7
     next_offset: int
     broker_id: int
     sealed_ms: int
+    reserved_until: int = 0
 
 
 @wire
@@ -236,9 +251,24 @@ class MoveRecord(Message):
     to_broker: int
 
 
+@wire
+class ProducerRecord(Message):
+    """A producer attached to a topic (or partition), as Danube records it: written by
+    the broker serving it when it attaches, deleted when it closes or disconnects; the
+    next broker to serve the topic clears the records of its previous one (those
+    producers attach again)."""
+
+    TAG = 11
+    producer_id: int
+    producer_name: str
+    topic: str
+    access_mode: int
+    broker_id: int
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
-    LoadReportRecord, BacklogReportRecord, MoveRecord,
+    LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord,
 ])
 
 

@@ -274,6 +274,9 @@ class ReadResult(Message):
     frames: list[bytes]
     log_start_offset: int
     committed_offset: int
+    # > start_offset: offsets start_offset..gap_end-1 were never written (reserved by a
+    # broker that died before it acknowledged them); the reader goes on at gap_end.
+    gap_end: int = 0
 
 
 @wire
@@ -682,6 +685,63 @@ class LoadManagerReply(Message):
     frame: bytes
 
 
+@wire
+class ReserveOffsets(Message):
+    """Reliable topic -> broker: record in the metadata store that this broker may give
+    out the topic's offsets below `until` (see `cluster_records.TopicState`)."""
+
+    TAG = 83
+    topic: str
+    until: int
+
+
+@wire
+class OffsetsReserved(Message):
+    """Broker -> reliable topic: offsets below `until` are reserved (0 with `error`: the
+    reservation could not be written; what waits for it is refused)."""
+
+    TAG = 84
+    until: int
+    error: str | None = None
+
+
+@wire
+class SealTopic(Message):
+    """Broker -> topic (ask), before it unloads a non-reliable topic: refuse sends from
+    now on and say where the offsets stopped (`TopicSealed`)."""
+
+    TAG = 85
+
+
+@wire
+class TopicSealed(Message):
+    TAG = 86
+    next_offset: int
+
+
+@wire
+class TopicStopped(Message):
+    """Reliable topic -> broker, from its `on_stop` (not a restart): its log ends at
+    `next_offset`. At a clean shutdown the broker ends the topic's reservation there."""
+
+    TAG = 87
+    topic: str
+    next_offset: int
+
+
+@wire
+class ProducerRegistry(Message):
+    """Topic -> broker: a producer attached (`attached`) or left; the broker records it
+    in the metadata store with its next write of cursors."""
+
+    TAG = 88
+    topic: str
+    producer_id: int
+    producer_name: str
+    access_mode: int
+    attached: bool
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -698,5 +758,7 @@ INTERNAL_PROTOCOL = Protocol(
         TopicSchemaChanged, ListSnapshotTopics, SnapshotTopics, DescribeSubscriptionCut, SubscriptionCut,
         TakeSnapshotCut, SnapshotCut, ReleaseSnapshotCut,
         AssignmentChanged, AssignmentsResync, LeaseChanged, ParkedExpired, LoadManagerRequest, LoadManagerReply,
+        ReserveOffsets, OffsetsReserved, SealTopic, TopicSealed, TopicStopped,
+        ProducerRegistry,
     ),
 )

@@ -448,6 +448,22 @@ class DeliveryTracker:
             self._mark_acked(offset)
         return self._cursor
 
+    def skip_gap(self, start: int, end: int, now_ms: int) -> bool:
+        """Settle offsets `start`..`end - 1`, which the log never held (a dead broker
+        reserved them), starting at `read_offset`. At once when everything below is
+        settled; one by one when the span stays within the bound; otherwise False (try
+        again once more is acknowledged)."""
+        assert start == self._read_offset and end > start, (start, end, self._read_offset)
+        self._tick(now_ms)
+        if self._cursor == start - 1:
+            self._cursor = end - 1
+            self._read_offset = end
+            return True
+        if end - 1 - self._cursor > self._acked_above_max:
+            return False
+        self.skip(range(start, end), now_ms)
+        return True
+
     def ack(self, consumer_id: int, offsets: Iterable[int]) -> int:
         """Acknowledge `offsets` from `consumer_id`; returns the cursor, moved over every gap closed.
 

@@ -140,6 +140,14 @@ def test_a_killed_brokers_topics_are_served_by_another(cluster: list[Node]) -> N
         killed_at = time.monotonic()
         survivors = [node for node in cluster if node.process is not None]
         orphaned = [t for t, url in owners.items() if url == victim.url]
+        # Past half a lease without renewal the dead broker is suspect: admin requests
+        # about its topics are answered at once, saying when they are reassigned.
+        await asyncio.sleep(2.0)
+        async with AdminClient(survivors[0].admin_url, timeout_ms=10_000) as admin:
+            asked = time.monotonic()
+            with pytest.raises(DanubeError, match="stopped renewing its lease"):
+                await admin.describe_topic(orphaned[0])
+            assert time.monotonic() - asked < 1.0
         while True:
             now = await _owners(survivors[0], orphaned)
             if all(url != victim.url for url in now.values()):
@@ -149,11 +157,15 @@ def test_a_killed_brokers_topics_are_served_by_another(cluster: list[Node]) -> N
         # The new owner serves it: a round trip through a survivor.
         async with DanubeClient(survivors[1].url) as client:
             consumer = await client.subscribe(orphaned[0], "after")
-            producer = await client.create_producer(orphaned[0])
+            producer = await client.create_producer(orphaned[0], name="after-takeover")
             await producer.send(b"still here")
             message = await consumer.receive(timeout=10)
+            async with AdminClient(survivors[0].admin_url) as admin:
+                described = await admin.describe_topic(orphaned[0])
+            assert described.partitions[0].producers == ["after-takeover"]
         assert message.payload == b"still here"
         print(f"kill -9 -> served by another broker and round trip done: {time.monotonic() - killed_at:.2f} s")
+
 
     asyncio.run(run())
 
@@ -251,6 +263,64 @@ def test_unload_moves_a_reliable_topic_while_it_is_used(tmp_path: Path, mode: st
 
     with running_cluster(tmp_path, env) as nodes:
         asyncio.run(run(nodes))
+
+
+async def _producer_records(node: Node, topic: str) -> list[cr.ProducerRecord]:
+    async with AdminClient(node.admin_url) as admin:
+        listed = await admin.metadata_list(cr.producers_prefix(topic))
+    return [cr.decode(entry.value, cr.ProducerRecord) for entry in listed.entries]
+
+
+async def _eventually(check, what: str, timeout_s: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def test_a_moved_non_reliable_topic_continues_its_offsets_and_producer_records(cluster: list[Node]) -> None:
+    """Non-reliable topics keep no log, but their offsets still continue on the next
+    broker: the old one stops sending at a known offset and records it. Producers are
+    recorded in the metadata store by the broker serving them, and by the next one
+    after a move."""
+    topic = "/default/fleeting"
+    brokers: dict[str, int] = {}
+
+    async def run() -> None:
+        async with AdminClient(cluster[0].admin_url) as admin:
+            await admin.create_topic(topic)
+            brokers.update({b.broker_url: b.broker_id for b in await admin.list_brokers()})
+        before = (await _owners(cluster[0], [topic]))[topic]
+        async with DanubeClient(cluster[1].url) as client:
+            producer = await client.create_producer(topic, name="recorded")
+            offsets = [(await producer.send(f"n{i}".encode())).offset for i in range(50)]
+            [record] = await _eventually(lambda: _producer_records(cluster[2], topic), "no producer record")
+            assert (record.producer_name, record.topic, record.broker_id) == ("recorded", topic, brokers[before])
+            async with AdminClient(cluster[0].admin_url) as admin:
+                await admin.unload_topic(topic)
+            after = await _eventually(lambda: _moved(before), "the topic did not move", 20)
+            offsets += [(await producer.send(f"n{i}".encode())).offset for i in range(50, 100)]
+            moved = await _eventually(lambda: _recorded_on(brokers[after]), "no record from the new broker")
+            assert [(r.producer_name, r.broker_id) for r in moved] == [("recorded", brokers[after])]
+            await producer.close()
+            await _eventually(lambda: _none_recorded(), "the closed producer is still recorded")
+        assert offsets == list(range(100)), offsets
+
+    async def _moved(before: str) -> str | None:
+        owner = (await _owners(cluster[0], [topic]))[topic]
+        return owner if owner != before else None
+
+    async def _recorded_on(broker_id: int) -> list[cr.ProducerRecord] | None:
+        records = await _producer_records(cluster[0], topic)
+        return records if records and all(r.broker_id == broker_id for r in records) else None
+
+    async def _none_recorded() -> bool:
+        return not await _producer_records(cluster[0], topic)
+
+    asyncio.run(run())
 
 
 def test_drain_then_rebalance_converges(tmp_path: Path) -> None:
@@ -386,23 +456,28 @@ def test_failover_loses_at_most_the_uploads_in_flight(tmp_path: Path) -> None:
         survivor = next(node for node in nodes if node.url != owner_url)
         async with DanubeClient(survivor.url) as client:
             producer = await client.create_producer(topic, dispatch="reliable")
-            acked = [f"f{i:04d}".encode() for i in range(before_kill) if await producer.send(f"f{i:04d}".encode())]
-            victim.kill()
-            killed_at = time.monotonic()
-            for i in range(before_kill, before_kill + after_kill):
-                await producer.send(f"f{i:04d}".encode())
-                acked.append(f"f{i:04d}".encode())
+            offsets: dict[bytes, int] = {}
+            for i in range(before_kill + after_kill):
+                if i == before_kill:
+                    victim.kill()
+                    killed_at = time.monotonic()
+                offsets[f"f{i:04d}".encode()] = (await producer.send(f"f{i:04d}".encode())).offset
+            acked = list(offsets)
             resumed = time.monotonic() - killed_at
             consumer = await client.subscribe(topic, "after", initial_position="earliest")
-            received: set[bytes] = set()
+            received: dict[bytes, int] = {}
             deadline = time.monotonic() + 20
-            while not set(acked) <= received and time.monotonic() < deadline:
+            while not set(acked) <= set(received) and time.monotonic() < deadline:
                 try:
                     message = await consumer.receive(timeout=1)
                 except DanubeError:
                     continue
-                received.add(message.payload)
+                received[message.payload] = message.offset
         lost = [p for p in acked if p not in received]
+        # The new broker started past the dead one's reservation: no offset acknowledged
+        # before the kill names another message, and readers crossed the gap.
+        assert min(offsets[p] for p in acked[before_kill:]) > max(offsets[p] for p in acked[:before_kill])
+        assert all(received[p] == offsets[p] for p in received if p in offsets), "an offset names another message"
         print(f"failover with seal_every_flush: sends resumed {resumed:.2f} s after kill -9; {len(acked)} acknowledged,"
               f" {len(lost)} lost (the dead-disk window)")
         # Only the uploads in flight at the kill: a few of the last batches before it.

@@ -95,3 +95,53 @@ async def test_seal_upload_drop_local_replay_and_resume(broker_factory, tmp_path
         replayed = await drain(consumer, MESSAGES + 2, timeout_s=30)
         assert [m.message_id.offset for m in replayed] == list(range(MESSAGES + 2))
         assert replayed[MESSAGES].payload == b"live" and replayed[-1].payload == b"after loss"
+
+
+async def test_a_lost_disk_after_kill_never_reuses_an_acknowledged_offset(broker_factory, tmp_path) -> None:
+    """kill -9, then the local WAL is lost: every acknowledged message was uploaded
+    (`seal_every_flush`), and the broker resumes past the offsets it had reserved, so no
+    offset it acknowledged names another message; readers skip the gap."""
+    env = {**broker_env("shared_fs", str(tmp_path / "shared"), {}), "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true"}
+    broker = broker_factory(env=env)
+    wal_dir = tmp_path / "data" / "wal" / "default" / "gap"
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/gap", dispatch="reliable")
+        acked = {(await producer.send(f"a{i:03d}".encode())).offset: f"a{i:03d}".encode() for i in range(300)}
+        # Every acknowledged batch reaches the durable store (its own sealed segment).
+        await wait_until(lambda: len(local_segments(wal_dir)) <= 1, 30, "uploads of the sealed segments")
+    assert broker.stop(signal.SIGKILL) == -signal.SIGKILL
+    shutil.rmtree(wal_dir)
+    broker = broker_factory(env=env, url=broker.url, admin_url=broker.admin_url)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/gap", dispatch="reliable")
+        after = {(await producer.send(f"b{i:03d}".encode())).offset: f"b{i:03d}".encode() for i in range(5)}
+        assert min(after) > max(acked), "an offset given out before the kill was given out again"
+        assert min(after) >= 4096, "the new log starts past the reservation (one block of at least 4,096)"
+        consumer = await client.subscribe("/default/gap", "all", sub_type=SubType.EXCLUSIVE,
+                                          initial_position="earliest")
+        received = await drain(consumer, len(acked) + len(after), timeout_s=30)
+    assert {m.message_id.offset: m.payload for m in received} == {**acked, **after}
+
+
+async def test_a_lost_disk_loses_what_was_not_uploaded_but_no_offset_is_reused(broker_factory, tmp_path) -> None:
+    """Without `seal_every_flush` the acknowledged tail still in the active WAL segment is
+    the documented dead-disk window; the broker's next offsets start past what it had
+    reserved, so the lost messages' offsets never come back naming other messages."""
+    broker = broker_factory(env={"DANUBE_STORAGE__MODE": "shared_fs",
+                                 "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared")})
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/tail", dispatch="reliable")
+        acked = [(await producer.send(f"a{i:03d}".encode())).offset for i in range(50)]
+    assert broker.stop(signal.SIGKILL) == -signal.SIGKILL
+    shutil.rmtree(tmp_path / "data" / "wal" / "default" / "tail")
+    broker = broker_factory(env={"DANUBE_STORAGE__MODE": "shared_fs",
+                                 "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared")},
+                            url=broker.url, admin_url=broker.admin_url)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/tail", dispatch="reliable")
+        resumed = await producer.send(b"after")
+        assert resumed.offset > max(acked), f"offset {resumed.offset} was acknowledged before the disk was lost"
+        consumer = await client.subscribe("/default/tail", "all", sub_type=SubType.EXCLUSIVE,
+                                          initial_position="earliest")
+        received = await drain(consumer, 1, timeout_s=10)
+    assert [(m.message_id.offset, m.payload) for m in received] == [(resumed.offset, b"after")]

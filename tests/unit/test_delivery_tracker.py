@@ -676,3 +676,26 @@ def test_runs_in_order_take_the_fast_path_to_the_same_state(
     general.ack(3, prefix[::-1])
     assert _state(fast) == _state(general)
     fast.check_invariants()
+
+
+def test_a_gap_in_the_log_is_settled_at_once_when_everything_below_is_settled() -> None:
+    t = tracker()
+    t.delivered(A, [0, 1], 0)
+    t.ack(A, [0, 1])
+    assert t.skip_gap(2, 5_000_000, 0)
+    assert (t.cursor, t.read_offset) == (4_999_999, 5_000_000)
+    t.delivered(A, [5_000_000], 0)
+    assert t.ack(A, [5_000_000]) == 5_000_000
+    t.check_invariants()
+
+
+def test_a_gap_above_unacknowledged_deliveries_is_settled_within_the_bound_or_waits() -> None:
+    t = DeliveryTracker(cursor=-1, policy=FailurePolicy(), acked_above_max=100)
+    t.delivered(A, [0, 1], 0)
+    assert not t.skip_gap(2, 200, 0), "past the bound of offsets held above the cursor"
+    assert t.skip_gap(2, 50, 0)
+    assert (t.cursor, t.read_offset) == (-1, 50)
+    assert t.ack(A, [0, 1]) == 49, "the gap counts as acknowledged"
+    assert t.skip_gap(50, 200, 0)
+    assert t.cursor == 199
+    t.check_invariants()

@@ -77,7 +77,8 @@ def test_versions_of_another_subject_are_not_learned_and_updates_keep_versions()
 
 
 def test_topic_keeps_the_newest_binding_and_checks_sends() -> None:
-    topic = TopicActor(name="/default/t", dispatch_strategy=0, config=BrokerConfig(), rng=random.Random(1))
+    topic = TopicActor(name="/default/t", dispatch_strategy=0, config=BrokerConfig(), rng=random.Random(1),
+                       broker_endpoint="")
     producer = _Producer(1, "p", b"id", schema=ORDER_V1)
     topic.producers[1] = producer
     topic._apply_schema_state(state("enforce", True, revision=5), 5)
