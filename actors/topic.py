@@ -86,7 +86,10 @@ class _Producer:
     producer_id: int
     name: str
     identity: bytes
-    access_mode: int
+    access_mode: int = 0
+    # Reliable topics: the highest batch `sequence` accepted + 1, moved back to a refused
+    # batch's number (later batches are refused until it comes again). None: any.
+    next_sequence: int | None = None
     schema: SchemaVersionRef | None = None  # the schema version it writes, stamped on its messages
 
 
@@ -175,6 +178,9 @@ class TopicActor(Actor):
                     identity=producer.identity, producer_id=producer_id,
                     reason=f"producer '{producer.name}' was re-attached by another connection"))
                 producer.identity = req.identity
+            # The client re-attaches after a refusal and sends its unacknowledged batches
+            # again, in order (a batch it gave up on is not waited for).
+            producer.next_sequence = None
         else:
             limit = self.config.policies.max_producers_per_topic
             if limit and len(self.producers) >= limit:
