@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from danube_zmq.actors.actor import Actor
@@ -54,7 +55,49 @@ from danube_zmq.transport.internal_protocol import LoadManagerReply, LoadManager
 log = logging.getLogger("danube_zmq.load_manager")
 
 _PERIOD_S = 0.5
+# A round with no change that needs one (a new or moving topic, a broker joining or
+# leaving, a state or assignment change) runs this often, for what time decides: suspect
+# brokers, leases run out, the rebalancing interval.
+_IDLE_ROUND_S = 1.0
+# Changes that need a round at once; lease renewals and load reports do not.
+_TRIGGERS = (cr.ASSIGNMENTS, cr.UNASSIGNED, cr.BROKERS, cr.MOVES)
 _WRITES_AT_ONCE = 256  # proposals in flight per round (the peer batches adjacent ones)
+
+
+class _Memo:
+    """The records under one prefix, each decoded once per write (by `mod_revision`): a
+    round reads every key, but with 1,000 topics decoding them all every half second cost
+    an idle broker a tenth of a core."""
+
+    def __init__(self, prefix: str, convert: Callable[[str, bytes], Any]) -> None:
+        self.prefix = prefix
+        self.convert = convert
+        self.items: dict[str, tuple[int, Any]] = {}
+        self.last: list[tuple[str, Any, Any]] = []
+        self.read_at = -1  # the state's revision when `last` was read
+
+    def read(self, state: Any) -> list[tuple[str, Any, Any]]:
+        """(key, versioned value, converted record) for every key under the prefix; the
+        last answer again when nothing under it changed since (no listing at all)."""
+        revision = state.revision
+        if self.read_at >= 0:
+            try:
+                unchanged = not state.events_since(self.prefix, self.read_at)
+            except DanubeError:  # compacted history: read it all
+                unchanged = False
+            if unchanged:
+                self.read_at = revision
+                return self.last
+        fresh: dict[str, tuple[int, Any]] = {}
+        out = []
+        for key, value in state.list_prefix(self.prefix):
+            hit = self.items.get(key)
+            if hit is None or hit[0] != value.mod_revision:
+                hit = (value.mod_revision, self.convert(key, value.value))
+            fresh[key] = hit
+            out.append((key, value, hit[1]))
+        self.items, self.last, self.read_at = fresh, out, revision
+        return out
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,6 +141,17 @@ class LoadManagerActor(Actor):
         self.leading = False
         self.next_rebalance_ms = 0
         self._task: asyncio.Task[None] | None = None
+        self._states = _Memo(cr.BROKERS, lambda key, data: _decoded(
+            key, data, cr.BrokerStateRecord, cr.BrokerStateRecord(mode="active")).mode
+            if key.endswith("/state") else None)
+        self._assignments = _Memo(cr.ASSIGNMENTS, lambda key, data: _decoded(key, data, cr.Assignment, None))
+        self._waiting = _Memo(cr.UNASSIGNED, lambda key, data: _decoded(
+            key, data, cr.Unassigned, cr.Unassigned(reason=cr.UnassignedReason.NEW)))
+        self._topics = _Memo(cr.TOPICS, _topic_partitions)
+        self._reports = _Memo(cr.LOAD, lambda key, data: _report(key, data))
+        self._moves = _Memo(cr.MOVES, lambda key, data: _decoded(key, data, cr.MoveRecord, None))
+        self._last_round_revision = 0
+        self._last_round_at = 0.0
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="load-manager")
@@ -108,6 +162,18 @@ class LoadManagerActor(Actor):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def _round_needed(self) -> bool:
+        """A change since the last round that needs one, or the idle period is over."""
+        state = self.metadata.peer.state
+        if asyncio.get_running_loop().time() - self._last_round_at >= _IDLE_ROUND_S:
+            return True
+        try:
+            events = state.events_since("", self._last_round_revision)
+        except DanubeError:  # compacted: assume anything changed
+            return True
+        return any(e.key.startswith(_TRIGGERS) or _topic_record(e.key)
+                   or (e.key.startswith(cr.REGISTER) and (e.value is None or e.prev_version == 0)) for e in events)
 
     async def _run(self) -> None:
         peer = self.metadata.peer
@@ -129,6 +195,10 @@ class LoadManagerActor(Actor):
                     self.leading = True
                     self.next_rebalance_ms = self._now() + self.policy.check_interval_s * 1000
                     log.info("broker %d leads the cluster: load manager active", self.broker_id)
+                elif not self._round_needed():
+                    continue
+                self._last_round_revision = peer.state.revision
+                self._last_round_at = asyncio.get_running_loop().time()
                 await self._round()
             except DanubeError as exc:
                 log.info("load manager round failed (%s); retrying", exc)
@@ -155,10 +225,10 @@ class LoadManagerActor(Actor):
         state = self.metadata.peer.state
         versions: dict[str, int] = {}
         modes: dict[int, str] = {}
-        for key, value in state.list_prefix(cr.BROKERS):
+        for key, value, mode in self._states.read(state):
             broker = cr.broker_of(key, cr.BROKERS)
-            if broker is not None and key.endswith("/state"):
-                modes[broker] = _decoded(key, value.value, cr.BrokerStateRecord, cr.BrokerStateRecord(mode="active")).mode
+            if broker is not None and mode is not None:
+                modes[broker] = mode
                 versions[key] = value.version
         brokers = {}
         suspect: set[int] = set()
@@ -174,38 +244,29 @@ class LoadManagerActor(Actor):
                     and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
                 suspect.add(broker)
         assignments = {}
-        for key, value in state.list_prefix(cr.ASSIGNMENTS):
-            record = _decoded(key, value.value, cr.Assignment, None)
+        for key, value, record in self._assignments.read(state):
             if record is not None:
                 assignments[cr.topic_of(key, cr.ASSIGNMENTS)] = (record.broker_id, record.epoch)
                 versions[key] = value.version
         waiting = {}
-        for key, value in state.list_prefix(cr.UNASSIGNED):
-            marker = _decoded(key, value.value, cr.Unassigned, cr.Unassigned(reason=cr.UnassignedReason.NEW))
+        for key, value, marker in self._waiting.read(state):
             waiting[cr.topic_of(key, cr.UNASSIGNED)] = Waiting(
                 from_broker=marker.from_broker, to_broker=marker.to_broker, epoch=marker.epoch, sealed=marker.sealed)
             versions[key] = value.version
         exists: set[str] = set()
         created: dict[str, int] = {}
-        for key, value in state.list_prefix(cr.TOPICS):
-            if key.count("/") != 3:
-                continue
-            record = _decoded(key, value.value, cr.TopicRecord, None)
-            if record is None:
-                continue
-            name = parse_topic(cr.topic_of(key, cr.TOPICS))
-            names = [name.partition_name(i) for i in range(record.partitions)] if record.partitions else [name.full]
-            exists.update(names)
-            created.update(dict.fromkeys(names, record.created_ms))
+        for _key, _value, partitions in self._topics.read(state):
+            if partitions is not None:
+                names, created_ms = partitions
+                exists.update(names)
+                created.update(dict.fromkeys(names, created_ms))
         reports = {}
-        for key, value in state.list_prefix(cr.LOAD):
-            record = _decoded(key, value.value, cr.LoadReportRecord, None)
-            if record is not None and record.broker_id in brokers:
-                reports[record.broker_id] = as_load_report(record)
+        for _key, _value, report in self._reports.read(state):
+            if report is not None and report.broker_id in brokers:
+                reports[report.broker_id] = report
         moves_ms: list[int] = []
         last_moved: dict[str, int] = {}
-        for key, value in state.list_prefix(cr.MOVES):
-            move = _decoded(key, value.value, cr.MoveRecord, None)
+        for _key, _value, move in self._moves.read(state):
             if move is not None:
                 moves_ms.append(move.at_ms)
                 last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
@@ -383,6 +444,29 @@ async def _gather(writes: list[Any]) -> None:
                 log.info("a load manager write failed (%s); the next round decides again", result)
             elif isinstance(result, BaseException):
                 raise result
+
+
+def _topic_record(key: str) -> bool:
+    """A topic's record (/topics/{ns}/{topic}), not its subscriptions or producers."""
+    return key.startswith(cr.TOPICS) and key.count("/") == 3
+
+
+def _topic_partitions(key: str, data: bytes) -> tuple[list[str], int] | None:
+    """A topic record's served names (each partition, or the topic) and creation time;
+    None for the other keys under /topics/ (subscriptions, producers)."""
+    if not _topic_record(key):
+        return None
+    record = _decoded(key, data, cr.TopicRecord, None)
+    if record is None:
+        return None
+    name = parse_topic(cr.topic_of(key, cr.TOPICS))
+    names = [name.partition_name(i) for i in range(record.partitions)] if record.partitions else [name.full]
+    return names, record.created_ms
+
+
+def _report(key: str, data: bytes) -> LoadReport | None:
+    record = _decoded(key, data, cr.LoadReportRecord, None)
+    return None if record is None else as_load_report(record)
 
 
 def _decoded(key: str, data: bytes, kind: type[Any], default: Any) -> Any:

@@ -57,7 +57,7 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
-from danube_zmq.transport.errors import ErrorCode, InvalidArgument, NotFound
+from danube_zmq.transport.errors import ErrorCode, InvalidArgument, NotFound, Unavailable
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     AppendInternal,
@@ -110,6 +110,7 @@ class _Batch:
     publish: Publish
     identity: bytes | None  # None: appended by the broker itself (dead letters)
     request_id: int
+    sequence: int | None = None  # the producer's batch number (`Send.sequence`)
 
 
 class ReliableTopicActor(TopicActor):
@@ -203,12 +204,26 @@ class ReliableTopicActor(TopicActor):
         producer = self.producers.get(msg.producer_id)
         if producer is None or producer.identity != req.identity:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        sequence = msg.sequence
+        if sequence is not None:
+            expected = producer.next_sequence
+            if expected is not None and sequence > expected:
+                raise Unavailable(f"topic {self.topic}: batch {sequence} of producer '{producer.name}' follows batch"
+                                  f" {expected}, which was refused; send from batch {expected} again")
+            producer.next_sequence = sequence + 1 if expected is None else max(expected, sequence + 1)
         schema_id, schema_version = self._schema_of(producer, msg)
         self._enqueue(Publish(
             topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=self.next_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
-            schema_id=schema_id, schema_version=schema_version), req.identity, msg.request_id)
+            schema_id=schema_id, schema_version=schema_version), req.identity, msg.request_id, sequence=sequence)
         return None
+
+    def _refused(self, batch: _Batch) -> None:
+        """A producer's batch accepted earlier is refused: its later batches are refused
+        until it is sent again, so that none lands before it."""
+        producer = self.producers.get(batch.publish.producer_id)
+        if producer is not None and batch.sequence is not None and producer.next_sequence is not None:
+            producer.next_sequence = min(producer.next_sequence, batch.sequence)
 
     def handle_AppendInternal(self, msg: AppendInternal) -> None:
         self._enqueue(Publish(
@@ -216,7 +231,8 @@ class ReliableTopicActor(TopicActor):
             base_offset=self.next_offset, payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
             attributes=msg.attributes), None, 0)
 
-    def _enqueue(self, publish: Publish, identity: bytes | None, request_id: int, *, start: bool = True) -> None:
+    def _enqueue(self, publish: Publish, identity: bytes | None, request_id: int, *, start: bool = True,
+                 sequence: int | None = None) -> None:
         count = len(publish.payloads)
         encoded = encode_batch(publish.base_offset, publish.payloads, publish.publish_times, publish.producer_id,
                                publish.producer_name, keys=publish.keys, attributes=publish.attributes,
@@ -227,7 +243,7 @@ class ReliableTopicActor(TopicActor):
         self.bytes_in += size
         self._messages_in_metric.inc(count)
         self._bytes_in_metric.inc(size)
-        self.queued.append(_Batch(encoded, publish, identity, request_id))
+        self.queued.append(_Batch(encoded, publish, identity, request_id, sequence))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
         if start and not self.flushing and self.next_offset <= self.reserved_until:
@@ -274,6 +290,7 @@ class ReliableTopicActor(TopicActor):
             if batch.identity is None:
                 self._enqueue(dataclasses.replace(publish, base_offset=self.next_offset), None, 0, start=False)
             else:
+                self._refused(batch)
                 reply_client(self.system, batch.identity, Error(request_id=batch.request_id, code=code,
                                                                 message=message))
 
@@ -367,6 +384,8 @@ class ReliableTopicActor(TopicActor):
             if batch.identity is None:
                 retry_internal.append(batch)  # dead letters: the broker's own, kept and retried
             else:
+                if msg.error_code == ErrorCode.RESOURCE_EXHAUSTED:
+                    self._refused(batch)  # the producer sends it again (INTERNAL is final: not waited for)
                 reply_client(self.system, batch.identity, Error(
                     request_id=batch.request_id, code=msg.error_code or ErrorCode.INTERNAL,
                     message=f"topic {self.topic}: {reason}, the messages may not have been stored"

@@ -74,6 +74,7 @@ class BenchConfig:
     partitions: int | None = None
     batch_max_messages: int = 1000
     batch_max_delay_ms: int = 10
+    max_inflight_batches: int | None = None  # per producer partition; None: the client's default
     subscription: str = "bench"
     idle_timeout_s: float = 5.0  # consumers stop after this long without a message
 
@@ -85,6 +86,8 @@ class BenchConfig:
                 raise InvalidArgument(f"{name} must be >= 1")
         if self.rate < 0 or (self.count is not None and self.count < 1):
             raise InvalidArgument("rate must be >= 0 and count >= 1")
+        if self.max_inflight_batches is not None and self.max_inflight_batches < 1:
+            raise InvalidArgument("max_inflight_batches must be >= 1")
 
     def topic_names(self) -> list[str]:
         return [self.topic] if self.topics == 1 else [f"{self.topic}-{i}" for i in range(self.topics)]
@@ -241,7 +244,8 @@ class _Receipts:
 async def _open_producers(client: DanubeClient, cfg: BenchConfig, topic: str) -> list[Any]:
     """One client producer on `topic`, or one per partition topic when it has several."""
     options: dict[str, Any] = {"dispatch": "reliable" if cfg.reliable else "non_reliable",
-                               "batch_messages_max": cfg.batch_max_messages, "batch_delay_ms": cfg.batch_max_delay_ms}
+                               "batch_messages_max": cfg.batch_max_messages, "batch_delay_ms": cfg.batch_max_delay_ms,
+                               "inflight_batches_max": cfg.max_inflight_batches}
     producer = await client.create_producer(topic, partitions=cfg.partitions, **options)
     names = producer.partitions
     if len(names) == 1:

@@ -62,6 +62,9 @@ def _options(function: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--partitions", type=click.IntRange(min=1), help="Create the topics with this many partitions."),
         click.option("--batch-max-messages", type=click.IntRange(min=1), default=1000, show_default=True),
         click.option("--batch-max-delay-ms", type=click.IntRange(min=0), default=10, show_default=True),
+        click.option("--max-inflight-batches", type=click.IntRange(min=1),
+                     help="Send requests each producer keeps awaiting receipts (pulsar-perf's --max-outstanding)"
+                          " [default: the client's, 4 reliable and 16 non-reliable]."),
         click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout."),
     ]
     for decorator in reversed(decorators):

@@ -49,6 +49,9 @@ from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgum
 
 log = logging.getLogger("danube_zmq.client")
 
+RELIABLE_INFLIGHT_BATCHES = 4
+"""Batches a reliable producer keeps awaiting receipts by default (see `create_producer`)."""
+
 T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
 
@@ -216,9 +219,11 @@ class DanubeClient:
         """A producer on `topic`, created with `partitions` partitions and the `dispatch`
         strategy if the topic does not exist yet (when the broker auto-creates topics).
         `name` defaults to a generated unique one; on a partitioned topic partition i
-        gets `{name}-{i}`. `inflight_batches_max` defaults to 1 on reliable topics (order
-        is kept across reconnects and retries) and 16 otherwise; more than 1 on a reliable
-        topic trades that ordering guarantee for throughput.
+        gets `{name}-{i}`. `inflight_batches_max` batches may await their receipts at once
+        (default `RELIABLE_INFLIGHT_BATCHES` on reliable topics, 16 otherwise). Order is kept
+        across retries and reconnects whatever the window: batches carry sequence numbers,
+        a batch is sent again before any later one, and a reliable topic refuses the later
+        ones until a refused batch comes again.
 
         Batching: a batch opened while nothing is in flight leaves on the event loop's
         next turn (with every message queued in that turn); one opened while batches are
@@ -241,10 +246,9 @@ class DanubeClient:
             _check_name("name", name)
         strategy = parse_enum(dispatch, DispatchStrategy, "dispatch")
         if inflight_batches_max is None:
-            # Reliable topics promise per-producer order: with one batch in flight, a
-            # batch retried after a reconnect can never land behind a later one. Batches
-            # grow while one is in flight, so throughput stays with the fsync rate.
-            inflight_batches_max = 1 if strategy == DispatchStrategy.RELIABLE else 16
+            # Reliable: a few batches in flight let a batch join the group commit running
+            # when it is cut, instead of waiting for that commit's receipt first.
+            inflight_batches_max = RELIABLE_INFLIGHT_BATCHES if strategy == DispatchStrategy.RELIABLE else 16
         if partitions is not None and (type(partitions) is not int or partitions < 0):
             raise InvalidArgument(f"partitions must be an int >= 0, got {partitions!r}")
         _check_positive(

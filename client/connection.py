@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -309,11 +309,13 @@ class Connection:
                 return
             await self._ready.wait()
 
-    async def request(self, msg: Message, *, timeout_ms: int | None = None) -> Message:
+    async def request(self, msg: Message, *, timeout_ms: int | None = None,
+                      on_sent: Callable[[], None] | None = None) -> Message:
         """Send `msg` with a fresh request id and return the reply; an `Error` reply is
         raised as its exception class. Waits for the session first, and for one of
         `pending_requests_max` slots; all of it within `timeout_ms` (default: the
-        request timeout), after which `Timeout` is raised."""
+        request timeout), after which `Timeout` is raised. `on_sent` runs once the frame
+        is on the socket (a producer's next batch may then follow it)."""
         timeout_ms = timeout_ms or self._request_timeout_ms
         request_id: int | None = None
         frames_at_send: int | None = None
@@ -332,6 +334,8 @@ class Connection:
                 frames_at_send = self._frames_received
                 await self._send_frame(frame)
                 self._requests_sent += 1
+                if on_sent is not None:
+                    on_sent()
                 reply = await future
         except TimeoutError:
             self._requests_timed_out += 1

@@ -10,7 +10,10 @@ Write path:
    `frame_bytes_max`), when the pipe drains, or after `batch_delay_ms` (if every
    in-flight slot is taken then, it keeps filling until a slot frees).
 3. The cut batch goes to the partition's sender, which keeps up to
-   `inflight_batches_max` `Send` requests in flight, in order.
+   `inflight_batches_max` `Send` requests in flight, in order. Each batch has a
+   sequence number (`Send.sequence`); a batch is (re)sent only after every earlier
+   unacknowledged one, so a retried batch never lands behind a later one (a reliable
+   topic refuses the later ones until the refused one comes again).
 4. A `SendReceipt` resolves the batch (one future per batch: a message costs its
    payload, its publish time and a `PendingSend` handle, appended to the batch's
    columns); a failed batch fails all of its messages.
@@ -108,7 +111,7 @@ class _Batch:
     `keys` and `attributes` stay None until a message has one."""
 
     __slots__ = ("attributes", "bytes", "callbacks", "done", "error", "keys", "offsets", "payloads",
-                 "producer_id", "publish_times", "topic")
+                 "producer_id", "publish_times", "sequence", "topic")
 
     def __init__(self, topic: str, done: asyncio.Future[None]) -> None:
         self.topic = topic
@@ -122,6 +125,7 @@ class _Batch:
         self.offsets: list[int] = []
         self.producer_id = 0
         self.error: DanubeError | None = None
+        self.sequence = 0
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -478,6 +482,11 @@ class _PartitionProducer(Attachment):
         self._window = asyncio.Semaphore(producer.inflight_batches_max)
         self._sender: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._sequence = 0  # the next batch's number
+        # Numbers of the batches handed to the sender that are not on the wire (first
+        # send, or again after a failure): only the lowest may be sent.
+        self._unsent: set[int] = set()
+        self._turns: list[asyncio.Future[None]] = []
 
     async def start(self) -> None:
         await super().start()
@@ -584,7 +593,10 @@ class _PartitionProducer(Attachment):
         return PendingSend(batch, index)
 
     def _pipe_idle(self, finishing: int = 0) -> bool:
-        """No batch queued or in flight, besides `finishing` deliveries ending now."""
+        """No batch queued or in flight, besides `finishing` deliveries ending now. (Only
+        then does a new batch leave at once: cutting one whenever the window has room
+        made reliable produce-ack p50 at 5k msg/s 5.0 ms instead of 3.0, the per-batch
+        work outweighing the wait.)"""
         return len(self._inflight) <= finishing and self._batches.empty()
 
     def _delay_over(self) -> None:
@@ -621,6 +633,9 @@ class _PartitionProducer(Attachment):
                 _fail_batch(batch, AlreadyClosed(f"producer {self.name} closed"))
                 self._producer._batch_finished(batch, False)
                 raise
+            batch.sequence = self._sequence
+            self._sequence += 1
+            self._unsent.add(batch.sequence)
             task = asyncio.get_running_loop().create_task(self._deliver(batch))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -640,17 +655,34 @@ class _PartitionProducer(Attachment):
             log.exception("producer %s: batch delivery crashed", self.name)
             _fail_batch(batch, InternalError(f"batch delivery crashed: {exc!r}"))
         finally:
+            self._on_wire(batch.sequence)  # given up on (or done): later batches go on
             self._window.release()
             self._producer._batch_finished(batch, sent)
             # The pipe drained, or this batch's slot in the window is free for an overdue one.
             if self._batch is not None and (self._pipe_idle(finishing=1) or (self._overdue and self._batches.empty())):
                 self.cut()
 
+    def _on_wire(self, sequence: int) -> None:
+        self._unsent.discard(sequence)
+        turns, self._turns = self._turns, []
+        for turn in turns:
+            if not turn.done():
+                turn.set_result(None)
+
+    async def _my_turn(self, sequence: int) -> None:
+        """Wait until every earlier batch not yet acknowledged is on the wire."""
+        while min(self._unsent) < sequence:
+            turn = asyncio.get_running_loop().create_future()
+            self._turns.append(turn)
+            await turn
+
     async def _send_with_retries(self, batch: _Batch) -> SendReceipt:
         schema = self._producer.schema
         attempt = 0
+        sequence = batch.sequence
         while True:
             try:
+                await self._my_turn(sequence)
                 connection = await self.wait_attached()
                 assert self.producer_id is not None
                 reply = await connection.request(
@@ -663,7 +695,9 @@ class _PartitionProducer(Attachment):
                         attributes=batch.attributes,
                         schema_id=schema.schema_id if schema is not None else None,
                         schema_version=schema.version if schema is not None else None,
-                    )
+                        sequence=sequence,
+                    ),
+                    on_sent=lambda: self._on_wire(sequence),
                 )
                 if not isinstance(reply, SendReceipt):
                     raise InternalError(f"broker answered Send with {type(reply).__name__}")
@@ -675,7 +709,13 @@ class _PartitionProducer(Attachment):
                 # (its topic moved or restarted): re-create it and send again.
                 detached = isinstance(exc, NotFound)
                 if not (exc.retriable or detached) or attempt >= self._client.operation_retries_max:
+                    if (exc.retriable or detached) and not isinstance(exc, ConnectionLost) and self.producer_id is not None:
+                        # Given up on a batch the broker may expect again (a reliable topic
+                        # refuses the later ones until it comes): re-attaching clears that.
+                        self._detach()
+                        self._schedule_reattach()
                     raise
+                self._unsent.add(sequence)  # it goes again before any later batch
                 if detached or (isinstance(exc, Unavailable) and not isinstance(exc, ConnectionLost)):
                     # The broker no longer serves this producer here (unloaded, moved):
                     # re-create it, following a redirect if there is one.

@@ -136,7 +136,12 @@ class CloseProducer(Message):
 class Send(Message):
     """A batch of messages from one producer, column by column. `keys` and `attributes`
     are None when no message in the batch has one; otherwise one entry per message.
-    Answered by `SendReceipt`."""
+    Answered by `SendReceipt`.
+
+    `sequence`: the batch's number among its producer's batches (0, 1, ...; a batch sent
+    again keeps its number). A reliable topic accepts a batch only if no earlier batch
+    of the producer was refused since (a refused batch must be sent again first), so a
+    producer with several batches in flight keeps its order across retries."""
 
     TAG = 23
     request_id: int
@@ -147,6 +152,7 @@ class Send(Message):
     attributes: list[dict[str, str] | None] | None = None
     schema_id: int | None = None
     schema_version: int | None = None
+    sequence: int | None = None
 
 
 @wire

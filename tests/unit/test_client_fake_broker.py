@@ -80,6 +80,7 @@ class FakeProducer:
     identity: bytes
     topic: str
     name: str
+    next_sequence: int | None = None  # as a reliable topic keeps it (`Send.sequence`)
 
 
 @dataclass
@@ -253,6 +254,11 @@ class FakeBroker:
             injected.times -= 1
             if injected.times <= 0:
                 del self.errors[type(msg)]
+            if isinstance(msg, Send) and msg.sequence is not None and msg.producer_id in self.producers:
+                # A refused batch: the producer's later ones are refused until it comes again.
+                producer = self.producers[msg.producer_id]
+                if producer.next_sequence is not None:
+                    producer.next_sequence = min(producer.next_sequence, msg.sequence)
             await self._reply(identity, Error(
                 request_id=request_id, code=injected.code, message=injected.message,
                 redirect_url=injected.redirect_url,
@@ -282,6 +288,7 @@ class FakeBroker:
         for producer in self.producers.values():
             if producer.topic == msg.topic and producer.name == msg.producer_name:
                 producer.identity = identity
+                producer.next_sequence = None
                 return ProducerCreated(request_id=msg.request_id, producer_id=producer.producer_id,
                                        producer_name=msg.producer_name, topic=msg.topic)
         producer_id = self._new_id()
@@ -297,6 +304,12 @@ class FakeBroker:
         producer = self.producers.get(msg.producer_id)
         if producer is None:
             return Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND, message="unknown producer")
+        if msg.sequence is not None:
+            expected = producer.next_sequence
+            if expected is not None and msg.sequence > expected:
+                return Error(request_id=msg.request_id, code=ErrorCode.UNAVAILABLE,
+                             message=f"batch {msg.sequence} follows refused batch {expected}")
+            producer.next_sequence = msg.sequence + 1 if expected is None else max(expected, msg.sequence + 1)
         log = self.logs[producer.topic]
         offsets = []
         for i, payload in enumerate(msg.payloads):

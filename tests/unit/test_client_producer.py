@@ -237,6 +237,41 @@ async def test_retriable_send_error_gives_up_after_operation_retries_max() -> No
 
 
 @pytest.mark.asyncio
+async def test_a_refused_batch_is_sent_again_before_the_batches_in_flight_behind_it() -> None:
+    """Four batches in flight; the first is refused (the broker then refuses the later
+    ones until it comes again): every batch is sent again in order, and the log holds
+    the messages in the order they were sent."""
+    async with running_broker() as broker, client_for(broker) as client:
+        producer = await client.create_producer(TOPIC, batch_messages_max=2, inflight_batches_max=4)
+        await producer.send(b"warm")  # the producer is attached and its sequence known
+        broker.hold(Send)
+        futures = [producer.send_nowait(f"m{i}".encode()) for i in range(8)]
+        await eventually(lambda: len(broker.held) == 4, what="four batches in flight")
+        broker.fail_next(Send, ErrorCode.UNAVAILABLE, "topic moving")
+        await broker.release(Send)
+        ids = await asyncio.gather(*futures)
+        assert [e.payload for e in broker.logs[TOPIC]] == [b"warm"] + [f"m{i}".encode() for i in range(8)]
+        assert [i.offset for i in ids] == list(range(1, 9))
+        sequences = [m.sequence for m in broker.of(Send)]
+        assert sequences[:5] == [0, 1, 2, 3, 4] and sorted(sequences[5:]) == sequences[5:], sequences
+
+
+@pytest.mark.asyncio
+async def test_after_giving_up_on_a_refused_batch_the_next_batches_are_accepted() -> None:
+    """Without retries a refused batch fails; the producer re-attaches, so the broker no
+    longer waits for it and the next batch is stored."""
+    async with running_broker() as broker, client_for(broker, operation_retries_max=0) as client:
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"first")
+        broker.fail_next(Send, ErrorCode.RESOURCE_EXHAUSTED, "disk full")
+        with pytest.raises(ResourceExhausted, match="disk full"):
+            await producer.send(b"refused")
+        assert (await producer.send(b"next")).offset == 1
+        assert [e.payload for e in broker.logs[TOPIC]] == [b"first", b"next"]
+        assert len(broker.of(CreateProducer)) == 2
+
+
+@pytest.mark.asyncio
 async def test_keys_and_attributes_are_columns() -> None:
     """keys/attributes are None in a batch where no message has one, else one entry each."""
     async with running_broker() as broker, client_for(broker) as client:
