@@ -57,6 +57,7 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.broker_admin import BrokerAdmin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.load_report import LoadSampler
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
@@ -1047,13 +1048,13 @@ class BrokerActor(BrokerAdmin, Actor):
                 # subscriptions, cursors and durable segments as they are now, not as they
                 # were when it was first spawned. The parent builds its child's arguments.
                 return ReliableTopicActor(
-                    name=name.full, config=config, rng=random.Random(seed), wal_dir=wal_dir, executor=executor,
+                    name=name.full, config=config, rng=IdSource(seed), wal_dir=wal_dir, executor=executor,
                     subscriptions=self._persisted_subscriptions(name), broker_endpoint=broker,
                     durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
                     cache_dir=cache_dir, start_offset=start_offset)
         else:
             factory = lambda: TopicActor(  # noqa: E731
-                name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=random.Random(seed),
+                name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),
                 broker_endpoint=broker, start_offset=start_offset or 0)
         endpoint = await self.system.spawn(factory, name=f"topic {name.full}", parent=self.endpoint)
         return TopicEntry(name=name, dispatch_strategy=dispatch_strategy, endpoint=endpoint)

@@ -39,7 +39,6 @@ import dataclasses
 import errno
 import logging
 import mmap
-import random
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from pathlib import Path
 
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_subscription import ReliableSubscriptionActor
 from danube_zmq.actors.topic import TopicActor, _Subscription
@@ -114,7 +114,7 @@ class _Batch:
 
 
 class ReliableTopicActor(TopicActor):
-    def __init__(self, *, name: str, config: BrokerConfig, rng: random.Random, wal_dir: Path,
+    def __init__(self, *, name: str, config: BrokerConfig, rng: IdSource, wal_dir: Path,
                  executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
                  durable: list[DurableSegment] | None = None, cache_dir: Path | None = None,
                  start_offset: int | None = None) -> None:

@@ -18,7 +18,6 @@ Offsets are real and increasing on non-reliable topics too (Danube leaves them 0
 from __future__ import annotations
 
 import logging
-import random
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import SubscriptionActor
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
@@ -101,7 +101,7 @@ class _Subscription:
 
 
 class TopicActor(Actor):
-    def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: random.Random,
+    def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: IdSource,
                  broker_endpoint: str, start_offset: int = 0) -> None:
         self.topic = name
         self.broker_endpoint = broker_endpoint

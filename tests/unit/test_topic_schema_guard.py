@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 
 import pytest
 
 from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.topic import TopicActor, _Producer
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.cli.produce import schema_value
@@ -77,7 +77,7 @@ def test_versions_of_another_subject_are_not_learned_and_updates_keep_versions()
 
 
 def test_topic_keeps_the_newest_binding_and_checks_sends() -> None:
-    topic = TopicActor(name="/default/t", dispatch_strategy=0, config=BrokerConfig(), rng=random.Random(1),
+    topic = TopicActor(name="/default/t", dispatch_strategy=0, config=BrokerConfig(), rng=IdSource(1),
                        broker_endpoint="")
     producer = _Producer(1, "p", b"id", schema=ORDER_V1)
     topic.producers[1] = producer
