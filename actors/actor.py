@@ -1,9 +1,9 @@
 """The base class of every actor inside a broker process.
 
 An actor owns its state and changes it only in its `handle_<Message>` methods, which
-its one task calls for each message from its one bounded mailbox (an `inproc://` PULL
-socket). Handlers may be plain or `async`; a table from message class name to handler
-is built once per class. A message with no handler goes to `handle_unrecognized`,
+its one task calls for each message from its one bounded mailbox (a slot of the
+system's `inproc://` inbox socket). Handlers may be plain or `async`; a table from
+message class name to handler is built once per class. A message with no handler goes to `handle_unrecognized`,
 which logs and counts it. Everything an actor does to the outside world goes through
 the `ActorSystem` it was spawned in: telling other actors, asks, timers, frames to
 clients, spawning children.
@@ -66,7 +66,7 @@ class Actor:
         return []
 
     async def on_start(self) -> None:
-        """Called once the mailbox is bound, before the first message."""
+        """Called once the mailbox exists, before the first message."""
 
     async def on_stop(self) -> None:
         """Called when the actor stops or before it is replaced by a restart."""

@@ -1,24 +1,30 @@
 """The actor system of one broker process: mailboxes, supervision, asks and timers.
 
-Each actor gets a PULL socket bound at `inproc://actor-<n>` (its mailbox, bounded by
-the receive high-water mark) and one task that decodes and handles one message at a
-time. Other actors reach it through PUSH sockets the system caches per destination;
+Every actor's mailbox is a slot of the system's one inbox: a PULL socket bound at
+`inproc://inbox-<n>`, which the system's PUSH socket feeds with two frames per message,
+a header naming the actor and the message. The event loop watches the inbox's ZMQ_FD
+and routes what arrives to each actor's queue; each actor has one task that decodes
+and handles one message at a time. A mailbox is bounded by a count per actor
+(`mailbox_messages_max`, taken when a message is sent, given back when it is handled),
+so a flooded actor refuses more without holding up the others on the shared socket:
 `tell` never blocks (False when the mailbox is full), `send` waits for room up to a
-deadline.
+deadline. One socket for all of them, where each actor used to bind its own, saves a
+libzmq pipe per actor (libzmq allocates a pipe's queue in chunks of 256 messages, both
+directions: ~32 KiB per topic) and two sockets' file descriptors.
 
 A child spawned with `share_mailbox=True` (a topic's subscriptions) is a guest of its
-parent's mailbox: an actor of its own (state, handlers, supervision, endpoint
-`<parent>/<n>`) whose frames from other actors arrive on the parent's socket behind a
-header frame naming it, and whose frames to and from its host never touch ZeroMQ:
-they go on the group's local lane, handled before the next frame from outside. That
-saves a libzmq pipe per subscription (about 32 KiB of chunks) and a socket round and
-an event-loop wake-up per hop on the topic -> subscription path. The lane is bounded
-by what one handler emits (it is drained before the next outside frame), and an ask
-inside the group is served in place, since the one task that would answer it is the
-one asking. An ask (`ask`) wraps the message in `Request` with a correlation id; the
-handler's return value resolves the asker's future as a `Reply`, so the asker's own
-mailbox is not involved (an ask is a control-plane call; it blocks the asking
-handler until the answer or the deadline).
+parent: an actor of its own (state, handlers, supervision, endpoint `<parent>/<n>`,
+its own mailbox count) handled by its parent's task, and whose frames to and from its
+host never touch ZeroMQ: they go on the group's local lane, handled before the next
+frame from outside. That saves a socket round and an event-loop wake-up per hop on the
+topic -> subscription path. The lane is bounded by what one handler emits (it is
+drained before the next outside frame), and an ask inside the group is served in
+place, since the one task that would answer it is the one asking.
+
+An ask (`ask`) wraps the message in `Request` with a correlation id; the handler's
+return value resolves the asker's future as a `Reply`, so the asker's own mailbox is
+not involved (an ask is a control-plane call; it blocks the asking handler until the
+answer or the deadline).
 
 Supervision: a handler that raises is logged and counted, and the actor is rebuilt
 from its factory (fresh state, same mailbox, children of the old instance stopped).
@@ -62,6 +68,9 @@ log = logging.getLogger("danube_zmq.actors")
 
 # Frames one actor handles per wake-up before yielding to the others: fairness bound.
 _DRAIN_MAX = 256
+# Frames the inbox routes per loop callback before letting the actors run.
+_ROUTE_MAX = 1024
+_inboxes = itertools.count(1)  # inproc names are per libzmq context; systems may share one
 
 
 @dataclass(slots=True)
@@ -72,7 +81,7 @@ class _Cell:
     name: str
     factory: Callable[[], Actor]
     parent: str | None
-    socket: zmq.Socket  # the mailbox (a guest's is its host's)
+    header: bytes  # the actor's name on the inbox socket
     instance: Actor
     task: asyncio.Task[None] | None = None
     children: list[str] = field(default_factory=list)
@@ -82,10 +91,14 @@ class _Cell:
     failures: int = 0
     restarts: int = 0
     stopping: bool = False
-    host: _Cell | None = None  # the cell whose mailbox this guest shares
-    header: bytes = b""  # a guest's name on its host's socket
+    host: _Cell | None = None  # the cell whose task handles this guest
     guests: dict[bytes, _Cell] | None = None  # a host's guests, by header; None until its first
-    local: deque[tuple[_Cell, bytes]] = field(default_factory=deque)  # a host's lane for its group
+    queued: int = 0  # this actor's messages sent to the inbox and not yet handled
+    # A group's messages routed from the inbox, and its lane (its members' messages to
+    # each other); created with the group's task, since an idle actor costs what it holds.
+    inbox: deque[tuple[_Cell, bytes | memoryview]] | None = None
+    local: deque[tuple[_Cell, bytes]] | None = None
+    wake: asyncio.Event | None = None
 
     @property
     def group(self) -> _Cell:
@@ -135,7 +148,11 @@ class ActorSystem:
         self.snapshot_endpoint = ""
         self.load_manager_endpoint = ""
         self._cells: dict[str, _Cell] = {}
+        self._by_header: dict[bytes, _Cell] = {}
         self._push: dict[str, zmq.Socket] = {}
+        self._inbox: zmq.Socket | None = None
+        self._inbox_push: zmq.Socket | None = None
+        self._inbox_endpoint = f"inproc://inbox-{next(_inboxes)}"
         self._ids = itertools.count(1)
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
@@ -159,6 +176,11 @@ class ActorSystem:
         for sock in self._push.values():
             sock.close(linger=0)
         self._push.clear()
+        if self._inbox is not None:
+            asyncio.get_running_loop().remove_reader(self._inbox.FD)
+            self._inbox_push.close(linger=0)
+            self._inbox.close(linger=0)
+            self._inbox = self._inbox_push = None
         for future in self._asks.values():
             if not future.done():
                 future.set_exception(Unavailable("actor system shut down"))
@@ -169,14 +191,14 @@ class ActorSystem:
         `share_mailbox`, it is a guest of its parent's mailbox (see the module doc)."""
         if share_mailbox:
             return await self._spawn_guest(factory, name=name, parent=parent)
-        endpoint = f"inproc://actor-{next(self._ids)}"
+        self._open_inbox()
+        number = next(self._ids)
+        endpoint = f"actor-{number}"
         instance = self._instantiate(factory, endpoint, name)
-        sock = self._sync_context.socket(zmq.PULL)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, self.mailbox_messages_max)
-        sock.bind(endpoint)
-        cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, socket=sock, instance=instance)
+        cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, header=number.to_bytes(8, "little"),
+                     instance=instance, inbox=deque(), wake=asyncio.Event())
         self._cells[endpoint] = cell
+        self._by_header[cell.header] = cell
         if parent is not None and parent in self._cells:
             self._cells[parent].children.append(endpoint)
         try:
@@ -196,12 +218,14 @@ class ActorSystem:
         instance = self._instantiate(factory, endpoint, name)
         if not _mailbox_only(instance):
             raise ValueError(f"{name}: an actor that polls its own sockets cannot share a mailbox")
-        cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, socket=host.socket,
-                     instance=instance, host=host, header=number.to_bytes(8, "little"))
+        cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, header=number.to_bytes(8, "little"),
+                     instance=instance, host=host)
         if host.guests is None:
             host.guests = {}
+            host.local = deque()
         host.guests[cell.header] = cell
         self._cells[endpoint] = cell
+        self._by_header[cell.header] = cell
         host.children.append(endpoint)
         try:
             await instance.on_start()
@@ -225,7 +249,8 @@ class ActorSystem:
             await asyncio.gather(cell.task, return_exceptions=True)
             # What the children said while stopping (final cursors, detach notices) is
             # in the mailbox: handle it before the actor's own on_stop.
-            await self._drain_mailbox(cell, zmq.Socket.shadow(cell.socket.underlying))
+            self._route()
+            await self._drain_mailbox(cell)
         try:
             await cell.instance.on_stop()
         except Exception:
@@ -258,16 +283,16 @@ class ActorSystem:
 
     def _try_push(self, cell: _Cell, frame: bytes) -> bool:
         group = cell.group
-        if group.guests is not None and group.task is not None and group.task is asyncio.current_task():
+        if group.local is not None and group.task is not None and group.task is asyncio.current_task():
             group.local.append((cell, frame))  # within the group: the lane, drained before the next outside frame
             return True
+        if cell.queued >= self.mailbox_messages_max:
+            return False
         try:
-            if cell.host is None:
-                self._push_socket(cell.endpoint).send(frame, zmq.DONTWAIT, copy=False)
-            else:
-                self._push_socket(cell.host.endpoint).send_multipart((cell.header, frame), zmq.DONTWAIT, copy=False)
+            self._inbox_push.send_multipart((cell.header, frame), zmq.DONTWAIT, copy=False)
         except zmq.Again:
             return False
+        cell.queued += 1
         return True
 
     def push_frames(self, endpoint: str, frames: list[bytes]) -> bool:
@@ -312,7 +337,7 @@ class ActorSystem:
     async def ask(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> Message:
         """Send `msg` as a request and wait for the handler's return value."""
         cell = self._cells.get(endpoint)
-        if cell is not None and cell.group.guests is not None and cell.group.task is asyncio.current_task():
+        if cell is not None and cell.group.local is not None and cell.group.task is asyncio.current_task():
             return await self._ask_in_place(cell, msg)
         correlation_id = next(self._correlation)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -336,6 +361,7 @@ class ActorSystem:
         # sender's messages arrive in holds), and the message and the answer still cross
         # as frames, so nothing is shared.
         lane = cell.group.local
+        assert lane is not None
         if any(target is cell for target, _ in lane):
             told = [frame for target, frame in lane if target is cell]
             rest = [item for item in lane if item[0] is not cell]
@@ -423,32 +449,72 @@ class ActorSystem:
             self._push[endpoint] = sock
         return sock
 
+    def _open_inbox(self) -> None:
+        if self._inbox is not None:
+            return
+        # No high-water marks on the inbox: each actor's count bounds what it may hold
+        # (at most `mailbox_messages_max` each), and a socket-wide mark would let one
+        # flooded actor refuse messages to all the others.
+        inbox = self._sync_context.socket(zmq.PULL)
+        inbox.setsockopt(zmq.LINGER, 0)
+        inbox.setsockopt(zmq.RCVHWM, 0)
+        inbox.bind(self._inbox_endpoint)
+        push = self._sync_context.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.setsockopt(zmq.SNDHWM, 0)
+        push.connect(self._inbox_endpoint)
+        self._inbox, self._inbox_push = inbox, push
+        asyncio.get_running_loop().add_reader(inbox.FD, self._route)
+
+    def _route(self) -> None:
+        """Move what the inbox holds to each actor's group queue and wake the group's task.
+        ZMQ_FD is edge-triggered (signalled when ZMQ_EVENTS may have changed): read until
+        ZMQ_EVENTS shows nothing, or come back on the loop's next turn after `_ROUTE_MAX`."""
+        inbox = self._inbox
+        if inbox is None:
+            return
+        by_header = self._by_header
+        for _ in range(_ROUTE_MAX):
+            try:
+                header = inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                if not inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                continue
+            # Without a copy: a bytes copy of a large frame is an allocation that
+            # faults its pages in (1 MiB: ~1 ms here, against ~20 µs for the frame).
+            frame = inbox.recv(zmq.NOBLOCK, copy=False).buffer
+            target = by_header.get(header)
+            if target is None:  # stopped since the message was sent
+                self.dead_letters += 1
+                continue
+            group = target.group
+            assert group.inbox is not None and group.wake is not None
+            group.inbox.append((target, frame))
+            group.wake.set()
+        asyncio.get_running_loop().call_soon(self._route)
+
     async def _discard(self, cell: _Cell) -> None:
         self._cells.pop(cell.endpoint, None)
+        if self._by_header.get(cell.header) is cell:
+            del self._by_header[cell.header]
         if cell.parent is not None and cell.parent in self._cells:
             siblings = self._cells[cell.parent].children
             if cell.endpoint in siblings:
                 siblings.remove(cell.endpoint)
-        if cell.host is not None:
-            if cell.host.guests is not None:
-                cell.host.guests.pop(cell.header, None)
-            return  # the socket is the host's
-        push = self._push.pop(cell.endpoint, None)
-        if push is not None:
-            push.close(linger=0)
-        cell.socket.close(linger=0)
+        if cell.host is not None and cell.host.guests is not None:
+            cell.host.guests.pop(cell.header, None)
 
     async def _run(self, cell: _Cell) -> None:
-        # The ZMQ_FD of the mailbox and of any socket the actor owns is watched by the
-        # event loop directly: a wake-up costs a callback and an Event, where a
-        # `zmq.asyncio.Poller` round builds futures and registers every socket again
-        # (on the gateway that was a fifth of the broker's loop at 5k msg/s). ZMQ_FD is
-        # edge-triggered: it is signalled when ZMQ_EVENTS may have changed, so the loop
-        # reads ZMQ_EVENTS before every wait (and a drain that stops at `_DRAIN_MAX`
-        # with frames left shows in ZMQ_EVENTS and is taken up after a yield).
-        mailbox = zmq.Socket.shadow(cell.socket.underlying)
+        # The group's queue is filled by `_route` (which sets `wake`); the ZMQ_FD of any
+        # socket the actor owns is watched by the event loop directly: a wake-up costs a
+        # callback and an Event, where a `zmq.asyncio.Poller` round builds futures and
+        # registers every socket again (on the gateway that was a fifth of the broker's
+        # loop at 5k msg/s). ZMQ_FD is edge-triggered, so the loop reads ZMQ_EVENTS
+        # before every wait.
         loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
+        wake = cell.wake
+        assert wake is not None
         instance: Actor | None = None
         extra: list[tuple[zmq.Socket, Callable[[], Awaitable[object]]]] = []
         fds: list[int] = []
@@ -459,15 +525,14 @@ class ActorSystem:
                     for fd in fds:
                         loop.remove_reader(fd)
                     extra = [(zmq.Socket.shadow(sock.underlying), drain) for sock, drain in instance.extra_sockets()]
-                    fds = [mailbox.FD, *(sock.FD for sock, _ in extra)]
+                    fds = [sock.FD for sock, _ in extra]
                     for fd in fds:
                         loop.add_reader(fd, wake.set)
-                if not self._ready(cell, mailbox, extra):
+                if not self._ready(cell, extra):
                     wake.clear()
                     await wake.wait()
                     continue
-                if (cell.local or mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN) and \
-                        not await self._drain_mailbox(cell, mailbox):
+                if (cell.local or cell.inbox) and not await self._drain_mailbox(cell):
                     return
                 for sock, drain in extra:
                     if cell.instance is not instance:
@@ -480,44 +545,35 @@ class ActorSystem:
                         except Exception as exc:
                             if not await self._on_failure(cell, "socket", exc):
                                 return
-                if cell.instance is instance and self._ready(cell, mailbox, extra):
+                if cell.instance is instance and self._ready(cell, extra):
                     await asyncio.sleep(0)  # frames left after full drains: let the other actors run
         finally:
             for fd in fds:
                 loop.remove_reader(fd)
 
     @staticmethod
-    def _ready(cell: _Cell, mailbox: zmq.Socket, extra: list[tuple[zmq.Socket, Any]]) -> bool:
-        if cell.local or mailbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+    def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
+        if cell.local or cell.inbox:
             return True
         return any(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN for sock, _ in extra)
 
-    async def _drain_mailbox(self, cell: _Cell, mailbox: zmq.Socket) -> bool:
+    async def _drain_mailbox(self, cell: _Cell) -> bool:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when
         the actor (the host, for a group) was stopped."""
         instance = cell.instance
-        local = cell.local
+        local, inbox = cell.local, cell.inbox
+        assert inbox is not None
         for _ in range(_DRAIN_MAX):
-            target = cell
             if local:
                 target, frame = local.popleft()
-                if target.stopping or target.endpoint not in self._cells:
-                    self.dead_letters += 1
-                    continue
+            elif inbox:
+                target, frame = inbox.popleft()
+                target.queued -= 1
             else:
-                # Without a copy: a bytes copy of a large frame is an allocation that
-                # faults its pages in (1 MiB: ~1 ms here, against ~20 µs for the frame).
-                try:
-                    frame = mailbox.recv(zmq.NOBLOCK, copy=False).buffer
-                except zmq.Again:
-                    return True
-                if cell.guests is not None and mailbox.rcvmore:
-                    guest = cell.guests.get(bytes(frame))
-                    frame = mailbox.recv(zmq.NOBLOCK, copy=False).buffer
-                    if guest is None:  # stopped since the frame was sent
-                        self.dead_letters += 1
-                        continue
-                    target = guest
+                return True
+            if target is not cell and (target.stopping or target.endpoint not in self._cells):
+                self.dead_letters += 1  # a guest stopped since the frame was sent
+                continue
             if not await self._handle_frame(target, frame) and target is cell:
                 return False
             if cell.instance is not instance:

@@ -133,6 +133,24 @@ async def test_full_mailbox_refuses_tell(system: ActorSystem) -> None:
     assert system.statistics().mailbox_full_drops == results.count(False)
 
 
+async def test_a_full_mailbox_refuses_only_its_own_actor(system: ActorSystem) -> None:
+    """Mailboxes share one inbox socket, but each actor has its own bound: one that stops
+    draining refuses at exactly `mailbox_messages_max` while another takes everything,
+    and what the first held is handled once it drains again."""
+    stuck = await system.spawn(Recorder, name="stuck")
+    other = await system.spawn(Parent, name="other")
+    cell_task = next(t for t in asyncio.all_tasks() if t.get_name() == "actor stuck")
+    cell_task.cancel()
+    await asyncio.gather(cell_task, return_exceptions=True)
+    assert [system.tell(stuck, Tick()) for _ in range(60)].count(True) == 50
+    stopped = ChildStopped(endpoint="x", name="x", reason="test")
+    for round_ in range(1, 11):
+        assert all(system.tell(other, stopped) for _ in range(50))
+        await wait_for(lambda expected=50 * round_: len(Parent.stopped) == expected)
+    await system.stop(stuck)  # handles what its mailbox holds before it goes
+    assert len(Recorder.seen) == 50
+
+
 async def test_stop_stops_children_first(system: ActorSystem) -> None:
     """Stopping a parent stops its children before it, and both are gone."""
     parent = await system.spawn(Parent, name="parent")
