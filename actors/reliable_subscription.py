@@ -33,6 +33,7 @@ The tracker (`dispatch/tracker.py`) is the pure core; this actor does the I/O.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from itertools import groupby, islice, repeat
@@ -353,11 +354,15 @@ class ReliableSubscriptionActor(SubscriptionActor):
     # ------------------------------------------------------------- consumers
     def _ack(self, consumer: _Consumer, msg: cp.Ack | cp.Nack) -> Message:
         if type(msg) is cp.Ack:
-            cursor = self.tracker.ack(consumer.consumer_id, msg.offsets)
+            offsets = msg.offsets
+            cursor = self.tracker.ack(consumer.consumer_id, offsets)
             pop = self.records.pop
-            for offset in msg.offsets:
-                if offset <= cursor or self.tracker.is_acked(offset):
-                    pop(offset, None)
+            if offsets and max(offsets) <= cursor:
+                deque(map(pop, offsets, repeat(None)), maxlen=0)  # acks in order (the steady state): a loop in C
+            else:
+                for offset in offsets:
+                    if offset <= cursor or self.tracker.is_acked(offset):
+                        pop(offset, None)
         else:
             self.tracker.nack(consumer.consumer_id, msg.offsets, self.system.clock.monotonic_ms(), msg.delay_ms)
         self._dispatch()
