@@ -518,19 +518,22 @@ class ActorSystem:
         instance: Actor | None = None
         extra: list[tuple[zmq.Socket, Callable[[], Awaitable[object]]]] = []
         fds: list[int] = []
+        idle = False  # `_ready` said so at the end of the last round: no need to ask again
         try:
             while True:
                 if cell.instance is not instance:
                     instance = cell.instance
+                    idle = False
                     for fd in fds:
                         loop.remove_reader(fd)
                     extra = [(zmq.Socket.shadow(sock.underlying), drain) for sock, drain in instance.extra_sockets()]
                     fds = [sock.FD for sock, _ in extra]
                     for fd in fds:
                         loop.add_reader(fd, wake.set)
-                if not self._ready(cell, extra):
+                if idle or not self._ready(cell, extra):
                     wake.clear()
                     await wake.wait()
+                    idle = False
                     continue
                 if (cell.local or cell.inbox) and not await self._drain_mailbox(cell):
                     return
@@ -545,8 +548,11 @@ class ActorSystem:
                         except Exception as exc:
                             if not await self._on_failure(cell, "socket", exc):
                                 return
-                if cell.instance is instance and self._ready(cell, extra):
-                    await asyncio.sleep(0)  # frames left after full drains: let the other actors run
+                if cell.instance is instance:
+                    if self._ready(cell, extra):
+                        await asyncio.sleep(0)  # frames left after full drains: let the other actors run
+                    else:
+                        idle = True
         finally:
             for fd in fds:
                 loop.remove_reader(fd)
