@@ -114,6 +114,7 @@ class FakeBroker:
     held_types: set[type] = field(default_factory=set)
     held: list[tuple[bytes, Message]] = field(default_factory=list)
     silent: bool = False
+    socket_options: dict[int, int] = field(default_factory=dict)  # set on the ROUTER before it binds
     _next_id: int = 100
     _socket: zmq.asyncio.Socket | None = None
     _task: asyncio.Task[None] | None = None
@@ -130,6 +131,8 @@ class FakeBroker:
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        for option, value in self.socket_options.items():
+            sock.setsockopt(option, value)
         if self.port:
             sock.bind(self.url)
         else:
@@ -504,3 +507,35 @@ async def test_connection_lost_error_is_unavailable_and_retriable() -> None:
     error = ConnectionLost("gone")
     assert error.retriable is True
     assert error.code == ErrorCode.UNAVAILABLE
+
+
+@pytest.mark.asyncio
+async def test_a_send_at_the_high_water_mark_waits_for_room_and_keeps_order() -> None:
+    """The connection sends without blocking; when the socket is full (the broker stopped
+    reading) a send waits on the socket's FD instead of failing or spinning, and once
+    the broker reads again every frame arrives, in order."""
+    # Little room at the far end: a fixed kernel buffer instead of loopback's autotuned
+    # one (up to 32 MiB here), and one message in the broker's pipe.
+    async with running_broker(heartbeat_interval_ms=1_000, session_timeout_ms=10_000,
+                              socket_options={zmq.RCVHWM: 1, zmq.RCVBUF: 128 * 1024}) as broker:
+        async with client_for(broker, request_timeout_ms=10_000, socket_hwm_messages=2) as client:
+            connection = client._connections[broker.url]
+            assert broker._task is not None
+            broker._task.cancel()  # the broker stops reading; its socket stays open
+            with contextlib.suppress(asyncio.CancelledError):
+                await broker._task
+            payload = b"x" * (512 * 1024)
+
+            async def send_all() -> None:
+                for sequence in range(40):
+                    frame = CLIENT_PROTOCOL.encode(Send(request_id=0, producer_id=1, payloads=[payload],
+                                                        publish_times=[0], sequence=sequence))
+                    await connection._send_frame(frame)
+
+            sender = asyncio.get_running_loop().create_task(send_all())
+            await asyncio.sleep(0.3)
+            assert not sender.done() and connection._send_waiters  # 20 MiB do not fit: it waits for room
+            broker._task = asyncio.get_running_loop().create_task(broker._serve())
+            await asyncio.wait_for(sender, 10)
+            await eventually(lambda: len(broker.of(Send)) == 40, what="every Send received")
+            assert [m.sequence for m in broker.of(Send)] == list(range(40))
