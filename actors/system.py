@@ -95,10 +95,11 @@ class _Cell:
     guests: dict[bytes, _Cell] | None = None  # a host's guests, by header; None until its first
     queued: int = 0  # this actor's messages sent to the inbox and not yet handled
     # A group's messages routed from the inbox, and its lane (its members' messages to
-    # each other); created with the group's task, since an idle actor costs what it holds.
+    # each other): created when a message comes and dropped once drained, since an idle
+    # actor costs what it holds (an empty deque is ~0.75 KiB, 1,000 topics hold 3 each).
     inbox: deque[tuple[_Cell, bytes | memoryview]] | None = None
     local: deque[tuple[_Cell, bytes]] | None = None
-    wake: asyncio.Event | None = None
+    waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
 
     @property
     def group(self) -> _Cell:
@@ -196,7 +197,7 @@ class ActorSystem:
         endpoint = f"actor-{number}"
         instance = self._instantiate(factory, endpoint, name)
         cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, header=number.to_bytes(8, "little"),
-                     instance=instance, inbox=deque(), wake=asyncio.Event())
+                     instance=instance)
         self._cells[endpoint] = cell
         self._by_header[cell.header] = cell
         if parent is not None and parent in self._cells:
@@ -222,7 +223,6 @@ class ActorSystem:
                      instance=instance, host=host)
         if host.guests is None:
             host.guests = {}
-            host.local = deque()
         host.guests[cell.header] = cell
         self._cells[endpoint] = cell
         self._by_header[cell.header] = cell
@@ -283,8 +283,12 @@ class ActorSystem:
 
     def _try_push(self, cell: _Cell, frame: bytes) -> bool:
         group = cell.group
-        if group.local is not None and group.task is not None and group.task is asyncio.current_task():
-            group.local.append((cell, frame))  # within the group: the lane, drained before the next outside frame
+        if group.guests is not None and group.task is not None and group.task is asyncio.current_task():
+            # Within the group: the lane, drained before the next outside frame.
+            lane = group.local
+            if lane is None:
+                lane = group.local = deque()
+            lane.append((cell, frame))
             return True
         if cell.queued >= self.mailbox_messages_max:
             return False
@@ -337,7 +341,7 @@ class ActorSystem:
     async def ask(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> Message:
         """Send `msg` as a request and wait for the handler's return value."""
         cell = self._cells.get(endpoint)
-        if cell is not None and cell.group.local is not None and cell.group.task is asyncio.current_task():
+        if cell is not None and cell.group.guests is not None and cell.group.task is asyncio.current_task():
             return await self._ask_in_place(cell, msg)
         correlation_id = next(self._correlation)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -361,8 +365,7 @@ class ActorSystem:
         # sender's messages arrive in holds), and the message and the answer still cross
         # as frames, so nothing is shared.
         lane = cell.group.local
-        assert lane is not None
-        if any(target is cell for target, _ in lane):
+        if lane and any(target is cell for target, _ in lane):
             told = [frame for target, frame in lane if target is cell]
             rest = [item for item in lane if item[0] is not cell]
             lane.clear()
@@ -489,9 +492,13 @@ class ActorSystem:
                 self.dead_letters += 1
                 continue
             group = target.group
-            assert group.inbox is not None and group.wake is not None
-            group.inbox.append((target, frame))
-            group.wake.set()
+            queue = group.inbox
+            if queue is None:
+                queue = group.inbox = deque()
+            queue.append((target, frame))
+            waiter = group.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         asyncio.get_running_loop().call_soon(self._route)
 
     async def _discard(self, cell: _Cell) -> None:
@@ -506,15 +513,13 @@ class ActorSystem:
             cell.host.guests.pop(cell.header, None)
 
     async def _run(self, cell: _Cell) -> None:
-        # The group's queue is filled by `_route` (which sets `wake`); the ZMQ_FD of any
+        # The group's queue is filled by `_route` (which wakes the task); the ZMQ_FD of any
         # socket the actor owns is watched by the event loop directly: a wake-up costs a
         # callback and an Event, where a `zmq.asyncio.Poller` round builds futures and
         # registers every socket again (on the gateway that was a fifth of the broker's
         # loop at 5k msg/s). ZMQ_FD is edge-triggered, so the loop reads ZMQ_EVENTS
         # before every wait.
         loop = asyncio.get_running_loop()
-        wake = cell.wake
-        assert wake is not None
         instance: Actor | None = None
         extra: list[tuple[zmq.Socket, Callable[[], Awaitable[object]]]] = []
         fds: list[int] = []
@@ -529,10 +534,13 @@ class ActorSystem:
                     extra = [(zmq.Socket.shadow(sock.underlying), drain) for sock, drain in instance.extra_sockets()]
                     fds = [sock.FD for sock, _ in extra]
                     for fd in fds:
-                        loop.add_reader(fd, wake.set)
+                        loop.add_reader(fd, self._wake, cell)
                 if idle or not self._ready(cell, extra):
-                    wake.clear()
-                    await wake.wait()
+                    cell.waiter = loop.create_future()
+                    try:
+                        await cell.waiter
+                    finally:
+                        cell.waiter = None
                     idle = False
                     continue
                 if (cell.local or cell.inbox) and not await self._drain_mailbox(cell):
@@ -558,6 +566,12 @@ class ActorSystem:
                 loop.remove_reader(fd)
 
     @staticmethod
+    def _wake(cell: _Cell) -> None:
+        waiter = cell.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    @staticmethod
     def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
         if cell.local or cell.inbox:
             return True
@@ -567,16 +581,18 @@ class ActorSystem:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when
         the actor (the host, for a group) was stopped."""
         instance = cell.instance
-        local, inbox = cell.local, cell.inbox
-        assert inbox is not None
         for _ in range(_DRAIN_MAX):
+            local = cell.local
             if local:
                 target, frame = local.popleft()
-            elif inbox:
+            else:
+                inbox = cell.inbox
+                if not inbox:
+                    # Drained: an idle actor holds no queues (new ones come with the next message).
+                    cell.local = cell.inbox = None
+                    return True
                 target, frame = inbox.popleft()
                 target.queued -= 1
-            else:
-                return True
             if target is not cell and (target.stopping or target.endpoint not in self._cells):
                 self.dead_letters += 1  # a guest stopped since the frame was sent
                 continue
