@@ -496,9 +496,7 @@ class ActorSystem:
             if queue is None:
                 queue = group.inbox = deque()
             queue.append((target, frame))
-            waiter = group.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            self._wake(group)
         asyncio.get_running_loop().call_soon(self._route)
 
     async def _discard(self, cell: _Cell) -> None:
@@ -515,7 +513,7 @@ class ActorSystem:
     async def _run(self, cell: _Cell) -> None:
         # The group's queue is filled by `_route` (which wakes the task); the ZMQ_FD of any
         # socket the actor owns is watched by the event loop directly: a wake-up costs a
-        # callback and an Event, where a `zmq.asyncio.Poller` round builds futures and
+        # callback and a future, where a `zmq.asyncio.Poller` round builds futures and
         # registers every socket again (on the gateway that was a fifth of the broker's
         # loop at 5k msg/s). ZMQ_FD is edge-triggered, so the loop reads ZMQ_EVENTS
         # before every wait.
