@@ -103,7 +103,7 @@ class Gateway(Actor):
             cp.GetPartitions: self._to_broker,
             cp.CreateProducer: self._on_create_producer,
             cp.Subscribe: self._on_subscribe,
-            cp.Send: self._on_send,
+            cp.Send: self._on_decoded_send,
             cp.CloseProducer: self._to_producer,
             cp.Flow: self._to_consumer,
             cp.Ack: self._to_consumer,
@@ -197,6 +197,17 @@ class Gateway(Actor):
 
     # ------------------------------------------------------------- requests
     def _on_client_frame(self, identity: bytes, frame: bytes) -> None:
+        ids = cp.peek_send(frame)
+        if ids is not None:
+            # A batch of an attached producer is routed by its ids alone: its topic
+            # decodes and checks it (one decode per batch on the broker, not two).
+            # Anything else is decoded here, so that its error names the fault.
+            session = self.sessions.get(identity)
+            endpoint = session.producers.get(ids[1]) if session is not None else None
+            if endpoint is not None:
+                session.last_seen_ms = self.system.clock.monotonic_ms()
+                self._forward_send(endpoint, identity, ids[0], frame)
+                return
         try:
             msg = cp.CLIENT_PROTOCOL.decode(frame)
         except InvalidArgument as exc:
@@ -344,28 +355,18 @@ class Gateway(Actor):
             return
         self._forward(self.system.broker_endpoint, identity, msg, frame)
 
-    def _on_send(self, identity: bytes, session: Session, msg: cp.Send, frame: bytes) -> None:
+    def _on_decoded_send(self, identity: bytes, session: Session, msg: cp.Send, frame: bytes) -> None:
         endpoint = session.producers.get(msg.producer_id)
         if endpoint is None:
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
                                         message=f"producer {msg.producer_id} is not attached on this connection"))
             return
-        count = len(msg.payloads)
-        if count == 0 or len(msg.publish_times) != count or _column_mismatch(msg.keys, count) \
-                or _column_mismatch(msg.attributes, count):
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.INVALID_ARGUMENT,
-                                        message="a Send needs at least one message and one entry per message"
-                                        " in publish_times (and in keys/attributes when given)"))
-            return
-        size_max = self.config.policies.max_message_size
-        # The whole frame is smaller than the limit in the common case: no per-message check.
-        if len(frame) > size_max:
-            largest = max(map(len, msg.payloads))
-            if largest > size_max:
-                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.INVALID_ARGUMENT,
-                                            message=f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)"))
-                return
-        self._forward(endpoint, identity, msg, frame)
+        self._forward_send(endpoint, identity, msg.request_id, frame)
+
+    def _forward_send(self, endpoint: str, identity: bytes, request_id: int, frame: bytes) -> None:
+        if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame)):
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                        message="broker busy: the actor serving this request has a full mailbox; retry"))
 
     def _to_producer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
         endpoint = session.producers.get(msg.producer_id)
@@ -464,10 +465,6 @@ def reply_client(system: ActorSystem, identity: bytes, msg: Message) -> bool:
         return True
     METRICS.frames_dropped.inc()
     return False
-
-
-def _column_mismatch(column: list[Any] | None, count: int) -> bool:
-    return column is not None and len(column) != count
 
 
 def _request_id_of(frame: bytes) -> int:

@@ -135,7 +135,7 @@ class TopicActor(Actor):
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=name)
         self._routes = {
             cp.CreateProducer: self._create_producer,
-            cp.Send: self._send,
+            cp.Send: self._checked_send,
             cp.CloseProducer: self._close_producer,
             cp.Subscribe: self._subscribe,
         }
@@ -154,7 +154,15 @@ class TopicActor(Actor):
 
     # ------------------------------------------------------------- client requests
     async def handle_ClientRequest(self, req: ClientRequest) -> None:
-        msg = cp.CLIENT_PROTOCOL.decode(req.frame)
+        try:
+            msg = cp.CLIENT_PROTOCOL.decode(req.frame)
+        except DanubeError as exc:
+            # A Send the gateway routed by its ids alone, without decoding it.
+            METRICS.bad_frames.inc()
+            ids = cp.peek_send(req.frame)
+            reply_client(self.system, req.identity,
+                         Error(request_id=ids[0] if ids else 0, code=exc.code, message=exc.message))
+            return
         try:
             answer = await self._routes[type(msg)](req, msg)
         except DanubeError as exc:
@@ -239,6 +247,20 @@ class TopicActor(Actor):
     def handle_SealTopic(self, msg: SealTopic) -> Message:
         self.sealed = True
         return TopicSealed(next_offset=self.next_offset)
+
+    async def _checked_send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
+        count = len(msg.payloads)
+        if count == 0 or len(msg.publish_times) != count or _column_mismatch(msg.keys, count) \
+                or _column_mismatch(msg.attributes, count):
+            raise InvalidArgument("a Send needs at least one message and one entry per message"
+                                  " in publish_times (and in keys/attributes when given)")
+        size_max = self.config.policies.max_message_size
+        # The whole frame is smaller than the limit in the common case: no per-message check.
+        if len(req.frame) > size_max:
+            largest = max(map(len, msg.payloads))
+            if largest > size_max:
+                raise InvalidArgument(f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)")
+        return await self._send(req, msg)
 
     async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
         producer = self.producers.get(msg.producer_id)
@@ -476,6 +498,10 @@ def _check_seek_target(offset: int | None, publish_time: int | None) -> None:
         raise InvalidArgument(f"offset must be >= 0, not {offset}")
     if publish_time is not None and publish_time < 0:
         raise InvalidArgument(f"publish_time must be >= 0 (ms since the epoch), not {publish_time}")
+
+
+def _column_mismatch(column: list[object] | None, count: int) -> bool:
+    return column is not None and len(column) != count
 
 
 def _check_name(what: str, value: str) -> None:

@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors.clock import Clock
+from danube_zmq.client.budget import Budget
 from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, copy_error
 from danube_zmq.client.retry import BACKOFF_MS_MAX, BACKOFF_MS_MIN, backoff_ms
 from danube_zmq.transport.client_protocol import (
@@ -165,10 +166,10 @@ class Connection:
         self._closed_error: DanubeError | None = None
         self._limits: BrokerLimits | None = None
         self._ready = asyncio.Event()  # set when ready, and when closed (to wake waiters)
-        self._slots = asyncio.Semaphore(pending_requests_max)
+        self._slots = Budget(pending_requests_max)
         self._next_request_id = 1
         self._session_request_id = 0  # request id of the Connect that opened this session
-        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._pending: dict[int, asyncio.Future[Message] | _ReplyHandler] = {}
         self._last_rx_ms = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -320,48 +321,107 @@ class Connection:
                 return
             await self._ready.wait()
 
-    async def request(self, msg: Message, *, timeout_ms: int | None = None,
+    async def request(self, msg: Message | Callable[[int], Message], *, timeout_ms: int | None = None,
                       on_sent: Callable[[], None] | None = None) -> Message:
         """Send `msg` with a fresh request id and return the reply; an `Error` reply is
-        raised as its exception class. Waits for the session first, and for one of
-        `pending_requests_max` slots; all of it within `timeout_ms` (default: the
-        request timeout), after which `Timeout` is raised. `on_sent` runs once the frame
-        is on the socket (a producer's next batch may then follow it)."""
+        raised as its exception class. `msg` may be a function building the message from
+        its request id (cheaper than a copy of a frozen message). Waits for the session
+        first, and for one of `pending_requests_max` slots; all of it within `timeout_ms`
+        (default: the request timeout), after which `Timeout` is raised. `on_sent` runs
+        once the frame is on the socket (a producer's next batch may then follow it)."""
         timeout_ms = timeout_ms or self._request_timeout_ms
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
         request_id: int | None = None
         frames_at_send: int | None = None
         slot = False
+        timer: asyncio.TimerHandle | None = None
         try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                await self.wait_ready()
-                await self._slots.acquire()
-                slot = True
-                await self.wait_ready()
-                request_id = self._take_request_id()
-                frame = CLIENT_PROTOCOL.encode(dataclasses.replace(msg, request_id=request_id))  # type: ignore[type-var]
-                self._check_frame(frame, msg)
-                future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-                self._pending[request_id] = future
-                frames_at_send = self._frames_received
-                await self._send_frame(frame)
-                self._requests_sent += 1
-                if on_sent is not None:
-                    on_sent()
-                reply = await future
+            if self._state != "ready" or not self._slots.try_take():
+                # The waits are bounded by the deadline; when the session is up and a slot
+                # free (the common case) no timeout context is needed for them.
+                async with asyncio.timeout_at(deadline):
+                    await self.wait_ready()
+                    await self._slots.take()
+                    slot = True
+                    await self.wait_ready()
+            slot = True
+            request_id = self._take_request_id()
+            frame = self._encode_request(msg, request_id)
+            future: asyncio.Future[Message] = loop.create_future()
+            self._pending[request_id] = future
+            frames_at_send = self._frames_received
+            # One timer for the reply (an `asyncio.timeout` context costs ~6 µs a request).
+            timer = loop.call_at(deadline, _expire, future)
+            if not self._try_send(frame):
+                async with asyncio.timeout_at(deadline):
+                    await self._send_frame(frame)
+            self._requests_sent += 1
+            if on_sent is not None:
+                on_sent()
+            reply = await future
         except TimeoutError:
             self._requests_timed_out += 1
             if frames_at_send is not None and self._frames_received == frames_at_send:
                 # Not one frame (not even a Pong) since we sent: the broker is gone.
                 self._lose(ConnectionLost(f"broker at {self.url} silent for {timeout_ms} ms"))
-            raise Timeout(f"no reply to {type(msg).__name__} from {self.url} within {timeout_ms} ms") from None
+            raise Timeout(f"no reply to {_type_name(msg)} from {self.url} within {timeout_ms} ms") from None
         finally:
+            if timer is not None:
+                timer.cancel()
             if request_id is not None:
                 self._pending.pop(request_id, None)
             if slot:
-                self._slots.release()
+                self._slots.give(1)
         if isinstance(reply, Error):
             raise exception_from_error(reply)
         return reply
+
+    def request_nowait(self, build: Callable[[int], Message],
+                       on_reply: Callable[[Message | None, DanubeError | None], None]) -> bool:
+        """Send a request at once, without a task: only when the session is up, a slot is
+        free and the socket takes the frame without waiting; otherwise send nothing and
+        return False (then use `request`). `on_reply(reply, None)` or `on_reply(None,
+        error)` runs exactly once, from the receive path itself: the reply (an `Error`
+        reply as its exception), `Timeout` after the request timeout, or the connection's
+        loss. A producer's batch goes this way, and the next batch can leave from inside
+        the receipt's callback: no loop turns between them."""
+        if self._state != "ready" or not self._slots.try_take():
+            return False
+        request_id = self._take_request_id()
+        try:
+            frame = self._encode_request(build, request_id)
+            sent = self._try_send(frame)
+        except DanubeError:
+            sent = False  # `request` meets the same fault and reports it
+        if not sent:
+            self._slots.give(1)
+            return False
+        self._requests_sent += 1
+        loop = asyncio.get_running_loop()
+        handler = _ReplyHandler(on_reply, self._frames_received)
+        handler.timer = loop.call_later(self._request_timeout_ms / 1000, self._expire_handler, request_id)
+        self._pending[request_id] = handler
+        return True
+
+    def _expire_handler(self, request_id: int) -> None:
+        handler = self._pending.pop(request_id, None)
+        if not isinstance(handler, _ReplyHandler):
+            return
+        self._requests_timed_out += 1
+        self._slots.give(1)
+        if self._frames_received == handler.frames_at_send:
+            self._lose(ConnectionLost(f"broker at {self.url} silent for {self._request_timeout_ms} ms"))
+        handler.call(None, Timeout(f"no reply from {self.url} within {self._request_timeout_ms} ms"))
+
+    def _encode_request(self, msg: Message | Callable[[int], Message], request_id: int) -> bytes:
+        if isinstance(msg, Message):
+            msg = dataclasses.replace(msg, request_id=request_id)  # type: ignore[type-var]
+        else:
+            msg = msg(request_id)
+        frame = CLIENT_PROTOCOL.encode(msg)
+        self._check_frame(frame, msg)
+        return frame
 
     async def send_oneway(self, msg: Message) -> None:
         """Send a message that has no reply (`Flow`); needs a session."""
@@ -384,26 +444,31 @@ class Connection:
                 f"frame_bytes_max {self._limits.frame_bytes_max}"
             )
 
-    async def _send_frame(self, frame: bytes) -> None:
-        while True:
-            sock = self._socket
-            if sock is None or self._state == "closed":
-                raise copy_error(self._closed_error or AlreadyClosed("connection closed"))
-            try:
-                sock.send(frame, zmq.NOBLOCK, copy=False)
-                break
-            except zmq.Again:
-                # The high-water mark: wait for the FD to signal a change, then try again.
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
-                    waiter = asyncio.get_running_loop().create_future()
-                    self._send_waiters.append(waiter)
-                    await waiter
-            except zmq.ZMQError as exc:
-                raise ConnectionLost(f"socket to {self.url} failed: {exc}") from None
+    def _try_send(self, frame: bytes) -> bool:
+        """Put `frame` on the socket if it takes it now; False at the high-water mark."""
+        sock = self._socket
+        if sock is None or self._state == "closed":
+            raise copy_error(self._closed_error or AlreadyClosed("connection closed"))
+        try:
+            sock.send(frame, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            raise ConnectionLost(f"socket to {self.url} failed: {exc}") from None
         # A send processes the socket's pending commands, which can take the FD's signal
         # for a frame that arrived meanwhile (the FD is edge-triggered): look for one.
         if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._rx_wake.set()
+        return True
+
+    async def _send_frame(self, frame: bytes) -> None:
+        while not self._try_send(frame):
+            # The high-water mark: wait for the FD to signal a change, then try again.
+            sock = self._socket
+            if sock is not None and not sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                waiter = asyncio.get_running_loop().create_future()
+                self._send_waiters.append(waiter)
+                await waiter
 
     def _on_socket_event(self) -> None:
         self._rx_wake.set()
@@ -422,9 +487,12 @@ class Connection:
 
     def _fail_pending(self, error: DanubeError) -> None:
         pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(copy_error(error))
+        for waiter in pending.values():
+            if isinstance(waiter, _ReplyHandler):
+                self._slots.give(1)
+                waiter.call(None, copy_error(error))
+            elif not waiter.done():
+                waiter.set_exception(copy_error(error))
 
     # ---------------------------------------------------------------- session
 
@@ -632,11 +700,19 @@ class Connection:
         ):
             self._lose(ConnectionLost(f"broker at {self.url} has no session for us: {msg.message}"))
             return
-        future = self._pending.get(request_id)
-        if future is None or future.done():
+        waiter = self._pending.get(request_id)
+        if waiter is None or waiter.done():
             self._replies_late += 1
             return
-        future.set_result(msg)
+        if isinstance(waiter, _ReplyHandler):
+            del self._pending[request_id]
+            self._slots.give(1)
+            if isinstance(msg, Error):
+                waiter.call(None, exception_from_error(msg))
+            else:
+                waiter.call(msg, None)
+            return
+        waiter.set_result(msg)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -656,3 +732,37 @@ class Connection:
             except (TimeoutError, ConnectionLost):
                 # A full send queue or a dead socket: the silence check above decides.
                 continue
+
+
+class _ReplyHandler:
+    """A request sent with `request_nowait`: its callback, run once, and its timer."""
+
+    __slots__ = ("frames_at_send", "on_reply", "timer")
+
+    def __init__(self, on_reply: Callable[[Message | None, DanubeError | None], None], frames_at_send: int) -> None:
+        self.on_reply: Callable[[Message | None, DanubeError | None], None] | None = on_reply
+        self.frames_at_send = frames_at_send
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self.on_reply is None
+
+    def call(self, reply: Message | None, error: DanubeError | None) -> None:
+        on_reply, self.on_reply = self.on_reply, None
+        if self.timer is not None:
+            self.timer.cancel()
+        if on_reply is None:
+            return
+        try:
+            on_reply(reply, error)
+        except Exception:
+            log.exception("reply callback %r raised", on_reply)
+
+
+def _expire(future: asyncio.Future[Message]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+def _type_name(msg: Message | Callable[[int], Message]) -> str:
+    return type(msg).__name__ if isinstance(msg, Message) else "the request"

@@ -9,11 +9,14 @@ Write path:
    flight, else at `batch_messages_max`, `batch_bytes_max` (capped by the broker's
    `frame_bytes_max`), when the pipe drains, or after `batch_delay_ms` (if every
    in-flight slot is taken then, it keeps filling until a slot frees).
-3. The cut batch goes to the partition's sender, which keeps up to
-   `inflight_batches_max` `Send` requests in flight, in order. Each batch has a
-   sequence number (`Send.sequence`); a batch is (re)sent only after every earlier
-   unacknowledged one, so a retried batch never lands behind a later one (a reliable
-   topic refuses the later ones until the refused one comes again).
+3. A cut batch takes a slot of the window (`inflight_batches_max` `Send` requests in
+   flight; later batches wait in order) and goes on the socket from the call that cut
+   it (`Connection.request_nowait`): no task and no loop turn between a receipt and
+   the batch it lets go. Each batch has a sequence number (`Send.sequence`); a batch
+   is (re)sent only after every earlier unacknowledged one, so a retried batch never
+   lands behind a later one (a reliable topic refuses the later ones until the refused
+   one comes again). A batch that must wait for an earlier one, or whose send failed,
+   goes on in a task.
 4. A `SendReceipt` resolves the batch (one future per batch: a message costs its
    payload, its publish time and a `PendingSend` handle, appended to the batch's
    columns); a failed batch fails all of its messages.
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from danube_zmq.client.attachment import Attachment
+from danube_zmq.client.budget import Budget
 from danube_zmq.client.connection import Connection
 from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, ProducerQueueFull, copy_error
 from danube_zmq.client.message import MessageId
@@ -45,6 +49,7 @@ from danube_zmq.transport.client_protocol import (
     Send,
     SendReceipt,
 )
+from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, NotFound, Timeout, Unavailable
 
 if TYPE_CHECKING:
@@ -195,44 +200,6 @@ class PendingSend:
         return f"<PendingSend {self._batch.topic} #{self._index} {state}>"
 
 
-class _Budget:
-    """A counted limit with FIFO waiters: `try_take` never waits, `take` does."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def try_take(self) -> bool:
-        if self.used < self.limit and not self._waiters:
-            self.used += 1
-            return True
-        return False
-
-    async def take(self) -> None:
-        if self.try_take():
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter  # `give` counts the unit for us before waking us
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.give(1)
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
-
-    def give(self, n: int) -> None:
-        self.used -= n
-        assert self.used >= 0
-        while self._waiters and self.used < self.limit:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.used += 1
-                waiter.set_result(None)
-
-
 class Producer:
     """Publishes to one topic (all its partitions). Create with `DanubeClient.create_producer`."""
 
@@ -276,7 +243,7 @@ class Producer:
             for i, t in enumerate(partition_topics)
         ]
         self._round_robin = RoundRobin(len(partition_topics), client._rng.randrange(len(partition_topics)))
-        self._budget = _Budget(pending_messages_max)
+        self._budget = Budget(pending_messages_max)
         self._open_batches: set[asyncio.Future[None]] = set()
         self._closing = False
         self._closed = False
@@ -477,20 +444,20 @@ class _PartitionProducer(Attachment):
         self._batch_bytes_max = 0
         self._timer: asyncio.Handle | None = None
         self._overdue = False  # the open batch's delay ran out while the window was full
-        # Bounded by the producer's budget: a batch holds at least one pending message.
-        self._batches: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=producer.pending_messages_max)
-        self._window = asyncio.Semaphore(producer.inflight_batches_max)
-        self._sender: asyncio.Task[None] | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        # Cut batches waiting for a slot of the window, in order. Bounded by the
+        # producer's budget: a batch holds at least one pending message.
+        self._waiting: deque[_Batch] = deque()
+        self._window = producer.inflight_batches_max
+        self._in_flight = 0  # batches holding a slot of the window
+        # Batches sent without a task (`_send_now`), by sequence: only these are failed
+        # by `close`; the others have their task.
+        self._fast: dict[int, _Batch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0  # the next batch's number
         # Numbers of the batches handed to the sender that are not on the wire (first
         # send, or again after a failure): only the lowest may be sent.
         self._unsent: set[int] = set()
         self._turns: list[asyncio.Future[None]] = []
-
-    async def start(self) -> None:
-        await super().start()
-        self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name=f"danube-producer-{self.name}")
 
     async def _attach_on(self, connection: Connection) -> None:
         producer = self._producer
@@ -597,11 +564,11 @@ class _PartitionProducer(Attachment):
         then does a new batch leave at once: cutting one whenever the window has room
         made reliable produce-ack p50 at 5k msg/s 5.0 ms instead of 3.0, the per-batch
         work outweighing the wait.)"""
-        return len(self._inflight) <= finishing and self._batches.empty()
+        return self._in_flight <= finishing and not self._waiting
 
     def _delay_over(self) -> None:
         self._timer = None
-        if self._batches.empty() and not self._window.locked():
+        if not self._waiting and self._in_flight < self._window:
             self.cut()
         else:
             # The window is full: this batch could not leave now anyway. It keeps filling
@@ -622,28 +589,75 @@ class _PartitionProducer(Attachment):
             return
         self._batch = None
         self._producer._batch_cut(batch)
-        self._batches.put_nowait(batch)  # cannot be full: see the queue's bound
+        if self._waiting or self._in_flight >= self._window:
+            self._waiting.append(batch)
+        else:
+            self._launch(batch)
 
-    async def _send_loop(self) -> None:
-        while True:
-            batch = await self._batches.get()
-            try:
-                await self._window.acquire()
-            except asyncio.CancelledError:
-                _fail_batch(batch, AlreadyClosed(f"producer {self.name} closed"))
-                self._producer._batch_finished(batch, False)
-                raise
-            batch.sequence = self._sequence
-            self._sequence += 1
-            self._unsent.add(batch.sequence)
-            task = asyncio.get_running_loop().create_task(self._deliver(batch))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+    def _launch(self, batch: _Batch) -> None:
+        """Give `batch` a slot of the window and its sequence number, and send it: at
+        once when nothing earlier waits to go on the wire and the connection takes it
+        (`_send_now`), else from a task that also retries."""
+        self._in_flight += 1
+        batch.sequence = sequence = self._sequence
+        self._sequence += 1
+        if not self._unsent and not self._closing and self._send_now(batch):
+            self._fast[sequence] = batch
+            return
+        self._unsent.add(sequence)
+        self._start_task(batch, None)
 
-    async def _deliver(self, batch: _Batch) -> None:
+    def _send_now(self, batch: _Batch) -> bool:
+        if not self._attached.is_set() or self.failed is not None or self.producer_id is None:
+            return False
+        sequence = batch.sequence
+        return self.connection.request_nowait(
+            self._send_builder(batch, self.producer_id),
+            lambda reply, error: self._on_receipt(sequence, reply, error),
+        )
+
+    def _send_builder(self, batch: _Batch, producer_id: int) -> Callable[[int], Send]:
+        schema = self._producer.schema
+        schema_id = schema.schema_id if schema is not None else None
+        schema_version = schema.version if schema is not None else None
+
+        def build(request_id: int) -> Send:
+            return Send(request_id=request_id, producer_id=producer_id, payloads=batch.payloads,
+                        publish_times=batch.publish_times, keys=batch.keys, attributes=batch.attributes,
+                        schema_id=schema_id, schema_version=schema_version, sequence=batch.sequence)
+        return build
+
+    def _on_receipt(self, sequence: int, reply: Message | None, error: DanubeError | None) -> None:
+        """The answer to a batch sent by `_send_now`, run from the connection's receive
+        path; a failure goes on in a task, which retries as `_send_with_retries` does."""
+        batch = self._fast.pop(sequence, None)
+        if batch is None:  # closed meanwhile
+            return
+        if error is None:
+            error = _receipt_error(batch, reply)
+        if error is None:
+            assert isinstance(reply, SendReceipt)
+            batch.finish(reply.offsets, reply.producer_id, None)
+            self._finished(batch, True)
+            return
+        try:
+            self._after_failure(batch, error, 0)
+        except DanubeError as exc:
+            _fail_batch(batch, exc)
+            self._finished(batch, False)
+            return
+        self._start_task(batch, 1)
+
+    def _start_task(self, batch: _Batch, attempt: int | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._deliver(batch, attempt))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, batch: _Batch, attempt: int | None) -> None:
+        """Send (or, with `attempt`, send again after a backoff) and wait for the receipt."""
         sent = False
         try:
-            receipt = await self._send_with_retries(batch)
+            receipt = await self._send_with_retries(batch, attempt)
             batch.finish(receipt.offsets, receipt.producer_id, None)
             sent = True
         except DanubeError as exc:
@@ -655,12 +669,19 @@ class _PartitionProducer(Attachment):
             log.exception("producer %s: batch delivery crashed", self.name)
             _fail_batch(batch, InternalError(f"batch delivery crashed: {exc!r}"))
         finally:
-            self._on_wire(batch.sequence)  # given up on (or done): later batches go on
-            self._window.release()
-            self._producer._batch_finished(batch, sent)
-            # The pipe drained, or this batch's slot in the window is free for an overdue one.
-            if self._batch is not None and (self._pipe_idle(finishing=1) or (self._overdue and self._batches.empty())):
-                self.cut()
+            self._finished(batch, sent)
+
+    def _finished(self, batch: _Batch, sent: bool) -> None:
+        self._on_wire(batch.sequence)  # given up on (or done): later batches go on
+        self._in_flight -= 1
+        self._producer._batch_finished(batch, sent)
+        # The freed slot goes to the oldest waiting batch, in order.
+        waiting = self._waiting
+        while waiting and self._in_flight < self._window:
+            self._launch(waiting.popleft())
+        # The pipe drained, or this batch's slot in the window is free for an overdue one.
+        if self._batch is not None and (self._pipe_idle() or (self._overdue and not waiting and self._in_flight < self._window)):
+            self.cut()
 
     def _on_wire(self, sequence: int) -> None:
         self._unsent.discard(sequence)
@@ -676,68 +697,69 @@ class _PartitionProducer(Attachment):
             self._turns.append(turn)
             await turn
 
-    async def _send_with_retries(self, batch: _Batch) -> SendReceipt:
-        schema = self._producer.schema
-        attempt = 0
+    async def _send_with_retries(self, batch: _Batch, attempt: int | None = None) -> SendReceipt:
+        """Send `batch` until its receipt comes; `attempt` (the tries so far) when an
+        earlier try failed and the backoff is still to wait."""
         sequence = batch.sequence
+        if attempt is None:
+            attempt = 0
+        else:
+            await asyncio.sleep(backoff_ms(attempt - 1, self._client._rng) / 1000)
         while True:
             try:
                 await self._my_turn(sequence)
                 connection = await self.wait_attached()
-                assert self.producer_id is not None
+                producer_id = self.producer_id
+                assert producer_id is not None
                 reply = await connection.request(
-                    Send(
-                        request_id=0,
-                        producer_id=self.producer_id,
-                        payloads=batch.payloads,
-                        publish_times=batch.publish_times,
-                        keys=batch.keys,
-                        attributes=batch.attributes,
-                        schema_id=schema.schema_id if schema is not None else None,
-                        schema_version=schema.version if schema is not None else None,
-                        sequence=sequence,
-                    ),
+                    self._send_builder(batch, producer_id),
                     on_sent=lambda: self._on_wire(sequence),
                 )
-                if not isinstance(reply, SendReceipt):
-                    raise InternalError(f"broker answered Send with {type(reply).__name__}")
-                if len(reply.offsets) != len(batch):
-                    raise InternalError(f"broker sent {len(reply.offsets)} offsets for {len(batch)} messages")
+                error = _receipt_error(batch, reply)
+                if error is not None:
+                    raise error
+                assert isinstance(reply, SendReceipt)
                 return reply
             except DanubeError as exc:
-                # NOT_FOUND on a Send: the broker dropped this producer id just before
-                # (its topic moved or restarted): re-create it and send again.
-                detached = isinstance(exc, NotFound)
-                if not (exc.retriable or detached) or attempt >= self._client.operation_retries_max:
-                    if (exc.retriable or detached) and not isinstance(exc, ConnectionLost) and self.producer_id is not None:
-                        # Given up on a batch the broker may expect again (a reliable topic
-                        # refuses the later ones until it comes): re-attaching clears that.
-                        self._detach()
-                        self._schedule_reattach()
-                    raise
-                self._unsent.add(sequence)  # it goes again before any later batch
-                if detached or (isinstance(exc, Unavailable) and not isinstance(exc, ConnectionLost)):
-                    # The broker no longer serves this producer here (unloaded, moved):
-                    # re-create it, following a redirect if there is one.
-                    self._detach()
-                    self._schedule_reattach()
-                self._producer._send_retries += 1
-                log.info("send of %d messages on %s failed (%s); retrying", len(batch), self.topic, exc)
+                self._after_failure(batch, exc, attempt)
             await asyncio.sleep(backoff_ms(attempt, self._client._rng) / 1000)
             attempt += 1
+
+    def _after_failure(self, batch: _Batch, exc: DanubeError, attempt: int) -> None:
+        """Raise `exc` if the batch is given up on, else make it the next to go again."""
+        # NOT_FOUND on a Send: the broker dropped this producer id just before
+        # (its topic moved or restarted): re-create it and send again.
+        detached = isinstance(exc, NotFound)
+        if not (exc.retriable or detached) or attempt >= self._client.operation_retries_max:
+            if (exc.retriable or detached) and not isinstance(exc, ConnectionLost) and self.producer_id is not None:
+                # Given up on a batch the broker may expect again (a reliable topic
+                # refuses the later ones until it comes): re-attaching clears that.
+                self._detach()
+                self._schedule_reattach()
+            raise exc
+        self._unsent.add(batch.sequence)  # it goes again before any later batch
+        if detached or (isinstance(exc, Unavailable) and not isinstance(exc, ConnectionLost)):
+            # The broker no longer serves this producer here (unloaded, moved):
+            # re-create it, following a redirect if there is one.
+            self._detach()
+            self._schedule_reattach()
+        self._producer._send_retries += 1
+        log.info("send of %d messages on %s failed (%s); retrying", len(batch), self.topic, exc)
 
     async def close(self) -> None:
         self._closing = True
         self.cut()
-        if self._sender is not None:
-            self._sender.cancel()
-            await asyncio.gather(self._sender, return_exceptions=True)
-        inflight = list(self._inflight)
-        for task in inflight:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*inflight, return_exceptions=True)
-        while not self._batches.empty():
-            batch = self._batches.get_nowait()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        closed = AlreadyClosed(f"producer {self.name} closed before the receipt")
+        fast, self._fast = self._fast, {}
+        for batch in fast.values():
+            _fail_batch(batch, closed)
+            self._producer._batch_finished(batch, False)
+        while self._waiting:
+            batch = self._waiting.popleft()
             _fail_batch(batch, AlreadyClosed(f"producer {self.name} closed"))
             self._producer._batch_finished(batch, False)
         connection = await self._stop_attachment()
@@ -755,3 +777,11 @@ class _PartitionProducer(Attachment):
 
 def _fail_batch(batch: _Batch, error: DanubeError) -> None:
     batch.finish([], 0, error)
+
+
+def _receipt_error(batch: _Batch, reply: Message | None) -> DanubeError | None:
+    if not isinstance(reply, SendReceipt):
+        return InternalError(f"broker answered Send with {type(reply).__name__}")
+    if len(reply.offsets) != len(batch):
+        return InternalError(f"broker sent {len(reply.offsets)} offsets for {len(batch)} messages")
+    return None

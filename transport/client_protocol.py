@@ -11,7 +11,7 @@ never builds a Python object per message. See docs/protocol.md for the byte layo
 
 from __future__ import annotations
 
-from danube_zmq.transport.codec import Message, Protocol, Struct, wire
+from danube_zmq.transport.codec import Message, Protocol, Struct, peek_ints, wire
 from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Enum
 
 
@@ -144,7 +144,7 @@ class Send(Message):
     producer with several batches in flight keeps its order across retries."""
 
     TAG = 23
-    request_id: int
+    request_id: int  # `peek_send` reads these two first fields
     producer_id: int
     payloads: list[bytes]
     publish_times: list[int]
@@ -153,6 +153,13 @@ class Send(Message):
     schema_id: int | None = None
     schema_version: int | None = None
     sequence: int | None = None
+
+
+def peek_send(frame: bytes | memoryview) -> tuple[int, int] | None:
+    """(request_id, producer_id) of a `Send` frame without decoding its batch; None
+    when the frame is not a `Send` in the usual shape."""
+    ids = peek_ints(frame, Send.TAG, 2)
+    return None if ids is None else (ids[0], ids[1])
 
 
 @wire

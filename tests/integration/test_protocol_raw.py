@@ -234,6 +234,31 @@ def test_malformed_frame_gets_invalid_argument_and_the_connection_keeps_working(
     assert client.ping_pongs()
 
 
+# Bad batches of an attached producer: the gateway routes a Send by its ids alone and
+# the topic decodes and checks it, so these errors come from the topic.
+BAD_BATCHES = {
+    "payload as str": (["not bin"], [0]),
+    "no messages": ([], []),
+    "publish_times short": ([b"a", b"b"], [0]),
+    "publish time as str": ([b"a"], ["noon"]),
+}
+
+
+@pytest.mark.parametrize(("payloads", "publish_times"), BAD_BATCHES.values(), ids=BAD_BATCHES.keys())
+def test_a_bad_batch_of_an_attached_producer_gets_invalid_argument_and_the_producer_keeps_working(
+        broker, ctx, payloads, publish_times):
+    client = RawClient(ctx, broker.url)
+    client.connect()
+    producer_id = client.request(CREATE_PRODUCER, "/default/raw-bad-batch", "bad-batch")[2]
+
+    request_id = client.take_id()
+    client.send(SEND, request_id, producer_id, payloads, publish_times)
+    assert_error(client.reply_to(request_id), INVALID_ARGUMENT, request_id=request_id)
+
+    receipt = client.request(SEND, producer_id, [b"good"], [1_700_000_000_000])
+    assert receipt[0] == SEND_RECEIPT and receipt[2:] == [producer_id, [0]], receipt
+
+
 def test_oversized_payload_is_rejected_and_oversized_frame_is_dropped_by_zeromq(broker_factory, ctx):
     """A payload over policies.max_message_size is INVALID_ARGUMENT; a frame over
     limits.frame_bytes_max gets no answer: ZMQ_MAXMSGSIZE resets the TCP connection,

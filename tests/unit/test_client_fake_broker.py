@@ -539,3 +539,67 @@ async def test_a_send_at_the_high_water_mark_waits_for_room_and_keeps_order() ->
             await asyncio.wait_for(sender, 10)
             await eventually(lambda: len(broker.of(Send)) == 40, what="every Send received")
             assert [m.sequence for m in broker.of(Send)] == list(range(40))
+
+
+@pytest.mark.asyncio
+async def test_request_nowait_calls_back_once_with_the_reply_an_error_or_the_timeout() -> None:
+    """A request sent without a task: its callback runs once, from the receive path, with
+    the reply, an Error reply as its exception, or Timeout; each gives its slot back."""
+    async with running_broker() as broker:
+        async with client_for(broker, request_timeout_ms=200) as client:
+            producer = await client.create_producer("/default/t")
+            connection = client._connections[broker.url]
+            producer_id = producer._partitions[0].producer_id
+            answers: list[tuple[object, object]] = []
+
+            def send(payload: bytes) -> bool:
+                return connection.request_nowait(
+                    lambda request_id: Send(request_id=request_id, producer_id=producer_id, payloads=[payload],
+                                            publish_times=[0]),
+                    lambda reply, error: answers.append((reply, error)))
+
+            assert send(b"one")
+            await eventually(lambda: len(answers) == 1, what="the receipt")
+            assert type(answers[0][0]).__name__ == "SendReceipt" and answers[0][1] is None
+
+            broker.fail_next(Send, ErrorCode.INVALID_ARGUMENT, "bad batch")
+            assert send(b"two")
+            await eventually(lambda: len(answers) == 2, what="the error")
+            assert answers[1][0] is None and "bad batch" in str(answers[1][1])
+
+            broker.hold(Send)
+            assert send(b"three")
+            await eventually(lambda: len(answers) == 3, what="the timeout")
+            assert answers[2][0] is None and isinstance(answers[2][1], Timeout)
+            await asyncio.sleep(0.3)
+            assert len(answers) == 3  # once each
+            stats = connection.statistics()
+            assert stats.requests_pending == 0 and stats.requests_timed_out == 1
+            assert connection._slots.used == 0
+
+
+@pytest.mark.asyncio
+async def test_request_nowait_sends_nothing_without_a_session_and_fails_on_loss() -> None:
+    async with running_broker(heartbeat_interval_ms=100, session_timeout_ms=300) as broker:
+        async with client_for(broker, request_timeout_ms=5_000) as client:
+            producer = await client.create_producer("/default/t")
+            connection = client._connections[broker.url]
+            producer_id = producer._partitions[0].producer_id
+            answers: list[tuple[object, object, bool]] = []
+
+            def on_reply(reply: object, error: object) -> None:
+                # Told from inside the loss: no session now, so nothing may be sent.
+                again = connection.request_nowait(lambda request_id: Ping(request_id=request_id),
+                                                  lambda *_: None)
+                answers.append((reply, error, again))
+
+            broker.hold(Send)
+            assert connection.request_nowait(
+                lambda request_id: Send(request_id=request_id, producer_id=producer_id, payloads=[b"x"],
+                                        publish_times=[0]),
+                on_reply)
+            await broker.restart(down_s=1.0)  # silent past the session timeout: the session is lost
+            await eventually(lambda: len(answers) == 1, what="the loss")
+            assert answers[0][0] is None and isinstance(answers[0][1], ConnectionLost)
+            assert answers[0][2] is False
+            assert connection._slots.used == 0

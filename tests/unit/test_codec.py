@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
-from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL, Deliver, Send
+from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL, Deliver, Send, SendReceipt, peek_send
 from danube_zmq.transport.codec import Struct
 from danube_zmq.transport.errors import InvalidArgument
 from danube_zmq.transport.internal_protocol import INTERNAL_PROTOCOL
@@ -130,3 +130,42 @@ def test_deliver_keeps_columns_aligned() -> None:
                   payloads=[b"a", b"b"], publish_times=[1, 2], keys=["k", None], attributes=[{"a": "1"}, None])
     back = CLIENT_PROTOCOL.decode(CLIENT_PROTOCOL.encode(msg))
     assert back.keys == ["k", None] and back.attributes == [{"a": "1"}, None]
+
+
+_U64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(request_id=_U64, producer_id=_U64, payloads=st.lists(st.binary(max_size=40), min_size=1, max_size=20),
+       sequence=st.none() | _U64)
+def test_peek_send_reads_the_ids_a_decode_would(request_id, producer_id, payloads, sequence) -> None:
+    frame = CLIENT_PROTOCOL.encode(Send(request_id=request_id, producer_id=producer_id, payloads=payloads,
+                                        publish_times=[0] * len(payloads), sequence=sequence))
+    assert peek_send(frame) == (request_id, producer_id)
+    assert peek_send(memoryview(frame)) == (request_id, producer_id)
+    # Cut anywhere, a frame is never misread: the ids or nothing.
+    for end in range(min(len(frame), 24)):
+        assert peek_send(frame[:end]) in (None, (request_id, producer_id))
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.one_of(st.integers(min_value=-2**63, max_value=2**64 - 1), st.binary(max_size=8),
+                                st.text(max_size=8), st.none()), max_size=6))
+def test_peek_send_reads_no_ids_from_what_is_not_a_send_of_ids(items) -> None:
+    frame = msgpack.packb([Send.TAG, *items], use_bin_type=True)
+    ids = peek_send(frame)
+    if len(items) >= 2 and all(type(i) is int and i >= 0 for i in items[:2]):
+        assert ids == (items[0], items[1])
+    else:
+        assert ids is None
+
+
+def test_peek_send_is_none_for_other_messages_and_garbage() -> None:
+    receipt = CLIENT_PROTOCOL.encode(SendReceipt(request_id=1, producer_id=2, offsets=[3]))
+    assert peek_send(receipt) is None
+    assert peek_send(b"") is None
+    assert peek_send(b"\xc1\xff") is None
+    assert peek_send(msgpack.packb({"tag": Send.TAG})) is None
+    # A Send in an array16 header (more than 15 fields' worth is legal msgpack).
+    assert peek_send(b"\xdc\x00\x04" + msgpack.packb(Send.TAG) + msgpack.packb(300) + msgpack.packb(7) + b"\x90") \
+        == (300, 7)
