@@ -3,9 +3,10 @@
 - Producers (one client, one task each) send stamped messages (`stamp.py`) with
   `send_nowait`, at `rate` msg/s in total or as fast as the broker takes them, for
   `count` messages or `duration_s` seconds; every receipt records its produce-ack
-  latency. Producer i writes topic i mod `topics`. One callback serves all of a client
-  producer's receipts: they arrive in send order per partition topic, so the send
-  times wait in a deque. On a partitioned topic the bench therefore opens a client
+  latency. Producer i writes topic i mod `topics`. Receipts are taken a batch at a
+  time (the producer's `on_batch`): batches come back in send order per partition
+  topic, so the send times wait in a list and a batch takes its count of them, in
+  numpy. On a partitioned topic the bench therefore opens a client
   producer per partition topic and routes round-robin itself, so it knows each
   message's partition when it sends it.
 - Consumers (`consumers` per subscription, `subscriptions` distinct subscriptions per
@@ -29,7 +30,6 @@ import contextlib
 import ipaddress
 import multiprocessing as mp
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,6 +43,7 @@ from danube_zmq.bench.stamp import STAMP_BYTES, Stamper, read_stamps
 from danube_zmq.cli import event_loop
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.client.errors import ProducerQueueFull
+from danube_zmq.client.message import BatchReceipt
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Timeout
 
 __all__ = ["BenchConfig", "BenchResult", "run_consume", "run_e2e", "run_produce"]
@@ -55,6 +56,12 @@ _YIELD_EVERY = 256  # messages between yields at max rate, so receipts get handl
 _READY_TIMEOUT_S = 30.0
 _RECEIVE_BATCH_MAX = 5000  # messages per batch_receive: bounds the arrays one batch costs
 _LATENCIES_FLUSH = 4096  # produce-ack latencies gathered before they go into the histogram
+# The consumers' permits: NATS's default pending limit for a subscriber (65,536
+# messages). A non-reliable subscription drops what its consumer has no permits for
+# past `dispatch.pending_messages_max`; a deep window rides out a consumer process
+# that lost its CPU for a few tens of milliseconds at 300k msg/s.
+_RECEIVER_QUEUE_SIZE = 65_536
+_SENT_COMPACT = 1 << 16  # answered send times dropped from the front of the list this many at a time
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,60 +214,76 @@ class _ProduceState:
 
 
 class _Receipts:
-    """The receipts of one client producer on one partition topic. They come back in
-    send order, so `done`, one callback for all of them, pops the oldest send time.
-    Latencies go into the histogram a few thousand at a time (`record_many_ns`)."""
+    """The receipts of one client producer on one partition topic. Batches come back in
+    send order, so `on_batch`, called once per batch, takes the batch's count of the
+    oldest send times; latencies go into the histogram a few thousand at a time
+    (`record_many_ns`), with no Python work per message."""
 
-    __slots__ = ("_latencies", "_state", "sent_ns")
+    __slots__ = ("_head", "_latencies", "_pending", "_state", "sent_ns")
 
     def __init__(self, state: _ProduceState) -> None:
         self._state = state
-        self._latencies: list[int] = []
-        self.sent_ns: deque[int] = deque()
+        self._latencies: list[np.ndarray] = []
+        self._pending = 0  # latencies gathered, not yet in the histogram
+        self.sent_ns: list[int] = []  # send times; those before `_head` are answered
+        self._head = 0
         state.receipts.append(self)
 
-    def done(self, error: DanubeError | None, _: object) -> None:
+    def on_batch(self, receipt: BatchReceipt) -> None:
         now = time.monotonic_ns()
-        sent_ns = self.sent_ns.popleft()
+        count, head = receipt.count, self._head
+        sent = self.sent_ns[head:head + count]
+        head += count
+        if head >= _SENT_COMPACT:
+            del self.sent_ns[:head]
+            head = 0
+        self._head = head
         state = self._state
-        if error is None:
-            state.acked += 1
+        if receipt.error is None:
+            state.acked += count
             state.last_ack_ns = now
-            latencies = self._latencies
-            latencies.append(now - sent_ns)
-            if len(latencies) >= _LATENCIES_FLUSH:
+            self._latencies.append(now - np.array(sent, dtype=np.int64))
+            self._pending += count
+            if self._pending >= _LATENCIES_FLUSH:
                 self.flush()
         else:
-            state.failed += 1
+            state.failed += count
             if len(state.errors) < 10:
+                error = receipt.error
                 state.errors.append(f"{type(error).__name__}: {error}")
 
     def flush(self) -> None:
         if self._latencies:
-            self._state.histogram.record_many_ns(np.array(self._latencies, dtype=np.int64))
+            self._state.histogram.record_many_ns(np.concatenate(self._latencies))
             self._latencies = []
+            self._pending = 0
 
 
-async def _open_producers(client: DanubeClient, cfg: BenchConfig, topic: str) -> list[Any]:
-    """One client producer on `topic`, or one per partition topic when it has several."""
+async def _open_producers(client: DanubeClient, cfg: BenchConfig, topic: str,
+                          state: _ProduceState) -> list[tuple[Any, _Receipts]]:
+    """One client producer on `topic`, or one per partition topic when it has several,
+    each with the receipts its batches report to."""
     options: dict[str, Any] = {"dispatch": "reliable" if cfg.reliable else "non_reliable",
                                "batch_messages_max": cfg.batch_max_messages, "batch_delay_ms": cfg.batch_max_delay_ms,
                                "inflight_batches_max": cfg.max_inflight_batches}
-    producer = await client.create_producer(topic, partitions=cfg.partitions, **options)
+
+    async def open_one(name: str, **extra: Any) -> tuple[Any, _Receipts]:
+        receipts = _Receipts(state)
+        return await client.create_producer(name, on_batch=receipts.on_batch, **extra, **options), receipts
+
+    producer, receipts = await open_one(topic, partitions=cfg.partitions)
     names = producer.partitions
     if len(names) == 1:
-        return [producer]
+        return [(producer, receipts)]
     await producer.close()
-    return [await client.create_producer(name, **options) for name in names]
+    return [await open_one(name) for name in names]
 
 
 async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state: _ProduceState,
                        start_ns: int, deadline_ns: int | None) -> None:
-    producers = await _open_producers(client, cfg, cfg.topic_names()[index % cfg.topics])
-    lanes = []  # (producer, its receipts' send times, their one callback) per partition topic
-    for producer in producers:
-        receipts = _Receipts(state)
-        lanes.append((producer, receipts.sent_ns, receipts.done))
+    opened = await _open_producers(client, cfg, cfg.topic_names()[index % cfg.topics], state)
+    producers = [producer for producer, _ in opened]
+    lanes = [(producer, receipts.sent_ns) for producer, receipts in opened]  # per partition topic
     stamper = Stamper(index, cfg.size)
     quota = cfg.quota(index)
     interval_ns = int(1e9 * cfg.producers / cfg.rate) if cfg.rate else 0
@@ -273,11 +296,11 @@ async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state
                     await asyncio.sleep(delay_ns / 1e9)
             elif sequence % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            producer, sent_ns, done = lanes[sequence % len(lanes)]
+            producer, sent_ns = lanes[sequence % len(lanes)]
             now = time.monotonic_ns()
             sent_ns.append(now)  # before sending: the receipt can never come first
             try:
-                producer.send_nowait(stamper.payload(sequence, now), callback=done)
+                producer.send_nowait(stamper.payload(sequence, now))
             except ProducerQueueFull:
                 sent_ns.pop()
                 await asyncio.sleep(0.001)  # receipts free room; the same sequence goes next
@@ -360,7 +383,8 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
         for topic in cfg.topic_names():
             for name in cfg.subscription_names():
                 for _ in range(cfg.consumers):
-                    consumer = await client.subscribe(topic, name, sub_type=cfg.sub_type, receiver_queue_size=20_000)
+                    consumer = await client.subscribe(topic, name, sub_type=cfg.sub_type,
+                                                      receiver_queue_size=_RECEIVER_QUEUE_SIZE)
                     consumers.append((consumer, deliveries[name]))
         if ready is not None:
             ready()

@@ -32,7 +32,7 @@ from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.client.connection import Connection, ConnectionStatistics
 from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.errors import AlreadyClosed
-from danube_zmq.client.producer import Producer
+from danube_zmq.client.producer import BatchCallback, Producer
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.schema_cache import SchemaCache, reader_definition
 from danube_zmq.transport.client_protocol import (
@@ -215,6 +215,7 @@ class DanubeClient:
         schema_subject: str | None = None,
         schema_version: int | None = None,
         schema_min_version: int | None = None,
+        on_batch: BatchCallback | None = None,
     ) -> Producer:
         """A producer on `topic`, created with `partitions` partitions and the `dispatch`
         strategy if the topic does not exist yet (when the broker auto-creates topics).
@@ -224,6 +225,11 @@ class DanubeClient:
         across retries and reconnects whatever the window: batches carry sequence numbers,
         a batch is sent again before any later one, and a reliable topic refuses the later
         ones until a refused batch comes again.
+
+        `on_batch(receipt)`, if given, runs once per batch when its receipt or its failure
+        arrives (a `BatchReceipt`: the offsets, or the error, and the message count), in
+        send order per partition and before the messages' own callbacks: for accounting
+        in bulk (a benchmark, a counter) without a call per message.
 
         Batching: a batch opened while nothing is in flight leaves on the event loop's
         next turn (with every message queued in that turn); one opened while batches are
@@ -278,6 +284,7 @@ class DanubeClient:
             schema_subject=schema_subject,
             schema_version=schema_version,
             schema_min_version=schema_min_version,
+            on_batch=on_batch,
         )
         await producer._start()
         self._producers[producer] = None

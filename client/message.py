@@ -1,4 +1,5 @@
-"""What a consumer receives (`Message`) and how a message is named (`MessageId`).
+"""What a consumer receives (`Message`), how a message is named (`MessageId`) and what
+a producer's batch got back (`BatchReceipt`).
 
 Both are named tuples: a consumer builds one `Message` per message it hands out, and
 a tuple is built in one C call (a frozen dataclass sets each field through
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from danube_zmq.transport.errors import FailedPrecondition
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition
 
 if TYPE_CHECKING:
     from danube_zmq.client.schema_cache import CachedSchema
@@ -31,6 +32,18 @@ class MessageId(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}@{self.offset}/{self.producer_id}"
+
+
+class BatchReceipt(NamedTuple):
+    """The broker's answer to one batch of a producer, for `on_batch`: the partition topic,
+    the broker-side producer id and the batch's offsets in send order (`count` of
+    them), or the error that failed all `count` messages (then `offsets` is empty)."""
+
+    topic: str
+    producer_id: int
+    offsets: list[int]
+    count: int
+    error: DanubeError | None
 
 
 class Message(NamedTuple):

@@ -22,6 +22,7 @@ _EXPORTS = {
     "Consumer": "danube_zmq.client.consumer",
     "Message": "danube_zmq.client.message",
     "MessageId": "danube_zmq.client.message",
+    "BatchReceipt": "danube_zmq.client.message",
     "SubType": "danube_zmq.transport.client_protocol",
     "DispatchStrategy": "danube_zmq.transport.client_protocol",
     "InitialPosition": "danube_zmq.transport.client_protocol",
@@ -46,6 +47,7 @@ _EXPORTS = {
 __all__ = [
     "AlreadyClosed",
     "AlreadyExists",
+    "BatchReceipt",
     "ConfigError",
     "ConnectionLost",
     "Consumer",
@@ -92,7 +94,7 @@ if TYPE_CHECKING:
     from danube_zmq.client.client import DanubeClient
     from danube_zmq.client.consumer import Consumer
     from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, ProducerQueueFull
-    from danube_zmq.client.message import Message, MessageId
+    from danube_zmq.client.message import BatchReceipt, Message, MessageId
     from danube_zmq.client.producer import Producer
     from danube_zmq.client.sync import SyncClient, SyncConsumer, SyncProducer
     from danube_zmq.transport.client_protocol import DispatchStrategy, InitialPosition, SubType

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from danube_zmq.client import DispatchStrategy, MessageId, ProducerQueueFull
+from danube_zmq.client import BatchReceipt, DispatchStrategy, MessageId, ProducerQueueFull
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.routing import RoundRobin, fnv1a_64, partition_for_key
 from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL, CloseProducer, CreateProducer, GetPartitions, Send
@@ -301,6 +301,48 @@ async def test_send_callback_gets_error_or_id() -> None:
         await asyncio.sleep(0)
         assert seen[0] == (None, MessageId(TOPIC, 0, broker.of(Send)[0].producer_id))
         assert seen[1][1] is None and type(seen[1][0]).__name__ == "PermissionDenied"
+
+
+@pytest.mark.asyncio
+async def test_on_batch_is_told_once_per_batch_before_the_messages() -> None:
+    """`on_batch` gets one BatchReceipt per batch (offsets and count, or the error and
+    count), before the messages' own callbacks run."""
+    async with running_broker() as broker, client_for(broker) as client:
+        order: list[str] = []
+        receipts: list[BatchReceipt] = []
+
+        def on_batch(receipt: BatchReceipt) -> None:
+            receipts.append(receipt)
+            order.append("batch")
+
+        producer = await client.create_producer(TOPIC, on_batch=on_batch)
+        handles = [producer.send_nowait(b"m", callback=lambda err, mid: order.append("message")) for _ in range(3)]
+        await asyncio.gather(*handles)
+        producer_id = broker.of(Send)[0].producer_id
+        assert receipts == [BatchReceipt(TOPIC, producer_id, [0, 1, 2], 3, None)]
+        assert order == ["batch", "message", "message", "message"]
+
+        broker.fail_next(Send, ErrorCode.PERMISSION_DENIED, "no")
+        failed = [producer.send_nowait(b"n") for _ in range(2)]
+        await asyncio.gather(*failed, return_exceptions=True)
+        assert len(receipts) == 2
+        assert receipts[1].count == 2 and receipts[1].offsets == []
+        assert type(receipts[1].error).__name__ == "PermissionDenied"
+
+
+def test_pending_send_is_a_cheap_pair_that_acts_like_a_future() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        from danube_zmq.client.producer import PendingSend, _Batch, _new
+
+        batch = _Batch(TOPIC, loop.create_future(), None)
+        batch.payloads.append(b"x")
+        handle = _new(PendingSend, (batch, 0))
+        assert not handle.done()
+        batch.finish([7], 3, None)
+        assert handle.done() and handle.result() == MessageId(TOPIC, 7, 3) and handle.exception() is None
+    finally:
+        loop.close()
 
 
 def test_fnv1a_64_known_vectors() -> None:
