@@ -103,7 +103,7 @@ class Gateway(Actor):
             cp.GetPartitions: self._to_broker,
             cp.CreateProducer: self._on_create_producer,
             cp.Subscribe: self._on_subscribe,
-            cp.Send: self._on_decoded_send,
+            cp.Send: self._to_producer,
             cp.CloseProducer: self._to_producer,
             cp.Flow: self._to_consumer,
             cp.Ack: self._to_consumer,
@@ -206,7 +206,7 @@ class Gateway(Actor):
             endpoint = session.producers.get(ids[1]) if session is not None else None
             if endpoint is not None:
                 session.last_seen_ms = self.system.clock.monotonic_ms()
-                self._forward_send(endpoint, identity, ids[0], frame)
+                self._forward(endpoint, identity, ids[0], frame)
                 return
         try:
             msg = cp.CLIENT_PROTOCOL.decode(frame)
@@ -283,7 +283,7 @@ class Gateway(Actor):
         self._reply(identity, cp.HealthStatus(request_id=msg.request_id, status=status))
 
     def _to_broker(self, identity: bytes, session: Session, msg: Message, frame: bytes) -> None:
-        self._forward(self.system.broker_endpoint, identity, msg, frame)
+        self._forward(self.system.broker_endpoint, identity, msg.request_id, frame)
 
     def _on_create_producer(self, identity: bytes, session: Session, msg: cp.CreateProducer, frame: bytes) -> None:
         cap = self.config.limits.producers_per_connection_max
@@ -296,7 +296,7 @@ class Gateway(Actor):
                 self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.FAILED_PRECONDITION,
                                             message="this broker runs no schema registry"))
                 return
-            self._forward(self.system.broker_endpoint, identity, msg, frame)
+            self._forward(self.system.broker_endpoint, identity, msg.request_id, frame)
         elif not self._schema_tasks.start(self._create_producer(identity, msg, frame, self.schemas)):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="too many producers being created; retry"))
@@ -310,7 +310,7 @@ class Gateway(Actor):
         except DanubeError as exc:
             self._reply(identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
             return
-        self._forward(self.system.broker_endpoint, identity, msg, frame, schema)
+        self._forward(self.system.broker_endpoint, identity, msg.request_id, frame, schema)
 
     async def _watch_bindings(self, registry: SchemaRegistry) -> None:
         """Tell topic actors every change of a schema binding, made on any broker."""
@@ -353,20 +353,7 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message=f"this connection already has {cap} consumers (consumers_per_connection_max)"))
             return
-        self._forward(self.system.broker_endpoint, identity, msg, frame)
-
-    def _on_decoded_send(self, identity: bytes, session: Session, msg: cp.Send, frame: bytes) -> None:
-        endpoint = session.producers.get(msg.producer_id)
-        if endpoint is None:
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
-                                        message=f"producer {msg.producer_id} is not attached on this connection"))
-            return
-        self._forward_send(endpoint, identity, msg.request_id, frame)
-
-    def _forward_send(self, endpoint: str, identity: bytes, request_id: int, frame: bytes) -> None:
-        if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame)):
-            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message="broker busy: the actor serving this request has a full mailbox; retry"))
+        self._forward(self.system.broker_endpoint, identity, msg.request_id, frame)
 
     def _to_producer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
         endpoint = session.producers.get(msg.producer_id)
@@ -374,7 +361,7 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
                                         message=f"producer {msg.producer_id} is not attached on this connection"))
             return
-        self._forward(endpoint, identity, msg, frame)
+        self._forward(endpoint, identity, msg.request_id, frame)
 
     def _to_consumer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
         endpoint = session.consumers.get(msg.consumer_id)
@@ -383,13 +370,15 @@ class Gateway(Actor):
                 self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
                                             message=f"consumer {msg.consumer_id} is not attached on this connection"))
             return
-        self._forward(endpoint, identity, msg, frame)
+        self._forward(endpoint, identity, getattr(msg, "request_id", None), frame)
 
-    def _forward(self, endpoint: str, identity: bytes, msg: Message, frame: bytes,
+    def _forward(self, endpoint: str, identity: bytes, request_id: int | None, frame: bytes,
                  schema: ProducerSchema | None = None) -> None:
+        """Tell `endpoint` the client's frame; a full mailbox is answered, unless the
+        frame has no request id to answer (a `Flow`)."""
         if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame, schema=schema)):
-            if hasattr(msg, "request_id"):
-                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+            if request_id is not None:
+                self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                             message="broker busy: the actor serving this request has a full mailbox; retry"))
 
     # ------------------------------------------------------------- mailbox

@@ -337,15 +337,14 @@ class Connection:
         slot = False
         timer: asyncio.TimerHandle | None = None
         try:
-            if self._state != "ready" or not self._slots.try_take():
-                # The waits are bounded by the deadline; when the session is up and a slot
-                # free (the common case) no timeout context is needed for them.
+            if self._state == "ready" and self._slots.try_take():
+                slot = True  # the common case: no wait, so no timeout context for one
+            else:
                 async with asyncio.timeout_at(deadline):
                     await self.wait_ready()
                     await self._slots.take()
                     slot = True
                     await self.wait_ready()
-            slot = True
             request_id = self._take_request_id()
             frame = self._encode_request(msg, request_id)
             future: asyncio.Future[Message] = loop.create_future()
@@ -361,10 +360,7 @@ class Connection:
                 on_sent()
             reply = await future
         except TimeoutError:
-            self._requests_timed_out += 1
-            if frames_at_send is not None and self._frames_received == frames_at_send:
-                # Not one frame (not even a Pong) since we sent: the broker is gone.
-                self._lose(ConnectionLost(f"broker at {self.url} silent for {timeout_ms} ms"))
+            self._timed_out(frames_at_send, timeout_ms)
             raise Timeout(f"no reply to {_type_name(msg)} from {self.url} within {timeout_ms} ms") from None
         finally:
             if timer is not None:
@@ -408,11 +404,19 @@ class Connection:
         handler = self._pending.pop(request_id, None)
         if not isinstance(handler, _ReplyHandler):
             return
+        self._timed_out(handler.frames_at_send, self._request_timeout_ms)
+        self._settle(handler, None, Timeout(f"no reply from {self.url} within {self._request_timeout_ms} ms"))
+
+    def _timed_out(self, frames_at_send: int | None, timeout_ms: int) -> None:
         self._requests_timed_out += 1
+        if frames_at_send is not None and self._frames_received == frames_at_send:
+            # Not one frame (not even a Pong) since we sent: the broker is gone.
+            self._lose(ConnectionLost(f"broker at {self.url} silent for {timeout_ms} ms"))
+
+    def _settle(self, handler: _ReplyHandler, reply: Message | None, error: DanubeError | None) -> None:
+        """A `request_nowait` request is over (already out of `_pending`): its slot back, its callback told."""
         self._slots.give(1)
-        if self._frames_received == handler.frames_at_send:
-            self._lose(ConnectionLost(f"broker at {self.url} silent for {self._request_timeout_ms} ms"))
-        handler.call(None, Timeout(f"no reply from {self.url} within {self._request_timeout_ms} ms"))
+        handler.call(reply, error)
 
     def _encode_request(self, msg: Message | Callable[[int], Message], request_id: int) -> bytes:
         if isinstance(msg, Message):
@@ -489,8 +493,7 @@ class Connection:
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             if isinstance(waiter, _ReplyHandler):
-                self._slots.give(1)
-                waiter.call(None, copy_error(error))
+                self._settle(waiter, None, copy_error(error))
             elif not waiter.done():
                 waiter.set_exception(copy_error(error))
 
@@ -706,11 +709,10 @@ class Connection:
             return
         if isinstance(waiter, _ReplyHandler):
             del self._pending[request_id]
-            self._slots.give(1)
             if isinstance(msg, Error):
-                waiter.call(None, exception_from_error(msg))
+                self._settle(waiter, None, exception_from_error(msg))
             else:
-                waiter.call(msg, None)
+                self._settle(waiter, msg, None)
             return
         waiter.set_result(msg)
 
