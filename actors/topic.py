@@ -38,6 +38,7 @@ from danube_zmq.transport.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ProducerBusy,
     ResourceExhausted,
     Unavailable,
 )
@@ -179,13 +180,13 @@ class TopicActor(Actor):
             self._apply_schema_state(context.topic, context.topic.revision if context.topic is not None else 0)
         producer_id = self.producer_ids_by_name.get(msg.producer_name)
         if producer_id is not None:
-            # Same name re-attaches (a client reconnecting); an older connection loses it.
+            # The same connection re-attaches (a client reconnecting on its socket's fixed
+            # identity). Another connection is refused while the holder lives: the name frees
+            # when the holder closes or its session ends (the gateway detaches it), as Pulsar.
             producer = self.producers[producer_id]
             if producer.identity != req.identity:
-                self.system.tell(self._gateway, ProducerDetached(
-                    identity=producer.identity, producer_id=producer_id,
-                    reason=f"producer '{producer.name}' was re-attached by another connection"))
-                producer.identity = req.identity
+                raise ProducerBusy(f"producer name '{producer.name}' is held by another connection on {self.topic};"
+                                   " it is free once that producer closes or its session times out")
             # The client re-attaches after a refusal and sends its unacknowledged batches
             # again, in order (a batch it gave up on is not waited for).
             producer.next_sequence = None
