@@ -18,7 +18,6 @@ Offsets are real and increasing on non-reliable topics too (Danube leaves them 0
 from __future__ import annotations
 
 import logging
-import re
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import SubscriptionActor
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
+from danube_zmq.storage.paths import check_name
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import PartitionInfo
 from danube_zmq.transport.codec import Message
@@ -78,8 +78,6 @@ from danube_zmq.transport.internal_protocol import (
 
 log = logging.getLogger("danube_zmq.topic")
 
-# Subscription names become catalog keys: the same alphabet as topic name parts.
-_NAME = re.compile(r"[A-Za-z0-9_\-]{1,255}")
 
 
 @dataclass(slots=True)
@@ -506,5 +504,4 @@ def _column_mismatch(column: list[object] | None, count: int) -> bool:
 
 
 def _check_name(what: str, value: str) -> None:
-    if not _NAME.fullmatch(value):
-        raise InvalidArgument(f"invalid {what} {value[:80]!r}: use 1..255 of A-Z, a-z, 0-9, '_', '-'")
+    check_name(what, value)
