@@ -70,6 +70,7 @@ from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
+from danube_zmq.storage.paths import resolve_inside
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
@@ -599,7 +600,8 @@ class BrokerActor(BrokerAdmin, Actor):
         self._drop_cursor_writes(topic)
         name = parse_topic(topic)
         await asyncio.to_thread(shutil.rmtree, self._wal_dir(name), True)
-        await asyncio.to_thread(shutil.rmtree, self.data_dir / "durable-cache" / name.namespace / name.topic, True)
+        await asyncio.to_thread(shutil.rmtree, resolve_inside(self.data_dir, "durable-cache", name.namespace,
+                                                              name.topic), True)
 
     def _drop_cursor_writes(self, topic: str) -> None:
         prefix = f"{topic_key(topic)}/"
@@ -1033,14 +1035,15 @@ class BrokerActor(BrokerAdmin, Actor):
                  cp.DispatchStrategy(dispatch_strategy).name.lower())
 
     def _wal_dir(self, name: TopicName) -> Path:
-        return self.data_dir / "wal" / name.namespace / name.topic
+        # Deleted recursively with the topic: checked to stay inside the data dir.
+        return resolve_inside(self.data_dir, "wal", name.namespace, name.topic)
 
     async def _spawn_topic(self, name: TopicName, dispatch_strategy: int, start_offset: int | None) -> TopicEntry:
         config, rng, executor, broker = self.config, self.rng, self.executor, self.endpoint
         seed = rng.getrandbits(64)
         if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             wal_dir = self._wal_dir(name)
-            cache_dir = self.data_dir / "durable-cache" / name.namespace / name.topic
+            cache_dir = resolve_inside(self.data_dir, "durable-cache", name.namespace, name.topic)
             segments = self.segment_catalog
 
             def factory() -> Actor:

@@ -23,6 +23,7 @@ from danube_zmq.actors.admin_gateway import reply_admin
 from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.storage.catalog import topic_key
+from danube_zmq.storage.paths import check_name
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -69,6 +70,9 @@ class BrokerAdmin:
         route = self._topic_routes.get(type(msg))
         if route is not None:
             try:
+                subscription = getattr(msg, "subscription", None)
+                if subscription is not None:
+                    check_name("subscription name", subscription)
                 names = (await self._existing(parse_topic(msg.topic))).served_names()  # type: ignore[attr-defined]
             except DanubeError as exc:
                 reply_admin(self.system, req.identity, _error(msg, exc))
@@ -316,6 +320,8 @@ class BrokerAdmin:
         return Ok(request_id=msg.request_id)
 
     async def _set_failure_policy(self, msg: ap.SetFailurePolicy) -> Message:
+        if msg.dead_letter_topic is not None:
+            parse_topic(msg.dead_letter_topic)  # a bad name is refused before any lookup
         resolved = await self._reliable(msg.topic)
         policy = ip.FailurePolicyState(
             max_redelivery_count=msg.max_redelivery_count, ack_timeout_ms=msg.ack_timeout_ms,

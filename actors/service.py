@@ -65,6 +65,9 @@ class BrokerService:
         self._raft_collector: RaftCollector | None = None
         self._metrics_server: object | None = None
         self._stopped = asyncio.Event()
+        # Why the service cannot go on (a top-level actor exhausted its restarts); the
+        # process running it exits non-zero (`cli/broker.py`).
+        self.fatal_reason: str | None = None
         # WAL writes and fsyncs of reliable topics run here, off the event loop; a few
         # threads let topics on one disk overlap their fsyncs.
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danube-wal")
@@ -76,6 +79,7 @@ class BrokerService:
         self._context.setsockopt(zmq.LINGER, 0)
         self._context.set(zmq.MAX_SOCKETS, 65_536)
         system = ActorSystem(self._context, clock=self.clock, mailbox_messages_max=config.limits.mailbox_messages_max)
+        system.on_fatal = self._fatal
         self._system = system
         try:
             self.metadata = self._metadata_store(self._context)
@@ -179,7 +183,13 @@ class BrokerService:
             self._context = None
         self._stopped.set()
 
+    def _fatal(self, reason: str) -> None:
+        if self.fatal_reason is None:
+            self.fatal_reason = reason
+        self._stopped.set()  # wakes `wait_stopped`; the owner calls stop()
+
     async def wait_stopped(self) -> None:
+        """Until the service stopped, or failed for good (`fatal_reason` is set)."""
         await self._stopped.wait()
 
     def statistics(self) -> object:

@@ -46,11 +46,12 @@ from danube_zmq.snapshots.manifest import (
 )
 from danube_zmq.snapshots.store import SnapshotStore
 from danube_zmq.storage.durable import DurableStore
+from danube_zmq.storage.paths import check_snapshot_id, check_topic_glob
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.client_protocol import SubType
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
-from danube_zmq.transport.errors import DanubeError, NotFound
+from danube_zmq.transport.errors import DanubeError, ErrorCode, NotFound
 from danube_zmq.transport.internal_protocol import (
     AdminRequest,
     ListSnapshotTopics,
@@ -130,9 +131,17 @@ class SnapshotActor(Actor):
             answer = await self._routes[type(msg)](msg)
         except DanubeError as exc:
             answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
+        except Exception as exc:
+            # A bug of ours: the caller still gets an answer, and the actor is restarted.
+            reply_admin(self.system, req.identity, Error(
+                request_id=msg.request_id, code=ErrorCode.INTERNAL,
+                message=f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
+            raise
         reply_admin(self.system, req.identity, answer)
 
     async def _on_create(self, msg: ap.CreateSnapshot) -> Message:
+        if msg.topic is not None:
+            check_topic_glob(msg.topic)
         created = await self.create(msg.topic)
         return ap.SnapshotCreated(request_id=msg.request_id, url=created.url, snapshot=created.snapshot,
                                   files_written=created.files_written, files_shared=created.files_shared,
@@ -144,10 +153,12 @@ class SnapshotActor(Actor):
         return ap.SnapshotList(request_id=msg.request_id, url=self.url, snapshots=[_summary(m) for m in manifests])
 
     async def _on_describe(self, msg: ap.DescribeSnapshot) -> Message:
+        check_snapshot_id(msg.snapshot_id)  # here too, so bad input never reaches the thread
         manifest = await self._in_thread(self._store().manifest, msg.snapshot_id)
         return ap.SnapshotDescription(request_id=msg.request_id, url=self.url, manifest=manifest.to_json())
 
     async def _on_delete(self, msg: ap.DeleteSnapshot) -> Message:
+        check_snapshot_id(msg.snapshot_id)
         await self._in_thread(self._store().delete, msg.snapshot_id)
         return Ok(request_id=msg.request_id)
 

@@ -11,7 +11,8 @@ message by message, unless Key-Shared picks messages out of a batch.
 2. Flow (from a consumer) -> add permits -> dispatch.
 3. Dispatch: while a batch is pending and someone has permits, `rule.assign` splits
    it; each slice becomes a `Deliver`; what nobody could take stays at the head.
-4. Attach: Exclusive admits one consumer name (the same name takes over), Failover
+4. Attach: a consumer name is held by one connection (the same connection takes it
+   again; another gets CONSUMER_BUSY); Exclusive admits one consumer name, Failover
    keeps standbys in attach order, Shared and Key-Shared admit many.
 """
 
@@ -32,6 +33,7 @@ from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import (
+    ConsumerBusy,
     DanubeError,
     FailedPrecondition,
     InvalidArgument,
@@ -138,9 +140,14 @@ class SubscriptionActor(Actor):
             raise InvalidArgument("key filters apply only to key_shared subscriptions")
         same_name = next((c for c in self.consumers.values() if c.name == request.consumer_name), None)
         if same_name is not None:
-            # The same consumer name takes over (a client reconnecting): the old
-            # attachment is closed and the new one gets its place.
-            self._detach(same_name.consumer_id, reason=f"consumer '{same_name.name}' was taken over by a new connection")
+            # Only the connection holding the name takes it again (a client reconnecting on
+            # its socket's fixed identity); another is refused while the holder lives (the
+            # name frees when it closes or its session ends), as Pulsar's ConsumerBusy.
+            if same_name.identity != msg.identity:
+                raise ConsumerBusy(f"consumer name '{same_name.name}' is held by another connection on subscription"
+                                   f" '{self.subscription}' of {self.topic}; it is free once that consumer closes"
+                                   " or its session times out")
+            self._detach(same_name.consumer_id, reason=f"consumer '{same_name.name}' was re-attached by its connection")
         elif self.sub_type == cp.SubType.EXCLUSIVE and self.consumers:
             holder = next(iter(self.consumers.values()))
             raise PermissionDenied(

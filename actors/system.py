@@ -29,7 +29,11 @@ answer or the deadline).
 Supervision: a handler that raises is logged and counted, and the actor is rebuilt
 from its factory (fresh state, same mailbox, children of the old instance stopped).
 More than `restarts_max` restarts within `restart_window_ms` stops the actor and tells
-its parent with `ChildStopped`. One actor's failure never takes the process down.
+its parent with `ChildStopped` (a topic drops a subscription, the broker a topic: each
+comes back with its next use). A top-level actor (gateway, admin gateway, broker, load
+manager, snapshots) has no parent to decide: its exhaustion is fatal, `on_fatal` is
+called (logged CRITICAL) and the broker process exits non-zero for its supervisor to
+restart it, rather than leave a dead service answering RESOURCE_EXHAUSTED forever.
 """
 
 from __future__ import annotations
@@ -163,6 +167,9 @@ class ActorSystem:
         self.restarts = 0
         self.dead_letters = 0
         self.mailbox_full_drops = 0
+        # Called once a top-level actor exhausts its restarts, with why; the owner ends
+        # the process (BrokerService). None: only logged.
+        self.on_fatal: Callable[[str], None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
     async def shutdown(self) -> None:
@@ -664,9 +671,16 @@ class ActorSystem:
         if len(cell.restart_times_ms) >= self.restarts_max:
             log.error("%s: %d restarts within %d ms; stopped", cell.name, len(cell.restart_times_ms), self.restart_window_ms)
             cell.stopping = True
+            reason = f"{type(exc).__name__}: {exc}"
             if cell.parent is not None:
-                self.tell(cell.parent, ChildStopped(endpoint=cell.endpoint, name=cell.name, reason=f"{type(exc).__name__}: {exc}"))
+                self.tell(cell.parent, ChildStopped(endpoint=cell.endpoint, name=cell.name, reason=reason))
             await self._discard(cell)
+            if cell.parent is None:
+                why = f"actor {cell.name} failed {len(cell.restart_times_ms) + 1} times within" \
+                      f" {self.restart_window_ms} ms (last: {reason})"
+                log.critical("%s; the broker cannot serve without it and stops", why)
+                if self.on_fatal is not None:
+                    self.on_fatal(why)
             return False
         cell.restart_times_ms.append(now)
         cell.restarts += 1

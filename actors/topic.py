@@ -18,7 +18,6 @@ Offsets are real and increasing on non-reliable topics too (Danube leaves them 0
 from __future__ import annotations
 
 import logging
-import re
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import SubscriptionActor
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
+from danube_zmq.storage.paths import check_name
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import PartitionInfo
 from danube_zmq.transport.codec import Message
@@ -38,6 +38,7 @@ from danube_zmq.transport.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ProducerBusy,
     ResourceExhausted,
     Unavailable,
 )
@@ -77,8 +78,6 @@ from danube_zmq.transport.internal_protocol import (
 
 log = logging.getLogger("danube_zmq.topic")
 
-# Subscription names become catalog keys: the same alphabet as topic name parts.
-_NAME = re.compile(r"[A-Za-z0-9_\-]{1,255}")
 
 
 @dataclass(slots=True)
@@ -179,13 +178,13 @@ class TopicActor(Actor):
             self._apply_schema_state(context.topic, context.topic.revision if context.topic is not None else 0)
         producer_id = self.producer_ids_by_name.get(msg.producer_name)
         if producer_id is not None:
-            # Same name re-attaches (a client reconnecting); an older connection loses it.
+            # The same connection re-attaches (a client reconnecting on its socket's fixed
+            # identity). Another connection is refused while the holder lives: the name frees
+            # when the holder closes or its session ends (the gateway detaches it), as Pulsar.
             producer = self.producers[producer_id]
             if producer.identity != req.identity:
-                self.system.tell(self._gateway, ProducerDetached(
-                    identity=producer.identity, producer_id=producer_id,
-                    reason=f"producer '{producer.name}' was re-attached by another connection"))
-                producer.identity = req.identity
+                raise ProducerBusy(f"producer name '{producer.name}' is held by another connection on {self.topic};"
+                                   " it is free once that producer closes or its session times out")
             # The client re-attaches after a refusal and sends its unacknowledged batches
             # again, in order (a batch it gave up on is not waited for).
             producer.next_sequence = None
@@ -505,5 +504,4 @@ def _column_mismatch(column: list[object] | None, count: int) -> bool:
 
 
 def _check_name(what: str, value: str) -> None:
-    if not _NAME.fullmatch(value):
-        raise InvalidArgument(f"invalid {what} {value[:80]!r}: use 1..255 of A-Z, a-z, 0-9, '_', '-'")
+    check_name(what, value)

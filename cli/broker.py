@@ -4,10 +4,14 @@
 2. Start `BrokerService`, print one line saying where it listens.
 3. Wait for SIGTERM/SIGINT (or the service stopping by itself), then stop it
    cleanly and exit 0. A second signal during shutdown is not caught.
+4. A top-level actor that exhausted its restarts is fatal: logged CRITICAL, the broker
+   stops and the process exits with `EXIT_FATAL` (70) for its supervisor (`danube
+   cluster up`'s keeper, systemd, Kubernetes) to start it again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,10 @@ from danube_zmq.cli.output import emit_line
 __all__ = ["broker"]
 
 log = logging.getLogger(__name__)
+
+# EX_SOFTWARE (sysexits.h): an internal failure the broker cannot serve through.
+EXIT_FATAL = 70
+_FATAL_STOP_S = 30.0
 
 
 @click.group()
@@ -104,9 +112,18 @@ async def _run(config: Any) -> None:
         )
         try:
             await stop.race(service.wait_stopped())
-            log.warning("the broker stopped by itself")
         except Interrupted:
             log.info("%s received; stopping the broker", stop.signal_name)
+        else:
+            if service.fatal_reason is not None:
+                log.critical("broker %s failed: %s; exiting with %d", service.broker_id, service.fatal_reason,
+                             EXIT_FATAL)
+                try:
+                    await asyncio.wait_for(service.stop(), _FATAL_STOP_S)
+                except TimeoutError:
+                    log.critical("the failed broker did not stop within %.0f s", _FATAL_STOP_S)
+                raise SystemExit(EXIT_FATAL)
+            log.warning("the broker stopped by itself")
         # Stop outside the race: a clean shutdown is what the signal asked for.
         await service.stop()
     log.info("broker stopped")

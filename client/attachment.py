@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 from danube_zmq.client.connection import Connection
 from danube_zmq.client.errors import AlreadyClosed, copy_error
 from danube_zmq.client.retry import backoff_ms
-from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Timeout, Unavailable
+from danube_zmq.transport.errors import (
+    ConsumerBusy,
+    DanubeError,
+    FailedPrecondition,
+    ProducerBusy,
+    Timeout,
+    Unavailable,
+)
 
 if TYPE_CHECKING:
     from danube_zmq.client.client import DanubeClient
@@ -117,7 +124,11 @@ class Attachment:
                 await self._attach_once()
                 return
             except DanubeError as exc:
-                if not exc.retriable or attempt >= self._client.operation_retries_max:
+                # BUSY when re-attaching: the name's holder is likely our own earlier session
+                # on another connection (a redirect, a connection given up), which the broker
+                # drops within its session timeout; a first attach reports BUSY at once.
+                busy = isinstance(exc, ProducerBusy | ConsumerBusy)
+                if not (exc.retriable or busy) or attempt >= self._client.operation_retries_max:
                     self._fail(exc)
                     return
                 log.info("re-attaching %s %s to %s failed (%s); retrying", self.kind, self.name, self.topic, exc)

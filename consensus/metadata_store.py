@@ -212,7 +212,7 @@ class RaftMetadataStore:
         if node_id < 1:
             raise InvalidArgument(f"a node id is a positive integer, got {node_id}")
         if not address.startswith("tcp://"):
-            raise InvalidArgument(f"a raft peer address is tcp://HOST:PORT, got {address!r}")
+            raise InvalidArgument(f"a raft peer address is tcp://HOST:PORT, got {address[:80]!r}")
         if any(m.node_id == node_id for m in self.peer.members()):
             raise FailedPrecondition(f"node {node_id} is already a member")
         await self.put(f"{ADDRESS_PREFIX}{node_id}", address.encode())

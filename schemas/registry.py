@@ -42,6 +42,7 @@ import msgpack
 from danube_zmq.consensus.metadata_store import MetadataStore
 from danube_zmq.schemas.formats import format_for
 from danube_zmq.schemas.types import CompatibilityMode, SchemaType
+from danube_zmq.storage.paths import show
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 __all__ = [
@@ -54,7 +55,8 @@ __all__ = [
     "compatibility_errors",
 ]
 
-_SUBJECT = re.compile(r"[A-Za-z0-9._-]{1,255}")
+# Not starting with '.': a subject is a metadata key segment, and never `.` or `..`.
+_SUBJECT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
 _SUBJECTS = "/schemas/subjects/"
 _IDS = "/schemas/ids/"
 _NEXT_ID = "/schemas/next_id"
@@ -136,8 +138,8 @@ class _Subject:
 
 
 def check_subject(subject: str) -> str:
-    if not _SUBJECT.fullmatch(subject):
-        raise InvalidArgument(f"invalid subject {subject!r}: 1..255 of A-Z a-z 0-9 . _ -")
+    if not isinstance(subject, str) or not _SUBJECT.fullmatch(subject):
+        raise InvalidArgument(f"invalid subject {show(subject)}: 1..255 of A-Z a-z 0-9 . _ -, not starting with '.'")
     return subject
 
 

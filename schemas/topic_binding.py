@@ -100,9 +100,10 @@ async def configure(
     payload_validation: bool,
 ) -> TopicSchemaConfig:
     """An admin's binding: replaces whatever was there. The subject must be registered."""
+    base = _base_topic(topic)  # INVALID_ARGUMENT for a bad name before any lookup
     check_subject(subject)
     await registry.get_latest(subject)  # NOT_FOUND for an unknown subject, before anything changes
-    config = TopicSchemaConfig(topic=_base_topic(topic), subject=subject, validation_policy=policy,
+    config = TopicSchemaConfig(topic=base, subject=subject, validation_policy=policy,
                                payload_validation=payload_validation)
     written = await store.put(_key(topic), config.encode())
     return TopicSchemaConfig(topic=config.topic, subject=subject, validation_policy=policy,

@@ -20,6 +20,7 @@ from typing import IO
 import fsspec
 
 from danube_zmq.snapshots.manifest import MANIFEST, SEGMENTS_DIR, SNAPSHOTS_DIR, Manifest, manifest_path
+from danube_zmq.storage.paths import check_snapshot_id, join_key, resolve_inside
 from danube_zmq.transport.errors import InvalidArgument, NotFound, Unavailable
 
 __all__ = ["SnapshotStore", "select_manifests"]
@@ -43,7 +44,12 @@ class SnapshotStore:
         return f"SnapshotStore({self.url!r})"
 
     def path(self, relative: str) -> str:
-        return f"{self.root}/{relative}"
+        """The full path of `relative` (checked: a relative key that stays under the root;
+        on a local file system, also once symlinks are resolved)."""
+        joined = join_key(self.root, relative, "snapshot path")
+        if self._local:
+            resolve_inside(self.root, relative)
+        return joined
 
     # ---------------------------------------------------------------- reading
 
@@ -56,9 +62,11 @@ class SnapshotStore:
             return []
         except OSError as exc:
             raise Unavailable(f"cannot list snapshots at {self.url}: {exc}") from None
-        return sorted(posixpath.basename(posixpath.dirname(p)) for p in found)
+        names = (posixpath.basename(posixpath.dirname(p)) for p in found)
+        return sorted(name for name in names if _is_snapshot_id(name))  # others were not made by a broker
 
     def manifest(self, snapshot_id: str) -> Manifest:
+        check_snapshot_id(snapshot_id)
         where = f"{self.url}/{manifest_path(snapshot_id)}"
         try:
             with self.fs.open(self.path(manifest_path(snapshot_id)), "rb") as file:
@@ -103,6 +111,7 @@ class SnapshotStore:
         self.publish(manifest_path(manifest.snapshot_id), lambda file: file.write(data))
 
     def delete(self, snapshot_id: str) -> None:
+        check_snapshot_id(snapshot_id)
         directory = self.path(f"{SNAPSHOTS_DIR}/{snapshot_id}")
         if not self.fs.exists(directory):
             raise NotFound(f"snapshot {snapshot_id!r} not found at {self.url}")
@@ -131,6 +140,14 @@ class SnapshotStore:
                 self.fs.rm(path)
                 deleted += 1
         return deleted
+
+
+def _is_snapshot_id(name: str) -> bool:
+    try:
+        check_snapshot_id(name)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> set[str]:

@@ -23,6 +23,8 @@ class ErrorCode(enum.IntEnum):
     INTERNAL = 8
     UNSUPPORTED_VERSION = 9
     TIMEOUT = 10
+    PRODUCER_BUSY = 11
+    CONSUMER_BUSY = 12
 
 
 class DanubeError(Exception):
@@ -96,6 +98,21 @@ class Timeout(DanubeError):
     retriable = True
 
 
+class ProducerBusy(DanubeError):
+    """Another live connection holds this producer name on the topic (Pulsar's
+    ProducerBusy). Not retriable as is: the name frees only when its holder closes or its
+    session times out."""
+
+    code = ErrorCode.PRODUCER_BUSY
+
+
+class ConsumerBusy(DanubeError):
+    """Another live connection holds this consumer name on the subscription (Pulsar's
+    ConsumerBusy)."""
+
+    code = ErrorCode.CONSUMER_BUSY
+
+
 class ConfigError(InvalidArgument):
     """Bad broker configuration; the message names the key at fault."""
 
@@ -111,6 +128,8 @@ _BY_CODE: dict[ErrorCode, type[DanubeError]] = {
     ErrorCode.INTERNAL: InternalError,
     ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
     ErrorCode.TIMEOUT: Timeout,
+    ErrorCode.PRODUCER_BUSY: ProducerBusy,
+    ErrorCode.CONSUMER_BUSY: ConsumerBusy,
 }
 
 

@@ -35,6 +35,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from danube_zmq.storage.catalog import OFFSET_DIGITS, SegmentDescriptor, check_offset, split_topic
+from danube_zmq.storage.paths import check_key, join_key, show
 from danube_zmq.transport.errors import InternalError, InvalidArgument, NotFound
 
 __all__ = ["DurableCorruption", "DurableStore", "segment_key"]
@@ -63,13 +64,10 @@ def segment_key(topic: str, base_offset: int) -> str:
 
 
 def _check_key(key: str) -> str:
-    if not isinstance(key, str) or not key:
-        raise InvalidArgument(f"durable key must be a non-empty str, got {key!r}")
-    parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts) or "\\" in key or _TMP_MARKER in key:
-        raise InvalidArgument(
-            f"invalid durable key {key!r}: relative, '/'-separated, no empty, '.' or '..' parts, no {_TMP_MARKER!r}"
-        )
+    # Keys also come from segment descriptors in the metadata store, which an admin can write.
+    check_key(key, "durable key")
+    if _TMP_MARKER in key:
+        raise InvalidArgument(f"invalid durable key {show(key)}: it holds {_TMP_MARKER!r}")
     return key
 
 
@@ -165,7 +163,7 @@ class DurableStore:
     def path_of(self, key: str) -> str:
         """The full fsspec path of `key` (`{root}/{key}`)."""
         _check_key(key)
-        return f"{self._root}/{key}" if self._root else key
+        return join_key(self._root, key, "durable key")
 
     # ------------------------------------------------------------------ publish
 

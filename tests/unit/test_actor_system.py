@@ -122,6 +122,22 @@ async def test_restart_budget_exhausted_stops_actor_and_tells_parent(system: Act
     assert system.statistics().dead_letters == 1
 
 
+async def test_a_root_actor_exhausting_its_restarts_is_fatal_to_the_system(system: ActorSystem) -> None:
+    """An actor with no parent to tell that fails beyond its budget calls the system's
+    `on_fatal` once with its name and the last error (the broker process then exits);
+    failures within the budget do not."""
+    fatal: list[str] = []
+    system.on_fatal = fatal.append
+    root = await system.spawn(Recorder, name="snapshots")
+    for i in range(2):
+        system.tell(root, SubscriptionEnded(subscription=str(i)))
+    await wait_for(lambda: Recorder.instances == 3)
+    assert fatal == []
+    system.tell(root, SubscriptionEnded(subscription="last"))
+    await wait_for(lambda: len(fatal) == 1)
+    assert "snapshots" in fatal[0] and "boom last" in fatal[0]
+
+
 async def test_full_mailbox_refuses_tell(system: ActorSystem) -> None:
     """Telling a mailbox past its bound returns False instead of growing a queue."""
     endpoint = await system.spawn(Recorder, name="rec")
