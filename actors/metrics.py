@@ -33,6 +33,8 @@ class _Metrics:
     wal_records: Counter
     schema_mismatched: Counter
     schema_rejected: Counter
+    wal_damaged_topics: Gauge
+    wal_damage: Counter
 
 
 METRICS = _Metrics(
