@@ -633,7 +633,7 @@ class BrokerActor(BrokerAdmin, Actor):
             METRICS.wal_damage.inc()
         self.damaged[topic] = damage
         METRICS.wal_damaged_topics.set(len(self.damaged))
-        log.error("topic %s is not served: %s", topic, _damage_text(topic, damage))
+        log.error("%s", _damage_text(topic, damage))
 
     def _forget_damage(self, topic: str) -> None:
         if self.damaged.pop(topic, None) is not None:
