@@ -54,7 +54,7 @@ from typing import Any
 import msgpack
 
 from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.broker_admin import BrokerAdmin
+from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
@@ -71,6 +71,7 @@ from danube_zmq.consensus.state_machine import Compacted
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
 from danube_zmq.storage.paths import resolve_inside
+from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
@@ -158,6 +159,9 @@ class BrokerActor(BrokerAdmin, Actor):
         self.metrics_url = metrics_url
         self.rng = rng
         self.topics: dict[str, TopicEntry] = {}
+        # Reliable topics assigned here and not served: their WAL is damaged (until an
+        # operator repairs them, or they move or are deleted).
+        self.damaged: dict[str, WalDamaged] = {}
         self.lease_held = False
         self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
         self.parked: dict[str, list[tuple[ClientRequest, int]]] = {}
@@ -183,6 +187,7 @@ class BrokerActor(BrokerAdmin, Actor):
             ap.DeleteTopic: self._delete_topic,
             ap.ListBrokers: self._list_brokers,
             ap.UnloadTopic: self._unload_topic,
+            ap.RepairTopic: self._repair_topic,
         }
         # Requests for the cluster's leader (its load manager).
         self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
@@ -408,6 +413,7 @@ class BrokerActor(BrokerAdmin, Actor):
             await self._load(msg.topic)
         else:
             deleted = msg.broker_id is None and self._resolve_local(parse_topic(msg.topic)) is None
+            self._forget_damage(msg.topic)
             await self._unload(msg.topic, deleted=deleted)
             if deleted:
                 await self._delete_local(msg.topic)
@@ -437,7 +443,14 @@ class BrokerActor(BrokerAdmin, Actor):
         if resolved is None or resolved.partitioned_base:
             return  # deleted since; its assignment goes with it
         if resolved.record.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
-            start_offset = await self._start_offset(name)
+            try:
+                start_offset = await self._start_offset(name)
+            except WalDamaged as damage:
+                if not await self._recover_from_durable(name, damage):
+                    self._mark_damaged(topic, damage)
+                    return
+                start_offset = await self._start_offset(name)
+            self._forget_damage(topic)
         else:
             state = self.metadata.peer.state.get(cr.topic_state_key(topic))
             start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
@@ -572,8 +585,19 @@ class BrokerActor(BrokerAdmin, Actor):
         local WAL of an earlier turn here that ends below is stale (the topic moved on
         elsewhere): it is dropped."""
         floors = []
-        local_end = await asyncio.to_thread(self._wal_end, name)
         value = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        try:
+            local_end = await asyncio.to_thread(self._wal_end, name)
+        except WalDamaged as damage:
+            state = cr.decode(value.value, cr.TopicState) if value is not None else None
+            if state is None or state.broker_id == self.broker_id or damage.claimed_end > state.next_offset:
+                raise
+            # A WAL of an earlier turn here, superseded: another broker served the topic
+            # past everything it held. Dropped like any stale WAL below.
+            log.warning("topic %s: a stale local WAL from an earlier turn is damaged (%s): dropping it",
+                        name.full, damage)
+            await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
+            local_end = None
         if value is not None:
             state = cr.decode(value.value, cr.TopicState)
             floors.append(state.next_offset)
@@ -588,11 +612,53 @@ class BrokerActor(BrokerAdmin, Actor):
         if not floors:
             return None
         start = max(floors)
+        if local_end is not None and value is not None and local_end < state.next_offset \
+                and state.broker_id == self.broker_id:
+            # This broker recorded that the topic's log reached `next_offset` here (at its
+            # last clean stop or seal) and no broker took it since: a log ending below
+            # lost acknowledged records. Damage, not a stale WAL to drop.
+            reason = (f"the log ends at offset {local_end}, below offset {state.next_offset} where this broker"
+                      f" recorded it at its last stop")
+            wal_dir = self._wal_dir(name)
+            log.error("topic %s: WAL %s: %s; the topic is not served", name.full, wal_dir, reason)
+            raise WalDamaged(wal_dir, 0, reason, valid_end=local_end, claimed_end=max(floors + [state.reserved_until]),
+                             acknowledged_offset=state.next_offset, quarantined=None)
         if local_end is not None and local_end < start:
             log.warning("topic %s: the local WAL ends at %d, the topic at %d (served elsewhere since): dropping it",
                         name.full, local_end, start)
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
         return start
+
+    def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
+        if topic not in self.damaged:
+            METRICS.wal_damage.inc()
+        self.damaged[topic] = damage
+        METRICS.wal_damaged_topics.set(len(self.damaged))
+        log.error("%s", _damage_text(topic, damage))
+
+    def _forget_damage(self, topic: str) -> None:
+        if self.damaged.pop(topic, None) is not None:
+            METRICS.wal_damaged_topics.set(len(self.damaged))
+
+    async def _recover_from_durable(self, name: TopicName, damage: WalDamaged) -> bool:
+        """Durable modes: when the durable segments hold every offset the damaged local
+        WAL held, set the WAL aside (whole, under `quarantine/`) and let the topic start
+        again from the durable store, past its reservation. False: they do not."""
+        if self.segment_catalog is None:
+            return False
+        segments = self.segment_catalog.list(name.full)
+        durable_end = segments[-1].end_offset + 1 if segments else 0
+        if durable_end < damage.claimed_end:
+            return False
+        wal_dir = self._wal_dir(name)
+        aside = self.data_dir / "quarantine" / name.namespace / f"{name.topic}.{self.system.clock.now_ms()}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(wal_dir.rename, aside)
+        METRICS.wal_damage.inc()
+        log.error("topic %s: its WAL is damaged (%s) but the durable store holds offsets up to %d: the WAL is set"
+                  " aside in %s and the topic recovers from the durable segments", name.full, damage, durable_end - 1,
+                  aside)
+        return True
 
     async def _delete_local(self, topic: str) -> None:
         """A deleted topic's files here: WAL and durable cache. (Its metadata went with
@@ -943,6 +1009,9 @@ class BrokerActor(BrokerAdmin, Actor):
         entry = self.topics.get(topic)
         if entry is not None and self.lease_held:
             return entry
+        damage = self.damaged.get(topic)
+        if damage is not None:
+            raise Unavailable(_damage_text(topic, damage))
         owner = self._elsewhere(topic)
         if owner is not None:
             raise Moved(f"topic {topic} is served by broker {owner.broker_id}", owner.broker_url)

@@ -24,6 +24,8 @@ from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.storage.catalog import topic_key
 from danube_zmq.storage.paths import check_name
+from danube_zmq.storage.wal.errors import WalDamaged
+from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -50,6 +52,12 @@ from danube_zmq.transport.internal_protocol import (
 )
 
 log = logging.getLogger("danube_zmq.broker")
+
+
+def _damage_text(topic: str, damage: WalDamaged) -> str:
+    return (f"topic {topic} is not served: its WAL is damaged ({damage}); offsets from {damage.valid_end} on"
+            f" cannot be read. An operator can serve it again, giving them up:"
+            f" danube admin topics repair {topic} --accept-loss")
 
 # How long a request about a topic between brokers waits for its next one (a move takes
 # about a tenth of a second), within the admin client's default 5 s timeout.
@@ -246,11 +254,72 @@ class BrokerAdmin:
             raise FailedPrecondition(f"topic {resolved.name.full} is not served by any broker right now; retry")
         return Ok(request_id=msg.request_id)
 
+    async def _repair_topic(self, msg: ap.RepairTopic) -> Message:
+        """Give up the unreadable records of a topic whose WAL is damaged (on the broker it
+        is assigned to) and serve it again; a dry run without `accept_loss`."""
+        resolved = await self._existing(parse_topic(msg.topic))
+        topic = resolved.name.full
+        if resolved.partitioned_base:
+            raise FailedPrecondition(f"topic {topic} has partitions: repair the damaged one (topics describe names it)")
+        damage = self.damaged.get(topic)
+        if damage is None:
+            owner = self._elsewhere(topic)
+            if owner is not None:
+                # Not forwarded: the repair runs in this actor, which must not wait on a peer.
+                raise FailedPrecondition(f"topic {topic} is assigned to broker {owner.broker_id}: run the repair"
+                                         f" against its admin port {owner.admin_url}")
+            if topic in self.topics:
+                raise FailedPrecondition(f"topic {topic} is served: its WAL is not damaged, nothing to repair")
+            raise Unavailable(f"topic {topic} has no broker right now; retry")
+        resume = self._resume_offset(resolved.name, damage)
+        if not msg.accept_loss:
+            return ap.TopicRepaired(
+                request_id=msg.request_id, topic=topic, repaired=False, reason=str(damage),
+                lost_start=damage.valid_end if resume > damage.valid_end else None,
+                lost_end=resume if resume > damage.valid_end else None, acknowledged_end=damage.acknowledged_offset,
+                next_offset=resume, quarantined=[str(damage.quarantined)] if damage.quarantined else [])
+        report = await asyncio.to_thread(WalLog.repair, self._wal_dir(resolved.name), resume_offset=resume,
+                                         clock=self.system.clock)
+        self._forget_damage(topic)
+        await self._load(topic)
+        if topic not in self.topics:
+            still = self.damaged.get(topic)
+            raise Unavailable(f"topic {topic}: repaired, but not served: {still if still is not None else 'retry'}")
+        lost = report.lost
+        quarantined = [str(damage.quarantined)] if damage.quarantined else []
+        return ap.TopicRepaired(
+            request_id=msg.request_id, topic=topic, repaired=True, reason=str(damage),
+            lost_start=lost[0] if lost else None, lost_end=lost[1] if lost else None,
+            acknowledged_end=damage.acknowledged_offset, next_offset=report.next_offset,
+            quarantined=quarantined + [str(path) for path in report.quarantined if str(path) not in quarantined])
+
+    def _resume_offset(self, name: Any, damage: WalDamaged) -> int:
+        """Past every offset the topic may have given out: what its WAL is known to have
+        held, where it was recorded stopped, its reservation, and its durable segments."""
+        floors = [damage.claimed_end, damage.valid_end]
+        value = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        if value is not None:
+            state = cr.decode(value.value, cr.TopicState)
+            floors += [state.next_offset, state.reserved_until]
+        if self.segment_catalog is not None:
+            segments = self.segment_catalog.list(name.full)
+            if segments:
+                floors.append(segments[-1].end_offset + 1)
+        return max(floors)
+
     async def _describe_topic(self, msg: ap.DescribeTopic) -> Message:
         resolved = await self._existing(parse_topic(msg.topic))
         partitions = []
         owner = 0
         for partition in resolved.served_names():
+            damage = self.damaged.get(partition)
+            if damage is not None:  # assigned here, not served: say why instead of waiting for it
+                partitions.append(ap.PartitionInfo(
+                    name=partition, next_offset=damage.valid_end, producers=[], messages_in=0, bytes_in=0,
+                    dropped_messages=0, subscriptions=[], wal_damage=_damage_text(partition, damage)))
+                owner = owner or self.broker_id
+                continue
+
             async def local(entry: TopicEntry) -> list[ap.PartitionInfo]:
                 stats = await self.system.ask(entry.endpoint, DescribePartition())
                 assert isinstance(stats, PartitionStats)

@@ -33,6 +33,8 @@ class _Metrics:
     wal_records: Counter
     schema_mismatched: Counter
     schema_rejected: Counter
+    wal_damaged_topics: Gauge
+    wal_damage: Counter
 
 
 METRICS = _Metrics(
@@ -56,6 +58,10 @@ METRICS = _Metrics(
                               "Messages accepted without the topic's schema (validation policy warn)", ["topic"]),
     schema_rejected=Counter("danube_topic_schema_rejected_messages_total",
                             "Messages refused by the topic's validation policy or payload validation", ["topic"]),
+    wal_damaged_topics=Gauge("danube_wal_damaged_topics",
+                             "Reliable topics assigned here and not served because their WAL is damaged"),
+    wal_damage=Counter("danube_wal_damage_total",
+                       "Damaged WALs found at recovery (each also an ERROR naming file and byte)"),
 )
 
 

@@ -449,6 +449,8 @@ class ReliableTopicActor(TopicActor):
             if not frames:
                 batch = self.wal.read(start, max_bytes=msg.max_bytes, upto_offset=self.committed_offset)
                 frames = _publish_frames(self.topic, batch)
+                if not frames:  # offsets an operator's repair gave up: the log goes on after them
+                    gap_end = self.wal.gap_end(start) or 0
         elif start < wal_start:
             segment = next((s for s in self.durable if s.end_offset >= start), None)
             if segment is not None and segment.base_offset <= start:

@@ -264,6 +264,36 @@ def topics_unload(ctx: click.Context, topic: str) -> None:
     emit_line(f"unloading topic {topic}: it is sealed and assigned to another broker")
 
 
+@topics.command("repair")
+@click.argument("topic")
+@click.option("--accept-loss", is_flag=True, help="Give up the unreadable records and serve the topic again.")
+@click.pass_context
+def topics_repair(ctx: click.Context, topic: str, accept_loss: bool) -> None:
+    """Serve again TOPIC (one partition) whose WAL is damaged. Without --accept-loss,
+    print which offsets would be lost and change nothing. With it, the readable records
+    are kept, the damaged ones given up, and offsets continue past every offset the
+    topic may have given out (never reused)."""
+    topic = check_topic(topic)
+    report = _call(ctx, lambda client: client.repair_topic(topic, accept_loss=accept_loss))
+    emit_line(f"topic {report.topic}: {report.reason}")
+    if report.lost_start is None or report.lost_end is None:
+        emit_line("lost offsets: none")
+    else:
+        emit_line(f"lost offsets: {report.lost_start}..{report.lost_end - 1}"
+                  f" ({report.lost_end - report.lost_start} offsets)")
+        acknowledged_end = report.acknowledged_end
+        if acknowledged_end is not None and acknowledged_end > report.lost_start:
+            emit_line(f"acknowledged to producers among them: {report.lost_start}..{acknowledged_end - 1}"
+                      f" (at least; later ones may have been given out without being acknowledged)")
+    for path in report.quarantined:
+        emit_line(f"set aside: {path}")
+    if report.repaired:
+        emit_line(f"repaired: topic {report.topic} is served again; its next offset is {report.next_offset}")
+    else:
+        emit_line(f"nothing changed (dry run); run again with --accept-loss to give up these offsets and serve the"
+                  f" topic from offset {report.next_offset}")
+
+
 @topics.command("describe")
 @click.argument("topic")
 @output_option
@@ -287,6 +317,9 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
         ],
         title="Partitions",
     )
+    for p in description.partitions:
+        if p.wal_damage is not None:
+            emit_line(f"NOT SERVED: partition {p.name}: WAL damaged: {p.wal_damage}")
     subscriptions = [s for p in description.partitions for s in p.subscriptions]
     if not subscriptions:
         emit_line("no subscriptions")

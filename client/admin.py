@@ -65,6 +65,7 @@ from danube_zmq.transport.admin_protocol import (
     RebalanceCluster,
     Rebalanced,
     RemoveClusterNode,
+    RepairTopic,
     SeekSubscription,
     SetDispatchConfig,
     SetFailurePolicy,
@@ -75,6 +76,7 @@ from danube_zmq.transport.admin_protocol import (
     TopicDescription,
     TopicInfo,
     TopicList,
+    TopicRepaired,
     TopicSchemaConfigInfo,
     UnloadBroker,
     UnloadTopic,
@@ -168,6 +170,13 @@ class AdminClient(RequestClient):
         another one the load manager picks. Returns once the move is recorded."""
         parse_topic(topic)
         await self._call(lambda rid: UnloadTopic(request_id=rid, topic=topic), Ok)
+
+    async def repair_topic(self, topic: str, *, accept_loss: bool) -> TopicRepaired:
+        """What repairing `topic`'s damaged WAL gives up; with `accept_loss`, do it and
+        serve the topic again (offsets continue past every one given out)."""
+        parse_topic(topic)
+        return await self._call(lambda rid: RepairTopic(request_id=rid, topic=topic, accept_loss=accept_loss),
+                                TopicRepaired)
 
     async def describe_topic(self, topic: str) -> TopicDescription:
         parse_topic(topic)

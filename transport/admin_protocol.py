@@ -118,6 +118,9 @@ class PartitionInfo(Struct):
     bytes_in: int
     dropped_messages: int
     subscriptions: list[SubscriptionInfo]
+    # Set when the partition is not served because its WAL is damaged (file, byte, why,
+    # which offsets cannot be read); `next_offset` is then where the readable log ends.
+    wal_damage: str | None = None
 
 
 @wire
@@ -649,11 +652,43 @@ class ActivateBroker(Message):
     broker_id: int
 
 
+@wire
+class RepairTopic(Message):
+    """Serve again a topic (one partition) whose WAL is damaged, giving up the records
+    that cannot be read: its readable prefix is kept and offsets continue past every
+    offset it may have given out (never reused). Without `accept_loss` nothing changes
+    and the answer says what would be lost. Answered by `TopicRepaired`."""
+
+    TAG = 90
+    request_id: int
+    topic: str
+    accept_loss: bool = False
+
+
+@wire
+class TopicRepaired(Message):
+    """Offsets [lost_start, lost_end) are given up (None: none); those below
+    `acknowledged_end` had been acknowledged to producers (None: not known); the topic
+    continues at `next_offset`. `repaired` is False for a dry run (nothing changed)."""
+
+    TAG = 91
+    request_id: int
+    topic: str
+    repaired: bool
+    reason: str
+    lost_start: int | None
+    lost_end: int | None
+    acknowledged_end: int | None
+    next_offset: int
+    quarantined: list[str]
+
+
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
     GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
+    RepairTopic,
 )
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -673,5 +708,6 @@ ADMIN_PROTOCOL = Protocol(
         CreateSnapshot, SnapshotCreated, ListSnapshots, SnapshotList, DescribeSnapshot, SnapshotDescription,
         DeleteSnapshot, UnloadTopic, GetClusterBalance, ClusterBalance, RebalanceCluster, Rebalanced,
         UnloadBroker, ActivateBroker,
+        RepairTopic, TopicRepaired,
     ),
 )

@@ -4,7 +4,7 @@ Pure, synchronous Python: the topic actor calls it from a worker thread (writer)
 reads committed offsets from the event loop. See README.md for the layout and paths.
 """
 
-from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange
+from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange, WalDamaged
 from danube_zmq.storage.wal.format import (
     HEADER,
     HEADER_BYTES,
@@ -16,7 +16,7 @@ from danube_zmq.storage.wal.format import (
     encode_batch,
     scan,
 )
-from danube_zmq.storage.wal.log import RecoveryReport, WalLog, WalStatistics
+from danube_zmq.storage.wal.log import RecoveryReport, RepairReport, WalLog, WalStatistics
 from danube_zmq.storage.wal.segment import SegmentInfo, segment_file_name
 
 __all__ = [
@@ -29,8 +29,10 @@ __all__ = [
     "OffsetOutOfRange",
     "RecordBatch",
     "RecoveryReport",
+    "RepairReport",
     "ScanResult",
     "SegmentInfo",
+    "WalDamaged",
     "WalLog",
     "WalStatistics",
     "encode_batch",

@@ -30,3 +30,24 @@ class OffsetOutOfRange(NotFound):
         super().__init__(f"offset {start_offset} is below the WAL's first offset {log_start_offset}")
         self.start_offset = start_offset
         self.log_start_offset = log_start_offset
+
+
+class WalDamaged(CorruptRecord):
+    """Recovery found damage, not a torn tail: a bad record with valid records after it,
+    a log ending below its acknowledged frontier, or a damaged sealed segment. Nothing
+    was cut; the damaged file was copied to `quarantined`.
+
+    `valid_end` is where the whole prefix of the log ends (the first offset that cannot
+    be read); `claimed_end` is one past the highest offset the log is known to have held
+    (from the frontier, the valid records after the fault, later segment files);
+    `acknowledged_offset` is the frontier (None: unknown). The lost offsets, if the log is
+    repaired, are `valid_end .. claimed_end - 1` at least.
+    """
+
+    def __init__(self, path: Path | str, position: int, reason: str, *, valid_end: int, claimed_end: int,
+                 acknowledged_offset: int | None, quarantined: Path | None) -> None:
+        super().__init__(path, position, reason)
+        self.valid_end = valid_end
+        self.claimed_end = claimed_end
+        self.acknowledged_offset = acknowledged_offset
+        self.quarantined = quarantined

@@ -21,23 +21,31 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
 from danube_zmq.actors.clock import Clock
-from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange
+from danube_zmq.storage.wal import frontier as wal_frontier
+from danube_zmq.storage.wal import gaps as wal_gaps
+from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged
 from danube_zmq.storage.wal.format import HEADER, HEADER_BYTES, RECORD_BODY_BYTES_MAX, RecordBatch
+from danube_zmq.storage.wal.frontier import FrontierFile
+from danube_zmq.storage.wal.recovery import judge
 from danube_zmq.storage.wal.segment import (
     INDEX_INTERVAL_BYTES,
     SEGMENT_SUFFIX,
     Segment,
     SegmentDeleted,
     SegmentInfo,
+    parse_segment_file_name,
 )
 from danube_zmq.transport.errors import FailedPrecondition
 
 log = logging.getLogger("danube_zmq.storage.wal")
+
+QUARANTINE_DIR = "quarantine"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +57,18 @@ class RecoveryReport:
     log_start_offset: int
     next_offset: int
     truncated_bytes: int  # torn or corrupt tail dropped from the active segment
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepairReport:
+    """What `WalLog.repair` gave up: `lost` offsets [start, end) (None: none), the part of
+    them below the acknowledged frontier (`acknowledged_lost`), where the log goes on, and
+    the files set aside."""
+
+    lost: tuple[int, int] | None
+    acknowledged_lost: tuple[int, int] | None
+    next_offset: int
+    quarantined: list[Path]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +111,9 @@ class WalLog:
         self._appends = 0
         self._syncs = 0
         self._closed = False
+        self._frontier: FrontierFile | None = None
+        # (start, end) offset ranges between segments that a repair gave up (`gaps.py`).
+        self._gaps: frozenset[tuple[int, int]] = frozenset()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -108,8 +131,10 @@ class WalLog:
     ) -> WalLog:
         """Open (creating the directory if needed) and recover.
 
-        Every sealed segment must be whole, else `CorruptRecord`; the active one loses a
-        torn or corrupt tail (logged). An empty directory starts at `start_offset`
+        Every sealed segment must be whole; the active one loses a torn tail (logged),
+        that is a bad or partial suffix with no valid record after it and at or above
+        the acknowledged frontier (`frontier.py`). Anything else raises `WalDamaged`
+        with nothing cut (see `recovery.py`). An empty directory starts at `start_offset`
         (default 0); with segments present, `start_offset` is a floor the recovered log
         must reach (`FailedPrecondition` otherwise: offsets would be reused).
         """
@@ -124,10 +149,81 @@ class WalLog:
         wal._recover(start_offset)
         return wal
 
+    @classmethod
+    def repair(cls, directory: Path, *, resume_offset: int, clock: Clock,
+               body_bytes_max: int = RECORD_BODY_BYTES_MAX) -> RepairReport:
+        """An operator accepted the loss: keep the readable prefix of a damaged log, give
+        up the rest, and continue at or past `resume_offset` (the highest offset the
+        topic may have given out, from the metadata store), so no offset is ever reused.
+
+        The first damaged segment is cut at its fault (a copy was kept in `quarantine/`);
+        later segments move into `quarantine/`. The given-up range is recorded in `gaps`
+        (readers skip it) and a new active segment starts after it. Run on a closed log.
+        """
+        directory = Path(directory)
+        paths = sorted(p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
+        gaps = wal_gaps.read(directory)
+        acknowledged = wal_frontier.read(directory)
+        kept: list[Segment] = []
+        claimed_end = max(resume_offset, acknowledged or 0)
+        quarantined: list[Path] = []
+        try:
+            for number, path in enumerate(paths):
+                segment = Segment.open(path, clock=clock, writable=True, body_bytes_max=body_bytes_max)
+                if kept and segment.base_offset != kept[-1].next_offset \
+                        and (kept[-1].next_offset, segment.base_offset) not in gaps:
+                    segment.close()
+                    quarantined += _set_aside(paths[number:], directory)
+                    break
+                kept.append(segment)
+                fault = segment.recover()
+                if fault is None:
+                    continue
+                claimed_end = max(claimed_end, segment.survey_after(fault).end_offset or 0)
+                quarantined.append(_quarantine(path, fault.position))
+                segment.truncate_torn_tail()
+                for later in paths[number + 1:]:
+                    claimed_end = max(claimed_end, _file_base_offset(later) or 0)
+                quarantined += _set_aside(paths[number + 1:], directory)
+                break
+            prefix_end = kept[-1].next_offset if kept else resume_offset
+            resume = max(claimed_end, prefix_end)
+            lost = (prefix_end, resume) if resume > prefix_end else None
+            if lost is not None:
+                if kept and kept[-1].size_bytes == 0:
+                    kept.pop().delete()  # an empty file cannot be sealed; nothing in it is lost
+                if kept:
+                    gaps = gaps | {(kept[-1].next_offset, resume)}
+                    wal_gaps.write(directory, gaps)
+                Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max).close()
+            elif not kept:
+                Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max).close()
+            for segment in kept:
+                if not segment.sealed:
+                    segment.seal()
+            frontier = FrontierFile(directory)
+            frontier.advance(resume)
+            frontier.sync()
+            frontier.close()
+            _fsync_directory(directory)
+        finally:
+            for segment in kept:
+                segment.close()
+        acknowledged_lost = None
+        if lost is not None and acknowledged is not None and acknowledged > lost[0]:
+            acknowledged_lost = (lost[0], min(acknowledged, lost[1]))
+        log.error("WAL %s repaired with loss accepted: offsets %s given up (acknowledged among them: %s); the log"
+                  " continues at %d; set aside: %s", directory, _range_text(lost), _range_text(acknowledged_lost),
+                  resume, ", ".join(map(str, quarantined)) or "nothing")
+        return RepairReport(lost=lost, acknowledged_lost=acknowledged_lost, next_offset=resume,
+                            quarantined=quarantined)
+
     def _recover(self, start_offset: int | None) -> None:
         assert not self._segments, "recover runs once, from open"
         self.directory.mkdir(parents=True, exist_ok=True)
         paths = sorted(p for p in self.directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
+        gaps = wal_gaps.read(self.directory)
+        acknowledged = wal_frontier.read(self.directory)
         segments: list[Segment] = []
         truncated_bytes = 0
         try:
@@ -141,18 +237,26 @@ class WalLog:
                     body_bytes_max=self._body_bytes_max,
                 )
                 segments.append(segment)
-                if segments[:-1] and segment.base_offset != segments[-2].next_offset:
+                if segments[:-1] and segment.base_offset != segments[-2].next_offset \
+                        and (segments[-2].next_offset, segment.base_offset) not in gaps:
                     previous = segments[-2]
                     reason = f"segment starts at offset {segment.base_offset}, {previous.path.name} ends at {previous.next_offset}"
-                    raise CorruptRecord(path, 0, reason)
+                    raise self._damaged(segment, 0, reason, previous.next_offset, paths, acknowledged, None)
                 fault = segment.recover()
                 if fault is None:
                     continue
                 if not active:
-                    raise CorruptRecord(path, fault.position, f"{fault.kind} in a sealed segment: {fault.reason}")
+                    reason = f"{fault.kind} in a sealed segment: {fault.reason}"
+                    raise self._damaged(segment, fault.position, reason, segment.next_offset, paths, acknowledged, None)
+                after = segment.survey_after(fault)
+                verdict = judge(fault=fault, fault_offset=segment.next_offset, after=after,
+                                acknowledged_offset=acknowledged)
+                if verdict.corrupt:
+                    raise self._damaged(segment, fault.position, verdict.reason, segment.next_offset, paths, acknowledged,
+                                        after.end_offset)
                 truncated_bytes = segment.truncate_torn_tail()
                 log.warning(
-                    "WAL %s: dropped %d bytes of torn or corrupt tail at byte %d (%s: %s); next offset %d",
+                    "WAL %s: dropped %d bytes of torn tail at byte %d (%s: %s); next offset %d",
                     path,
                     truncated_bytes,
                     fault.position,
@@ -160,6 +264,14 @@ class WalLog:
                     fault.reason,
                     segment.next_offset,
                 )
+            end = segments[-1].next_offset if segments else start_offset or 0
+            if acknowledged is not None and end < acknowledged:
+                # Whole files, but fewer records than were fsynced: files lost or cut.
+                reason = f"the log ends at offset {end}, below the acknowledged frontier {acknowledged}"
+                if segments:
+                    raise self._damaged(segments[-1], segments[-1].size_bytes, reason, end, paths, acknowledged, None)
+                raise WalDamaged(self.directory, 0, reason, valid_end=end, claimed_end=acknowledged,
+                                 acknowledged_offset=acknowledged, quarantined=None)
             if not segments:
                 segments.append(self._create_segment(start_offset or 0))
             elif start_offset is not None and segments[-1].next_offset < start_offset:
@@ -169,12 +281,15 @@ class WalLog:
             # What recovery kept may have lived in the page cache only (the process
             # crashed, not the machine): fsync it before anything builds on it.
             segments[-1].sync_recovered()
+            self._frontier = FrontierFile(self.directory)
         except BaseException:
             for segment in segments:
                 segment.close()
             raise
         self._segments = tuple(segments)
+        self._gaps = gaps
         self._next_offset = segments[-1].next_offset
+        self._frontier.advance(self._next_offset)  # all of it is fsynced now
         self._recovery = RecoveryReport(
             segments=len(segments),
             records=self._next_offset - segments[0].base_offset,
@@ -183,16 +298,33 @@ class WalLog:
             truncated_bytes=truncated_bytes,
         )
 
+    def _damaged(self, segment: Segment, position: int, reason: str, valid_end: int, paths: list[Path],
+                 acknowledged: int | None, survey_end: int | None) -> WalDamaged:
+        """The error for damage found at `position` of `segment`, after its file was
+        copied to `quarantine/`, logged at ERROR."""
+        later = [base for base in map(_file_base_offset, paths) if base is not None and base > segment.base_offset]
+        claimed_end = max(valid_end, acknowledged or 0, survey_end or 0, *later)
+        quarantined = _quarantine(segment.path, position)
+        log.error("WAL %s: damaged at byte %d: %s. Records from offset %d on cannot be read (the log held offsets"
+                  " up to at least %d); the topic is not served. The file is kept as it was; a copy is in %s",
+                  segment.path, position, reason, valid_end, claimed_end - 1, quarantined)
+        return WalDamaged(segment.path, position, reason, valid_end=valid_end, claimed_end=claimed_end,
+                          acknowledged_offset=acknowledged, quarantined=quarantined)
+
     def close(self) -> None:
         """Sync what was appended, then close every segment. Idempotent."""
         if self._closed:
             return
         try:
             self.sync()
+            if self._frontier is not None:
+                self._frontier.sync()
         finally:
             self._closed = True
             for segment in self._segments:
                 segment.close()
+            if self._frontier is not None:
+                self._frontier.close()
 
     def __enter__(self) -> WalLog:
         return self
@@ -266,6 +398,9 @@ class WalLog:
         if self._directory_unsynced:
             _fsync_directory(self.directory)
             self._directory_unsynced = False
+        # Everything appended is durable now: the caller may acknowledge up to here.
+        assert self._frontier is not None
+        self._frontier.advance(self._next_offset)
 
     @property
     def writable(self) -> bool:
@@ -305,6 +440,8 @@ class WalLog:
         segment = self._create_segment(self._next_offset)
         active.seal()
         self._segments = (*self._segments, segment)
+        assert self._frontier is not None
+        self._frontier.advance(self._next_offset)  # the sealed segment was fsynced whole
 
     def seal_active(self) -> SegmentInfo | None:
         """Make the active segment sealed and immutable (before upload or a move); None
@@ -329,6 +466,14 @@ class WalLog:
             segment.delete()
         self._directory_unsynced = True
         return keep_from
+
+    def gap_end(self, offset: int) -> int | None:
+        """When `offset` lies in a range a repair gave up (between two segments), where
+        the log goes on; None otherwise."""
+        for start, end in self._gaps:
+            if start <= offset < end:
+                return end
+        return None
 
     def _create_segment(self, base_offset: int) -> Segment:
         segment = Segment.create(
@@ -364,8 +509,8 @@ class WalLog:
         offset = start_offset
         try:
             for segment in segments[number:]:
-                if offset >= upto_offset:
-                    break
+                if offset >= upto_offset or offset < segment.base_offset:
+                    break  # the end, or a gap a repair left (`gap_end` says where it ends)
                 records, size_bytes = segment.read(
                     offset, max_bytes=bytes_left, upto_offset=upto_offset, min_one_record=not batches
                 )
@@ -384,6 +529,38 @@ class WalLog:
 
 def _base_offset(segment: Segment) -> int:
     return segment.base_offset
+
+
+def _file_base_offset(path: Path) -> int | None:
+    return parse_segment_file_name(path.name)
+
+
+def _range_text(offsets: tuple[int, int] | None) -> str:
+    return "none" if offsets is None else f"{offsets[0]}..{offsets[1] - 1}"
+
+
+def _set_aside(paths: list[Path], directory: Path) -> list[Path]:
+    """Move whole segment files into `quarantine/` (a repair gave them up)."""
+    moved = []
+    (directory / QUARANTINE_DIR).mkdir(exist_ok=True)
+    for path in paths:
+        target = directory / QUARANTINE_DIR / path.name
+        os.replace(path, target)
+        moved.append(target)
+    return moved
+
+
+def _quarantine(path: Path, position: int) -> Path:
+    """Copy a damaged file, as it is, to `<wal dir>/quarantine/<name>.<byte>` (once: a
+    copy made at an earlier open is kept); the original stays in place untouched."""
+    directory = path.parent / QUARANTINE_DIR
+    directory.mkdir(exist_ok=True)
+    target = directory / f"{path.name}.{position}"
+    if not target.exists():
+        temporary = target.with_name(target.name + ".tmp")
+        shutil.copyfile(path, temporary)
+        os.replace(temporary, target)
+    return target
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -19,6 +19,7 @@ The sparse index maps offsets to byte positions: an entry at a batch start every
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import threading
 from bisect import bisect_right
@@ -38,6 +39,7 @@ from danube_zmq.storage.wal.format import (
     scan,
     skip_to,
 )
+from danube_zmq.storage.wal.recovery import Survey, survey
 from danube_zmq.transport.errors import InternalError
 
 SEGMENT_SUFFIX = ".wal"
@@ -251,6 +253,21 @@ class Segment:
         self._end = (expected, position)
         self._file_bytes = file_bytes
         return fault
+
+    def survey_after(self, fault: Fault) -> Survey:
+        """What lies after `fault` in the file (found by `recover`): valid records, and the
+        highest offset they carry. The file is mapped, not read into memory."""
+        assert self._read_fd is not None
+        if self._file_bytes <= fault.position + HEADER_BYTES:
+            return Survey(first=None, end_offset=None)  # no room for a record after it
+        with mmap.mmap(self._read_fd, self._file_bytes, access=mmap.ACCESS_READ) as mapped:
+            return survey(mapped, fault_position=fault.position, expected_offset=self.next_offset,
+                          body_bytes_max=self._body_bytes_max)
+
+    @property
+    def file_bytes(self) -> int:
+        """The file's size as `recover` found it (torn or damaged bytes included)."""
+        return self._file_bytes
 
     def truncate_torn_tail(self) -> int:
         """Cut the file to the whole records `recover` found, fsync, and return the bytes dropped."""

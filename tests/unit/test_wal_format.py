@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import crc32c
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from danube_zmq.storage.wal import (
     HEADER,
     HEADER_BYTES,
+    RECORD_BODY_BYTES_MAX,
     CorruptRecord,
     FaultKind,
     OffsetOutOfRange,
@@ -295,3 +297,48 @@ def test_payload_sizes_at_each_bin_header_width_round_trip(size: int) -> None:
     buf = encode_batch(7, [payload], [1_763_800_000_000], 1, "p")
     assert buf[HEADER_BYTES:] == msgpack.packb([payload, None, None, 1_763_800_000_000, 1, "p", None, None])
     assert scan(buf, expected_offset=7).records.payloads == [payload]
+
+
+def test_scan_sizes_are_each_records_bytes_in_the_log() -> None:
+    """With `with_sizes`, `sizes` lists each returned record's bytes (16-byte header plus
+    body) in order; they sum to `valid_bytes`, also when a limit or a bad body ends the
+    scan early, and are empty when nothing is returned. Without it, `sizes` is None.
+    (Snapshot export builds its per-record byte columns from them.)"""
+    payloads = [b"", b"x" * 10, b"y" * 300, b"z" * 70000]
+    buf = encode_batch(4, payloads, [0] * 4, 1, "p", keys=["k", None, "key", None])
+    starts = [0]
+    for _ in payloads:
+        starts.append(starts[-1] + HEADER_BYTES + HEADER.unpack_from(buf, starts[-1])[1])
+    expected = [b - a for a, b in itertools.pairwise(starts)]
+    whole = scan(buf, expected_offset=4, with_sizes=True)
+    assert whole.sizes == expected and sum(whole.sizes) == whole.valid_bytes == len(buf)
+    assert scan(buf, expected_offset=4).sizes is None
+    limited = scan(buf, expected_offset=4, upto_offset=6, with_sizes=True)
+    assert limited.sizes == expected[:2] and sum(limited.sizes) == limited.valid_bytes
+    budget = scan(buf, expected_offset=4, max_bytes=starts[3], with_sizes=True)
+    assert budget.sizes == expected[:3]
+    bad_body = scan(buf[: starts[2]] + raw_record(6, b"\xc1"), expected_offset=4, with_sizes=True)
+    assert bad_body.sizes == expected[:2] and bad_body.fault is not None
+    assert scan(b"", expected_offset=0, with_sizes=True).sizes == []
+    assert scan(buf[:5], expected_offset=4, with_sizes=True).sizes == []
+
+
+def test_record_length_at_the_cap_is_accepted_and_one_above_is_bad_length() -> None:
+    """The cap is inclusive: a body of exactly `body_bytes_max` bytes is a record, one
+    byte more is `bad_length` (in `scan` and where `skip_to` stops); the default cap is
+    64 MiB and a length of cap + 1 is refused before any body byte is looked for."""
+    buf = encode_batch(0, [b"x" * 100, b"y"], [0, 0], 1, "p")
+    first = HEADER.unpack_from(buf, 0)[1]
+    at_cap = scan(buf, expected_offset=0, body_bytes_max=first)
+    assert at_cap.fault is None and at_cap.records.offsets == [0, 1]
+    above = scan(buf, expected_offset=0, body_bytes_max=first - 1)
+    assert above.fault is not None and above.fault.kind is FaultKind.BAD_LENGTH and above.fault.position == 0
+    assert str(first) in above.fault.reason and str(first - 1) in above.fault.reason
+    assert skip_to(buf, offset=0, start_offset=1, body_bytes_max=first) == (HEADER_BYTES + first, 1)
+    assert skip_to(buf, offset=0, start_offset=1, body_bytes_max=first - 1) == (0, 0)
+    assert RECORD_BODY_BYTES_MAX == 64 * 1024 * 1024
+    header_only = struct.pack(">QII", 0, RECORD_BODY_BYTES_MAX + 1, 0)
+    fault = scan(header_only, expected_offset=0).fault
+    assert fault is not None and fault.kind is FaultKind.BAD_LENGTH
+    truncated = scan(struct.pack(">QII", 0, RECORD_BODY_BYTES_MAX, 0), expected_offset=0).fault
+    assert truncated is not None and truncated.kind is FaultKind.TRUNCATED

@@ -21,6 +21,7 @@ from danube_zmq.storage.wal import (
     CorruptRecord,
     OffsetOutOfRange,
     RecordBatch,
+    WalDamaged,
     WalLog,
     encode_batch,
     segment_file_name,
@@ -84,19 +85,34 @@ def small_log(directory: Path) -> tuple[Path, list[bytes]]:
     return directory / segment_file_name(0), payloads
 
 
-def test_every_truncation_point_recovers_to_the_last_whole_record(tmp_path: Path, no_fsync: None) -> None:
-    """Exhaustive over a small file: for each cut length, open the log on a copy; it
-    keeps exactly the whole records, cuts the file there, reports the dropped bytes,
-    and appends continue at the next offset."""
+def unacknowledged_tail(path: Path, base_offset: int, payloads: list[bytes]) -> bytes:
+    """Records appended to the file after its last sync (written, in the page cache, never
+    acknowledged): what a crash may tear."""
+    tail = encode_batch(base_offset, payloads, list(range(len(payloads))), 7, "producer")
+    with open(path, "ab") as file:
+        file.write(tail)
+    return tail
+
+
+def test_every_truncation_point_of_the_unacknowledged_tail_keeps_every_acknowledged_record(
+        tmp_path: Path, no_fsync: None) -> None:
+    """Exhaustive over a small file: five acknowledged records, then three written and
+    never synced. A cut anywhere in those three is a torn tail: the log keeps exactly
+    the whole records (all five acknowledged ones at least), cuts the file there,
+    reports the bytes dropped, and appends continue at the next offset."""
     path, payloads = small_log(tmp_path / "original")
+    acknowledged_size = path.stat().st_size
+    unacknowledged_tail(path, 5, [b"six", b"seven" * 9, b"eight"])
+    payloads = [*payloads, b"six", b"seven" * 9, b"eight"]
     size = path.stat().st_size
     boundaries = [*record_starts(path), size]
-    for cut in range(size + 1):
+    for cut in range(acknowledged_size, size + 1):
         copy = tmp_path / f"cut-{cut}"
         shutil.copytree(path.parent, copy)
         with open(copy / path.name, "r+b") as file:
             file.truncate(cut)
         kept = max(i for i, boundary in enumerate(boundaries) if boundary <= cut)
+        assert kept >= 5
         with open_log(copy) as wal:
             report = wal.recovery()
             assert (wal.next_offset, report.next_offset, report.records) == (kept, kept, kept)
@@ -109,22 +125,69 @@ def test_every_truncation_point_recovers_to_the_last_whole_record(tmp_path: Path
         shutil.rmtree(copy)
 
 
-def test_flipped_bit_in_the_active_segment_drops_that_record_and_after(tmp_path: Path, no_fsync: None) -> None:
-    """Exhaustive over a small file, one bit per byte: recovery keeps exactly the records
-    before the damaged one, never a damaged record, and logs what it dropped."""
-    path, payloads = small_log(tmp_path / "original")
+def test_every_truncation_point_inside_acknowledged_records_is_damage_not_a_cut(
+        tmp_path: Path, no_fsync: None) -> None:
+    """Exhaustive: a file cut anywhere below its acknowledged end (recorded in the
+    frontier at sync) is refused with WalDamaged naming file, byte and the lost range;
+    the file is left exactly as found and a copy is set aside in quarantine/."""
+    path, _ = small_log(tmp_path / "original")
+    original = path.read_bytes()
+    boundaries = record_starts(path)
+    for cut in range(len(original)):
+        copy = tmp_path / f"cut-{cut}"
+        shutil.copytree(path.parent, copy)
+        with open(copy / path.name, "r+b") as file:
+            file.truncate(cut)
+        kept = max(i for i, boundary in enumerate(boundaries) if boundary <= cut)
+        with pytest.raises(WalDamaged) as caught:
+            open_log(copy)
+        assert (caught.value.valid_end, caught.value.claimed_end, caught.value.acknowledged_offset) == (kept, 5, 5)
+        assert (copy / path.name).read_bytes() == original[:cut]
+        assert caught.value.quarantined is not None and caught.value.quarantined.read_bytes() == original[:cut]
+        shutil.rmtree(copy)
+
+
+@pytest.mark.parametrize("frontier_kept", [True, False])
+def test_flipped_bit_in_the_active_segment_is_damage_never_a_cut(tmp_path: Path, no_fsync: None,
+                                                                 frontier_kept: bool) -> None:
+    """Exhaustive over a small acknowledged file, one bit per byte: open refuses with
+    WalDamaged at the damaged record's byte, nothing is cut. Without the frontier file
+    (lost with a power failure), a valid record after the damage still proves it: only
+    damage in the last record then reads as a torn tail."""
+    path, _ = small_log(tmp_path / "original")
     original = path.read_bytes()
     starts = record_starts(path)
     for position in range(len(original)):
         damaged = bytearray(original)
         damaged[position] ^= 1 << (position % 8)
         path.write_bytes(bytes(damaged))
+        if not frontier_kept:
+            (path.parent / "frontier").unlink(missing_ok=True)
         record = max(i for i, start in enumerate(starts) if start <= position)
-        with open_log(path.parent) as wal:
-            assert wal.next_offset == record, position
-            assert wal.recovery().truncated_bytes == len(original) - starts[record]
-            assert read_all(wal) == payloads[:record]
+        if not frontier_kept and record == len(starts) - 1:
+            with open_log(path.parent) as wal:
+                assert wal.next_offset == record
+            path.write_bytes(original)
+            continue
+        with pytest.raises(WalDamaged) as caught:
+            open_log(path.parent)
+        assert caught.value.position == starts[record] and caught.value.valid_end == record, position
+        assert path.read_bytes() == bytes(damaged)
     path.write_bytes(original)
+
+
+def test_damage_is_logged_at_error_with_file_and_byte(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Damage is an ERROR naming the file, the byte and the first offset lost; a torn
+    tail stays a WARNING with the bytes dropped."""
+    path, _ = small_log(tmp_path)
+    starts = record_starts(path)
+    data = bytearray(path.read_bytes())
+    data[starts[2] + HEADER_BYTES] ^= 0x01
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="danube_zmq.storage.wal"), pytest.raises(WalDamaged):
+        open_log(tmp_path)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(str(path) in m and f"byte {starts[2]}" in m and "offset 2 on" in m for m in errors), errors
 
 
 def test_recovery_logs_a_warning_with_the_bytes_dropped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -135,6 +198,42 @@ def test_recovery_logs_a_warning_with_the_bytes_dropped(tmp_path: Path, caplog: 
     with caplog.at_level(logging.WARNING, logger="danube_zmq.storage.wal"):
         open_log(tmp_path).close()
     assert any("dropped 10 bytes" in record.getMessage() and record.levelno == logging.WARNING for record in caplog.records)
+
+
+def test_repair_keeps_the_prefix_and_continues_past_every_offset_given_out(tmp_path: Path) -> None:
+    """After damage in record 2 of 5 (records 3 and 4 still valid), repair with the
+    topic's reserved end 9 gives up exactly offsets 2..8 (2..4 acknowledged), keeps 0..1
+    readable, sets the damaged file aside, and the log continues at 9 across reopens;
+    a read into the lost range stops there and `gap_end` says where the log goes on."""
+    path, payloads = small_log(tmp_path)
+    starts = record_starts(path)
+    data = bytearray(path.read_bytes())
+    data[starts[2] + HEADER_BYTES + 1] ^= 0x04
+    path.write_bytes(bytes(data))
+    with pytest.raises(WalDamaged):
+        open_log(tmp_path)
+    report = WalLog.repair(tmp_path, resume_offset=9, clock=FakeClock())
+    assert (report.lost, report.acknowledged_lost, report.next_offset) == ((2, 9), (2, 5), 9)
+    assert any(p.read_bytes() == bytes(data) for p in report.quarantined)
+    for _ in range(2):
+        with open_log(tmp_path) as wal:
+            assert wal.next_offset >= 9 and read_all(wal) == payloads[:2]
+            assert wal.gap_end(2) == 9 and wal.gap_end(8) == 9 and wal.gap_end(1) is None and wal.gap_end(9) is None
+            if wal.next_offset == 9:
+                assert append_payloads(wal, [b"nine"]) == 9
+    with open_log(tmp_path) as wal:
+        assert wal.read(9, max_bytes=1 << 20, upto_offset=wal.next_offset).payloads == [b"nine"]
+        assert wal.read(3, max_bytes=1 << 20, upto_offset=wal.next_offset).payloads == []
+
+
+def test_repair_of_a_whole_log_below_its_resume_offset_starts_past_it(tmp_path: Path) -> None:
+    """A whole log that ends below what the topic gave out (its last segment file lost):
+    repair gives up the missing offsets only, and keeps every record."""
+    _, payloads = small_log(tmp_path)
+    report = WalLog.repair(tmp_path, resume_offset=20, clock=FakeClock())
+    assert (report.lost, report.acknowledged_lost, report.next_offset, report.quarantined) == ((5, 20), None, 20, [])
+    with open_log(tmp_path) as wal:
+        assert wal.next_offset == 20 and read_all(wal) == payloads
 
 
 def test_corrupt_record_in_a_sealed_segment_makes_open_raise(tmp_path: Path) -> None:
