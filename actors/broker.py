@@ -55,6 +55,7 @@ import msgpack
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.broker_admin import BrokerAdmin
+from danube_zmq.actors.broker_handover import BrokerHandOver, handover_routes
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
@@ -133,7 +134,7 @@ _DEAD_LETTER_BATCHES_MAX = 1_000
 _RESERVE_RETRY_S = 3.0
 
 
-class BrokerActor(BrokerAdmin, Actor):
+class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore) -> None:
@@ -167,6 +168,8 @@ class BrokerActor(BrokerAdmin, Actor):
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
         self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
+        self.moving_topics: set[str] = set()  # stopped here while their WAL is handed over (local mode)
+        self.incoming_moves: dict[str, Any] = {}  # topic -> the WAL being handed here (`Incoming`)
         self._client_routes = {
             cp.Lookup: self._lookup,
             cp.GetPartitions: self._get_partitions,
@@ -182,7 +185,7 @@ class BrokerActor(BrokerAdmin, Actor):
             ap.DeleteTopic: self._delete_topic,
             ap.ListBrokers: self._list_brokers,
             ap.UnloadTopic: self._unload_topic,
-        }
+        } | handover_routes(self)
         # Requests for the cluster's leader (its load manager).
         self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
         # Requests about one topic, run where its partitions are served.
@@ -200,6 +203,8 @@ class BrokerActor(BrokerAdmin, Actor):
     # ------------------------------------------------------------- lifecycle
     async def on_start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Moves handed here that never finished (they are begun again from the start).
+        await asyncio.to_thread(shutil.rmtree, self.data_dir / "handover", True)
         await self._start_uploader()
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
@@ -429,7 +434,7 @@ class BrokerActor(BrokerAdmin, Actor):
                 if _owner(key, value.value) == self.broker_id]
 
     async def _load(self, topic: str) -> None:
-        if topic in self.topics or not self.lease_held:
+        if topic in self.topics or topic in self.moving_topics or not self.lease_held:
             return
         name = parse_topic(topic)
         resolved = self._resolve_local(name)

@@ -522,3 +522,52 @@ def test_a_broker_cut_off_from_the_metadata_majority_stops_serving(tmp_path: Pat
 
     with running_cluster(tmp_path) as nodes:
         asyncio.run(run(nodes))
+
+
+async def _moved_from(node: Node, topic: str, before: str, timeout_s: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(DanubeError):
+            owner = (await _owners(node, [topic]))[topic]
+            if owner != before:
+                return owner
+        assert time.monotonic() < deadline, f"{topic} did not move from {before}"
+        await asyncio.sleep(0.05)
+
+
+def test_a_moved_local_topic_delivers_its_unacked_backlog(cluster: list[Node]) -> None:
+    """In the default `local` mode a reliable topic with unacked offsets 5..9 is
+    unloaded: the new owner received the old one's WAL before it took the topic over, so
+    a consumer on the same subscription gets 5..9 there, offsets continuous (issue 19:
+    they were "no longer in the log; skipped")."""
+    topic = "/default/handed-over"
+
+    async def run() -> None:
+        async with DanubeClient(cluster[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            sent = [(await producer.send(f"m{i}".encode())).offset for i in range(10)]
+            assert sent == list(range(10))
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            for i in range(5):
+                message = await consumer.receive(timeout=10)
+                assert (message.offset, message.payload) == (i, f"m{i}".encode())
+                await consumer.ack(message)
+            await consumer.close()
+            await producer.close()
+        before = (await _owners(cluster[0], [topic]))[topic]
+        async with AdminClient(cluster[1].admin_url) as admin:
+            await admin.unload_topic(topic)
+        after = await _moved_from(cluster[2], topic, before)
+        async with DanubeClient(cluster[2].url) as client:
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            got = []
+            for _ in range(5):
+                message = await consumer.receive(timeout=15)
+                got.append((message.offset, message.payload))
+                await consumer.ack(message)
+            assert got == [(i, f"m{i}".encode()) for i in range(5, 10)], got
+            producer = await client.create_producer(topic, dispatch="reliable")
+            assert (await producer.send(b"m10")).offset == 10, "offsets continue where the old owner stopped"
+        print(f"moved {topic} from {before} to {after}")
+
+    asyncio.run(run())
