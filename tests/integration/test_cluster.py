@@ -18,7 +18,7 @@ from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.client_protocol import DispatchStrategy
-from danube_zmq.transport.errors import DanubeError
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition
 from tests.integration.test_metadata_cluster import ELECTION_S_MAX, Node, agreed_leader, start_cluster
 
 pytestmark = pytest.mark.cluster
@@ -194,8 +194,9 @@ def test_new_topics_are_assigned_after_the_leader_is_killed(cluster: list[Node])
 @pytest.mark.parametrize("mode", ["shared_fs", "local"])
 def test_unload_moves_a_reliable_topic_while_it_is_used(tmp_path: Path, mode: str) -> None:
     """A producer sends with acks and a consumer acks while the topic is unloaded twice:
-    nothing acknowledged is lost (shared_fs), no offset is reused, order is kept, and
-    duplicates are counted."""
+    every acknowledged message is consumed after the moves (in `local` mode the WAL is
+    handed to the next broker, in shared_fs read from the durable store), no offset is
+    reused, order is kept, and duplicates are counted."""
     env = {"DANUBE_STORAGE__MODE": mode, "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared")} \
         if mode != "local" else {}
     topic, total = "/default/moving", 600
@@ -242,16 +243,15 @@ def test_unload_moves_a_reliable_topic_while_it_is_used(tmp_path: Path, mode: st
             await asyncio.wait_for(sending, 60)
             want = {payload for _, payload in acked}
             deadline = time.monotonic() + 30
-            while (mode != "local" and not want <= {p for _, p in received}) and time.monotonic() < deadline:
+            while not want <= {p for _, p in received} and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             reading.cancel()
         offsets = [offset for offset, _ in acked]
         assert offsets == sorted(set(offsets)), "an offset was reused or went back"
         assert [p for _, p in acked] == [f"m{i:04d}".encode() for i in range(total)], "producer order"
-        if mode != "local":
-            got = {p for _, p in received}
-            lost = [p for p in want if p not in got]
-            assert not lost, f"acknowledged messages lost: {sorted(lost)[:5]}"
+        got = {p for _, p in received}
+        lost = [p for p in want if p not in got]
+        assert not lost, f"acknowledged messages lost: {sorted(lost)[:5]}"
         # A batch written just before a move but not acknowledged is sent again: stored
         # twice (an offset no receipt names); unacknowledged deliveries come again.
         stored_twice = len(set(range(offsets[0], offsets[-1] + 1)) - set(offsets))
@@ -571,3 +571,29 @@ def test_a_moved_local_topic_delivers_its_unacked_backlog(cluster: list[Node]) -
         print(f"moved {topic} from {before} to {after}")
 
     asyncio.run(run())
+
+
+def test_a_local_move_that_cannot_hand_its_wal_over_is_refused(tmp_path: Path) -> None:
+    """`local` mode with `cluster.move_bytes_max` below the topic's backlog: the unload is
+    refused with FAILED_PRECONDITION naming the limit, the topic stays on its broker and
+    its consumer still gets every message, then new ones at continuing offsets."""
+    topic = "/default/too-big-to-move"
+
+    async def run(nodes: list[Node]) -> None:
+        async with DanubeClient(nodes[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            for i in range(20):
+                await producer.send(b"x" * 1024)
+            before = (await _owners(nodes[0], [topic]))[topic]
+            async with AdminClient(nodes[1].admin_url) as admin:
+                with pytest.raises(DanubeError) as refused:
+                    await admin.unload_topic(topic)
+            assert refused.value.code == FailedPrecondition.code, refused.value
+            assert "cluster.move_bytes_max" in refused.value.message, refused.value.message
+            assert (await _owners(nodes[2], [topic]))[topic] == before, "the topic stays where it was"
+            consumer = await client.subscribe(topic, "late", initial_position="earliest")
+            assert [(await consumer.receive(timeout=15)).offset for _ in range(20)] == list(range(20))
+            assert (await producer.send(b"after")).offset == 20
+
+    with running_cluster(tmp_path, {"DANUBE_CLUSTER__MOVE_BYTES_MAX": "8192"}) as nodes:
+        asyncio.run(run(nodes))
