@@ -459,6 +459,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
         stopped = await self._stop_topic(topic, deleted=deleted)
         if stopped is None or deleted:
             return
+        if self._start_marked_hand_over(topic):
+            return
         try:
             await self._seal(*stopped)
         except DanubeError as exc:

@@ -33,6 +33,7 @@ import logging
 import shutil
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,68 @@ class BrokerHandOver:
     async def _hand_over(self, topic: str) -> None:
         target = self._move_target(topic)
         await self.system.ask(self.endpoint, StopForHandOver(topic=topic))
+        try:
+            await self._transfer_then(topic, target, lambda offer: self._switch_owner(
+                topic, target.broker_id, offer.next_offset))
+        except DanubeError as exc:
+            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
+            raise
+
+    def _start_marked_hand_over(self, topic: str) -> bool:
+        """A rebalance or drain (an unsealed marker from this broker) of a topic just
+        stopped here that moves by hand-over: carried out in a task; True if started."""
+        if not self._moves_by_handover(topic):
+            return False
+        value = self.metadata.peer.state.get(cr.unassigned_key(topic))
+        marker = None if value is None else cr.decode(value.value, cr.Unassigned)
+        if marker is None or marker.sealed or marker.from_broker != self.broker_id:
+            return False
+        self.moving_topics.add(topic)
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self._hand_over_marked(topic, marker), name=f"move {topic}"))
+        return True
+
+    async def _hand_over_marked(self, topic: str, marker: cr.Unassigned) -> None:
+        """Hand over to the marker's target (or another broker), then assign it there; a
+        refused move assigns the topic back here."""
+        key, marker_key = cr.assignment_key(topic), cr.unassigned_key(topic)
+        try:
+            target = self._registration(marker.to_broker) if marker.to_broker is not None else None
+            if target is None or target.broker_id == self.broker_id:
+                target = self._move_target(topic)
+
+            async def switch(offer: Offer) -> None:
+                await self._flush_cursors()
+                current = await self.metadata.get(marker_key)
+                now_ms = self.system.clock.now_ms()
+                state = cr.encode(cr.TopicState(next_offset=offer.next_offset, broker_id=self.broker_id,
+                                                sealed_ms=now_ms, reserved_until=offer.next_offset))
+                if current is None or not await self.metadata.transaction(
+                        {marker_key: current.version, key: 0},
+                        {key: cr.encode(cr.Assignment(broker_id=target.broker_id, epoch=marker.epoch + 1,
+                                                      assigned_ms=now_ms)),
+                         cr.topic_state_key(topic): state}, [marker_key]):
+                    raise FailedPrecondition(f"topic {topic}: its move changed meanwhile")
+
+            await self._transfer_then(topic, target, switch)
+        except DanubeError as exc:
+            current = self.metadata.peer.state.get(marker_key)
+            try:
+                if current is not None and await self.metadata.transaction(
+                        {marker_key: current.version, key: 0},
+                        {key: cr.encode(cr.Assignment(broker_id=self.broker_id, epoch=marker.epoch + 1,
+                                                      assigned_ms=self.system.clock.now_ms()))}, [marker_key]):
+                    log.error("topic %s stays on broker %d: %s", topic, self.broker_id, exc.message)
+            except DanubeError as again:
+                log.error("topic %s: its move failed (%s) and it was not assigned back here (%s)", topic,
+                          exc.message, again.message)
+            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
+
+    async def _transfer_then(self, topic: str, target: cr.BrokerRegistration,
+                             switch: Callable[[Offer], Awaitable[None]]) -> None:
+        """Hand the stopped topic's WAL to `target`, then `switch` ownership; either
+        failing aborts the hand-over and raises (the caller serves the topic again)."""
         started = time.monotonic()
         handover_id = self.rng.getrandbits(63)
         offer: Offer | None = None
@@ -97,16 +160,14 @@ class BrokerHandOver:
                 raise Unavailable(f"topic {topic}: its WAL was not handed over to broker {target.broker_id} within"
                                   f" cluster.move_timeout_ms ({self.config.cluster.move_timeout_ms} ms);"
                                   f" it stays on broker {self.broker_id}") from None
-            await self._switch_owner(topic, target.broker_id, offer.next_offset)
+            await switch(offer)
         except DanubeError as exc:
             log.error("topic %s not moved to broker %d: %s", topic, target.broker_id, exc.message)
             with contextlib.suppress(DanubeError):
                 await self._remote(target.admin_url, lambda rid: ap.AbortHandOver(
                     request_id=rid, topic=topic, handover_id=handover_id))
-            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
             raise
         self.system.post(self.endpoint, HandOverEnded(topic=topic))
-        assert offer is not None
         log.info("topic %s moved to broker %d: %d WAL files, %d bytes handed over in %.3f s", topic,
                  target.broker_id, len(offer.files), offer.total_bytes, time.monotonic() - started)
 
@@ -212,8 +273,8 @@ class BrokerHandOver:
         self.moving_topics.discard(msg.topic)
         if msg.error is None:
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(parse_topic(msg.topic)), True)
-        else:
-            await self._load(msg.topic)
+        elif (assignment := self._assignment(msg.topic)) is not None and assignment.broker_id == self.broker_id:
+            await self._load(msg.topic)  # else its assignment, when it comes back here, loads it
         await self._wake(msg.topic)
 
     # ------------------------------------------------------------- the receiving side
