@@ -589,7 +589,7 @@ def test_a_local_move_that_cannot_hand_its_wal_over_is_refused(tmp_path: Path) -
     async def run(nodes: list[Node]) -> None:
         async with DanubeClient(nodes[0].url) as client:
             producer = await client.create_producer(topic, dispatch="reliable")
-            for i in range(20):
+            for _ in range(20):
                 await producer.send(b"x" * 1024)
             before = (await _owners(nodes[0], [topic]))[topic]
             async with AdminClient(nodes[1].admin_url) as admin:
