@@ -55,6 +55,7 @@ import msgpack
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
+from danube_zmq.actors.broker_handover import BrokerHandOver, handover_routes
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
@@ -135,7 +136,7 @@ _DEAD_LETTER_BATCHES_MAX = 1_000
 _RESERVE_RETRY_S = 3.0
 
 
-class BrokerActor(BrokerAdmin, Actor):
+class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore) -> None:
@@ -172,6 +173,8 @@ class BrokerActor(BrokerAdmin, Actor):
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
         self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
+        self.moving_topics: set[str] = set()  # stopped here while their WAL is handed over (local mode)
+        self.incoming_moves: dict[str, Any] = {}  # topic -> the WAL being handed here (`Incoming`)
         self._client_routes = {
             cp.Lookup: self._lookup,
             cp.GetPartitions: self._get_partitions,
@@ -188,7 +191,7 @@ class BrokerActor(BrokerAdmin, Actor):
             ap.ListBrokers: self._list_brokers,
             ap.UnloadTopic: self._unload_topic,
             ap.RepairTopic: self._repair_topic,
-        }
+        } | handover_routes(self)
         # Requests for the cluster's leader (its load manager).
         self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
         # Requests about one topic, run where its partitions are served.
@@ -206,6 +209,8 @@ class BrokerActor(BrokerAdmin, Actor):
     # ------------------------------------------------------------- lifecycle
     async def on_start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Moves handed here that never finished (they are begun again from the start).
+        await asyncio.to_thread(shutil.rmtree, self.data_dir / "handover", True)
         await self._start_uploader()
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
@@ -436,7 +441,7 @@ class BrokerActor(BrokerAdmin, Actor):
                 if _owner(key, value.value) == self.broker_id]
 
     async def _load(self, topic: str) -> None:
-        if topic in self.topics or not self.lease_held:
+        if topic in self.topics or topic in self.moving_topics or not self.lease_held:
             return
         name = parse_topic(topic)
         resolved = self._resolve_local(name)
@@ -467,6 +472,8 @@ class BrokerActor(BrokerAdmin, Actor):
     async def _unload(self, topic: str, *, deleted: bool = False) -> None:
         stopped = await self._stop_topic(topic, deleted=deleted)
         if stopped is None or deleted:
+            return
+        if self._start_marked_hand_over(topic):
             return
         try:
             await self._seal(*stopped)

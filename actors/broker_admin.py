@@ -75,6 +75,11 @@ class BrokerAdmin:
                 reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
                     "too many admin requests waiting on other brokers; retry")))
             return
+        if isinstance(msg, ap.UnloadTopic):  # a move in local mode waits on its hand-over
+            if not self._remote_admin.start(self._answer_admin(req, msg, self._unload_topic)):
+                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
+                    "too many admin requests waiting on other brokers; retry")))
+            return
         route = self._topic_routes.get(type(msg))
         if route is not None:
             try:
@@ -121,7 +126,7 @@ class BrokerAdmin:
         answer = await self._remote(registration.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid))
         return dataclasses.replace(answer, request_id=msg.request_id)  # the caller's id, not ours to the leader
 
-    async def _remote(self, admin_url: str, build: Callable[[int], Any]) -> Any:
+    async def _remote(self, admin_url: str, build: Callable[[int], Any], *, timeout_ms: int | None = None) -> Any:
         """One admin request to another broker's admin port. An admin client carries one
         request at a time, so the tasks asking one broker take turns on its client."""
         from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
@@ -135,7 +140,7 @@ class BrokerAdmin:
                                          client_name=f"broker-{self.broker_id}")
                     self._admin_clients[admin_url] = (client, turn)
                     await client.connect()
-                return await client._call(build, Message)
+                return await client._call(build, Message, timeout_ms=timeout_ms)
             except DanubeError as exc:
                 if isinstance(exc, Unavailable) or client.connected is None:
                     self._admin_clients[admin_url] = (None, turn)  # a fresh connection next time
@@ -240,6 +245,10 @@ class BrokerAdmin:
         resolved = await self._existing(parse_topic(msg.topic))
         moved = 0
         for name in resolved.served_names():
+            if self._moves_by_handover(name):
+                await self._unload_by_handover(name, msg)
+                moved += 1
+                continue
             key = cr.assignment_key(name)
             current = await self.metadata.get(key)
             if current is None:

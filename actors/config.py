@@ -438,6 +438,17 @@ class ClusterSection:
     # cannot renew stops serving its topics before the lease runs out, and the load
     # manager gives them to other brokers once it has. Default 6000.
     lease_ttl_ms: int = 6000
+    # In storage.mode local a reliable topic's WAL lives on its broker's disk only: a
+    # move (`topics unload`) hands the segments its subscriptions still need to the
+    # next broker over the admin port before ownership switches, or is refused. The
+    # most bytes one move may hand over (both ends check it). Default 1 GiB.
+    move_bytes_max: int = 1024 * MIB
+    # The bytes of one chunk of a move (each carries a CRC32C); at most
+    # limits.frame_bytes_max less 64 KiB, the frame's envelope. Default 1 MiB.
+    move_chunk_bytes_max: int = MIB
+    # A move that has not handed everything over within this time is refused and the
+    # topic stays where it was, ms. Default 60000.
+    move_timeout_ms: int = 60_000
 
     def __post_init__(self) -> None:
         if isinstance(self.peers, list):
@@ -459,6 +470,9 @@ class ClusterSection:
         _check_range("cluster.snapshot_entries", self.snapshot_entries, 10, _INT_MAX)
         _check_range("cluster.request_timeout_ms", self.request_timeout_ms, 10, 3_600_000)
         _check_range("cluster.lease_ttl_ms", self.lease_ttl_ms, 300, 3_600_000)
+        _check_range("cluster.move_bytes_max", self.move_bytes_max, 0, _INT_MAX)
+        _check_range("cluster.move_chunk_bytes_max", self.move_chunk_bytes_max, 4096, 64 * MIB)
+        _check_range("cluster.move_timeout_ms", self.move_timeout_ms, 10, 3_600_000)
         founders = self.peer_addresses()
         if founders and self.raft_listen is None:
             raise _error("cluster.raft_listen", "is required when cluster.peers is set", "cluster.peers")
@@ -626,6 +640,13 @@ class BrokerConfig:
                 f"({self.policies.max_message_size} + {ENVELOPE_BYTES_MAX} = {envelope_min}), "
                 f"got {self.limits.frame_bytes_max}",
                 "policies.max_message_size",
+            )
+        if self.cluster.move_chunk_bytes_max > self.limits.frame_bytes_max - 64 * 1024:
+            raise _error(
+                "cluster.move_chunk_bytes_max",
+                f"must be at most limits.frame_bytes_max less 64 KiB ({self.limits.frame_bytes_max - 64 * 1024}),"
+                f" got {self.cluster.move_chunk_bytes_max}",
+                "limits.frame_bytes_max",
             )
 
     def to_dict(self) -> dict[str, object]:

@@ -47,6 +47,7 @@ from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, Unavailable
@@ -255,11 +256,15 @@ class LoadManagerActor(Actor):
             versions[key] = value.version
         exists: set[str] = set()
         created: dict[str, int] = {}
+        pinned: set[str] = set()
+        local = self.config.storage.mode == "local"
         for _key, _value, partitions in self._topics.read(state):
             if partitions is not None:
-                names, created_ms = partitions
+                names, created_ms, reliable = partitions
                 exists.update(names)
                 created.update(dict.fromkeys(names, created_ms))
+                if reliable and local:
+                    pinned.update(names)
         reports = {}
         for _key, _value, report in self._reports.read(state):
             if report is not None and report.broker_id in brokers:
@@ -271,7 +276,7 @@ class LoadManagerActor(Actor):
                 moves_ms.append(move.at_ms)
                 last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
         view = ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
-                           absent_since_ms=self.absent_since_ms)
+                           absent_since_ms=self.absent_since_ms, pinned=pinned)
         return _Cluster(view=view, versions=versions, reports=reports, created_ms=created, moves_ms=moves_ms,
                         last_moved_ms=last_moved, backlog=self._published_backlog(), suspect=suspect)
 
@@ -451,9 +456,10 @@ def _topic_record(key: str) -> bool:
     return key.startswith(cr.TOPICS) and key.count("/") == 3
 
 
-def _topic_partitions(key: str, data: bytes) -> tuple[list[str], int] | None:
-    """A topic record's served names (each partition, or the topic) and creation time;
-    None for the other keys under /topics/ (subscriptions, producers)."""
+def _topic_partitions(key: str, data: bytes) -> tuple[list[str], int, bool] | None:
+    """A topic record's served names (each partition, or the topic), creation time and
+    whether it is reliable; None for the other keys under /topics/ (subscriptions,
+    producers)."""
     if not _topic_record(key):
         return None
     record = _decoded(key, data, cr.TopicRecord, None)
@@ -461,7 +467,7 @@ def _topic_partitions(key: str, data: bytes) -> tuple[list[str], int] | None:
         return None
     name = parse_topic(cr.topic_of(key, cr.TOPICS))
     names = [name.partition_name(i) for i in range(record.partitions)] if record.partitions else [name.full]
-    return names, record.created_ms
+    return names, record.created_ms, record.dispatch_strategy == DispatchStrategy.RELIABLE
 
 
 def _report(key: str, data: bytes) -> LoadReport | None:

@@ -165,11 +165,14 @@ class AdminClient(RequestClient):
         """Let broker `broker_id` take topics again."""
         await self._call(lambda rid: ActivateBroker(request_id=rid, broker_id=broker_id), Ok)
 
-    async def unload_topic(self, topic: str) -> None:
+    async def unload_topic(self, topic: str, *, timeout_ms: int = 120_000) -> None:
         """Move `topic` (each partition) off its broker: sealed there, then served by
-        another one the load manager picks. Returns once the move is recorded."""
+        another one the load manager picks. Returns once the move is recorded; in
+        storage.mode local a reliable topic's WAL is handed to the next broker first,
+        and this returns once it serves the topic (or raises why the move was refused:
+        the topic then stays where it was)."""
         parse_topic(topic)
-        await self._call(lambda rid: UnloadTopic(request_id=rid, topic=topic), Ok)
+        await self._call(lambda rid: UnloadTopic(request_id=rid, topic=topic), Ok, timeout_ms=timeout_ms)
 
     async def repair_topic(self, topic: str, *, accept_loss: bool) -> TopicRepaired:
         """What repairing `topic`'s damaged WAL gives up; with `accept_loss`, do it and

@@ -683,13 +683,92 @@ class TopicRepaired(Message):
     quarantined: list[str]
 
 
+# ---- broker to broker: a `local`-mode move hands a reliable topic's WAL over ----
+# Tags from 190 up: this block is the brokers' own part of the admin port.
+
+
+@wire
+class HandOverFile(Struct):
+    """One WAL segment file offered: its name (`<20-digit base offset>.wal`) and its
+    whole-record bytes."""
+
+    name: str
+    size_bytes: int
+
+
+@wire
+class BeginHandOver(Message):
+    """From a topic's broker to the broker it is moving to, in storage.mode local: the
+    WAL segments (`files`, in offset order, the last the active one, ending at
+    `next_offset`) its subscriptions still need. Answered `HandOverProgress` (the bytes
+    of each file the receiver already holds for `handover_id`: a resumed move sends
+    from there), or refused: more than `cluster.move_bytes_max`, or the topic is served
+    by the receiver."""
+
+    TAG = 190
+    request_id: int
+    topic: str
+    handover_id: int
+    files: list[HandOverFile]
+    next_offset: int
+
+
+@wire
+class HandOverProgress(Message):
+    TAG = 191
+    request_id: int
+    held_bytes: list[int]  # per offered file, in order
+
+
+@wire
+class HandOverChunk(Message):
+    """`data` at byte `position` of offered file `file_index`; `crc32c` over `data`.
+    Refused (nothing written) unless `position` is where the receiver's copy ends and
+    the CRC matches. Answered `Ok`."""
+
+    TAG = 192
+    request_id: int
+    topic: str
+    handover_id: int
+    file_index: int
+    position: int
+    data: bytes
+    crc32c: int
+
+
+@wire
+class CommitHandOver(Message):
+    """Every file sent: the receiver fsyncs them, scans every record of every file
+    (CRCs, offsets continuous up to the offer's `next_offset`) and only then puts them
+    in place of its own WAL of the topic. Answered `Ok`; the sender then switches
+    ownership in the metadata store."""
+
+    TAG = 193
+    request_id: int
+    topic: str
+    handover_id: int
+
+
+@wire
+class AbortHandOver(Message):
+    """The move was refused: the receiver drops what it received. Answered `Ok`."""
+
+    TAG = 194
+    request_id: int
+    topic: str
+    handover_id: int
+
+
+HANDOVER_REQUESTS = (BeginHandOver, HandOverChunk, CommitHandOver, AbortHandOver)
+"""Sent by brokers to brokers on the admin port (a later issue limits them to broker principals)."""
+
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
     GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
     RepairTopic,
-)
+) + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
 
 ADMIN_PROTOCOL = Protocol(
@@ -709,5 +788,6 @@ ADMIN_PROTOCOL = Protocol(
         DeleteSnapshot, UnloadTopic, GetClusterBalance, ClusterBalance, RebalanceCluster, Rebalanced,
         UnloadBroker, ActivateBroker,
         RepairTopic, TopicRepaired,
+        BeginHandOver, HandOverProgress, HandOverChunk, CommitHandOver, AbortHandOver,
     ),
 )

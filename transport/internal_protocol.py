@@ -742,6 +742,32 @@ class ProducerRegistry(Message):
     attached: bool
 
 
+@wire
+class StopForHandOver(Message):
+    """Broker, to itself (from the task moving `topic` in storage.mode local): stop
+    serving it, keeping its assignment, until `HandOverEnded`. Answered `Ok`-like by
+    `HandOverStopped`."""
+
+    TAG = 190
+    topic: str
+
+
+@wire
+class HandOverStopped(Message):
+    TAG = 191
+    topic: str
+
+
+@wire
+class HandOverEnded(Message):
+    """The move of `topic` ended: `error` None when ownership switched (the local WAL
+    goes), else why it was refused (the topic is served here again)."""
+
+    TAG = 192
+    topic: str
+    error: str | None = None
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -760,5 +786,6 @@ INTERNAL_PROTOCOL = Protocol(
         AssignmentChanged, AssignmentsResync, LeaseChanged, ParkedExpired, LoadManagerRequest, LoadManagerReply,
         ReserveOffsets, OffsetsReserved, SealTopic, TopicSealed, TopicStopped,
         ProducerRegistry,
+        StopForHandOver, HandOverStopped, HandOverEnded,
     ),
 )

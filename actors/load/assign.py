@@ -13,6 +13,10 @@ metadata store has it: a pure function, no I/O and no clock of its own.
   is gone: then the new owner starts where the old one stopped.
 - A topic assigned to a registered broker that is not ACTIVE stays where it is (a
   drain moves topics on purpose, through unload markers).
+- A pinned topic (reliable, storage.mode local: its WAL is on its broker's disk only)
+  is never orphaned, and its unsealed marker waits even when the broker is gone: it is
+  served again when that broker comes back, or an operator forces it elsewhere
+  (`topics reassign --force`, a sealed failover marker), accepting the loss.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class ClusterView:
     waiting: Mapping[str, Waiting]
     exists: Set[str]
     absent_since_ms: Mapping[int, int] = field(default_factory=dict)
+    pinned: Set[str] = frozenset()  # topics whose data only their broker's disk holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +83,7 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
     absent = {b: view.absent_since_ms.get(b, now_ms)
               for b in {broker for broker, _ in view.assignments.values()} if b not in view.brokers}
     orphans = tuple(Orphan(topic=t, from_broker=b, epoch=e) for t, (b, e) in sorted(view.assignments.items())
-                    if b in absent and now_ms - absent[b] >= grace_ms and t in view.exists)
+                    if b in absent and now_ms - absent[b] >= grace_ms and t in view.exists and t not in view.pinned)
     drop = tuple(sorted(t for t in view.waiting if t not in view.exists))
     placed = {t: b for t, (b, _) in view.assignments.items() if b in view.brokers}
     assign: list[Assign] = []
@@ -86,8 +91,8 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
     for topic, marker in sorted(view.waiting.items()):
         if topic not in view.exists or topic in view.assignments:
             continue
-        if not marker.sealed and marker.from_broker in view.brokers:
-            continue  # the broker it leaves is still sealing it
+        if not marker.sealed and (marker.from_broker in view.brokers or topic in view.pinned):
+            continue  # the broker it leaves is still sealing it (or has its only copy)
         exclude = frozenset() if marker.from_broker is None else frozenset({marker.from_broker})
         target = marker.to_broker
         if target is None or view.brokers.get(target) is not BrokerState.ACTIVE or target in exclude:

@@ -18,7 +18,7 @@ from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.client_protocol import DispatchStrategy
-from danube_zmq.transport.errors import DanubeError
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition
 from tests.integration.test_metadata_cluster import ELECTION_S_MAX, Node, agreed_leader, start_cluster
 
 pytestmark = pytest.mark.cluster
@@ -194,8 +194,9 @@ def test_new_topics_are_assigned_after_the_leader_is_killed(cluster: list[Node])
 @pytest.mark.parametrize("mode", ["shared_fs", "local"])
 def test_unload_moves_a_reliable_topic_while_it_is_used(tmp_path: Path, mode: str) -> None:
     """A producer sends with acks and a consumer acks while the topic is unloaded twice:
-    nothing acknowledged is lost (shared_fs), no offset is reused, order is kept, and
-    duplicates are counted."""
+    every acknowledged message is consumed after the moves (in `local` mode the WAL is
+    handed to the next broker, in shared_fs read from the durable store), no offset is
+    reused, order is kept, and duplicates are counted."""
     env = {"DANUBE_STORAGE__MODE": mode, "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared")} \
         if mode != "local" else {}
     topic, total = "/default/moving", 600
@@ -242,16 +243,15 @@ def test_unload_moves_a_reliable_topic_while_it_is_used(tmp_path: Path, mode: st
             await asyncio.wait_for(sending, 60)
             want = {payload for _, payload in acked}
             deadline = time.monotonic() + 30
-            while (mode != "local" and not want <= {p for _, p in received}) and time.monotonic() < deadline:
+            while not want <= {p for _, p in received} and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             reading.cancel()
         offsets = [offset for offset, _ in acked]
         assert offsets == sorted(set(offsets)), "an offset was reused or went back"
         assert [p for _, p in acked] == [f"m{i:04d}".encode() for i in range(total)], "producer order"
-        if mode != "local":
-            got = {p for _, p in received}
-            lost = [p for p in want if p not in got]
-            assert not lost, f"acknowledged messages lost: {sorted(lost)[:5]}"
+        got = {p for _, p in received}
+        lost = [p for p in want if p not in got]
+        assert not lost, f"acknowledged messages lost: {sorted(lost)[:5]}"
         # A batch written just before a move but not acknowledged is sent again: stored
         # twice (an offset no receipt names); unacknowledged deliveries come again.
         stored_twice = len(set(range(offsets[0], offsets[-1] + 1)) - set(offsets))
@@ -375,11 +375,15 @@ def test_drain_then_rebalance_converges(tmp_path: Path) -> None:
         asyncio.run(run(nodes))
 
 
-def test_rebalance_moves_a_reliable_topic_while_it_is_used(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["shared_fs", "local"])
+def test_rebalance_moves_a_reliable_topic_while_it_is_used(tmp_path: Path, mode: str) -> None:
     """A rebalancing round moves the one topic it may move (the others are blacklisted)
-    while a producer sends with acks and a consumer acks: nothing acknowledged is lost,
+    while a producer sends with acks and a consumer acks: nothing acknowledged is lost
+    (in `local` mode the old broker hands the WAL over before assigning the topic on),
     offsets continue, and the move is remembered for its cooldown."""
-    env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared"),
+    storage = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared")} \
+        if mode != "local" else {}
+    env = {**storage,
            "DANUBE_LOAD_MANAGER__REBALANCING_MIN_TOPIC_AGE_S": "0",
            "DANUBE_LOAD_MANAGER__REBALANCING_BLACKLIST": "/pinned/*",
            "DANUBE_LOAD_MANAGER__REPORT_INTERVAL_MS": "300"}
@@ -399,7 +403,9 @@ def test_rebalance_moves_a_reliable_topic_while_it_is_used(tmp_path: Path) -> No
             for broker in others:
                 await admin.activate_broker(broker)
         async with DanubeClient(nodes[1].url) as producing, DanubeClient(nodes[2].url) as consuming:
-            consumer = await consuming.subscribe(topic, "audit", initial_position="earliest")
+            # The subscription exists, its consumer comes after the move: what is sent
+            # before is an unacked backlog in the old broker's log only.
+            await (await consuming.subscribe(topic, "audit", initial_position="earliest")).close()
             producer = await producing.create_producer(topic, dispatch="reliable")
             acked: list[tuple[int, bytes]] = []
             received: set[bytes] = set()
@@ -410,19 +416,20 @@ def test_rebalance_moves_a_reliable_topic_while_it_is_used(tmp_path: Path) -> No
                     acked.append((message_id.offset, f"r{i:04d}".encode()))
 
             async def consume() -> None:
+                consumer = await consuming.subscribe(topic, "audit", initial_position="earliest")
                 while True:
                     message = await consumer.receive(timeout=30)
                     received.add(message.payload)
                     await consumer.ack(message)
 
             sending = asyncio.create_task(produce())
-            reading = asyncio.create_task(consume())
             while len(acked) < total // 3:
                 await asyncio.sleep(0.01)
             async with AdminClient(nodes[0].admin_url, timeout_ms=10_000) as admin:
                 result = await admin.rebalance(max_moves=1)
                 assert [m.topic for m in result.moves] == [topic], result
                 assert (await admin.rebalance(max_moves=1)).moves == []  # nothing else may move now
+            reading = asyncio.create_task(consume())
             await asyncio.wait_for(sending, 60)
             deadline = time.monotonic() + 30
             while not {p for _, p in acked} <= received and time.monotonic() < deadline:
@@ -521,4 +528,79 @@ def test_a_broker_cut_off_from_the_metadata_majority_stops_serving(tmp_path: Pat
         assert served_for < 3.0  # it stopped before its lease could end anywhere (fenced at 5/6 of it)
 
     with running_cluster(tmp_path) as nodes:
+        asyncio.run(run(nodes))
+
+
+async def _moved_from(node: Node, topic: str, before: str, timeout_s: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(DanubeError):
+            owner = (await _owners(node, [topic]))[topic]
+            if owner != before:
+                return owner
+        assert time.monotonic() < deadline, f"{topic} did not move from {before}"
+        await asyncio.sleep(0.05)
+
+
+def test_a_moved_local_topic_delivers_its_unacked_backlog(cluster: list[Node]) -> None:
+    """In the default `local` mode a reliable topic with unacked offsets 5..9 is
+    unloaded: the new owner received the old one's WAL before it took the topic over, so
+    a consumer on the same subscription gets 5..9 there, offsets continuous (issue 19:
+    they were "no longer in the log; skipped")."""
+    topic = "/default/handed-over"
+
+    async def run() -> None:
+        async with DanubeClient(cluster[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            sent = [(await producer.send(f"m{i}".encode())).offset for i in range(10)]
+            assert sent == list(range(10))
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            for i in range(5):
+                message = await consumer.receive(timeout=10)
+                assert (message.offset, message.payload) == (i, f"m{i}".encode())
+                await consumer.ack(message)
+            await consumer.close()
+            await producer.close()
+        before = (await _owners(cluster[0], [topic]))[topic]
+        async with AdminClient(cluster[1].admin_url) as admin:
+            await admin.unload_topic(topic)
+        after = await _moved_from(cluster[2], topic, before)
+        async with DanubeClient(cluster[2].url) as client:
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            got = []
+            for _ in range(5):
+                message = await consumer.receive(timeout=15)
+                got.append((message.offset, message.payload))
+                await consumer.ack(message)
+            assert got == [(i, f"m{i}".encode()) for i in range(5, 10)], got
+            producer = await client.create_producer(topic, dispatch="reliable")
+            assert (await producer.send(b"m10")).offset == 10, "offsets continue where the old owner stopped"
+        print(f"moved {topic} from {before} to {after}")
+
+    asyncio.run(run())
+
+
+def test_a_local_move_that_cannot_hand_its_wal_over_is_refused(tmp_path: Path) -> None:
+    """`local` mode with `cluster.move_bytes_max` below the topic's backlog: the unload is
+    refused with FAILED_PRECONDITION naming the limit, the topic stays on its broker and
+    its consumer still gets every message, then new ones at continuing offsets."""
+    topic = "/default/too-big-to-move"
+
+    async def run(nodes: list[Node]) -> None:
+        async with DanubeClient(nodes[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            for _ in range(20):
+                await producer.send(b"x" * 1024)
+            before = (await _owners(nodes[0], [topic]))[topic]
+            async with AdminClient(nodes[1].admin_url) as admin:
+                with pytest.raises(DanubeError) as refused:
+                    await admin.unload_topic(topic)
+            assert refused.value.code == FailedPrecondition.code, refused.value
+            assert "cluster.move_bytes_max" in refused.value.message, refused.value.message
+            assert (await _owners(nodes[2], [topic]))[topic] == before, "the topic stays where it was"
+            consumer = await client.subscribe(topic, "late", initial_position="earliest")
+            assert [(await consumer.receive(timeout=15)).offset for _ in range(20)] == list(range(20))
+            assert (await producer.send(b"after")).offset == 20
+
+    with running_cluster(tmp_path, {"DANUBE_CLUSTER__MOVE_BYTES_MAX": "8192"}) as nodes:
         asyncio.run(run(nodes))

@@ -35,8 +35,9 @@ def views(draw: st.DrawFn) -> ClusterView:
             waiting[topic] = Waiting(from_broker=draw(st.none() | broker_ids), to_broker=draw(st.none() | broker_ids),
                                      epoch=draw(st.integers(0, 5)), sealed=draw(st.booleans()))
     absent = {b: draw(st.integers(0, 2 * GRACE)) for b in draw(st.lists(broker_ids, max_size=3)) if b not in brokers}
+    pinned = set(draw(st.lists(st.sampled_from(topics), max_size=10))) if topics else set()
     return ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
-                       absent_since_ms=absent)
+                       absent_since_ms=absent, pinned=pinned)
 
 
 @given(views(), st.sampled_from(list(Strategy)), st.integers(0, 100))
@@ -51,17 +52,20 @@ def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor:
         assert choice.topic in view.exists and choice.topic not in view.assignments
         assert choice.epoch == marker.epoch + 1
         assert marker.sealed or marker.from_broker not in view.brokers  # never before the old owner sealed it
+        # A topic whose data is on its old broker's disk only waits for it to seal (or a forced reassignment).
+        assert marker.sealed or choice.topic not in view.pinned
         if marker.to_broker is not None and view.brokers.get(marker.to_broker) is BrokerState.ACTIVE \
                 and marker.to_broker != marker.from_broker:
             assert choice.broker_id == marker.to_broker  # a rebalance's target is kept
     assert len({c.topic for c in decided.assign}) == len(decided.assign)
     for orphan in decided.orphans:
+        assert orphan.topic not in view.pinned  # its data went with its broker: only an operator moves it
         assert orphan.from_broker not in view.brokers  # only brokers whose lease is gone
         assert now - decided.absent_since_ms[orphan.from_broker] >= GRACE
         assert view.assignments[orphan.topic] == (orphan.from_broker, orphan.epoch)
     assert set(decided.drop) == {t for t in view.waiting if t not in view.exists}
     placeable = [t for t, m in view.waiting.items() if t in view.exists and t not in view.assignments
-                 and (m.sealed or m.from_broker not in view.brokers)]
+                 and (m.sealed or (m.from_broker not in view.brokers and t not in view.pinned))]
     assert len(decided.assign) + decided.unplaced == len(placeable)
     if not any(s is BrokerState.ACTIVE for s in view.brokers.values()):
         assert not decided.assign
@@ -81,6 +85,24 @@ def test_a_missing_broker_is_orphaned_only_after_the_grace() -> None:
     back = ClusterView(brokers={1: BrokerState.ACTIVE, 2: BrokerState.ACTIVE}, assignments=view.assignments,
                        waiting={}, exists=view.exists, absent_since_ms=first.absent_since_ms)
     assert plan(back, Strategy.FAIR, {}, {}, now_ms=20_000, grace_ms=GRACE).absent_since_ms == {}
+
+
+def test_a_dead_brokers_local_topics_wait_for_it_or_a_forced_reassignment() -> None:
+    """In storage.mode local a reliable topic's WAL is on its broker's disk only: when the
+    broker is gone its topic is not orphaned (another broker would serve it without its
+    messages), an unload it never sealed waits, and only a forced reassignment (a sealed
+    failover marker) places it. Its unpinned neighbour fails over as before."""
+    view = ClusterView(brokers={1: BrokerState.ACTIVE}, assignments={"/ns/wal": (2, 3), "/ns/mem": (2, 3)},
+                       waiting={"/ns/unloading": Waiting(from_broker=2, epoch=1, sealed=False)},
+                       exists={"/ns/wal", "/ns/mem", "/ns/unloading"}, absent_since_ms={2: 0},
+                       pinned={"/ns/wal", "/ns/unloading"})
+    decided = plan(view, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE)
+    assert [o.topic for o in decided.orphans] == ["/ns/mem"]
+    assert decided.assign == ()
+    forced = ClusterView(brokers=view.brokers, assignments={}, exists=view.exists, pinned=view.pinned,
+                         waiting={"/ns/wal": Waiting(from_broker=2, epoch=3, sealed=True)})
+    [choice] = plan(forced, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE).assign
+    assert (choice.topic, choice.broker_id, choice.epoch) == ("/ns/wal", 1, 4)
 
 
 @pytest.mark.parametrize("strategy", list(Strategy))

@@ -1,0 +1,351 @@
+"""Moving a reliable topic in storage.mode local, a part of `BrokerActor`.
+
+In `local` mode a reliable topic's WAL is on its broker's disk only, so a move cannot
+leave the next broker to read it from a durable store. `topics unload` of such a topic
+is carried out by the broker serving it, in a task of its own:
+
+1. It picks the next broker (an ACTIVE, live one with the fewest topics) and stops
+   serving the topic, keeping its assignment (`StopForHandOver`): clients that come
+   back wait here (parked) until the move ends.
+2. It offers the WAL segments its subscriptions still need (from the oldest cursor to
+   the end, `storage/wal/handover.py`) to the next broker over its admin port
+   (`BeginHandOver`), sends them in chunks of `cluster.move_chunk_bytes_max` with a
+   CRC32C each (`HandOverChunk`; after a lost connection it begins again and the
+   receiver says how many bytes of each file it holds), then `CommitHandOver`: the
+   receiver scans every record and puts the files in place of its own WAL of the topic.
+3. Cursors are written, then one metadata transaction records where the offsets stop
+   (`TopicState`) and gives the assignment to the next broker, which loads the topic
+   from the WAL it received. The local WAL goes.
+4. Anything short of that (no other broker, more than `cluster.move_bytes_max`, the
+   receiver refuses, `cluster.move_timeout_ms` passes, the assignment changed
+   meanwhile) refuses the unload with the reason and the topic is served here again.
+
+The receiving side (`_begin_handover` ...) writes into `data_dir/handover/<topic>/`,
+bounded by `cluster.move_bytes_max` per move and `_INCOMING_MAX` moves at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import shutil
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import crc32c
+
+from danube_zmq.actors.topic_name import parse_topic
+from danube_zmq.storage.wal.handover import Incoming, Offer, offered_files, read_chunk
+from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Ok
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, ResourceExhausted, Unavailable
+from danube_zmq.transport.internal_protocol import HandOverEnded, HandOverStopped, StopForHandOver
+
+log = logging.getLogger("danube_zmq.broker")
+
+# Moves this broker receives at once.
+_INCOMING_MAX = 16
+# A lost connection during a move is resumed this many times (within the deadline).
+_RESUMES_MAX = 5
+_RESUME_PAUSE_S = 0.2
+
+
+class BrokerHandOver:
+    """Mixed into `BrokerActor`; uses its topics, metadata store and admin clients."""
+
+    # ------------------------------------------------------------- the sending side
+    def _moves_by_handover(self, topic: str) -> bool:
+        """Whether unloading `topic` hands its WAL over (reliable, storage.mode local)."""
+        if self.config.storage.mode != "local":
+            return False
+        resolved = self._resolve_local(parse_topic(topic))
+        return resolved is not None and resolved.record.dispatch_strategy == cp.DispatchStrategy.RELIABLE
+
+    async def _unload_by_handover(self, topic: str, msg: ap.UnloadTopic) -> None:
+        """Move `topic` here, or ask the broker serving it to (it answers once moved)."""
+        if topic in self.topics:
+            await self._hand_over(topic)
+            return
+        owner = self._elsewhere(topic)
+        if owner is None:
+            raise Unavailable(f"topic {topic} is not served by a live broker right now; retry")
+        timeout_ms = self.config.cluster.move_timeout_ms + 2 * self.config.cluster.request_timeout_ms
+        await self._remote(owner.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid, topic=topic),
+                           timeout_ms=timeout_ms)
+
+    async def _hand_over(self, topic: str) -> None:
+        target = self._move_target(topic)
+        await self.system.ask(self.endpoint, StopForHandOver(topic=topic))
+        try:
+            await self._transfer_then(topic, target, lambda offer: self._switch_owner(
+                topic, target.broker_id, offer.next_offset))
+        except DanubeError as exc:
+            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
+            raise
+
+    def _start_marked_hand_over(self, topic: str) -> bool:
+        """A rebalance or drain (an unsealed marker from this broker) of a topic just
+        stopped here that moves by hand-over: carried out in a task; True if started."""
+        if not self._moves_by_handover(topic):
+            return False
+        value = self.metadata.peer.state.get(cr.unassigned_key(topic))
+        marker = None if value is None else cr.decode(value.value, cr.Unassigned)
+        if marker is None or marker.sealed or marker.from_broker != self.broker_id:
+            return False
+        self.moving_topics.add(topic)
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self._hand_over_marked(topic, marker), name=f"move {topic}"))
+        return True
+
+    async def _hand_over_marked(self, topic: str, marker: cr.Unassigned) -> None:
+        """Hand over to the marker's target (or another broker), then assign it there; a
+        refused move assigns the topic back here."""
+        key, marker_key = cr.assignment_key(topic), cr.unassigned_key(topic)
+        try:
+            target = self._registration(marker.to_broker) if marker.to_broker is not None else None
+            if target is None or target.broker_id == self.broker_id:
+                target = self._move_target(topic)
+
+            async def switch(offer: Offer) -> None:
+                await self._flush_cursors()
+                current = await self.metadata.get(marker_key)
+                now_ms = self.system.clock.now_ms()
+                state = cr.encode(cr.TopicState(next_offset=offer.next_offset, broker_id=self.broker_id,
+                                                sealed_ms=now_ms, reserved_until=offer.next_offset))
+                if current is None or not await self.metadata.transaction(
+                        {marker_key: current.version, key: 0},
+                        {key: cr.encode(cr.Assignment(broker_id=target.broker_id, epoch=marker.epoch + 1,
+                                                      assigned_ms=now_ms)),
+                         cr.topic_state_key(topic): state}, [marker_key]):
+                    raise FailedPrecondition(f"topic {topic}: its move changed meanwhile")
+
+            await self._transfer_then(topic, target, switch)
+        except DanubeError as exc:
+            current = self.metadata.peer.state.get(marker_key)
+            try:
+                if current is not None and await self.metadata.transaction(
+                        {marker_key: current.version, key: 0},
+                        {key: cr.encode(cr.Assignment(broker_id=self.broker_id, epoch=marker.epoch + 1,
+                                                      assigned_ms=self.system.clock.now_ms()))}, [marker_key]):
+                    log.error("topic %s stays on broker %d: %s", topic, self.broker_id, exc.message)
+            except DanubeError as again:
+                log.error("topic %s: its move failed (%s) and it was not assigned back here (%s)", topic,
+                          exc.message, again.message)
+            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
+
+    async def _transfer_then(self, topic: str, target: cr.BrokerRegistration,
+                             switch: Callable[[Offer], Awaitable[None]]) -> None:
+        """Hand the stopped topic's WAL to `target`, then `switch` ownership; either
+        failing aborts the hand-over and raises (the caller serves the topic again)."""
+        started = time.monotonic()
+        handover_id = self.rng.getrandbits(63)
+        offer: Offer | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.config.cluster.move_timeout_ms / 1000):
+                    # Cursors still in the mailbox are newer, so never lower: these hand over enough.
+                    cursors = [s.cursor for s in self._persisted_subscriptions(parse_topic(topic))]
+                    offer = await asyncio.to_thread(self._offer, topic, min(cursors) if cursors else None)
+                    await self._send_offer(target, topic, handover_id, offer)
+            except TimeoutError:
+                raise Unavailable(f"topic {topic}: its WAL was not handed over to broker {target.broker_id} within"
+                                  f" cluster.move_timeout_ms ({self.config.cluster.move_timeout_ms} ms);"
+                                  f" it stays on broker {self.broker_id}") from None
+            await switch(offer)
+        except DanubeError as exc:
+            log.error("topic %s not moved to broker %d: %s", topic, target.broker_id, exc.message)
+            with contextlib.suppress(DanubeError):
+                await self._remote(target.admin_url, lambda rid: ap.AbortHandOver(
+                    request_id=rid, topic=topic, handover_id=handover_id))
+            raise
+        self.system.post(self.endpoint, HandOverEnded(topic=topic))
+        log.info("topic %s moved to broker %d: %d WAL files, %d bytes handed over in %.3f s", topic,
+                 target.broker_id, len(offer.files), offer.total_bytes, time.monotonic() - started)
+
+    def _move_target(self, topic: str) -> cr.BrokerRegistration:
+        """The live ACTIVE broker other than this one with the fewest topics."""
+        state = self.metadata.peer.state
+        topics = Counter(_owner_id(value.value) for _, value in state.list_prefix(cr.ASSIGNMENTS))
+        now_ms = self.system.clock.now_ms()
+        candidates = []
+        for _, value in state.list_prefix(cr.REGISTER):
+            registration = cr.decode(value.value, cr.BrokerRegistration)
+            mode = state.get(cr.state_key(registration.broker_id))
+            if registration.broker_id == self.broker_id or (
+                    mode is not None and cr.decode(mode.value, cr.BrokerStateRecord).mode != cr.BrokerMode.ACTIVE):
+                continue
+            if value.expires_at_ms is not None and value.ttl_ms is not None \
+                    and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+                continue  # missed its last renewal: may be dead
+            candidates.append(registration)
+        if not candidates:
+            raise FailedPrecondition(f"topic {topic}: no other live active broker to move it to;"
+                                     f" it stays on broker {self.broker_id}")
+        return min(candidates, key=lambda r: (topics[r.broker_id], r.broker_id))
+
+    def _offer(self, topic: str, needed_from: int | None) -> Offer:
+        """The WAL files to hand over (runs in a thread, the topic stopped)."""
+        offer = offered_files(self._wal_dir(parse_topic(topic)), needed_from,
+                              segment_bytes_max=self.config.storage.wal_segment_bytes_max, clock=self.system.clock)
+        limit = self.config.cluster.move_bytes_max
+        if offer.total_bytes > limit:
+            raise FailedPrecondition(f"topic {topic}: its subscriptions need {offer.total_bytes} bytes of WAL,"
+                                     f" more than cluster.move_bytes_max ({limit}) a move hands over;"
+                                     f" it stays on broker {self.broker_id}")
+        return offer
+
+    async def _send_offer(self, target: cr.BrokerRegistration, topic: str, handover_id: int, offer: Offer) -> None:
+        files = [ap.HandOverFile(name=f.name, size_bytes=f.size_bytes) for f in offer.files]
+        chunk_bytes = self.config.cluster.move_chunk_bytes_max
+        url = target.admin_url
+        resumes = 0
+        while True:
+            try:
+                progress = await self._remote(url, lambda rid: ap.BeginHandOver(
+                    request_id=rid, topic=topic, handover_id=handover_id, files=files, next_offset=offer.next_offset))
+                assert isinstance(progress, ap.HandOverProgress)
+                for index, offered in enumerate(offer.files):
+                    position = progress.held_bytes[index]
+                    while position < offered.size_bytes:
+                        data = await asyncio.to_thread(read_chunk, offered.path, position,
+                                                       min(chunk_bytes, offered.size_bytes - position))
+                        if not data:
+                            raise FailedPrecondition(f"{offered.path} shrank while it was handed over")
+                        await self._remote(url, lambda rid, i=index, p=position, d=data: ap.HandOverChunk(
+                            request_id=rid, topic=topic, handover_id=handover_id, file_index=i, position=p, data=d,
+                            crc32c=crc32c.crc32c(d)))
+                        position += len(data)
+                await self._remote(url, lambda rid: ap.CommitHandOver(
+                    request_id=rid, topic=topic, handover_id=handover_id))
+                return
+            except DanubeError as exc:
+                if not exc.retriable or resumes >= _RESUMES_MAX:
+                    raise
+                resumes += 1
+                log.warning("hand-over of %s to broker %d interrupted (%s); resuming", topic, target.broker_id,
+                            exc.message)
+                await asyncio.sleep(_RESUME_PAUSE_S)
+
+    async def _switch_owner(self, topic: str, target: int, next_offset: int) -> None:
+        """Cursors written, then where the offsets stop and the new owner in one transaction."""
+        await self._flush_cursors()
+        key, state_key = cr.assignment_key(topic), cr.topic_state_key(topic)
+        current = await self.metadata.get(key)  # linearizable
+        if current is None or cr.decode(current.value, cr.Assignment).broker_id != self.broker_id:
+            raise FailedPrecondition(f"topic {topic} was reassigned during its move; retry")
+        assignment = cr.decode(current.value, cr.Assignment)
+        state = self.metadata.peer.state.get(state_key)
+        now_ms = self.system.clock.now_ms()
+        puts = {
+            key: cr.encode(cr.Assignment(broker_id=target, epoch=assignment.epoch + 1, assigned_ms=now_ms)),
+            state_key: cr.encode(cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=now_ms,
+                                               reserved_until=next_offset)),
+        }
+        try:
+            switched = await self.metadata.transaction(
+                {key: current.version, state_key: state.version if state is not None else 0}, puts)
+        except DanubeError:
+            # The answer was lost, not necessarily the write: the store says which.
+            after = await self.metadata.get(key)
+            switched = after is not None and cr.decode(after.value, cr.Assignment).broker_id == target
+        if not switched:
+            raise FailedPrecondition(f"topic {topic}: its assignment or offsets changed during its move; retry")
+
+    async def handle_StopForHandOver(self, msg: StopForHandOver) -> Message:
+        if msg.topic in self.moving_topics:
+            raise FailedPrecondition(f"topic {msg.topic} is being moved already")
+        if msg.topic not in self.topics or not self.lease_held:
+            raise FailedPrecondition(f"topic {msg.topic} is not served by broker {self.broker_id}; retry")
+        self.moving_topics.add(msg.topic)
+        await self._stop_topic(msg.topic)
+        return HandOverStopped(topic=msg.topic)
+
+    async def handle_HandOverEnded(self, msg: HandOverEnded) -> None:
+        self.moving_topics.discard(msg.topic)
+        if msg.error is None:
+            await asyncio.to_thread(shutil.rmtree, self._wal_dir(parse_topic(msg.topic)), True)
+        elif (assignment := self._assignment(msg.topic)) is not None and assignment.broker_id == self.broker_id:
+            await self._load(msg.topic)  # else its assignment, when it comes back here, loads it
+        await self._wake(msg.topic)
+
+    # ------------------------------------------------------------- the receiving side
+    def _incoming_for(self, topic: str, handover_id: int) -> Incoming:
+        incoming = self.incoming_moves.get(topic)
+        if incoming is None or incoming.directory.name != f"{handover_id:020d}":
+            raise FailedPrecondition(f"no hand-over {handover_id} of {topic} is under way here; begin it again")
+        return incoming
+
+    def _handover_staging(self, topic: str) -> Path:
+        name = parse_topic(topic)
+        return self.data_dir / "handover" / name.namespace / name.topic
+
+    async def _begin_handover(self, msg: ap.BeginHandOver) -> Message:
+        topic = parse_topic(msg.topic).full
+        if topic in self.topics or topic in self.moving_topics:
+            raise FailedPrecondition(f"topic {topic} is served by broker {self.broker_id}: it cannot be handed here")
+        total = sum(f.size_bytes for f in msg.files)
+        limit = self.config.cluster.move_bytes_max
+        if total > limit:
+            raise FailedPrecondition(f"topic {topic}: {total} bytes of WAL offered, more than broker {self.broker_id}"
+                                     f" takes in one move (cluster.move_bytes_max {limit})")
+        if topic not in self.incoming_moves and len(self.incoming_moves) >= _INCOMING_MAX:
+            raise ResourceExhausted(f"broker {self.broker_id} receives {_INCOMING_MAX} moves already; retry")
+        incoming = Incoming(self._handover_staging(topic), msg.handover_id,
+                            [(f.name, f.size_bytes) for f in msg.files], msg.next_offset)
+        held = await asyncio.to_thread(incoming.begin)
+        self.incoming_moves[topic] = incoming
+        return ap.HandOverProgress(request_id=msg.request_id, held_bytes=held)
+
+    async def _handover_chunk(self, msg: ap.HandOverChunk) -> Message:
+        incoming = self._incoming_for(parse_topic(msg.topic).full, msg.handover_id)
+        await asyncio.to_thread(incoming.write, msg.file_index, msg.position, msg.data, msg.crc32c)
+        return Ok(request_id=msg.request_id)
+
+    async def _commit_handover(self, msg: ap.CommitHandOver) -> Message:
+        topic = parse_topic(msg.topic).full
+        incoming = self._incoming_for(topic, msg.handover_id)
+        if topic in self.topics:
+            raise FailedPrecondition(f"topic {topic} is served by broker {self.broker_id}: it cannot be handed here")
+        try:
+            next_offset = await asyncio.to_thread(incoming.verify_and_install, self._wal_dir(parse_topic(topic)),
+                                                  clock=self.system.clock)
+        except DanubeError:
+            self.incoming_moves.pop(topic, None)
+            await asyncio.to_thread(incoming.abort)
+            raise
+        self.incoming_moves.pop(topic, None)
+        log.info("topic %s: WAL received up to offset %d; served here once its assignment arrives", topic,
+                 next_offset)
+        return Ok(request_id=msg.request_id)
+
+    async def _abort_handover(self, msg: ap.AbortHandOver) -> Message:
+        topic = parse_topic(msg.topic).full
+        incoming = self.incoming_moves.get(topic)
+        if incoming is not None and incoming.directory.name == f"{msg.handover_id:020d}":
+            del self.incoming_moves[topic]
+            await asyncio.to_thread(incoming.abort)
+        return Ok(request_id=msg.request_id)
+
+
+def _owner_id(value: bytes) -> int | None:
+    with contextlib.suppress(DanubeError):
+        return cr.decode(value, cr.Assignment).broker_id
+    return None
+
+
+def handover_routes(actor: Any) -> dict[type, Any]:
+    return {
+        ap.BeginHandOver: actor._begin_handover,
+        ap.HandOverChunk: actor._handover_chunk,
+        ap.CommitHandOver: actor._commit_handover,
+        ap.AbortHandOver: actor._abort_handover,
+    }

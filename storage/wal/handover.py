@@ -1,0 +1,168 @@
+"""A topic's WAL handed from one broker's disk to another's (storage.mode local moves).
+
+    sender:   offered_files(wal dir, needed_from) -> the segment files to send, in order
+              read_chunk(path, position, size) -> bytes
+    receiver: Incoming(staging dir) .begin -> bytes held per file (resume)
+                                    .write(file, position, data, crc32c)
+                                    .verify_and_install(wal dir) -> next offset
+
+The sender offers the segments that hold an offset at or after `needed_from` (the
+oldest offset a subscription still needs) up to the active one, each at its whole-record
+size. The receiver writes them into a staging directory named by the move's id (so bytes
+of an abandoned attempt are never mixed in, and a resumed attempt continues at the bytes
+it holds), checks a CRC32C per chunk, and at the end scans every record of every file
+(`Segment.recover`: record CRCs, continuous offsets) before it swaps the staging
+directory in for its own WAL of the topic. Every function here blocks: run in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+from danube_zmq.actors.clock import Clock
+from danube_zmq.storage.wal.log import WalLog
+from danube_zmq.storage.wal.segment import Segment, parse_segment_file_name
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedFile:
+    name: str
+    size_bytes: int
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    files: tuple[OfferedFile, ...]
+    next_offset: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+
+def offered_files(wal_dir: Path, needed_from: int | None, *, segment_bytes_max: int, clock: Clock) -> Offer:
+    """The segments of the (closed) WAL in `wal_dir` holding offsets from `needed_from`
+    on (None: only the active one), the active one always included. Opening the WAL
+    recovers it first, so every size is a whole-record prefix."""
+    wal = WalLog.open(wal_dir, segment_bytes_max=segment_bytes_max, segment_age_ms_max=None, clock=clock)
+    try:
+        infos = wal.segments()
+        next_offset = wal.next_offset
+    finally:
+        wal.close()
+    chosen = [info for n, info in enumerate(infos)
+              if n == len(infos) - 1 or (needed_from is not None and info.next_offset > needed_from)]
+    return Offer(files=tuple(OfferedFile(name=Path(i.path).name, size_bytes=i.size_bytes, path=Path(i.path))
+                             for i in chosen), next_offset=next_offset)
+
+
+def read_chunk(path: Path, position: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(position)
+        return f.read(size)
+
+
+class Incoming:
+    """The receiving side of one move: a staging directory `staging/<handover_id>`."""
+
+    def __init__(self, staging: Path, handover_id: int, files: list[tuple[str, int]], next_offset: int) -> None:
+        for name, size in files:
+            if parse_segment_file_name(name) is None or size < 0:
+                raise InvalidArgument(f"a handed-over WAL file must be a segment name and size, got {name!r} {size}")
+        if not files:
+            raise InvalidArgument("a hand-over offers at least the active segment")
+        self.root = staging
+        self.directory = staging / f"{handover_id:020d}"
+        self.files = files
+        self.next_offset = next_offset
+
+    def begin(self) -> list[int]:
+        """Drop other attempts, keep this one's bytes: how many of each file are held."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for other in self.root.iterdir():
+            if other != self.directory:
+                shutil.rmtree(other, ignore_errors=True)
+        self.directory.mkdir(exist_ok=True)
+        held = []
+        for name, size in self.files:
+            path = self.directory / name
+            have = path.stat().st_size if path.exists() else 0
+            if have > size:  # not this offer's file: start it again
+                path.unlink()
+                have = 0
+            held.append(have)
+        return held
+
+    def write(self, file_index: int, position: int, data: bytes, checksum: int) -> None:
+        if not 0 <= file_index < len(self.files):
+            raise InvalidArgument(f"file {file_index} was not offered ({len(self.files)} files)")
+        name, size = self.files[file_index]
+        if crc32c.crc32c(data) != checksum:
+            raise FailedPrecondition(f"chunk of {name} at byte {position}: CRC32C mismatch")
+        path = self.directory / name
+        have = path.stat().st_size if path.exists() else 0
+        if position != have:
+            raise FailedPrecondition(f"chunk of {name} at byte {position}: this broker holds {have} bytes of it")
+        if position + len(data) > size:
+            raise InvalidArgument(f"chunk of {name} ends at byte {position + len(data)}, past its {size} bytes")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, data, position)
+        finally:
+            os.close(fd)
+
+    def verify_and_install(self, wal_dir: Path, *, clock: Clock) -> int:
+        """fsync, scan every record, then swap in for `wal_dir`; the next offset."""
+        expected = None
+        for name, size in self.files:
+            path = self.directory / name
+            have = path.stat().st_size if path.exists() else 0
+            if have != size:
+                raise FailedPrecondition(f"handed-over {name} has {have} of its {size} bytes")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            segment = Segment.open(path, clock=clock, writable=False)
+            try:
+                fault = segment.recover()
+                if fault is not None:
+                    raise FailedPrecondition(f"handed-over {name}: {fault.kind} at byte {fault.position}: {fault.reason}")
+                if expected is not None and segment.base_offset != expected:
+                    raise FailedPrecondition(f"handed-over {name} starts at offset {segment.base_offset},"
+                                             f" the file before ends at {expected}")
+                expected = segment.next_offset
+            finally:
+                segment.close()
+        if expected != self.next_offset:
+            raise FailedPrecondition(f"handed-over WAL ends at offset {expected}, the offer said {self.next_offset}")
+        _fsync_dir(self.directory)
+        aside = wal_dir.with_name(wal_dir.name + ".replaced")
+        shutil.rmtree(aside, ignore_errors=True)
+        wal_dir.parent.mkdir(parents=True, exist_ok=True)
+        if wal_dir.exists():
+            wal_dir.rename(aside)  # an earlier turn's WAL here: the offer supersedes it
+        self.directory.rename(wal_dir)
+        _fsync_dir(wal_dir.parent)
+        shutil.rmtree(aside, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+        return expected
+
+    def abort(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
