@@ -20,6 +20,9 @@
    actor relays to the ROUTER without decoding.
 5. A connection silent for `session_timeout_ms` is closed: its producers and
    consumers are detached from their actors.
+6. Outbound bytes are budgeted per connection and per broker (`actors/outbound.py`):
+   a connection over budget has its consumers paused and frames to it refused; one
+   paused for `outbound_stall_timeout_ms` is disconnected (`actors/peers.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from danube_zmq.actors import schema_service
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.outbound import OutboundLedger
+from danube_zmq.actors.peers import Address, peer_address, shutdown_peer
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
@@ -52,6 +57,7 @@ from danube_zmq.transport.internal_protocol import (
     ClientRequest,
     ConsumerAttached,
     ConsumerDetached,
+    ConsumerPaused,
     DetachConsumer,
     DetachProducer,
     ProducerAttached,
@@ -78,6 +84,8 @@ class Session:
     last_seen_ms: int
     producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic actor
     consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> subscription actor
+    fd: int | None = None  # the TCP connection it came on (ZMQ_SRCFD), to disconnect it
+    address: Address | None = None
 
 
 class Gateway(Actor):
@@ -95,6 +103,11 @@ class Gateway(Actor):
         self.frames_out = 0
         self.frames_dropped = 0
         self.bad_frames = 0
+        limits = config.limits
+        self.outbound = OutboundLedger(connection_bytes_max=limits.outbound_bytes_per_connection_max,
+                                       broker_bytes_max=limits.outbound_bytes_max,
+                                       stall_ms=limits.outbound_stall_timeout_ms)
+        self._frame: Any = None  # the client frame being handled (its ZMQ_SRCFD names the connection)
         self._route = {
             Connect: self._on_connect,
             Ping: self._on_ping,
@@ -167,6 +180,7 @@ class Gateway(Actor):
             except zmq.Again:
                 return
             self.frames_in += 1
+            self._frame = frames[-1]
             identity = frames[0].bytes
             if len(frames) != 2:
                 self.bad_frames += 1
@@ -184,13 +198,44 @@ class Gateway(Actor):
             self._send_out(frames)
 
     def _send_out(self, frames: list[Any]) -> None:
+        head, body = frames
+        identity = head if type(head) is bytes else head.bytes
+        size = len(body)
+        outbound = self.outbound
+        now = self.system.clock.monotonic_ms()
+        if not outbound.admit(identity, size):
+            self.frames_dropped += 1
+            METRICS.frames_dropped.inc()
+            if outbound.refused(identity, now):
+                self._pause(identity, True)
+            return
+        tracker = None
+        if outbound.should_track(identity, size):
+            body = zmq.Frame(body.buffer if isinstance(body, zmq.Frame) else body, copy=False, track=True)
+            tracker = body.tracker
         try:
-            self._router_sync.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self._router_sync.send_multipart((head, body), zmq.NOBLOCK, copy=False)
             self.frames_out += 1
         except zmq.ZMQError:
             # EAGAIN: the client's queue is full; EHOSTUNREACH: it is gone.
             self.frames_dropped += 1
             METRICS.frames_dropped.inc()
+            return
+        outbound.sent(identity, size, tracker, now)
+        if outbound.should_pause(identity, now):
+            self._pause(identity, True)
+
+    def _pause(self, identity: bytes, paused: bool) -> None:
+        """Tell the subscriptions of the connection's consumers to stop (or resume)
+        delivering to them."""
+        session = self.sessions.get(identity)
+        if session is None:
+            return
+        if paused:
+            log.info("connection %s (%s) holds %d unsent bytes: its consumers are paused", identity.hex(),
+                     session.client_name, self.outbound.queued(identity))
+        for consumer_id, endpoint in session.consumers.items():
+            self.system.post(endpoint, ConsumerPaused(identity=identity, consumer_id=consumer_id, paused=paused))
 
     def _reply(self, identity: bytes, msg: Message) -> None:
         self._send_out([identity, cp.CLIENT_PROTOCOL.encode(msg)])
@@ -264,7 +309,9 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message=f"connection limit reached ({self.config.limits.connections_max})"))
             return
-        self.sessions[identity] = Session(client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms())
+        fd = self._frame.get(zmq.SRCFD) if self._frame is not None else -1
+        self.sessions[identity] = Session(client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
+                                          fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
         METRICS.connections.set(len(self.sessions))
         broker = self.config.broker
         self._reply(identity, Connected(
@@ -407,6 +454,9 @@ class Gateway(Actor):
             self.system.tell(msg.endpoint, DetachConsumer(consumer_id=msg.consumer_id, identity=msg.identity))
             return
         session.consumers[msg.consumer_id] = msg.endpoint
+        if self.outbound.is_paused(msg.identity):
+            self.system.post(msg.endpoint, ConsumerPaused(identity=msg.identity, consumer_id=msg.consumer_id,
+                                                          paused=True))
         self._send_out([msg.identity, msg.reply])
 
     def handle_ConsumerDetached(self, msg: ConsumerDetached) -> None:
@@ -428,6 +478,25 @@ class Gateway(Actor):
             log.info("session %s (%s) silent for %d ms: closed", identity.hex(),
                      self.sessions[identity].client_name, timeout_ms)
             self._close_session(identity, self.sessions[identity])
+        resume, stalled = self.outbound.review(now)
+        for identity in resume:
+            self._pause(identity, False)
+        for identity in stalled:
+            self._disconnect_stalled(identity)
+
+    def _disconnect_stalled(self, identity: bytes) -> None:
+        """A connection paused for outbound_stall_timeout_ms: end its session (its
+        consumers' unacked messages go back for redelivery) and its TCP connection, so
+        that libzmq drops what it queued for it."""
+        session = self.sessions.get(identity)
+        timeout_ms = self.config.limits.outbound_stall_timeout_ms
+        if session is None:
+            return
+        log.warning("connection %s (%s) has not read its socket for %d ms (%d bytes queued): disconnected",
+                    identity.hex(), session.client_name, timeout_ms, self.outbound.queued(identity))
+        self._close_session(identity, session)
+        if session.fd is not None:
+            shutdown_peer(session.fd, session.address)
 
     def _close_session(self, identity: bytes, session: Session) -> None:
         for producer_id, endpoint in session.producers.items():
@@ -435,6 +504,7 @@ class Gateway(Actor):
         for consumer_id, endpoint in session.consumers.items():
             self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id, identity=identity))
         del self.sessions[identity]
+        self.outbound.forget_pause(identity)
         METRICS.connections.set(len(self.sessions))
 
 

@@ -742,6 +742,18 @@ class ProducerRegistry(Message):
     attached: bool
 
 
+@wire
+class ConsumerPaused(Message):
+    """Gateway -> subscription: the consumer's connection holds more unsent bytes than
+    its budget allows (`paused`), or has drained enough to take deliveries again.
+    A paused consumer gets no deliveries whatever its permits."""
+
+    TAG = 190
+    identity: bytes
+    consumer_id: int
+    paused: bool
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -760,5 +772,6 @@ INTERNAL_PROTOCOL = Protocol(
         AssignmentChanged, AssignmentsResync, LeaseChanged, ParkedExpired, LoadManagerRequest, LoadManagerReply,
         ReserveOffsets, OffsetsReserved, SealTopic, TopicSealed, TopicStopped,
         ProducerRegistry,
+        ConsumerPaused,
     ),
 )
