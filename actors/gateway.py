@@ -42,7 +42,7 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
-from danube_zmq.actors.peers import Address, peer_address, shutdown_peer
+from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
@@ -107,6 +107,8 @@ class Gateway(Actor):
         self.outbound = OutboundLedger(connection_bytes_max=limits.outbound_bytes_per_connection_max,
                                        broker_bytes_max=limits.outbound_bytes_max,
                                        stall_ms=limits.outbound_stall_timeout_ms)
+        self.peers: PeerGuard | None = None
+        self._session_fds: dict[int, Address | None] = {}  # the TCP connections that carry a session
         self._frame: Any = None  # the client frame being handled (its ZMQ_SRCFD names the connection)
         self._route = {
             Connect: self._on_connect,
@@ -140,7 +142,12 @@ class Gateway(Actor):
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A client reconnecting with the same identity replaces a half-open old pipe.
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # A peer that does not finish the ZMTP handshake in time is dropped by libzmq;
+        # one that does but sends no Connect is dropped by the peer guard.
+        router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         bind_or_close(router, self.config.broker.listen, "client")
+        self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
+                               timeout_ms=limits.connect_timeout_ms)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -159,12 +166,20 @@ class Gateway(Actor):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._binding_watch
         await self._schema_tasks.cancel_all()
+        if self.peers is not None:
+            self.peers.close()
         for sock in (self.router, self.outbox):
             if sock is not None:
                 sock.close(linger=0)
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        assert self.peers is not None
+        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
+                (self.peers.monitor, self._drain_peers)]
+
+    async def _drain_peers(self) -> None:
+        assert self.peers is not None
+        self.peers.drain(self.system.clock.monotonic_ms())
 
     @property
     def advertised_url(self) -> str:
@@ -310,8 +325,11 @@ class Gateway(Actor):
                                         message=f"connection limit reached ({self.config.limits.connections_max})"))
             return
         fd = self._frame.get(zmq.SRCFD) if self._frame is not None else -1
-        self.sessions[identity] = Session(client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
-                                          fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
+        session = self.sessions[identity] = Session(
+            client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
+            fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
+        if session.fd is not None:
+            self._session_fds[session.fd] = session.address
         METRICS.connections.set(len(self.sessions))
         broker = self.config.broker
         self._reply(identity, Connected(
@@ -478,6 +496,8 @@ class Gateway(Actor):
             log.info("session %s (%s) silent for %d ms: closed", identity.hex(),
                      self.sessions[identity].client_name, timeout_ms)
             self._close_session(identity, self.sessions[identity])
+        if self.peers is not None:
+            self.peers.review(now)
         resume, stalled = self.outbound.review(now)
         for identity in resume:
             self._pause(identity, False)
@@ -504,6 +524,8 @@ class Gateway(Actor):
         for consumer_id, endpoint in session.consumers.items():
             self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id, identity=identity))
         del self.sessions[identity]
+        if session.fd is not None and self._session_fds.get(session.fd) == session.address:
+            del self._session_fds[session.fd]
         self.outbound.forget_pause(identity)
         METRICS.connections.set(len(self.sessions))
 

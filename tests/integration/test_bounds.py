@@ -114,3 +114,44 @@ def test_consumer_that_never_reads_is_bounded_then_disconnected(tmp_path: Path, 
     # 32 MiB broker budget + the subscription's pending bound (16 MiB) + allocator slack.
     assert growth_mib < 120, f"broker RSS grew by {growth_mib:.0f} MiB"
     assert "has not read its socket" in broker.log()
+
+
+def test_connections_without_connect_are_counted_and_time_out(tmp_path: Path, broker_factory: Any) -> None:
+    """ZeroMQ connections that finish the handshake but never send `Connect` are
+    counted against connections_pending_max (one more is cut at once) and cut after
+    connect_timeout_ms, and a real client is still served while they are held;
+    before, they were kept forever and uncounted until the broker ran out of fds."""
+    broker = broker_factory(env={
+        "DANUBE_LIMITS__CONNECTIONS_PENDING_MAX": "20",
+        "DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "3000",
+    })
+    ctx = zmq.Context()
+    monitors = []
+    socks = []
+    try:
+        for _ in range(30):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 60_000)  # a cut connection stays cut
+            monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            sock.connect(broker.url)
+            socks.append(sock)
+
+        def disconnected() -> int:
+            return sum(1 for m in monitors if m.poll(0))
+
+        # At most 20 may wait for Connect: at least 10 are cut at once...
+        wait_for(lambda: disconnected() >= 10, 20, "connections over connections_pending_max to be cut")
+
+        async def served() -> None:
+            async with DanubeClient(broker.url) as client:
+                producer = await client.create_producer("/default/served")
+                await asyncio.wait_for(producer.send(b"x"), 10)
+
+        asyncio.run(served())
+        # ...and all of them after connect_timeout_ms.
+        wait_for(lambda: all(m.poll(0) for m in monitors), 30, "every idle connection to be cut")
+    finally:
+        for sock in socks + monitors:
+            sock.close(linger=0)
+        ctx.term()
