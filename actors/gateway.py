@@ -191,18 +191,25 @@ class Gateway(Actor):
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
                 # allocation that faults its pages in (actors/system.py, _drain_mailbox).
-                frames = self._router_sync.recv_multipart(zmq.NOBLOCK, copy=False)
+                head = self._router_sync.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            # Part by part: a message of more parts than ours is refused, each extra part
+            # freed as it is read (libzmq itself has buffered the whole message: see
+            # docs/protocol.md, "What libzmq buffers").
+            body = self._router_sync.recv(copy=False)
             self.frames_in += 1
-            self._frame = frames[-1]
-            identity = frames[0].bytes
-            if len(frames) != 2:
+            self._frame = body
+            identity = head.bytes
+            if body.more:
+                parts = 2
+                while self._router_sync.recv(copy=False).more:
+                    parts += 1
                 self.bad_frames += 1
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
-                                            message=f"expected one frame per message, got {len(frames) - 1}"))
+                                            message=f"expected one frame per message, got {parts}"))
                 continue
-            self._on_client_frame(identity, frames[1].buffer)
+            self._on_client_frame(identity, body.buffer)
 
     async def _drain_outbox(self) -> None:
         for _ in range(_DRAIN_MAX):
