@@ -169,6 +169,26 @@ class LimitsSection:
     # Default 10000. At least 1: ZeroMQ reads 0 as "unbounded". At most
     # 2**31-1, ZMQ_SNDHWM being a C int.
     outbound_frames_max: int = 10000
+    # Bytes queued in ZeroMQ for one client connection and not yet written to
+    # its socket. At half of this the connection's consumers are paused (no
+    # more deliveries, whatever their permits); frames past it are refused
+    # and counted; the consumers resume at a quarter. One frame always passes
+    # to an empty queue. Default 32 MiB.
+    outbound_bytes_per_connection_max: int = 32 * MIB
+    # The same over all client connections of the broker; a frame past it is
+    # refused and its connection paused. At least
+    # outbound_bytes_per_connection_max. Default 512 MiB.
+    outbound_bytes_max: int = 512 * MIB
+    # A connection paused this long (it does not read its socket) is
+    # disconnected: its session ends, its consumers' unacknowledged messages
+    # go back for redelivery, and ZeroMQ drops its queue. Default 30000.
+    outbound_stall_timeout_ms: int = 30_000
+    # TCP connections to the client port that have not sent `Connect` yet,
+    # at once; one more is disconnected at once. Default 1000.
+    connections_pending_max: int = 1000
+    # A connection that has no session (never sent `Connect`, or its session
+    # ended) is disconnected after this long. Default 10000.
+    connect_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -178,11 +198,17 @@ class LimitsSection:
             "mailbox_messages_max",
             "producers_per_connection_max",
             "consumers_per_connection_max",
+            "outbound_bytes_per_connection_max",
+            "connections_pending_max",
         ):
             _check_range(f"limits.{name}", getattr(self, name), 1, _INT_MAX)
         _check_range(
             "limits.outbound_frames_max", self.outbound_frames_max, 1, _C_INT_MAX
         )
+        _check_range("limits.outbound_bytes_max", self.outbound_bytes_max,
+                     self.outbound_bytes_per_connection_max, _INT_MAX)
+        _check_range("limits.outbound_stall_timeout_ms", self.outbound_stall_timeout_ms, 100, 86_400_000)
+        _check_range("limits.connect_timeout_ms", self.connect_timeout_ms, 100, 86_400_000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

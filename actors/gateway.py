@@ -20,6 +20,9 @@
    actor relays to the ROUTER without decoding.
 5. A connection silent for `session_timeout_ms` is closed: its producers and
    consumers are detached from their actors.
+6. Outbound bytes are budgeted per connection and per broker (`actors/outbound.py`):
+   a connection over budget has its consumers paused and frames to it refused; one
+   paused for `outbound_stall_timeout_ms` is disconnected (`actors/peers.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from danube_zmq.actors import schema_service
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.outbound import OutboundLedger
+from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
@@ -52,6 +57,7 @@ from danube_zmq.transport.internal_protocol import (
     ClientRequest,
     ConsumerAttached,
     ConsumerDetached,
+    ConsumerPaused,
     DetachConsumer,
     DetachProducer,
     ProducerAttached,
@@ -78,6 +84,8 @@ class Session:
     last_seen_ms: int
     producers: dict[int, str] = field(default_factory=dict)  # producer_id -> topic actor
     consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> subscription actor
+    fd: int | None = None  # the TCP connection it came on (ZMQ_SRCFD), to disconnect it
+    address: Address | None = None
 
 
 class Gateway(Actor):
@@ -95,6 +103,13 @@ class Gateway(Actor):
         self.frames_out = 0
         self.frames_dropped = 0
         self.bad_frames = 0
+        limits = config.limits
+        self.outbound = OutboundLedger(connection_bytes_max=limits.outbound_bytes_per_connection_max,
+                                       broker_bytes_max=limits.outbound_bytes_max,
+                                       stall_ms=limits.outbound_stall_timeout_ms)
+        self.peers: PeerGuard | None = None
+        self._session_fds: dict[int, Address | None] = {}  # the TCP connections that carry a session
+        self._frame: Any = None  # the client frame being handled (its ZMQ_SRCFD names the connection)
         self._route = {
             Connect: self._on_connect,
             Ping: self._on_ping,
@@ -127,7 +142,12 @@ class Gateway(Actor):
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A client reconnecting with the same identity replaces a half-open old pipe.
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # A peer that does not finish the ZMTP handshake in time is dropped by libzmq;
+        # one that does but sends no Connect is dropped by the peer guard.
+        router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         bind_or_close(router, self.config.broker.listen, "client")
+        self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
+                               timeout_ms=limits.connect_timeout_ms)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -146,12 +166,20 @@ class Gateway(Actor):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._binding_watch
         await self._schema_tasks.cancel_all()
+        if self.peers is not None:
+            self.peers.close()
         for sock in (self.router, self.outbox):
             if sock is not None:
                 sock.close(linger=0)
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        assert self.peers is not None
+        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
+                (self.peers.monitor, self._drain_peers)]
+
+    async def _drain_peers(self) -> None:
+        assert self.peers is not None
+        self.peers.drain(self.system.clock.monotonic_ms())
 
     @property
     def advertised_url(self) -> str:
@@ -163,17 +191,25 @@ class Gateway(Actor):
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
                 # allocation that faults its pages in (actors/system.py, _drain_mailbox).
-                frames = self._router_sync.recv_multipart(zmq.NOBLOCK, copy=False)
+                head = self._router_sync.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            # Part by part: a message of more parts than ours is refused, each extra part
+            # freed as it is read (libzmq itself has buffered the whole message: see
+            # docs/protocol.md, "What libzmq buffers").
+            body = self._router_sync.recv(copy=False)
             self.frames_in += 1
-            identity = frames[0].bytes
-            if len(frames) != 2:
+            self._frame = body
+            identity = head.bytes
+            if body.more:
+                parts = 2
+                while self._router_sync.recv(copy=False).more:
+                    parts += 1
                 self.bad_frames += 1
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
-                                            message=f"expected one frame per message, got {len(frames) - 1}"))
+                                            message=f"expected one frame per message, got {parts}"))
                 continue
-            self._on_client_frame(identity, frames[1].buffer)
+            self._on_client_frame(identity, body.buffer)
 
     async def _drain_outbox(self) -> None:
         for _ in range(_DRAIN_MAX):
@@ -184,13 +220,44 @@ class Gateway(Actor):
             self._send_out(frames)
 
     def _send_out(self, frames: list[Any]) -> None:
+        head, body = frames
+        identity = head if type(head) is bytes else head.bytes
+        size = len(body)
+        outbound = self.outbound
+        now = self.system.clock.monotonic_ms()
+        if not outbound.admit(identity, size):
+            self.frames_dropped += 1
+            METRICS.frames_dropped.inc()
+            if outbound.refused(identity, now):
+                self._pause(identity, True)
+            return
+        tracker = None
+        if outbound.should_track(identity, size):
+            body = zmq.Frame(body.buffer if isinstance(body, zmq.Frame) else body, copy=False, track=True)
+            tracker = body.tracker
         try:
-            self._router_sync.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self._router_sync.send_multipart((head, body), zmq.NOBLOCK, copy=False)
             self.frames_out += 1
         except zmq.ZMQError:
             # EAGAIN: the client's queue is full; EHOSTUNREACH: it is gone.
             self.frames_dropped += 1
             METRICS.frames_dropped.inc()
+            return
+        outbound.sent(identity, size, tracker, now)
+        if outbound.should_pause(identity, now):
+            self._pause(identity, True)
+
+    def _pause(self, identity: bytes, paused: bool) -> None:
+        """Tell the subscriptions of the connection's consumers to stop (or resume)
+        delivering to them."""
+        session = self.sessions.get(identity)
+        if session is None:
+            return
+        if paused:
+            log.info("connection %s (%s) holds %d unsent bytes: its consumers are paused", identity.hex(),
+                     session.client_name, self.outbound.queued(identity))
+        for consumer_id, endpoint in session.consumers.items():
+            self.system.post(endpoint, ConsumerPaused(identity=identity, consumer_id=consumer_id, paused=paused))
 
     def _reply(self, identity: bytes, msg: Message) -> None:
         self._send_out([identity, cp.CLIENT_PROTOCOL.encode(msg)])
@@ -264,7 +331,12 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message=f"connection limit reached ({self.config.limits.connections_max})"))
             return
-        self.sessions[identity] = Session(client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms())
+        fd = self._frame.get(zmq.SRCFD) if self._frame is not None else -1
+        session = self.sessions[identity] = Session(
+            client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
+            fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
+        if session.fd is not None:
+            self._session_fds[session.fd] = session.address
         METRICS.connections.set(len(self.sessions))
         broker = self.config.broker
         self._reply(identity, Connected(
@@ -407,6 +479,9 @@ class Gateway(Actor):
             self.system.tell(msg.endpoint, DetachConsumer(consumer_id=msg.consumer_id, identity=msg.identity))
             return
         session.consumers[msg.consumer_id] = msg.endpoint
+        if self.outbound.is_paused(msg.identity):
+            self.system.post(msg.endpoint, ConsumerPaused(identity=msg.identity, consumer_id=msg.consumer_id,
+                                                          paused=True))
         self._send_out([msg.identity, msg.reply])
 
     def handle_ConsumerDetached(self, msg: ConsumerDetached) -> None:
@@ -428,6 +503,27 @@ class Gateway(Actor):
             log.info("session %s (%s) silent for %d ms: closed", identity.hex(),
                      self.sessions[identity].client_name, timeout_ms)
             self._close_session(identity, self.sessions[identity])
+        if self.peers is not None:
+            self.peers.review(now)
+        resume, stalled = self.outbound.review(now)
+        for identity in resume:
+            self._pause(identity, False)
+        for identity in stalled:
+            self._disconnect_stalled(identity)
+
+    def _disconnect_stalled(self, identity: bytes) -> None:
+        """A connection paused for outbound_stall_timeout_ms: end its session (its
+        consumers' unacked messages go back for redelivery) and its TCP connection, so
+        that libzmq drops what it queued for it."""
+        session = self.sessions.get(identity)
+        timeout_ms = self.config.limits.outbound_stall_timeout_ms
+        if session is None:
+            return
+        log.warning("connection %s (%s) has not read its socket for %d ms (%d bytes queued): disconnected",
+                    identity.hex(), session.client_name, timeout_ms, self.outbound.queued(identity))
+        self._close_session(identity, session)
+        if session.fd is not None:
+            shutdown_peer(session.fd, session.address)
 
     def _close_session(self, identity: bytes, session: Session) -> None:
         for producer_id, endpoint in session.producers.items():
@@ -435,6 +531,9 @@ class Gateway(Actor):
         for consumer_id, endpoint in session.consumers.items():
             self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id, identity=identity))
         del self.sessions[identity]
+        if session.fd is not None and self._session_fds.get(session.fd) == session.address:
+            del self._session_fds[session.fd]
+        self.outbound.forget_pause(identity)
         METRICS.connections.set(len(self.sessions))
 
 

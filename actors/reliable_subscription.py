@@ -266,7 +266,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
     def _capacity(self) -> dict[int, int]:
         return {
             cid: room for cid, c in self.consumers.items()
-            if (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
+            if not c.paused and (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
         }
 
     def _assign(self, offsets: list[int], capacity: dict[int, int], counts: dict[int, int] | None,

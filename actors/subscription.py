@@ -48,6 +48,7 @@ from danube_zmq.transport.internal_protocol import (
     ConsumerAttached,
     ConsumerCount,
     ConsumerDetached,
+    ConsumerPaused,
     DescribeSubscription,
     DetachConsumer,
     Publish,
@@ -67,6 +68,7 @@ class _Consumer:
     name: str
     identity: bytes
     permits: int = 0
+    paused: bool = False  # its connection is over its outbound byte budget (actors/outbound.py)
 
 
 @dataclass(slots=True)
@@ -188,6 +190,14 @@ class SubscriptionActor(Actor):
         self._detach(msg.consumer_id)
         self._dispatch()  # Failover may have promoted a standby with permits
 
+    def handle_ConsumerPaused(self, msg: ConsumerPaused) -> None:
+        consumer = self.consumers.get(msg.consumer_id)
+        if consumer is None or consumer.identity != msg.identity:
+            return
+        consumer.paused = msg.paused
+        if not msg.paused:
+            self._dispatch()
+
     # ------------------------------------------------------------- client requests
     def handle_ClientRequest(self, req: ClientRequest) -> None:
         msg = cp.CLIENT_PROTOCOL.decode(req.frame)
@@ -255,7 +265,7 @@ class SubscriptionActor(Actor):
 
     def _dispatch(self) -> None:
         while self.pending:
-            permits = {cid: c.permits for cid, c in self.consumers.items() if c.permits > 0}
+            permits = {cid: c.permits for cid, c in self.consumers.items() if c.permits > 0 and not c.paused}
             if not permits:
                 return
             head = self.pending[0]

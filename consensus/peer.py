@@ -460,6 +460,7 @@ class RaftPeer:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.SNDHWM, self._send_hwm)
         dealer.setsockopt(zmq.RCVHWM, 1)  # nothing comes back on it
+        dealer.setsockopt(zmq.MAXMSGSIZE, self._frame_bytes_max)  # nor may anything large
         dealer.setsockopt(zmq.IMMEDIATE, 1)  # no queue for a peer that is down
         dealer.setsockopt(zmq.RECONNECT_IVL, 50)
         dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)

@@ -768,6 +768,18 @@ class HandOverEnded(Message):
     error: str | None = None
 
 
+@wire
+class ConsumerPaused(Message):
+    """Gateway -> subscription: the consumer's connection holds more unsent bytes than
+    its budget allows (`paused`), or has drained enough to take deliveries again.
+    A paused consumer gets no deliveries whatever its permits."""
+
+    TAG = 193
+    identity: bytes
+    consumer_id: int
+    paused: bool
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -787,5 +799,6 @@ INTERNAL_PROTOCOL = Protocol(
         ReserveOffsets, OffsetsReserved, SealTopic, TopicSealed, TopicStopped,
         ProducerRegistry,
         StopForHandOver, HandOverStopped, HandOverEnded,
+        ConsumerPaused,
     ),
 )

@@ -1,0 +1,157 @@
+"""Every buffer is bounded in bytes (issue 19, section 4), driven with raw ZeroMQ
+sockets and plain TCP against real broker processes.
+
+The hostile clients here are built by hand (msgpack frames as docs/protocol.md
+states them, or bare TCP), since the danube client never misbehaves this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import psutil
+import pytest
+import zmq
+
+from danube_zmq import DanubeClient
+from danube_zmq.client.admin import AdminClient
+
+pytestmark = pytest.mark.slow
+
+CONNECT, CONNECTED, SUBSCRIBE, SUBSCRIBED, FLOW = 1, 2, 25, 26, 27
+PROTOCOL_VERSION, EXCLUSIVE, LATEST = 1, 0, 0
+MIB = 1 << 20
+
+
+def pack(*items: Any) -> bytes:
+    return msgpack.packb(list(items), use_bin_type=True)
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stuck_consumer(ctx: zmq.Context, url: str, topic: str) -> zmq.Socket:
+    """A consumer that subscribes, grants 2**30 permits and then never reads: its
+    socket takes one message and a few KiB of kernel buffer, no more."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.setsockopt(zmq.ROUTING_ID, b"\x01" + os.urandom(15))
+    sock.connect(url)
+    sock.send(pack(CONNECT, 1, PROTOCOL_VERSION, "stuck"))
+    assert msgpack.unpackb(sock.recv(), raw=False)[0] == CONNECTED
+    sock.send(pack(SUBSCRIBE, 2, topic, "stuck", "stuck", EXCLUSIVE, LATEST))
+    reply = msgpack.unpackb(sock.recv(), raw=False)
+    assert reply[0] == SUBSCRIBED, reply
+    consumer_id = reply[2]
+    sock.send(pack(FLOW, consumer_id, 1 << 30))
+    return sock
+
+
+def test_consumer_that_never_reads_is_bounded_then_disconnected(tmp_path: Path, broker_factory: Any) -> None:
+    """A consumer granting 2**30 permits that never reads its socket, fed 1 MiB batches
+    (200 MiB in all): the broker's RSS grows by less than its outbound budget plus a
+    fixed allowance (before the byte budget it grew by what was published), the
+    consumer is paused and, after outbound_stall_timeout_ms, disconnected (its
+    subscription has no consumer left), and another client is served throughout."""
+    broker = broker_factory(env={
+        "DANUBE_LIMITS__OUTBOUND_BYTES_PER_CONNECTION_MAX": str(16 * MIB),
+        "DANUBE_LIMITS__OUTBOUND_BYTES_MAX": str(32 * MIB),
+        "DANUBE_LIMITS__OUTBOUND_STALL_TIMEOUT_MS": "4000",
+        # The stuck consumer sends no pings: only the stall may end its session.
+        "DANUBE_BROKER__SESSION_TIMEOUT_MS": "600000",
+    })
+    process = psutil.Process(broker.process.pid)
+    ctx = zmq.Context()
+    topic = "/default/stuck"
+
+    async def run() -> float:
+        async with DanubeClient(broker.url) as client:
+            producer = await client.create_producer(topic)
+            await producer.send(b"warm-up")
+            sock = stuck_consumer(ctx, broker.url, topic)
+            rss_before = process.memory_info().rss
+            payload = b"x" * (256 * 1024)
+            peak = rss_before
+            for _ in range(200):
+                for _ in range(4):
+                    producer.send_nowait(payload)
+                await producer.flush()
+                peak = max(peak, process.memory_info().rss)
+            # Another client is served while the stuck one holds its budget.
+            other = await client.create_producer("/default/other")
+            await asyncio.wait_for(other.send(b"still served"), 10)
+            # Still connected (it answers ZMTP, holds its session by nothing but the
+            # socket) and still not reading: disconnected after the stall timeout.
+            async with AdminClient(broker.admin_url) as admin:
+                deadline = time.monotonic() + 30
+                while True:
+                    info = await admin.describe_topic(topic)
+                    if not info.partitions[0].subscriptions[0].consumers:
+                        break
+                    assert time.monotonic() < deadline, "the stalled consumer was never disconnected"
+                    await asyncio.sleep(0.2)
+            sock.close(linger=0)
+            return (peak - rss_before) / MIB
+
+    try:
+        growth_mib = asyncio.run(run())
+    finally:
+        ctx.term()
+    # 32 MiB broker budget + the subscription's pending bound (16 MiB) + allocator slack.
+    assert growth_mib < 120, f"broker RSS grew by {growth_mib:.0f} MiB"
+    assert "has not read its socket" in broker.log()
+
+
+def test_connections_without_connect_are_counted_and_time_out(tmp_path: Path, broker_factory: Any) -> None:
+    """ZeroMQ connections that finish the handshake but never send `Connect` are
+    counted against connections_pending_max (one more is cut at once) and cut after
+    connect_timeout_ms, and a real client is still served while they are held;
+    before, they were kept forever and uncounted until the broker ran out of fds."""
+    broker = broker_factory(env={
+        "DANUBE_LIMITS__CONNECTIONS_PENDING_MAX": "20",
+        "DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "3000",
+    })
+    ctx = zmq.Context()
+    monitors = []
+    socks = []
+    try:
+        for _ in range(30):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 60_000)  # a cut connection stays cut
+            monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            sock.connect(broker.url)
+            socks.append(sock)
+
+        def disconnected() -> int:
+            return sum(1 for m in monitors if m.poll(0))
+
+        # At most 20 may wait for Connect: at least 10 are cut at once...
+        wait_for(lambda: disconnected() >= 10, 20, "connections over connections_pending_max to be cut")
+
+        async def served() -> None:
+            async with DanubeClient(broker.url) as client:
+                producer = await client.create_producer("/default/served")
+                await asyncio.wait_for(producer.send(b"x"), 10)
+
+        asyncio.run(served())
+        # ...and all of them after connect_timeout_ms.
+        wait_for(lambda: all(m.poll(0) for m in monitors), 30, "every idle connection to be cut")
+    finally:
+        for sock in socks + monitors:
+            sock.close(linger=0)
+        ctx.term()
