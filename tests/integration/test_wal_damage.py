@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ import pytest
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.storage.wal import HEADER, HEADER_BYTES
 from danube_zmq.transport.errors import DanubeError, ErrorCode, Timeout
+from tests.integration.conftest import free_port
 
 TOPIC = "/default/damaged"
 MESSAGES = 10_000
@@ -214,3 +217,36 @@ async def test_a_damaged_wal_is_not_recovered_from_durable_segments_with_a_hole(
     with pytest.raises(DanubeError) as refused:
         await produce(broker.url, [b"refused"], topic="/default/holed")
     assert refused.value.code == ErrorCode.UNAVAILABLE and "/default/holed" in refused.value.message
+
+
+def metric(port: int, name: str) -> float | None:
+    """One unlabelled sample of the broker's Prometheus endpoint, read over HTTP."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+async def test_metrics_show_a_damaged_topic_until_it_is_repaired(broker_factory, tmp_path: Path) -> None:
+    """A flipped bit in the middle of the active WAL after kill -9: once the broker is
+    back, its metrics endpoint shows one damaged topic (`danube_wal_damaged_topics`) and
+    counts the damage (`danube_wal_damage_total`); after `topics repair --accept-loss`
+    the gauge is back to 0 while the counter keeps the event."""
+    port = free_port()
+    broker = broker_factory()
+    assert await produce(broker.url, [struct.pack(">Q", seq) for seq in range(200)], topic="/default/counted") \
+        == list(range(200))
+    broker.stop(signal.SIGKILL)
+    flip_bit_in_record(tmp_path / "data" / "wal" / "default" / "counted", 100)
+
+    broker = broker_factory("--metrics-port", str(port), url=broker.url, admin_url=broker.admin_url)
+    with pytest.raises(DanubeError) as refused:  # the topic was loaded (and found damaged) by now
+        await produce(broker.url, [b"refused"], topic="/default/counted")
+    assert refused.value.code == ErrorCode.UNAVAILABLE
+    assert await asyncio.to_thread(metric, port, "danube_wal_damaged_topics") == 1
+    assert await asyncio.to_thread(metric, port, "danube_wal_damage_total") == 1
+
+    repaired = admin(broker, "topics", "repair", "/default/counted", "--accept-loss")
+    assert repaired.returncode == 0, repaired.stderr
+    assert await asyncio.to_thread(metric, port, "danube_wal_damaged_topics") == 0
+    assert await asyncio.to_thread(metric, port, "danube_wal_damage_total") == 1
