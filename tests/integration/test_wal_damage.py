@@ -250,3 +250,85 @@ async def test_metrics_show_a_damaged_topic_until_it_is_repaired(broker_factory,
     assert repaired.returncode == 0, repaired.stderr
     assert await asyncio.to_thread(metric, port, "danube_wal_damaged_topics") == 0
     assert await asyncio.to_thread(metric, port, "danube_wal_damage_total") == 1
+
+
+CLUSTER_TOPIC = "/default/owned"
+# Longer than a broker's restart: the restarted owner renews its lease before it ends,
+# so the topic is not failed over (a dead broker's local-mode topics moving is another
+# matter, issue 19 section 2).
+CLUSTER_ENV = {"DANUBE_CLUSTER__LEASE_TTL_MS": "30000"}
+
+
+def cli_admin(admin_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "admin", "--endpoint", admin_url, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_damaged_wal_on_a_cluster_owner_is_unavailable_until_repaired_through_any_broker(tmp_path: Path) -> None:
+    """3 brokers, local mode: the issue 19 reproduction on the owner of a reliable topic
+    (kill -9, one bit flipped mid-file in its active WAL, restarted). Clients on another
+    broker get UNAVAILABLE naming the topic, never a broker serving it from an empty
+    log (every broker still names the owner); `topics repair` sent to a broker that is
+    not the owner is forwarded to it, prints the lost offsets and serves the topic again
+    past every offset given out (its reservation): no offset reused."""
+    from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.client_protocol import DispatchStrategy
+    from tests.integration.test_cluster import _owners, running_cluster
+
+    messages, damaged = 2_000, 1_000
+    with running_cluster(tmp_path, env=CLUSTER_ENV) as nodes:
+        async def before() -> tuple[object, object]:
+            async with AdminClient(nodes[0].admin_url) as admin:
+                await admin.create_topic(CLUSTER_TOPIC, dispatch_strategy=DispatchStrategy.RELIABLE)
+            owner_url = (await _owners(nodes[0], [CLUSTER_TOPIC]))[CLUSTER_TOPIC]
+            owner = next(node for node in nodes if node.url == owner_url)
+            other = next(node for node in nodes if node is not owner)
+            offsets = await produce(other.url, [struct.pack(">Q", seq) for seq in range(messages)],
+                                    topic=CLUSTER_TOPIC)
+            assert offsets == list(range(messages))
+            return owner, other
+
+        owner, other = asyncio.run(before())
+        owner.kill()
+        wal_dir = tmp_path / f"node-{owner.node_id}" / "wal" / "default" / "owned"
+        path, _ = flip_bit_in_record(wal_dir, damaged)
+        damaged_bytes = path.read_bytes()
+        owner.start(nodes, env=CLUSTER_ENV)
+
+        async def refused() -> None:
+            with pytest.raises(DanubeError) as error:
+                await produce(other.url, [b"refused"], topic=CLUSTER_TOPIC)
+            assert error.value.code == ErrorCode.UNAVAILABLE, error.value
+            assert CLUSTER_TOPIC in error.value.message and "damaged" in error.value.message
+            for node in nodes:  # nobody serves it elsewhere: lookups name the owner, or the damage
+                try:
+                    assert (await _owners(node, [CLUSTER_TOPIC]))[CLUSTER_TOPIC] == owner.url
+                except DanubeError as lookup:
+                    assert lookup.code == ErrorCode.UNAVAILABLE and "damaged" in lookup.message, lookup
+
+        asyncio.run(refused())
+        assert path.read_bytes() == damaged_bytes
+        described = cli_admin(other.admin_url, "topics", "describe", CLUSTER_TOPIC)
+        assert described.returncode == 0 and "NOT SERVED" in described.stdout, described.stdout + described.stderr
+
+        dry_run = cli_admin(other.admin_url, "topics", "repair", CLUSTER_TOPIC)
+        assert dry_run.returncode == 0, dry_run.stderr
+        assert f"lost offsets: {damaged}.." in dry_run.stdout and "nothing changed" in dry_run.stdout, dry_run.stdout
+        assert path.read_bytes() == damaged_bytes
+        repaired = cli_admin(other.admin_url, "topics", "repair", CLUSTER_TOPIC, "--accept-loss")
+        assert repaired.returncode == 0, repaired.stderr
+        assert "served again" in repaired.stdout, repaired.stdout
+        next_offset = int(repaired.stdout.rsplit("next offset is ", 1)[1].split()[0])
+        assert next_offset >= 4096  # past the reservation (one block of at least 4,096), not just the log
+
+        async def after() -> None:
+            offsets = await produce(other.url, [struct.pack(">Q", messages + i) for i in range(10)],
+                                    topic=CLUSTER_TOPIC)
+            assert offsets == list(range(next_offset, next_offset + 10))
+            received = await consume_all(other.url, "after", topic=CLUSTER_TOPIC)
+            assert received == [(seq, seq) for seq in range(damaged)] + \
+                [(next_offset + i, messages + i) for i in range(10)]
+
+        asyncio.run(after())
