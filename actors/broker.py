@@ -74,6 +74,7 @@ from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, Up
 from danube_zmq.storage.paths import resolve_inside
 from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.storage.wal.log import WalLog
+from danube_zmq.storage.wal.segment import parse_segment_file_name
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -653,18 +654,20 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
         again from the durable store, past its reservation. False: they do not."""
         if self.segment_catalog is None:
             return False
-        segments = self.segment_catalog.list(name.full)
-        durable_end = segments[-1].end_offset + 1 if segments else 0
-        if durable_end < damage.claimed_end:
-            return False
         wal_dir = self._wal_dir(name)
+        # From the WAL's first offset: an upload that failed leaves a hole the last durable
+        # segment's end would hide.
+        bases = [parse_segment_file_name(path.name) for path in wal_dir.glob("*.wal")]
+        wal_start = min((base for base in bases if base is not None), default=damage.valid_end)
+        if not self.segment_catalog.covers_range(name.full, wal_start, damage.claimed_end):
+            return False
         aside = self.data_dir / "quarantine" / name.namespace / f"{name.topic}.{self.system.clock.now_ms()}"
         aside.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(wal_dir.rename, aside)
         METRICS.wal_damage.inc()
-        log.error("topic %s: its WAL is damaged (%s) but the durable store holds offsets up to %d: the WAL is set"
-                  " aside in %s and the topic recovers from the durable segments", name.full, damage, durable_end - 1,
-                  aside)
+        log.error("topic %s: its WAL is damaged (%s) but the durable store holds every offset it held (%d..%d):"
+                  " the WAL is set aside in %s and the topic recovers from the durable segments", name.full, damage,
+                  wal_start, damage.claimed_end - 1, aside)
         return True
 
     async def _delete_local(self, topic: str) -> None:

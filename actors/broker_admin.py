@@ -9,12 +9,15 @@
   round trip.
 - Requests for the cluster's leader (balance, rebalance, drain, activate) go to the
   load manager of the broker whose Raft peer leads.
+- A repair of a damaged topic (`topics repair`) runs on the broker the topic is
+  assigned to, where its WAL is: another broker forwards it there, in a task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -80,6 +83,12 @@ class BrokerAdmin:
                 reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
                     "too many admin requests waiting on other brokers; retry")))
             return
+        owner = self._repair_owner(msg) if isinstance(msg, ap.RepairTopic) else None
+        if owner is not None:  # repaired where its WAL is, in a task: the actor never waits on a peer
+            if not self._remote_admin.start(self._answer_admin(req, msg, functools.partial(self._forward_admin, owner))):
+                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
+                    "too many admin requests waiting on other brokers; retry")))
+            return
         route = self._topic_routes.get(type(msg))
         if route is not None:
             try:
@@ -125,6 +134,20 @@ class BrokerAdmin:
             raise Unavailable("the cluster's leader is not known yet; retry")
         answer = await self._remote(registration.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid))
         return dataclasses.replace(answer, request_id=msg.request_id)  # the caller's id, not ours to the leader
+
+    def _repair_owner(self, msg: ap.RepairTopic) -> Any:
+        """The other live broker a repair must run on (the topic is assigned there); None:
+        here (damaged here, or no such broker: answered here)."""
+        try:
+            topic = parse_topic(msg.topic).full
+        except DanubeError:
+            return None
+        return None if topic in self.damaged else self._elsewhere(topic)
+
+    async def _forward_admin(self, owner: Any, msg: Any) -> Message:
+        """`msg` answered by the admin port of broker `owner`, under the caller's id."""
+        answer = await self._remote(owner.admin_url, lambda rid: dataclasses.replace(msg, request_id=rid))
+        return dataclasses.replace(answer, request_id=msg.request_id)
 
     async def _remote(self, admin_url: str, build: Callable[[int], Any], *, timeout_ms: int | None = None) -> Any:
         """One admin request to another broker's admin port. An admin client carries one
@@ -272,11 +295,8 @@ class BrokerAdmin:
             raise FailedPrecondition(f"topic {topic} has partitions: repair the damaged one (topics describe names it)")
         damage = self.damaged.get(topic)
         if damage is None:
-            owner = self._elsewhere(topic)
-            if owner is not None:
-                # Not forwarded: the repair runs in this actor, which must not wait on a peer.
-                raise FailedPrecondition(f"topic {topic} is assigned to broker {owner.broker_id}: run the repair"
-                                         f" against its admin port {owner.admin_url}")
+            if self._elsewhere(topic) is not None:  # assigned there since the request was routed
+                raise Unavailable(f"topic {topic} moved to another broker meanwhile; retry")
             if topic in self.topics:
                 raise FailedPrecondition(f"topic {topic} is served: its WAL is not damaged, nothing to repair")
             raise Unavailable(f"topic {topic} has no broker right now; retry")

@@ -31,7 +31,7 @@ import bisect
 import itertools
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -430,6 +430,10 @@ class SegmentCatalog:
     async def remove(self, topic: str, base_offset: int) -> None:
         await self._catalog.delete_async(segment_key(topic, base_offset))
 
+    def covers_range(self, topic: str, start_offset: int, end_offset: int) -> bool:
+        """Whether the topic's segments hold every offset of `start_offset..end_offset - 1`."""
+        return covers_range(self.list(topic), start_offset, end_offset)
+
     def durable_end(self, topic: str) -> int | None:
         """The highest end_offset reachable from the first segment without a gap; None if none."""
         segments = self.list(topic)
@@ -441,3 +445,20 @@ class SegmentCatalog:
                 break
             end = seg.end_offset
         return end
+
+
+def covers_range(segments: Sequence[SegmentDescriptor], start_offset: int, end_offset: int) -> bool:
+    """Whether `segments` (sorted, not overlapping) hold every offset of
+    `start_offset..end_offset - 1` without a hole: a range a damaged WAL held may be
+    served from the durable store instead only then (a segment whose upload failed
+    leaves a hole that a later segment's end would hide)."""
+    offset = start_offset
+    for seg in segments:
+        if offset >= end_offset:
+            break
+        if seg.end_offset < offset:
+            continue
+        if seg.base_offset > offset:
+            return False
+        offset = seg.end_offset + 1
+    return offset >= end_offset

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from danube_zmq.storage.catalog import (
     Catalog,
@@ -15,6 +17,7 @@ from danube_zmq.storage.catalog import (
     MemoryCatalog,
     SegmentCatalog,
     SegmentDescriptor,
+    covers_range,
     cursor_key,
     segment_key,
     topic_key,
@@ -263,3 +266,28 @@ def test_catalogs_agree_on_a_random_workload(tmp_path: Path) -> None:
         assert op(level) == op(memory)
     assert level.scan("") == memory.scan("")
     level.close()
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)), max_size=8), st.integers(0, 60),
+       st.integers(0, 60))
+def test_covers_range_is_true_exactly_when_every_offset_is_in_a_segment(
+        spans: list[tuple[int, int]], start: int, end: int) -> None:
+    """A damaged WAL's range is served from durable segments only if each of its offsets
+    is in one: compared with the set of offsets the (non-overlapping) segments hold, on
+    random layouts with holes, and through SegmentCatalog on the last one."""
+    chosen: list[SegmentDescriptor] = []
+    for base, length in sorted(spans):
+        if not chosen or base > chosen[-1].end_offset:
+            chosen.append(desc(base, base + length))
+    held = {offset for d in chosen for offset in range(d.base_offset, d.end_offset + 1)}
+    assert covers_range(chosen, start, end) == all(offset in held for offset in range(start, end))
+
+
+def test_covers_range_sees_a_hole_that_durable_end_of_the_last_segment_hides(segments: SegmentCatalog) -> None:
+    """An upload that failed between two that succeeded leaves a hole: the range is not
+    covered, although the last segment ends past it."""
+    for base, end in [(0, 9), (20, 29)]:
+        asyncio.run(segments.add(desc(base, end)))
+    assert segments.covers_range(TOPIC, 0, 10) and segments.covers_range(TOPIC, 20, 30)
+    assert not segments.covers_range(TOPIC, 0, 30) and not segments.covers_range(TOPIC, 5, 21)
+    assert segments.covers_range(TOPIC, 7, 7)
