@@ -19,7 +19,10 @@
 4. Actors answer clients by pushing `[identity, frame]` to the outbox, which this
    actor relays to the ROUTER without decoding.
 5. A connection silent for `session_timeout_ms` is closed: its producers and
-   consumers are detached from their actors.
+   consumers are detached from their actors. That notice is told (a full mailbox
+   drops it), so before refusing a name held by another connection a topic or
+   subscription asks here whether the holder's session still holds it
+   (`HolderLives`); a name whose holder is gone is given to the asker.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from danube_zmq.transport.internal_protocol import (
     ConsumerDetached,
     DetachConsumer,
     DetachProducer,
+    HolderLiveness,
+    HolderLives,
     ProducerAttached,
     ProducerDetached,
     ProducerSchema,
@@ -420,6 +425,15 @@ class Gateway(Actor):
             self._reply(msg.identity, cp.ConsumerClosed(consumer_id=msg.consumer_id, reason=msg.reason,
                                                                reattach=msg.reattach))
 
+    def handle_HolderLives(self, msg: HolderLives) -> HolderLiveness:
+        # The attach notice (`ProducerAttached`/`ConsumerAttached`) was told before the
+        # asker's question, so a holder attached on a live session is always found here.
+        session = self.sessions.get(msg.identity)
+        if session is None:
+            return HolderLiveness(alive=False)
+        owned = session.producers if msg.client_kind == cp.ClientKind.PRODUCER else session.consumers
+        return HolderLiveness(alive=owned.get(msg.client_id) == msg.endpoint)
+
     def handle_Tick(self, msg: Tick) -> None:
         now = self.system.clock.monotonic_ms()
         timeout_ms = self.config.broker.session_timeout_ms
@@ -454,6 +468,16 @@ def reply_client(system: ActorSystem, identity: bytes, msg: Message) -> bool:
         return True
     METRICS.frames_dropped.inc()
     return False
+
+
+async def holder_lives(system: ActorSystem, identity: bytes, client_kind: cp.ClientKind, client_id: int,
+                       endpoint: str) -> bool:
+    """Whether the connection `identity` still holds the producer or consumer `client_id`
+    of `endpoint`, as the gateway knows it (any actor, before refusing a name as held)."""
+    answer = await system.ask(system.gateway_endpoint, HolderLives(
+        identity=identity, client_kind=client_kind, client_id=client_id, endpoint=endpoint))
+    assert isinstance(answer, HolderLiveness)
+    return answer.alive
 
 
 def _request_id_of(frame: bytes) -> int:
