@@ -19,7 +19,10 @@
 4. Actors answer clients by pushing `[identity, frame]` to the outbox, which this
    actor relays to the ROUTER without decoding.
 5. A connection silent for `session_timeout_ms` is closed: its producers and
-   consumers are detached from their actors.
+   consumers are detached from their actors. That notice is told (a full mailbox
+   drops it), so before refusing a name held by another connection a topic or
+   subscription asks here whether the holder's session still holds it
+   (`HolderLives`); a name whose holder is gone is given to the asker.
 6. Outbound bytes are budgeted per connection and per broker (`actors/outbound.py`):
    a connection over budget has its consumers paused and frames to it refused; one
    paused for `outbound_stall_timeout_ms` is disconnected (`actors/peers.py`).
@@ -60,6 +63,8 @@ from danube_zmq.transport.internal_protocol import (
     ConsumerPaused,
     DetachConsumer,
     DetachProducer,
+    HolderLiveness,
+    HolderLives,
     ProducerAttached,
     ProducerDetached,
     ProducerSchema,
@@ -331,7 +336,7 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message=f"connection limit reached ({self.config.limits.connections_max})"))
             return
-        fd = self._frame.get(zmq.SRCFD) if self._frame is not None else -1
+        fd = _source_fd(self._frame)
         session = self.sessions[identity] = Session(
             client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
             fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
@@ -495,6 +500,15 @@ class Gateway(Actor):
             self._reply(msg.identity, cp.ConsumerClosed(consumer_id=msg.consumer_id, reason=msg.reason,
                                                                reattach=msg.reattach))
 
+    def handle_HolderLives(self, msg: HolderLives) -> HolderLiveness:
+        # The attach notice (`ProducerAttached`/`ConsumerAttached`) was told before the
+        # asker's question, so a holder attached on a live session is always found here.
+        session = self.sessions.get(msg.identity)
+        if session is None:
+            return HolderLiveness(alive=False)
+        owned = session.producers if msg.client_kind == cp.ClientKind.PRODUCER else session.consumers
+        return HolderLiveness(alive=owned.get(msg.client_id) == msg.endpoint)
+
     def handle_Tick(self, msg: Tick) -> None:
         now = self.system.clock.monotonic_ms()
         timeout_ms = self.config.broker.session_timeout_ms
@@ -555,6 +569,16 @@ def reply_client(system: ActorSystem, identity: bytes, msg: Message) -> bool:
     return False
 
 
+async def holder_lives(system: ActorSystem, identity: bytes, client_kind: cp.ClientKind, client_id: int,
+                       endpoint: str) -> bool:
+    """Whether the connection `identity` still holds the producer or consumer `client_id`
+    of `endpoint`, as the gateway knows it (any actor, before refusing a name as held)."""
+    answer = await system.ask(system.gateway_endpoint, HolderLives(
+        identity=identity, client_kind=client_kind, client_id=client_id, endpoint=endpoint))
+    assert isinstance(answer, HolderLiveness)
+    return answer.alive
+
+
 def _request_id_of(frame: bytes) -> int:
     """Best effort: the request id of a frame that failed to decode, so the client can
     match the error to its request (0 when it cannot be read)."""
@@ -568,3 +592,14 @@ def _request_id_of(frame: bytes) -> int:
     except Exception:
         return 0
     return request_id if type(request_id) is int and request_id >= 0 else 0
+
+
+def _source_fd(frame: zmq.Frame | None) -> int:
+    """The descriptor a frame arrived on, -1 when there is none: inproc and ipc pipes
+    have no TCP descriptor (libzmq answers EINVAL), and only TCP peers are cut by fd."""
+    if frame is None:
+        return -1
+    try:
+        return frame.get(zmq.SRCFD)
+    except zmq.ZMQError:
+        return -1

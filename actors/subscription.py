@@ -13,7 +13,9 @@ message by message, unless Key-Shared picks messages out of a batch.
    it; each slice becomes a `Deliver`; what nobody could take stays at the head.
 4. Attach: a consumer name is held by one connection (the same connection takes it
    again; another gets CONSUMER_BUSY); Exclusive admits one consumer name, Failover
-   keeps standbys in attach order, Shared and Key-Shared admit many.
+   keeps standbys in attach order, Shared and Key-Shared admit many. Before refusing
+   for a holder on another connection, the gateway is asked whether that connection
+   still holds it; one that is gone is detached and the attach goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.dispatch import make_rule
-from danube_zmq.actors.gateway import OUTBOX, reply_client
+from danube_zmq.actors.gateway import OUTBOX, holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import SubscriptionInfo
@@ -119,10 +121,11 @@ class SubscriptionActor(Actor):
         return self.system.is_alive(self.topic_endpoint) and self.system.actor(self.topic_endpoint).restarting
 
     # ------------------------------------------------------------- consumers
-    def handle_AttachConsumer(self, msg: AttachConsumer) -> None:
+    async def handle_AttachConsumer(self, msg: AttachConsumer) -> None:
         request = cp.CLIENT_PROTOCOL.decode(msg.frame)
         assert isinstance(request, cp.Subscribe)
         try:
+            await self._release_if_gone(msg, request)
             self._attach(msg, request)
         except DanubeError as exc:
             reply_client(self.system, msg.identity,
@@ -133,6 +136,23 @@ class SubscriptionActor(Actor):
             assert isinstance(publish, Publish)
             self._enqueue(publish)
         self._dispatch()
+
+    async def _release_if_gone(self, msg: AttachConsumer, request: cp.Subscribe) -> None:
+        """Detach the consumer that would make `_attach` refuse the request (the holder of
+        its name on another connection, or an Exclusive subscription's consumer) when the
+        gateway says that consumer's connection is gone: the gateway's own notice of its
+        departure is told, and may have been lost to a full mailbox."""
+        blocker = next((c for c in self.consumers.values() if c.name == request.consumer_name), None)
+        if blocker is None and self.sub_type == cp.SubType.EXCLUSIVE and self.consumers:
+            blocker = next(iter(self.consumers.values()))
+        if blocker is None or blocker.identity == msg.identity:
+            return
+        if await holder_lives(self.system, blocker.identity, cp.ClientKind.CONSUMER, blocker.consumer_id,
+                              self.endpoint):
+            return
+        log.info("%s: consumer '%s' of '%s' was held by a connection that is gone; released", self.topic,
+                 blocker.name, self.subscription)
+        self._detach(blocker.consumer_id)
 
     def _attach(self, msg: AttachConsumer, request: cp.Subscribe) -> None:
         filters = request.key_filters or []

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import SubscriptionActor
@@ -177,14 +177,21 @@ class TopicActor(Actor):
         if context is not None:
             self._apply_schema_state(context.topic, context.topic.revision if context.topic is not None else 0)
         producer_id = self.producer_ids_by_name.get(msg.producer_name)
-        if producer_id is not None:
-            # The same connection re-attaches (a client reconnecting on its socket's fixed
-            # identity). Another connection is refused while the holder lives: the name frees
-            # when the holder closes or its session ends (the gateway detaches it), as Pulsar.
+        if producer_id is not None and self.producers[producer_id].identity != req.identity:
+            # Another connection is refused while the holder lives (Pulsar's ProducerBusy).
+            # The name frees when the holder closes or its session ends: the gateway tells
+            # us then, but that notice can be lost to a full mailbox, so it is asked here.
             producer = self.producers[producer_id]
-            if producer.identity != req.identity:
+            if await holder_lives(self.system, producer.identity, cp.ClientKind.PRODUCER, producer_id, self.endpoint):
                 raise ProducerBusy(f"producer name '{producer.name}' is held by another connection on {self.topic};"
                                    " it is free once that producer closes or its session times out")
+            log.info("%s: producer '%s' was held by a connection that is gone; released", self.topic, producer.name)
+            self._forget_producer(producer_id)
+            producer_id = None
+        if producer_id is not None:
+            # The same connection re-attaches (a client reconnecting on its socket's fixed
+            # identity).
+            producer = self.producers[producer_id]
             # The client re-attaches after a refusal and sends its unacknowledged batches
             # again, in order (a batch it gave up on is not waited for).
             producer.next_sequence = None

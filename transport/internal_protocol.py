@@ -780,6 +780,27 @@ class ConsumerPaused(Message):
     paused: bool
 
 
+@wire
+class HolderLives(Message):
+    """Topic or subscription -> gateway (ask), before refusing a producer or consumer
+    name held by another connection: does the session of `identity` still hold
+    `client_id` at `endpoint`? Answered by `HolderLiveness`. The gateway's departure
+    notices (`DetachProducer`/`DetachConsumer`) are told, and lost to a full mailbox;
+    this question is what keeps a lost one from holding the name for good."""
+
+    TAG = 200
+    identity: bytes
+    client_kind: int  # client_protocol.ClientKind
+    client_id: int
+    endpoint: str
+
+
+@wire
+class HolderLiveness(Message):
+    TAG = 201
+    alive: bool
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -800,5 +821,6 @@ INTERNAL_PROTOCOL = Protocol(
         ProducerRegistry,
         StopForHandOver, HandOverStopped, HandOverEnded,
         ConsumerPaused,
+        HolderLives, HolderLiveness,
     ),
 )

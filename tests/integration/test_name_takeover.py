@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 import pytest
 
@@ -110,3 +111,51 @@ async def test_the_holders_reconnect_resumes_its_names(broker) -> None:
         described = await admin.describe_topic(topic)
         assert [p.producers for p in described.partitions] == [["steady"]]
         assert [c for p in described.partitions for s in p.subscriptions for c in s.consumers] == ["keeper"]
+
+
+_HOLDER_SCRIPT = """
+import asyncio, sys
+from danube_zmq import DanubeClient, DispatchStrategy, SubType
+
+async def main(url, topic, dispatch):
+    client = DanubeClient(url)  # never closed: the process is killed
+    producer = await client.create_producer(topic, name="killed-writer", dispatch=DispatchStrategy[dispatch])
+    await client.subscribe(topic, "audit", sub_type=SubType.EXCLUSIVE, consumer_name="killed-reader")
+    await producer.send(b"before")
+    print("ready", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("dispatch", DISPATCHES, ids=lambda d: d.name.lower())
+async def test_a_killed_clients_names_go_to_a_new_process_after_its_session_times_out(broker, dispatch) -> None:
+    """A client process holding a producer name and an Exclusive consumer name is killed
+    with SIGKILL (no close, no goodbye: its session ends by the broker's session timeout,
+    1.5 s in these tests' config). A new client process, on a new connection identity,
+    then gets both names (retrying BUSY while the dead session may still live), and
+    messages flow; on a reliable topic the message the dead consumer never acked comes
+    to the new one."""
+    topic = f"/default/killed-{dispatch.name.lower()}"
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER_SCRIPT, broker.url, topic, dispatch.name, stdout=asyncio.subprocess.PIPE)
+    try:
+        line = await asyncio.wait_for(holder.stdout.readline(), 60)
+        assert line == b"ready\n", line
+    finally:
+        holder.kill()  # SIGKILL
+        await holder.wait()
+    async with DanubeClient(broker.url) as successor:
+        producer = await _eventually(lambda: successor.create_producer(topic, name="killed-writer", dispatch=dispatch),
+                                     timeout_s=60)
+        consumer = await _eventually(lambda: successor.subscribe(topic, "audit", sub_type=SubType.EXCLUSIVE,
+                                                                 consumer_name="killed-reader"), timeout_s=60)
+        await producer.send(b"after")
+        seen = [m.payload for m in await _receive(consumer, 1, timeout_s=30)]
+        if dispatch == DispatchStrategy.RELIABLE:
+            while b"after" not in seen or b"before" not in seen:
+                seen += [m.payload for m in await _receive(consumer, 1, timeout_s=30)]
+            assert sorted(seen) == [b"after", b"before"], seen
+        else:
+            assert seen == [b"after"], seen
