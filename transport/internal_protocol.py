@@ -780,6 +780,14 @@ class ConsumerPaused(Message):
     paused: bool
 
 
+@wire
+class HeldSendsDue(Message):
+    """A reliable topic's own timer while it holds sends over its backlog quota
+    (`producer_request_hold`): those held past `backlog_quota_hold_ms_max` are refused."""
+
+    TAG = 200
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -800,5 +808,6 @@ INTERNAL_PROTOCOL = Protocol(
         ProducerRegistry,
         StopForHandOver, HandOverStopped, HandOverEnded,
         ConsumerPaused,
+        HeldSendsDue,
     ),
 )
