@@ -6,7 +6,8 @@ against its own fresh broker, while a well-behaved client keeps producing.
 
 Loads (hand-built where the danube client never misbehaves so):
   a  consumers that grant 2**30 permits and never read their socket (a new one every
-     second, at most 20 at once), fed 1 MiB messages on a non-reliable topic flat out;
+     second, at most 20 at once, on 20 subscriptions), fed 1 MiB messages on a
+     non-reliable topic flat out;
   b  raw ZMTP 3.0 over a plain TCP socket (greeting and NULL READY written by hand):
      one connection sending 1 MiB parts with the MORE flag forever, one sending
      messages of 1,000 parts of 1 MiB; a cut connection is opened again;
@@ -180,7 +181,10 @@ def load_a(url: str, stop: Any, out: Any) -> None:
         sock.connect(url)
         sock.send(_pack(CONNECT, 1, PROTOCOL_VERSION, f"stuck{index}"))
         msgpack.unpackb(sock.recv(), raw=False)
-        sock.send(_pack(SUBSCRIBE, 2, topic, f"stuck{index}", f"stuck{index}", EXCLUSIVE, LATEST))
+        # 20 subscriptions reused: a subscription outlives its consumer and keeps up to
+        # pending_bytes_max, so new names would measure the subscription count instead.
+        name = f"stuck{index % 20}"
+        sock.send(_pack(SUBSCRIBE, 2, topic, name, f"stuck{index}", EXCLUSIVE, LATEST))
         reply = msgpack.unpackb(sock.recv(), raw=False)
         if reply[0] == SUBSCRIBED:
             sock.send(_pack(FLOW, reply[2], 1 << 30))
