@@ -249,6 +249,9 @@ class DispatchSection:
             _check_range(f"dispatch.{name}", getattr(self, name), 1, _INT_MAX)
 
 
+BACKLOG_QUOTA_POLICIES = ("producer_exception", "producer_request_hold", "consumer_backlog_eviction")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoliciesSection:
     """Broker-wide default topic policies.
@@ -271,9 +274,40 @@ class PoliciesSection:
     # (no "unlimited": a frame has a size). Default 10485760 (10 MiB).
     # Must be less than limits.frame_bytes_max - 1 MiB.
     max_message_size: int = 10 * MIB
+    # Backlog quota of a reliable topic (Pulsar's backlog quota `limitSize`): bytes
+    # its slowest subscription has not acknowledged (cursor to the end of the log,
+    # WAL record headers included); 0 = unlimited. What happens past it is
+    # backlog_quota_policy. A topic without subscriptions has no backlog: retention
+    # decides. Default 10737418240 (10 GiB): a consumer stopped for a few minutes at
+    # full speed on one topic, far below a typical data disk, so one stuck consumer
+    # cannot fill the disk its topic shares with every other topic.
+    backlog_quota_bytes_max: int = 10 * 1024 * MIB
+    # What a send meets once the backlog is over backlog_quota_bytes_max, Pulsar's
+    # policies: producer_exception (refused at once with RESOURCE_EXHAUSTED naming
+    # topic, backlog and quota; retriable), producer_request_hold (held unanswered
+    # until acks bring the backlog under the quota, at most backlog_quota_hold_ms_max),
+    # consumer_backlog_eviction (accepted; the slowest subscriptions' cursors are moved
+    # past their oldest messages until the backlog is 90% of the quota: those messages
+    # are lost to them, counted as evicted in `topics describe`). Default
+    # producer_exception: producers learn at once, and nothing is dropped without a
+    # consumer having asked for it.
+    backlog_quota_policy: str = "producer_exception"
+    # producer_request_hold: the longest a send is held before it is refused with
+    # RESOURCE_EXHAUSTED (retriable). Keep it below the clients' request timeout
+    # (10 s by default). Default 5000 ms.
+    backlog_quota_hold_ms_max: int = 5000
+    # producer_request_hold: bytes of sends held per topic; a send past it is refused
+    # at once. Default 67108864 (64 MiB).
+    backlog_quota_hold_bytes_max: int = 64 * MIB
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.backlog_quota_policy not in BACKLOG_QUOTA_POLICIES:
+            raise _error("policies.backlog_quota_policy",
+                         f"must be one of {', '.join(BACKLOG_QUOTA_POLICIES)}, got {self.backlog_quota_policy!r}")
+        _check_range("policies.backlog_quota_hold_ms_max", self.backlog_quota_hold_ms_max, 1, 3_600_000)
+        for name in ("backlog_quota_bytes_max", "backlog_quota_hold_bytes_max"):
+            _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         for name in (
             "max_producers_per_topic",
             "max_subscriptions_per_topic",
@@ -346,9 +380,19 @@ class StorageSection:
     retention_check_interval_ms: int = 60_000
     # Sealed segments uploaded at once by a broker (shared_fs, object_store). Default 4.
     uploads_max: int = 4
+    # Reliable sends are refused with RESOURCE_EXHAUSTED while the filesystem of the
+    # WAL has less free space than this (bytes available to the broker's user), so the
+    # disk never fills under the WAL (nor under the metadata store beside it); 0 turns
+    # the check off. Default 1073741824 (1 GiB).
+    disk_free_bytes_min: int = 1024 * MIB
+    # How often a reliable topic that takes sends measures that free space (one statvfs
+    # per topic per interval, never one per send), ms. Default 1000.
+    disk_check_interval_ms: int = 1000
 
     def __post_init__(self) -> None:
         _check_types(self)
+        _check_range("storage.disk_free_bytes_min", self.disk_free_bytes_min, 0, _INT_MAX)
+        _check_range("storage.disk_check_interval_ms", self.disk_check_interval_ms, 10, 3_600_000)
         if self.mode not in _STORAGE_MODES:
             raise _error("storage.mode", f"must be one of {', '.join(_STORAGE_MODES)}, got {self.mode!r}")
         if self.mode != "local" and not self.durable_url:

@@ -27,6 +27,14 @@
    WAL files covered by durable segments are deleted after `local_retention_*`.
 7. Retention (`retention_time_ms`, `retention_bytes_max`): whole sealed segments,
    oldest first, once every subscription's cursor has passed them.
+8. Bounds on the disk (before step 1): a send is refused with RESOURCE_EXHAUSTED while
+   the WAL's filesystem has less than `storage.disk_free_bytes_min` free (measured at
+   most once per `disk_check_interval_ms`), and meets the backlog quota's policy while
+   the slowest subscription's backlog is over `policies.backlog_quota_bytes_max`:
+   refused (producer_exception), held until acks free room or the hold times out
+   (producer_request_hold), or accepted while the slowest cursors are moved forward
+   (consumer_backlog_eviction). The backlog is measured in the log when the slowest
+   cursor moves and grown by each commit, so a send costs no syscall.
 
 The log object belongs to this actor; the worker thread writes the active segment
 while this actor reads only committed offsets.
@@ -39,7 +47,9 @@ import dataclasses
 import errno
 import logging
 import mmap
+import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +67,14 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
-from danube_zmq.transport.errors import ErrorCode, InvalidArgument, NotFound, Unavailable
+from danube_zmq.transport.errors import (
+    DanubeError,
+    ErrorCode,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     AppendInternal,
@@ -69,6 +86,7 @@ from danube_zmq.transport.internal_protocol import (
     FlushDone,
     ForgetSegments,
     ForgetSubscription,
+    HeldSendsDue,
     OffsetsReserved,
     PartitionStats,
     Publish,
@@ -76,6 +94,7 @@ from danube_zmq.transport.internal_protocol import (
     ReadResult,
     ReleaseSnapshotCut,
     ReserveOffsets,
+    SeekTo,
     SegmentDurable,
     SegmentFetched,
     SegmentRef,
@@ -100,6 +119,21 @@ _BROKER_PRODUCER_ID = 0
 _RESERVE_MIN = 4096
 _RESERVE_MAX = 1 << 22
 _RESERVE_AHEAD_S = 2.0
+# consumer_backlog_eviction moves cursors until the backlog is this share of the quota
+# (Pulsar's 0.9), so that eviction runs once per tenth of the quota, not once per send.
+_EVICT_TO = 0.9
+# producer_request_hold: how often held sends are checked for their deadline, ms at most.
+_HOLD_CHECK_MS_MAX = 200
+
+
+@dataclass(slots=True)
+class _Held:
+    """A send held while the backlog is over its quota (producer_request_hold)."""
+
+    req: ClientRequest
+    msg: cp.Send
+    size: int
+    deadline_ms: int
 
 
 @dataclass(slots=True)
@@ -150,6 +184,18 @@ class ReliableTopicActor(TopicActor):
         self.reserving = 0  # the `until` asked for and not answered yet (0: none)
         self.reserve_block = _RESERVE_MIN
         self.reserve_since = (0, 0)  # (next_offset, monotonic ms) when the last block was asked for
+        # Backlog quota: bytes of committed records after the slowest cursor (0 without
+        # subscriptions), measured when that cursor moves and grown by each commit.
+        self.backlog_floor: int | None = None
+        self.backlog_bytes = 0
+        self.held: deque[_Held] = deque()
+        self.held_bytes = 0
+        self.held_timer = False
+        self.evicted_messages = 0
+        # Eviction moved these cursors to (offset - 1); reports older than the move are ignored.
+        self.evicted_to: dict[str, int] = {}
+        self.disk_free_bytes: int | None = None
+        self.disk_check_due_ms = 0
 
     async def on_start(self) -> None:
         storage = self.config.storage
@@ -192,6 +238,11 @@ class ReliableTopicActor(TopicActor):
         # timeout: it sends them again (a batch written just before the stop may then
         # be stored twice: at least once, never lost).
         state = "moved" if self.moving else "restarted" if self.restarting else "closed"
+        for held in self.held:
+            reply_client(self.system, held.req.identity, Error(
+                request_id=held.msg.request_id, code=ErrorCode.UNAVAILABLE,
+                message=f"topic {self.topic} {state} while this batch was held over its backlog quota; send it again"))
+        self.held.clear()
         for batch in self.flushing + self.queued:
             if batch.identity is not None:
                 reply_client(self.system, batch.identity, Error(
@@ -201,6 +252,23 @@ class ReliableTopicActor(TopicActor):
 
     # ------------------------------------------------------------- produce
     async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
+        if self.producers.get(msg.producer_id) is None:
+            raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        refusal = self._disk_refusal()
+        if refusal is not None:
+            raise ResourceExhausted(refusal)
+        policies = self.config.policies
+        if self.held or self._over_quota():
+            if policies.backlog_quota_policy == "producer_exception":
+                raise ResourceExhausted(self._quota_text())
+            if policies.backlog_quota_policy == "producer_request_hold":
+                self._hold(req, msg)
+                return None
+            self._evict()
+        self._accept(req, msg)
+        return None
+
+    def _accept(self, req: ClientRequest, msg: cp.Send) -> None:
         producer = self.producers.get(msg.producer_id)
         if producer is None or producer.identity != req.identity:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
@@ -216,7 +284,130 @@ class ReliableTopicActor(TopicActor):
             topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=self.next_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
             schema_id=schema_id, schema_version=schema_version), req.identity, msg.request_id, sequence=sequence)
-        return None
+
+    # ------------------------------------------------------------- bounds on the disk
+    def _disk_refusal(self) -> str | None:
+        """Why sends are refused for lack of disk space, or None; statvfs at most once
+        per `disk_check_interval_ms`."""
+        storage = self.config.storage
+        if not storage.disk_free_bytes_min:
+            return None
+        now = self.system.clock.monotonic_ms()
+        if now >= self.disk_check_due_ms:
+            self.disk_check_due_ms = now + storage.disk_check_interval_ms
+            try:
+                stat = os.statvfs(self.wal_dir)
+            except OSError as exc:
+                log.warning("%s: free space of %s unknown (%s)", self.topic, self.wal_dir, exc)
+                self.disk_free_bytes = None
+            else:
+                self.disk_free_bytes = stat.f_bavail * stat.f_frsize
+        free = self.disk_free_bytes
+        if free is None or free >= storage.disk_free_bytes_min:
+            return None
+        return (f"topic {self.topic}: the WAL's filesystem has {free} bytes free, under the reserve of"
+                f" {storage.disk_free_bytes_min} bytes (storage.disk_free_bytes_min); sends are refused until"
+                " space is freed")
+
+    def _over_quota(self, extra_bytes: int = 0) -> bool:
+        quota = self.config.policies.backlog_quota_bytes_max
+        return bool(quota) and self.backlog_floor is not None and self.backlog_bytes + extra_bytes > quota
+
+    def _quota_text(self) -> str:
+        policies = self.config.policies
+        return (f"topic {self.topic}: backlog of {self.backlog_bytes} bytes is over the backlog quota of"
+                f" {policies.backlog_quota_bytes_max} bytes (policy {policies.backlog_quota_policy}); the slowest"
+                " subscription must acknowledge messages before more are accepted")
+
+    def _hold(self, req: ClientRequest, msg: cp.Send) -> None:
+        size = len(req.frame)
+        policies = self.config.policies
+        if self.held_bytes + size > policies.backlog_quota_hold_bytes_max:
+            raise ResourceExhausted(f"{self._quota_text()}; {self.held_bytes} bytes of sends are held already"
+                                    f" (backlog_quota_hold_bytes_max {policies.backlog_quota_hold_bytes_max})")
+        now = self.system.clock.monotonic_ms()
+        self.held.append(_Held(req, msg, size, now + policies.backlog_quota_hold_ms_max))
+        self.held_bytes += size
+        self._arm_hold_timer()
+
+    def _arm_hold_timer(self) -> None:
+        if self.held and not self.held_timer:
+            self.held_timer = True
+            self.system.schedule_once(self.endpoint, min(_HOLD_CHECK_MS_MAX, self.config.policies.backlog_quota_hold_ms_max),
+                                      HeldSendsDue())
+
+    def handle_HeldSendsDue(self, msg: HeldSendsDue) -> None:
+        self.held_timer = False
+        now = self.system.clock.monotonic_ms()
+        hold_ms = self.config.policies.backlog_quota_hold_ms_max
+        while self.held and self.held[0].deadline_ms <= now:
+            held = self.held.popleft()
+            self.held_bytes -= held.size
+            reply_client(self.system, held.req.identity, Error(
+                request_id=held.msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                message=f"{self._quota_text()}; the batch was held {hold_ms} ms (backlog_quota_hold_ms_max)"
+                        " and not stored; send it again"))
+        self._arm_hold_timer()
+
+    def _release_held(self) -> None:
+        """The backlog shrank: accept held sends, oldest first, while they fit the quota."""
+        released = 0
+        while self.held and not self._over_quota(released):
+            held = self.held.popleft()
+            self.held_bytes -= held.size
+            released += held.size
+            try:
+                self._accept(held.req, held.msg)
+            except DanubeError as exc:
+                reply_client(self.system, held.req.identity,
+                             Error(request_id=held.msg.request_id, code=exc.code, message=exc.message))
+
+    def _evict(self) -> None:
+        """consumer_backlog_eviction: move every cursor below the offset from which the
+        log holds 90% of the quota to that offset (a seek: those messages are skipped)."""
+        floor = self.backlog_floor
+        if floor is None:
+            return
+        end = self.committed_offset
+        target = _eviction_target(floor, end, lambda start: self._log_bytes(start, end),
+                                  int(self.config.policies.backlog_quota_bytes_max * _EVICT_TO))
+        if target <= floor:
+            return
+        for name, subscription in self.subscriptions.items():
+            cursor = self.cursors.get(name)
+            if cursor is None or cursor + 1 >= target:
+                continue
+            if not self.system.tell(subscription.endpoint, SeekTo(offset=target)):
+                continue  # full mailbox: the next send over the quota tries again
+            log.warning("%s: backlog of %d bytes over its quota: subscription '%s' evicted from offset %d to %d",
+                        self.topic, self.backlog_bytes, name, cursor + 1, target)
+            self.evicted_messages += target - cursor - 1
+            self.cursors[name] = target - 1
+            self.evicted_to[name] = target
+        self._measure_backlog()
+
+    def _measure_backlog(self) -> None:
+        known = [self.cursors[name] for name in self.subscriptions if name in self.cursors]
+        if not known:
+            self.backlog_floor, self.backlog_bytes = None, 0
+            return
+        floor = min(known) + 1
+        if floor != self.backlog_floor:
+            self.backlog_floor = floor
+            self.backlog_bytes = self._log_bytes(floor, self.committed_offset) if floor < self.committed_offset else 0
+        if self.held and not self._over_quota():
+            self._release_held()
+
+    def _log_bytes(self, start: int, end: int) -> int:
+        """Bytes the records [start, end) take: measured in the local WAL, estimated from
+        descriptor sizes for durable segments."""
+        assert self.wal is not None
+        total = self.wal.bytes_between(start, end)
+        for segment in self.durable:
+            low, high = max(start, segment.base_offset), min(end, self.wal.log_start_offset, segment.end_offset + 1)
+            if low < high:
+                total += segment.size_bytes * (high - low) // (segment.end_offset + 1 - segment.base_offset)
+        return total
 
     def _refused(self, batch: _Batch) -> None:
         """A producer's batch accepted earlier is refused: its later batches are refused
@@ -363,6 +554,8 @@ class ReliableTopicActor(TopicActor):
             count = len(publish.payloads)
             assert publish.base_offset == self.committed_offset, (publish.base_offset, self.committed_offset)
             self.committed_offset += count
+            if self.backlog_floor is not None:
+                self.backlog_bytes += len(batch.encoded)
             if batch.identity is not None:
                 reply_client(self.system, batch.identity, cp.SendReceipt(
                     request_id=batch.request_id, producer_id=publish.producer_id,
@@ -548,7 +741,8 @@ class ReliableTopicActor(TopicActor):
         stats = await super().handle_DescribePartition(msg)
         assert isinstance(stats, PartitionStats)
         subscriptions = [dataclasses.replace(s, backlog_bytes=self._backlog_bytes(s)) for s in stats.info.subscriptions]
-        return PartitionStats(info=dataclasses.replace(stats.info, subscriptions=subscriptions))
+        return PartitionStats(info=dataclasses.replace(stats.info, subscriptions=subscriptions,
+                                                       evicted_messages=self.evicted_messages))
 
     def _backlog_bytes(self, info: SubscriptionInfo) -> int | None:
         """Bytes of the records after the cursor: measured in the local WAL, estimated from
@@ -558,12 +752,7 @@ class ReliableTopicActor(TopicActor):
         start, end = info.cursor + 1, self.committed_offset
         if start >= end:
             return 0
-        total = self.wal.bytes_between(start, end)
-        for segment in self.durable:
-            low, high = max(start, segment.base_offset), min(end, self.wal.log_start_offset, segment.end_offset + 1)
-            if low < high:
-                total += segment.size_bytes * (high - low) // (segment.end_offset + 1 - segment.base_offset)
-        return total * info.backlog_messages // (end - start)
+        return self._log_bytes(start, end) * info.backlog_messages // (end - start)
 
     # ------------------------------------------------------------- snapshots
     async def handle_TakeSnapshotCut(self, msg: TakeSnapshotCut) -> Message:
@@ -603,7 +792,15 @@ class ReliableTopicActor(TopicActor):
     # ------------------------------------------------------------- retention
     def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
         if msg.subscription in self.subscriptions:
-            self.cursors[msg.subscription] = msg.cursor
+            cursor = msg.cursor
+            evicted = self.evicted_to.get(msg.subscription)
+            if evicted is not None:
+                if cursor >= evicted - 1:
+                    del self.evicted_to[msg.subscription]  # the subscription has taken the move
+                else:
+                    cursor = evicted - 1  # sent before it did
+            self.cursors[msg.subscription] = cursor
+            self._measure_backlog()
 
     async def handle_Tick(self, msg: Tick) -> None:
         if self.wal is None:
@@ -611,6 +808,9 @@ class ReliableTopicActor(TopicActor):
         if self.queued and self.next_offset > self.reserved_until:
             self._reserve_ahead()  # an earlier reservation failed; the broker's own batches wait
         self._report_sealed(again=True)
+        self._measure_backlog()
+        if self._over_quota() and self.config.policies.backlog_quota_policy == "consumer_backlog_eviction":
+            self._evict()
         if self._pinned():
             return  # a snapshot is reading these files: retention waits for the next tick
         storage = self.config.storage
@@ -737,6 +937,8 @@ class ReliableTopicActor(TopicActor):
 
     def _forget_subscription(self, name: str) -> None:
         self.cursors.pop(name, None)
+        self.evicted_to.pop(name, None)
+        self._measure_backlog()
         self.system.tell(self.broker_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
 
 
@@ -764,6 +966,20 @@ def _expired(segments: list[tuple[int, int, int, int]], floor: int, now_ms: int,
         upto = next_offset
         total_bytes -= size
     return upto
+
+
+def _eviction_target(floor: int, end: int, bytes_from: Callable[[int], int], target_bytes: int) -> int:
+    """The lowest offset in [floor, end] from which the log holds at most `target_bytes`
+    (`bytes_from(offset)` falls as the offset rises): binary search, O(log n) reads of
+    the segment index."""
+    low, high = floor, end
+    while low < high:
+        middle = (low + high) // 2
+        if bytes_from(middle) <= target_bytes:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _publish_frames(topic: str, batch: RecordBatch) -> list[bytes]:

@@ -121,6 +121,9 @@ class PartitionInfo(Struct):
     # Set when the partition is not served because its WAL is damaged (file, byte, why,
     # which offsets cannot be read); `next_offset` is then where the readable log ends.
     wal_damage: str | None = None
+    # Messages the backlog quota's `consumer_backlog_eviction` moved subscriptions'
+    # cursors past (summed over subscriptions) since the topic was loaded here.
+    evicted_messages: int = 0
 
 
 @wire

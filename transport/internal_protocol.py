@@ -801,6 +801,14 @@ class HolderLiveness(Message):
     alive: bool
 
 
+@wire
+class HeldSendsDue(Message):
+    """A reliable topic's own timer while it holds sends over its backlog quota
+    (`producer_request_hold`): those held past `backlog_quota_hold_ms_max` are refused."""
+
+    TAG = 202
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -822,5 +830,6 @@ INTERNAL_PROTOCOL = Protocol(
         StopForHandOver, HandOverStopped, HandOverEnded,
         ConsumerPaused,
         HolderLives, HolderLiveness,
+        HeldSendsDue,
     ),
 )

@@ -46,7 +46,10 @@ pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0,
     reason="mounting a small filesystem and lowering another process's RLIMIT_FSIZE need root on Linux")
 
-NO_CACHE = {"DANUBE_STORAGE__CACHE_BYTES_MAX": "0"}
+# The disk reserve (storage.disk_free_bytes_min) would refuse every send on this small
+# filesystem before it fills: off, so that the kernel's ENOSPC is what these tests meet
+# (the reserve has its own test in test_backlog_quota.py).
+NO_CACHE = {"DANUBE_STORAGE__CACHE_BYTES_MAX": "0", "DANUBE_STORAGE__DISK_FREE_BYTES_MIN": "0"}
 TOPIC = "/default/full"
 PAYLOAD = b"x" * 1024
 SENDS_MAX = 2_000  # far more than the room left: the sends must fail well before
