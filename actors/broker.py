@@ -55,6 +55,7 @@ import msgpack
 
 from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
+from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas, backlog_quota_routes
 from danube_zmq.actors.broker_handover import BrokerHandOver, handover_routes
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
@@ -137,7 +138,7 @@ _DEAD_LETTER_BATCHES_MAX = 1_000
 _RESERVE_RETRY_S = 3.0
 
 
-class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
+class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore) -> None:
@@ -192,7 +193,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
             ap.ListBrokers: self._list_brokers,
             ap.UnloadTopic: self._unload_topic,
             ap.RepairTopic: self._repair_topic,
-        } | handover_routes(self)
+        } | handover_routes(self) | backlog_quota_routes(self)
         # Requests for the cluster's leader (its load manager).
         self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
         # Requests about one topic, run where its partitions are served.
@@ -279,6 +280,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
         self._tasks.append(loop.create_task(self._keep_lease(), name=f"broker {self.broker_id} lease"))
         self._tasks.append(loop.create_task(self._fence(), name=f"broker {self.broker_id} fence"))
         self._tasks.append(loop.create_task(self._publish_load(), name=f"broker {self.broker_id} load"))
+        self._tasks.append(loop.create_task(self.follow_backlog_quotas(), name=f"broker {self.broker_id} quotas"))
         await self._follow_assignments()
 
     async def _bootstrap(self) -> None:
@@ -1133,7 +1135,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, Actor):
                     name=name.full, config=config, rng=IdSource(seed), wal_dir=wal_dir, executor=executor,
                     subscriptions=self._persisted_subscriptions(name), broker_endpoint=broker,
                     durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
-                    cache_dir=cache_dir, start_offset=start_offset)
+                    cache_dir=cache_dir, start_offset=start_offset, backlog_quota=self.backlog_quota_of(name)[:2])
         else:
             factory = lambda: TopicActor(  # noqa: E731
                 name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),

@@ -216,7 +216,8 @@ class BrokerAdmin:
         held = await self._topic_records(namespace)
         if held:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
-        if not await self.metadata.transaction({key: current.version}, {}, [key]):
+        if not await self.metadata.transaction({key: current.version}, {},
+                                               [key, cr.namespace_backlog_quota_key(namespace)]):
             raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
 
@@ -254,6 +255,7 @@ class BrokerAdmin:
         state = self.metadata.peer.state
         stale = [key] + [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
         stale += [cr.topic_state_key(n) for n in names]
+        stale.append(cr.topic_backlog_quota_key(resolved.base.full))
         stale += [k for n in names for k, _ in state.list_prefix(f"{topic_key(n)}/")]  # cursors
         if not await self.metadata.transaction({key: current.version}, {}, stale):
             raise FailedPrecondition(f"topic {resolved.base.full} changed meanwhile; retry")

@@ -30,7 +30,8 @@
 8. Bounds on the disk (before step 1): a send is refused with RESOURCE_EXHAUSTED while
    the WAL's filesystem has less than `storage.disk_free_bytes_min` free (measured at
    most once per `disk_check_interval_ms`), and meets the backlog quota's policy while
-   the slowest subscription's backlog is over `policies.backlog_quota_bytes_max`:
+   the slowest subscription's backlog is over its quota (the topic's, its namespace's
+   or the broker's `policies.backlog_quota_bytes_max`; `ApplyBacklogQuota` changes it):
    refused (producer_exception), held until acks free room or the hold times out
    (producer_request_hold), or accepted while the slowest cursors are moved forward
    (consumer_backlog_eviction). The backlog is measured in the log when the slowest
@@ -78,6 +79,7 @@ from danube_zmq.transport.errors import (
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     AppendInternal,
+    ApplyBacklogQuota,
     ClientRequest,
     DescribePartition,
     DescribeSubscriptionCut,
@@ -151,7 +153,7 @@ class ReliableTopicActor(TopicActor):
     def __init__(self, *, name: str, config: BrokerConfig, rng: IdSource, wal_dir: Path,
                  executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
                  durable: list[DurableSegment] | None = None, cache_dir: Path | None = None,
-                 start_offset: int | None = None) -> None:
+                 start_offset: int | None = None, backlog_quota: tuple[int, str] | None = None) -> None:
         super().__init__(name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config, rng=rng,
                          broker_endpoint=broker_endpoint)
         self.wal_dir = wal_dir
@@ -188,6 +190,10 @@ class ReliableTopicActor(TopicActor):
         # subscriptions), measured when that cursor moves and grown by each commit.
         self.backlog_floor: int | None = None
         self.backlog_bytes = 0
+        # The quota in force: the topic's or its namespace's from the metadata store
+        # (the broker passes it and tells changes), else the broker's `policies`.
+        self.quota_bytes_max, self.quota_policy = backlog_quota or (
+            config.policies.backlog_quota_bytes_max, config.policies.backlog_quota_policy)
         self.held: deque[_Held] = deque()
         self.held_bytes = 0
         self.held_timer = False
@@ -257,11 +263,10 @@ class ReliableTopicActor(TopicActor):
         refusal = self._disk_refusal()
         if refusal is not None:
             raise ResourceExhausted(refusal)
-        policies = self.config.policies
         if self.held or self._over_quota():
-            if policies.backlog_quota_policy == "producer_exception":
+            if self.quota_policy == "producer_exception":
                 raise ResourceExhausted(self._quota_text())
-            if policies.backlog_quota_policy == "producer_request_hold":
+            if self.quota_policy == "producer_request_hold":
                 self._hold(req, msg)
                 return None
             self._evict()
@@ -310,13 +315,12 @@ class ReliableTopicActor(TopicActor):
                 " space is freed")
 
     def _over_quota(self, extra_bytes: int = 0) -> bool:
-        quota = self.config.policies.backlog_quota_bytes_max
+        quota = self.quota_bytes_max
         return bool(quota) and self.backlog_floor is not None and self.backlog_bytes + extra_bytes > quota
 
     def _quota_text(self) -> str:
-        policies = self.config.policies
         return (f"topic {self.topic}: backlog of {self.backlog_bytes} bytes is over the backlog quota of"
-                f" {policies.backlog_quota_bytes_max} bytes (policy {policies.backlog_quota_policy}); the slowest"
+                f" {self.quota_bytes_max} bytes (policy {self.quota_policy}); the slowest"
                 " subscription must acknowledge messages before more are accepted")
 
     def _hold(self, req: ClientRequest, msg: cp.Send) -> None:
@@ -349,6 +353,30 @@ class ReliableTopicActor(TopicActor):
                         " and not stored; send it again"))
         self._arm_hold_timer()
 
+    def handle_ApplyBacklogQuota(self, msg: ApplyBacklogQuota) -> None:
+        """A quota set or removed for this topic or its namespace applies at once: held
+        sends that now fit are accepted; under another policy the rest are refused (or,
+        for eviction, accepted once the cursors are moved on)."""
+        if (msg.limit_bytes, msg.policy) == (self.quota_bytes_max, self.quota_policy):
+            return
+        log.info("%s: backlog quota now %d bytes, %s", self.topic, msg.limit_bytes, msg.policy)
+        self.quota_bytes_max, self.quota_policy = msg.limit_bytes, msg.policy
+        self._release_held()
+        if self.quota_policy == "producer_request_hold" or not self.held:
+            return
+        if self.quota_policy == "consumer_backlog_eviction":
+            self._evict()
+        while self.held:
+            held = self.held.popleft()
+            self.held_bytes -= held.size
+            try:
+                if self.quota_policy != "consumer_backlog_eviction":
+                    raise ResourceExhausted(self._quota_text())
+                self._accept(held.req, held.msg)
+            except DanubeError as exc:
+                reply_client(self.system, held.req.identity,
+                             Error(request_id=held.msg.request_id, code=exc.code, message=exc.message))
+
     def _release_held(self) -> None:
         """The backlog shrank: accept held sends, oldest first, while they fit the quota."""
         released = 0
@@ -370,7 +398,7 @@ class ReliableTopicActor(TopicActor):
             return
         end = self.committed_offset
         target = _eviction_target(floor, end, lambda start: self._log_bytes(start, end),
-                                  int(self.config.policies.backlog_quota_bytes_max * _EVICT_TO))
+                                  int(self.quota_bytes_max * _EVICT_TO))
         if target <= floor:
             return
         for name, subscription in self.subscriptions.items():
@@ -809,7 +837,7 @@ class ReliableTopicActor(TopicActor):
             self._reserve_ahead()  # an earlier reservation failed; the broker's own batches wait
         self._report_sealed(again=True)
         self._measure_backlog()
-        if self._over_quota() and self.config.policies.backlog_quota_policy == "consumer_backlog_eviction":
+        if self._over_quota() and self.quota_policy == "consumer_backlog_eviction":
             self._evict()
         if self._pinned():
             return  # a snapshot is reading these files: retention waits for the next tick

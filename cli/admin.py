@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 
 import click
 
+from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
 from danube_zmq.actors.dispatch.tracker import BACKOFFS, POISON_POLICIES
 from danube_zmq.actors.topic_name import validate_namespace
 from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.admin_protocol import (
+    BacklogQuotaInfo,
     BrokerInfo,
     DispatchConfigInfo,
     FailurePolicyInfo,
@@ -310,9 +312,9 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
         f"  broker {description.broker_id}  partitions {len(description.partitions)}"
     )
     emit_table(
-        ["PARTITION", "NEXT-OFFSET", "MESSAGES-IN", "BYTES-IN", "DROPPED", "PRODUCERS"],
+        ["PARTITION", "NEXT-OFFSET", "MESSAGES-IN", "BYTES-IN", "DROPPED", "EVICTED", "PRODUCERS"],
         [
-            [p.name, p.next_offset, p.messages_in, p.bytes_in, p.dropped_messages, p.producers]
+            [p.name, p.next_offset, p.messages_in, p.bytes_in, p.dropped_messages, p.evicted_messages, p.producers]
             for p in description.partitions
         ],
         title="Partitions",
@@ -546,6 +548,100 @@ def topics_get_dispatch_config(ctx: click.Context, topic: str, subscription: str
         ["MAX-UNACKED-MESSAGES", "SOURCE"],
         [[config.max_unacked_messages, "set" if config.explicit else "broker default"]],
     )
+
+
+# -- backlog quotas -----------------------------------------------------------------
+
+
+def _quota_options(command: F) -> F:
+    command = click.option("--policy", type=click.Choice(BACKLOG_QUOTA_POLICIES), default="producer_exception",
+                           show_default=True,
+                           help="What a send meets over the quota: refused (producer_exception), held until acks"
+                                " free room (producer_request_hold), or accepted while the slowest subscriptions"
+                                " skip their oldest messages (consumer_backlog_eviction).")(command)
+    return click.option("--limit-bytes", type=click.IntRange(min=0), required=True,
+                        help="Bytes the slowest subscription may leave unacknowledged; 0: no limit.")(command)
+
+
+def _emit_quota(info: BacklogQuotaInfo, output: str) -> None:
+    if output == "json":
+        emit_json(_record(info))
+        return
+    emit_table(["LIMIT-BYTES", "POLICY", "SOURCE"], [[info.limit_bytes, info.policy, info.source]])
+
+
+@namespaces.command("set-backlog-quota")
+@click.argument("namespace")
+@_quota_options
+@click.pass_context
+def namespaces_set_backlog_quota(ctx: click.Context, namespace: str, limit_bytes: int, policy: str) -> None:
+    """Set the backlog quota of the reliable topics of NAMESPACE (those without a quota
+    of their own). It applies to live topics at once and survives restarts.
+
+    \b
+    Example:
+      danube admin namespaces set-backlog-quota default --limit-bytes 1073741824 --policy producer_request_hold
+    """
+    namespace = _namespace(namespace)
+    _call(ctx, lambda client: client.set_namespace_backlog_quota(namespace, limit_bytes=limit_bytes, policy=policy))
+    emit_line(f"set the backlog quota of namespace {namespace}: {limit_bytes} bytes, {policy}")
+
+
+@namespaces.command("get-backlog-quota")
+@click.argument("namespace")
+@output_option
+@click.pass_context
+def namespaces_get_backlog_quota(ctx: click.Context, namespace: str, output: str) -> None:
+    """Show the backlog quota of NAMESPACE (SOURCE broker: the broker's default)."""
+    namespace = _namespace(namespace)
+    _emit_quota(_call(ctx, lambda client: client.get_namespace_backlog_quota(namespace)), output)
+
+
+@namespaces.command("remove-backlog-quota")
+@click.argument("namespace")
+@click.pass_context
+def namespaces_remove_backlog_quota(ctx: click.Context, namespace: str) -> None:
+    """Remove the backlog quota of NAMESPACE: the broker's default applies."""
+    namespace = _namespace(namespace)
+    _call(ctx, lambda client: client.remove_namespace_backlog_quota(namespace))
+    emit_line(f"removed the backlog quota of namespace {namespace}")
+
+
+@topics.command("set-backlog-quota")
+@click.argument("topic")
+@_quota_options
+@click.pass_context
+def topics_set_backlog_quota(ctx: click.Context, topic: str, limit_bytes: int, policy: str) -> None:
+    """Set the backlog quota of reliable TOPIC (every partition), over its namespace's.
+    It applies at once and survives restarts.
+
+    \b
+    Example:
+      danube admin topics set-backlog-quota /default/orders --limit-bytes 0 --policy producer_exception
+    """
+    topic = check_topic(topic)
+    _call(ctx, lambda client: client.set_topic_backlog_quota(topic, limit_bytes=limit_bytes, policy=policy))
+    emit_line(f"set the backlog quota of topic {topic}: {limit_bytes} bytes, {policy}")
+
+
+@topics.command("get-backlog-quota")
+@click.argument("topic")
+@output_option
+@click.pass_context
+def topics_get_backlog_quota(ctx: click.Context, topic: str, output: str) -> None:
+    """Show the backlog quota in force for TOPIC and where it is set (topic, namespace, broker)."""
+    topic = check_topic(topic)
+    _emit_quota(_call(ctx, lambda client: client.get_topic_backlog_quota(topic)), output)
+
+
+@topics.command("remove-backlog-quota")
+@click.argument("topic")
+@click.pass_context
+def topics_remove_backlog_quota(ctx: click.Context, topic: str) -> None:
+    """Remove the backlog quota of TOPIC: its namespace's (or the broker's) applies."""
+    topic = check_topic(topic)
+    _call(ctx, lambda client: client.remove_topic_backlog_quota(topic))
+    emit_line(f"removed the backlog quota of topic {topic}")
 
 
 # -- topic schemas ------------------------------------------------------------------

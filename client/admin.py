@@ -27,6 +27,7 @@ from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
     ActivateBroker,
     AddClusterNode,
+    BacklogQuotaInfo,
     BrokerInfo,
     BrokerList,
     ClusterBalance,
@@ -43,6 +44,7 @@ from danube_zmq.transport.admin_protocol import (
     DescribeTopic,
     DispatchConfigInfo,
     FailurePolicyInfo,
+    GetBacklogQuota,
     GetClusterBalance,
     GetDispatchConfig,
     GetFailurePolicy,
@@ -64,9 +66,11 @@ from danube_zmq.transport.admin_protocol import (
     PromoteClusterNode,
     RebalanceCluster,
     Rebalanced,
+    RemoveBacklogQuota,
     RemoveClusterNode,
     RepairTopic,
     SeekSubscription,
+    SetBacklogQuota,
     SetDispatchConfig,
     SetFailurePolicy,
     SnapshotCreated,
@@ -113,6 +117,41 @@ class AdminClient(RequestClient):
     async def delete_namespace(self, namespace: str) -> None:
         validate_namespace(namespace)
         await self._call(lambda rid: DeleteNamespace(request_id=rid, namespace=namespace), Ok)
+
+    # -- backlog quotas (a topic's over its namespace's over the broker's) -----
+
+    async def set_namespace_backlog_quota(self, namespace: str, *, limit_bytes: int, policy: str) -> None:
+        """Set the backlog quota of every reliable topic of `namespace` without one of its
+        own: at most `limit_bytes` (0: no limit) unacknowledged by the slowest
+        subscription, then `policy` (producer_request_hold, producer_exception,
+        consumer_backlog_eviction). Applies to live topics at once; stored."""
+        validate_namespace(namespace)
+        await self._call(lambda rid: SetBacklogQuota(request_id=rid, namespace=namespace, limit_bytes=limit_bytes,
+                                                     policy=policy), Ok)
+
+    async def get_namespace_backlog_quota(self, namespace: str) -> BacklogQuotaInfo:
+        validate_namespace(namespace)
+        return await self._call(lambda rid: GetBacklogQuota(request_id=rid, namespace=namespace), BacklogQuotaInfo)
+
+    async def remove_namespace_backlog_quota(self, namespace: str) -> None:
+        validate_namespace(namespace)
+        await self._call(lambda rid: RemoveBacklogQuota(request_id=rid, namespace=namespace), Ok)
+
+    async def set_topic_backlog_quota(self, topic: str, *, limit_bytes: int, policy: str) -> None:
+        """As `set_namespace_backlog_quota`, for reliable `topic` (every partition): it
+        overrides its namespace's."""
+        parse_topic(topic)
+        await self._call(lambda rid: SetBacklogQuota(request_id=rid, topic=topic, limit_bytes=limit_bytes,
+                                                     policy=policy), Ok)
+
+    async def get_topic_backlog_quota(self, topic: str) -> BacklogQuotaInfo:
+        """The quota in force for `topic` and where it is set (`source`)."""
+        parse_topic(topic)
+        return await self._call(lambda rid: GetBacklogQuota(request_id=rid, topic=topic), BacklogQuotaInfo)
+
+    async def remove_topic_backlog_quota(self, topic: str) -> None:
+        parse_topic(topic)
+        await self._call(lambda rid: RemoveBacklogQuota(request_id=rid, topic=topic), Ok)
 
     # -- topics ------------------------------------------------------------
 

@@ -686,6 +686,59 @@ class TopicRepaired(Message):
     quarantined: list[str]
 
 
+# ---- backlog quotas per namespace and topic (Pulsar's set-backlog-quota), tags 80-83 ----
+
+
+@wire
+class SetBacklogQuota(Message):
+    """Set the backlog quota of `namespace` or of `topic` (exactly one; a partitioned
+    topic's base: every partition): `limit_bytes` (0: no limit) and `policy`
+    (producer_request_hold, producer_exception, consumer_backlog_eviction). A topic's
+    quota overrides its namespace's, which overrides the broker's `policies`. Stored in
+    the metadata store; live topics apply it at once. Answered `Ok`."""
+
+    TAG = 80
+    request_id: int
+    limit_bytes: int
+    policy: str
+    namespace: str | None = None
+    topic: str | None = None
+
+
+@wire
+class GetBacklogQuota(Message):
+    """The backlog quota in force for `namespace` or `topic` (exactly one). Answered by
+    `BacklogQuotaInfo`."""
+
+    TAG = 81
+    request_id: int
+    namespace: str | None = None
+    topic: str | None = None
+
+
+@wire
+class BacklogQuotaInfo(Message):
+    """`source`: where the quota in force is set: "topic", "namespace" or "broker" (the
+    broker's `policies` config)."""
+
+    TAG = 82
+    request_id: int
+    limit_bytes: int
+    policy: str
+    source: str
+
+
+@wire
+class RemoveBacklogQuota(Message):
+    """Remove the quota set on `namespace` or `topic` (exactly one): the next level's
+    applies. Answered `Ok` (NOT_FOUND: none was set)."""
+
+    TAG = 83
+    request_id: int
+    namespace: str | None = None
+    topic: str | None = None
+
+
 # ---- broker to broker: a `local`-mode move hands a reliable topic's WAL over ----
 # Tags from 190 up: this block is the brokers' own part of the admin port.
 
@@ -771,6 +824,7 @@ ADMIN_REQUESTS = (
     GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
     RepairTopic,
+    SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
 ) + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -791,6 +845,7 @@ ADMIN_PROTOCOL = Protocol(
         DeleteSnapshot, UnloadTopic, GetClusterBalance, ClusterBalance, RebalanceCluster, Rebalanced,
         UnloadBroker, ActivateBroker,
         RepairTopic, TopicRepaired,
+        SetBacklogQuota, GetBacklogQuota, BacklogQuotaInfo, RemoveBacklogQuota,
         BeginHandOver, HandOverProgress, HandOverChunk, CommitHandOver, AbortHandOver,
     ),
 )

@@ -17,6 +17,12 @@ others: declared once, msgpack arrays checked field by field on decode.
     /topics/{ns}/{topic}/producers/{id}   ProducerRecord      a producer attached to a topic or partition
     /storage/topics/{ns}/{topic}/segments/{base}  SegmentDescriptor (storage/catalog.py)
     /storage/topics/{ns}/{topic}/state    TopicState          where a reliable topic's offsets stopped
+    /policies/backlog-quota/{ns}          BacklogQuotaRecord  a namespace's backlog quota (set-backlog-quota)
+    /policies/backlog-quota/{ns}/{topic}  BacklogQuotaRecord  a topic's, over its namespace's
+
+Policies live under one prefix of their own so each broker follows them with one
+watch (the topics' prefix also carries every cursor write); they go with their topic
+or namespace when it is deleted.
 
 Assignments are keyed by topic (Danube keys them by broker) so a lookup on any broker
 is one read; each broker watches the prefix and keeps the entries naming it.
@@ -43,6 +49,8 @@ LEADER = "/cluster/leader"
 LOAD = "/cluster/load/"
 BACKLOG_REPORT = "/cluster/backlog-report"
 MOVES = "/cluster/rebalancing/"
+POLICIES = "/policies/"
+BACKLOG_QUOTAS = "/policies/backlog-quota/"
 
 
 def namespace_key(namespace: str) -> str:
@@ -52,6 +60,15 @@ def namespace_key(namespace: str) -> str:
 def topic_record_key(topic: str) -> str:
     """`topic` is the full name, "/ns/name"."""
     return f"/topics{topic}"
+
+
+def namespace_backlog_quota_key(namespace: str) -> str:
+    return f"{BACKLOG_QUOTAS}{namespace}"
+
+
+def topic_backlog_quota_key(topic: str) -> str:
+    """`topic` is the full name of a base topic, "/ns/name" (partitions share its quota)."""
+    return f"/policies/backlog-quota{topic}"
 
 
 def load_key(broker_id: int) -> str:
@@ -266,9 +283,20 @@ class ProducerRecord(Message):
     broker_id: int
 
 
+@wire
+class BacklogQuotaRecord(Message):
+    """A namespace's or topic's backlog quota (`policies.backlog_quota_bytes_max` and
+    `backlog_quota_policy` of the broker's config, overridden): `limit_bytes` 0 is no
+    limit; `policy` one of BACKLOG_QUOTA_POLICIES (actors/config.py)."""
+
+    TAG = 12
+    limit_bytes: int
+    policy: str
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
-    LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord,
+    LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord,
 ])
 
 

@@ -809,6 +809,24 @@ class HeldSendsDue(Message):
     TAG = 202
 
 
+@wire
+class ApplyBacklogQuota(Message):
+    """Broker -> reliable topic: the backlog quota in force for it now (its topic's,
+    else its namespace's, else the broker's `policies`), after a change in the store."""
+
+    TAG = 230
+    limit_bytes: int
+    policy: str
+
+
+@wire
+class BacklogQuotasChanged(Message):
+    """The broker's own watch of `/policies/backlog-quota/`: a quota was set or
+    removed; the broker tells its reliable topics the quota now in force."""
+
+    TAG = 231
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -831,5 +849,6 @@ INTERNAL_PROTOCOL = Protocol(
         ConsumerPaused,
         HolderLives, HolderLiveness,
         HeldSendsDue,
+        ApplyBacklogQuota, BacklogQuotasChanged,
     ),
 )
