@@ -264,8 +264,10 @@ class PoliciesSection:
 
     # Producers on one topic at once; 0 = unlimited. Default 0.
     max_producers_per_topic: int = 0
-    # Subscriptions on one topic; 0 = unlimited. Default 0.
-    max_subscriptions_per_topic: int = 0
+    # Subscriptions on one topic; 0 = unlimited. Default 1000: each subscription with a
+    # consumer may hold dispatch.pending_bytes_max (16 MiB) of non-reliable messages, so
+    # this bounds a topic's pending memory (those without consumers hold none).
+    max_subscriptions_per_topic: int = 1000
     # Consumers on one topic, over all its subscriptions; 0 = unlimited. Default 0.
     max_consumers_per_topic: int = 0
     # Consumers on one subscription; 0 = unlimited. Default 0.

@@ -7,7 +7,9 @@ frames, one per consumer per batch slice: payload lists are sliced, never copied
 message by message, unless Key-Shared picks messages out of a batch.
 
 1. Publish (from the topic) -> append to pending (over the bound: dropped, counted)
-   -> dispatch.
+   -> dispatch. With no consumer attached nothing is kept (dropped, counted): delivery
+   is fire-and-forget, as Danube's, so an abandoned subscription holds no memory
+   however many there are; the last consumer leaving drops what was pending.
 2. Flow (from a consumer) -> add permits -> dispatch.
 3. Dispatch: while a batch is pending and someone has permits, `rule.assign` splits
    it; each slice becomes a `Deliver`; what nobody could take stays at the head.
@@ -194,6 +196,8 @@ class SubscriptionActor(Actor):
         if consumer is None:
             return
         self.rule.remove_consumer(consumer_id)
+        if not self.consumers:
+            self._drop_pending()
         if reason is not None or reply is not None:
             self.system.tell(self.system.gateway_endpoint, ConsumerDetached(
                 identity=consumer.identity, consumer_id=consumer_id, reason=reason, reply=reply))
@@ -268,8 +272,21 @@ class SubscriptionActor(Actor):
         self._enqueue(msg)
         self._dispatch()
 
+    def _drop_pending(self) -> None:
+        """Nobody can receive what is pending (non-reliable: nothing is owed to a
+        subscription without consumers); a reliable subscription keeps none here."""
+        if self.pending_messages:
+            self.dropped_messages += self.pending_messages
+            self._dropped_metric.inc(self.pending_messages)
+        self.pending.clear()
+        self.pending_messages = self.pending_bytes = 0
+
     def _enqueue(self, publish: Publish) -> None:
         count = len(publish.payloads)
+        if not self.consumers:
+            self.dropped_messages += count
+            self._dropped_metric.inc(count)
+            return
         size = sum(map(len, publish.payloads))
         dispatch = self.config.dispatch
         # One batch is always taken when nothing is pending (it is bounded by the frame

@@ -471,3 +471,12 @@ def test_cluster_section_errors(overrides: dict[str, object], expected: str) -> 
         load_config(overrides=overrides)
     for part in expected.split(" ... "):
         assert part in str(info.value), str(info.value)
+
+
+def test_subscriptions_per_topic_are_bounded_by_default() -> None:
+    """Each subscription with a consumer may hold `dispatch.pending_bytes_max`, so the
+    number of subscriptions of a topic has a default bound (not 0 = unlimited), in the
+    defaults and in the sample."""
+    limit = BrokerConfig().policies.max_subscriptions_per_topic
+    assert 0 < limit <= 10_000
+    assert f"max_subscriptions_per_topic: {limit}\n" in SAMPLE.read_text()
