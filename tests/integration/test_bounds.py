@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -155,3 +157,89 @@ def test_connections_without_connect_are_counted_and_time_out(tmp_path: Path, br
         for sock in socks + monitors:
             sock.close(linger=0)
         ctx.term()
+
+
+def zmtp_dealer(url: str) -> socket.socket:
+    """A plain TCP socket that has done the ZMTP 3.0 NULL handshake as a DEALER (the
+    greeting and READY written by hand; the broker's own are left unread)."""
+    host, port = url.removeprefix("tcp://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    signature = b"\xff" + b"\x00" * 8 + b"\x7f"
+    sock.sendall(signature + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31)
+    greeting = b""
+    while len(greeting) < 64:  # the broker's greeting, before READY (libzmq may refuse it earlier)
+        chunk = sock.recv(64 - len(greeting))
+        assert chunk, "the broker closed the connection during the ZMTP greeting"
+        greeting += chunk
+    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    sock.sendall(b"\x04" + bytes([len(ready)]) + ready)
+    return sock
+
+
+def zmtp_frame(body: bytes, more: bool) -> bytes:
+    flags = 0x01 if more else 0x00
+    if len(body) < 256:
+        return bytes([flags, len(body)]) + body
+    return bytes([flags | 0x02]) + struct.pack(">Q", len(body)) + body
+
+
+def flood_unfinished_message(sock: socket.socket, process: psutil.Process, bytes_max: int) -> tuple[bool, float]:
+    """Send 1 MiB parts with the MORE flag, never a last one, until the broker cuts the
+    connection or `bytes_max` are sent: (cut, peak RSS growth in MiB). Cut means the
+    broker closed the connection: a send or receive fails, or reads end."""
+    part = zmtp_frame(b"m" * MIB, more=True)
+    rss_before = process.memory_info().rss
+    peak, sent = rss_before, 0
+    try:
+        while sent < bytes_max:
+            sock.sendall(part)
+            sent += len(part)
+            peak = max(peak, process.memory_info().rss)
+    except OSError:  # reset, broken pipe, or a send blocked for 30 s
+        pass
+    peak = max(peak, process.memory_info().rss)
+    sock.settimeout(30)
+    try:
+        while sock.recv(1 << 16):  # the broker's greeting, READY and replies; b"" once closed
+            pass
+        cut = True
+    except TimeoutError:
+        cut = False
+    except OSError:
+        cut = True
+    return cut, (peak - rss_before) / MIB
+
+
+def test_multipart_message_that_never_ends_is_cut(tmp_path: Path, broker_factory: Any) -> None:
+    """A peer that speaks ZMTP by hand, sends `Connect` and then 1 MiB parts with the
+    MORE flag that never end is disconnected once libzmq holds more than
+    inbound_bytes_per_connection_max of it: the broker's RSS grows by that budget plus
+    what arrives between two samples, not by what was sent (1 GiB before: libzmq holds
+    a multipart message whole before the broker sees a part), and a normal client is
+    still served."""
+    broker = broker_factory(env={
+        "DANUBE_LIMITS__INBOUND_BYTES_PER_CONNECTION_MAX": str(32 * MIB),
+        # Neither the pending deadline nor silence may end it: only the inbound budget.
+        "DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "600000",
+        "DANUBE_BROKER__SESSION_TIMEOUT_MS": "600000",
+        "COLUMNS": "400", "DANUBE_LOG_LEVEL": "info",  # log lines unwrapped
+    })
+    process = psutil.Process(broker.process.pid)
+
+    async def served() -> None:
+        async with DanubeClient(broker.url) as client:
+            producer = await client.create_producer("/default/served")
+            await asyncio.wait_for(producer.send(b"x"), 10)
+
+    asyncio.run(served())
+    sock = zmtp_dealer(broker.url)
+    try:
+        sock.sendall(zmtp_frame(pack(CONNECT, 1, PROTOCOL_VERSION, "raw"), more=False))
+        cut, growth_mib = flood_unfinished_message(sock, process, 1024 * MIB)
+    finally:
+        sock.close()
+    assert cut, "the connection sending an endless multipart message was never cut"
+    # 32 MiB budget + up to one 125 ms sample of a loopback flood + allocator slack.
+    assert growth_mib < 300, f"broker RSS grew by {growth_mib:.0f} MiB"
+    wait_for(lambda: "over inbound_bytes_per_connection_max" in broker.log(), 10, "the cut to be logged")
+    asyncio.run(served())

@@ -471,3 +471,12 @@ def test_cluster_section_errors(overrides: dict[str, object], expected: str) -> 
         load_config(overrides=overrides)
     for part in expected.split(" ... "):
         assert part in str(info.value), str(info.value)
+
+
+def test_inbound_budget_must_exceed_the_largest_frame() -> None:
+    """A connection must be able to deliver one whole frame of frame_bytes_max: an
+    inbound budget not above it is refused, naming the key; the default is valid."""
+    assert LimitsSection().inbound_bytes_per_connection_max > LimitsSection().frame_bytes_max
+    with pytest.raises(ConfigError, match=r"limits\.inbound_bytes_per_connection_max"):
+        LimitsSection(inbound_bytes_per_connection_max=16 * MIB)
+    LimitsSection(inbound_bytes_per_connection_max=16 * MIB + 1)
