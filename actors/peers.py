@@ -205,6 +205,11 @@ class PeerGuard:
                     log.warning("connection from %s sent no Connect within %d ms: disconnected", connection.address,
                                 self.timeout_ms)
 
+    def address(self, fd: int) -> Address | None:
+        """The peer address recorded when `fd` was accepted (None if not known yet)."""
+        connection = self._connections.get(fd)
+        return None if connection is None else connection.address
+
     def touch(self, fd: int, now_ms: int) -> None:
         """The connection on `fd` is in use: its idle deadline starts again."""
         connection = self._connections.get(fd)

@@ -210,13 +210,14 @@ def flood_unfinished_message(sock: socket.socket, process: psutil.Process, bytes
     return cut, (peak - rss_before) / MIB
 
 
-def test_multipart_message_that_never_ends_is_cut(tmp_path: Path, broker_factory: Any) -> None:
-    """A peer that speaks ZMTP by hand, sends `Connect` and then 1 MiB parts with the
-    MORE flag that never end is disconnected once libzmq holds more than
-    inbound_bytes_per_connection_max of it: the broker's RSS grows by that budget plus
-    what arrives between two samples, not by what was sent (1 GiB before: libzmq holds
-    a multipart message whole before the broker sees a part), and a normal client is
-    still served."""
+@pytest.mark.parametrize("port", ["client", "admin"])
+def test_multipart_message_that_never_ends_is_cut(tmp_path: Path, broker_factory: Any, port: str) -> None:
+    """A peer that speaks ZMTP by hand to the client or admin port, sends `Connect`
+    and then 1 MiB parts with the MORE flag that never end is disconnected once libzmq
+    holds more than inbound_bytes_per_connection_max of it: the broker's RSS grows by
+    that budget plus what arrives between two samples, not by what was sent (1 GiB
+    before: libzmq holds a multipart message whole before the broker sees a part),
+    and normal clients (and admin clients) are still served."""
     broker = broker_factory(env={
         "DANUBE_LIMITS__INBOUND_BYTES_PER_CONNECTION_MAX": str(32 * MIB),
         # Neither the pending deadline nor silence may end it: only the inbound budget.
@@ -230,9 +231,11 @@ def test_multipart_message_that_never_ends_is_cut(tmp_path: Path, broker_factory
         async with DanubeClient(broker.url) as client:
             producer = await client.create_producer("/default/served")
             await asyncio.wait_for(producer.send(b"x"), 10)
+        async with AdminClient(broker.admin_url) as admin:
+            assert "default" in await admin.list_namespaces()
 
     asyncio.run(served())
-    sock = zmtp_dealer(broker.url)
+    sock = zmtp_dealer(broker.url if port == "client" else broker.admin_url)
     try:
         sock.sendall(zmtp_frame(pack(CONNECT, 1, PROTOCOL_VERSION, "raw"), more=False))
         cut, growth_mib = flood_unfinished_message(sock, process, 1024 * MIB)
@@ -243,3 +246,41 @@ def test_multipart_message_that_never_ends_is_cut(tmp_path: Path, broker_factory
     assert growth_mib < 300, f"broker RSS grew by {growth_mib:.0f} MiB"
     wait_for(lambda: "over inbound_bytes_per_connection_max" in broker.log(), 10, "the cut to be logged")
     asyncio.run(served())
+
+
+def test_idle_admin_connections_are_counted_and_time_out(tmp_path: Path, broker_factory: Any) -> None:
+    """Admin connections with no request in flight are counted against
+    connections_pending_max (one more cuts the oldest idle one) and cut after
+    connect_timeout_ms idle, while an admin client that uses its connection is still
+    served; before, the admin port kept every connection forever, uncounted."""
+    broker = broker_factory(env={
+        "DANUBE_LIMITS__CONNECTIONS_PENDING_MAX": "20",
+        "DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "3000",
+    })
+    ctx = zmq.Context()
+    monitors = []
+    socks = []
+    try:
+        for _ in range(30):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 60_000)  # a cut connection stays cut
+            monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            sock.connect(broker.admin_url)
+            socks.append(sock)
+
+        def disconnected() -> int:
+            return sum(1 for m in monitors if m.poll(0))
+
+        wait_for(lambda: disconnected() >= 10, 20, "idle admin connections over connections_pending_max to be cut")
+
+        async def served() -> None:
+            async with AdminClient(broker.admin_url) as admin:
+                assert "default" in await admin.list_namespaces()
+
+        asyncio.run(served())
+        wait_for(lambda: all(m.poll(0) for m in monitors), 30, "every idle admin connection to be cut")
+    finally:
+        for sock in socks + monitors:
+            sock.close(linger=0)
+        ctx.term()
