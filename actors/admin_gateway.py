@@ -254,6 +254,7 @@ class AdminGateway(Actor):
         now = self.system.clock.monotonic_ms()
         if not outbound.admit(identity, size):
             METRICS.frames_dropped.inc()
+            METRICS.outbound_frames_refused.labels("admin").inc()
             outbound.refused(identity, now)
             return
         tracker = None
@@ -279,6 +280,7 @@ class AdminGateway(Actor):
         self.peers.review(now)
         _, stalled = self.outbound.review(now)
         for identity in stalled:
+            METRICS.outbound_stalled.labels("admin").inc()
             fd = self._fd_of.pop(identity, None)
             address = self.peers.address(fd) if fd is not None else None
             if fd is not None and address is not None and shutdown_peer(fd, address):

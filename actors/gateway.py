@@ -244,6 +244,7 @@ class Gateway(Actor):
         if not outbound.admit(identity, size):
             self.frames_dropped += 1
             METRICS.frames_dropped.inc()
+            METRICS.outbound_frames_refused.labels("client").inc()
             if outbound.refused(identity, now):
                 self._pause(identity, True)
             return
@@ -272,6 +273,7 @@ class Gateway(Actor):
         if paused:
             log.info("connection %s (%s) holds %d unsent bytes: its consumers are paused", identity.hex(),
                      session.client_name, self.outbound.queued(identity))
+            METRICS.consumers_paused.inc(len(session.consumers))
         for consumer_id, endpoint in session.consumers.items():
             self.system.post(endpoint, ConsumerPaused(identity=identity, consumer_id=consumer_id, paused=paused))
 
@@ -531,7 +533,11 @@ class Gateway(Actor):
         for identity in resume:
             self._pause(identity, False)
         for identity in stalled:
+            METRICS.outbound_stalled.labels("client").inc()
             self._disconnect_stalled(identity)
+        statistics = self.outbound.statistics()
+        METRICS.outbound_connections_paused.set(statistics.connections_paused)
+        METRICS.outbound_queued_bytes.set(statistics.queued_bytes)
 
     def _end_session_on(self, fd: int) -> None:
         """The connection on `fd` was disconnected: end the session it carried, if any."""

@@ -36,6 +36,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from danube_zmq.actors.metrics import METRICS
+
 log = logging.getLogger("danube_zmq.peers")
 
 Address = tuple[object, ...] | str
@@ -189,6 +191,7 @@ class PeerGuard:
                 connection = self._connections.pop(oldest)
                 if shutdown_peer(oldest, connection.address):
                     self.evicted += 1
+                    METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
                     log.warning("%d connections have sent no Connect (connections_pending_max): the oldest, from %s,"
                                 " is disconnected", len(pending), connection.address)
             self._connections[fd] = _Connection(peer_address(fd), now_ms)
@@ -202,6 +205,7 @@ class PeerGuard:
                 del self._connections[fd]
                 if shutdown_peer(fd, connection.address):
                     self.expired += 1
+                    METRICS.idle_connections_cut.labels(self.name, "expired").inc()
                     log.warning("connection from %s sent no Connect within %d ms: disconnected", connection.address,
                                 self.timeout_ms)
 
@@ -233,6 +237,7 @@ class PeerGuard:
             del self._connections[fd]
             if shutdown_peer(fd, connection.address):
                 self.inbound_cut += 1
+                METRICS.inbound_overrun_cut.labels(self.name).inc()
                 cut.append(fd)
                 log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed (an"
                             " unfinished multipart message?), over inbound_bytes_per_connection_max (%d):"
