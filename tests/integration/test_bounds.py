@@ -335,7 +335,7 @@ def test_admin_connection_that_does_not_read_its_answers_is_cut(tmp_path: Path, 
         # The DEALER itself reads nothing, so it does not notice the cut: the broker says it.
         wait_for(lambda: metric(metrics_port, "danube_broker_outbound_stalled_connections_total", port="admin") >= 1,
                  60, "the admin connection that does not read to be cut")
-        assert "has not read its answers" in broker.log()
+        wait_for(lambda: "has not read its answers" in broker.log(), 10, "the cut to be logged")  # after the count
         assert metric(metrics_port, "danube_broker_outbound_frames_refused_total", port="admin") > 0
 
         async def served() -> None:
