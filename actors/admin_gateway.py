@@ -10,10 +10,19 @@ get/list/put/cas/delete) are answered here, from the broker's Raft metadata stor
 in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
 RESOURCE_EXHAUSTED), since they wait on Raft rounds. Snapshot requests
 (`SNAPSHOT_REQUESTS`) go to the snapshot actor.
+
+The port is bounded like the client port (`actors/peers.py`, `actors/outbound.py`):
+an admin connection with no request in flight is idle; at most
+`connections_pending_max` may be idle at once (one more cuts the oldest) and one idle
+for `connect_timeout_ms` is cut (a DEALER reconnects by itself on its next request);
+bytes queued for a connection that does not read its answers are budgeted as on the
+client port, and one stalled for `outbound_stall_timeout_ms` is cut; what libzmq
+holds of a connection's input beyond `inbound_bytes_per_connection_max` cuts it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -24,6 +33,8 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.outbound import OutboundLedger
+from danube_zmq.actors.peers import Address, PeerGuard, shutdown_peer, zmtp_frame_bytes
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
@@ -32,14 +43,17 @@ from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, 
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument
-from danube_zmq.transport.internal_protocol import AdminRequest
+from danube_zmq.transport.internal_protocol import AdminRequest, Tick
 
 if TYPE_CHECKING:
     from danube_zmq.actors.system import ActorSystem
 
+log = logging.getLogger("danube_zmq.admin_gateway")
+
 ADMIN_OUTBOX = "inproc://admin-outbox"
 _DRAIN_MAX = 64
 _CLUSTER_TASKS_MAX = 256
+_TICK_MS = 125  # as the client gateway: inbound bytes sampled every tick, the rest every other
 
 
 class AdminGateway(Actor):
@@ -54,15 +68,31 @@ class AdminGateway(Actor):
         self.router: zmq.asyncio.Socket | None = None
         self.outbox: zmq.asyncio.Socket | None = None
         self.bound_url = ""
+        limits = config.limits
+        self.outbound = OutboundLedger(connection_bytes_max=limits.outbound_bytes_per_connection_max,
+                                       broker_bytes_max=limits.outbound_bytes_max,
+                                       stall_ms=limits.outbound_stall_timeout_ms)
+        self.peers: PeerGuard | None = None
+        # A connection with requests in flight is not idle: identity -> [descriptor, requests],
+        # and the descriptors (with their peer address) the peer guard counts as busy.
+        self._in_flight: dict[bytes, list[int]] = {}
+        self._busy_fds: dict[int, Address | None] = {}
+        self._fd_of: dict[bytes, int] = {}  # identities with bytes queued, to cut a stalled one
+        self._ticks = 0
 
     async def on_start(self) -> None:
         ctx = self.system.context
+        limits = self.config.limits
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, self.config.limits.frame_bytes_max)
-        router.setsockopt(zmq.SNDHWM, self.config.limits.outbound_frames_max)
+        router.setsockopt(zmq.MAXMSGSIZE, limits.frame_bytes_max)
+        router.setsockopt(zmq.SNDHWM, limits.outbound_frames_max)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         bind_or_close(router, self.config.broker.admin_listen, "admin")
+        self.peers = PeerGuard(ctx, router, "admin", self._busy_fds, pending_max=limits.connections_pending_max,
+                               timeout_ms=limits.connect_timeout_ms,
+                               inbound_bytes_max=limits.inbound_bytes_per_connection_max)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -71,27 +101,80 @@ class AdminGateway(Actor):
         self.router, self.outbox = router, outbox
         self._router_sync = zmq.Socket.shadow(router.underlying)
         self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
+        self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
 
     async def on_stop(self) -> None:
         await self._cluster_tasks.cancel_all()
+        if self.peers is not None:
+            self.peers.close()
         for sock in (self.router, self.outbox):
             if sock is not None:
                 sock.close(linger=0)
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        assert self.peers is not None
+        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
+                (self.peers.monitor, self._drain_peers)]
+
+    async def _drain_peers(self) -> None:
+        assert self.peers is not None
+        self.peers.drain(self.system.clock.monotonic_ms())
 
     async def _drain_router(self) -> None:
+        peers = self.peers
+        assert peers is not None
+        handed = peers.handed
+        now = self.system.clock.monotonic_ms()
         for _ in range(_DRAIN_MAX):
             try:
-                frames = self._router_sync.recv_multipart(zmq.NOBLOCK)
+                head = self._router_sync.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if len(frames) != 2:
-                self._reply(frames[0], Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
-                                             message=f"expected one frame per message, got {len(frames) - 1}"))
+            # Part by part, as the client gateway: a message of more parts than ours is
+            # refused, each extra part freed as it is read (docs/protocol.md, 3.1).
+            body = self._router_sync.recv(copy=False)
+            identity = head.bytes
+            fd = body.get(zmq.SRCFD)
+            received = zmtp_frame_bytes(len(body))
+            parts = 1
+            more = body.more
+            while more:
+                part = self._router_sync.recv(copy=False)
+                received += zmtp_frame_bytes(len(part))
+                parts += 1
+                more = part.more
+            handed[fd] = handed.get(fd, 0) + received
+            peers.touch(fd, now)
+            self._request_started(identity, fd)
+            if parts != 1:
+                self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
+                                            message=f"expected one frame per message, got {parts}"))
                 continue
-            self._on_frame(frames[0], frames[1])
+            self._on_frame(identity, body.bytes)
+
+    def _request_started(self, identity: bytes, fd: int) -> None:
+        """Every admin frame is answered once: until then its connection is busy."""
+        entry = self._in_flight.get(identity)
+        if entry is None or entry[0] != fd:  # new, or reconnected on another connection
+            if entry is not None:
+                self._busy_fds.pop(entry[0], None)
+            entry = self._in_flight[identity] = [fd, 0]
+        entry[1] += 1
+        self._fd_of[identity] = fd
+        if self.peers is not None and fd not in self._busy_fds:
+            self._busy_fds[fd] = self.peers.address(fd)
+
+    def _request_answered(self, identity: bytes) -> None:
+        entry = self._in_flight.get(identity)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._in_flight[identity]
+            fd = entry[0]
+            self._busy_fds.pop(fd, None)  # a ROUTER has one identity per connection
+            if self.peers is not None:
+                self.peers.touch(fd, self.system.clock.monotonic_ms())
 
     async def _drain_outbox(self) -> None:
         for _ in range(_DRAIN_MAX):
@@ -163,10 +246,49 @@ class AdminGateway(Actor):
         self._reply(identity, reply)
 
     def _send_out(self, frames: list[Any]) -> None:
+        head, body = frames
+        identity = head if type(head) is bytes else head.bytes
+        self._request_answered(identity)
+        size = len(body)
+        outbound = self.outbound
+        now = self.system.clock.monotonic_ms()
+        if not outbound.admit(identity, size):
+            METRICS.frames_dropped.inc()
+            METRICS.outbound_frames_refused.labels("admin").inc()
+            outbound.refused(identity, now)
+            return
+        tracker = None
+        if outbound.should_track(identity, size):
+            body = zmq.Frame(body.buffer if isinstance(body, zmq.Frame) else body, copy=False, track=True)
+            tracker = body.tracker
         try:
-            self._router_sync.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self._router_sync.send_multipart((head, body), zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
             METRICS.frames_dropped.inc()
+            return
+        outbound.sent(identity, size, tracker, now)
+        outbound.should_pause(identity, now)  # paused: the stall clock runs (an admin peer has no consumers)
+
+    def handle_Tick(self, msg: Tick) -> None:
+        if self.peers is None:
+            return
+        self.peers.sample_inbound()
+        self._ticks += 1
+        if self._ticks % 2:
+            return
+        now = self.system.clock.monotonic_ms()
+        self.peers.review(now)
+        _, stalled = self.outbound.review(now)
+        for identity in stalled:
+            METRICS.outbound_stalled.labels("admin").inc()
+            fd = self._fd_of.pop(identity, None)
+            address = self.peers.address(fd) if fd is not None else None
+            if fd is not None and address is not None and shutdown_peer(fd, address):
+                log.warning("admin connection from %s has not read its answers for %d ms: disconnected", address,
+                            self.config.limits.outbound_stall_timeout_ms)
+            self.outbound.forget_pause(identity)
+        for identity in [i for i in self._fd_of if i not in self._in_flight and not self.outbound.queued(i)]:
+            del self._fd_of[identity]
 
     def _reply(self, identity: bytes, msg: Message) -> None:
         self._send_out([identity, ADMIN_PROTOCOL.encode(msg)])

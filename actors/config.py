@@ -189,6 +189,12 @@ class LimitsSection:
     # A connection that has no session (never sent `Connect`, or its session
     # ended) is disconnected after this long. Default 10000.
     connect_timeout_ms: int = 10_000
+    # Bytes ZeroMQ has read from one connection (client or admin port) and not
+    # yet handed to the broker: an unfinished multipart message, or whole
+    # messages the broker has not caught up with. Sampled every 125 ms (the
+    # kernel's count of bytes received against the bytes handed); a connection
+    # over it is disconnected. More than frame_bytes_max. Default 64 MiB.
+    inbound_bytes_per_connection_max: int = 64 * MIB
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -209,6 +215,8 @@ class LimitsSection:
                      self.outbound_bytes_per_connection_max, _INT_MAX)
         _check_range("limits.outbound_stall_timeout_ms", self.outbound_stall_timeout_ms, 100, 86_400_000)
         _check_range("limits.connect_timeout_ms", self.connect_timeout_ms, 100, 86_400_000)
+        _check_range("limits.inbound_bytes_per_connection_max", self.inbound_bytes_per_connection_max,
+                     self.frame_bytes_max + 1, _INT_MAX)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

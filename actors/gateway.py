@@ -26,6 +26,9 @@
 6. Outbound bytes are budgeted per connection and per broker (`actors/outbound.py`):
    a connection over budget has its consumers paused and frames to it refused; one
    paused for `outbound_stall_timeout_ms` is disconnected (`actors/peers.py`).
+7. Inbound bytes that libzmq holds for a connection and has not handed over (an
+   unfinished multipart message) are sampled every tick; a connection over
+   `inbound_bytes_per_connection_max` is disconnected (`actors/peers.py`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
-from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer
+from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer, zmtp_frame_bytes
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
@@ -78,7 +81,8 @@ OUTBOX = "inproc://gateway-outbox"
 _DRAIN_MAX = 512
 _SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (each waits on metadata-store rounds)
 _WATCH_RETRY_S = 1.0
-_TICK_MS = 250
+_TICK_MS = 125  # inbound bytes are sampled every tick: what a flooding peer gains between samples
+_REVIEW_EVERY_TICKS = 2  # sessions, pending connections and outbound budgets: every 250 ms
 
 
 @dataclass(slots=True)
@@ -115,6 +119,7 @@ class Gateway(Actor):
         self.peers: PeerGuard | None = None
         self._session_fds: dict[int, Address | None] = {}  # the TCP connections that carry a session
         self._frame: Any = None  # the client frame being handled (its ZMQ_SRCFD names the connection)
+        self._ticks = 0
         self._route = {
             Connect: self._on_connect,
             Ping: self._on_ping,
@@ -152,7 +157,8 @@ class Gateway(Actor):
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         bind_or_close(router, self.config.broker.listen, "client")
         self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
-                               timeout_ms=limits.connect_timeout_ms)
+                               timeout_ms=limits.connect_timeout_ms,
+                               inbound_bytes_max=limits.inbound_bytes_per_connection_max)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -192,6 +198,8 @@ class Gateway(Actor):
 
     # ------------------------------------------------------------- socket side
     async def _drain_router(self) -> None:
+        assert self.peers is not None
+        handed = self.peers.handed
         for _ in range(_DRAIN_MAX):
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
@@ -206,14 +214,22 @@ class Gateway(Actor):
             self.frames_in += 1
             self._frame = body
             identity = head.bytes
+            fd = body.get(zmq.SRCFD)
+            received = zmtp_frame_bytes(len(body))
             if body.more:
                 parts = 2
-                while self._router_sync.recv(copy=False).more:
+                while True:
+                    part = self._router_sync.recv(copy=False)
+                    received += zmtp_frame_bytes(len(part))
+                    if not part.more:
+                        break
                     parts += 1
+                handed[fd] = handed.get(fd, 0) + received
                 self.bad_frames += 1
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
                                             message=f"expected one frame per message, got {parts}"))
                 continue
+            handed[fd] = handed.get(fd, 0) + received
             self._on_client_frame(identity, body.buffer)
 
     async def _drain_outbox(self) -> None:
@@ -233,6 +249,7 @@ class Gateway(Actor):
         if not outbound.admit(identity, size):
             self.frames_dropped += 1
             METRICS.frames_dropped.inc()
+            METRICS.outbound_frames_refused.labels("client").inc()
             if outbound.refused(identity, now):
                 self._pause(identity, True)
             return
@@ -261,6 +278,7 @@ class Gateway(Actor):
         if paused:
             log.info("connection %s (%s) holds %d unsent bytes: its consumers are paused", identity.hex(),
                      session.client_name, self.outbound.queued(identity))
+            METRICS.consumers_paused.inc(len(session.consumers))
         for consumer_id, endpoint in session.consumers.items():
             self.system.post(endpoint, ConsumerPaused(identity=identity, consumer_id=consumer_id, paused=paused))
 
@@ -510,6 +528,12 @@ class Gateway(Actor):
         return HolderLiveness(alive=owned.get(msg.client_id) == msg.endpoint)
 
     def handle_Tick(self, msg: Tick) -> None:
+        if self.peers is not None:
+            for fd in self.peers.sample_inbound():
+                self._end_session_on(fd)
+        self._ticks += 1
+        if self._ticks % _REVIEW_EVERY_TICKS:
+            return
         now = self.system.clock.monotonic_ms()
         timeout_ms = self.config.broker.session_timeout_ms
         expired = [identity for identity, s in self.sessions.items() if now - s.last_seen_ms > timeout_ms]
@@ -523,7 +547,20 @@ class Gateway(Actor):
         for identity in resume:
             self._pause(identity, False)
         for identity in stalled:
+            METRICS.outbound_stalled.labels("client").inc()
             self._disconnect_stalled(identity)
+        statistics = self.outbound.statistics()
+        METRICS.outbound_connections_paused.set(statistics.connections_paused)
+        METRICS.outbound_queued_bytes.set(statistics.queued_bytes)
+
+    def _end_session_on(self, fd: int) -> None:
+        """The connection on `fd` was disconnected: end the session it carried, if any."""
+        if fd not in self._session_fds:
+            return
+        address = self._session_fds[fd]
+        for identity, session in list(self.sessions.items()):
+            if session.fd == fd and session.address == address:
+                self._close_session(identity, session)
 
     def _disconnect_stalled(self, identity: bytes) -> None:
         """A connection paused for outbound_stall_timeout_ms: end its session (its

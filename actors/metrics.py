@@ -35,6 +35,13 @@ class _Metrics:
     schema_rejected: Counter
     wal_damaged_topics: Gauge
     wal_damage: Counter
+    outbound_frames_refused: Counter
+    consumers_paused: Counter
+    outbound_connections_paused: Gauge
+    outbound_queued_bytes: Gauge
+    outbound_stalled: Counter
+    idle_connections_cut: Counter
+    inbound_overrun_cut: Counter
 
 
 METRICS = _Metrics(
@@ -62,6 +69,25 @@ METRICS = _Metrics(
                              "Reliable topics assigned here and not served because their WAL is damaged"),
     wal_damage=Counter("danube_wal_damage_total",
                        "Damaged WALs found at recovery (each also an ERROR naming file and byte)"),
+    # Memory bounds of the client and admin ports (`port` is client or admin).
+    outbound_frames_refused=Counter("danube_broker_outbound_frames_refused_total",
+                                    "Frames to a connection dropped because its outbound byte budget, or the"
+                                    " broker's, was spent", ["port"]),
+    consumers_paused=Counter("danube_broker_consumers_paused_total",
+                             "Consumers paused because their connection held more unsent bytes than half its budget"),
+    outbound_connections_paused=Gauge("danube_broker_outbound_connections_paused",
+                                      "Client connections paused now for their outbound byte budget"),
+    outbound_queued_bytes=Gauge("danube_broker_outbound_queued_bytes",
+                                "Bytes handed to ZeroMQ for client connections and not yet written to their sockets"),
+    outbound_stalled=Counter("danube_broker_outbound_stalled_connections_total",
+                             "Connections disconnected after outbound_stall_timeout_ms paused (not reading)", ["port"]),
+    idle_connections_cut=Counter("danube_broker_idle_connections_cut_total",
+                                 "Connections without a session (admin: with no request in flight) disconnected:"
+                                 " evicted over connections_pending_max, or expired after connect_timeout_ms",
+                                 ["port", "reason"]),
+    inbound_overrun_cut=Counter("danube_broker_inbound_overrun_connections_total",
+                                "Connections disconnected because ZeroMQ held more of their input than"
+                                " inbound_bytes_per_connection_max (an unfinished multipart message)", ["port"]),
 )
 
 

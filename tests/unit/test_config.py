@@ -480,3 +480,12 @@ def test_subscriptions_per_topic_are_bounded_by_default() -> None:
     limit = BrokerConfig().policies.max_subscriptions_per_topic
     assert 0 < limit <= 10_000
     assert f"max_subscriptions_per_topic: {limit}\n" in SAMPLE.read_text()
+
+
+def test_inbound_budget_must_exceed_the_largest_frame() -> None:
+    """A connection must be able to deliver one whole frame of frame_bytes_max: an
+    inbound budget not above it is refused, naming the key; the default is valid."""
+    assert LimitsSection().inbound_bytes_per_connection_max > LimitsSection().frame_bytes_max
+    with pytest.raises(ConfigError, match=r"limits\.inbound_bytes_per_connection_max"):
+        LimitsSection(inbound_bytes_per_connection_max=16 * MIB)
+    LimitsSection(inbound_bytes_per_connection_max=16 * MIB + 1)
