@@ -53,6 +53,7 @@ from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Invalid
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     DeadLetter,
+    DeliveryRefused,
     DescribeSubscriptionCut,
     Done,
     FailurePolicyState,
@@ -385,6 +386,15 @@ class ReliableSubscriptionActor(SubscriptionActor):
         # A frame the gateway could not take is redelivered after the ack timeout.
         if count:
             self.redeliveries += len(run)
+
+    def handle_DeliveryRefused(self, msg: DeliveryRefused) -> None:
+        consumer = self.consumers.get(msg.consumer_id)
+        if consumer is None or consumer.identity != msg.identity:
+            return
+        self.delivered_messages -= len(msg.offsets)
+        consumer.permits += len(msg.offsets)  # the client never saw them: it gives no permits back for them
+        self.tracker.undeliver(msg.consumer_id, msg.offsets, self.system.clock.monotonic_ms())
+        self._dispatch()
 
     # ------------------------------------------------------------- consumers
     def _ack(self, consumer: _Consumer, msg: cp.Ack | cp.Nack) -> Message:
