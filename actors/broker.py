@@ -1024,6 +1024,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         damage = self.damaged.get(topic)
         if damage is not None:
             raise Unavailable(_damage_text(topic, damage))
+        holder = self._held_by_dead_broker(topic)
+        if holder is not None:
+            raise Unavailable(self._held_by_dead_broker_text(topic, holder))
         owner = self._elsewhere(topic)
         if owner is not None:
             raise Moved(f"topic {topic} is served by broker {owner.broker_id}", owner.broker_url)

@@ -336,6 +336,80 @@ class BrokerHandOver:
         return Ok(request_id=msg.request_id)
 
 
+    # -------------------------------------------- a dead broker's topics (operator forced)
+    def _held_by_dead_broker(self, topic: str) -> int | None:
+        """The broker whose disk alone holds `topic`'s WAL, when its registration ended:
+        the topic waits for it, or for `topics reassign --force` (never orphaned)."""
+        if not self._moves_by_handover(topic):
+            return None
+        assignment = self._assignment(topic)
+        if assignment is not None:
+            holder: int | None = assignment.broker_id
+        else:
+            value = self.metadata.peer.state.get(cr.unassigned_key(topic))
+            marker = None if value is None else cr.decode(value.value, cr.Unassigned)
+            holder = None if marker is None or marker.sealed else marker.from_broker
+        if holder is None or holder == self.broker_id or self._registration(holder) is not None:
+            return None
+        return holder
+
+    def _held_by_dead_broker_text(self, topic: str, holder: int) -> str:
+        return (f"topic {topic} is not served: its WAL is on broker {holder}'s disk only (storage.mode local) and"
+                f" broker {holder} is gone; it is served again when broker {holder} comes back, or after"
+                f" `danube admin topics reassign {topic} --force` gives up what only that WAL holds")
+
+    async def _reassign_topic(self, msg: ap.ReassignTopic) -> Message:
+        """What forcing a dead broker's local-mode topic elsewhere gives up (from the
+        oldest cursor to the end of that broker's reservation); with `force`, a sealed
+        failover marker hands it to the load manager, which places it on a live broker
+        that continues past every offset the dead one reserved."""
+        resolved = await self._existing(parse_topic(msg.topic))
+        topic = resolved.name.full
+        if resolved.partitioned_base:
+            raise FailedPrecondition(f"topic {topic} has partitions: reassign each partition ({topic}-part-0 ...)")
+        if not self._moves_by_handover(topic):
+            raise FailedPrecondition(f"topic {topic} needs no forced reassignment: only a reliable topic in"
+                                     f" storage.mode local waits for its broker; the others fail over by themselves")
+        key, marker_key = cr.assignment_key(topic), cr.unassigned_key(topic)
+        current = await self.metadata.get(key)  # linearizable
+        marker_value = await self.metadata.get(marker_key)
+        if current is not None:
+            assignment = cr.decode(current.value, cr.Assignment)
+            holder, epoch = assignment.broker_id, assignment.epoch
+            expected, deletes = {key: current.version, marker_key: 0}, [key]
+        else:
+            marker = None if marker_value is None else cr.decode(marker_value.value, cr.Unassigned)
+            if marker is None or marker.sealed or marker.from_broker is None:
+                raise FailedPrecondition(f"topic {topic} is held by no broker (the load manager is placing it):"
+                                         f" nothing to reassign")
+            assert marker_value is not None
+            holder, epoch = marker.from_broker, marker.epoch
+            expected, deletes = {marker_key: marker_value.version}, []
+        if await self.metadata.get(cr.register_key(holder)) is not None:
+            raise FailedPrecondition(f"topic {topic} is held by broker {holder}, which is alive: move it with"
+                                     f" `danube admin topics unload {topic}` (its WAL is handed over, nothing lost)")
+        state_value = await self.metadata.get(cr.topic_state_key(topic))
+        state = None if state_value is None else cr.decode(state_value.value, cr.TopicState)
+        next_offset = 0 if state is None else max(state.next_offset, state.reserved_until)
+        subscriptions = self._persisted_subscriptions(resolved.name)
+        oldest = min(subscriptions, key=lambda s: s.cursor, default=None)
+        lost_start = None if oldest is None or oldest.cursor + 1 >= next_offset else oldest.cursor + 1
+        reason = (f"broker {holder} is gone and its disk alone holds the topic's WAL; offsets up to its reservation"
+                  f" ({next_offset}) may have been given out")
+        if msg.force:
+            now_ms = self.system.clock.now_ms()
+            failover = cr.Unassigned(reason=cr.UnassignedReason.FAILOVER, from_broker=holder, epoch=epoch,
+                                     since_ms=now_ms, sealed=True)
+            if not await self.metadata.transaction(expected, {marker_key: cr.encode(failover)}, deletes):
+                raise FailedPrecondition(f"topic {topic} changed hands meanwhile: run the reassignment again")
+            log.error("topic %s forced off dead broker %d: offsets %s are given up; the next broker starts at %d",
+                      topic, holder, "none" if lost_start is None else f"{lost_start}..{next_offset - 1}", next_offset)
+        return ap.TopicReassignment(
+            request_id=msg.request_id, topic=topic, reassigned=msg.force, from_broker=holder, reason=reason,
+            lost_start=lost_start, lost_end=None if lost_start is None else next_offset,
+            subscription=None if lost_start is None or oldest is None else oldest.name, next_offset=next_offset)
+
+
 def _owner_id(value: bytes) -> int | None:
     with contextlib.suppress(DanubeError):
         return cr.decode(value, cr.Assignment).broker_id
@@ -348,4 +422,5 @@ def handover_routes(actor: Any) -> dict[type, Any]:
         ap.HandOverChunk: actor._handover_chunk,
         ap.CommitHandOver: actor._commit_handover,
         ap.AbortHandOver: actor._abort_handover,
+        ap.ReassignTopic: actor._reassign_topic,
     }

@@ -56,7 +56,7 @@ from danube_zmq.consensus.state_machine import Compacted, WatchEvent
 from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.codec import Message
+from danube_zmq.transport.codec import Message, peek_ints
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, Unavailable
 from danube_zmq.transport.internal_protocol import (
@@ -64,6 +64,7 @@ from danube_zmq.transport.internal_protocol import (
     ConsumerAttached,
     ConsumerDetached,
     ConsumerPaused,
+    DeliveryRefused,
     DetachConsumer,
     DetachProducer,
     HolderLiveness,
@@ -252,6 +253,7 @@ class Gateway(Actor):
             METRICS.outbound_frames_refused.labels("client").inc()
             if outbound.refused(identity, now):
                 self._pause(identity, True)
+            self._tell_refused(identity, body)
             return
         tracker = None
         if outbound.should_track(identity, size):
@@ -268,6 +270,22 @@ class Gateway(Actor):
         outbound.sent(identity, size, tracker, now)
         if outbound.should_pause(identity, now):
             self._pause(identity, True)
+
+    def _tell_refused(self, identity: bytes, body: Any) -> None:
+        """A refused `Deliver`: its subscription delivers the offsets again on resume
+        instead of after the ack timeout (a large backlog stalled for rounds of it)."""
+        frame = body.buffer if isinstance(body, zmq.Frame) else body
+        if peek_ints(frame, cp.Deliver.TAG, 1) is None:
+            return
+        session = self.sessions.get(identity)
+        deliver = cp.CLIENT_PROTOCOL.decode(frame)
+        endpoint = None if session is None else session.consumers.get(deliver.consumer_id)
+        if endpoint is None:
+            return
+        offsets = deliver.offsets if deliver.offsets is not None else \
+            list(range(deliver.base_offset, deliver.base_offset + len(deliver.payloads)))
+        self.system.post(endpoint, DeliveryRefused(identity=identity, consumer_id=deliver.consumer_id,
+                                                   offsets=offsets))
 
     def _pause(self, identity: bytes, paused: bool) -> None:
         """Tell the subscriptions of the connection's consumers to stop (or resume)

@@ -37,10 +37,10 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from itertools import groupby, islice, repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
-from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.config import ENVELOPE_BYTES_MAX, BrokerConfig
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
 from danube_zmq.actors.gateway import OUTBOX, reply_client
 from danube_zmq.actors.subscription import SubscriptionActor, _Consumer
@@ -53,6 +53,7 @@ from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Invalid
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     DeadLetter,
+    DeliveryRefused,
     DescribeSubscriptionCut,
     Done,
     FailurePolicyState,
@@ -97,6 +98,37 @@ class _Record(NamedTuple):
 
 
 _make_record = partial(_new, _Record)
+# Bytes a message adds to a Deliver besides its payload, key and attributes (msgpack
+# headers, publish time; over-estimated).
+_MESSAGE_OVERHEAD_BYTES = 32
+
+
+def _record_bytes(record: _Record) -> int:
+    size = len(record.payload) + _MESSAGE_OVERHEAD_BYTES
+    if record.key is not None:
+        size += len(record.key)
+    if record.attributes:
+        size += sum(len(k) + len(v) + 8 for k, v in record.attributes.items())
+    return size
+
+
+def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tuple[int, int]]:
+    """[start, end) cut into runs of at most `budget` bytes (at least one record each)."""
+    run = records[start:end]
+    if not any(map(itemgetter(1), run)) and not any(map(itemgetter(2), run)) \
+            and sum(map(len, map(itemgetter(0), run))) + len(run) * _MESSAGE_OVERHEAD_BYTES <= budget:
+        return [(start, end)]  # the usual case, counted in C: payloads only, within a frame
+    cuts = []
+    size = 0
+    cut_start = start
+    for i in range(start, end):
+        size_i = _record_bytes(records[i])
+        if i > cut_start and size + size_i > budget:
+            cuts.append((cut_start, i))
+            cut_start, size = i, 0
+        size += size_i
+    cuts.append((cut_start, end))
+    return cuts
 
 
 class ReliableSubscriptionActor(SubscriptionActor):
@@ -320,14 +352,18 @@ class ReliableSubscriptionActor(SubscriptionActor):
 
     def _send_records(self, consumer: _Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
         """One `Deliver` per run of offsets from one producer and schema version with one
-        redelivery count."""
+        redelivery count, cut where it would outgrow a frame: a run gathers records of many
+        publishes, and a frame over the client's ZMQ_MAXMSGSIZE is dropped whole."""
         records = list(map(self.records.__getitem__, offsets))
         keys = map(_run_key, records) if counts is None else zip(map(_run_key, records), map(counts.__getitem__, offsets),
                                                                 strict=True)
+        budget = self.config.limits.frame_bytes_max - ENVELOPE_BYTES_MAX
         start = 0
         for key, group in groupby(keys):
             end = start + sum(1 for _ in group)
-            self._deliver_run(consumer, offsets[start:end], records[start:end], key[1] if counts is not None else 0)
+            count = key[1] if counts is not None else 0
+            for cut_start, cut_end in _cuts(records, start, end, budget):
+                self._deliver_run(consumer, offsets[cut_start:cut_end], records[cut_start:cut_end], count)
             start = end
 
     def _deliver_run(self, consumer: _Consumer, run: list[int], records: list[_Record], count: int) -> None:
@@ -350,6 +386,15 @@ class ReliableSubscriptionActor(SubscriptionActor):
         # A frame the gateway could not take is redelivered after the ack timeout.
         if count:
             self.redeliveries += len(run)
+
+    def handle_DeliveryRefused(self, msg: DeliveryRefused) -> None:
+        consumer = self.consumers.get(msg.consumer_id)
+        if consumer is None or consumer.identity != msg.identity:
+            return
+        self.delivered_messages -= len(msg.offsets)
+        consumer.permits += len(msg.offsets)  # the client never saw them: it gives no permits back for them
+        self.tracker.undeliver(msg.consumer_id, msg.offsets, self.system.clock.monotonic_ms())
+        self._dispatch()
 
     # ------------------------------------------------------------- consumers
     def _ack(self, consumer: _Consumer, msg: cp.Ack | cp.Nack) -> Message:

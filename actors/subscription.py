@@ -53,6 +53,7 @@ from danube_zmq.transport.internal_protocol import (
     ConsumerCount,
     ConsumerDetached,
     ConsumerPaused,
+    DeliveryRefused,
     DescribeSubscription,
     DetachConsumer,
     Publish,
@@ -221,6 +222,15 @@ class SubscriptionActor(Actor):
         consumer.paused = msg.paused
         if not msg.paused:
             self._dispatch()
+
+    def handle_DeliveryRefused(self, msg: DeliveryRefused) -> None:
+        """Lost for this subscription (not reliable): counted as dropped; the permits they
+        took are the consumer's again (the client never saw the messages)."""
+        consumer = self.consumers.get(msg.consumer_id)
+        if consumer is not None and consumer.identity == msg.identity:
+            self.dropped_messages += len(msg.offsets)
+            self.delivered_messages -= len(msg.offsets)
+            consumer.permits += len(msg.offsets)
 
     # ------------------------------------------------------------- client requests
     def handle_ClientRequest(self, req: ClientRequest) -> None:

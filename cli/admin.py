@@ -296,6 +296,41 @@ def topics_repair(ctx: click.Context, topic: str, accept_loss: bool) -> None:
                   f" topic from offset {report.next_offset}")
 
 
+@topics.command("reassign")
+@click.argument("topic")
+@click.option("--force", is_flag=True, help="Give up the offsets only the dead broker's WAL holds and place the topic"
+                                            " on a live broker.")
+@click.pass_context
+def topics_reassign(ctx: click.Context, topic: str, force: bool) -> None:
+    """Serve elsewhere TOPIC (one partition), a reliable topic in storage.mode local whose
+    broker is gone with the only copy of its WAL. Prints the offsets that become
+    unreadable (from the oldest cursor to the end of the dead broker's reservation)
+    first; without --force nothing changes. With it, the load manager places the topic
+    on a live broker, whose offsets continue past that reservation."""
+    topic = check_topic(topic)
+    report = _call(ctx, lambda client: client.reassign_topic(topic, force=False))
+    _emit_reassignment(report)
+    if not force:
+        emit_line(f"nothing changed (dry run); run again with --force to give up these offsets and serve the topic"
+                  f" elsewhere from offset {report.next_offset}")
+        return
+    done = _call(ctx, lambda client: client.reassign_topic(topic, force=True))
+    if (done.from_broker, done.lost_start, done.lost_end) != (report.from_broker, report.lost_start, report.lost_end):
+        _emit_reassignment(done)  # changed between the report and the reassignment
+    emit_line(f"reassigned: topic {done.topic} leaves broker {done.from_broker}; the next broker continues at offset"
+              f" {done.next_offset}")
+
+
+def _emit_reassignment(report: Any) -> None:
+    emit_line(f"topic {report.topic}: {report.reason}")
+    if report.lost_start is None or report.lost_end is None:
+        emit_line("unreadable offsets: none a subscription still needs")
+    else:
+        emit_line(f"unreadable offsets: {report.lost_start}..{report.lost_end - 1}"
+                  f" ({report.lost_end - report.lost_start} offsets; the oldest cursor is subscription"
+                  f" {report.subscription}'s; offsets the dead broker reserved but never gave out are among them)")
+
+
 @topics.command("describe")
 @click.argument("topic")
 @output_option

@@ -64,6 +64,7 @@ from danube_zmq.transport.admin_protocol import (
     MetadataWritten,
     NamespaceList,
     PromoteClusterNode,
+    ReassignTopic,
     RebalanceCluster,
     Rebalanced,
     RemoveBacklogQuota,
@@ -80,6 +81,7 @@ from danube_zmq.transport.admin_protocol import (
     TopicDescription,
     TopicInfo,
     TopicList,
+    TopicReassignment,
     TopicRepaired,
     TopicSchemaConfigInfo,
     UnloadBroker,
@@ -219,6 +221,13 @@ class AdminClient(RequestClient):
         parse_topic(topic)
         return await self._call(lambda rid: RepairTopic(request_id=rid, topic=topic, accept_loss=accept_loss),
                                 TopicRepaired)
+
+    async def reassign_topic(self, topic: str, *, force: bool) -> TopicReassignment:
+        """What forcing `topic` (storage.mode local, its broker gone) onto another broker
+        gives up; with `force`, do it: the load manager places it on a live broker."""
+        parse_topic(topic)
+        return await self._call(lambda rid: ReassignTopic(request_id=rid, topic=topic, force=force),
+                                TopicReassignment)
 
     async def describe_topic(self, topic: str) -> TopicDescription:
         parse_topic(topic)

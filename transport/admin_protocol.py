@@ -815,6 +815,41 @@ class AbortHandOver(Message):
     handover_id: int
 
 
+# ---- an operator forces a dead broker's storage.mode local topic elsewhere ----
+
+
+@wire
+class ReassignTopic(Message):
+    """Give a topic (one partition) whose broker is gone, and with it the only copy of
+    its WAL (storage.mode local), to another broker, giving up the offsets that only
+    that WAL held. Without `force` nothing changes and the answer says what would be
+    lost. Answered by `TopicReassignment`."""
+
+    TAG = 195
+    request_id: int
+    topic: str
+    force: bool = False
+
+
+@wire
+class TopicReassignment(Message):
+    """Offsets [lost_start, lost_end) become unreadable (None: none a subscription
+    still needs): from the oldest cursor to the end of the dead broker's reservation;
+    `subscription` holds the oldest cursor. The next broker continues at `next_offset`.
+    `reassigned` is False for a dry run."""
+
+    TAG = 196
+    request_id: int
+    topic: str
+    reassigned: bool
+    from_broker: int
+    reason: str
+    lost_start: int | None
+    lost_end: int | None
+    subscription: str | None
+    next_offset: int
+
+
 HANDOVER_REQUESTS = (BeginHandOver, HandOverChunk, CommitHandOver, AbortHandOver)
 """Sent by brokers to brokers on the admin port (a later issue limits them to broker principals)."""
 
@@ -823,7 +858,7 @@ ADMIN_REQUESTS = (
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
     GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
-    RepairTopic,
+    RepairTopic, ReassignTopic,
     SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
 ) + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
@@ -847,5 +882,6 @@ ADMIN_PROTOCOL = Protocol(
         RepairTopic, TopicRepaired,
         SetBacklogQuota, GetBacklogQuota, BacklogQuotaInfo, RemoveBacklogQuota,
         BeginHandOver, HandOverProgress, HandOverChunk, CommitHandOver, AbortHandOver,
+        ReassignTopic, TopicReassignment,
     ),
 )

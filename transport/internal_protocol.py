@@ -769,6 +769,18 @@ class HandOverEnded(Message):
 
 
 @wire
+class DeliveryRefused(Message):
+    """Gateway -> subscription: a `Deliver` of `offsets` to the consumer was refused by
+    its connection's outbound byte budget (never sent): deliver them again when the
+    consumer resumes, without counting an attempt."""
+
+    TAG = 199
+    identity: bytes
+    consumer_id: int
+    offsets: list[int]
+
+
+@wire
 class ConsumerPaused(Message):
     """Gateway -> subscription: the consumer's connection holds more unsent bytes than
     its budget allows (`paused`), or has drained enough to take deliveries again.
@@ -846,7 +858,7 @@ INTERNAL_PROTOCOL = Protocol(
         ReserveOffsets, OffsetsReserved, SealTopic, TopicSealed, TopicStopped,
         ProducerRegistry,
         StopForHandOver, HandOverStopped, HandOverEnded,
-        ConsumerPaused,
+        ConsumerPaused, DeliveryRefused,
         HolderLives, HolderLiveness,
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged,

@@ -519,6 +519,21 @@ class DeliveryTracker:
         if not flight:
             del self._in_flight[consumer_id]
 
+    def undeliver(self, consumer_id: int, offsets: Iterable[int], now_ms: int) -> None:
+        """The deliveries of `offsets` to `consumer_id` never left the broker (the
+        gateway refused their frame): as if not made, ready now, attempts unchanged. An
+        offset no longer in flight for this consumer is ignored."""
+        self._tick(now_ms)
+        flight = self._in_flight.get(consumer_id)
+        if flight is None:
+            return
+        for offset in offsets:
+            entry = flight.pop(offset, None)
+            if entry is not None:
+                self._waiting[offset] = _Waiting(entry.attempt - 1, now_ms)
+        if not flight:
+            del self._in_flight[consumer_id]
+
     def consumer_gone(self, consumer_id: int, now_ms: int) -> None:
         """Fail every delivery in flight to `consumer_id`; each is ready for redelivery now.
 

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.storage.catalog import topic_key
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.client_protocol import DispatchStrategy
-from danube_zmq.transport.errors import DanubeError, FailedPrecondition
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Unavailable
+from tests.integration.test_cluster_cli import danube
 from tests.integration.test_metadata_cluster import ELECTION_S_MAX, Node, agreed_leader, start_cluster
 
 pytestmark = pytest.mark.cluster
@@ -604,3 +608,82 @@ def test_a_local_move_that_cannot_hand_its_wal_over_is_refused(tmp_path: Path) -
 
     with running_cluster(tmp_path, {"DANUBE_CLUSTER__MOVE_BYTES_MAX": "8192"}) as nodes:
         asyncio.run(run(nodes))
+
+
+def test_a_dead_brokers_local_topic_waits_for_a_forced_reassignment(cluster: list[Node]) -> None:
+    """In the default `local` mode a reliable topic with unacked offsets 5..9 loses its
+    broker to kill -9 (not restarted): its WAL is on that disk only, so it is not
+    reassigned; for three leases clients get UNAVAILABLE naming why. `topics reassign`
+    (a dry run) prints the offsets that become unreadable and changes nothing;
+    `--force` reassigns it, and a live broker serves it with offsets continuing past the
+    dead broker's reservation."""
+    topic = "/default/pinned"
+
+    async def run() -> None:
+        owner_url = None
+        async with DanubeClient(cluster[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            assert [(await producer.send(f"m{i}".encode())).offset for i in range(10)] == list(range(10))
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            for _ in range(5):
+                await consumer.ack(await consumer.receive(timeout=10))
+            await consumer.close()
+            await producer.close()
+            owner_url = await client.lookup(topic)
+        victim = next(node for node in cluster if node.url == owner_url)
+        survivors = [node for node in cluster if node is not victim]
+        async with AdminClient(survivors[0].admin_url) as admin:  # the cursor (4) written before the kill
+            deadline = time.monotonic() + 15
+            while (entry := await admin.metadata_get(f"{topic_key(topic)}/subscriptions/audit")) is None \
+                    or msgpack.unpackb(entry.value)["cursor"] != 4:
+                assert time.monotonic() < deadline, "the cursor was never written"
+                await asyncio.sleep(0.1)
+        victim.kill()
+        killed_at = time.monotonic()
+        lease_s = int(LEASE_ENV["DANUBE_CLUSTER__LEASE_TTL_MS"]) / 1000
+        refused = None
+        while time.monotonic() - killed_at < 3 * lease_s + 2:
+            async with DanubeClient(survivors[0].url, operation_retries_max=0) as client:
+                try:
+                    url = await client.lookup(topic)
+                except DanubeError as exc:
+                    refused = exc
+                else:  # the dead broker, until its lease ends
+                    assert url == victim.url and refused is None, f"served by {url} without its WAL"
+            await asyncio.sleep(0.5)
+        assert isinstance(refused, Unavailable), refused
+        assert "reassign" in str(refused) and "gone" in str(refused), refused
+        return survivors
+
+    survivors = asyncio.run(run())
+    endpoint = ["admin", "--endpoint", survivors[1].admin_url]
+    dry = danube(*endpoint, "topics", "reassign", topic)
+    assert dry.returncode == 0, dry.stderr
+    lost = re.search(r"unreadable offsets: 5\.\.(\d+) \(\d+ offsets; the oldest cursor is subscription audit's",
+                     dry.stdout)
+    assert lost is not None and "dry run" in dry.stdout, dry.stdout
+    lost_start, reserved_end = 5, int(lost[1]) + 1
+    assert reserved_end >= 10, dry.stdout
+    forced = danube(*endpoint, "topics", "reassign", topic, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert f"unreadable offsets: {lost_start}..{reserved_end - 1} " in forced.stdout, forced.stdout
+    assert f"continues at offset {reserved_end}" in forced.stdout, forced.stdout
+
+    async def served() -> None:
+        deadline = time.monotonic() + TAKEOVER_S_MAX * 3
+        while True:
+            try:
+                async with DanubeClient(survivors[0].url) as client:
+                    producer = await client.create_producer(topic, dispatch="reliable")
+                    offset = (await producer.send(b"after")).offset
+                    break
+            except DanubeError:
+                assert time.monotonic() < deadline, "not served after the forced reassignment"
+                await asyncio.sleep(0.5)
+        assert offset >= reserved_end, (offset, reserved_end)
+        async with DanubeClient(survivors[1].url) as client:
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            message = await consumer.receive(timeout=30)
+            assert (message.offset, message.payload) == (offset, b"after")
+
+    asyncio.run(served())

@@ -196,3 +196,45 @@ async def test_describe_reports_backlog_in_messages_and_bytes(broker) -> None:
         info = await describe_subscription(broker, "/default/r10", "behind")
         assert info.backlog_messages == 11
         assert 11 * 1024 <= info.backlog_bytes <= 11 * 1200
+
+
+async def test_a_backlog_larger_than_a_frame_is_delivered(broker) -> None:
+    """A held backlog of 64 KiB messages larger than limits.frame_bytes_max (16 MiB) is
+    delivered whole to a consumer granting the default 1,000 permits: the broker splits
+    one consumer's run into Deliver frames that each fit a frame (one 1,000-message frame
+    of 64 MiB was dropped by the client's ZMQ_MAXMSGSIZE and nothing ever arrived)."""
+    payload, count = b"x" * 64 * 1024, 300  # 18.75 MiB
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/big-backlog", dispatch="reliable")
+        await (await client.subscribe("/default/big-backlog", "held", initial_position="earliest")).close()
+        for start in range(0, count, 32):
+            await asyncio.gather(*(producer.send(payload) for _ in range(min(32, count - start))))
+        consumer = await client.subscribe("/default/big-backlog", "held", initial_position="earliest")
+        offsets = []
+        for _ in range(count):
+            message = await consumer.receive(timeout=30)
+            offsets.append(message.offset)
+            await consumer.ack(message)
+    assert offsets == list(range(count))
+
+
+async def test_a_backlog_larger_than_the_outbound_budget_is_delivered(broker_factory) -> None:
+    """A held backlog of 48 MiB, more than limits.outbound_bytes_per_connection_max
+    (32 MiB), is delivered whole long before the ack timeout (10 minutes here): the
+    Deliver frames the connection's budget refuses go back to the subscription with
+    their permits, which sends them again once the connection drains (they were counted
+    delivered and their permits lost, so nothing more came: the 64 MiB move stalled)."""
+    broker = broker_factory(env={"DANUBE_RELIABLE__ACK_TIMEOUT_MS": "600000"})
+    payload, count = b"x" * 64 * 1024, 768
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/over-budget", dispatch="reliable")
+        await (await client.subscribe("/default/over-budget", "held", initial_position="earliest")).close()
+        for start in range(0, count, 32):
+            await asyncio.gather(*(producer.send(payload) for _ in range(min(32, count - start))))
+        consumer = await client.subscribe("/default/over-budget", "held", initial_position="earliest")
+        offsets = []
+        for _ in range(count):
+            message = await consumer.receive(timeout=60)
+            offsets.append(message.offset)
+            await consumer.ack(message)
+    assert offsets == list(range(count))

@@ -699,3 +699,23 @@ def test_a_gap_above_unacknowledged_deliveries_is_settled_within_the_bound_or_wa
     assert t.skip_gap(50, 200, 0)
     assert t.cursor == 199
     t.check_invariants()
+
+
+def test_undelivered_offsets_come_back_at_once_without_counting_an_attempt() -> None:
+    """A delivery the gateway refused (never sent) is undone: the offsets are due at
+    once with their previous redelivery count, so a connection over its byte budget
+    never drives a message towards its poison policy; offsets of another consumer or
+    not in flight are ignored."""
+    t = tracker(max_redelivery_count=1)
+    t.delivered(A, [0, 1, 2], 0)
+    t.undeliver(A, [1, 2, 7], 5)
+    t.undeliver(B, [0], 5)
+    assert t.in_flight_count(A) == 1
+    assert t.due(5, 10) == [Redelivery(1, 0), Redelivery(2, 0)]
+    t.delivered(A, [1, 2], 6)
+    t.nack(A, [1], 7, delay_ms=0)
+    [again] = t.due(10 * SECOND, 10)
+    t.delivered(A, [again.offset], 10 * SECOND)
+    t.undeliver(A, [1], 10 * SECOND)
+    assert t.due(10 * SECOND, 10) == [Redelivery(1, 1)] and t.poisoned(10 * SECOND) == []
+    t.check_invariants()
