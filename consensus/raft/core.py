@@ -419,7 +419,7 @@ class RaftNode:
             if node not in learners:
                 return None, RaftError.INVALID_CONFIG_CHANGE
             pr = self.progress.get(node)
-            if pr is None or pr.match + self.config.append_entries_max < self.last_index:
+            if pr is None or not self._caught_up(pr):
                 return None, RaftError.LEARNER_BEHIND
             learners.remove(node)
             voters.append(node)
@@ -435,6 +435,14 @@ class RaftNode:
         else:  # pragma: no cover - the type union is closed
             return None, RaftError.INVALID_CONFIG_CHANGE
         return Membership(voters=sorted(voters), learners=sorted(learners)), None
+
+    def _caught_up(self, pr: Progress) -> bool:
+        """May this learner become a voter? Only if it acknowledged, in this leader's term
+        (progress is rebuilt at election, so match > 0 is an answer to us) and within the
+        last check-quorum round, a log up to append_entries_max entries short of ours.
+        A learner that never answered (a wrong address) would otherwise be promoted while
+        the log is short, and a dead voter can cost the quorum for good (issue 19, §3)."""
+        return pr.match > 0 and pr.recent_active and pr.match + self.config.append_entries_max >= self.last_index
 
     def _on_read_index(self, ev: ReadIndex) -> None:
         if self.role is not Role.LEADER:
