@@ -136,6 +136,21 @@ def bootstrap(voters: list[int]) -> Restore:
     return Restore(hard_state=HardState(term=1, voted_for=None, commit_index=1), entries=[entry])
 
 
+def force_new_cluster(node_id: int, hard_state: HardState, last_index: int, last_term: int) -> tuple[Entry, HardState]:
+    """Disaster recovery (etcd's `--force-new-cluster`): the entry and hard state one
+    surviving member persists to become the only voter of a new configuration, keeping
+    its log and state. The entry's term is past every term the member knew, and like the
+    bootstrap entry it is committed by fiat, and with it every entry before it, whether
+    the lost quorum committed it or not (as etcd does). Only for a quorum lost for good:
+    what only the lost members held is gone."""
+    if node_id < 1:
+        raise InvalidArgument(f"raft: node id must be at least 1, got {node_id}")
+    term = max(hard_state.term, last_term) + 1
+    data = encode_membership(Membership(voters=[node_id], learners=[]))
+    entry = Entry(index=last_index + 1, term=term, kind=EntryKind.CONFIG, data=data)
+    return entry, HardState(term=term, voted_for=None, commit_index=entry.index)
+
+
 def quorum(voters: list[int]) -> int:
     return len(voters) // 2 + 1
 
