@@ -24,6 +24,7 @@ from danube_zmq.consensus.raft import (
     Role,
     Send,
     SnapshotTaken,
+    Tick,
     TransferLeadership,
     bootstrap,
 )
@@ -33,6 +34,7 @@ from danube_zmq.consensus.raft.messages import (
     InstallSnapshot,
     RequestVoteResponse,
     TimeoutNow,
+    encode_membership,
 )
 from danube_zmq.consensus.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
 from tests.unit.test_raft_core import Cluster
@@ -286,3 +288,120 @@ def test_a_learner_is_never_a_transfer_target():
     c.tick(n=3)
     assert c.step(1, TransferLeadership(target_id=4)) == []
     assert c.nodes[1].transfer_target is None
+
+
+# ------------------------------------------------------- more survivors of the mutation run
+
+
+def test_proposals_are_refused_while_a_transfer_catches_the_target_up():
+    """TransferLeadership to a lagging voter: the leader refuses proposals (TRANSFERRING)
+    while it catches the target up, and sends TimeoutNow once it has."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    c.step(1, Propose(request_id=1, data=b"x"))
+    c.tick(1, 2, n=2)
+    c.isolated.clear()
+    c.inbox.clear()
+    c.step(1, TransferLeadership(target_id=3))
+    assert not c.sent(TimeoutNow)
+    (refused,) = [e for e in c.step(1, Propose(request_id=2, data=b"y")) if isinstance(e, ProposalResult)]
+    assert refused.error is RaftError.TRANSFERRING
+    c.tick(n=6)
+    assert c.sent(TimeoutNow) and c.leader() == 3
+
+
+def test_a_voter_in_a_leader_lease_answers_a_pre_vote_with_a_refusal():
+    """A follower that heard from its leader within election_ticks_min refuses a higher-term
+    PreVote explicitly (granted False), so the pre-candidate gives up early."""
+    from danube_zmq.consensus.raft.messages import PreVote, PreVoteResponse
+
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    fx = c.step(2, Receive(message=PreVote(from_id=3, to_id=2, term=9, last_log_index=99, last_log_term=9)))
+    (answer,) = [e.message for e in fx if isinstance(e, Send)]
+    assert isinstance(answer, PreVoteResponse) and answer.granted is False and c.nodes[2].term == 2
+
+
+def test_a_candidate_that_hears_from_the_terms_leader_becomes_its_follower():
+    """Two candidates in one term: the loser gets AppendEntries from the winner of that
+    term and follows it (FOLLOWER, leader known), instead of staying a candidate."""
+    node = RaftNode(RaftConfig(node_id=2, pre_vote=False), random.Random(2))
+    node.step(bootstrap([1, 2, 3]))
+    while node.role is not Role.CANDIDATE:
+        node.step(Tick())
+    term = node.term
+    node.step(Receive(message=AppendEntries(from_id=1, to_id=2, term=term, prev_log_index=1, prev_log_term=1,
+                                            entries=[], leader_commit=1)))
+    assert node.role is Role.FOLLOWER and node.leader_id == 1 and node.term == term
+
+
+def test_entries_below_the_followers_commit_index_are_skipped_not_refused():
+    """An AppendEntries whose prev index is below the follower's commit index: the part it
+    already committed is skipped and the rest appended; the answer matches the end."""
+    voters = [1, 2, 3]
+    log = [*bootstrap(voters).entries, *(Entry(index=i, term=2, kind=EntryKind.COMMAND, data=b"d%d" % i)
+                                         for i in range(2, 7))]
+    node = RaftNode(RaftConfig(node_id=2), random.Random(2))
+    node.step(Restore(hard_state=HardState(term=2, voted_for=None, commit_index=4), entries=log[:4]))
+    fx = node.step(Receive(message=AppendEntries(from_id=1, to_id=2, term=2, prev_log_index=1, prev_log_term=1,
+                                                 entries=log[1:6], leader_commit=4)))
+    (answer,) = [e.message for e in fx if isinstance(e, Send)]
+    assert answer.success and answer.match_index == 6 and node.last_index == 6
+    assert [e.index for e in node.log] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_truncated_uncommitted_config_entry_is_forgotten():
+    """A follower holds an uncommitted CONFIG entry (learner 4 added) that the new leader
+    never had: when the leader's entries overwrite it, the follower's membership goes
+    back to the one before."""
+    voters = [1, 2, 3]
+    boot = bootstrap(voters).entries
+    config = Entry(index=2, term=2, kind=EntryKind.CONFIG,
+                   data=encode_membership(Membership(voters=voters, learners=[4])))
+    node = RaftNode(RaftConfig(node_id=2), random.Random(2))
+    node.step(Restore(hard_state=HardState(term=2, voted_for=None, commit_index=1), entries=[*boot, config]))
+    assert node.membership.learners == [4]
+    other = Entry(index=2, term=3, kind=EntryKind.NOOP, data=b"")
+    node.step(Receive(message=AppendEntries(from_id=3, to_id=2, term=3, prev_log_index=1, prev_log_term=1,
+                                            entries=[other], leader_commit=1)))
+    assert node.membership == Membership(voters=voters, learners=[]) and node.config_index == 1
+
+
+def test_a_lost_append_in_replicate_state_is_resent_after_the_stall_period():
+    """Replicate state: an AppendEntries lost on the way is resent, from the follower's
+    match, after max(2, election_ticks_min // 2) ticks without progress, not before."""
+    c = Cluster([1, 2, 3], election_ticks_min=2, election_ticks_max=3, check_quorum=False)
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    match = c.nodes[1].progress[3].match
+    c.step(1, Propose(request_id=1, data=b"x"))
+    c.deliver()
+    c.isolated.clear()
+
+    def appends_to_3(fx) -> list:
+        return [e.message for e in fx if isinstance(e, Send) and isinstance(e.message, AppendEntries)
+                and e.message.to_id == 3]
+
+    assert appends_to_3(c.step(1, Tick())) == []
+    c.inbox.clear()
+    (resent,) = appends_to_3(c.step(1, Tick()))
+    assert resent.prev_log_index == match and resent.entries
+
+
+def test_heartbeats_go_out_every_heartbeat_ticks():
+    """With heartbeat_ticks=3 the leader sends one heartbeat round per three ticks."""
+    from danube_zmq.consensus.raft.messages import Heartbeat
+
+    c = Cluster([1, 2, 3], heartbeat_ticks=3)
+    c.elect(1)
+    c.tick(n=3)
+    rounds = []
+    for _ in range(9):
+        fx = c.step(1, Tick())
+        rounds.append(sum(1 for e in fx if isinstance(e, Send) and isinstance(e.message, Heartbeat)))
+        c.deliver()
+    assert sorted(rounds) == [0, 0, 0, 0, 0, 0, 2, 2, 2]
