@@ -1,7 +1,8 @@
 """`danube admin cluster` and `danube admin metadata`: the Raft metadata store.
 
 `cluster status|add-node|promote-node|remove-node` show and change the membership of the
-metadata cluster (any broker answers; changes are forwarded to the Raft leader).
+metadata cluster (any broker answers; changes are forwarded to the Raft leader);
+`cluster recover` is the offline disaster recovery (consensus/recovery.py).
 `metadata get|list|put|delete` read and write its keys directly, like etcdctl: for
 inspection and repair. Registered on the `admin` group by `cli/main.py`.
 """
@@ -29,6 +30,8 @@ def cluster() -> None:
     cluster.raft_listen, then
       danube admin cluster add-node 4 tcp://10.0.0.4:6660
       danube admin cluster promote-node 4     (once it has caught up)
+    A quorum lost for good: stop the brokers, then on one survivor
+      danube admin cluster recover --data-dir DATA_DIR   (see docs/operations.md)
     """
 
 
