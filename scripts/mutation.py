@@ -82,10 +82,11 @@ class Mutant:
     arg: int  # operand index / statement index
     line: int
     description: str
+    scope: str = ""  # the enclosing function or class, dotted
 
     def key(self, source_lines: list[str]) -> str:
-        """Stable across edits elsewhere in the file: path | source line | change."""
-        return f"{self.path} | {source_lines[self.line - 1].strip()} | {self.description}"
+        """Stable across edits elsewhere in the file: path | scope | source line | change."""
+        return f"{self.path} | {self.scope} | {source_lines[self.line - 1].strip()} | {self.description}"
 
 
 def _parents(tree: ast.AST) -> dict[int, ast.AST]:
@@ -130,14 +131,21 @@ def mutants_of(path: str) -> list[Mutant]:
     source = (ROOT / path).read_text()
     tree = ast.parse(source)
     skip = _skipped_subtrees(tree)
+    parents = _parents(tree)
     out: list[Mutant] = []
     for i, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
             continue
         line = getattr(node, "lineno", 0)
+        names, up = [], parents.get(id(node))
+        while up is not None:
+            if isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(up.name)
+            up = parents.get(id(up))
+        scope = ".".join(reversed(names))
 
-        def add(op: str, arg: int, description: str, at: int = line, index: int = i) -> None:
-            out.append(Mutant(path, index, op, arg, at, description))
+        def add(op: str, arg: int, description: str, at: int = line, index: int = i, where: str = scope) -> None:
+            out.append(Mutant(path, index, op, arg, at, description, where))
 
         if isinstance(node, ast.Compare):
             for k, cmp in enumerate(node.ops):
@@ -165,7 +173,10 @@ def mutants_of(path: str) -> list[Mutant]:
             for k, stmt in enumerate(body):
                 if isinstance(stmt, _DELETABLE) and id(stmt) not in skip:
                     text = ast.unparse(stmt).splitlines()[0][:60]
-                    add(f"delete:{field}", k, f"delete `{text}`", stmt.lineno)
+                    holder = getattr(node, "name", None) if isinstance(
+                        node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+                    where = f"{scope}.{holder}".lstrip(".") if holder else scope
+                    add(f"delete:{field}", k, f"delete `{text}`", stmt.lineno, where=where)
     return out
 
 
@@ -208,7 +219,7 @@ def _load_skips() -> dict[str, str]:
         for raw in SKIP_FILE.read_text().splitlines():
             if not raw.strip() or raw.lstrip().startswith("#"):
                 continue
-            key, _, reason = raw.partition(" # ")
+            key, _, reason = raw.rpartition(" # ")
             skips[key.strip()] = reason.strip()
     return skips
 
