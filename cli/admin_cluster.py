@@ -1,7 +1,8 @@
 """`danube admin cluster` and `danube admin metadata`: the Raft metadata store.
 
 `cluster status|add-node|promote-node|remove-node` show and change the membership of the
-metadata cluster (any broker answers; changes are forwarded to the Raft leader).
+metadata cluster (any broker answers; changes are forwarded to the Raft leader);
+`cluster recover` is the offline disaster recovery (consensus/recovery.py).
 `metadata get|list|put|delete` read and write its keys directly, like etcdctl: for
 inspection and repair. Registered on the `admin` group by `cli/main.py`.
 """
@@ -29,6 +30,8 @@ def cluster() -> None:
     cluster.raft_listen, then
       danube admin cluster add-node 4 tcp://10.0.0.4:6660
       danube admin cluster promote-node 4     (once it has caught up)
+    A quorum lost for good: stop the brokers, then on one survivor
+      danube admin cluster recover --data-dir DATA_DIR   (see docs/operations.md)
     """
 
 
@@ -76,6 +79,45 @@ def cluster_add_node(ctx: click.Context, node_id: int, address: str, output: str
 def cluster_promote_node(ctx: click.Context, node_id: int, output: str) -> None:
     """Make learner NODE_ID a voter (refused, retriable, until it has caught up)."""
     _emit_status(_call(ctx, lambda client: client.promote_node(node_id)), output)
+
+
+@cluster.command("recover")
+@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The stopped broker's broker.data_dir (its Raft store is DATA_DIR/metadata).")
+@click.option("--node-id", type=click.IntRange(min=1), default=None,
+              help="The member's cluster.node_id (read from the store when omitted; checked when given).")
+@click.confirmation_option(prompt="Make this member the only voter of a new metadata cluster?",
+                           help="Do not ask for confirmation.")
+@output_option
+def cluster_recover(data_dir: str, node_id: int | None, output: str) -> None:
+    """Disaster recovery, offline: make one STOPPED member the only voter of a new cluster.
+
+    \b
+    For a cluster that lost its quorum for good (like etcd's --force-new-cluster). Rewrites
+    the membership in this member's own Raft log to itself alone, keeping its log and
+    state; every entry in its log counts as committed. Then start the broker as usual;
+    other brokers rejoin with EMPTY data dirs (cluster.join true, add-node, promote-node).
+    Never restart a lost member with its old data. See docs/operations.md.
+    """
+    from pathlib import Path
+
+    from danube_zmq.consensus.recovery import force_new_cluster
+
+    store = Path(data_dir) / "metadata"
+    report = force_new_cluster(store if store.is_dir() else Path(data_dir), node_id)
+    if output == "json":
+        previous = None if report.previous is None else {"voters": list(report.previous.voters),
+                                                          "learners": list(report.previous.learners)}
+        emit_json({**{k: getattr(report, k) for k in ("node_id", "changed", "term", "config_index",
+                                                      "committed_before", "forced_commits")}, "previous": previous})
+        return
+    before = "-" if report.previous is None else f"voters {report.previous.voters} learners {report.previous.learners}"
+    if not report.changed:
+        emit_line(f"node {report.node_id} already is the only voter ({before}); nothing changed")
+        return
+    emit_line(f"node {report.node_id} is now the only voter (was {before}): new configuration at index "
+              f"{report.config_index}, term {report.term}; {report.forced_commits} entries after the recorded "
+              f"commit index {report.committed_before} were kept as committed. Start the broker now.")
 
 
 @cluster.command("remove-node")

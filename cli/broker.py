@@ -61,6 +61,12 @@ def broker() -> None:
     type=click.Choice(EVENT_LOOPS),
     help="Overrides broker.event_loop [uvloop: used when installed; asyncio: the standard loop].",
 )
+@click.option(
+    "--force-new-cluster",
+    is_flag=True,
+    help="Disaster recovery: before starting, make this broker the only voter of a new metadata cluster "
+    "from its own Raft log (a quorum lost for good; see docs/operations.md).",
+)
 def start(
     config_path: Path | None,
     data_dir: str | None,
@@ -68,6 +74,7 @@ def start(
     admin_listen: str | None,
     metrics_port: int | None,
     event_loop: str | None,
+    force_new_cluster: bool = False,
 ) -> None:
     """Start a broker and run it until SIGTERM or Ctrl-C.
 
@@ -92,7 +99,21 @@ def start(
             "broker.event_loop": event_loop,
         },
     )
+    if force_new_cluster:
+        _force_new_cluster(config)
     run(_run(config), config.broker.event_loop)
+
+
+def _force_new_cluster(config: Any) -> None:
+    from danube_zmq.consensus.recovery import force_new_cluster
+
+    report = force_new_cluster(Path(config.broker.data_dir) / "metadata", config.cluster.node_id)
+    if report.changed:
+        log.warning("--force-new-cluster: raft node %d is now the only voter (was %s); new configuration at "
+                    "index %d, term %d; %d entries past the recorded commit index kept as committed",
+                    report.node_id, report.previous, report.config_index, report.term, report.forced_commits)
+    else:
+        log.warning("--force-new-cluster: raft node %d already is the only voter; nothing changed", report.node_id)
 
 
 async def _run(config: Any) -> None:

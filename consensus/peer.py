@@ -836,7 +836,10 @@ class RaftPeer:
                 " promoted, only a member is removed, and the last voter stays"
             )
         if error is RaftError.LEARNER_BEHIND:
-            return Unavailable("raft: the learner has not caught up with the leader's log yet; retry")
+            return Unavailable(
+                "raft: the learner has not acknowledged the leader's log in this term up to near its end (not"
+                " caught up yet, or unreachable at its address); retry once it has, or remove it with remove-node"
+            )
         if error is RaftError.CONFIG_CHANGE_IN_PROGRESS:
             return Unavailable("raft: an earlier membership change is not committed yet; retry")
         return Unavailable(f"raft: refused ({error.name}); retry")

@@ -50,7 +50,7 @@ from typing import Any
 
 import msgpack
 
-from danube_zmq.consensus.raft.core import RaftConfig, RaftNode, bootstrap, quorum
+from danube_zmq.consensus.raft.core import RaftConfig, RaftNode, bootstrap, force_new_cluster, quorum
 from danube_zmq.consensus.raft.events import (
     AddLearner,
     Apply,
@@ -311,6 +311,7 @@ class Simulation:
         clients: int = 3,
         wire: bool = True,
         faults: Faults | None = None,
+        silent_spares: bool = False,
     ) -> None:
         assert peers >= 1 and spares >= 0
         self.seed = seed
@@ -326,6 +327,11 @@ class Simulation:
         self.voter_ids = list(range(1, peers + 1))
         self.peer_count = peers
         self.peers = {i: Peer(i) for i in range(1, peers + spares + 1)}
+        # Silent spares never start (an address where nothing listens): added as learners,
+        # they must never be promoted (issue 19, section 3).
+        self.silent = set(range(peers + 1, peers + spares + 1)) if silent_spares else set()
+        if self.silent:
+            self.faults.membership_rate = max(self.faults.membership_rate, 0.05)  # so they are tried
         self.config_base = self._draw_config()
         # network: (deliver_tick, seq, message)
         self.in_flight: list[tuple[int, int, RaftMessage]] = []
@@ -407,6 +413,78 @@ class Simulation:
             stats=self.stats,
             history=self.history,
         )
+
+    def run_disaster(self) -> SimResult:
+        """Chaos, then every member but one is lost for good (its disk too); the survivor
+        is recovered with `force_new_cluster` (as `danube admin cluster recover` does to
+        its store) and restarted. Checked: it leads alone at once, keeps every entry it
+        had committed with the same state, and serves clients (commits a fresh entry)."""
+        failure: str | None = None
+        try:
+            founding = bootstrap(self.voter_ids)
+            for voter in self.voter_ids:
+                self.peers[voter].disk.hard_state = founding.hard_state
+                self.peers[voter].disk.append(founding.entries)
+            for entry in founding.entries:
+                self._check_entry_shape(entry, 0)
+            for peer in self.peers.values():
+                self._start(peer)
+            for _ in range(self.chaos_ticks):
+                self._tick()
+            self._recover_one()
+            deadline = self.now + self.liveness_ticks_max
+            while not self._converged():
+                if self.now >= deadline:
+                    raise InvariantViolation(f"liveness: the recovered member does not serve ({self._describe()})")
+                self._tick()
+            self._check_all()
+        except Exception as exc:  # a failing seed is a result, whatever broke
+            kind = "invariant" if isinstance(exc, InvariantViolation) else type(exc).__name__
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            failure = f"seed {self.seed} tick {self.now}: {kind}: {exc} ({where.name}:{where.lineno})"
+        return SimResult(seed=self.seed, peers=self.peer_count, failure=failure, ticks=self.now,
+                         trace_hash=self.trace, stats=self.stats, history=self.history)
+
+    def _recover_one(self) -> None:
+        rng = self.rng
+        candidates = [i for i in self.committed_membership.voters if self.peers[i].disk.last_index() > 0]
+        survivor = self.peers[rng.choice(candidates)]
+        for peer in list(self.peers.values()):
+            if peer.node is not None:
+                self._crash(peer, 1)
+        for op in self.requests.values():
+            self._complete(op, "info")
+        self.requests.clear()
+        self.peers = {survivor.id: survivor}
+        self.in_flight.clear()
+        disk = survivor.disk
+        kept = disk.hard_state.commit_index
+        entry, hard_state = force_new_cluster(survivor.id, disk.hard_state, disk.last_index(),
+                                              disk.term_at(disk.last_index()) or 0)
+        # The lost members' logs went with them: only the survivor's entries constrain
+        # log matching now (a lost member's data must never come back; the docs say so).
+        held = {(e.index, e.term) for e in disk.entries}
+        self.entry_shape = {key: shape for key, shape in self.entry_shape.items() if key in held}
+        self.leaders = {term: leader for term, leader in self.leaders.items() if leader == survivor.id}
+        self._check_entry_shape(entry, disk.term_at(disk.last_index()))
+        disk.append([entry])
+        disk.hard_state = hard_state
+        # What the lost quorum committed beyond the survivor's commit index may be gone
+        # (that is the price of this recovery); what it had committed must stay, same state.
+        for index in [i for i in self.committed if i > kept]:
+            del self.committed[index]
+            del self.commit_terms[index]
+        for index in [i for i in self.digests if i > kept]:
+            del self.digests[index]
+        self.committed_membership = Membership(voters=[survivor.id], learners=[])
+        self.committed_membership_index = entry.index
+        self.voter_ids = [survivor.id]
+        for client in self.clients:
+            client.leader_guess = survivor.id
+        self._heal_all()
+        node = survivor.node
+        if node is None or node.role is not Role.LEADER or node.membership.voters != [survivor.id]:
+            raise InvariantViolation(f"the recovered member does not lead alone at once ({self._describe()})")
 
     def _tick(self) -> None:
         self.now += 1
@@ -578,7 +656,7 @@ class Simulation:
     # ------------------------------------------------------------------ peers
 
     def _start(self, peer: Peer) -> None:
-        if peer.node is not None:
+        if peer.node is not None or peer.id in self.silent:
             return
         if peer.down_until:
             self.stats.restarts += 1
@@ -860,6 +938,8 @@ class Simulation:
         self.commit_terms[index] = seen_in
         self.stats.commits += 1
         if kind == EntryKind.CONFIG and index > self.committed_membership_index:
+            if self.silent & set(decode_membership(data).voters):
+                raise InvariantViolation(f"a learner that never answered was promoted at {index}")
             self.committed_membership = decode_membership(data)
             self.committed_membership_index = index
             self.stats.config_changes += 1
@@ -934,6 +1014,8 @@ class Simulation:
         index, term = leader.marker
         members = [*node.membership.voters, *node.membership.learners]
         for member in members:
+            if member in self.silent:
+                continue
             other = self.peers[member].node
             if other is None or other.applied_index < index or other.term_at(index) not in (term, None):
                 return False
@@ -982,6 +1064,10 @@ _EFFECT_HANDLERS = {
 
 def run_seed(seed: int, peers: int = 3, **kwargs: Any) -> SimResult:
     return Simulation(seed, peers, **kwargs).run()
+
+
+def run_disaster_seed(seed: int, peers: int = 3, **kwargs: Any) -> SimResult:
+    return Simulation(seed, peers, **kwargs).run_disaster()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The Raft algorithm as a pure core (`core.py`), its events and effects (`events.py`)
 and its peer-to-peer wire protocol (`messages.py`). See README.md."""
 
-from danube_zmq.consensus.raft.core import RaftConfig, RaftNode, bootstrap, quorum
+from danube_zmq.consensus.raft.core import RaftConfig, RaftNode, bootstrap, force_new_cluster, quorum
 from danube_zmq.consensus.raft.events import (
     AddLearner,
     Apply,
@@ -68,5 +68,6 @@ __all__ = [
     "Tick",
     "TransferLeadership",
     "bootstrap",
+    "force_new_cluster",
     "quorum",
 ]

@@ -136,6 +136,21 @@ def bootstrap(voters: list[int]) -> Restore:
     return Restore(hard_state=HardState(term=1, voted_for=None, commit_index=1), entries=[entry])
 
 
+def force_new_cluster(node_id: int, hard_state: HardState, last_index: int, last_term: int) -> tuple[Entry, HardState]:
+    """Disaster recovery (etcd's `--force-new-cluster`): the entry and hard state one
+    surviving member persists to become the only voter of a new configuration, keeping
+    its log and state. The entry's term is past every term the member knew, and like the
+    bootstrap entry it is committed by fiat, and with it every entry before it, whether
+    the lost quorum committed it or not (as etcd does). Only for a quorum lost for good:
+    what only the lost members held is gone."""
+    if node_id < 1:
+        raise InvalidArgument(f"raft: node id must be at least 1, got {node_id}")
+    term = max(hard_state.term, last_term) + 1
+    data = encode_membership(Membership(voters=[node_id], learners=[]))
+    entry = Entry(index=last_index + 1, term=term, kind=EntryKind.CONFIG, data=data)
+    return entry, HardState(term=term, voted_for=None, commit_index=entry.index)
+
+
 def quorum(voters: list[int]) -> int:
     return len(voters) // 2 + 1
 
@@ -419,7 +434,7 @@ class RaftNode:
             if node not in learners:
                 return None, RaftError.INVALID_CONFIG_CHANGE
             pr = self.progress.get(node)
-            if pr is None or pr.match + self.config.append_entries_max < self.last_index:
+            if pr is None or not self._caught_up(pr):
                 return None, RaftError.LEARNER_BEHIND
             learners.remove(node)
             voters.append(node)
@@ -435,6 +450,14 @@ class RaftNode:
         else:  # pragma: no cover - the type union is closed
             return None, RaftError.INVALID_CONFIG_CHANGE
         return Membership(voters=sorted(voters), learners=sorted(learners)), None
+
+    def _caught_up(self, pr: Progress) -> bool:
+        """May this learner become a voter? Only if it acknowledged, in this leader's term
+        (progress is rebuilt at election, so match > 0 is an answer to us) and within the
+        last check-quorum round, a log up to append_entries_max entries short of ours.
+        A learner that never answered (a wrong address) would otherwise be promoted while
+        the log is short, and a dead voter can cost the quorum for good (issue 19, §3)."""
+        return pr.match > 0 and pr.recent_active and pr.match + self.config.append_entries_max >= self.last_index
 
     def _on_read_index(self, ev: ReadIndex) -> None:
         if self.role is not Role.LEADER:

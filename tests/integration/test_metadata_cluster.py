@@ -34,7 +34,8 @@ class Node:
         self.admin_url = f"tcp://127.0.0.1:{free_port()}"
         self.process: BrokerProcess | None = None
 
-    def start(self, founders: list[Node], *, join: bool = False, env: dict[str, str] | None = None) -> Node:
+    def start(self, founders: list[Node], *, join: bool = False, env: dict[str, str] | None = None,
+              extra: tuple[str, ...] = ()) -> Node:
         env = {
             **(env or {}),
             "DANUBE_CLUSTER__NODE_ID": str(self.node_id),
@@ -42,7 +43,7 @@ class Node:
             "DANUBE_CLUSTER__PEERS": ",".join(f"{n.node_id}={n.raft}" for n in founders),
             "DANUBE_CLUSTER__JOIN": "true" if join else "false",
         }
-        self.process = start_broker(self.tmp_path, "--data-dir", str(self.tmp_path / f"node-{self.node_id}"),
+        self.process = start_broker(self.tmp_path, "--data-dir", str(self.tmp_path / f"node-{self.node_id}"), *extra,
                                     env=env, url=self.url, admin_url=self.admin_url)
         return self
 
@@ -320,6 +321,108 @@ async def test_cli_cluster_membership_and_metadata(tmp_path: Path) -> None:
         assert gone.node_id not in [m["node_id"] for m in members]
         out = danube("admin", "--endpoint", newcomer.admin_url, "metadata", "delete", "/ops/", "--prefix")
         assert out.returncode == 0 and "deleted 1 key" in out.stdout, out.stderr
+    finally:
+        for node in nodes:
+            if node.process is not None:
+                node.kill()
+
+
+def _members(node: Node) -> list[tuple[int, bool]]:
+    out = danube("admin", "--endpoint", node.admin_url, "cluster", "status", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return [(m["node_id"], m["voter"]) for m in json.loads(out.stdout)["members"]]
+
+
+def _promote(via: Node, node_id: int, deadline_s: float = 20.0) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        out = danube("admin", "--endpoint", via.admin_url, "cluster", "promote-node", str(node_id))
+        if out.returncode == 0 or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
+async def test_promoting_a_learner_that_never_answered_is_refused(tmp_path: Path) -> None:
+    """Issue 19, section 3, as reported: a one-voter cluster, `add-node 2` at an address
+    where nothing listens, then `promote-node 2`. The promotion is refused with a clear,
+    retriable error (it used to succeed and leave two voters and no leader, for good);
+    the broker keeps committing and restarts."""
+    node = Node(tmp_path, 1)
+    node.start([node])
+    try:
+        nowhere = f"tcp://127.0.0.1:{free_port()}"
+        out = danube("admin", "--endpoint", node.admin_url, "cluster", "add-node", "2", nowhere)
+        assert out.returncode == 0, out.stderr
+        out = _promote(node, 2, deadline_s=3.0)
+        assert out.returncode != 0 and "learner has not" in out.stderr, (out.stdout, out.stderr)
+        assert _members(node) == [(1, True), (2, False)]
+        out = danube("admin", "--endpoint", node.admin_url, "metadata", "put", "/still/writable", "yes")
+        assert out.returncode == 0, out.stderr
+        node.stop()
+        node.start([node])
+        out = danube("admin", "--endpoint", node.admin_url, "metadata", "get", "/still/writable", "-o", "json")
+        assert out.returncode == 0 and json.loads(out.stdout)[0]["value"] == "yes", out.stderr
+    finally:
+        if node.process is not None:
+            node.kill()
+
+
+@pytest.mark.cluster
+async def test_a_survivor_recovers_alone_with_admin_cluster_recover(tmp_path: Path) -> None:
+    """Disaster recovery with the CLI: three brokers, ten keys written, then all killed
+    and two of them lost for good. `danube admin cluster recover --data-dir` (offline)
+    makes the survivor the only voter; started again it leads at once with every key,
+    takes writes, and a new broker joins from an empty data dir as learner then voter."""
+    nodes = start_cluster(tmp_path, 3)
+    survivor = nodes[0]
+    try:
+        await agreed_leader(nodes)
+        for i in range(10):
+            out = danube("admin", "--endpoint", survivor.admin_url, "metadata", "put", f"/keep/{i}", f"v{i}")
+            assert out.returncode == 0, out.stderr
+        for node in nodes:
+            node.kill()
+        out = danube("admin", "cluster", "recover", "--data-dir", str(tmp_path / "node-1"), "--yes")
+        assert out.returncode == 0 and "node 1 is now the only voter" in out.stdout, (out.stdout, out.stderr)
+        survivor.start(nodes)
+        assert _members(survivor) == [(1, True)]
+        out = danube("admin", "--endpoint", survivor.admin_url, "metadata", "get", "/keep/9", "-o", "json")
+        assert out.returncode == 0 and json.loads(out.stdout)[0]["value"] == "v9", out.stderr
+        out = danube("admin", "--endpoint", survivor.admin_url, "metadata", "put", "/after/recovery", "ok")
+        assert out.returncode == 0, out.stderr
+        newcomer = Node(tmp_path, 4).start([survivor], join=True)
+        nodes.append(newcomer)
+        out = danube("admin", "--endpoint", survivor.admin_url, "cluster", "add-node", "4", newcomer.raft)
+        assert out.returncode == 0, out.stderr
+        out = _promote(survivor, 4)
+        assert out.returncode == 0, out.stderr
+        assert _members(newcomer) == [(1, True), (4, True)]
+        out = danube("admin", "--endpoint", newcomer.admin_url, "metadata", "get", "/keep/0", "-o", "json")
+        assert out.returncode == 0 and json.loads(out.stdout)[0]["value"] == "v0", out.stderr
+    finally:
+        for node in nodes:
+            if node.process is not None:
+                node.kill()
+
+
+@pytest.mark.cluster
+async def test_a_survivor_recovers_alone_with_force_new_cluster(tmp_path: Path) -> None:
+    """Disaster recovery with the broker flag: two of three brokers lost, the survivor
+    restarted with `danube broker start --force-new-cluster` leads alone with its data."""
+    nodes = start_cluster(tmp_path, 3)
+    survivor = nodes[0]
+    try:
+        await agreed_leader(nodes)
+        out = danube("admin", "--endpoint", survivor.admin_url, "metadata", "put", "/keep/flag", "kept")
+        assert out.returncode == 0, out.stderr
+        for node in nodes:
+            node.kill()
+        survivor.start(nodes, extra=("--force-new-cluster",))
+        assert _members(survivor) == [(1, True)]
+        out = danube("admin", "--endpoint", survivor.admin_url, "metadata", "get", "/keep/flag", "-o", "json")
+        assert out.returncode == 0 and json.loads(out.stdout)[0]["value"] == "kept", out.stderr
+        out = danube("admin", "--endpoint", survivor.admin_url, "metadata", "put", "/after/flag", "ok")
+        assert out.returncode == 0, out.stderr
     finally:
         for node in nodes:
             if node.process is not None:

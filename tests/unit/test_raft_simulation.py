@@ -9,7 +9,7 @@ import pytest
 
 from danube_zmq.consensus import simulator
 from danube_zmq.consensus.raft import core
-from danube_zmq.consensus.simulator import Stats, run_seed
+from danube_zmq.consensus.simulator import Stats, run_disaster_seed, run_seed
 
 CHAOS_TICKS = 800
 
@@ -116,3 +116,25 @@ def test_thousands_of_seeds_stay_safe_and_live():
     """The slow suite: 2500 seeds x 3 peers and 1000 seeds x 5 peers, 1000 chaos ticks each."""
     run_seeds(range(10_000, 12_500), 3, chaos_ticks=1000)
     run_seeds(range(20_000, 21_000), 5, chaos_ticks=1000)
+
+
+def test_a_learner_that_never_answers_is_never_promoted():
+    """Issue 19, section 3, in the simulator: the spare is added as a learner at an
+    address where nothing ever answers, and membership changes keep trying to promote
+    it. With one founding voter a promotion would leave two voters and no leader (the
+    reported bug: liveness fails); with three, the simulator refuses any committed
+    configuration that makes it a voter."""
+    for peers, seeds in ((1, range(30)), (3, range(30))):
+        failures = [r.failure for r in (run_seed(s, peers, chaos_ticks=300, silent_spares=True) for s in seeds)
+                    if r.failure]
+        assert not failures, failures[0]
+
+
+def test_a_survivor_recovered_as_a_new_cluster_serves_alone():
+    """Disaster recovery in the simulator: after chaos every member but one is lost with
+    its disk; `force_new_cluster` rewrites the survivor's stored membership; restarted,
+    it leads alone at once, applies every entry it had committed to the same state
+    (the simulator's state-machine checks) and commits new client writes."""
+    failures = [r.failure for r in (run_disaster_seed(s, peers, chaos_ticks=300) for peers in (3, 5) for s in range(25))
+                if r.failure]
+    assert not failures, failures[0]

@@ -1,0 +1,407 @@
+"""The Raft core at its edges: behaviours a mutation run of consensus/raft/core.py showed
+no test pinned (issue 19, sections 3 and 9). Each test drives `RaftNode`s by hand with
+the `Cluster` helper of test_raft_core.py and fails if the guarded line is changed."""
+
+from __future__ import annotations
+
+import random
+
+from danube_zmq.consensus.raft import (
+    AddLearner,
+    ApplySnapshot,
+    PromoteVoter,
+    ProposalResult,
+    Propose,
+    ProposeConfig,
+    RaftConfig,
+    RaftError,
+    RaftNode,
+    ReadIndex,
+    ReadReady,
+    Receive,
+    RemoveVoter,
+    Restore,
+    Role,
+    Send,
+    SnapshotTaken,
+    Tick,
+    TransferLeadership,
+    bootstrap,
+)
+from danube_zmq.consensus.raft.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    InstallSnapshot,
+    RequestVoteResponse,
+    TimeoutNow,
+    encode_membership,
+)
+from danube_zmq.consensus.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
+from tests.unit.test_raft_core import Cluster
+
+
+def _config_change(c: Cluster, leader: int, change, request_id: int = 1) -> ProposalResult:
+    (result,) = [e for e in c.step(leader, ProposeConfig(request_id=request_id, change=change))
+                 if isinstance(e, ProposalResult)]
+    return result
+
+
+# ------------------------------------------------------------ promoting a learner (section 3)
+
+
+def test_a_learner_that_never_answered_is_not_promoted():
+    """The reported bug: a sole voter adds node 2 at an address where nothing listens,
+    then promotes it. The learner never acknowledged anything, so the promotion is
+    refused (LEARNER_BEHIND) and node 1 stays the only voter and keeps committing; a
+    promotion would have made two voters with one of them dead: no leader, ever."""
+    c = Cluster([1], others=[2])
+    c.isolated.add(2)
+    assert c.nodes[1].role is Role.LEADER
+    assert _config_change(c, 1, AddLearner(node_id=2)).error is None
+    c.tick(n=3)
+    assert c.nodes[1].last_index < c.nodes[1].config.append_entries_max  # the log is short
+    assert _config_change(c, 1, PromoteVoter(node_id=2), 2).error is RaftError.LEARNER_BEHIND
+    assert c.nodes[1].membership == Membership(voters=[1], learners=[2])
+    (result,) = [e for e in c.step(1, Propose(request_id=3, data=b"x")) if isinstance(e, ProposalResult)]
+    assert c.nodes[1].commit_index == result.index
+
+
+def test_a_learner_is_promoted_once_it_has_acknowledged_the_log():
+    """The same learner, once reachable, catches up and acknowledges: now it is promoted."""
+    c = Cluster([1], others=[2])
+    c.isolated.add(2)
+    _config_change(c, 1, AddLearner(node_id=2))
+    c.tick(n=2)
+    c.isolated.clear()
+    c.tick(n=3)
+    assert c.nodes[2].last_index == c.nodes[1].last_index
+    assert _config_change(c, 1, PromoteVoter(node_id=2), 2).error is None
+    c.tick(n=3)
+    assert c.nodes[2].membership.voters == [1, 2]
+
+
+def test_a_learner_must_acknowledge_in_the_leaders_own_term():
+    """Node 4 caught up under leader 1, then went silent. Node 2 takes over: it has not
+    heard from node 4 in its term, so it refuses to promote it (what node 4 matched
+    under an earlier leader says nothing about whether it is alive now). Once node 4
+    answers node 2, the promotion goes through."""
+    c = Cluster([1, 2, 3], others=[4])
+    c.elect(1)
+    c.tick(n=2)
+    _config_change(c, 1, AddLearner(node_id=4))
+    c.tick(n=3)
+    assert c.nodes[4].last_index == c.nodes[1].last_index
+    c.isolated.add(4)
+    c.step(1, TransferLeadership(target_id=2))
+    c.deliver()
+    assert c.leader() == 2
+    c.tick(n=2)
+    assert _config_change(c, 2, PromoteVoter(node_id=4), 2).error is RaftError.LEARNER_BEHIND
+    c.isolated.clear()
+    c.tick(n=3)
+    assert _config_change(c, 2, PromoteVoter(node_id=4), 3).error is None
+
+
+def test_a_learner_that_went_silent_is_not_promoted():
+    """A learner that acknowledged earlier in this term but has not answered for a whole
+    check-quorum round (election_ticks_min ticks) is refused: it may be gone."""
+    c = Cluster([1], others=[2])
+    _config_change(c, 1, AddLearner(node_id=2))
+    c.tick(n=3)
+    c.isolated.add(2)
+    c.tick(n=2 * c.nodes[1].config.election_ticks_min)
+    assert c.nodes[1].progress[2].match == c.nodes[1].last_index
+    assert _config_change(c, 1, PromoteVoter(node_id=2), 2).error is RaftError.LEARNER_BEHIND
+
+
+def test_a_learner_within_append_entries_max_of_the_leader_is_promoted():
+    """The boundary: a learner whose acknowledged match is exactly append_entries_max
+    entries behind the leader's last index is caught up; one entry more is too far."""
+    c = Cluster([1], others=[2], append_entries_max=2)
+    _config_change(c, 1, AddLearner(node_id=2))
+    c.tick(n=3)
+    c.isolated.add(2)
+    match = c.nodes[1].progress[2].match
+    for k in range(2):
+        c.step(1, Propose(request_id=10 + k, data=b"x"))
+    assert c.nodes[1].last_index == match + 2
+    fork = c.nodes[1].clone()
+    (ok,) = [e for e in fork.step(ProposeConfig(request_id=2, change=PromoteVoter(node_id=2)))
+             if isinstance(e, ProposalResult)]
+    assert ok.error is None
+    c.step(1, Propose(request_id=12, data=b"x"))
+    assert _config_change(c, 1, PromoteVoter(node_id=2), 3).error is RaftError.LEARNER_BEHIND
+
+
+# ------------------------------------------------------------------------- reads
+
+
+def test_a_read_before_the_new_leaders_first_commit_is_not_answered_early():
+    """A leader re-elected after an earlier term's read round sends its old read context
+    with its first AppendEntries. A ReadIndex that arrives before its NOOP commits
+    must wait for that commit (its commit index is unknown until then): answering it
+    on the first acknowledgement would hand back a stale read index."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    c.step(1, ReadIndex(request_id=1))
+    c.deliver()
+    assert len(c.of_type(1, ReadReady)) == 1 and c.nodes[1].read_seq >= 1
+    c.step(1, TransferLeadership(target_id=2))
+    c.deliver()
+    c.tick(n=2)
+    assert c.leader() == 2
+    c.step(2, TransferLeadership(target_id=1))
+    c.campaign(1)
+    node = c.nodes[1]
+    noop = node.leader_first_index
+    assert node.commit_index < noop
+    c.step(1, ReadIndex(request_id=2))
+    while c.inbox:
+        m = c.inbox.pop(0)
+        c.step(m.to_id, Receive(message=m))
+        for ready in c.of_type(1, ReadReady):
+            if ready.request_id == 2:
+                assert node.commit_index >= noop, "a read answered before the leader's first commit"
+                assert ready.read_index >= noop
+    c.tick(n=2)
+    assert [r.request_id for r in c.of_type(1, ReadReady)] == [1, 2]
+
+
+# --------------------------------------------------------------------- elections
+
+
+def test_vote_replies_arriving_after_the_election_is_won_change_nothing():
+    """Five voters: node 1 wins with three votes; the two late grants must not make it
+    become leader again (a second NOOP, progress reset) nor do anything else."""
+    c = Cluster([1, 2, 3, 4, 5])
+    c.isolated = {4, 5}
+    c.campaign(1)
+    node = c.nodes[1]
+    term, last = node.term, node.last_index
+    for voter in (4, 5):
+        fx = c.step(1, Receive(message=RequestVoteResponse(from_id=voter, to_id=1, term=term, granted=True)))
+        assert fx == []
+    fx = c.step(1, Receive(message=RequestVoteResponse(from_id=4, to_id=1, term=term, granted=False)))
+    assert fx == [] and node.role is Role.LEADER and node.last_index == last
+
+
+# -------------------------------------------------------------------- snapshots
+
+
+def test_a_follower_serves_the_snapshot_it_installed_not_its_old_one():
+    """Node 3 installs leader 1's snapshot; later node 3 leads and sends a snapshot to a
+    lagging peer: it must send the bytes it installed, not what it held before."""
+    voters = [1, 2, 3]
+    old = SnapshotMeta(last_index=1, last_term=1, membership=Membership(voters=voters, learners=[]))
+    node = RaftNode(RaftConfig(node_id=3), random.Random(3))
+    node.step(Restore(hard_state=HardState(term=2, voted_for=None, commit_index=1), snapshot=old,
+                      snapshot_data=b"old", entries=[]))
+    meta = SnapshotMeta(last_index=5, last_term=2, membership=Membership(voters=voters, learners=[]))
+    fx = node.step(Receive(message=InstallSnapshot(from_id=1, to_id=3, term=2, meta=meta, data=b"new")))
+    assert [e.data for e in fx if isinstance(e, ApplySnapshot)] == [b"new"]
+    assert node.snapshot == meta and node.snapshot_data == b"new"
+    # Node 3 campaigns and wins (votes by hand), then node 2 turns out to be empty.
+    node.step(Receive(message=TimeoutNow(from_id=1, to_id=3, term=2)))
+    for voter in (1, 2):
+        node.step(Receive(message=RequestVoteResponse(from_id=voter, to_id=3, term=node.term, granted=True)))
+    assert node.role is Role.LEADER
+    fx = node.step(Receive(message=AppendEntriesResponse(
+        from_id=2, to_id=3, term=node.term, success=False, match_index=0, rejected_index=node.last_index - 1,
+        conflict_term=0, conflict_index=1)))
+    (snap,) = [e.message for e in fx if isinstance(e, Send) and isinstance(e.message, InstallSnapshot)]
+    assert snap.data == b"new" and snap.meta == meta
+
+
+def test_a_snapshot_taken_is_the_one_sent_to_a_lagging_follower():
+    """SnapshotTaken replaces the leader's snapshot bytes: a follower that needs a snapshot
+    afterwards gets the newest one."""
+    c = Cluster([1, 2, 3], log_entries_max=4)
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    for k in range(3):
+        c.step(1, Propose(request_id=k, data=b"x"))
+        c.tick(1, 2)
+    applied = c.nodes[1].applied_index
+    c.step(1, SnapshotTaken(last_index=applied - 1, data=b"first"))
+    c.step(1, SnapshotTaken(last_index=applied, data=b"second"))
+    c.isolated.clear()
+    c.tick(n=5)
+    assert [m.data for m in c.sent(InstallSnapshot)] == [b"second"]
+
+
+# ------------------------------------------------------------------- replication
+
+
+def test_a_rejected_append_is_answered_at_once_with_an_earlier_probe():
+    """Fast backtracking: the rejection's hint makes the leader send the next probe in
+    the same step, not a heartbeat period later."""
+    voters = [1, 2, 3]
+    log = [*bootstrap(voters).entries, *(Entry(index=i, term=2, kind=EntryKind.COMMAND, data=b"d")
+                                         for i in range(2, 8))]
+    c = Cluster(voters, restores={
+        1: Restore(hard_state=HardState(term=2, voted_for=None, commit_index=1), entries=log),
+        2: Restore(hard_state=HardState(term=2, voted_for=None, commit_index=1), entries=log[:2]),
+        3: Restore(hard_state=HardState(term=2, voted_for=None, commit_index=1), entries=log),
+    })
+    c.isolated.add(2)
+    c.campaign(1)
+    c.deliver()
+    c.isolated.clear()
+    probe = AppendEntries(from_id=1, to_id=2, term=c.nodes[1].term, prev_log_index=c.nodes[1].last_index - 1,
+                          prev_log_term=c.nodes[1].term_at(c.nodes[1].last_index - 1), entries=[], leader_commit=1)
+    c.nodes[1].progress[2].next = probe.prev_log_index + 1
+    c.nodes[1].progress[2].paused = True
+    fx = c.step(2, Receive(message=probe))
+    (reject,) = [e.message for e in fx if isinstance(e, Send)]
+    assert not reject.success
+    c.inbox.clear()
+    fx = c.step(1, Receive(message=reject))
+    (retry,) = [e.message for e in fx if isinstance(e, Send) and isinstance(e.message, AppendEntries)]
+    assert retry.to_id == 2 and retry.prev_log_index == 2 and retry.entries
+
+
+# ---------------------------------------------------------------- leadership transfer
+
+
+def test_a_removed_voter_is_never_a_transfer_target():
+    """After the leader removes voter 3 (the change takes effect when appended), a
+    TransferLeadership to 3 is ignored: no TimeoutNow, proposals still accepted."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    assert _config_change(c, 1, RemoveVoter(node_id=3)).error is None
+    fx = c.step(1, TransferLeadership(target_id=3))
+    assert fx == [] and c.nodes[1].transfer_target is None
+    (result,) = [e for e in c.step(1, Propose(request_id=5, data=b"x")) if isinstance(e, ProposalResult)]
+    assert result.error is None
+    c.tick(n=3)
+    assert not [m for m in c.sent(TimeoutNow) if m.to_id == 3]
+
+
+def test_a_learner_is_never_a_transfer_target():
+    c = Cluster([1, 2, 3], others=[4])
+    c.elect(1)
+    c.tick(n=2)
+    _config_change(c, 1, AddLearner(node_id=4))
+    c.tick(n=3)
+    assert c.step(1, TransferLeadership(target_id=4)) == []
+    assert c.nodes[1].transfer_target is None
+
+
+# ------------------------------------------------------- more survivors of the mutation run
+
+
+def test_proposals_are_refused_while_a_transfer_catches_the_target_up():
+    """TransferLeadership to a lagging voter: the leader refuses proposals (TRANSFERRING)
+    while it catches the target up, and sends TimeoutNow once it has."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    c.step(1, Propose(request_id=1, data=b"x"))
+    c.tick(1, 2, n=2)
+    c.isolated.clear()
+    c.inbox.clear()
+    c.step(1, TransferLeadership(target_id=3))
+    assert not c.sent(TimeoutNow)
+    (refused,) = [e for e in c.step(1, Propose(request_id=2, data=b"y")) if isinstance(e, ProposalResult)]
+    assert refused.error is RaftError.TRANSFERRING
+    c.tick(n=6)
+    assert c.sent(TimeoutNow) and c.leader() == 3
+
+
+def test_a_voter_in_a_leader_lease_answers_a_pre_vote_with_a_refusal():
+    """A follower that heard from its leader within election_ticks_min refuses a higher-term
+    PreVote explicitly (granted False), so the pre-candidate gives up early."""
+    from danube_zmq.consensus.raft.messages import PreVote, PreVoteResponse
+
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    fx = c.step(2, Receive(message=PreVote(from_id=3, to_id=2, term=9, last_log_index=99, last_log_term=9)))
+    (answer,) = [e.message for e in fx if isinstance(e, Send)]
+    assert isinstance(answer, PreVoteResponse) and answer.granted is False and c.nodes[2].term == 2
+
+
+def test_a_candidate_that_hears_from_the_terms_leader_becomes_its_follower():
+    """Two candidates in one term: the loser gets AppendEntries from the winner of that
+    term and follows it (FOLLOWER, leader known), instead of staying a candidate."""
+    node = RaftNode(RaftConfig(node_id=2, pre_vote=False), random.Random(2))
+    node.step(bootstrap([1, 2, 3]))
+    while node.role is not Role.CANDIDATE:
+        node.step(Tick())
+    term = node.term
+    node.step(Receive(message=AppendEntries(from_id=1, to_id=2, term=term, prev_log_index=1, prev_log_term=1,
+                                            entries=[], leader_commit=1)))
+    assert node.role is Role.FOLLOWER and node.leader_id == 1 and node.term == term
+
+
+def test_entries_below_the_followers_commit_index_are_skipped_not_refused():
+    """An AppendEntries whose prev index is below the follower's commit index: the part it
+    already committed is skipped and the rest appended; the answer matches the end."""
+    voters = [1, 2, 3]
+    log = [*bootstrap(voters).entries, *(Entry(index=i, term=2, kind=EntryKind.COMMAND, data=b"d%d" % i)
+                                         for i in range(2, 7))]
+    node = RaftNode(RaftConfig(node_id=2), random.Random(2))
+    node.step(Restore(hard_state=HardState(term=2, voted_for=None, commit_index=4), entries=log[:4]))
+    fx = node.step(Receive(message=AppendEntries(from_id=1, to_id=2, term=2, prev_log_index=1, prev_log_term=1,
+                                                 entries=log[1:6], leader_commit=4)))
+    (answer,) = [e.message for e in fx if isinstance(e, Send)]
+    assert answer.success and answer.match_index == 6 and node.last_index == 6
+    assert [e.index for e in node.log] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_truncated_uncommitted_config_entry_is_forgotten():
+    """A follower holds an uncommitted CONFIG entry (learner 4 added) that the new leader
+    never had: when the leader's entries overwrite it, the follower's membership goes
+    back to the one before."""
+    voters = [1, 2, 3]
+    boot = bootstrap(voters).entries
+    config = Entry(index=2, term=2, kind=EntryKind.CONFIG,
+                   data=encode_membership(Membership(voters=voters, learners=[4])))
+    node = RaftNode(RaftConfig(node_id=2), random.Random(2))
+    node.step(Restore(hard_state=HardState(term=2, voted_for=None, commit_index=1), entries=[*boot, config]))
+    assert node.membership.learners == [4]
+    other = Entry(index=2, term=3, kind=EntryKind.NOOP, data=b"")
+    node.step(Receive(message=AppendEntries(from_id=3, to_id=2, term=3, prev_log_index=1, prev_log_term=1,
+                                            entries=[other], leader_commit=1)))
+    assert node.membership == Membership(voters=voters, learners=[]) and node.config_index == 1
+
+
+def test_a_lost_append_in_replicate_state_is_resent_after_the_stall_period():
+    """Replicate state: an AppendEntries lost on the way is resent, from the follower's
+    match, after max(2, election_ticks_min // 2) ticks without progress, not before."""
+    c = Cluster([1, 2, 3], election_ticks_min=2, election_ticks_max=3, check_quorum=False)
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    match = c.nodes[1].progress[3].match
+    c.step(1, Propose(request_id=1, data=b"x"))
+    c.deliver()
+    c.isolated.clear()
+
+    def appends_to_3(fx) -> list:
+        return [e.message for e in fx if isinstance(e, Send) and isinstance(e.message, AppendEntries)
+                and e.message.to_id == 3]
+
+    assert appends_to_3(c.step(1, Tick())) == []
+    c.inbox.clear()
+    (resent,) = appends_to_3(c.step(1, Tick()))
+    assert resent.prev_log_index == match and resent.entries
+
+
+def test_heartbeats_go_out_every_heartbeat_ticks():
+    """With heartbeat_ticks=3 the leader sends one heartbeat round per three ticks."""
+    from danube_zmq.consensus.raft.messages import Heartbeat
+
+    c = Cluster([1, 2, 3], heartbeat_ticks=3)
+    c.elect(1)
+    c.tick(n=3)
+    rounds = []
+    for _ in range(9):
+        fx = c.step(1, Tick())
+        rounds.append(sum(1 for e in fx if isinstance(e, Send) and isinstance(e.message, Heartbeat)))
+        c.deliver()
+    assert sorted(rounds) == [0, 0, 0, 0, 0, 0, 2, 2, 2]
