@@ -105,3 +105,36 @@ def test_records_round_trip_and_refuse_the_wrong_kind() -> None:
     assert cr.topic_of(cr.assignment_key("/ns/t-part-1"), cr.ASSIGNMENTS) == "/ns/t-part-1"
     assert cr.broker_of(cr.state_key(42), cr.BROKERS) == 42
     assert cr.broker_of(cr.register_key(9), cr.REGISTER) == 9
+
+
+class CountingLoads(dict):
+    """Topic loads that count every lookup: the work placement does per topic."""
+
+    lookups = 0
+
+    def get(self, key, default=None):  # type: ignore[override]
+        CountingLoads.lookups += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        CountingLoads.lookups += 1
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        CountingLoads.lookups += 1
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("strategy", [Strategy.BALANCED, Strategy.WEIGHTED_LOAD])
+def test_placing_a_burst_of_topics_reads_each_topic_load_a_bounded_number_of_times(strategy: Strategy) -> None:
+    """Placing N waiting topics on a cluster with A assigned ones looks up topic loads
+    O(A + N) times, not once per assigned topic for every placed one (O(N x A), what
+    starved the event loop at 12k partitions): a counting fake, no timing."""
+    assigned = {f"/ns/a{i}": (1 + i % 3, 1) for i in range(2_000)}
+    waiting = {f"/ns/w{i}": Waiting() for i in range(2_000)}
+    view = ClusterView(brokers=dict.fromkeys((1, 2, 3), BrokerState.ACTIVE), assignments=assigned,
+                       waiting=waiting, exists=set(assigned) | set(waiting))
+    CountingLoads.lookups = 0
+    decided = plan(view, strategy, {}, CountingLoads(), now_ms=0, grace_ms=GRACE)
+    assert len(decided.assign) == 2_000
+    assert CountingLoads.lookups <= 3 * (len(assigned) + len(waiting))
