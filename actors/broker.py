@@ -131,6 +131,9 @@ _REMOTE_ADMIN_TASKS_MAX = 64
 _DEAD_LETTER_BATCHES_MAX = 1_000
 # How long offset reservations are retried before the topic is told they failed.
 _RESERVE_RETRY_S = 3.0
+# Keys one topic create or delete writes per metadata transaction (the state machine's
+# batch_keys_max is 4,096): a 10,000-partition topic is written in several.
+_TOPIC_KEYS_PER_BATCH = 1_000
 
 
 class BrokerActor(BrokerAdmin, Actor):
@@ -1009,11 +1012,17 @@ class BrokerActor(BrokerAdmin, Actor):
         return resolved
 
     async def _write_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> None:
-        """The topic's record and an unassigned marker per partition, in one transaction."""
+        """The topic's record and an unassigned marker per partition. A topic with more
+        partitions than one metadata batch holds is written in several: the record with
+        the first markers, then the rest guarded by the record's version and by each
+        partition having no assignment yet (a partition left without a marker, by a
+        crash in between, is placed by the load manager all the same)."""
         if not await self._namespace_exists(name.namespace):
             raise NotFound(f"namespace '{name.namespace}' does not exist")
-        if partitions < 0 or partitions > 10_000:
-            raise InvalidArgument(f"partitions must be 0..10000, got {partitions}")
+        limit = self.config.policies.partitions_per_topic_max
+        if partitions < 0 or partitions > limit:
+            raise InvalidArgument(f"partitions must be 0..{limit} (policies.partitions_per_topic_max),"
+                                  f" got {partitions}")
         if dispatch_strategy not in (cp.DispatchStrategy.NON_RELIABLE, cp.DispatchStrategy.RELIABLE):
             raise InvalidArgument(f"unknown dispatch strategy {dispatch_strategy}")
         if name.partition_index is not None and await self._resolve(name.base) is not None:
@@ -1022,15 +1031,43 @@ class BrokerActor(BrokerAdmin, Actor):
         for other in names:
             if other != name.full and self._record(other) is not None:
                 raise AlreadyExists(f"topic {other} already exists")
+        self._check_namespace_room(name.namespace, len(names))
         now = self.system.clock.now_ms()
         record = cr.encode(cr.TopicRecord(dispatch_strategy=dispatch_strategy, partitions=partitions, created_ms=now))
         marker = cr.encode(cr.Unassigned(reason=cr.UnassignedReason.NEW, since_ms=now))
         key = cr.topic_record_key(name.full)
-        puts = {key: record} | {cr.unassigned_key(n): marker for n in names}
-        if not await self.metadata.transaction({key: 0}, puts):
+        per_batch = self._keys_per_batch()
+        first, rest = names[:per_batch - 1], names[per_batch - 1:]
+        if not await self.metadata.transaction({key: 0}, {key: record} | {cr.unassigned_key(n): marker for n in first}):
             raise AlreadyExists(f"topic {name.full} already exists")
+        for start in range(0, len(rest), per_batch):
+            chunk = rest[start:start + per_batch]
+            written = self.metadata.peer.state.get(key)
+            if written is None or not await self.metadata.transaction(
+                    {key: written.version} | {cr.assignment_key(n): 0 for n in chunk},
+                    {cr.unassigned_key(n): marker for n in chunk}):
+                log.info("topic %s changed while its partitions were marked; the load manager places the rest",
+                         name.full)
+                break
         log.info("topic %s created (%d partitions, %s)", name.full, partitions,
                  cp.DispatchStrategy(dispatch_strategy).name.lower())
+
+    def _keys_per_batch(self) -> int:
+        """Keys one metadata transaction may touch, with room to spare."""
+        return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.peer.state.batch_keys_max))
+
+    def _check_namespace_room(self, namespace: str, adding: int) -> None:
+        """RESOURCE_EXHAUSTED when `adding` more topics (partitions count one each) would
+        pass `policies.topics_per_namespace_max`. The scan is bounded by the limit itself."""
+        limit = self.config.policies.topics_per_namespace_max
+        held = 0
+        for key, value in self.metadata.peer.state.list_prefix(f"{cr.TOPICS}{namespace}/"):
+            if key.count("/") == 3:  # a topic record, not a subscription's or producer's key
+                with contextlib.suppress(DanubeError):
+                    held += max(1, cr.decode(value.value, cr.TopicRecord).partitions)
+        if held + adding > limit:
+            raise ResourceExhausted(f"namespace '{namespace}' holds {held} topics (partitions count one each);"
+                                    f" {adding} more would pass policies.topics_per_namespace_max ({limit})")
 
     def _wal_dir(self, name: TopicName) -> Path:
         return self.data_dir / "wal" / name.namespace / name.topic

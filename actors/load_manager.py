@@ -310,15 +310,30 @@ class LoadManagerActor(Actor):
         for choice in decided.assign:
             marker = cr.unassigned_key(choice.topic)
             key = cr.assignment_key(choice.topic)
+            expect = {marker: versions.get(marker, 0), key: 0}
+            if marker not in versions:  # no marker: only while its topic record is the one read
+                record = self._record_version(choice.topic)
+                if record is None:
+                    continue
+                expect[record[0]] = record[1]
             writes.append(self.metadata.transaction(
-                {marker: versions[marker], key: 0},
+                expect,
                 {key: cr.encode(cr.Assignment(broker_id=choice.broker_id, epoch=choice.epoch, assigned_ms=now_ms))},
-                [marker]))
+                [marker] if marker in versions else []))
         await _gather(writes)
         if decided.assign:
             log.info("assigned %d topics (%s)", len(decided.assign),
                      ", ".join(f"{a.topic} -> {a.broker_id}" for a in decided.assign[:5])
                      + (" ..." if len(decided.assign) > 5 else ""))
+
+    def _record_version(self, topic: str) -> tuple[str, int] | None:
+        """The key and version of the record `topic` (a topic or a partition) belongs to."""
+        name = parse_topic(topic)
+        for full in (name.full, name.base.full):
+            value = self.metadata.peer.state.get(cr.topic_record_key(full))
+            if value is not None:
+                return cr.topic_record_key(full), value.version
+        return None
 
     async def _start_moves(self, moves: list[Move], versions: dict[str, int], reason: str) -> list[Move]:
         """Replace each moving topic's assignment by an unsealed marker naming its

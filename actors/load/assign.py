@@ -3,7 +3,8 @@ metadata store has it: a pure function, no I/O and no clock of its own.
 
 - An unassigned topic (or partition) whose topic still exists goes to a broker chosen
   by `placement.place`, never the broker it leaves unless that is the only ACTIVE one;
-  a marker whose topic is gone is dropped.
+  a marker whose topic is gone is dropped. A topic with neither an assignment nor a
+  marker (a big topic whose creator stopped between its metadata batches) is new.
 - A topic assigned to a broker whose registration has been gone for `grace_ms` (its
   lease expired: it is dead, or fenced itself) is posted unassigned again, reason
   failover. The grace covers a fresh leader that has not yet seen a restarted broker
@@ -86,7 +87,10 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
                     {t: b for t, (b, _) in view.assignments.items() if b in view.brokers}, loads)
     assign: list[Assign] = []
     unplaced = 0
-    for topic, marker in sorted(view.waiting.items()):
+    # A topic with neither an assignment nor a marker is new too: a topic too large for
+    # one metadata batch is created in several, and its creator may stop between them.
+    bare = {t: Waiting() for t in view.exists if t not in view.assignments and t not in view.waiting}
+    for topic, marker in sorted((view.waiting | bare).items()):
         if topic not in view.exists or topic in view.assignments:
             continue
         if not marker.sealed and marker.from_broker in view.brokers:

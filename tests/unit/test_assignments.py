@@ -44,7 +44,7 @@ def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor:
     now = 2 * GRACE
     decided = plan(view, strategy, {}, {}, now_ms=now, grace_ms=GRACE, cursor=cursor)
     for choice in decided.assign:
-        marker = view.waiting[choice.topic]
+        marker = view.waiting.get(choice.topic, Waiting())  # a topic with neither is new
         assert view.brokers[choice.broker_id] is BrokerState.ACTIVE  # only live ACTIVE brokers take topics
         others = [b for b, s in view.brokers.items() if s is BrokerState.ACTIVE and b != marker.from_broker]
         assert choice.broker_id != marker.from_broker or not others  # back only when it is the only one
@@ -62,9 +62,21 @@ def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor:
     assert set(decided.drop) == {t for t in view.waiting if t not in view.exists}
     placeable = [t for t, m in view.waiting.items() if t in view.exists and t not in view.assignments
                  and (m.sealed or m.from_broker not in view.brokers)]
+    placeable += [t for t in view.exists if t not in view.assignments and t not in view.waiting]
     assert len(decided.assign) + decided.unplaced == len(placeable)
     if not any(s is BrokerState.ACTIVE for s in view.brokers.values()):
         assert not decided.assign
+
+
+def test_a_partition_with_neither_marker_nor_assignment_is_placed_as_new() -> None:
+    """A topic (or partition) that exists with no assignment and no unassigned marker (a
+    topic too large for one metadata batch whose creator stopped between its batches)
+    is placed like a new one, epoch 1, instead of staying unserved forever."""
+    view = ClusterView(brokers={1: BrokerState.ACTIVE}, assignments={"/ns/t-part-0": (1, 1)},
+                       waiting={"/ns/t-part-1": Waiting()}, exists={f"/ns/t-part-{i}" for i in range(3)})
+    decided = plan(view, Strategy.FAIR, {}, {}, now_ms=0, grace_ms=GRACE)
+    assert sorted((a.topic, a.broker_id, a.epoch) for a in decided.assign) == [("/ns/t-part-1", 1, 1),
+                                                                               ("/ns/t-part-2", 1, 1)]
 
 
 def test_a_missing_broker_is_orphaned_only_after_the_grace() -> None:
