@@ -132,8 +132,12 @@ _DEAD_LETTER_BATCHES_MAX = 1_000
 # How long offset reservations are retried before the topic is told they failed.
 _RESERVE_RETRY_S = 3.0
 # Keys one topic create or delete writes per metadata transaction (the state machine's
-# batch_keys_max is 4,096): a 10,000-partition topic is written in several.
-_TOPIC_KEYS_PER_BATCH = 1_000
+# batch_keys_max is 4,096): a big topic is written in several. Every replica applies a
+# batch in one step of its event loop, so batches stay small: 1,000 keys held each
+# broker's loop for about 50 ms (more than a follower's Raft heartbeat on a busy host).
+_TOPIC_KEYS_PER_BATCH = 256
+# Assignments decoded between two yields to the event loop.
+_KEYS_PER_SLICE = 2_000
 
 
 class BrokerActor(BrokerAdmin, Actor):
@@ -363,10 +367,8 @@ class BrokerActor(BrokerAdmin, Actor):
             try:
                 if revision is None:
                     await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
-                    state = store.peer.state
-                    revision = state.revision
-                    mine = [cr.topic_of(key, cr.ASSIGNMENTS) for key, value in state.list_prefix(cr.ASSIGNMENTS)
-                            if _owner(key, value.value) == self.broker_id]
+                    revision = store.peer.state.revision
+                    mine = await self._assigned_here()
                     await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
                 async for event in store.watch(cr.ASSIGNMENTS, revision):
                     revision = event.revision
@@ -388,7 +390,7 @@ class BrokerActor(BrokerAdmin, Actor):
                 return
             self.lease_held = True
             log.info("broker %d holds its lease: serving", self.broker_id)
-            await self._resync(self._assigned_here())
+            await self._resync(await self._assigned_here())
             for topic in list(self.parked):
                 await self._wake(topic)
             return
@@ -427,9 +429,16 @@ class BrokerActor(BrokerAdmin, Actor):
             await self._load(topic)
             await self._wake(topic)
 
-    def _assigned_here(self) -> list[str]:
-        return [cr.topic_of(key, cr.ASSIGNMENTS) for key, value in self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)
-                if _owner(key, value.value) == self.broker_id]
+    async def _assigned_here(self) -> list[str]:
+        """The topics assigned here, as of the applied state when called (the listing is a
+        copy); with 100,000 assignments to decode it yields to the event loop as it goes."""
+        mine = []
+        for n, (key, value) in enumerate(self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)):
+            if n % _KEYS_PER_SLICE == 0:
+                await asyncio.sleep(0)
+            if _owner(key, value.value) == self.broker_id:
+                mine.append(cr.topic_of(key, cr.ASSIGNMENTS))
+        return mine
 
     async def _load(self, topic: str) -> None:
         if topic in self.topics or not self.lease_held:
@@ -448,6 +457,10 @@ class BrokerActor(BrokerAdmin, Actor):
             self.producer_writes.setdefault(key, None)
         entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
+        # Spawning may never suspend: a burst of assignments (a big topic created, a
+        # restart with every topic to load) would hold the loop for all of them, and
+        # the lease renewals, Raft and the admin Ping with it.
+        await asyncio.sleep(0)
         log.info("topic %s loaded on broker %d", topic, self.broker_id)
         waiting = self.dead_letters.pop(topic, [])
         self.dead_letters_count -= len(waiting)

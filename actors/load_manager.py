@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,11 @@ _IDLE_ROUND_S = 1.0
 # Changes that need a round at once; lease renewals and load reports do not.
 _TRIGGERS = (cr.ASSIGNMENTS, cr.UNASSIGNED, cr.BROKERS, cr.MOVES)
 _WRITES_AT_ONCE = 256  # proposals in flight per round (the peer batches adjacent ones)
+# Keys a round reads between two yields to the event loop: with 100,000 partitions one
+# round reads every assignment, marker and topic, and the loop must keep answering
+# Ping and renewing leases meanwhile (at 12,000 partitions a round in one go lost the
+# broker its lease). The decisions themselves run in a worker thread (see `_round`).
+_KEYS_PER_SLICE = 2_000
 
 
 class _Memo:
@@ -76,9 +82,11 @@ class _Memo:
         self.last: list[tuple[str, Any, Any]] = []
         self.read_at = -1  # the state's revision when `last` was read
 
-    def read(self, state: Any) -> list[tuple[str, Any, Any]]:
+    async def read(self, state: Any) -> list[tuple[str, Any, Any]]:
         """(key, versioned value, converted record) for every key under the prefix; the
-        last answer again when nothing under it changed since (no listing at all)."""
+        last answer again when nothing under it changed since (no listing at all).
+        Yields to the event loop every `_KEYS_PER_SLICE` keys: the listing is a copy,
+        so what it holds stays the state at one revision."""
         revision = state.revision
         if self.read_at >= 0:
             try:
@@ -90,7 +98,8 @@ class _Memo:
                 return self.last
         fresh: dict[str, tuple[int, Any]] = {}
         out = []
-        for key, value in state.list_prefix(self.prefix):
+        for n, (key, value) in enumerate(state.list_prefix(self.prefix)):
+            await _pace(n)
             hit = self.items.get(key)
             if hit is None or hit[0] != value.mod_revision:
                 hit = (value.mod_revision, self.convert(key, value.value))
@@ -208,9 +217,12 @@ class LoadManagerActor(Actor):
         return self.system.clock.now_ms()
 
     async def _round(self) -> None:
-        cluster = self._read()
-        decided = plan(cluster.placeable(), self.strategy, cluster.reports, cluster.loads(), now_ms=self._now(),
-                       grace_ms=self.grace_ms, cursor=self.cursor)
+        cluster = await self._read()
+        # The pure plan is O(N) over every topic: in a worker thread (its inputs are this
+        # round's copies, touched by nothing else) the event loop gets the GIL back
+        # every switch interval instead of waiting for the whole plan.
+        decided = await asyncio.to_thread(plan, cluster.placeable(), self.strategy, cluster.reports, cluster.loads(),
+                                          now_ms=self._now(), grace_ms=self.grace_ms, cursor=self.cursor)
         self.cursor = decided.cursor
         self.absent_since_ms = decided.absent_since_ms
         await self._carry_out(decided, cluster.versions)
@@ -220,12 +232,16 @@ class LoadManagerActor(Actor):
             await self._rebalance(cluster, max_moves=None, dry_run=False)
 
     # ------------------------------------------------------------- reading the store
-    def _read(self) -> _Cluster:
-        """The cluster as this peer has applied it, and the version of every key read."""
+    async def _read(self) -> _Cluster:
+        """The cluster as this peer has applied it, and the version of every key read.
+        Prefixes are read one after the other, yielding in between, so each may be at a
+        later revision than the one before: assignments, then markers, then topics
+        (a topic's record is written before or with its markers), and every write made
+        from this reading is guarded by the versions read."""
         state = self.metadata.peer.state
         versions: dict[str, int] = {}
         modes: dict[int, str] = {}
-        for key, value, mode in self._states.read(state):
+        for key, value, mode in await self._states.read(state):
             broker = cr.broker_of(key, cr.BROKERS)
             if broker is not None and mode is not None:
                 modes[broker] = mode
@@ -244,29 +260,32 @@ class LoadManagerActor(Actor):
                     and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
                 suspect.add(broker)
         assignments = {}
-        for key, value, record in self._assignments.read(state):
+        for n, (key, value, record) in enumerate(await self._assignments.read(state)):
+            await _pace(n)
             if record is not None:
                 assignments[cr.topic_of(key, cr.ASSIGNMENTS)] = (record.broker_id, record.epoch)
                 versions[key] = value.version
         waiting = {}
-        for key, value, marker in self._waiting.read(state):
+        for n, (key, value, marker) in enumerate(await self._waiting.read(state)):
+            await _pace(n)
             waiting[cr.topic_of(key, cr.UNASSIGNED)] = Waiting(
                 from_broker=marker.from_broker, to_broker=marker.to_broker, epoch=marker.epoch, sealed=marker.sealed)
             versions[key] = value.version
         exists: set[str] = set()
         created: dict[str, int] = {}
-        for _key, _value, partitions in self._topics.read(state):
+        for n, (_key, _value, partitions) in enumerate(await self._topics.read(state)):
+            await _pace(n)
             if partitions is not None:
                 names, created_ms = partitions
                 exists.update(names)
                 created.update(dict.fromkeys(names, created_ms))
         reports = {}
-        for _key, _value, report in self._reports.read(state):
+        for _key, _value, report in await self._reports.read(state):
             if report is not None and report.broker_id in brokers:
                 reports[report.broker_id] = report
         moves_ms: list[int] = []
         last_moved: dict[str, int] = {}
-        for _key, _value, move in self._moves.read(state):
+        for _key, _value, move in await self._moves.read(state):
             if move is not None:
                 moves_ms.append(move.at_ms)
                 last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
@@ -359,10 +378,10 @@ class LoadManagerActor(Actor):
 
     async def _rebalance(self, cluster: _Cluster, *, max_moves: int | None, dry_run: bool) -> ap.Rebalanced:
         assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
-        decided = rebalance_plan(now_ms=self._now(), policy=self.policy, states=cluster.placeable().brokers,
-                                 assignments=assigned, loads=cluster.loads(),
-                                 created_ms=cluster.created_ms, last_moved_ms=cluster.last_moved_ms,
-                                 recent_moves_ms=cluster.moves_ms, max_moves=max_moves)
+        decided = await asyncio.to_thread(functools.partial(
+            rebalance_plan, now_ms=self._now(), policy=self.policy, states=cluster.placeable().brokers,
+            assignments=assigned, loads=cluster.loads(), created_ms=cluster.created_ms,
+            last_moved_ms=cluster.last_moved_ms, recent_moves_ms=cluster.moves_ms, max_moves=max_moves))
         moves = list(decided.moves)
         if not dry_run and moves:
             moves = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.REBALANCE)
@@ -395,7 +414,7 @@ class LoadManagerActor(Actor):
 
     async def _admin(self, request: Any) -> Message:
         await self.metadata.get(cr.LEADER)  # a barrier: the applied state is current
-        cluster = self._read()
+        cluster = await self._read()
         if isinstance(request, ap.GetClusterBalance):
             return self._balance(cluster, request.request_id)
         if isinstance(request, ap.RebalanceCluster):
@@ -444,6 +463,12 @@ class LoadManagerActor(Actor):
             raise NotFound(f"broker {broker} is not registered")
         key = cr.state_key(broker)
         await self.metadata.put(key, cr.encode(cr.BrokerStateRecord(mode=mode, reason=reason)))
+
+
+async def _pace(n: int) -> None:
+    """Yield to the event loop once every `_KEYS_PER_SLICE` items."""
+    if n and n % _KEYS_PER_SLICE == 0:
+        await asyncio.sleep(0)
 
 
 def _move_info(move: Move) -> ap.MoveInfo:
