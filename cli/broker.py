@@ -88,6 +88,7 @@ def start(
 
 
 async def _run(config: Any) -> None:
+    from danube_zmq.actors.gc_pacing import GcPacer
     from danube_zmq.actors.service import BrokerService
 
     with StopSignals() as stop:
@@ -102,11 +103,16 @@ async def _run(config: Any) -> None:
             f"danube broker {service.broker_id} listening: clients {service.client_url}, "
             f"admin {service.admin_url}, metrics {service.metrics_url or 'off'}"
         )
+        # A broker process only: in a process that embeds BrokerService (tests) the
+        # collector is the host's business.
+        pacer = GcPacer()
+        pacer.start()
         try:
             await stop.race(service.wait_stopped())
             log.warning("the broker stopped by itself")
         except Interrupted:
             log.info("%s received; stopping the broker", stop.signal_name)
         # Stop outside the race: a clean shutdown is what the signal asked for.
+        await pacer.stop()
         await service.stop()
     log.info("broker stopped")
