@@ -401,11 +401,23 @@ class BrokerActor(BrokerAdmin, Actor):
         # Every topic stops first: sealing waits on the metadata store, which may be
         # out of reach (the likely reason the lease was lost).
         stopped = [await self._stop_topic(topic) for topic in list(self.topics)]
+        # Once the store is out of reach, every other seal would wait out its own
+        # timeout too (hours with tens of thousands of topics): the rest are left to
+        # what already reached the store, as a failed seal is. One log line, not one a topic.
+        unsealed: list[str] = []
+        store_gone = False
         for entry, next_offset in filter(None, stopped):
+            if store_gone:
+                unsealed.append(entry.name.full)
+                continue
             try:
                 await self._seal(entry, next_offset)
             except DanubeError as exc:
                 log.error("topic %s not sealed (%s)", entry.name.full, exc)
+                store_gone = isinstance(exc, Unavailable)
+        if unsealed:
+            log.error("%d more topics not sealed, the metadata store being out of reach (%s ...): their next"
+                      " brokers start from what reached the store", len(unsealed), ", ".join(unsealed[:3]))
 
     async def handle_AssignmentChanged(self, msg: AssignmentChanged) -> None:
         if msg.broker_id == self.broker_id:

@@ -25,7 +25,7 @@ import time
 
 log = logging.getLogger("danube_zmq.gc")
 
-FREEZE_INTERVAL_S = 10.0
+FREEZE_INTERVAL_S = 1.0
 THAW_INTERVAL_S = 3600.0
 
 

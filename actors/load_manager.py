@@ -314,9 +314,14 @@ class LoadManagerActor(Actor):
     async def _carry_out(self, decided: Plan, versions: dict[str, int]) -> None:
         now_ms = self._now()
         writes: list[Any] = []
+        gone: dict[int, list[str]] = {}
+        for orphan in decided.orphans:
+            gone.setdefault(orphan.from_broker, []).append(orphan.topic)
+        for broker, topics in gone.items():  # one line a broker: a log line a topic held the loop for seconds
+            log.warning("broker %d is gone: %d topics unassigned (failover): %s%s", broker, len(topics),
+                        ", ".join(topics[:5]), " ..." if len(topics) > 5 else "")
         for orphan in decided.orphans:
             key = cr.assignment_key(orphan.topic)
-            log.warning("broker %d is gone: %s is unassigned (failover)", orphan.from_broker, orphan.topic)
             writes.append(self.metadata.transaction(
                 {key: versions[key], cr.unassigned_key(orphan.topic): 0},
                 {cr.unassigned_key(orphan.topic): cr.encode(cr.Unassigned(
