@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Ping
-from danube_zmq.transport.errors import DanubeError
+from danube_zmq.transport.errors import AlreadyExists, DanubeError
 from tests.integration.conftest import free_port, start_broker
 from tests.integration.test_metadata_cluster import Node, agreed_leader
 
@@ -170,19 +170,35 @@ def lease_trouble(nodes: list[Node], logs: list[str]) -> dict[str, int]:
 
 
 async def create(nodes: list[ScaleNode], partitions: int, per_topic: int, registered: list[int]) -> dict[str, float]:
+    """Create the topics one after the other through the brokers in turn; a create with
+    no answer is retried on the next broker (an AlreadyExists then means it was made)."""
     topics = max(1, partitions // per_topic)
     started = time.monotonic()
-    async with AdminClient(nodes[0].admin_url, timeout_ms=60_000) as admin:
-        for i in range(topics):
-            await admin.create_topic(f"/default/scale-{i}", partitions=per_topic)
+    retries = 0
+    turn = 0
+    for i in range(topics):
+        while True:
+            node = nodes[turn % len(nodes)]
             try:
-                registered.append(len(await admin.list_brokers()))
-            except DanubeError:
-                registered.append(-1)  # no answer (no leader known): counted as a miss
+                async with AdminClient(node.admin_url, timeout_ms=60_000) as admin:
+                    try:
+                        await admin.create_topic(f"/default/scale-{i}", partitions=per_topic)
+                    except AlreadyExists:
+                        pass
+                    try:
+                        registered.append(len(await admin.list_brokers()))
+                    except DanubeError:
+                        registered.append(-1)  # no answer (no leader known): counted as a miss
+                break
+            except DanubeError as exc:
+                retries += 1
+                turn += 1
+                print(f"create of /default/scale-{i} failed ({exc}); retrying on the next broker", file=sys.stderr)
+                await asyncio.sleep(1.0)
     created = time.monotonic() - started
     served = await until_served(nodes, topics * per_topic, 3600, registered)
     return {"topics": topics, "partitions": topics * per_topic, "create_s": round(created, 1),
-            "served_after_first_create_s": round(time.monotonic() - started, 1),
+            "create_retries": retries, "served_after_first_create_s": round(time.monotonic() - started, 1),
             "served_after_last_create_s": round(served, 1)}
 
 
