@@ -11,7 +11,13 @@
 - every broker stopped (SIGTERM, how long each took) and started again: time until
   every partition is served again.
 
-    .venv/bin/python benchmarks/metadata_scale.py [--partitions 100000] [--per-topic 1000] [--json FILE]
+- with `--gc-pauses`, every garbage collection over 30 ms in the brokers (wall and
+  CPU time: `gc_probe/sitecustomize.py`).
+
+Lease losses are counted from the brokers' logs (unbuffered) once they have stopped.
+
+    .venv/bin/python benchmarks/metadata_scale.py [--partitions 100000] [--per-topic 1000] [--gc-pauses]
+        [--json FILE] [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -164,6 +170,15 @@ async def term(node: Node) -> int:
         return (await admin.cluster_status()).term
 
 
+def gc_pauses(logs: list[str]) -> dict[str, float]:
+    walls = sorted(float(m.group(1)) for m in re.finditer(r"GCPAUSE gen\d (\d+) ms", "".join(logs)))
+    cpus = sorted(float(m.group(1)) for m in re.finditer(r"GCPAUSE gen\d \d+ ms cpu (\d+) ms", "".join(logs)))
+    if not walls:
+        return {"over_30ms": 0}
+    return {"over_30ms": len(walls), "wall_p50": walls[len(walls) // 2], "wall_max": walls[-1],
+            "cpu_max": cpus[-1] if cpus else 0.0}
+
+
 def lease_trouble(nodes: list[Node], logs: list[str]) -> dict[str, int]:
     text = "".join(logs) + "".join(n.process.log() for n in nodes if n.process is not None)
     return {"lost": text.count("lost its lease"), "renew_failed": text.count("could not renew its lease")}
@@ -208,10 +223,14 @@ def main() -> None:
     parser.add_argument("--per-topic", type=int, default=1_000)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep data and broker logs here (default: a temp dir)")
+    parser.add_argument("--gc-pauses", action="store_true", help="log the brokers' collections over 30 ms")
     args = parser.parse_args()
     env = {"DANUBE_POLICIES__TOPICS_PER_NAMESPACE_MAX": str(max(10_000, args.partitions)),
            "DANUBE_POLICIES__PARTITIONS_PER_TOPIC_MAX": str(max(1_000, args.per_topic)),
-           "DANUBE_LOAD_MANAGER__ASSIGNMENT_STRATEGY": "balanced"}
+           "DANUBE_LOAD_MANAGER__ASSIGNMENT_STRATEGY": "balanced", "PYTHONUNBUFFERED": "1",
+           "COLUMNS": "1000"}  # one log line a record: the counts below match whole lines
+    if args.gc_pauses:
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "gc_probe")
     result: dict[str, object] = {"partitions": args.partitions, "per_topic": args.per_topic}
     with tempfile.TemporaryDirectory(prefix="metadata-scale-") as tmp_dir:
         tmp = str(args.work_dir) if args.work_dir else tmp_dir
@@ -252,12 +271,17 @@ def main() -> None:
             asyncio.run(until_served(nodes, total, 3600, registered))
             result["restart_served_from_start_s"] = round(time.monotonic() - begun, 1)
             result["ping_after_restart"] = pinger.figures()
-            result["lease_total"] = lease_trouble(nodes, logs)
         finally:
             pinger.stopping.set()
             for node in nodes:
                 if node.process is not None:
                     node.process.stop(timeout_s=120)
+                    logs.append(node.process.log())
+                    node.process = None
+            result["lease_total"] = lease_trouble(nodes, logs)
+            result["failovers"] = sum(text.count(" topics unassigned (failover)") for text in logs)
+            if args.gc_pauses:
+                result["gc_pauses_ms"] = gc_pauses(logs)
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
