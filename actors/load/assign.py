@@ -3,7 +3,8 @@ metadata store has it: a pure function, no I/O and no clock of its own.
 
 - An unassigned topic (or partition) whose topic still exists goes to a broker chosen
   by `placement.place`, never the broker it leaves unless that is the only ACTIVE one;
-  a marker whose topic is gone is dropped.
+  a marker whose topic is gone is dropped. A topic with neither an assignment nor a
+  marker (a big topic whose creator stopped between its metadata batches) is new.
 - A topic assigned to a broker whose registration has been gone for `grace_ms` (its
   lease expired: it is dead, or fenced itself) is posted unassigned again, reason
   failover. The grace covers a fresh leader that has not yet seen a restarted broker
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from danube_zmq.actors.load.placement import Strategy, place
+from danube_zmq.actors.load.placement import Placer, Strategy
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad
 from danube_zmq.transport.errors import Unavailable
 
@@ -85,10 +86,16 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
     orphans = tuple(Orphan(topic=t, from_broker=b, epoch=e) for t, (b, e) in sorted(view.assignments.items())
                     if b in absent and now_ms - absent[b] >= grace_ms and t in view.exists and t not in view.pinned)
     drop = tuple(sorted(t for t in view.waiting if t not in view.exists))
-    placed = {t: b for t, (b, _) in view.assignments.items() if b in view.brokers}
+    # One Placer for the whole round: each placed topic updates the brokers' totals
+    # (O(B)) instead of placement summing every assigned topic again for each one.
+    placer = Placer(strategy, view.brokers, reports,
+                    {t: b for t, (b, _) in view.assignments.items() if b in view.brokers}, loads)
     assign: list[Assign] = []
     unplaced = 0
-    for topic, marker in sorted(view.waiting.items()):
+    # A topic with neither an assignment nor a marker is new too: a topic too large for
+    # one metadata batch is created in several, and its creator may stop between them.
+    bare = {t: Waiting() for t in view.exists if t not in view.assignments and t not in view.waiting}
+    for topic, marker in sorted((view.waiting | bare).items()):
         if topic not in view.exists or topic in view.assignments:
             continue
         if not marker.sealed and (marker.from_broker in view.brokers or topic in view.pinned):
@@ -97,15 +104,15 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
         target = marker.to_broker
         if target is None or view.brokers.get(target) is not BrokerState.ACTIVE or target in exclude:
             try:
-                chosen = place(strategy, view.brokers, reports, placed, loads, cursor=cursor, exclude=exclude)
+                chosen = placer.place(cursor=cursor, exclude=exclude)
             except Unavailable:
                 try:  # the broker it leaves is the only ACTIVE one: back there (a reload)
-                    chosen = place(strategy, view.brokers, reports, placed, loads, cursor=cursor)
+                    chosen = placer.place(cursor=cursor)
                 except Unavailable:
                     unplaced += 1
                     continue
             target, cursor = chosen.broker_id, chosen.cursor
-        placed[topic] = target
+        placer.add(topic, target)
         assign.append(Assign(topic=topic, broker_id=target, epoch=marker.epoch + 1))
     return Plan(assign=tuple(assign), orphans=orphans, drop=drop, cursor=cursor, absent_since_ms=absent,
                 unplaced=unplaced)

@@ -14,6 +14,9 @@ the threshold. A topic is eligible when it is not blacklisted (exact name, or a
 
 `drain` empties one broker (admin `brokers unload`): each of its topics goes where
 placement would put a new topic, the broker itself excluded.
+
+Cost: a plan sorts each broker's eligible topics once (O(N log N)) and a move costs
+O(B); a drain keeps one `Placer` (O(N x B)). Neither sums the brokers' loads per topic.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from danube_zmq.actors.load.placement import Strategy, place
+from danube_zmq.actors.load.placement import Placer, Strategy
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, weight_of
 from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport.errors import InvalidArgument
@@ -153,25 +156,29 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
     if budget <= 0:
         return Plan(balance, why_none=f"{done_this_hour} moves in the past hour, the cap is "
                                       f"{policy.max_moves_per_hour}", after=current)
-    owner = {t: b for t, b in assignments.items() if b in current}
-    moved: set[str] = set()
+    # Each broker's eligible topics, lightest first, sorted once (O(N log N) a plan, not
+    # a sort per move): the lightest one not yet moved is the only candidate, since a
+    # heavier one narrows the gap less and fits whenever a lighter one does not.
+    queues: dict[int, list[tuple[float, str]]] = {b: [] for b in active}
+    for t, b in assignments.items():
+        if b in queues and _eligible(t, now_ms, policy, created_ms, last_moved_ms):
+            queues[b].append((weight_of(t, loads), t))
+    for queue in queues.values():
+        queue.sort()
+    heads = dict.fromkeys(active, 0)
     moves: list[Move] = []
     while len(moves) < budget and measure(current).cv > policy.cv_threshold:
         source = max(active, key=lambda b: (current[b], -b))
         target = min(active, key=lambda b: (current[b], b))
-        candidates = sorted(
-            (weight_of(t, loads), t) for t, b in owner.items()
-            if b == source and t not in moved and _eligible(t, now_ms, policy, created_ms, last_moved_ms))
-        choice = next(((w, t) for w, t in candidates if current[target] + w < current[source] - GAP_MARGIN), None)
-        if choice is None:
+        queue, head = queues[source], heads[source]
+        if head >= len(queue) or not current[target] + queue[head][0] < current[source] - GAP_MARGIN:
             break
-        weight, topic = choice
+        weight, topic = queue[head]
+        heads[source] = head + 1  # a moved topic is not moved again in this plan
         moves.append(Move(topic=topic, from_broker=source, to_broker=target, estimated_load=weight,
                           reason=f"cv {measure(current).cv:.2f} above {policy.cv_threshold:.2f}"))
         current[source] -= weight
         current[target] += weight
-        owner[topic] = target
-        moved.add(topic)
     if not moves:
         return Plan(balance, why_none="no eligible topic whose move would narrow the gap", after=current)
     return Plan(balance, moves=tuple(moves), after=current)
@@ -183,13 +190,14 @@ def drain(broker_id: int, *, strategy: Strategy, states: Mapping[int, BrokerStat
     """Every topic of `broker_id` to the broker placement picks, heaviest first so the
     big ones spread before the small ones fill the gaps."""
     owned = sorted((t for t, b in assignments.items() if b == broker_id), key=lambda t: (-weight_of(t, loads), t))
-    working = dict(assignments)
+    placer = Placer(strategy, states, reports, assignments, loads)
     moves = []
     cursor = 0
     for topic in owned:
-        chosen = place(strategy, states, reports, working, loads, cursor=cursor, exclude=frozenset({broker_id}))
+        chosen = placer.place(cursor=cursor, exclude=frozenset({broker_id}))
         cursor = chosen.cursor
-        working[topic] = chosen.broker_id
+        placer.remove(topic, broker_id)
+        placer.add(topic, chosen.broker_id)
         moves.append(Move(topic=topic, from_broker=broker_id, to_broker=chosen.broker_id,
                           estimated_load=weight_of(topic, loads), reason=f"broker {broker_id} unloaded"))
     return moves
