@@ -9,17 +9,19 @@ long as the move narrows the gap (destination + topic < source). Every move so m
 lowers the sum of squared broker loads, so a sequence of plans cannot cycle back to a
 state it left (no oscillation) and stops when no move narrows a gap or the CV is under
 the threshold. A topic is eligible when it is not blacklisted (exact name, or a
-`/ns/*` pattern), is at least `min_topic_age_s` old, and has not moved within
-`cooldown_s`.
+`/ns/*` pattern), is at least `min_topic_age_s` old, has not moved within
+`cooldown_s`, and is not damaged (its WAL is: the next broker would serve it from an
+empty log).
 
 `drain` empties one broker (admin `brokers unload`): each of its topics goes where
-placement would put a new topic, the broker itself excluded.
+placement would put a new topic, the broker itself excluded; its damaged topics stay
+until repaired.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -135,11 +137,13 @@ def blacklisted(topic: str, patterns: Sequence[str]) -> bool:
 
 def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerState],
          assignments: Mapping[str, int], loads: Mapping[str, TopicLoad], created_ms: Mapping[str, int],
-         last_moved_ms: Mapping[str, int], recent_moves_ms: Sequence[int], max_moves: int | None = None) -> Plan:
+         last_moved_ms: Mapping[str, int], recent_moves_ms: Sequence[int], max_moves: int | None = None,
+         damaged: Set[str] = frozenset()) -> Plan:
     """The moves to make now. `created_ms`: when each topic was created (a topic missing
     there counts as old enough); `last_moved_ms`: when each topic last moved;
     `recent_moves_ms`: when the moves of the past hour were made; `max_moves` (admin
-    `rebalance --max-moves`) replaces the policy's moves per cycle."""
+    `rebalance --max-moves`) replaces the policy's moves per cycle; `damaged`: topics
+    never moved."""
     active = sorted(b for b, s in states.items() if s is BrokerState.ACTIVE)
     current = broker_loads(active, assignments, loads)
     balance = measure(current)
@@ -161,7 +165,8 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
         target = min(active, key=lambda b: (current[b], b))
         candidates = sorted(
             (weight_of(t, loads), t) for t, b in owner.items()
-            if b == source and t not in moved and _eligible(t, now_ms, policy, created_ms, last_moved_ms))
+            if b == source and t not in moved and t not in damaged
+            and _eligible(t, now_ms, policy, created_ms, last_moved_ms))
         choice = next(((w, t) for w, t in candidates if current[target] + w < current[source] - GAP_MARGIN), None)
         if choice is None:
             break
@@ -179,10 +184,11 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
 
 def drain(broker_id: int, *, strategy: Strategy, states: Mapping[int, BrokerState],
           reports: Mapping[int, LoadReport], assignments: Mapping[str, int],
-          loads: Mapping[str, TopicLoad]) -> list[Move]:
-    """Every topic of `broker_id` to the broker placement picks, heaviest first so the
-    big ones spread before the small ones fill the gaps."""
-    owned = sorted((t for t, b in assignments.items() if b == broker_id), key=lambda t: (-weight_of(t, loads), t))
+          loads: Mapping[str, TopicLoad], damaged: Set[str] = frozenset()) -> list[Move]:
+    """Every topic of `broker_id` but the `damaged` ones to the broker placement picks,
+    heaviest first so the big ones spread before the small ones fill the gaps."""
+    owned = sorted((t for t, b in assignments.items() if b == broker_id and t not in damaged),
+                   key=lambda t: (-weight_of(t, loads), t))
     working = dict(assignments)
     moves = []
     cursor = 0

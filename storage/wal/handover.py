@@ -97,6 +97,7 @@ class Incoming:
             if have > size:  # not this offer's file: start it again
                 path.unlink()
                 have = 0
+            path.touch()  # an empty segment (no record yet) gets no chunk but is installed
             held.append(have)
         return held
 

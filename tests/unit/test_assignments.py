@@ -105,6 +105,37 @@ def test_a_dead_brokers_local_topics_wait_for_it_or_a_forced_reassignment() -> N
     assert (choice.topic, choice.broker_id, choice.epoch) == ("/ns/wal", 1, 4)
 
 
+def test_a_dead_brokers_damaged_topic_waits_in_every_storage_mode() -> None:
+    """A topic whose WAL is damaged (its broker recorded it; no durable segment covers
+    it) is held like a pinned one even in a durable mode (nothing pinned): its broker
+    gone, it is not orphaned and its unsealed unload waits, so no broker serves it from
+    an empty log; its healthy neighbour fails over, and a forced reassignment places it."""
+    view = ClusterView(brokers={1: BrokerState.ACTIVE}, assignments={"/ns/bad": (2, 3), "/ns/ok": (2, 3)},
+                       waiting={"/ns/bad-leaving": Waiting(from_broker=2, epoch=1, sealed=False)},
+                       exists={"/ns/bad", "/ns/ok", "/ns/bad-leaving"}, absent_since_ms={2: 0},
+                       damaged={"/ns/bad", "/ns/bad-leaving"})
+    decided = plan(view, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE)
+    assert [o.topic for o in decided.orphans] == ["/ns/ok"]
+    assert decided.assign == ()
+    forced = ClusterView(brokers=view.brokers, assignments={}, exists=view.exists, damaged=view.damaged,
+                         waiting={"/ns/bad": Waiting(from_broker=2, epoch=3, sealed=True)})
+    [choice] = plan(forced, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE).assign
+    assert (choice.topic, choice.broker_id) == ("/ns/bad", 1)
+
+
+@given(views(), st.data())
+def test_a_damaged_topic_is_never_orphaned_nor_placed_before_its_seal(view: ClusterView, data: st.DataObject) -> None:
+    """Whatever the cluster, a damaged topic is never posted unassigned by the planner and
+    never placed from a marker its broker did not seal."""
+    topics = sorted(set(view.assignments) | set(view.waiting))
+    damaged = set(data.draw(st.lists(st.sampled_from(topics), max_size=10))) if topics else set()
+    view = ClusterView(brokers=view.brokers, assignments=view.assignments, waiting=view.waiting, exists=view.exists,
+                       absent_since_ms=view.absent_since_ms, pinned=view.pinned, damaged=damaged)
+    decided = plan(view, Strategy.FAIR, {}, {}, now_ms=2 * GRACE, grace_ms=GRACE)
+    assert not {o.topic for o in decided.orphans} & damaged
+    assert all(view.waiting[c.topic].sealed for c in decided.assign if c.topic in damaged)
+
+
 @pytest.mark.parametrize("strategy", list(Strategy))
 @given(count=st.integers(1, 40), active=st.integers(1, 5))
 def test_new_topics_spread_evenly_on_an_idle_cluster(strategy: Strategy, count: int, active: int) -> None:
