@@ -479,10 +479,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
                 start_offset = await self._start_offset(name)
             except WalDamaged as damage:
                 if not await self._recover_from_durable(name, damage):
-                    self._mark_damaged(topic, damage)
+                    await self._mark_damaged(topic, damage)
                     return
                 start_offset = await self._start_offset(name)
             self._forget_damage(topic)
+            await self._clear_damage_record(topic)
         else:
             state = self.metadata.peer.state.get(cr.topic_state_key(topic))
             start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
@@ -667,12 +668,30 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
         return start
 
-    def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
+    async def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
         if topic not in self.damaged:
             METRICS.wal_damage.inc()
         self.damaged[topic] = damage
         METRICS.wal_damaged_topics.set(len(self.damaged))
         log.error("%s", _damage_text(topic, damage))
+        # Recorded in the store so no broker moves the topic elsewhere, where it would be
+        # served from an empty log (actors/load/assign.py), and any broker refuses its unload.
+        record = cr.WalDamageRecord(broker_id=self.broker_id, reason=str(damage), valid_end=damage.valid_end,
+                                    since_ms=self.system.clock.now_ms())
+        try:
+            await self.metadata.put(cr.damaged_key(topic), cr.encode(record))
+        except DanubeError as exc:
+            log.error("topic %s: its damage not recorded in the metadata store (%s); retried at its next load",
+                      topic, exc)
+
+    async def _clear_damage_record(self, topic: str) -> None:
+        """A topic served again (repaired, or recovered): its damage record goes."""
+        if self.metadata.peer.state.get(cr.damaged_key(topic)) is None:
+            return
+        try:
+            await self.metadata.delete(cr.damaged_key(topic))
+        except DanubeError as exc:  # it only holds the topic here: cleared at a next load
+            log.error("topic %s: its damage record not cleared (%s)", topic, exc)
 
     def _forget_damage(self, topic: str) -> None:
         if self.damaged.pop(topic, None) is not None:

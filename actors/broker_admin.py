@@ -254,7 +254,7 @@ class BrokerAdmin:
         names = resolved.served_names()
         state = self.metadata.peer.state
         stale = [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
-        stale += [cr.topic_state_key(n) for n in names]
+        stale += [cr.topic_state_key(n) for n in names] + [cr.damaged_key(n) for n in names]
         stale.append(cr.topic_backlog_quota_key(resolved.base.full))
         stale += [k for n in names for k, _ in state.list_prefix(f"{topic_key(n)}/")]  # cursors
         # The record goes first, with as many keys as one batch holds: from then on the
@@ -278,6 +278,17 @@ class BrokerAdmin:
 
     async def _unload_topic(self, msg: ap.UnloadTopic) -> Message:
         resolved = await self._existing(parse_topic(msg.topic))
+        for name in resolved.served_names():  # a damaged topic would wait forever for its seal
+            damage = self.damaged.get(name)
+            if damage is not None:
+                raise FailedPrecondition(f"not unloaded: {_damage_text(name, damage)}")
+            value = self.metadata.peer.state.get(cr.damaged_key(name))
+            if value is not None:
+                record = cr.decode(value.value, cr.WalDamageRecord)
+                raise FailedPrecondition(
+                    f"not unloaded: topic {name} is not served by broker {record.broker_id}: its WAL is damaged"
+                    f" ({record.reason}); offsets from {record.valid_end} on cannot be read. An operator can serve"
+                    f" it again, giving them up: danube admin topics repair {name} --accept-loss")
         moved = 0
         for name in resolved.served_names():
             if self._moves_by_handover(name):

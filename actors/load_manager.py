@@ -294,8 +294,10 @@ class LoadManagerActor(Actor):
             if move is not None:
                 moves_ms.append(move.at_ms)
                 last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
+        # Few (an operator repairs them): listed whole each round.
+        damaged = {cr.topic_of(key, cr.DAMAGED) for key, _ in state.list_prefix(cr.DAMAGED)}
         view = ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
-                           absent_since_ms=self.absent_since_ms, pinned=pinned)
+                           absent_since_ms=self.absent_since_ms, pinned=pinned, damaged=damaged)
         return _Cluster(view=view, versions=versions, reports=reports, created_ms=created, moves_ms=moves_ms,
                         last_moved_ms=last_moved, backlog=self._published_backlog(), suspect=suspect)
 
@@ -391,7 +393,8 @@ class LoadManagerActor(Actor):
         decided = await asyncio.to_thread(functools.partial(
             rebalance_plan, now_ms=self._now(), policy=self.policy, states=cluster.placeable().brokers,
             assignments=assigned, loads=cluster.loads(), created_ms=cluster.created_ms,
-            last_moved_ms=cluster.last_moved_ms, recent_moves_ms=cluster.moves_ms, max_moves=max_moves))
+            last_moved_ms=cluster.last_moved_ms, recent_moves_ms=cluster.moves_ms, max_moves=max_moves,
+            damaged=cluster.view.damaged))
         moves = list(decided.moves)
         if not dry_run and moves:
             moves = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.REBALANCE)
@@ -463,9 +466,15 @@ class LoadManagerActor(Actor):
             raise FailedPrecondition(f"no other active broker can take the topics of broker {broker}")
         assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
         moves = drain(broker, strategy=self.strategy, states=others | {broker: BrokerState.DRAINING},
-                      reports=cluster.reports, assignments=assigned, loads=cluster.loads())
+                      reports=cluster.reports, assignments=assigned, loads=cluster.loads(),
+                      damaged=cluster.view.damaged)
         started = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.UNLOAD)
-        return ap.Rebalanced(request_id=request.request_id, moves=[_move_info(m) for m in started], why_none="",
+        kept = sorted(t for t, b in assigned.items() if b == broker and t in cluster.view.damaged)
+        why = (f"{len(kept)} damaged topics stay on broker {broker} until repaired ({', '.join(kept[:5])}"
+               f"{' ...' if len(kept) > 5 else ''}): danube admin topics describe names the repair") if kept else ""
+        if kept:
+            log.error("drain of broker %d: %s", broker, why)
+        return ap.Rebalanced(request_id=request.request_id, moves=[_move_info(m) for m in started], why_none=why,
                              coefficient_of_variation=0.0, dry_run=False)
 
     async def _set_mode(self, cluster: _Cluster, broker: int, mode: str, reason: str) -> None:

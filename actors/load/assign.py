@@ -18,6 +18,9 @@ metadata store has it: a pure function, no I/O and no clock of its own.
   is never orphaned, and its unsealed marker waits even when the broker is gone: it is
   served again when that broker comes back, or an operator forces it elsewhere
   (`topics reassign --force`, a sealed failover marker), accepting the loss.
+- A damaged topic (its WAL is damaged and no durable segment covers it: its broker
+  recorded it, `WalDamageRecord`) is held the same way in every storage mode: another
+  broker would serve it from an empty log. It moves once repaired, or when forced.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class ClusterView:
     exists: Set[str]
     absent_since_ms: Mapping[int, int] = field(default_factory=dict)
     pinned: Set[str] = frozenset()  # topics whose data only their broker's disk holds
+    damaged: Set[str] = frozenset()  # topics not served: their WAL is damaged (held like pinned ones)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +87,9 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
          *, now_ms: int, grace_ms: int, cursor: int = 0) -> Plan:
     absent = {b: view.absent_since_ms.get(b, now_ms)
               for b in {broker for broker, _ in view.assignments.values()} if b not in view.brokers}
+    held = view.pinned | view.damaged
     orphans = tuple(Orphan(topic=t, from_broker=b, epoch=e) for t, (b, e) in sorted(view.assignments.items())
-                    if b in absent and now_ms - absent[b] >= grace_ms and t in view.exists and t not in view.pinned)
+                    if b in absent and now_ms - absent[b] >= grace_ms and t in view.exists and t not in held)
     drop = tuple(sorted(t for t in view.waiting if t not in view.exists))
     # One Placer for the whole round: each placed topic updates the brokers' totals
     # (O(B)) instead of placement summing every assigned topic again for each one.
@@ -94,11 +99,13 @@ def plan(view: ClusterView, strategy: Strategy, reports: Mapping[int, LoadReport
     unplaced = 0
     # A topic with neither an assignment nor a marker is new too: a topic too large for
     # one metadata batch is created in several, and its creator may stop between them.
-    bare = {t: Waiting() for t in view.exists if t not in view.assignments and t not in view.waiting}
+    # (Never a damaged one: it was served, so it has an assignment or a marker.)
+    bare = {t: Waiting() for t in view.exists
+            if t not in view.assignments and t not in view.waiting and t not in view.damaged}
     for topic, marker in sorted((view.waiting | bare).items()):
         if topic not in view.exists or topic in view.assignments:
             continue
-        if not marker.sealed and (marker.from_broker in view.brokers or topic in view.pinned):
+        if not marker.sealed and (marker.from_broker in view.brokers or topic in held):
             continue  # the broker it leaves is still sealing it (or has its only copy)
         exclude = frozenset() if marker.from_broker is None else frozenset({marker.from_broker})
         target = marker.to_broker

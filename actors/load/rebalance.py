@@ -9,11 +9,13 @@ long as the move narrows the gap (destination + topic < source). Every move so m
 lowers the sum of squared broker loads, so a sequence of plans cannot cycle back to a
 state it left (no oscillation) and stops when no move narrows a gap or the CV is under
 the threshold. A topic is eligible when it is not blacklisted (exact name, or a
-`/ns/*` pattern), is at least `min_topic_age_s` old, and has not moved within
-`cooldown_s`.
+`/ns/*` pattern), is at least `min_topic_age_s` old, has not moved within
+`cooldown_s`, and is not damaged (its WAL is: the next broker would serve it from an
+empty log).
 
 `drain` empties one broker (admin `brokers unload`): each of its topics goes where
-placement would put a new topic, the broker itself excluded.
+placement would put a new topic, the broker itself excluded; its damaged topics stay
+until repaired.
 
 Cost: a plan sorts each broker's eligible topics once (O(N log N)) and a move costs
 O(B); a drain keeps one `Placer` (O(N x B)). Neither sums the brokers' loads per topic.
@@ -22,7 +24,7 @@ O(B); a drain keeps one `Placer` (O(N x B)). Neither sums the brokers' loads per
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -138,11 +140,13 @@ def blacklisted(topic: str, patterns: Sequence[str]) -> bool:
 
 def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerState],
          assignments: Mapping[str, int], loads: Mapping[str, TopicLoad], created_ms: Mapping[str, int],
-         last_moved_ms: Mapping[str, int], recent_moves_ms: Sequence[int], max_moves: int | None = None) -> Plan:
+         last_moved_ms: Mapping[str, int], recent_moves_ms: Sequence[int], max_moves: int | None = None,
+         damaged: Set[str] = frozenset()) -> Plan:
     """The moves to make now. `created_ms`: when each topic was created (a topic missing
     there counts as old enough); `last_moved_ms`: when each topic last moved;
     `recent_moves_ms`: when the moves of the past hour were made; `max_moves` (admin
-    `rebalance --max-moves`) replaces the policy's moves per cycle."""
+    `rebalance --max-moves`) replaces the policy's moves per cycle; `damaged`: topics
+    never moved."""
     active = sorted(b for b, s in states.items() if s is BrokerState.ACTIVE)
     current = broker_loads(active, assignments, loads)
     balance = measure(current)
@@ -161,7 +165,7 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
     # heavier one narrows the gap less and fits whenever a lighter one does not.
     queues: dict[int, list[tuple[float, str]]] = {b: [] for b in active}
     for t, b in assignments.items():
-        if b in queues and _eligible(t, now_ms, policy, created_ms, last_moved_ms):
+        if b in queues and t not in damaged and _eligible(t, now_ms, policy, created_ms, last_moved_ms):
             queues[b].append((weight_of(t, loads), t))
     for queue in queues.values():
         queue.sort()
@@ -186,10 +190,11 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
 
 def drain(broker_id: int, *, strategy: Strategy, states: Mapping[int, BrokerState],
           reports: Mapping[int, LoadReport], assignments: Mapping[str, int],
-          loads: Mapping[str, TopicLoad]) -> list[Move]:
-    """Every topic of `broker_id` to the broker placement picks, heaviest first so the
-    big ones spread before the small ones fill the gaps."""
-    owned = sorted((t for t, b in assignments.items() if b == broker_id), key=lambda t: (-weight_of(t, loads), t))
+          loads: Mapping[str, TopicLoad], damaged: Set[str] = frozenset()) -> list[Move]:
+    """Every topic of `broker_id` but the `damaged` ones to the broker placement picks,
+    heaviest first so the big ones spread before the small ones fill the gaps."""
+    owned = sorted((t for t, b in assignments.items() if b == broker_id and t not in damaged),
+                   key=lambda t: (-weight_of(t, loads), t))
     placer = Placer(strategy, states, reports, assignments, loads)
     moves = []
     cursor = 0

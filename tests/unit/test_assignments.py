@@ -66,7 +66,8 @@ def test_decisions_keep_the_rules(view: ClusterView, strategy: Strategy, cursor:
     assert set(decided.drop) == {t for t in view.waiting if t not in view.exists}
     placeable = [t for t, m in view.waiting.items() if t in view.exists and t not in view.assignments
                  and (m.sealed or (m.from_broker not in view.brokers and t not in view.pinned))]
-    placeable += [t for t in view.exists if t not in view.assignments and t not in view.waiting]
+    placeable += [t for t in view.exists if t not in view.assignments and t not in view.waiting
+                  and t not in view.damaged]
     assert len(decided.assign) + decided.unplaced == len(placeable)
     if not any(s is BrokerState.ACTIVE for s in view.brokers.values()):
         assert not decided.assign
@@ -117,6 +118,39 @@ def test_a_dead_brokers_local_topics_wait_for_it_or_a_forced_reassignment() -> N
                                   "/ns/unloading": view.waiting["/ns/unloading"]})
     [choice] = plan(forced, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE).assign
     assert (choice.topic, choice.broker_id, choice.epoch) == ("/ns/wal", 1, 4)
+
+
+def test_a_dead_brokers_damaged_topic_waits_in_every_storage_mode() -> None:
+    """A topic whose WAL is damaged (its broker recorded it; no durable segment covers
+    it) is held like a pinned one even in a durable mode (nothing pinned): its broker
+    gone, it is not orphaned and its unsealed unload waits, so no broker serves it from
+    an empty log; its healthy neighbour fails over, and a forced reassignment places it."""
+    view = ClusterView(brokers={1: BrokerState.ACTIVE}, assignments={"/ns/bad": (2, 3), "/ns/ok": (2, 3)},
+                       waiting={"/ns/bad-leaving": Waiting(from_broker=2, epoch=1, sealed=False)},
+                       exists={"/ns/bad", "/ns/ok", "/ns/bad-leaving"}, absent_since_ms={2: 0},
+                       damaged={"/ns/bad", "/ns/bad-leaving"})
+    decided = plan(view, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE)
+    assert [o.topic for o in decided.orphans] == ["/ns/ok"]
+    assert decided.assign == ()
+    forced = ClusterView(brokers=view.brokers, assignments={"/ns/ok": (1, 4)}, exists=view.exists,
+                         damaged=view.damaged,
+                         waiting={"/ns/bad": Waiting(from_broker=2, epoch=3, sealed=True),
+                                  "/ns/bad-leaving": view.waiting["/ns/bad-leaving"]})
+    [choice] = plan(forced, Strategy.FAIR, {}, {}, now_ms=GRACE, grace_ms=GRACE).assign
+    assert (choice.topic, choice.broker_id) == ("/ns/bad", 1)
+
+
+@given(views(), st.data())
+def test_a_damaged_topic_is_never_orphaned_nor_placed_before_its_seal(view: ClusterView, data: st.DataObject) -> None:
+    """Whatever the cluster, a damaged topic is never posted unassigned by the planner and
+    never placed from a marker its broker did not seal."""
+    topics = sorted(set(view.assignments) | set(view.waiting))
+    damaged = set(data.draw(st.lists(st.sampled_from(topics), max_size=10))) if topics else set()
+    view = ClusterView(brokers=view.brokers, assignments=view.assignments, waiting=view.waiting, exists=view.exists,
+                       absent_since_ms=view.absent_since_ms, pinned=view.pinned, damaged=damaged)
+    decided = plan(view, Strategy.FAIR, {}, {}, now_ms=2 * GRACE, grace_ms=GRACE)
+    assert not {o.topic for o in decided.orphans} & damaged
+    assert all(view.waiting[c.topic].sealed for c in decided.assign if c.topic in damaged)
 
 
 @pytest.mark.parametrize("strategy", list(Strategy))
