@@ -360,6 +360,8 @@ class Gateway(Actor):
             fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
         if session.fd is not None:
             self._session_fds[session.fd] = session.address
+            if self.peers is not None:
+                self.peers.session_started(session.fd)
         METRICS.connections.set(len(self.sessions))
         broker = self.config.broker
         self._reply(identity, Connected(
@@ -584,6 +586,8 @@ class Gateway(Actor):
         del self.sessions[identity]
         if session.fd is not None and self._session_fds.get(session.fd) == session.address:
             del self._session_fds[session.fd]
+            if self.peers is not None:
+                self.peers.session_ended(session.fd, self.system.clock.monotonic_ms())
         self.outbound.forget_pause(identity)
         METRICS.connections.set(len(self.sessions))
 
