@@ -10,7 +10,8 @@ Loads (hand-built where the danube client never misbehaves so):
      non-reliable topic flat out;
   b  raw ZMTP 3.0 over a plain TCP socket (greeting and NULL READY written by hand):
      one connection sending 1 MiB parts with the MORE flag forever, one sending
-     messages of 1,000 parts of 1 MiB; a cut connection is opened again;
+     messages of 1,000 parts of 1 MiB; a cut connection is opened again (each is
+     cut at inbound_bytes_per_connection_max: the reconnect counts say how often);
   c  as many TCP connections as RLIMIT_NOFILE allows (at most 20,000; the script
      raises its soft limit to the hard one, the broker inherits it) that finish the
      ZMTP handshake and never send `Connect`; cut ones are opened again;
@@ -59,6 +60,7 @@ CONFIG = {
     "DANUBE_LIMITS__OUTBOUND_BYTES_MAX": str(128 * MIB),
     "DANUBE_LIMITS__OUTBOUND_STALL_TIMEOUT_MS": "30000",
     "DANUBE_LIMITS__FRAME_BYTES_MAX": str(16 * MIB),
+    "DANUBE_LIMITS__INBOUND_BYTES_PER_CONNECTION_MAX": str(64 * MIB),
     "DANUBE_LIMITS__CONNECTIONS_PENDING_MAX": "1000",
     "DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "10000",
     "DANUBE_DISPATCH__PENDING_BYTES_MAX": str(16 * MIB),
@@ -361,7 +363,7 @@ LOADS = {
     "a": ("a: consumers never read, 1 MiB messages", load_a, "url",
           "outbound 32 MiB/connection, 128 MiB/broker; pending 16 MiB/subscription x 20"),
     "b": ("b: raw ZMTP, endless MORE parts + 1,000-part messages", load_b, "port",
-          "frame_bytes_max 16 MiB (ZMQ_MAXMSGSIZE)"),
+          "inbound 64 MiB/connection (sampled every 125 ms) x 2 connections; frame_bytes_max 16 MiB"),
     "c": ("c: TCP connections never sending Connect", load_c, "port",
           "connections_pending_max 1000, connect_timeout_ms 10000"),
     "d": ("d: reliable topic, consumer never acks", load_d, "url",
