@@ -236,6 +236,19 @@ def _part(size: int, more: bool) -> bytes:
     return bytes([0x02 | (0x01 if more else 0)]) + struct.pack(">Q", size)
 
 
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the broker has shut the connection down (EOF), reading what it sent.
+    A cut peer blocked in a send would otherwise wait forever: the broker's shutdown
+    leaves it no room, and it is not reset until it reads."""
+    while select.select([sock], [], [], 0)[0]:
+        try:
+            if not sock.recv(65536):
+                return True
+        except OSError:
+            return True
+    return False
+
+
 def load_b(port: int, stop: Any, out: Any) -> None:
     """Endless MORE parts on one connection, 1,000-part messages on another."""
     part = b"m" * MIB
@@ -246,10 +259,11 @@ def load_b(port: int, stop: Any, out: Any) -> None:
             try:
                 with _zmtp_connect(port) as sock:
                     sock.settimeout(1.0)
-                    while not stop.is_set():
+                    while not stop.is_set() and not _hung_up(sock):
                         with contextlib.suppress(TimeoutError):
                             sock.sendall(_part(MIB, True) + part)
                             counts["endless_mib"] += 1
+                counts["endless_reconnects"] += 1
             except OSError:
                 counts["endless_reconnects"] += 1
                 time.sleep(0.1)
@@ -263,6 +277,8 @@ def load_b(port: int, stop: Any, out: Any) -> None:
                         for i in range(1000):
                             if stop.is_set():
                                 return
+                            if _hung_up(sock):
+                                raise ConnectionResetError
                             sock.sendall(_part(MIB, i < 999) + part)
                         counts["multipart_messages"] += 1
             except OSError:
