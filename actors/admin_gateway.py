@@ -163,6 +163,7 @@ class AdminGateway(Actor):
         self._fd_of[identity] = fd
         if self.peers is not None and fd not in self._busy_fds:
             self._busy_fds[fd] = self.peers.address(fd)
+            self.peers.session_started(fd)
 
     def _request_answered(self, identity: bytes) -> None:
         entry = self._in_flight.get(identity)
@@ -174,7 +175,7 @@ class AdminGateway(Actor):
             fd = entry[0]
             self._busy_fds.pop(fd, None)  # a ROUTER has one identity per connection
             if self.peers is not None:
-                self.peers.touch(fd, self.system.clock.monotonic_ms())
+                self.peers.session_ended(fd, self.system.clock.monotonic_ms())
 
     async def _drain_outbox(self) -> None:
         for _ in range(_DRAIN_MAX):

@@ -26,7 +26,6 @@ import array
 import contextlib
 import fcntl
 import logging
-import os
 import socket
 import struct
 import termios
@@ -34,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from danube_zmq.actors.metrics import METRICS
 
@@ -81,26 +79,26 @@ def unread_bytes(fd: int) -> int:
     return buf[0]
 
 
+def _borrowed(fd: int) -> socket.socket:
+    """A socket object on libzmq's descriptor `fd` (no dup: `.detach()` it, never close it)."""
+    return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+
+
 def peer_address(fd: int) -> Address | None:
     """The remote address of socket `fd`, or None if it is not a connected socket."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
+    sock = _borrowed(fd)
     try:
         return sock.getpeername()
     except OSError:
         return None
     finally:
-        sock.close()
+        sock.detach()
 
 
 def shutdown_peer(fd: int, address: Address | None) -> bool:
-    """Shut the connection on `fd` down if it still leads to `address`; True if done."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return False
+    """Shut the connection on `fd` down if it still leads to `address`; True if done.
+    Shut down, never closed: libzmq sees the hang-up and closes its descriptor itself."""
+    sock = _borrowed(fd)
     try:
         if address is not None and sock.getpeername() != address:
             return False
@@ -109,13 +107,99 @@ def shutdown_peer(fd: int, address: Address | None) -> bool:
     except OSError:
         return False
     finally:
-        sock.close()
+        sock.detach()
 
 
 @dataclass(slots=True)
 class _Connection:
     address: Address | None
     idle_since_ms: int  # accepted, or last seen with a session
+
+
+class ConnectionTable:
+    """The connections a listening socket accepted, and which of them are pending (no
+    session): no I/O, so the guard's decisions are tested alone.
+
+    A flood of connections is accepted at thousands a second, so everything done per
+    accept is O(1): pending connections are kept in the order they became pending and
+    the oldest is found at the front. `sessions` (descriptor -> peer address) is the
+    owner's; the owner says when a session starts or ends on a descriptor
+    (`session_started`, `session_ended`), and `expired` (every review) repairs the
+    pending order from `sessions` should a notice be missed, so a connection with a
+    session is never evicted or timed out: `evict_for_accept` skips one it meets.
+    """
+
+    def __init__(self, sessions: dict[int, Address | None], *, pending_max: int, timeout_ms: int) -> None:
+        self.sessions = sessions
+        self.pending_max = pending_max
+        self.timeout_ms = timeout_ms
+        self.connections: dict[int, _Connection] = {}  # in accept order
+        self._pending: dict[int, None] = {}  # in the order they became pending
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def has_session(self, fd: int) -> bool:
+        connection = self.connections.get(fd)
+        return connection is not None and fd in self.sessions and self.sessions[fd] == connection.address
+
+    def accepted(self, fd: int, address: Address | None, now_ms: int) -> tuple[int, _Connection] | None:
+        """Record a new connection on `fd`; the oldest pending one to cut if
+        `pending_max` were pending already (removed from the table), else None."""
+        evict = None
+        while len(self._pending) >= self.pending_max:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            if not self.has_session(oldest):
+                evict = (oldest, self.connections.pop(oldest))
+                break
+        self.connections.pop(fd, None)  # a reused descriptor whose close was not seen
+        self._pending.pop(fd, None)
+        self.connections[fd] = _Connection(address, now_ms)
+        self._pending[fd] = None
+        return evict
+
+    def closed(self, fd: int) -> None:
+        self.connections.pop(fd, None)
+        self._pending.pop(fd, None)
+
+    def session_started(self, fd: int) -> None:
+        self._pending.pop(fd, None)
+
+    def session_ended(self, fd: int, now_ms: int) -> None:
+        """The session on `fd` ended: the connection is pending again, its timeout from now."""
+        connection = self.connections.get(fd)
+        if connection is not None and not self.has_session(fd):
+            connection.idle_since_ms = now_ms
+            self._pending.pop(fd, None)
+            self._pending[fd] = None
+
+    def touch(self, fd: int, now_ms: int) -> None:
+        connection = self.connections.get(fd)
+        if connection is not None:
+            connection.idle_since_ms = now_ms
+
+    def remove(self, fd: int) -> _Connection | None:
+        self._pending.pop(fd, None)
+        return self.connections.pop(fd, None)
+
+    def expired(self, now_ms: int) -> list[tuple[int, _Connection]]:
+        """Connections pending for `timeout_ms` (removed from the table); the pending
+        order is repaired on the way (O(connections), once per review)."""
+        out: list[tuple[int, _Connection]] = []
+        pending = self._pending
+        for fd, connection in list(self.connections.items()):
+            if self.has_session(fd):
+                connection.idle_since_ms = now_ms
+                pending.pop(fd, None)
+            elif now_ms - connection.idle_since_ms >= self.timeout_ms:
+                del self.connections[fd]
+                pending.pop(fd, None)
+                out.append((fd, connection))
+            elif fd not in pending:  # a session ended unannounced
+                pending[fd] = None
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +216,15 @@ class PeerGuard:
     monitor), so that connections without a session are counted and time out.
 
     `sessions` (descriptor -> peer address) is kept by the owner: every connection not
-    in it is pending. When a connection is accepted while `pending_max` are pending,
-    the oldest pending one is shut down (so a flood of idle connections cannot lock
-    real clients out: they send `Connect` at once); a pending one idle for
-    `timeout_ms` is shut down then.
+    in it is pending (see `ConnectionTable`). When a connection is accepted while
+    `pending_max` are pending, the oldest pending one is shut down (so a flood of idle
+    connections cannot lock real clients out: they send `Connect` at once); a pending
+    one idle for `timeout_ms` is shut down then. Under a flood each accept costs a
+    getpeername and at most one shutdown, a bounded number per loop turn, and cuts are
+    logged as one summary line per `LOG_EVERY_MS`, never one line per connection.
     """
+
+    LOG_EVERY_MS = 10_000
 
     def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any], name: str, sessions: dict[int, Address | None],
                  *, pending_max: int, timeout_ms: int, inbound_bytes_max: int) -> None:
@@ -152,7 +240,9 @@ class PeerGuard:
         # owner as it reads (`handed[fd] = handed.get(fd, 0) + zmtp_frame_bytes(n)`).
         # Not reset on accept: the owner may read before the monitor's event is taken.
         self.handed: dict[int, int] = {}
-        self._connections: dict[int, _Connection] = {}  # in accept order
+        self.table = ConnectionTable(sessions, pending_max=pending_max, timeout_ms=timeout_ms)
+        self._logged = (0, 0)  # (evicted, expired) at the last summary line
+        self._log_at_ms = 0
         endpoint = f"inproc://monitor-{name}-{id(self):x}"
         sock.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         monitor = ctx.socket(zmq.PAIR)
@@ -169,56 +259,63 @@ class PeerGuard:
             self._sock.disable_monitor()
         self.monitor.close(linger=0)
 
-    def _has_session(self, fd: int, connection: _Connection) -> bool:
-        return fd in self.sessions and self.sessions[fd] == connection.address
-
-    def drain(self, now_ms: int, events_max: int = 512) -> None:
-        """Take the monitor's events: count accepted connections, forget closed ones."""
+    def drain(self, now_ms: int, events_max: int = 128) -> None:
+        """Take up to `events_max` of the monitor's events (the rest wait for the next
+        loop turn, so a flood of connections leaves other actors their turns): count
+        accepted connections, cut the oldest pending one over `pending_max`, forget
+        closed ones."""
+        table = self.table
         for _ in range(events_max):
             try:
                 frames = self._monitor_sync.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = parse_monitor_message(frames)
-            fd = event["value"]
-            if event["event"] != zmq.EVENT_ACCEPTED:
-                self._connections.pop(fd, None)
+            event, fd = struct.unpack("=hi", frames[0][:6])  # ZMTP monitor event: 16-bit event, 32-bit value
+            if event != zmq.EVENT_ACCEPTED:
+                table.closed(fd)
                 self.handed.pop(fd, None)
                 continue
-            pending = [f for f, c in self._connections.items() if not self._has_session(f, c)]
-            if len(pending) >= self.pending_max:
-                oldest = pending[0]
-                connection = self._connections.pop(oldest)
-                if shutdown_peer(oldest, connection.address):
-                    self.evicted += 1
-                    METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
-                    log.warning("%d connections have sent no Connect (connections_pending_max): the oldest, from %s,"
-                                " is disconnected", len(pending), connection.address)
-            self._connections[fd] = _Connection(peer_address(fd), now_ms)
+            evict = table.accepted(fd, peer_address(fd), now_ms)
+            if evict is not None and shutdown_peer(evict[0], evict[1].address):
+                self.evicted += 1
+                METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
+        self._summarize(now_ms)
 
     def review(self, now_ms: int) -> None:
         """Shut down connections that have had no session for `timeout_ms`."""
-        for fd, connection in list(self._connections.items()):
-            if self._has_session(fd, connection):
-                connection.idle_since_ms = now_ms
-            elif now_ms - connection.idle_since_ms >= self.timeout_ms:
-                del self._connections[fd]
-                if shutdown_peer(fd, connection.address):
-                    self.expired += 1
-                    METRICS.idle_connections_cut.labels(self.name, "expired").inc()
-                    log.warning("connection from %s sent no Connect within %d ms: disconnected", connection.address,
-                                self.timeout_ms)
+        for fd, connection in self.table.expired(now_ms):
+            if shutdown_peer(fd, connection.address):
+                self.expired += 1
+                METRICS.idle_connections_cut.labels(self.name, "expired").inc()
+        self._summarize(now_ms)
+
+    def _summarize(self, now_ms: int) -> None:
+        """One log line for the connections cut since the last one, at most every LOG_EVERY_MS."""
+        if (self.evicted, self.expired) == self._logged or now_ms < self._log_at_ms:
+            return
+        evicted, expired = self.evicted - self._logged[0], self.expired - self._logged[1]
+        self._logged = (self.evicted, self.expired)
+        self._log_at_ms = now_ms + self.LOG_EVERY_MS
+        log.warning("%s port: %d connections without a session cut (%d evicted over connections_pending_max %d,"
+                    " %d sent no Connect within connect_timeout_ms %d); %d pending now", self.name, evicted + expired,
+                    evicted, self.pending_max, expired, self.timeout_ms, self.table.pending)
 
     def address(self, fd: int) -> Address | None:
         """The peer address recorded when `fd` was accepted (None if not known yet)."""
-        connection = self._connections.get(fd)
+        connection = self.table.connections.get(fd)
         return None if connection is None else connection.address
 
     def touch(self, fd: int, now_ms: int) -> None:
         """The connection on `fd` is in use: its idle deadline starts again."""
-        connection = self._connections.get(fd)
-        if connection is not None:
-            connection.idle_since_ms = now_ms
+        self.table.touch(fd, now_ms)
+
+    def session_started(self, fd: int) -> None:
+        """The owner recorded a session on `fd` (in `sessions`): it is no longer pending."""
+        self.table.session_started(fd)
+
+    def session_ended(self, fd: int, now_ms: int) -> None:
+        """The owner removed `fd` from `sessions`: pending again, timed out from now."""
+        self.table.session_ended(fd, now_ms)
 
     def sample_inbound(self) -> list[int]:
         """Shut down connections for which libzmq holds more than `inbound_bytes_max`
@@ -227,15 +324,15 @@ class PeerGuard:
         cut: list[int] = []
         budget = self.inbound_bytes_max + INBOUND_SLACK_BYTES
         handed = self.handed
-        for fd, connection in list(self._connections.items()):
+        for fd in list(self.table.connections):
             held = inbound_held(fd, handed.get(fd, 0))
             if held is None or held <= budget:
                 continue
             held -= unread_bytes(fd)
             if held <= budget:
                 continue
-            del self._connections[fd]
-            if shutdown_peer(fd, connection.address):
+            connection = self.table.remove(fd)
+            if connection is not None and shutdown_peer(fd, connection.address):
                 self.inbound_cut += 1
                 METRICS.inbound_overrun_cut.labels(self.name).inc()
                 cut.append(fd)
@@ -245,6 +342,7 @@ class PeerGuard:
         return cut
 
     def statistics(self) -> PeerStatistics:
-        pending = sum(1 for f, c in self._connections.items() if not self._has_session(f, c))
-        return PeerStatistics(connections=len(self._connections), pending=pending, evicted=self.evicted,
+        table = self.table
+        pending = sum(1 for fd in table.connections if not table.has_session(fd))
+        return PeerStatistics(connections=len(table.connections), pending=pending, evicted=self.evicted,
                               expired=self.expired, inbound_cut=self.inbound_cut)

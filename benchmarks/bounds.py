@@ -10,7 +10,8 @@ Loads (hand-built where the danube client never misbehaves so):
      non-reliable topic flat out;
   b  raw ZMTP 3.0 over a plain TCP socket (greeting and NULL READY written by hand):
      one connection sending 1 MiB parts with the MORE flag forever, one sending
-     messages of 1,000 parts of 1 MiB; a cut connection is opened again;
+     messages of 1,000 parts of 1 MiB; a cut connection is opened again (each is
+     cut at inbound_bytes_per_connection_max: the reconnect counts say how often);
   c  as many TCP connections as RLIMIT_NOFILE allows (at most 20,000; the script
      raises its soft limit to the hard one, the broker inherits it) that finish the
      ZMTP handshake and never send `Connect`; cut ones are opened again;
@@ -59,6 +60,7 @@ CONFIG = {
     "DANUBE_LIMITS__OUTBOUND_BYTES_MAX": str(128 * MIB),
     "DANUBE_LIMITS__OUTBOUND_STALL_TIMEOUT_MS": "30000",
     "DANUBE_LIMITS__FRAME_BYTES_MAX": str(16 * MIB),
+    "DANUBE_LIMITS__INBOUND_BYTES_PER_CONNECTION_MAX": str(64 * MIB),
     "DANUBE_LIMITS__CONNECTIONS_PENDING_MAX": "1000",
     "DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "10000",
     "DANUBE_DISPATCH__PENDING_BYTES_MAX": str(16 * MIB),
@@ -234,6 +236,19 @@ def _part(size: int, more: bool) -> bytes:
     return bytes([0x02 | (0x01 if more else 0)]) + struct.pack(">Q", size)
 
 
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the broker has shut the connection down (EOF), reading what it sent.
+    A cut peer blocked in a send would otherwise wait forever: the broker's shutdown
+    leaves it no room, and it is not reset until it reads."""
+    while select.select([sock], [], [], 0)[0]:
+        try:
+            if not sock.recv(65536):
+                return True
+        except OSError:
+            return True
+    return False
+
+
 def load_b(port: int, stop: Any, out: Any) -> None:
     """Endless MORE parts on one connection, 1,000-part messages on another."""
     part = b"m" * MIB
@@ -244,10 +259,11 @@ def load_b(port: int, stop: Any, out: Any) -> None:
             try:
                 with _zmtp_connect(port) as sock:
                     sock.settimeout(1.0)
-                    while not stop.is_set():
+                    while not stop.is_set() and not _hung_up(sock):
                         with contextlib.suppress(TimeoutError):
                             sock.sendall(_part(MIB, True) + part)
                             counts["endless_mib"] += 1
+                counts["endless_reconnects"] += 1
             except OSError:
                 counts["endless_reconnects"] += 1
                 time.sleep(0.1)
@@ -261,6 +277,8 @@ def load_b(port: int, stop: Any, out: Any) -> None:
                         for i in range(1000):
                             if stop.is_set():
                                 return
+                            if _hung_up(sock):
+                                raise ConnectionResetError
                             sock.sendall(_part(MIB, i < 999) + part)
                         counts["multipart_messages"] += 1
             except OSError:
@@ -361,7 +379,7 @@ LOADS = {
     "a": ("a: consumers never read, 1 MiB messages", load_a, "url",
           "outbound 32 MiB/connection, 128 MiB/broker; pending 16 MiB/subscription x 20"),
     "b": ("b: raw ZMTP, endless MORE parts + 1,000-part messages", load_b, "port",
-          "frame_bytes_max 16 MiB (ZMQ_MAXMSGSIZE)"),
+          "inbound 64 MiB/connection (sampled every 125 ms) x 2 connections; frame_bytes_max 16 MiB"),
     "c": ("c: TCP connections never sending Connect", load_c, "port",
           "connections_pending_max 1000, connect_timeout_ms 10000"),
     "d": ("d: reliable topic, consumer never acks", load_d, "url",
