@@ -55,8 +55,11 @@ def zmtp_frame_bytes(size: int) -> int:
 
 def inbound_held(fd: int, handed: int) -> int | None:
     """Bytes received on TCP socket `fd` and read by libzmq that were not handed to the
-    owner (`handed`, ZMTP framing included); None if `fd` is no TCP socket."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # no syscall; never closed
+    owner (`handed`, ZMTP framing included); None if `fd` is no TCP socket (or no longer
+    open: libzmq's I/O thread closes descriptors on its own)."""
+    sock = _borrowed(fd)
+    if sock is None:
+        return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
     except OSError:
@@ -79,14 +82,21 @@ def unread_bytes(fd: int) -> int:
     return buf[0]
 
 
-def _borrowed(fd: int) -> socket.socket:
-    """A socket object on libzmq's descriptor `fd` (no dup: `.detach()` it, never close it)."""
-    return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+def _borrowed(fd: int) -> socket.socket | None:
+    """A socket object on libzmq's descriptor `fd` (no dup: `.detach()` it, never close
+    it); None when `fd` is closed already (EBADF): libzmq closes a peer's descriptor
+    from its I/O thread whenever the peer goes, between our notice and this call."""
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:
+        return None
 
 
 def peer_address(fd: int) -> Address | None:
     """The remote address of socket `fd`, or None if it is not a connected socket."""
     sock = _borrowed(fd)
+    if sock is None:
+        return None
     try:
         return sock.getpeername()
     except OSError:
@@ -99,6 +109,8 @@ def shutdown_peer(fd: int, address: Address | None) -> bool:
     """Shut the connection on `fd` down if it still leads to `address`; True if done.
     Shut down, never closed: libzmq sees the hang-up and closes its descriptor itself."""
     sock = _borrowed(fd)
+    if sock is None:
+        return False
     try:
         if address is not None and sock.getpeername() != address:
             return False

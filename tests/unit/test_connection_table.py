@@ -105,3 +105,23 @@ def test_a_session_the_owner_did_not_announce_is_never_evicted() -> None:
     evicted = table.accepted(6, ("127.0.0.1", 4), 0)
     assert evicted is not None and evicted[0] == 4
     assert set(table.connections) == {3, 5, 6} and table.pending == 2
+
+
+def test_a_descriptor_libzmq_already_closed_is_no_peer_and_never_raises() -> None:
+    """libzmq closes a peer's descriptor from its I/O thread whenever the peer goes, so
+    the guard may look at a descriptor that is closed by then: each probe answers "no
+    such peer" (None / False) instead of raising EBADF into the gateway (which crashed
+    the admin gateway, and its restart could not bind its port again)."""
+    import os
+    import socket
+
+    from danube_zmq.actors.peers import inbound_held, peer_address, shutdown_peer
+
+    a, b = socket.socketpair()
+    fd = os.dup(a.fileno())
+    os.close(fd)  # a number that names nothing now
+    a.close()
+    b.close()
+    assert peer_address(fd) is None
+    assert shutdown_peer(fd, None) is False
+    assert inbound_held(fd, 0) is None
