@@ -670,17 +670,8 @@ class ActorSystem:
             log.exception("%s: on_stop failed during restart", cell.name)
         if len(cell.restart_times_ms) >= self.restarts_max:
             log.error("%s: %d restarts within %d ms; stopped", cell.name, len(cell.restart_times_ms), self.restart_window_ms)
-            cell.stopping = True
-            reason = f"{type(exc).__name__}: {exc}"
-            if cell.parent is not None:
-                self.tell(cell.parent, ChildStopped(endpoint=cell.endpoint, name=cell.name, reason=reason))
-            await self._discard(cell)
-            if cell.parent is None:
-                why = f"actor {cell.name} failed {len(cell.restart_times_ms) + 1} times within" \
-                      f" {self.restart_window_ms} ms (last: {reason})"
-                log.critical("%s; the broker cannot serve without it and stops", why)
-                if self.on_fatal is not None:
-                    self.on_fatal(why)
+            await self._give_up(cell, f"{type(exc).__name__}: {exc}",
+                                f"failed {len(cell.restart_times_ms) + 1} times within {self.restart_window_ms} ms")
             return False
         cell.restart_times_ms.append(now)
         cell.restarts += 1
@@ -688,6 +679,24 @@ class ActorSystem:
         cell.instance = self._instantiate(cell.factory, cell.endpoint, cell.name)
         try:
             await cell.instance.on_start()
-        except Exception:
+        except Exception as start_exc:
+            # An actor that cannot start again serves nobody: stopped like one whose
+            # restarts ran out (a root actor's is fatal), never left half started.
             log.exception("%s: on_start failed after restart", cell.name)
+            await self._give_up(cell, f"on_start after a restart: {type(start_exc).__name__}: {start_exc}",
+                                "could not start again after a failure")
+            return False
         return True
+
+    async def _give_up(self, cell: _Cell, reason: str, why: str) -> None:
+        """Stop `cell` for good: its parent is told (`ChildStopped`); a top-level actor
+        has no parent to decide, so its end is fatal to the system (`on_fatal`)."""
+        cell.stopping = True
+        if cell.parent is not None:
+            self.tell(cell.parent, ChildStopped(endpoint=cell.endpoint, name=cell.name, reason=reason))
+        await self._discard(cell)
+        if cell.parent is None:
+            message = f"actor {cell.name} {why} (last: {reason})"
+            log.critical("%s; the broker cannot serve without it and stops", message)
+            if self.on_fatal is not None:
+                self.on_fatal(message)

@@ -138,6 +138,31 @@ async def test_a_root_actor_exhausting_its_restarts_is_fatal_to_the_system(syste
     assert "snapshots" in fatal[0] and "boom last" in fatal[0]
 
 
+class Rebinder(Recorder):
+    """Starts once; every later start fails, as a gateway whose port is still bound."""
+
+    starts = 0
+
+    async def on_start(self) -> None:
+        Rebinder.starts += 1
+        if Rebinder.starts > 1:
+            raise OSError("Address already in use")
+
+
+async def test_a_root_actor_that_cannot_start_again_after_a_failure_is_fatal(system: ActorSystem) -> None:
+    """A top-level actor restarted after a failure whose `on_start` then fails (a gateway
+    that cannot bind its port again) is fatal at once: logged and forgotten, it left a
+    dead admin port answering nobody."""
+    fatal: list[str] = []
+    system.on_fatal = fatal.append
+    Rebinder.starts = 0
+    root = await system.spawn(Rebinder, name="admin-gateway")
+    assert Rebinder.starts == 1
+    system.tell(root, SubscriptionEnded(subscription="x"))
+    await wait_for(lambda: len(fatal) == 1)
+    assert "admin-gateway" in fatal[0] and "Address already in use" in fatal[0]
+
+
 async def test_full_mailbox_refuses_tell(system: ActorSystem) -> None:
     """Telling a mailbox past its bound returns False instead of growing a queue."""
     endpoint = await system.spawn(Recorder, name="rec")
