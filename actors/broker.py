@@ -669,13 +669,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         return start
 
     async def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
-        if topic not in self.damaged:
-            METRICS.wal_damage.inc()
-        self.damaged[topic] = damage
-        METRICS.wal_damaged_topics.set(len(self.damaged))
         log.error("%s", _damage_text(topic, damage))
         # Recorded in the store so no broker moves the topic elsewhere, where it would be
         # served from an empty log (actors/load/assign.py), and any broker refuses its unload.
+        # Recorded before this broker shows the damage (`topics describe`, UNAVAILABLE): an
+        # operator who sees it and then drains this broker must find the record there.
         record = cr.WalDamageRecord(broker_id=self.broker_id, reason=str(damage), valid_end=damage.valid_end,
                                     since_ms=self.system.clock.now_ms())
         try:
@@ -683,6 +681,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         except DanubeError as exc:
             log.error("topic %s: its damage not recorded in the metadata store (%s); retried at its next load",
                       topic, exc)
+        if topic not in self.damaged:
+            METRICS.wal_damage.inc()
+        self.damaged[topic] = damage
+        METRICS.wal_damaged_topics.set(len(self.damaged))
 
     async def _clear_damage_record(self, topic: str) -> None:
         """A topic served again (repaired, or recovered): its damage record goes."""

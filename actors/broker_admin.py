@@ -282,7 +282,7 @@ class BrokerAdmin:
             damage = self.damaged.get(name)
             if damage is not None:
                 raise FailedPrecondition(f"not unloaded: {_damage_text(name, damage)}")
-            value = self.metadata.peer.state.get(cr.damaged_key(name))
+            value = await self.metadata.get(cr.damaged_key(name))  # linearizable: recorded on another broker
             if value is not None:
                 record = cr.decode(value.value, cr.WalDamageRecord)
                 raise FailedPrecondition(
