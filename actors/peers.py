@@ -58,7 +58,11 @@ def zmtp_frame_bytes(size: int) -> int:
 def inbound_held(fd: int, handed: int) -> int | None:
     """Bytes received on TCP socket `fd` and read by libzmq that were not handed to the
     owner (`handed`, ZMTP framing included); None if `fd` is no TCP socket."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)  # no syscall; never closed
+    try:
+        # Never closed; EBADF when libzmq closed `fd` since the sampler listed it.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:
+        return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
     except OSError:
