@@ -41,6 +41,7 @@ partition. A standalone broker is the same code with one voter.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import fnmatch
@@ -111,6 +112,7 @@ from danube_zmq.transport.internal_protocol import (
     PersistCursor,
     ProducerRegistry,
     ReserveOffsets,
+    ResyncNext,
     SealTopic,
     SegmentDurable,
     SegmentSealed,
@@ -143,6 +145,8 @@ _RESERVE_RETRY_S = 3.0
 _TOPIC_KEYS_PER_BATCH = 256
 # Assignments decoded between two yields to the event loop.
 _KEYS_PER_SLICE = 2_000
+# Topics a resync loads or unloads in one message; then the broker's queued requests.
+_RESYNC_SLICE = 256
 
 
 class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
@@ -182,6 +186,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
         self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
+        self._resync_left: collections.deque[str] = collections.deque()  # topics the resync still follows
+        self._resync_generation = 0
         self.moving_topics: set[str] = set()  # stopped here while their WAL is handed over (local mode)
         self.incoming_moves: dict[str, Any] = {}  # topic -> the WAL being handed here (`Incoming`)
         self._client_routes = {
@@ -448,13 +454,31 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         await self._resync(msg.topics)
 
     async def _resync(self, topics: list[str]) -> None:
+        """Serve what is assigned here and nothing else: a series of `ResyncNext` slices
+        (a restart with 33,000 topics held every client request of the broker until
+        all were loaded). Each topic follows the applied state when its slice comes, not
+        the listing: assignment changes handled in between are then never undone."""
         wanted = set(topics)
-        for topic in list(self.topics):
-            if topic not in wanted:
+        self._resync_generation += 1
+        self._resync_left = collections.deque([t for t in self.topics if t not in wanted] + sorted(wanted))
+        await self.handle_ResyncNext(ResyncNext(generation=self._resync_generation))
+
+    async def handle_ResyncNext(self, msg: ResyncNext) -> None:
+        if msg.generation != self._resync_generation:
+            return  # a newer resync covers everything
+        left = self._resync_left
+        for _ in range(min(_RESYNC_SLICE, len(left))):
+            topic = left.popleft()
+            value = self.metadata.peer.state.get(cr.assignment_key(topic))
+            if value is not None and _owner(topic, value.value) == self.broker_id:
+                await self._load(topic)
+                await self._wake(topic)
+            elif topic in self.topics:
                 await self._unload(topic)
-        for topic in sorted(wanted):
-            await self._load(topic)
-            await self._wake(topic)
+        if left:
+            # By a timer, not a message from this task: the broker's own messages to
+            # itself go ahead of the mailbox, and the requests in it would wait again.
+            self.system.schedule_once(self.endpoint, 1, msg)
 
     async def _assigned_here(self) -> list[str]:
         """The topics assigned here, as of the applied state when called (the listing is a

@@ -20,7 +20,10 @@ follows" (raft/README.md) holds by construction.
 The event queue is bounded (`events_max`): when it is full, client proposals and reads
 fail at once with RESOURCE_EXHAUSTED (retriable), and the receiver waits, so frames back
 up into the ROUTER's bounded queue (ZeroMQ drops past its HWM; Raft retries). Ticks are
-skipped rather than queued twice.
+skipped rather than queued twice. TTL puts (lease renewals, load reports) have a lane of
+their own (`_RENEWALS_MAX`) that the loop takes before the queue: a renewal is never
+refused for a queue full of bulk writes, nor appended after the ones queued before it, nor
+after an `ExpireTtlKeys` the leader queued while it was on its way.
 
 Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for a peer
 that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
@@ -105,6 +108,7 @@ from danube_zmq.consensus.state_machine import (
     MetadataStatistics,
     Ok,
     Put,
+    PutWithTtl,
     Result,
     VersionedValue,
     encode_command,
@@ -259,6 +263,9 @@ _EVENTS_MAX = 10_000  # events waiting for the loop; past it clients get RESOURC
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
 _STEP_BATCH_MAX = 256  # events stepped before their effects run (one synced append for all)
 _FORWARDS_MAX = 4096  # forwarded proposals a leader serves at once (Raft's own BUSY bound is the same)
+_RENEWALS_MAX = 1024  # TTL puts waiting in their own lane (a few per broker; past it RESOURCE_EXHAUSTED)
+# An encoded `PutWithTtl`: msgpack fixarray of 5 (tag + 4 fields), then its tag as a fixint.
+_TTL_PUT_HEAD = bytes((0x95, PutWithTtl.TAG))
 _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] = {
     ChangeKind.ADD_LEARNER: AddLearner,
     ChangeKind.PROMOTE_VOTER: PromoteVoter,
@@ -276,6 +283,12 @@ def _batch_proposals(events: list[Any]) -> list[Any]:
         else:
             out.extend(items)
     return out
+
+
+def renews_ttl(data: bytes) -> bool:
+    """Whether an encoded command is a TTL put (a lease renewal or a load report). The
+    leader reads it from the bytes, forwarded ones included, without decoding a batch."""
+    return data[:2] == _TTL_PUT_HEAD
 
 
 class RaftPeer:
@@ -336,6 +349,9 @@ class RaftPeer:
         self._loop_task: asyncio.Task[None] | None = None
         self._running = False
         self._tick_queued = False
+        # Lease renewals jump the queue of bulk writes (a topic create is thousands of
+        # keys): one stuck behind them can reach the leader after its lease ran out.
+        self._renewals: collections.deque[Any] = collections.deque()
         self._own_snapshot = False  # the step in progress is our own SnapshotTaken
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
 
@@ -517,8 +533,9 @@ class RaftPeer:
             else:
                 # Step every event already queued before running any effect: the
                 # persistence they need becomes one synced LevelDB batch (group commit).
-                batch = []
                 event = await self._events.get()
+                batch = list(self._renewals)
+                self._renewals.clear()
                 while True:
                     if event is not _WAKE:
                         batch.append(event)
@@ -859,6 +876,15 @@ class RaftPeer:
         except asyncio.QueueFull:
             raise ResourceExhausted(f"raft peer {self.node_id}: {self._events.maxsize} requests queued; retry") from None
 
+    def _enqueue_renewal(self, event: Event) -> None:
+        """Ahead of every queued event: the loop takes the renewals lane first. Reordering
+        concurrent proposals is allowed (none of them has been answered yet)."""
+        if len(self._renewals) >= _RENEWALS_MAX:
+            raise ResourceExhausted(f"raft peer {self.node_id}: {_RENEWALS_MAX} TTL puts queued; retry")
+        self._renewals.append(event)
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+            self._events.put_nowait(_WAKE)
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -945,7 +971,10 @@ class RaftPeer:
         rid = next(self._ids)
         event = self._proposal_event(rid, kind, data)
         fut: asyncio.Future[tuple[Result, int]] = asyncio.get_running_loop().create_future()
-        self._enqueue(event)
+        if kind == EntryKind.COMMAND and renews_ttl(data):
+            self._enqueue_renewal(event)
+        else:
+            self._enqueue(event)
         self._proposals[rid] = fut
         self._proposed += 1
         try:

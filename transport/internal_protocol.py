@@ -839,6 +839,16 @@ class BacklogQuotasChanged(Message):
     TAG = 231
 
 
+@wire
+class ResyncNext(Message):
+    """Broker -> itself: follow the next slice of the resync `generation` (a resync of
+    tens of thousands of topics is a series of these, so client requests queued in
+    between are served between two slices; a newer resync makes older ones void)."""
+
+    TAG = 89
+    generation: int
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -862,5 +872,6 @@ INTERNAL_PROTOCOL = Protocol(
         HolderLives, HolderLiveness,
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged,
+        ResyncNext,
     ),
 )
