@@ -89,7 +89,7 @@ class AdminGateway(Actor):
         router.setsockopt(zmq.SNDHWM, limits.outbound_frames_max)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
-        bind_or_close(router, self.config.broker.admin_listen, "admin")
+        await bind_or_close(router, self.config.broker.admin_listen, "admin")
         self.peers = PeerGuard(ctx, router, "admin", self._busy_fds, pending_max=limits.connections_pending_max,
                                timeout_ms=limits.connect_timeout_ms,
                                inbound_bytes_max=limits.inbound_bytes_per_connection_max)

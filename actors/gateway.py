@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,7 +157,7 @@ class Gateway(Actor):
         # A peer that does not finish the ZMTP handshake in time is dropped by libzmq;
         # one that does but sends no Connect is dropped by the peer guard.
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
-        bind_or_close(router, self.config.broker.listen, "client")
+        await bind_or_close(router, self.config.broker.listen, "client")
         self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
                                timeout_ms=limits.connect_timeout_ms,
                                inbound_bytes_max=limits.inbound_bytes_per_connection_max)
@@ -610,14 +611,28 @@ class Gateway(Actor):
         METRICS.connections.set(len(self.sessions))
 
 
-def bind_or_close(sock: zmq.asyncio.Socket, endpoint: str, what: str) -> None:
+# libzmq closes a socket's listener in its reaper thread, after `close` returns: a
+# gateway restarted after a failure binds its port again while the old listener may
+# still hold it, so "address in use" is tried again this long before it is an error.
+REBIND_WAIT_S = 3.0
+
+
+async def bind_or_close(sock: zmq.asyncio.Socket, endpoint: str, what: str, *,
+                        rebind_wait_s: float = REBIND_WAIT_S) -> None:
     """Bind a listening socket; on failure close it (an open socket would block the
     context's shutdown) and say which endpoint could not be used."""
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise Unavailable(f"cannot listen for {what} connections on {endpoint}: {exc.strerror}") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + rebind_wait_s
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EADDRINUSE and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+                continue
+            sock.close(linger=0)
+            raise Unavailable(f"cannot listen for {what} connections on {endpoint}: {exc.strerror}") from None
 
 
 def reply_client(system: ActorSystem, identity: bytes, msg: Message) -> bool:
