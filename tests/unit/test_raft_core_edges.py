@@ -4,6 +4,7 @@ the `Cluster` helper of test_raft_core.py and fails if the guarded line is chang
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from danube_zmq.consensus.raft import (
@@ -405,3 +406,164 @@ def test_heartbeats_go_out_every_heartbeat_ticks():
         rounds.append(sum(1 for e in fx if isinstance(e, Send) and isinstance(e.message, Heartbeat)))
         c.deliver()
     assert sorted(rounds) == [0, 0, 0, 0, 0, 0, 2, 2, 2]
+
+
+# ------------------------------------------------- budgets and timers (issue 19, section 9)
+
+
+def _appends_to(fx, peer: int) -> list[AppendEntries]:
+    return [e.message for e in fx if isinstance(e, Send) and isinstance(e.message, AppendEntries)
+            and e.message.to_id == peer]
+
+
+def test_append_bytes_max_cuts_each_append_by_entry_bytes():
+    """append_bytes_max bounds the entry data of one AppendEntries: entries go in while
+    their bytes add up to at most the budget (exactly the budget fits), and an entry
+    larger than the budget goes alone rather than never."""
+    from danube_zmq.consensus.raft import ProposeBatch
+
+    c = Cluster([1, 2], append_bytes_max=10)
+    c.elect(1)
+    c.tick(n=2)
+    sizes = [4, 6, 3, 12, 1]
+    batch = ProposeBatch(proposals=tuple(Propose(request_id=k, data=b"x" * n) for k, n in enumerate(sizes)))
+    sent = _appends_to(c.step(1, batch), 2)
+    assert [[len(e.data) for e in m.entries] for m in sent] == [[4, 6], [3], [12], [1]]
+    c.deliver()
+    assert c.nodes[2].last_index == c.nodes[1].last_index == c.nodes[1].commit_index
+
+
+def test_the_default_append_bytes_max_is_one_mebibyte():
+    """By default one AppendEntries carries at most 1 MiB of entry data: two 512 KiB
+    entries fill it exactly, the third goes in the next message."""
+    from danube_zmq.consensus.raft import ProposeBatch
+
+    c = Cluster([1, 2])
+    c.elect(1)
+    c.tick(n=2)
+    batch = ProposeBatch(proposals=tuple(Propose(request_id=k, data=bytes(1 << 19)) for k in range(3)))
+    assert [len(m.entries) for m in _appends_to(c.step(1, batch), 2)] == [2, 1]
+
+
+def test_an_unanswered_snapshot_suggestion_is_repeated_after_election_ticks_max():
+    """The core suggests a snapshot (TakeSnapshot) once, then stays quiet for
+    election_ticks_max ticks while the shell works on it; if no SnapshotTaken came by
+    then, the next commit suggests it again."""
+    from danube_zmq.consensus.raft import TakeSnapshot
+
+    c = Cluster([1], log_entries_max=2)
+    ticks = c.nodes[1].config.election_ticks_max
+
+    def propose(k: int) -> list:
+        return [e for e in c.step(1, Propose(request_id=k, data=b"x")) if isinstance(e, TakeSnapshot)]
+
+    suggested = [k for k in range(5) if propose(k)]
+    assert suggested == [0]  # the log (bootstrap entry, NOOP, x) outgrew log_entries_max
+    c.tick(n=ticks - 1)
+    assert propose(10) == []
+    c.tick()
+    assert len(propose(11)) == 1
+
+
+def test_a_caught_up_follower_in_replicate_state_gets_no_appends_from_the_stall_timer():
+    """The stall timer only runs for a follower that is behind: a follower holding the
+    whole log is never sent an empty AppendEntries nor dropped back to probing, however
+    many ticks pass (heartbeats keep it), so new entries still go out pipelined, one
+    AppendEntries per proposal without waiting for answers."""
+    c = Cluster([1, 2, 3], election_ticks_min=2, election_ticks_max=3, check_quorum=False)
+    c.elect(1)
+    assert c.nodes[2].last_index == c.nodes[1].last_index
+    c.delivered.clear()
+    for _ in range(12):
+        c.step(1, Tick())
+        c.deliver()
+    assert c.sent(AppendEntries) == []
+    sent = [m for k in range(3) for m in _appends_to(c.step(1, Propose(request_id=k, data=b"x")), 2)]
+    assert len(sent) == 3
+
+
+def test_a_transfer_to_a_lagging_target_sends_it_the_missing_entries_at_once():
+    """TransferLeadership to a voter that lacks entries the leader held back (its
+    in-flight window was full) sends them in the same step, instead of waiting for
+    the stall timer."""
+    c = Cluster([1, 2, 3], inflight_appends_max=1)
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    c.step(1, Propose(request_id=1, data=b"x"))  # lost on the way to 3; its window is full
+    (y,) = [e for e in c.step(1, Propose(request_id=2, data=b"y")) if isinstance(e, ProposalResult)]
+    c.deliver()
+    c.isolated.clear()
+    c.tick()  # a heartbeat answer from 3 frees a slot in its window, sends nothing
+    assert c.nodes[3].last_index < y.index
+    sent = _appends_to(c.step(1, TransferLeadership(target_id=3)), 3)
+    assert [e.index for m in sent for e in m.entries] == [y.index]
+    c.deliver()
+    assert c.leader() == 3 and c.nodes[3].term_at(y.index) == y.term
+
+
+def test_a_repeated_append_is_not_persisted_again():
+    """An AppendEntries the follower already holds (a resend) is acknowledged without a
+    PersistEntries effect: no write, no fsync for nothing."""
+    from danube_zmq.consensus.raft import PersistEntries
+
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    (append,) = _appends_to(c.step(1, Propose(request_id=1, data=b"x")), 2)
+    first = c.nodes[2].step(Receive(message=append))
+    again = c.nodes[2].step(Receive(message=append))
+    assert [type(e) for e in first if isinstance(e, PersistEntries)] == [PersistEntries]
+    assert [e for e in again if isinstance(e, PersistEntries)] == []
+    (ack,) = [e.message for e in again if isinstance(e, Send)]
+    assert ack.success and ack.match_index == append.entries[-1].index
+
+
+def test_an_unanswered_install_snapshot_is_resent_every_election_ticks_min():
+    """A follower that never gets InstallSnapshot (so never answers it) is sent it again
+    exactly election_ticks_min leader ticks after each send: not sooner, not later."""
+    c = Cluster([1, 2, 3], log_entries_max=4)
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.add(3)
+    for k in range(8):
+        c.step(1, Propose(request_id=k, data=b"x"))
+        c.tick(1, 2)
+    c.step(1, SnapshotTaken(last_index=c.nodes[1].applied_index, data=b"state"))
+    c.step(1, Propose(request_id=99, data=b"after"))
+    c.isolated.clear()
+    sent_at = []
+    for t in range(60):  # node 3 hears everything but the snapshot, which never arrives
+        c.step(1, Tick())
+        while c.inbox:
+            m = c.inbox.pop(0)
+            if isinstance(m, InstallSnapshot):
+                sent_at.append(t)
+            else:
+                c.step(m.to_id, Receive(message=m))
+    period = c.nodes[1].config.election_ticks_min
+    assert len(sent_at) >= 3
+    assert {b - a for a, b in itertools.pairwise(sent_at)} == {period}
+
+
+def test_a_new_leaders_check_quorum_rounds_count_from_its_election():
+    """The check-quorum clock restarts when a candidate wins, whatever it counted as a
+    candidate: a leader cut off at once steps down after exactly two rounds
+    (2 x election_ticks_min ticks: the first round credits every peer)."""
+    c = Cluster([1, 2, 3], pre_vote=False)
+    from danube_zmq.consensus.raft.messages import RequestVote
+
+    for _ in range(100):
+        c.step(1, Tick())
+        if any(isinstance(m, RequestVote) for m in c.inbox):
+            break
+    c.step(1, Tick())
+    c.step(1, Tick())  # the votes arrive late: the candidate counted these ticks
+    c.campaign(1)
+    c.isolated.update({2, 3})
+    c.inbox.clear()
+    rounds = c.nodes[1].config.election_ticks_min
+    c.tick(1, n=2 * rounds - 1)
+    assert c.nodes[1].role is Role.LEADER
+    c.tick(1)
+    assert c.nodes[1].role is Role.FOLLOWER
