@@ -136,6 +136,13 @@ _REMOTE_ADMIN_TASKS_MAX = 64
 _DEAD_LETTER_BATCHES_MAX = 1_000
 # How long offset reservations are retried before the topic is told they failed.
 _RESERVE_RETRY_S = 3.0
+# Keys one topic create or delete writes per metadata transaction (the state machine's
+# batch_keys_max is 4,096): a big topic is written in several. Every replica applies a
+# batch in one step of its event loop, so batches stay small: 1,000 keys held each
+# broker's loop for about 50 ms (more than a follower's Raft heartbeat on a busy host).
+_TOPIC_KEYS_PER_BATCH = 256
+# Assignments decoded between two yields to the event loop.
+_KEYS_PER_SLICE = 2_000
 
 
 class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
@@ -374,10 +381,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
             try:
                 if revision is None:
                     await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
-                    state = store.peer.state
-                    revision = state.revision
-                    mine = [cr.topic_of(key, cr.ASSIGNMENTS) for key, value in state.list_prefix(cr.ASSIGNMENTS)
-                            if _owner(key, value.value) == self.broker_id]
+                    revision = store.peer.state.revision
+                    mine = await self._assigned_here()
                     await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
                 async for event in store.watch(cr.ASSIGNMENTS, revision):
                     revision = event.revision
@@ -399,7 +404,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
                 return
             self.lease_held = True
             log.info("broker %d holds its lease: serving", self.broker_id)
-            await self._resync(self._assigned_here())
+            await self._resync(await self._assigned_here())
             for topic in list(self.parked):
                 await self._wake(topic)
             return
@@ -410,11 +415,23 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         # Every topic stops first: sealing waits on the metadata store, which may be
         # out of reach (the likely reason the lease was lost).
         stopped = [await self._stop_topic(topic) for topic in list(self.topics)]
+        # Once the store is out of reach, every other seal would wait out its own
+        # timeout too (hours with tens of thousands of topics): the rest are left to
+        # what already reached the store, as a failed seal is. One log line, not one a topic.
+        unsealed: list[str] = []
+        store_gone = False
         for entry, next_offset in filter(None, stopped):
+            if store_gone:
+                unsealed.append(entry.name.full)
+                continue
             try:
                 await self._seal(entry, next_offset)
             except DanubeError as exc:
                 log.error("topic %s not sealed (%s)", entry.name.full, exc)
+                store_gone = isinstance(exc, Unavailable)
+        if unsealed:
+            log.error("%d more topics not sealed, the metadata store being out of reach (%s ...): their next"
+                      " brokers start from what reached the store", len(unsealed), ", ".join(unsealed[:3]))
 
     async def handle_AssignmentChanged(self, msg: AssignmentChanged) -> None:
         if msg.broker_id == self.broker_id:
@@ -439,9 +456,16 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
             await self._load(topic)
             await self._wake(topic)
 
-    def _assigned_here(self) -> list[str]:
-        return [cr.topic_of(key, cr.ASSIGNMENTS) for key, value in self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)
-                if _owner(key, value.value) == self.broker_id]
+    async def _assigned_here(self) -> list[str]:
+        """The topics assigned here, as of the applied state when called (the listing is a
+        copy); with 100,000 assignments to decode it yields to the event loop as it goes."""
+        mine = []
+        for n, (key, value) in enumerate(self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)):
+            if n % _KEYS_PER_SLICE == 0:
+                await asyncio.sleep(0)
+            if _owner(key, value.value) == self.broker_id:
+                mine.append(cr.topic_of(key, cr.ASSIGNMENTS))
+        return mine
 
     async def _load(self, topic: str) -> None:
         if topic in self.topics or topic in self.moving_topics or not self.lease_held:
@@ -455,10 +479,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
                 start_offset = await self._start_offset(name)
             except WalDamaged as damage:
                 if not await self._recover_from_durable(name, damage):
-                    self._mark_damaged(topic, damage)
+                    await self._mark_damaged(topic, damage)
                     return
                 start_offset = await self._start_offset(name)
             self._forget_damage(topic)
+            await self._clear_damage_record(topic)
         else:
             state = self.metadata.peer.state.get(cr.topic_state_key(topic))
             start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
@@ -467,6 +492,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
             self.producer_writes.setdefault(key, None)
         entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
+        # Spawning may never suspend: a burst of assignments (a big topic created, a
+        # restart with every topic to load) would hold the loop for all of them, and
+        # the lease renewals, Raft and the admin Ping with it.
+        await asyncio.sleep(0)
         log.info("topic %s loaded on broker %d", topic, self.broker_id)
         waiting = self.dead_letters.pop(topic, [])
         self.dead_letters_count -= len(waiting)
@@ -639,12 +668,30 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
         return start
 
-    def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
+    async def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
         if topic not in self.damaged:
             METRICS.wal_damage.inc()
         self.damaged[topic] = damage
         METRICS.wal_damaged_topics.set(len(self.damaged))
         log.error("%s", _damage_text(topic, damage))
+        # Recorded in the store so no broker moves the topic elsewhere, where it would be
+        # served from an empty log (actors/load/assign.py), and any broker refuses its unload.
+        record = cr.WalDamageRecord(broker_id=self.broker_id, reason=str(damage), valid_end=damage.valid_end,
+                                    since_ms=self.system.clock.now_ms())
+        try:
+            await self.metadata.put(cr.damaged_key(topic), cr.encode(record))
+        except DanubeError as exc:
+            log.error("topic %s: its damage not recorded in the metadata store (%s); retried at its next load",
+                      topic, exc)
+
+    async def _clear_damage_record(self, topic: str) -> None:
+        """A topic served again (repaired, or recovered): its damage record goes."""
+        if self.metadata.peer.state.get(cr.damaged_key(topic)) is None:
+            return
+        try:
+            await self.metadata.delete(cr.damaged_key(topic))
+        except DanubeError as exc:  # it only holds the topic here: cleared at a next load
+            log.error("topic %s: its damage record not cleared (%s)", topic, exc)
 
     def _forget_damage(self, topic: str) -> None:
         if self.damaged.pop(topic, None) is not None:
@@ -1095,11 +1142,17 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         return resolved
 
     async def _write_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> None:
-        """The topic's record and an unassigned marker per partition, in one transaction."""
+        """The topic's record and an unassigned marker per partition. A topic with more
+        partitions than one metadata batch holds is written in several: the record with
+        the first markers, then the rest guarded by the record's version and by each
+        partition having no assignment yet (a partition left without a marker, by a
+        crash in between, is placed by the load manager all the same)."""
         if not await self._namespace_exists(name.namespace):
             raise NotFound(f"namespace '{name.namespace}' does not exist")
-        if partitions < 0 or partitions > 10_000:
-            raise InvalidArgument(f"partitions must be 0..10000, got {partitions}")
+        limit = self.config.policies.partitions_per_topic_max
+        if partitions < 0 or partitions > limit:
+            raise InvalidArgument(f"partitions must be 0..{limit} (policies.partitions_per_topic_max),"
+                                  f" got {partitions}")
         if dispatch_strategy not in (cp.DispatchStrategy.NON_RELIABLE, cp.DispatchStrategy.RELIABLE):
             raise InvalidArgument(f"unknown dispatch strategy {dispatch_strategy}")
         if name.partition_index is not None and await self._resolve(name.base) is not None:
@@ -1108,15 +1161,43 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         for other in names:
             if other != name.full and self._record(other) is not None:
                 raise AlreadyExists(f"topic {other} already exists")
+        self._check_namespace_room(name.namespace, len(names))
         now = self.system.clock.now_ms()
         record = cr.encode(cr.TopicRecord(dispatch_strategy=dispatch_strategy, partitions=partitions, created_ms=now))
         marker = cr.encode(cr.Unassigned(reason=cr.UnassignedReason.NEW, since_ms=now))
         key = cr.topic_record_key(name.full)
-        puts = {key: record} | {cr.unassigned_key(n): marker for n in names}
-        if not await self.metadata.transaction({key: 0}, puts):
+        per_batch = self._keys_per_batch()
+        first, rest = names[:per_batch - 1], names[per_batch - 1:]
+        if not await self.metadata.transaction({key: 0}, {key: record} | {cr.unassigned_key(n): marker for n in first}):
             raise AlreadyExists(f"topic {name.full} already exists")
+        for start in range(0, len(rest), per_batch):
+            chunk = rest[start:start + per_batch]
+            written = self.metadata.peer.state.get(key)
+            if written is None or not await self.metadata.transaction(
+                    {key: written.version} | {cr.assignment_key(n): 0 for n in chunk},
+                    {cr.unassigned_key(n): marker for n in chunk}):
+                log.info("topic %s changed while its partitions were marked; the load manager places the rest",
+                         name.full)
+                break
         log.info("topic %s created (%d partitions, %s)", name.full, partitions,
                  cp.DispatchStrategy(dispatch_strategy).name.lower())
+
+    def _keys_per_batch(self) -> int:
+        """Keys one metadata transaction may touch, with room to spare."""
+        return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.peer.state.batch_keys_max))
+
+    def _check_namespace_room(self, namespace: str, adding: int) -> None:
+        """RESOURCE_EXHAUSTED when `adding` more topics (partitions count one each) would
+        pass `policies.topics_per_namespace_max`. The scan is bounded by the limit itself."""
+        limit = self.config.policies.topics_per_namespace_max
+        held = 0
+        for key, value in self.metadata.peer.state.list_prefix(f"{cr.TOPICS}{namespace}/"):
+            if key.count("/") == 3:  # a topic record, not a subscription's or producer's key
+                with contextlib.suppress(DanubeError):
+                    held += max(1, cr.decode(value.value, cr.TopicRecord).partitions)
+        if held + adding > limit:
+            raise ResourceExhausted(f"namespace '{namespace}' holds {held} topics (partitions count one each);"
+                                    f" {adding} more would pass policies.topics_per_namespace_max ({limit})")
 
     def _wal_dir(self, name: TopicName) -> Path:
         # Deleted recursively with the topic: checked to stay inside the data dir.

@@ -253,12 +253,22 @@ class BrokerAdmin:
             raise NotFound(f"topic {resolved.base.full} does not exist")
         names = resolved.served_names()
         state = self.metadata.peer.state
-        stale = [key] + [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
-        stale += [cr.topic_state_key(n) for n in names]
+        stale = [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
+        stale += [cr.topic_state_key(n) for n in names] + [cr.damaged_key(n) for n in names]
         stale.append(cr.topic_backlog_quota_key(resolved.base.full))
         stale += [k for n in names for k, _ in state.list_prefix(f"{topic_key(n)}/")]  # cursors
-        if not await self.metadata.transaction({key: current.version}, {}, stale):
+        # The record goes first, with as many keys as one batch holds: from then on the
+        # topic does not exist for anyone. The rest follows in batches, each only while
+        # the name has not been created again.
+        per_batch = self._keys_per_batch()  # type: ignore[attr-defined]
+        first, rest = stale[:per_batch - 1], stale[per_batch - 1:]
+        if not await self.metadata.transaction({key: current.version}, {}, [key, *first]):
             raise FailedPrecondition(f"topic {resolved.base.full} changed meanwhile; retry")
+        for start in range(0, len(rest), per_batch):
+            if not await self.metadata.transaction({key: 0}, {}, rest[start:start + per_batch]):
+                log.warning("topic %s was created again while its old keys were deleted; %d keys left",
+                            resolved.base.full, len(rest) - start)
+                break
         for name in names:  # the partitions served here now; other brokers follow the deletion
             if name in self.topics:
                 await self._unload(name, deleted=True)
@@ -268,6 +278,17 @@ class BrokerAdmin:
 
     async def _unload_topic(self, msg: ap.UnloadTopic) -> Message:
         resolved = await self._existing(parse_topic(msg.topic))
+        for name in resolved.served_names():  # a damaged topic would wait forever for its seal
+            damage = self.damaged.get(name)
+            if damage is not None:
+                raise FailedPrecondition(f"not unloaded: {_damage_text(name, damage)}")
+            value = self.metadata.peer.state.get(cr.damaged_key(name))
+            if value is not None:
+                record = cr.decode(value.value, cr.WalDamageRecord)
+                raise FailedPrecondition(
+                    f"not unloaded: topic {name} is not served by broker {record.broker_id}: its WAL is damaged"
+                    f" ({record.reason}); offsets from {record.valid_end} on cannot be read. An operator can serve"
+                    f" it again, giving them up: danube admin topics repair {name} --accept-loss")
         moved = 0
         for name in resolved.served_names():
             if self._moves_by_handover(name):

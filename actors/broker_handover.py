@@ -46,7 +46,7 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import DanubeError, FailedPrecondition, ResourceExhausted, Unavailable
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from danube_zmq.transport.internal_protocol import HandOverEnded, HandOverStopped, StopForHandOver
 
 log = logging.getLogger("danube_zmq.broker")
@@ -288,8 +288,18 @@ class BrokerHandOver:
         name = parse_topic(topic)
         return self.data_dir / "handover" / name.namespace / name.topic
 
+    def _handed_topic(self, topic: str) -> str:
+        """The full name of a topic a hand-over message names: an existing one only, so a
+        stray or hostile message never makes a staging directory for any name."""
+        resolved = self._resolve_local(parse_topic(topic))
+        if resolved is None or resolved.partitioned_base:
+            raise NotFound(f"topic {topic} does not exist here: nothing to hand over")
+        return resolved.name.full
+
     async def _begin_handover(self, msg: ap.BeginHandOver) -> Message:
-        topic = parse_topic(msg.topic).full
+        topic = self._handed_topic(msg.topic)
+        incoming = Incoming(self._handover_staging(topic), msg.handover_id,  # checks every file name first
+                            [(f.name, f.size_bytes) for f in msg.files], msg.next_offset)
         if topic in self.topics or topic in self.moving_topics:
             raise FailedPrecondition(f"topic {topic} is served by broker {self.broker_id}: it cannot be handed here")
         total = sum(f.size_bytes for f in msg.files)
@@ -299,19 +309,17 @@ class BrokerHandOver:
                                      f" takes in one move (cluster.move_bytes_max {limit})")
         if topic not in self.incoming_moves and len(self.incoming_moves) >= _INCOMING_MAX:
             raise ResourceExhausted(f"broker {self.broker_id} receives {_INCOMING_MAX} moves already; retry")
-        incoming = Incoming(self._handover_staging(topic), msg.handover_id,
-                            [(f.name, f.size_bytes) for f in msg.files], msg.next_offset)
         held = await asyncio.to_thread(incoming.begin)
         self.incoming_moves[topic] = incoming
         return ap.HandOverProgress(request_id=msg.request_id, held_bytes=held)
 
     async def _handover_chunk(self, msg: ap.HandOverChunk) -> Message:
-        incoming = self._incoming_for(parse_topic(msg.topic).full, msg.handover_id)
+        incoming = self._incoming_for(self._handed_topic(msg.topic), msg.handover_id)
         await asyncio.to_thread(incoming.write, msg.file_index, msg.position, msg.data, msg.crc32c)
         return Ok(request_id=msg.request_id)
 
     async def _commit_handover(self, msg: ap.CommitHandOver) -> Message:
-        topic = parse_topic(msg.topic).full
+        topic = self._handed_topic(msg.topic)
         incoming = self._incoming_for(topic, msg.handover_id)
         if topic in self.topics:
             raise FailedPrecondition(f"topic {topic} is served by broker {self.broker_id}: it cannot be handed here")
@@ -328,7 +336,7 @@ class BrokerHandOver:
         return Ok(request_id=msg.request_id)
 
     async def _abort_handover(self, msg: ap.AbortHandOver) -> Message:
-        topic = parse_topic(msg.topic).full
+        topic = self._handed_topic(msg.topic)
         incoming = self.incoming_moves.get(topic)
         if incoming is not None and incoming.directory.name == f"{msg.handover_id:020d}":
             del self.incoming_moves[topic]

@@ -309,6 +309,17 @@ class PoliciesSection:
     # producer_request_hold: bytes of sends held per topic; a send past it is refused
     # at once. Default 67108864 (64 MiB).
     backlog_quota_hold_bytes_max: int = 64 * MIB
+    # The two below are ours (Danube has none), named by our `*_max` habit.
+    # Partitions one partitioned topic may have; creating one with more (client
+    # GetPartitions/producer, admin create) is refused with INVALID_ARGUMENT
+    # naming this key. 1..100000. Default 1000.
+    partitions_per_topic_max: int = 1000
+    # Topics one namespace may hold, each partition counted as one topic (as
+    # Pulsar's maxTopicsPerNamespace); a create past it is refused with
+    # RESOURCE_EXHAUSTED naming this key. Checked on the broker's applied state:
+    # creates racing on several brokers may pass it by the ones in flight.
+    # 1..1000000 (the metadata store holds at most 1,000,000 keys). Default 10000.
+    topics_per_namespace_max: int = 10_000
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -318,6 +329,8 @@ class PoliciesSection:
         _check_range("policies.backlog_quota_hold_ms_max", self.backlog_quota_hold_ms_max, 1, 3_600_000)
         for name in ("backlog_quota_bytes_max", "backlog_quota_hold_bytes_max"):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
+        _check_range("policies.partitions_per_topic_max", self.partitions_per_topic_max, 1, 100_000)
+        _check_range("policies.topics_per_namespace_max", self.topics_per_namespace_max, 1, 1_000_000)
         for name in (
             "max_producers_per_topic",
             "max_subscriptions_per_topic",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,11 @@ _IDLE_ROUND_S = 1.0
 # Changes that need a round at once; lease renewals and load reports do not.
 _TRIGGERS = (cr.ASSIGNMENTS, cr.UNASSIGNED, cr.BROKERS, cr.MOVES)
 _WRITES_AT_ONCE = 256  # proposals in flight per round (the peer batches adjacent ones)
+# Keys a round reads between two yields to the event loop: with 100,000 partitions one
+# round reads every assignment, marker and topic, and the loop must keep answering
+# Ping and renewing leases meanwhile (at 12,000 partitions a round in one go lost the
+# broker its lease). The decisions themselves run in a worker thread (see `_round`).
+_KEYS_PER_SLICE = 2_000
 
 
 class _Memo:
@@ -77,9 +83,11 @@ class _Memo:
         self.last: list[tuple[str, Any, Any]] = []
         self.read_at = -1  # the state's revision when `last` was read
 
-    def read(self, state: Any) -> list[tuple[str, Any, Any]]:
+    async def read(self, state: Any) -> list[tuple[str, Any, Any]]:
         """(key, versioned value, converted record) for every key under the prefix; the
-        last answer again when nothing under it changed since (no listing at all)."""
+        last answer again when nothing under it changed since (no listing at all).
+        Yields to the event loop every `_KEYS_PER_SLICE` keys: the listing is a copy,
+        so what it holds stays the state at one revision."""
         revision = state.revision
         if self.read_at >= 0:
             try:
@@ -91,7 +99,8 @@ class _Memo:
                 return self.last
         fresh: dict[str, tuple[int, Any]] = {}
         out = []
-        for key, value in state.list_prefix(self.prefix):
+        for n, (key, value) in enumerate(state.list_prefix(self.prefix)):
+            await _pace(n)
             hit = self.items.get(key)
             if hit is None or hit[0] != value.mod_revision:
                 hit = (value.mod_revision, self.convert(key, value.value))
@@ -209,9 +218,12 @@ class LoadManagerActor(Actor):
         return self.system.clock.now_ms()
 
     async def _round(self) -> None:
-        cluster = self._read()
-        decided = plan(cluster.placeable(), self.strategy, cluster.reports, cluster.loads(), now_ms=self._now(),
-                       grace_ms=self.grace_ms, cursor=self.cursor)
+        cluster = await self._read()
+        # The pure plan is O(N) over every topic: in a worker thread (its inputs are this
+        # round's copies, touched by nothing else) the event loop gets the GIL back
+        # every switch interval instead of waiting for the whole plan.
+        decided = await asyncio.to_thread(plan, cluster.placeable(), self.strategy, cluster.reports, cluster.loads(),
+                                          now_ms=self._now(), grace_ms=self.grace_ms, cursor=self.cursor)
         self.cursor = decided.cursor
         self.absent_since_ms = decided.absent_since_ms
         await self._carry_out(decided, cluster.versions)
@@ -221,12 +233,16 @@ class LoadManagerActor(Actor):
             await self._rebalance(cluster, max_moves=None, dry_run=False)
 
     # ------------------------------------------------------------- reading the store
-    def _read(self) -> _Cluster:
-        """The cluster as this peer has applied it, and the version of every key read."""
+    async def _read(self) -> _Cluster:
+        """The cluster as this peer has applied it, and the version of every key read.
+        Prefixes are read one after the other, yielding in between, so each may be at a
+        later revision than the one before: assignments, then markers, then topics
+        (a topic's record is written before or with its markers), and every write made
+        from this reading is guarded by the versions read."""
         state = self.metadata.peer.state
         versions: dict[str, int] = {}
         modes: dict[int, str] = {}
-        for key, value, mode in self._states.read(state):
+        for key, value, mode in await self._states.read(state):
             broker = cr.broker_of(key, cr.BROKERS)
             if broker is not None and mode is not None:
                 modes[broker] = mode
@@ -245,12 +261,14 @@ class LoadManagerActor(Actor):
                     and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
                 suspect.add(broker)
         assignments = {}
-        for key, value, record in self._assignments.read(state):
+        for n, (key, value, record) in enumerate(await self._assignments.read(state)):
+            await _pace(n)
             if record is not None:
                 assignments[cr.topic_of(key, cr.ASSIGNMENTS)] = (record.broker_id, record.epoch)
                 versions[key] = value.version
         waiting = {}
-        for key, value, marker in self._waiting.read(state):
+        for n, (key, value, marker) in enumerate(await self._waiting.read(state)):
+            await _pace(n)
             waiting[cr.topic_of(key, cr.UNASSIGNED)] = Waiting(
                 from_broker=marker.from_broker, to_broker=marker.to_broker, epoch=marker.epoch, sealed=marker.sealed)
             versions[key] = value.version
@@ -258,7 +276,8 @@ class LoadManagerActor(Actor):
         created: dict[str, int] = {}
         pinned: set[str] = set()
         local = self.config.storage.mode == "local"
-        for _key, _value, partitions in self._topics.read(state):
+        for n, (_key, _value, partitions) in enumerate(await self._topics.read(state)):
+            await _pace(n)
             if partitions is not None:
                 names, created_ms, reliable = partitions
                 exists.update(names)
@@ -266,17 +285,19 @@ class LoadManagerActor(Actor):
                 if reliable and local:
                     pinned.update(names)
         reports = {}
-        for _key, _value, report in self._reports.read(state):
+        for _key, _value, report in await self._reports.read(state):
             if report is not None and report.broker_id in brokers:
                 reports[report.broker_id] = report
         moves_ms: list[int] = []
         last_moved: dict[str, int] = {}
-        for _key, _value, move in self._moves.read(state):
+        for _key, _value, move in await self._moves.read(state):
             if move is not None:
                 moves_ms.append(move.at_ms)
                 last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
+        # Few (an operator repairs them): listed whole each round.
+        damaged = {cr.topic_of(key, cr.DAMAGED) for key, _ in state.list_prefix(cr.DAMAGED)}
         view = ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
-                           absent_since_ms=self.absent_since_ms, pinned=pinned)
+                           absent_since_ms=self.absent_since_ms, pinned=pinned, damaged=damaged)
         return _Cluster(view=view, versions=versions, reports=reports, created_ms=created, moves_ms=moves_ms,
                         last_moved_ms=last_moved, backlog=self._published_backlog(), suspect=suspect)
 
@@ -300,9 +321,14 @@ class LoadManagerActor(Actor):
     async def _carry_out(self, decided: Plan, versions: dict[str, int]) -> None:
         now_ms = self._now()
         writes: list[Any] = []
+        gone: dict[int, list[str]] = {}
+        for orphan in decided.orphans:
+            gone.setdefault(orphan.from_broker, []).append(orphan.topic)
+        for broker, topics in gone.items():  # one line a broker: a log line a topic held the loop for seconds
+            log.warning("broker %d is gone: %d topics unassigned (failover): %s%s", broker, len(topics),
+                        ", ".join(topics[:5]), " ..." if len(topics) > 5 else "")
         for orphan in decided.orphans:
             key = cr.assignment_key(orphan.topic)
-            log.warning("broker %d is gone: %s is unassigned (failover)", orphan.from_broker, orphan.topic)
             writes.append(self.metadata.transaction(
                 {key: versions[key], cr.unassigned_key(orphan.topic): 0},
                 {cr.unassigned_key(orphan.topic): cr.encode(cr.Unassigned(
@@ -315,15 +341,30 @@ class LoadManagerActor(Actor):
         for choice in decided.assign:
             marker = cr.unassigned_key(choice.topic)
             key = cr.assignment_key(choice.topic)
+            expect = {marker: versions.get(marker, 0), key: 0}
+            if marker not in versions:  # no marker: only while its topic record is the one read
+                record = self._record_version(choice.topic)
+                if record is None:
+                    continue
+                expect[record[0]] = record[1]
             writes.append(self.metadata.transaction(
-                {marker: versions[marker], key: 0},
+                expect,
                 {key: cr.encode(cr.Assignment(broker_id=choice.broker_id, epoch=choice.epoch, assigned_ms=now_ms))},
-                [marker]))
+                [marker] if marker in versions else []))
         await _gather(writes)
         if decided.assign:
             log.info("assigned %d topics (%s)", len(decided.assign),
                      ", ".join(f"{a.topic} -> {a.broker_id}" for a in decided.assign[:5])
                      + (" ..." if len(decided.assign) > 5 else ""))
+
+    def _record_version(self, topic: str) -> tuple[str, int] | None:
+        """The key and version of the record `topic` (a topic or a partition) belongs to."""
+        name = parse_topic(topic)
+        for full in (name.full, name.base.full):
+            value = self.metadata.peer.state.get(cr.topic_record_key(full))
+            if value is not None:
+                return cr.topic_record_key(full), value.version
+        return None
 
     async def _start_moves(self, moves: list[Move], versions: dict[str, int], reason: str) -> list[Move]:
         """Replace each moving topic's assignment by an unsealed marker naming its
@@ -349,10 +390,11 @@ class LoadManagerActor(Actor):
 
     async def _rebalance(self, cluster: _Cluster, *, max_moves: int | None, dry_run: bool) -> ap.Rebalanced:
         assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
-        decided = rebalance_plan(now_ms=self._now(), policy=self.policy, states=cluster.placeable().brokers,
-                                 assignments=assigned, loads=cluster.loads(),
-                                 created_ms=cluster.created_ms, last_moved_ms=cluster.last_moved_ms,
-                                 recent_moves_ms=cluster.moves_ms, max_moves=max_moves)
+        decided = await asyncio.to_thread(functools.partial(
+            rebalance_plan, now_ms=self._now(), policy=self.policy, states=cluster.placeable().brokers,
+            assignments=assigned, loads=cluster.loads(), created_ms=cluster.created_ms,
+            last_moved_ms=cluster.last_moved_ms, recent_moves_ms=cluster.moves_ms, max_moves=max_moves,
+            damaged=cluster.view.damaged))
         moves = list(decided.moves)
         if not dry_run and moves:
             moves = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.REBALANCE)
@@ -385,7 +427,7 @@ class LoadManagerActor(Actor):
 
     async def _admin(self, request: Any) -> Message:
         await self.metadata.get(cr.LEADER)  # a barrier: the applied state is current
-        cluster = self._read()
+        cluster = await self._read()
         if isinstance(request, ap.GetClusterBalance):
             return self._balance(cluster, request.request_id)
         if isinstance(request, ap.RebalanceCluster):
@@ -424,9 +466,15 @@ class LoadManagerActor(Actor):
             raise FailedPrecondition(f"no other active broker can take the topics of broker {broker}")
         assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
         moves = drain(broker, strategy=self.strategy, states=others | {broker: BrokerState.DRAINING},
-                      reports=cluster.reports, assignments=assigned, loads=cluster.loads())
+                      reports=cluster.reports, assignments=assigned, loads=cluster.loads(),
+                      damaged=cluster.view.damaged)
         started = await self._start_moves(moves, cluster.versions, cr.UnassignedReason.UNLOAD)
-        return ap.Rebalanced(request_id=request.request_id, moves=[_move_info(m) for m in started], why_none="",
+        kept = sorted(t for t, b in assigned.items() if b == broker and t in cluster.view.damaged)
+        why = (f"{len(kept)} damaged topics stay on broker {broker} until repaired ({', '.join(kept[:5])}"
+               f"{' ...' if len(kept) > 5 else ''}): danube admin topics describe names the repair") if kept else ""
+        if kept:
+            log.error("drain of broker %d: %s", broker, why)
+        return ap.Rebalanced(request_id=request.request_id, moves=[_move_info(m) for m in started], why_none=why,
                              coefficient_of_variation=0.0, dry_run=False)
 
     async def _set_mode(self, cluster: _Cluster, broker: int, mode: str, reason: str) -> None:
@@ -434,6 +482,12 @@ class LoadManagerActor(Actor):
             raise NotFound(f"broker {broker} is not registered")
         key = cr.state_key(broker)
         await self.metadata.put(key, cr.encode(cr.BrokerStateRecord(mode=mode, reason=reason)))
+
+
+async def _pace(n: int) -> None:
+    """Yield to the event loop once every `_KEYS_PER_SLICE` items."""
+    if n and n % _KEYS_PER_SLICE == 0:
+        await asyncio.sleep(0)
 
 
 def _move_info(move: Move) -> ap.MoveInfo:

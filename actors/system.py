@@ -88,7 +88,9 @@ class _Cell:
     header: bytes  # the actor's name on the inbox socket
     instance: Actor
     task: asyncio.Task[None] | None = None
-    children: list[str] = field(default_factory=list)
+    # In spawn order; a dict so that a child leaving is O(1): with a list, stopping a
+    # broker's 33,000 topic actors (each removing itself) took minutes after SIGTERM.
+    children: dict[str, None] = field(default_factory=dict)
     restart_times_ms: deque[int] = field(default_factory=deque)
     handled: int = 0
     unrecognized: int = 0
@@ -208,7 +210,7 @@ class ActorSystem:
         self._cells[endpoint] = cell
         self._by_header[cell.header] = cell
         if parent is not None and parent in self._cells:
-            self._cells[parent].children.append(endpoint)
+            self._cells[parent].children[endpoint] = None
         try:
             await instance.on_start()
         except BaseException:
@@ -233,7 +235,7 @@ class ActorSystem:
         host.guests[cell.header] = cell
         self._cells[endpoint] = cell
         self._by_header[cell.header] = cell
-        host.children.append(endpoint)
+        host.children[endpoint] = None
         try:
             await instance.on_start()
         except BaseException:
@@ -511,9 +513,7 @@ class ActorSystem:
         if self._by_header.get(cell.header) is cell:
             del self._by_header[cell.header]
         if cell.parent is not None and cell.parent in self._cells:
-            siblings = self._cells[cell.parent].children
-            if cell.endpoint in siblings:
-                siblings.remove(cell.endpoint)
+            self._cells[cell.parent].children.pop(cell.endpoint, None)
         if cell.host is not None and cell.host.guests is not None:
             cell.host.guests.pop(cell.header, None)
 

@@ -117,6 +117,7 @@ def _force_new_cluster(config: Any) -> None:
 
 
 async def _run(config: Any) -> None:
+    from danube_zmq.actors.gc_pacing import GcPacer
     from danube_zmq.actors.service import BrokerService
 
     with StopSignals() as stop:
@@ -131,6 +132,10 @@ async def _run(config: Any) -> None:
             f"danube broker {service.broker_id} listening: clients {service.client_url}, "
             f"admin {service.admin_url}, metrics {service.metrics_url or 'off'}"
         )
+        # A broker process only: in a process that embeds BrokerService (tests) the
+        # collector is the host's business.
+        pacer = GcPacer()
+        pacer.start()
         try:
             await stop.race(service.wait_stopped())
         except Interrupted:
@@ -146,5 +151,6 @@ async def _run(config: Any) -> None:
                 raise SystemExit(EXIT_FATAL)
             log.warning("the broker stopped by itself")
         # Stop outside the race: a clean shutdown is what the signal asked for.
+        await pacer.stop()
         await service.stop()
     log.info("broker stopped")

@@ -146,12 +146,19 @@ class RaftMetadataStore:
         peer = self.peer
         revision = from_revision
         while True:
+            # Every revision up to `now` is looked at by this call (the read and the
+            # scan happen in one step), so the watch resumes after it even when no event
+            # was under the prefix: a watcher of a quiet prefix otherwise scanned the whole
+            # history after every change, and fell behind its start (Compacted) as soon
+            # as other prefixes filled it.
+            now = peer.state.revision
             events = peer.state.events_since(prefix, revision)
             for event in events:
                 yield event
                 revision = event.revision
             if events:
                 continue  # more may have applied while the consumer held us
+            revision = max(revision, now)
             if not peer.running:
                 raise Unavailable(f"raft peer {peer.node_id} stopped; resume the watch at revision {revision}")
             await peer.wait_changed()

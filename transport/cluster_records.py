@@ -13,6 +13,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /cluster/load/{broker_id}             LoadReportRecord    CPU, memory and per-topic load (TTL)
     /cluster/backlog-report               BacklogReportRecord the latest Spark backlog report's totals
     /cluster/rebalancing/{ms}-{n}         MoveRecord          a move the load manager made (TTL 1 h)
+    /cluster/damaged/{ns}/{topic}         WalDamageRecord     a reliable topic not served: its WAL is damaged
     /topics/{ns}/{topic}/subscriptions/{sub}  msgpack         a reliable subscription's cursor and settings
     /topics/{ns}/{topic}/producers/{id}   ProducerRecord      a producer attached to a topic or partition
     /storage/topics/{ns}/{topic}/segments/{base}  SegmentDescriptor (storage/catalog.py)
@@ -49,6 +50,7 @@ LEADER = "/cluster/leader"
 LOAD = "/cluster/load/"
 BACKLOG_REPORT = "/cluster/backlog-report"
 MOVES = "/cluster/rebalancing/"
+DAMAGED = "/cluster/damaged/"
 POLICIES = "/policies/"
 BACKLOG_QUOTAS = "/policies/backlog-quota/"
 
@@ -93,6 +95,10 @@ def unassigned_key(topic: str) -> str:
 
 def topic_state_key(topic: str) -> str:
     return f"/storage/topics{topic}/state"
+
+
+def damaged_key(topic: str) -> str:
+    return f"/cluster/damaged{topic}"
 
 
 def producers_prefix(topic: str) -> str:
@@ -294,9 +300,23 @@ class BacklogQuotaRecord(Message):
     policy: str
 
 
+@wire
+class WalDamageRecord(Message):
+    """A reliable topic (or partition) its broker does not serve because its WAL is
+    damaged: written by that broker when it finds the damage, deleted when the topic is
+    served again (`topics repair`) or deleted. The load manager never moves such a topic
+    (the next broker would serve it from an empty log) and unloads of it are refused."""
+
+    TAG = 13
+    broker_id: int
+    reason: str
+    valid_end: int  # offsets from here on cannot be read
+    since_ms: int
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
-    LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord,
+    LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord, WalDamageRecord,
 ])
 
 

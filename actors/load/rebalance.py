@@ -9,21 +9,26 @@ long as the move narrows the gap (destination + topic < source). Every move so m
 lowers the sum of squared broker loads, so a sequence of plans cannot cycle back to a
 state it left (no oscillation) and stops when no move narrows a gap or the CV is under
 the threshold. A topic is eligible when it is not blacklisted (exact name, or a
-`/ns/*` pattern), is at least `min_topic_age_s` old, and has not moved within
-`cooldown_s`.
+`/ns/*` pattern), is at least `min_topic_age_s` old, has not moved within
+`cooldown_s`, and is not damaged (its WAL is: the next broker would serve it from an
+empty log).
 
 `drain` empties one broker (admin `brokers unload`): each of its topics goes where
-placement would put a new topic, the broker itself excluded.
+placement would put a new topic, the broker itself excluded; its damaged topics stay
+until repaired.
+
+Cost: a plan sorts each broker's eligible topics once (O(N log N)) and a move costs
+O(B); a drain keeps one `Placer` (O(N x B)). Neither sums the brokers' loads per topic.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from danube_zmq.actors.load.placement import Strategy, place
+from danube_zmq.actors.load.placement import Placer, Strategy
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, weight_of
 from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport.errors import InvalidArgument
@@ -135,11 +140,13 @@ def blacklisted(topic: str, patterns: Sequence[str]) -> bool:
 
 def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerState],
          assignments: Mapping[str, int], loads: Mapping[str, TopicLoad], created_ms: Mapping[str, int],
-         last_moved_ms: Mapping[str, int], recent_moves_ms: Sequence[int], max_moves: int | None = None) -> Plan:
+         last_moved_ms: Mapping[str, int], recent_moves_ms: Sequence[int], max_moves: int | None = None,
+         damaged: Set[str] = frozenset()) -> Plan:
     """The moves to make now. `created_ms`: when each topic was created (a topic missing
     there counts as old enough); `last_moved_ms`: when each topic last moved;
     `recent_moves_ms`: when the moves of the past hour were made; `max_moves` (admin
-    `rebalance --max-moves`) replaces the policy's moves per cycle."""
+    `rebalance --max-moves`) replaces the policy's moves per cycle; `damaged`: topics
+    never moved."""
     active = sorted(b for b, s in states.items() if s is BrokerState.ACTIVE)
     current = broker_loads(active, assignments, loads)
     balance = measure(current)
@@ -153,25 +160,29 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
     if budget <= 0:
         return Plan(balance, why_none=f"{done_this_hour} moves in the past hour, the cap is "
                                       f"{policy.max_moves_per_hour}", after=current)
-    owner = {t: b for t, b in assignments.items() if b in current}
-    moved: set[str] = set()
+    # Each broker's eligible topics, lightest first, sorted once (O(N log N) a plan, not
+    # a sort per move): the lightest one not yet moved is the only candidate, since a
+    # heavier one narrows the gap less and fits whenever a lighter one does not.
+    queues: dict[int, list[tuple[float, str]]] = {b: [] for b in active}
+    for t, b in assignments.items():
+        if b in queues and t not in damaged and _eligible(t, now_ms, policy, created_ms, last_moved_ms):
+            queues[b].append((weight_of(t, loads), t))
+    for queue in queues.values():
+        queue.sort()
+    heads = dict.fromkeys(active, 0)
     moves: list[Move] = []
     while len(moves) < budget and measure(current).cv > policy.cv_threshold:
         source = max(active, key=lambda b: (current[b], -b))
         target = min(active, key=lambda b: (current[b], b))
-        candidates = sorted(
-            (weight_of(t, loads), t) for t, b in owner.items()
-            if b == source and t not in moved and _eligible(t, now_ms, policy, created_ms, last_moved_ms))
-        choice = next(((w, t) for w, t in candidates if current[target] + w < current[source] - GAP_MARGIN), None)
-        if choice is None:
+        queue, head = queues[source], heads[source]
+        if head >= len(queue) or not current[target] + queue[head][0] < current[source] - GAP_MARGIN:
             break
-        weight, topic = choice
+        weight, topic = queue[head]
+        heads[source] = head + 1  # a moved topic is not moved again in this plan
         moves.append(Move(topic=topic, from_broker=source, to_broker=target, estimated_load=weight,
                           reason=f"cv {measure(current).cv:.2f} above {policy.cv_threshold:.2f}"))
         current[source] -= weight
         current[target] += weight
-        owner[topic] = target
-        moved.add(topic)
     if not moves:
         return Plan(balance, why_none="no eligible topic whose move would narrow the gap", after=current)
     return Plan(balance, moves=tuple(moves), after=current)
@@ -179,17 +190,19 @@ def plan(*, now_ms: int, policy: RebalancePolicy, states: Mapping[int, BrokerSta
 
 def drain(broker_id: int, *, strategy: Strategy, states: Mapping[int, BrokerState],
           reports: Mapping[int, LoadReport], assignments: Mapping[str, int],
-          loads: Mapping[str, TopicLoad]) -> list[Move]:
-    """Every topic of `broker_id` to the broker placement picks, heaviest first so the
-    big ones spread before the small ones fill the gaps."""
-    owned = sorted((t for t, b in assignments.items() if b == broker_id), key=lambda t: (-weight_of(t, loads), t))
-    working = dict(assignments)
+          loads: Mapping[str, TopicLoad], damaged: Set[str] = frozenset()) -> list[Move]:
+    """Every topic of `broker_id` but the `damaged` ones to the broker placement picks,
+    heaviest first so the big ones spread before the small ones fill the gaps."""
+    owned = sorted((t for t, b in assignments.items() if b == broker_id and t not in damaged),
+                   key=lambda t: (-weight_of(t, loads), t))
+    placer = Placer(strategy, states, reports, assignments, loads)
     moves = []
     cursor = 0
     for topic in owned:
-        chosen = place(strategy, states, reports, working, loads, cursor=cursor, exclude=frozenset({broker_id}))
+        chosen = placer.place(cursor=cursor, exclude=frozenset({broker_id}))
         cursor = chosen.cursor
-        working[topic] = chosen.broker_id
+        placer.remove(topic, broker_id)
+        placer.add(topic, chosen.broker_id)
         moves.append(Move(topic=topic, from_broker=broker_id, to_broker=chosen.broker_id,
                           estimated_load=weight_of(topic, loads), reason=f"broker {broker_id} unloaded"))
     return moves

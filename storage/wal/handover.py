@@ -75,7 +75,8 @@ class Incoming:
     def __init__(self, staging: Path, handover_id: int, files: list[tuple[str, int]], next_offset: int) -> None:
         for name, size in files:
             if parse_segment_file_name(name) is None or size < 0:
-                raise InvalidArgument(f"a handed-over WAL file must be a segment name and size, got {name!r} {size}")
+                raise InvalidArgument(f"a handed-over WAL file must be a segment name and size, got {name[:64]!r}"
+                                      f"{'...' if len(name) > 64 else ''} {size}")
         if not files:
             raise InvalidArgument("a hand-over offers at least the active segment")
         self.root = staging
@@ -97,6 +98,7 @@ class Incoming:
             if have > size:  # not this offer's file: start it again
                 path.unlink()
                 have = 0
+            path.touch()  # an empty segment (no record yet) gets no chunk but is installed
             held.append(have)
         return held
 

@@ -72,7 +72,29 @@ OPERATIONS: dict[str, Callable[[int, str], Message]] = {
     "CreateSnapshot.topic": lambda rid, v: ap.CreateSnapshot(request_id=rid, topic=v),
     "DescribeSnapshot.snapshot_id": lambda rid, v: ap.DescribeSnapshot(request_id=rid, snapshot_id=v),
     "DeleteSnapshot.snapshot_id": lambda rid, v: ap.DeleteSnapshot(request_id=rid, snapshot_id=v),
+    "RepairTopic.topic": lambda rid, v: ap.RepairTopic(request_id=rid, topic=v, accept_loss=True),
+    "ReassignTopic.topic": lambda rid, v: ap.ReassignTopic(request_id=rid, topic=v, force=True),
+    "SetBacklogQuota.namespace": lambda rid, v: ap.SetBacklogQuota(request_id=rid, limit_bytes=1 << 20,
+                                                                   policy="producer_exception", namespace=v),
+    "SetBacklogQuota.topic": lambda rid, v: ap.SetBacklogQuota(request_id=rid, limit_bytes=1 << 20,
+                                                               policy="producer_exception", topic=v),
+    "GetBacklogQuota.namespace": lambda rid, v: ap.GetBacklogQuota(request_id=rid, namespace=v),
+    "GetBacklogQuota.topic": lambda rid, v: ap.GetBacklogQuota(request_id=rid, topic=v),
+    "RemoveBacklogQuota.namespace": lambda rid, v: ap.RemoveBacklogQuota(request_id=rid, namespace=v),
+    "RemoveBacklogQuota.topic": lambda rid, v: ap.RemoveBacklogQuota(request_id=rid, topic=v),
+    # Broker to broker (a local-mode move), on the same admin port.
+    "BeginHandOver.topic": lambda rid, v: _begin_handover(rid, v, "00000000000000000000.wal"),
+    "HandOverFile.name": lambda rid, v: _begin_handover(rid, TOPIC, v),
+    "HandOverChunk.topic": lambda rid, v: ap.HandOverChunk(request_id=rid, topic=v, handover_id=1, file_index=0,
+                                                           position=0, data=b"x", crc32c=0),
+    "CommitHandOver.topic": lambda rid, v: ap.CommitHandOver(request_id=rid, topic=v, handover_id=1),
+    "AbortHandOver.topic": lambda rid, v: ap.AbortHandOver(request_id=rid, topic=v, handover_id=1),
 }
+
+
+def _begin_handover(rid: int, topic: str, file_name: str) -> Message:
+    return ap.BeginHandOver(request_id=rid, topic=topic, handover_id=1,
+                            files=[ap.HandOverFile(name=file_name, size_bytes=1)], next_offset=0)
 
 # `/etc/passwd` is a well-formed topic name (namespace `etc`) and topic glob: it names
 # nothing here, and is never a path.
@@ -191,3 +213,25 @@ def test_cli_snapshot_delete_of_a_traversal_is_one_clear_error(broker, canary) -
         assert done.stderr.strip().splitlines()[-1].startswith("error:"), done.stderr
         assert "invalid snapshot id" in done.stderr and "canary" not in done.stdout + done.stderr
     _canary_intact(canary)
+
+
+def test_a_handed_over_file_name_never_escapes_the_data_dir(broker, tmp_path: Path) -> None:
+    """A hand-over offering `../../x.wal` (or an absolute name) for an existing reliable
+    topic is refused INVALID_ARGUMENT and nothing is written outside the data dir; a
+    hand-over of a topic that does not exist is NOT_FOUND and leaves no staging
+    directory behind."""
+    admin = RawAdmin(broker.admin_url)
+    try:
+        assert isinstance(admin.ask(lambda rid: ap.CreateTopic(
+            request_id=rid, topic=TOPIC, dispatch_strategy=int(DispatchStrategy.RELIABLE))), Ok)
+        before = sorted(str(p) for p in tmp_path.rglob("*") if "data" not in p.relative_to(tmp_path).parts[:1])
+        for name in ("../../x.wal", "../../../x.wal", "/tmp/x.wal", "00000000000000000000.wal/../../x.wal"):
+            reply = admin.ask(lambda rid, n=name: _begin_handover(rid, TOPIC, n))
+            assert isinstance(reply, Error) and reply.code == ErrorCode.INVALID_ARGUMENT, (name, reply)
+        reply = admin.ask(lambda rid: _begin_handover(rid, "/default/no-such-topic", "00000000000000000000.wal"))
+        assert isinstance(reply, Error) and reply.code == ErrorCode.NOT_FOUND, reply
+        assert not list(tmp_path.rglob("no-such-topic"))
+        after = sorted(str(p) for p in tmp_path.rglob("*") if "data" not in p.relative_to(tmp_path).parts[:1])
+        assert after == before and not list(tmp_path.rglob("x.wal"))
+    finally:
+        admin.close()

@@ -339,3 +339,74 @@ def test_a_damaged_wal_on_a_cluster_owner_is_unavailable_until_repaired_through_
                 [(next_offset + i, messages + i) for i in range(10)]
 
         asyncio.run(after())
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["local", "shared_fs"])
+def test_a_damaged_topic_is_never_moved_until_repaired(tmp_path: Path, mode: str) -> None:
+    """3 brokers: the owner of a reliable topic is killed and restarts with a bit
+    flipped mid-file in its active WAL (not covered by durable segments). `topics unload` (through another
+    broker) is refused with FAILED_PRECONDITION naming the damage and the repair command,
+    a drain of the owner (`brokers unload`) moves its other topics but leaves the damaged
+    one and says so; the topic stays on its owner and `topics describe` still shows the
+    damage. Once repaired, the unload moves it."""
+    from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.client_protocol import DispatchStrategy
+    from tests.integration.test_cluster import _owners, running_cluster
+
+    env = dict(CLUSTER_ENV)
+    if mode != "local":
+        env |= {"DANUBE_STORAGE__MODE": mode, "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared")}
+    with running_cluster(tmp_path, env=env) as nodes:
+        async def before() -> tuple[object, object]:
+            async with AdminClient(nodes[0].admin_url) as admin:
+                await admin.create_topic(CLUSTER_TOPIC, dispatch_strategy=DispatchStrategy.RELIABLE)
+            owner_url = (await _owners(nodes[0], [CLUSTER_TOPIC]))[CLUSTER_TOPIC]
+            owner = next(node for node in nodes if node.url == owner_url)
+            other = next(node for node in nodes if node is not owner)
+            await produce(other.url, [struct.pack(">Q", seq) for seq in range(200)], topic=CLUSTER_TOPIC)
+            return owner, other
+
+        owner, other = asyncio.run(before())
+        owner.kill()  # a clean stop in shared_fs would upload the active segment: it would recover
+        flip_bit_in_record(tmp_path / f"node-{owner.node_id}" / "wal" / "default" / "owned", 100)
+        owner.start(nodes, env=env)
+
+        async def damaged_and_held() -> None:
+            deadline = time.monotonic() + 60
+            while True:  # the restarted owner finds the damage
+                described = cli_admin(other.admin_url, "topics", "describe", CLUSTER_TOPIC)
+                if "NOT SERVED" in described.stdout:
+                    break
+                assert time.monotonic() < deadline, described.stdout + described.stderr
+                await asyncio.sleep(0.5)
+            async with AdminClient(other.admin_url, timeout_ms=30_000) as admin:
+                with pytest.raises(DanubeError) as refused:
+                    await admin.unload_topic(CLUSTER_TOPIC)
+                assert refused.value.code == ErrorCode.FAILED_PRECONDITION, refused.value
+                assert "damaged" in refused.value.message, refused.value.message
+                assert f"danube admin topics repair {CLUSTER_TOPIC} --accept-loss" in refused.value.message
+                owner_id = next(b.broker_id for b in await admin.list_brokers() if b.broker_url == owner.url)
+                drained = await admin.unload_broker(owner_id)
+                assert CLUSTER_TOPIC not in [m.topic for m in drained.moves]
+                assert CLUSTER_TOPIC in drained.why_none and "damaged" in drained.why_none, drained
+                await admin.activate_broker(owner_id)
+            await asyncio.sleep(3)  # a load manager round or more: nothing moves it
+            assert (await _owners(other, [CLUSTER_TOPIC]))[CLUSTER_TOPIC] == owner.url
+            described = cli_admin(other.admin_url, "topics", "describe", CLUSTER_TOPIC)
+            assert "NOT SERVED" in described.stdout, described.stdout + described.stderr
+
+        asyncio.run(damaged_and_held())
+        repaired = cli_admin(other.admin_url, "topics", "repair", CLUSTER_TOPIC, "--accept-loss")
+        assert repaired.returncode == 0 and "served again" in repaired.stdout, repaired.stdout + repaired.stderr
+
+        async def moves_once_repaired() -> None:
+            async with AdminClient(other.admin_url, timeout_ms=30_000) as admin:
+                await admin.unload_topic(CLUSTER_TOPIC)
+            deadline = time.monotonic() + 60
+            while (await _owners(other, [CLUSTER_TOPIC]))[CLUSTER_TOPIC] == owner.url:
+                assert time.monotonic() < deadline, "the repaired topic never moved"
+                await asyncio.sleep(0.5)
+
+        asyncio.run(moves_once_repaired())

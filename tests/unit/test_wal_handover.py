@@ -128,3 +128,22 @@ def test_a_chunk_not_where_the_receivers_copy_ends_or_with_a_bad_crc_is_refused(
             incoming.write(0, position, chunk, checksum)
     assert Incoming(tmp_path / "staging", 7, files, offer.next_offset).begin() == [100]
     assert Incoming(tmp_path / "staging", 8, files, offer.next_offset).begin() == [0]
+
+
+def test_an_empty_active_segment_is_handed_over(tmp_path: Path) -> None:
+    """A WAL whose active segment holds no record yet (just rolled, or started past the
+    offsets a repair gave up) offers it at 0 bytes: no chunk carries it, yet the receiver
+    installs it and the moved log continues at its offset."""
+    source = tmp_path / "source"
+    source.mkdir()
+    WalLog.open(source, segment_bytes_max=SEGMENT_BYTES, segment_age_ms_max=None, clock=SystemClock()).close()
+    WalLog.repair(source, resume_offset=200, clock=SystemClock())
+    offer = offered_files(source, None, segment_bytes_max=SEGMENT_BYTES, clock=SystemClock())
+    assert [f.size_bytes for f in offer.files] == [0] and offer.next_offset == 200
+    incoming = Incoming(tmp_path / "staging", 7, [(f.name, f.size_bytes) for f in offer.files], offer.next_offset)
+    assert incoming.begin() == [0]
+    target = tmp_path / "target"
+    assert incoming.verify_and_install(target, clock=SystemClock()) == 200
+    moved = WalLog.open(target, segment_bytes_max=SEGMENT_BYTES, segment_age_ms_max=None, clock=SystemClock())
+    assert moved.next_offset == 200
+    moved.close()
