@@ -567,3 +567,93 @@ def test_a_new_leaders_check_quorum_rounds_count_from_its_election():
     assert c.nodes[1].role is Role.LEADER
     c.tick(1)
     assert c.nodes[1].role is Role.FOLLOWER
+
+
+def test_entry_at_is_none_outside_the_log_held():
+    """entry_at answers None for the snapshot's index and below (compacted) and past the
+    last index, and the entry itself in between."""
+    c = Cluster([1], log_entries_max=2)
+    for k in range(3):
+        c.step(1, Propose(request_id=k, data=b"%d" % k))
+    node = c.nodes[1]
+    c.step(1, SnapshotTaken(last_index=3, data=b"s"))
+    assert node.snapshot.last_index == 3
+    assert [node.entry_at(i) for i in (0, 3, node.last_index + 1)] == [None, None, None]
+    assert [node.entry_at(i).index for i in range(4, node.last_index + 1)] == list(range(4, node.last_index + 1))
+
+
+def test_a_snapshot_no_newer_than_the_one_held_is_ignored():
+    """SnapshotTaken at or below the current snapshot's index (a late shell answer)
+    saves and compacts nothing."""
+    c = Cluster([1], log_entries_max=2)
+    for k in range(4):
+        c.step(1, Propose(request_id=k, data=b"x"))
+    assert c.step(1, SnapshotTaken(last_index=4, data=b"new"))
+    assert c.step(1, SnapshotTaken(last_index=4, data=b"again")) == []
+    assert c.step(1, SnapshotTaken(last_index=3, data=b"older")) == []
+    assert c.nodes[1].snapshot_data == b"new"
+
+
+def test_pre_vote_refusals_arriving_after_the_election_is_won_change_nothing():
+    """Late PreVoteResponse refusals reach a node that already leads: it ignores them
+    (they answer a round it left), rather than counting them as an election lost."""
+    from danube_zmq.consensus.raft.messages import PreVoteResponse
+
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    term = c.nodes[1].term
+    for peer in (2, 3):
+        assert c.step(1, Receive(message=PreVoteResponse(from_id=peer, to_id=1, term=term, granted=False))) == []
+    assert c.nodes[1].role is Role.LEADER
+
+
+def test_granting_a_vote_restarts_the_voters_election_timer():
+    """A voter that grants a vote, again to a candidate's resent RequestVote in the same
+    term, gives the candidate a whole election timeout to win from that grant before
+    standing itself, however long it had waited already."""
+    from danube_zmq.consensus.raft.messages import RequestVote
+
+    c = Cluster([1, 2, 3], pre_vote=False)
+    voter = c.nodes[2]
+    request = RequestVote(from_id=1, to_id=2, term=voter.term + 1, last_log_index=voter.last_index,
+                          last_log_term=voter.last_term)
+    for _ in range(2):  # the request, then its resend
+        for _ in range(voter.election_timeout - 1):
+            c.step(2, Tick())
+        fx = c.step(2, Receive(message=request))
+        (answer,) = [e.message for e in fx if isinstance(e, Send)]
+        assert answer.granted
+    for _ in range(voter.election_timeout - 1):
+        c.step(2, Tick())
+    assert voter.role is Role.FOLLOWER and voter.voted_for == 1 and voter.term == request.term
+
+
+def test_an_append_wholly_below_the_followers_commit_is_acknowledged_at_the_commit():
+    """A resent AppendEntries whose entries the follower has all committed is still
+    answered (success, match = its commit index), so the leader's view moves on."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    (append,) = _appends_to(c.step(1, Propose(request_id=1, data=b"x")), 2)
+    c.deliver()
+    c.tick(n=2)
+    follower = c.nodes[2]
+    assert follower.commit_index > append.entries[-1].index - 1
+    fx = follower.step(Receive(message=append))
+    (ack,) = [e.message for e in fx if isinstance(e, Send)]
+    assert isinstance(ack, AppendEntriesResponse) and ack.success and ack.match_index == follower.commit_index
+
+
+def test_a_rejection_at_or_below_a_replicating_followers_match_is_stale():
+    """In replicate state, a rejection of an index the follower has since matched (a
+    late answer to an old probe) changes nothing: no fall back to probing, no resend."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    leader = c.nodes[1]
+    pr = leader.progress[2]
+    match, state = pr.match, pr.state
+    stale = AppendEntriesResponse(from_id=2, to_id=1, term=leader.term, success=False, match_index=0,
+                                  rejected_index=match, conflict_term=0, conflict_index=match)
+    assert c.step(1, Receive(message=stale)) == []
+    assert (pr.state, pr.match, pr.next) == (state, match, match + 1)
