@@ -657,3 +657,97 @@ def test_a_rejection_at_or_below_a_replicating_followers_match_is_stale():
                                   rejected_index=match, conflict_term=0, conflict_index=match)
     assert c.step(1, Receive(message=stale)) == []
     assert (pr.state, pr.match, pr.next) == (state, match, match + 1)
+
+
+def test_a_follower_holding_everything_learns_a_commit_without_waiting_for_a_heartbeat():
+    """Once a quorum acknowledges an entry, a follower that holds the whole log is told
+    the new commit index at once (a heartbeat sent on commit), not a tick later."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    (result,) = [e for e in c.step(1, Propose(request_id=1, data=b"x")) if isinstance(e, ProposalResult)]
+    c.deliver()  # no tick: no periodic heartbeat
+    assert c.nodes[1].commit_index == result.index
+    assert c.nodes[2].commit_index == c.nodes[3].commit_index == result.index
+
+
+def test_a_single_voter_answers_a_read_at_once():
+    """A sole voter is its own quorum: ReadIndex is answered in the same step, at the
+    commit index."""
+    c = Cluster([1])
+    (ready,) = [e for e in c.step(1, ReadIndex(request_id=7)) if isinstance(e, ReadReady)]
+    assert ready.error is None and ready.read_index == c.nodes[1].commit_index
+
+
+def test_a_follower_stands_exactly_election_timeout_ticks_after_its_timer_restarts():
+    """The election timer counts from zero at each restart: a follower that hears
+    nothing stands on its election_timeout-th tick, not one tick earlier or later."""
+    from danube_zmq.consensus.raft.messages import PreVote
+
+    c = Cluster([1, 2, 3])
+    node = c.nodes[2]
+    timeout = node.election_timeout
+    for _ in range(timeout - 1):
+        assert not [e for e in c.step(2, Tick()) if isinstance(e, Send)]
+    assert node.role is Role.FOLLOWER
+    sent = [e.message for e in c.step(2, Tick()) if isinstance(e, Send)]
+    assert sent and all(isinstance(m, PreVote) for m in sent)
+
+
+def test_a_candidate_refused_by_a_quorum_keeps_its_vote_for_the_term():
+    """A candidate that loses steps back to follower in the same term still having voted
+    for itself: no second vote in that term, no hard-state write."""
+    from danube_zmq.consensus.raft import PersistHardState
+    from danube_zmq.consensus.raft.messages import RequestVote
+
+    c = Cluster([1, 2, 3], pre_vote=False)
+    for _ in range(100):
+        c.step(1, Tick())
+        if c.nodes[1].role is Role.CANDIDATE:
+            break
+    term = c.nodes[1].term
+    c.inbox.clear()
+    fx = [e for peer in (2, 3) for e in c.step(1, Receive(message=RequestVoteResponse(
+        from_id=peer, to_id=1, term=term, granted=False)))]
+    assert c.nodes[1].role is Role.FOLLOWER and c.nodes[1].voted_for == 1 and c.nodes[1].term == term
+    assert [e for e in fx if isinstance(e, PersistHardState)] == []
+    fx = c.step(1, Receive(message=RequestVote(from_id=2, to_id=1, term=term, last_log_index=99, last_log_term=term)))
+    (answer,) = [e.message for e in fx if isinstance(e, Send)]
+    assert not answer.granted
+
+
+def test_an_unanswered_pre_vote_round_is_repeated_only_after_another_timeout():
+    """A pre-candidate nobody answers waits a whole election timeout (at least
+    election_ticks_min ticks) before its next round of PreVotes, not one tick."""
+    from danube_zmq.consensus.raft.messages import PreVote
+
+    c = Cluster([1, 2, 3])
+    c.isolated.update({2, 3})
+    rounds = []
+    for t in range(60):
+        if any(isinstance(e, Send) and isinstance(e.message, PreVote) for e in c.step(1, Tick())):
+            rounds.append(t)
+    c.inbox.clear()
+    assert len(rounds) >= 2
+    assert min(b - a for a, b in itertools.pairwise(rounds)) >= c.nodes[1].config.election_ticks_min
+
+
+def test_a_leader_that_commits_its_own_removal_sends_no_more_appends():
+    """The acknowledgement that commits the leader's own removal makes it step down in
+    that step; entries it still held back for that follower (its in-flight window was
+    full) are not sent by the former leader."""
+    c = Cluster([1, 2, 3], inflight_appends_max=1)
+    c.elect(1)
+    c.tick(n=2)
+    assert _config_change(c, 1, RemoveVoter(node_id=1)).error is None
+    c.step(1, Propose(request_id=2, data=b"held back"))  # windows full: not sent yet
+    stepped_down = None
+    while c.inbox:
+        m = c.inbox.pop(0)
+        was_leader = c.nodes[1].role is Role.LEADER
+        fx = c.step(m.to_id, Receive(message=m))
+        if m.to_id == 1 and was_leader and c.nodes[1].role is not Role.LEADER:
+            stepped_down = fx
+            break
+    assert stepped_down is not None, "the removal was committed"
+    assert _appends_to(stepped_down, 2) == _appends_to(stepped_down, 3) == []
