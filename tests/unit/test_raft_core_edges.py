@@ -751,3 +751,20 @@ def test_a_leader_that_commits_its_own_removal_sends_no_more_appends():
             break
     assert stepped_down is not None, "the removal was committed"
     assert _appends_to(stepped_down, 2) == _appends_to(stepped_down, 3) == []
+
+
+def test_a_rejection_naming_a_term_the_leader_holds_resumes_after_its_last_entry_of_that_term():
+    """Node 2 holds entries 4-6 of term 3; the leader holds 4 of term 3, then 5-6 of
+    term 4. Node 2 rejects the first probe (prev 6) naming term 3: the leader, which has
+    term 3, probes next from its last entry of term 3 (prev 4, accepted), not from the
+    follower's first entry of that term (prev 3)."""
+    from tests.unit.test_raft_core import restore
+
+    voters = [1, 2, 3]
+    c = Cluster(voters, restores={1: restore(voters, 4, [2, 2, 3, 4, 4]), 2: restore(voters, 4, [2, 2, 3, 3, 3]),
+                                  3: restore(voters, 4, [2, 2, 3, 4, 4])})
+    c.isolated.add(3)
+    c.elect(1)
+    probes = [m.prev_log_index for m in c.sent(AppendEntries) if m.to_id == 2]
+    assert probes[:2] == [6, 4]
+    assert [(e.index, e.term) for e in c.nodes[2].log] == [(e.index, e.term) for e in c.nodes[1].log]
