@@ -746,3 +746,13 @@ def test_the_tracker_is_settled_only_with_nothing_in_flight_and_nothing_waiting(
     t.delivered(A, [redelivery.offset], 10**9)
     t.ack(A, [redelivery.offset])
     assert t.settled()
+
+
+def test_resuming_ignores_acked_offsets_at_or_below_the_cursor() -> None:
+    """A persisted state whose acked_above still lists offsets the cursor has passed
+    (written before the cursor moved) resumes as if they were absent: the cursor
+    stays, the offsets above it are acked, the ones between wait as holes."""
+    t = DeliveryTracker(cursor=5, policy=FailurePolicy(), acked_above=[3, 5, 8])
+    assert (t.cursor, t.read_offset, t.acked_above) == (5, 9, frozenset({8}))
+    assert sorted(r.offset for r in t.due(0, 10)) == [6, 7]
+    t.check_invariants()
