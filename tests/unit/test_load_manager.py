@@ -524,3 +524,14 @@ def test_ties_go_to_the_lowest_broker_id_first_when_placing_and_draining() -> No
                   loads={})
     assert sorted(m.to_broker for m in moves) == [1, 2]
     assert moves[0].to_broker == 1
+
+
+def test_a_plan_moves_the_lightest_eligible_topic_of_the_most_loaded_broker_first() -> None:
+    """Broker 1 holds a heavy topic (listed first) and an idle one, broker 2 nothing:
+    one move a cycle takes the idle topic, the lightest, which narrows the gap most
+    gently and never overshoots, whatever order the assignments come in."""
+    heavy = TopicLoad(topic=topic(0), byte_rate_in=4 * MIB, producers=3, consumers=3)
+    result = plan(now_ms=NOW, policy=RebalancePolicy.of(Aggressiveness.BALANCED), states={1: ACTIVE, 2: ACTIVE},
+                  assignments={topic(0): 1, topic(1): 1, topic(2): 1}, loads={topic(0): heavy}, created_ms={},
+                  last_moved_ms={}, recent_moves_ms=[])
+    assert [m.topic for m in result.moves] == [topic(1)]
