@@ -768,3 +768,66 @@ def test_a_rejection_naming_a_term_the_leader_holds_resumes_after_its_last_entry
     probes = [m.prev_log_index for m in c.sent(AppendEntries) if m.to_id == 2]
     assert probes[:2] == [6, 4]
     assert [(e.index, e.term) for e in c.nodes[2].log] == [(e.index, e.term) for e in c.nodes[1].log]
+
+
+def test_reads_beyond_reads_pending_max_are_refused_busy():
+    """ReadIndex requests waiting for confirmation are bounded: past reads_pending_max
+    the next one is refused at once with BUSY (and the leader as hint)."""
+    c = Cluster([1, 2, 3], reads_pending_max=1)
+    c.elect(1)
+    c.tick(n=2)
+    c.isolated.update({2, 3})  # no confirmation comes back: the first read waits
+    assert [e for e in c.step(1, ReadIndex(request_id=1)) if isinstance(e, ReadReady)] == []
+    (busy,) = [e for e in c.step(1, ReadIndex(request_id=2)) if isinstance(e, ReadReady)]
+    assert (busy.request_id, busy.error, busy.leader_hint) == (2, RaftError.BUSY, 1)
+
+
+def test_a_vote_request_from_an_older_term_is_refused_with_our_term():
+    """A RequestVote carrying a term below ours is answered (not dropped) with a refusal
+    in our term, which makes the stale candidate step down."""
+    from danube_zmq.consensus.raft.messages import RequestVote
+
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    term = c.nodes[2].term
+    fx = c.step(2, Receive(message=RequestVote(from_id=3, to_id=2, term=term - 1, last_log_index=99, last_log_term=term)))
+    (answer,) = [e.message for e in fx if isinstance(e, Send)]
+    assert isinstance(answer, RequestVoteResponse) and not answer.granted and answer.term == term
+
+
+def test_followers_that_hear_their_leader_never_stand():
+    """Every message from the term's leader restarts a follower's election timer: with
+    heartbeats every tick, no follower ever starts a (pre-)vote."""
+    from danube_zmq.consensus.raft.messages import PreVote
+
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=3 * c.nodes[1].config.election_ticks_max)
+    assert [m for m in c.delivered if isinstance(m, PreVote) and m.from_id != 1] == []
+    assert c.leader() == 1
+
+
+def test_a_snapshot_taken_lets_the_next_one_be_suggested_without_waiting():
+    """Once the shell reports SnapshotTaken, the suggestion is answered: the next time
+    the log outgrows log_entries_max a new TakeSnapshot comes at once, not after
+    election_ticks_max ticks."""
+    from danube_zmq.consensus.raft import TakeSnapshot
+
+    c = Cluster([1], log_entries_max=2)
+    c.step(1, Propose(request_id=0, data=b"x"))
+    c.step(1, SnapshotTaken(last_index=c.nodes[1].applied_index, data=b"s"))
+    suggested = [k for k in range(1, 5)
+                 if any(isinstance(e, TakeSnapshot) for e in c.step(1, Propose(request_id=k, data=b"x")))]
+    assert suggested == [3]  # the log past the snapshot reached 3 entries
+
+
+def test_the_default_log_entries_max_is_ten_thousand():
+    """By default a snapshot is suggested when the log holds more than 10,000 entries:
+    at the 10,001st, not before."""
+    from danube_zmq.consensus.raft import TakeSnapshot
+
+    c = Cluster([1])
+    node = c.nodes[1]
+    while node.last_index < 10_000:
+        assert not any(isinstance(e, TakeSnapshot) for e in node.step(Propose(request_id=0, data=b"")))
+    assert any(isinstance(e, TakeSnapshot) for e in node.step(Propose(request_id=0, data=b"")))
