@@ -248,10 +248,12 @@ def run_core(core: Core, sample: int, seed: int, timeout_factor: float, listing:
     originals = {path: (ROOT / path).read_text() for path in core.sources}
     lines = {path: text.splitlines() for path, text in originals.items()}
     everything = [m for path in core.sources for m in mutants_of(path)]
-    equivalent = [m for m in everything if m.key(lines[m.path]) in skips]
-    candidates = [m for m in everything if m.key(lines[m.path]) not in skips]
+    # Draw from every mutant, then drop the equivalent ones: listing one more in the skip
+    # file leaves the rest of a seed's sample as it was, so scores before and after compare.
     rng = random.Random(f"{seed}:{core.name}")
-    chosen = candidates if sample <= 0 or sample >= len(candidates) else rng.sample(candidates, sample)
+    drawn = everything if sample <= 0 or sample >= len(everything) else rng.sample(everything, sample)
+    equivalent = [m for m in drawn if m.key(lines[m.path]) in skips]
+    chosen = [m for m in drawn if m.key(lines[m.path]) not in skips]
     chosen.sort(key=lambda m: (m.path, m.line, m.description))
     if listing:
         for m in chosen:
@@ -296,18 +298,20 @@ def run_core(core: Core, sample: int, seed: int, timeout_factor: float, listing:
     score = detected / total if total else 1.0
     print(f"\n{core.name}: {detected}/{total} killed ({score:.0%}): {counts['killed']} by the tests, "
           f"{counts['killed_by_simulator']} by the simulator, {counts['timeout']} timeouts, {counts['survived']} "
-          f"survived; {len(equivalent)} equivalent skipped; {len(everything)} mutants in all, "
+          f"survived; {len(equivalent)} of the {len(drawn)} drawn equivalent, skipped; {len(everything)} mutants in all, "
           f"{time.monotonic() - began:.0f} s")
     for m in survivors:
         print(f"  SURVIVED {m.key(lines[m.path])}")
-    return {"core": core.name, "score": score, "total": total, "survivors": len(survivors), **counts}
+    return {"core": core.name, "score": score, "total": total, "survivors": len(survivors),
+            "equivalent": len(equivalent), **counts}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("cores", nargs="*", help=f"cores to mutate: {', '.join(CORES)} (default: all)")
     parser.add_argument("--tests", nargs="+", default=None, help="run these test files instead of the core's")
-    parser.add_argument("--sample", type=int, default=150, help="mutants per core (0: all)")
+    parser.add_argument("--sample", type=int, default=150,
+                        help="mutants drawn per core, equivalent ones then skipped (0: all)")
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument("--timeout-factor", type=float, default=5.0, help="per-mutant timeout, x the clean run")
     parser.add_argument("--list", action="store_true", help="list the sampled mutants, run nothing")
@@ -322,9 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_core(core, args.sample, args.seed, args.timeout_factor, args.list) for core in cores]
     if args.list:
         return 0
-    print("\ncore       score  killed/total  survived")
+    print(f"\nseed {args.seed}, {args.sample or 'all'} mutants drawn per core; score = killed / non-equivalent")
+    print("core       score  killed/total  survived  equivalent")
     for r in results:
-        print(f"{r['core']:<10} {r['score']:>5.0%}  {r['total'] - r['survivors']:>6}/{r['total']:<5}  {r['survivors']}")
+        print(f"{r['core']:<10} {r['score']:>5.0%}  {r['total'] - r['survivors']:>6}/{r['total']:<5}  {r['survivors']:>8}  "
+              f"{r['equivalent']:>10}")
     return 1 if any(r["score"] < args.fail_under for r in results) else 0
 
 

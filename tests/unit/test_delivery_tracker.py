@@ -719,3 +719,40 @@ def test_undelivered_offsets_come_back_at_once_without_counting_an_attempt() -> 
     t.undeliver(A, [1], 10 * SECOND)
     assert t.due(10 * SECOND, 10) == [Redelivery(1, 1)] and t.poisoned(10 * SECOND) == []
     t.check_invariants()
+
+
+def test_a_gap_reaching_exactly_the_bound_above_the_cursor_is_settled() -> None:
+    """The bound is inclusive: a gap whose last offset is acked_above_max above the
+    cursor is settled (one by one), one offset further it waits."""
+    t = DeliveryTracker(cursor=-1, policy=FailurePolicy(), acked_above_max=100)
+    t.delivered(A, [0, 1], 0)
+    assert not t.skip_gap(2, 101, 0)
+    assert (t.cursor, t.read_offset) == (-1, 2), "a refused gap changes nothing"
+    assert t.skip_gap(2, 100, 0)
+    assert t.read_offset == 100 and t.ack(A, [0, 1]) == 99
+    t.check_invariants()
+
+
+def test_the_tracker_is_settled_only_with_nothing_in_flight_and_nothing_waiting() -> None:
+    """settled() means no deadline to watch: false while a delivery is in flight, false
+    while a nacked offset waits for redelivery, true once both are gone."""
+    t = tracker()
+    assert t.settled()
+    t.delivered(A, [0], 0)
+    assert not t.settled(), "in flight"
+    t.nack(A, [0], 0)
+    assert t.in_flight_count(A) == 0 and not t.settled(), "waiting for redelivery"
+    (redelivery,) = t.due(10**9, 10)
+    t.delivered(A, [redelivery.offset], 10**9)
+    t.ack(A, [redelivery.offset])
+    assert t.settled()
+
+
+def test_resuming_ignores_acked_offsets_at_or_below_the_cursor() -> None:
+    """A persisted state whose acked_above still lists offsets the cursor has passed
+    (written before the cursor moved) resumes as if they were absent: the cursor
+    stays, the offsets above it are acked, the ones between wait as holes."""
+    t = DeliveryTracker(cursor=5, policy=FailurePolicy(), acked_above=[3, 5, 8])
+    assert (t.cursor, t.read_offset, t.acked_above) == (5, 9, frozenset({8}))
+    assert sorted(r.offset for r in t.due(0, 10)) == [6, 7]
+    t.check_invariants()

@@ -488,3 +488,50 @@ def test_drain_moves_every_topic_but_the_damaged_ones(cluster, strategy, data) -
     moves = drain(broker, strategy=strategy, states=states, reports={}, assignments=assignments, loads=loads,
                   damaged=damaged)
     assert {m.topic for m in moves} == owned - damaged
+
+
+def test_rebalancing_levels_are_the_documented_table() -> None:
+    """The three levels are Danube's table, as config/danube_broker.yml documents it:
+    conservative CV 0.40, every 600 s, 5 moves/h, 120 s cooldown; balanced 0.30, 300 s,
+    10/h, 60 s; aggressive 0.20, 180 s, 20/h, 30 s; each with 2 brokers at least,
+    topics 300 s old at least, one move a cycle and no blacklist."""
+    table = {
+        Aggressiveness.CONSERVATIVE: (0.40, 600, 5, 120),
+        Aggressiveness.BALANCED: (0.30, 300, 10, 60),
+        Aggressiveness.AGGRESSIVE: (0.20, 180, 20, 30),
+    }
+    for level, row in table.items():
+        p = RebalancePolicy.of(level)
+        assert (p.cv_threshold, p.check_interval_s, p.max_moves_per_hour, p.cooldown_s) == row, level
+        assert (p.min_brokers, p.min_topic_age_s, p.moves_per_cycle, p.blacklist) == (2, 300, 1, ())
+
+
+def test_the_hourly_cap_window_is_3600000_ms() -> None:
+    """The hour of the hourly cap is 3,600,000 ms, written out here (the other tests
+    count from the module's own constant): a move 3,599,999 ms ago still counts, one
+    3,600,000 ms ago no longer does."""
+    recent = [NOW - 1, NOW]
+    assert moved_topics(recent_moves_ms=[*recent, NOW - 3_599_999]) == []
+    assert moved_topics(recent_moves_ms=[*recent, NOW - 3_600_000]) == [topic(1)]
+
+
+def test_ties_go_to_the_lowest_broker_id_first_when_placing_and_draining() -> None:
+    """Among brokers that tie, a placement without a cursor and the first topic of a
+    drain go to the lowest id; the drain's turns then continue from there."""
+    states = {1: ACTIVE, 2: ACTIVE, 3: ACTIVE}
+    assert place(Strategy.FAIR, states, {}, {}, {}).broker_id == 1
+    moves = drain(3, strategy=Strategy.FAIR, states=states, reports={}, assignments={topic(1): 3, topic(2): 3},
+                  loads={})
+    assert sorted(m.to_broker for m in moves) == [1, 2]
+    assert moves[0].to_broker == 1
+
+
+def test_a_plan_moves_the_lightest_eligible_topic_of_the_most_loaded_broker_first() -> None:
+    """Broker 1 holds a heavy topic (listed first) and an idle one, broker 2 nothing:
+    one move a cycle takes the idle topic, the lightest, which narrows the gap most
+    gently and never overshoots, whatever order the assignments come in."""
+    heavy = TopicLoad(topic=topic(0), byte_rate_in=4 * MIB, producers=3, consumers=3)
+    result = plan(now_ms=NOW, policy=RebalancePolicy.of(Aggressiveness.BALANCED), states={1: ACTIVE, 2: ACTIVE},
+                  assignments={topic(0): 1, topic(1): 1, topic(2): 1}, loads={topic(0): heavy}, created_ms={},
+                  last_moved_ms={}, recent_moves_ms=[])
+    assert [m.topic for m in result.moves] == [topic(1)]

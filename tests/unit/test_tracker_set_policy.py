@@ -94,3 +94,22 @@ def test_new_timeout_and_backoff_apply_to_the_next_delivery_and_failure() -> Non
     t.nack(A, [0], 0)
     assert t.due(6 * SECOND, 10) == []
     assert t.due(7 * SECOND, 10) == [Redelivery(0, 1)]
+
+
+def test_a_blocked_offset_retried_under_a_raised_bound_stays_counted_as_poisoned_once() -> None:
+    """The poisoning that blocked an offset happened: after the bound is raised and the
+    offset waits for redelivery, poisoned_total still counts it, once; poisoned again
+    later under the new bound, it counts a second time."""
+    t = tracker(max_redelivery_count=0)
+    t.delivered(A, [0], 0)
+    t.nack(A, [0], 0)
+    t.poisoned(0)
+    assert t.statistics().poisoned_total == 1
+    t.set_policy(FailurePolicy(max_redelivery_count=1), SECOND)
+    assert t.statistics().poisoned_total == 1 and t.poisoned(SECOND) == []
+    (again,) = t.due(SECOND, 10)
+    t.delivered(A, [again.offset], SECOND)
+    t.nack(A, [again.offset], SECOND)
+    assert t.poisoned(SECOND) == [Poisoned(0, 2, "block")]
+    assert t.statistics().poisoned_total == 2
+    t.check_invariants()

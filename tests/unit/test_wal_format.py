@@ -22,7 +22,7 @@ from danube_zmq.storage.wal import (
     encode_batch,
     scan,
 )
-from danube_zmq.storage.wal.format import skip_to
+from danube_zmq.storage.wal.format import Fault, ScanResult, skip_to
 from danube_zmq.transport.errors import InternalError, NotFound
 
 _text = st.text(max_size=12)
@@ -197,11 +197,13 @@ def test_length_above_the_cap_is_bad_length() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"\xc1", msgpack.packb([b"a", None, None]), msgpack.packb({"a": 1}), b"\x98" + b"\xc0" * 7, msgpack.packb([1] * 8) + b"!"],
+    [b"\xc1", msgpack.packb([b"a", None, None]), msgpack.packb({"a": 1}), b"\x98" + b"\xc0" * 7, msgpack.packb([1] * 8) + b"!",
+     msgpack.packb([b"a", None, {1: "x"}, 0, 1, "p", None, None], use_bin_type=True)],
 )
 def test_undecodable_body_with_good_crc_is_bad_length(body: bytes) -> None:
-    """A CRC-clean body that is not a msgpack array of 8 fields is `bad_length`; the
-    records before it are still returned."""
+    """A CRC-clean body that is not a msgpack array of 8 fields, or whose attributes map
+    has a key that is not a string, is `bad_length`, whether decoded with its neighbours
+    or alone; the records before it are still returned."""
     good = encode_batch(0, [b"a", b"b"], [0, 0], 1, "p")
     result = scan(good + raw_record(2, body), expected_offset=0)
     assert result.fault is not None and result.fault.kind is FaultKind.BAD_LENGTH
@@ -258,6 +260,36 @@ def test_record_batch_concat_and_empty() -> None:
     assert RecordBatch.concat([first, RecordBatch.empty(), rest]) == whole
     assert whole.bytes_size == 6
     assert not RecordBatch.empty() and RecordBatch.empty().bytes_size == 0
+
+
+def test_concat_of_one_batch_is_that_batch_and_of_none_is_empty() -> None:
+    """Concatenating a single batch hands it back as is (a read of one segment copies
+    no column), and concatenating nothing gives an empty batch rather than an error."""
+    batch = scan(encode_batch(0, [b"a", b"b"], [1, 2], 1, "p"), expected_offset=0).records
+    assert RecordBatch.concat([batch]) is batch
+    assert RecordBatch.concat([]) == RecordBatch.empty()
+
+
+@pytest.mark.parametrize("kind", [Fault, RecordBatch, ScanResult])
+def test_scan_results_are_immutable_keyword_only_slotted_values(kind: type) -> None:
+    """Faults, batches and scan results are shared between readers and caches: they
+    cannot be changed in place, take their fields by name only (no positional mix-up
+    of same-typed columns) and carry no per-instance dict."""
+    import dataclasses
+
+    buf = encode_batch(0, [b"a"], [1], 1, "p")
+    samples = {
+        Fault: Fault(kind=FaultKind.TRUNCATED, position=0, reason="cut"),
+        RecordBatch: scan(buf, expected_offset=0).records,
+        ScanResult: scan(buf, expected_offset=0),
+    }
+    value = samples[kind]
+    field = dataclasses.fields(value)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, field, getattr(value, field))
+    with pytest.raises(TypeError):
+        kind(*[getattr(value, f.name) for f in dataclasses.fields(value)])
+    assert not hasattr(value, "__dict__")
 
 
 def test_errors_name_the_file_and_position() -> None:
