@@ -45,6 +45,7 @@ import sys
 import time
 import traceback
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -370,55 +371,19 @@ class Simulation:
     # ------------------------------------------------------------------ running
 
     def run(self) -> SimResult:
-        failure: str | None = None
-        try:
-            founding = bootstrap(self.voter_ids)
-            for voter in self.voter_ids:
-                self.peers[voter].disk.hard_state = founding.hard_state
-                self.peers[voter].disk.append(founding.entries)
-            for entry in founding.entries:
-                self._check_entry_shape(entry, 0)
-            for peer in self.peers.values():
-                self._start(peer)
-            for _ in range(self.chaos_ticks):
-                self._tick()
-            self._heal_all()
-            deadline = self.now + self.liveness_ticks_max
-            while not self._committed_after_heal():
-                if self.now >= deadline:
-                    raise InvariantViolation(
-                        f"liveness: no leader commit {self.liveness_ticks_max} ticks after healing ({self._describe()})"
-                    )
-                self._tick()
-            # Catching up every member may take one round trip per append_entries_max entries.
-            leader = self._a_leader()
-            assert leader is not None and leader.node is not None
-            lag = leader.node.last_index - min(p.node.applied_index for p in self.peers.values() if p.node is not None)
-            deadline = self.now + self.liveness_ticks_max + 4 * lag // self.config_base["append_entries_max"]
-            while not self._converged():
-                if self.now >= deadline:
-                    raise InvariantViolation(f"liveness: members did not catch up with the leader ({self._describe()})")
-                self._tick()
-            self._check_all()
-        except Exception as exc:  # a failing seed is a result, whatever broke
-            kind = "invariant" if isinstance(exc, InvariantViolation) else type(exc).__name__
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            failure = f"seed {self.seed} tick {self.now}: {kind}: {exc} ({where.name}:{where.lineno})"
-        return SimResult(
-            seed=self.seed,
-            peers=self.peer_count,
-            failure=failure,
-            ticks=self.now,
-            trace_hash=self.trace,
-            stats=self.stats,
-            history=self.history,
-        )
+        """Chaos, then healing: a leader commits, and every member catches up."""
+        return self._run(self._heal_and_converge)
 
     def run_disaster(self) -> SimResult:
         """Chaos, then every member but one is lost for good (its disk too); the survivor
         is recovered with `force_new_cluster` (as `danube admin cluster recover` does to
         its store) and restarted. Checked: it leads alone at once, keeps every entry it
         had committed with the same state, and serves clients (commits a fresh entry)."""
+        return self._run(self._recover_and_serve)
+
+    def _run(self, ending: Callable[[], None]) -> SimResult:
+        """Bootstrap, start every peer, run the chaos ticks, then `ending`; every invariant
+        is checked at the end. A failing seed is a result, whatever broke."""
         failure: str | None = None
         try:
             founding = bootstrap(self.voter_ids)
@@ -431,19 +396,41 @@ class Simulation:
                 self._start(peer)
             for _ in range(self.chaos_ticks):
                 self._tick()
-            self._recover_one()
-            deadline = self.now + self.liveness_ticks_max
-            while not self._converged():
-                if self.now >= deadline:
-                    raise InvariantViolation(f"liveness: the recovered member does not serve ({self._describe()})")
-                self._tick()
+            ending()
             self._check_all()
-        except Exception as exc:  # a failing seed is a result, whatever broke
+        except Exception as exc:
             kind = "invariant" if isinstance(exc, InvariantViolation) else type(exc).__name__
             where = traceback.extract_tb(exc.__traceback__)[-1]
             failure = f"seed {self.seed} tick {self.now}: {kind}: {exc} ({where.name}:{where.lineno})"
         return SimResult(seed=self.seed, peers=self.peer_count, failure=failure, ticks=self.now,
                          trace_hash=self.trace, stats=self.stats, history=self.history)
+
+    def _heal_and_converge(self) -> None:
+        self._heal_all()
+        deadline = self.now + self.liveness_ticks_max
+        while not self._committed_after_heal():
+            if self.now >= deadline:
+                raise InvariantViolation(
+                    f"liveness: no leader commit {self.liveness_ticks_max} ticks after healing ({self._describe()})"
+                )
+            self._tick()
+        # Catching up every member may take one round trip per append_entries_max entries.
+        leader = self._a_leader()
+        assert leader is not None and leader.node is not None
+        lag = leader.node.last_index - min(p.node.applied_index for p in self.peers.values() if p.node is not None)
+        deadline = self.now + self.liveness_ticks_max + 4 * lag // self.config_base["append_entries_max"]
+        while not self._converged():
+            if self.now >= deadline:
+                raise InvariantViolation(f"liveness: members did not catch up with the leader ({self._describe()})")
+            self._tick()
+
+    def _recover_and_serve(self) -> None:
+        self._recover_one()
+        deadline = self.now + self.liveness_ticks_max
+        while not self._converged():
+            if self.now >= deadline:
+                raise InvariantViolation(f"liveness: the recovered member does not serve ({self._describe()})")
+            self._tick()
 
     def _recover_one(self) -> None:
         rng = self.rng
