@@ -182,6 +182,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # Reliable topics assigned here and not served: their WAL is damaged (until an
         # operator repairs them, or they move or are deleted).
         self.damaged: dict[str, WalDamaged] = {}
+        # Their damage records the metadata store refused (topic -> record), written again
+        # at each Tick: only a record keeps the load manager and unloads off the topic.
+        self.damage_unrecorded: dict[str, bytes] = {}
         self.lease_held = False
         self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
         self.parked: dict[str, list[tuple[ClientRequest, int]]] = {}
@@ -708,9 +711,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                                     since_ms=self.system.clock.now_ms())
         try:
             await self.metadata.put(cr.damaged_key(topic), cr.encode(record))
+            self.damage_unrecorded.pop(topic, None)
         except DanubeError as exc:
-            log.error("topic %s: its damage not recorded in the metadata store (%s); retried at its next load",
-                      topic, exc)
+            # Not left to the topic's next load: an assigned damaged topic is not loaded
+            # again, and until the record is there a drain or rebalance would move it.
+            log.error("topic %s: its damage not recorded in the metadata store (%s); retried every %d ms",
+                      topic, exc, self.config.storage.cursor_flush_interval_ms)
+            self.damage_unrecorded[topic] = cr.encode(record)
         if topic not in self.damaged:
             METRICS.wal_damage.inc()
         self.damaged[topic] = damage
@@ -725,7 +732,25 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         except DanubeError as exc:  # it only holds the topic here: cleared at a next load
             log.error("topic %s: its damage record not cleared (%s)", topic, exc)
 
+    async def _record_damage(self) -> None:
+        """Write again the damage records the store refused (see `_mark_damaged`)."""
+        for topic, record in list(self.damage_unrecorded.items()):
+            if topic not in self.damaged:
+                self.damage_unrecorded.pop(topic, None)
+                continue
+            try:
+                await self.metadata.put(cr.damaged_key(topic), record)
+            except DanubeError as exc:
+                log.warning("topic %s: its damage still not recorded (%s); retrying", topic, exc)
+                return
+            self.damage_unrecorded.pop(topic, None)
+            if topic not in self.damaged:  # repaired while the write was on its way
+                with contextlib.suppress(DanubeError):  # the local replica may not show it yet: no check
+                    await self.metadata.delete(cr.damaged_key(topic))
+            log.info("topic %s: its damage is recorded in the metadata store", topic)
+
     def _forget_damage(self, topic: str) -> None:
+        self.damage_unrecorded.pop(topic, None)
         if self.damaged.pop(topic, None) is not None:
             METRICS.wal_damaged_topics.set(len(self.damaged))
 
@@ -978,10 +1003,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
     def handle_Tick(self, msg: Tick) -> None:
         # In a task: a write the metadata store cannot take (no majority) must not hold
         # the broker actor, which has to stop serving when its lease runs out.
-        if (self.cursor_writes or self.producer_writes) and (self._flushing is None or self._flushing.done()):
+        if (self.cursor_writes or self.producer_writes or self.damage_unrecorded) \
+                and (self._flushing is None or self._flushing.done()):
             self._flushing = asyncio.get_running_loop().create_task(self._flush_in_background())
 
     async def _flush_in_background(self) -> None:
+        await self._record_damage()
         try:
             await self._flush_cursors()
         except DanubeError as exc:
