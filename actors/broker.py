@@ -58,6 +58,11 @@ from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
 from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas, backlog_quota_routes
 from danube_zmq.actors.broker_handover import BrokerHandOver, handover_routes
+from danube_zmq.actors.broker_namespace_limits import (
+    BrokerNamespaceLimits,
+    NamespaceLimits,
+    namespace_limits_routes,
+)
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
@@ -87,6 +92,7 @@ from danube_zmq.transport.errors import (
     AlreadyExists,
     DanubeError,
     FailedPrecondition,
+    InternalError,
     InvalidArgument,
     Moved,
     NotFound,
@@ -149,7 +155,7 @@ _KEYS_PER_SLICE = 2_000
 _RESYNC_SLICE = 256
 
 
-class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
+class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamespaceLimits, Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore) -> None:
@@ -176,6 +182,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         # Reliable topics assigned here and not served: their WAL is damaged (until an
         # operator repairs them, or they move or are deleted).
         self.damaged: dict[str, WalDamaged] = {}
+        # Their damage records the metadata store refused (topic -> record), written again
+        # at each Tick: only a record keeps the load manager and unloads off the topic.
+        self.damage_unrecorded: dict[str, bytes] = {}
         self.lease_held = False
         self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
         self.parked: dict[str, list[tuple[ClientRequest, int]]] = {}
@@ -206,7 +215,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
             ap.ListBrokers: self._list_brokers,
             ap.UnloadTopic: self._unload_topic,
             ap.RepairTopic: self._repair_topic,
-        } | handover_routes(self) | backlog_quota_routes(self)
+        } | handover_routes(self) | backlog_quota_routes(self) | namespace_limits_routes(self)
         # Requests for the cluster's leader (its load manager).
         self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
         # Requests about one topic, run where its partitions are served.
@@ -702,9 +711,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
                                     since_ms=self.system.clock.now_ms())
         try:
             await self.metadata.put(cr.damaged_key(topic), cr.encode(record))
+            self.damage_unrecorded.pop(topic, None)
         except DanubeError as exc:
-            log.error("topic %s: its damage not recorded in the metadata store (%s); retried at its next load",
-                      topic, exc)
+            # Not left to the topic's next load: an assigned damaged topic is not loaded
+            # again, and until the record is there a drain or rebalance would move it.
+            log.error("topic %s: its damage not recorded in the metadata store (%s); retried every %d ms",
+                      topic, exc, self.config.storage.cursor_flush_interval_ms)
+            self.damage_unrecorded[topic] = cr.encode(record)
         if topic not in self.damaged:
             METRICS.wal_damage.inc()
         self.damaged[topic] = damage
@@ -719,7 +732,25 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         except DanubeError as exc:  # it only holds the topic here: cleared at a next load
             log.error("topic %s: its damage record not cleared (%s)", topic, exc)
 
+    async def _record_damage(self) -> None:
+        """Write again the damage records the store refused (see `_mark_damaged`)."""
+        for topic, record in list(self.damage_unrecorded.items()):
+            if topic not in self.damaged:
+                self.damage_unrecorded.pop(topic, None)
+                continue
+            try:
+                await self.metadata.put(cr.damaged_key(topic), record)
+            except DanubeError as exc:
+                log.warning("topic %s: its damage still not recorded (%s); retrying", topic, exc)
+                return
+            self.damage_unrecorded.pop(topic, None)
+            if topic not in self.damaged:  # repaired while the write was on its way
+                with contextlib.suppress(DanubeError):  # the local replica may not show it yet: no check
+                    await self.metadata.delete(cr.damaged_key(topic))
+            log.info("topic %s: its damage is recorded in the metadata store", topic)
+
     def _forget_damage(self, topic: str) -> None:
+        self.damage_unrecorded.pop(topic, None)
         if self.damaged.pop(topic, None) is not None:
             METRICS.wal_damaged_topics.set(len(self.damaged))
 
@@ -972,10 +1003,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
     def handle_Tick(self, msg: Tick) -> None:
         # In a task: a write the metadata store cannot take (no majority) must not hold
         # the broker actor, which has to stop serving when its lease runs out.
-        if (self.cursor_writes or self.producer_writes) and (self._flushing is None or self._flushing.done()):
+        if (self.cursor_writes or self.producer_writes or self.damage_unrecorded) \
+                and (self._flushing is None or self._flushing.done()):
             self._flushing = asyncio.get_running_loop().create_task(self._flush_in_background())
 
     async def _flush_in_background(self) -> None:
+        await self._record_damage()
         try:
             await self._flush_cursors()
         except DanubeError as exc:
@@ -1175,10 +1208,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         crash in between, is placed by the load manager all the same)."""
         if not await self._namespace_exists(name.namespace):
             raise NotFound(f"namespace '{name.namespace}' does not exist")
-        limit = self.config.policies.partitions_per_topic_max
-        if partitions < 0 or partitions > limit:
-            raise InvalidArgument(f"partitions must be 0..{limit} (policies.partitions_per_topic_max),"
-                                  f" got {partitions}")
+        limits = self.namespace_limits_of(name.namespace)
+        if partitions < 0 or partitions > limits.partitions_max:
+            raise InvalidArgument(f"partitions must be 0..{limits.partitions_max}"
+                                  f" ({limits.partitions_text(name.namespace)}), got {partitions}")
         if dispatch_strategy not in (cp.DispatchStrategy.NON_RELIABLE, cp.DispatchStrategy.RELIABLE):
             raise InvalidArgument(f"unknown dispatch strategy {dispatch_strategy}")
         if name.partition_index is not None and await self._resolve(name.base) is not None:
@@ -1187,7 +1220,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         for other in names:
             if other != name.full and self._record(other) is not None:
                 raise AlreadyExists(f"topic {other} already exists")
-        self._check_namespace_room(name.namespace, len(names))
+        self._check_namespace_room(name.namespace, len(names), limits)
         now = self.system.clock.now_ms()
         record = cr.encode(cr.TopicRecord(dispatch_strategy=dispatch_strategy, partitions=partitions, created_ms=now))
         marker = cr.encode(cr.Unassigned(reason=cr.UnassignedReason.NEW, since_ms=now))
@@ -1212,18 +1245,21 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         """Keys one metadata transaction may touch, with room to spare."""
         return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.peer.state.batch_keys_max))
 
-    def _check_namespace_room(self, namespace: str, adding: int) -> None:
+    def _check_namespace_room(self, namespace: str, adding: int, limits: NamespaceLimits) -> None:
         """RESOURCE_EXHAUSTED when `adding` more topics (partitions count one each) would
-        pass `policies.topics_per_namespace_max`. The scan is bounded by the limit itself."""
-        limit = self.config.policies.topics_per_namespace_max
+        pass the namespace's topics limit. The scan is bounded by the limit itself."""
         held = 0
         for key, value in self.metadata.peer.state.list_prefix(f"{cr.TOPICS}{namespace}/"):
             if key.count("/") == 3:  # a topic record, not a subscription's or producer's key
-                with contextlib.suppress(DanubeError):
+                try:
                     held += max(1, cr.decode(value.value, cr.TopicRecord).partitions)
-        if held + adding > limit:
+                except DanubeError as exc:  # skipped, it would let the namespace pass its limit
+                    raise InternalError(f"metadata record {key} cannot be read ({exc}): the topics of namespace"
+                                        f" '{namespace}' cannot be counted, so none is created there until it is"
+                                        f" fixed (danube admin metadata get/delete {key})") from None
+        if held + adding > limits.topics_max:
             raise ResourceExhausted(f"namespace '{namespace}' holds {held} topics (partitions count one each);"
-                                    f" {adding} more would pass policies.topics_per_namespace_max ({limit})")
+                                    f" {adding} more would pass {limits.topics_text(namespace)}")
 
     def _wal_dir(self, name: TopicName) -> Path:
         # Deleted recursively with the topic: checked to stay inside the data dir.

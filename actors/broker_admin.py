@@ -217,7 +217,8 @@ class BrokerAdmin:
         if held:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
         if not await self.metadata.transaction({key: current.version}, {},
-                                               [key, cr.namespace_backlog_quota_key(namespace)]):
+                                               [key, cr.namespace_backlog_quota_key(namespace),
+                                                cr.namespace_limits_key(namespace)]):
             raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
 

@@ -312,13 +312,15 @@ class PoliciesSection:
     # The two below are ours (Danube has none), named by our `*_max` habit.
     # Partitions one partitioned topic may have; creating one with more (client
     # GetPartitions/producer, admin create) is refused with INVALID_ARGUMENT
-    # naming this key. 1..100000. Default 1000.
+    # naming this key. 1..100000. Default 1000. A namespace's own limit
+    # (`namespaces set-limits`, actors/broker_namespace_limits.py) overrides it.
     partitions_per_topic_max: int = 1000
     # Topics one namespace may hold, each partition counted as one topic (as
     # Pulsar's maxTopicsPerNamespace); a create past it is refused with
     # RESOURCE_EXHAUSTED naming this key. Checked on the broker's applied state:
     # creates racing on several brokers may pass it by the ones in flight.
     # 1..1000000 (the metadata store holds at most 1,000,000 keys). Default 10000.
+    # A namespace's own limit (`namespaces set-limits`) overrides it.
     topics_per_namespace_max: int = 10_000
 
     def __post_init__(self) -> None:

@@ -126,7 +126,7 @@ class BrokerService:
         peer = RaftPeer(cluster.node_id, Path(self.config.broker.data_dir) / "metadata", cluster.raft_listen,
                         cluster.peer_addresses(), raft, cluster.tick_ms, advertised=cluster.raft_advertised,
                         bootstrap_cluster=not cluster.join, request_timeout_s=cluster.request_timeout_ms / 1000,
-                        context=context)
+                        context=context, clock=self.clock)
         # Standalone (no socket): the single voter leads at once, so waiting costs nothing.
         return RaftMetadataStore(peer, owns_peer=True, wait_for_leader=cluster.raft_listen is None)
 

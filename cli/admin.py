@@ -28,6 +28,7 @@ from danube_zmq.transport.admin_protocol import (
     BrokerInfo,
     DispatchConfigInfo,
     FailurePolicyInfo,
+    NamespaceLimitsInfo,
     TopicDescription,
     TopicInfo,
     TopicSchemaConfigInfo,
@@ -583,6 +584,61 @@ def topics_get_dispatch_config(ctx: click.Context, topic: str, subscription: str
         ["MAX-UNACKED-MESSAGES", "SOURCE"],
         [[config.max_unacked_messages, "set" if config.explicit else "broker default"]],
     )
+
+
+# -- limits per namespace -----------------------------------------------------------
+
+
+@namespaces.command("set-limits")
+@click.argument("namespace")
+@click.option("--topics-max", type=click.IntRange(min=1), default=None,
+              help="Topics NAMESPACE may hold, each partition counted as one.")
+@click.option("--partitions-max", type=click.IntRange(min=1), default=None,
+              help="Partitions one topic of NAMESPACE may have.")
+@click.pass_context
+def namespaces_set_limits(ctx: click.Context, namespace: str, topics_max: int | None,
+                          partitions_max: int | None) -> None:
+    """Set limits of NAMESPACE over the broker's policies (topics_per_namespace_max,
+    partitions_per_topic_max). Only the limits given change; creates past them are
+    refused. Existing topics are kept.
+
+    \b
+    Example:
+      danube admin namespaces set-limits default --topics-max 100 --partitions-max 16
+    """
+    namespace = _namespace(namespace)
+    if topics_max is None and partitions_max is None:
+        raise click.UsageError("give --topics-max or --partitions-max (or both)")
+    _call(ctx, lambda client: client.set_namespace_limits(namespace, topics_max=topics_max,
+                                                          partitions_max=partitions_max))
+    given = [f"{name} {value}" for name, value in (("topics-max", topics_max), ("partitions-max", partitions_max))
+             if value is not None]
+    emit_line(f"set the limits of namespace {namespace}: {', '.join(given)}")
+
+
+@namespaces.command("get-limits")
+@click.argument("namespace")
+@output_option
+@click.pass_context
+def namespaces_get_limits(ctx: click.Context, namespace: str, output: str) -> None:
+    """Show the limits in force for NAMESPACE (SOURCE broker: the broker's policies)."""
+    namespace = _namespace(namespace)
+    info: NamespaceLimitsInfo = _call(ctx, lambda client: client.get_namespace_limits(namespace))
+    if output == "json":
+        emit_json(_record(info))
+        return
+    emit_table(["LIMIT", "VALUE", "SOURCE"], [["topics-max", info.topics_max, info.topics_max_source],
+                                              ["partitions-max", info.partitions_max, info.partitions_max_source]])
+
+
+@namespaces.command("remove-limits")
+@click.argument("namespace")
+@click.pass_context
+def namespaces_remove_limits(ctx: click.Context, namespace: str) -> None:
+    """Remove the limits of NAMESPACE: the broker's policies apply."""
+    namespace = _namespace(namespace)
+    _call(ctx, lambda client: client.remove_namespace_limits(namespace))
+    emit_line(f"removed the limits of namespace {namespace}")
 
 
 # -- backlog quotas -----------------------------------------------------------------

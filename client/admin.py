@@ -48,6 +48,7 @@ from danube_zmq.transport.admin_protocol import (
     GetClusterBalance,
     GetDispatchConfig,
     GetFailurePolicy,
+    GetNamespaceLimits,
     GetTopicSchemaConfig,
     ListBrokers,
     ListNamespaces,
@@ -62,6 +63,7 @@ from danube_zmq.transport.admin_protocol import (
     MetadataList,
     MetadataPut,
     MetadataWritten,
+    NamespaceLimitsInfo,
     NamespaceList,
     PromoteClusterNode,
     ReassignTopic,
@@ -69,11 +71,13 @@ from danube_zmq.transport.admin_protocol import (
     Rebalanced,
     RemoveBacklogQuota,
     RemoveClusterNode,
+    RemoveNamespaceLimits,
     RepairTopic,
     SeekSubscription,
     SetBacklogQuota,
     SetDispatchConfig,
     SetFailurePolicy,
+    SetNamespaceLimits,
     SnapshotCreated,
     SnapshotDescription,
     SnapshotList,
@@ -119,6 +123,27 @@ class AdminClient(RequestClient):
     async def delete_namespace(self, namespace: str) -> None:
         validate_namespace(namespace)
         await self._call(lambda rid: DeleteNamespace(request_id=rid, namespace=namespace), Ok)
+
+    # -- limits per namespace (over the broker's policies) -----------------
+
+    async def set_namespace_limits(self, namespace: str, *, topics_max: int | None = None,
+                                   partitions_max: int | None = None) -> None:
+        """Set the most topics `namespace` may hold (each partition counted as one) and/or
+        the most partitions one of its topics may have, over the broker's policies. Only
+        the limits given change."""
+        validate_namespace(namespace)
+        await self._call(lambda rid: SetNamespaceLimits(request_id=rid, namespace=namespace, topics_max=topics_max,
+                                                        partitions_max=partitions_max), Ok)
+
+    async def get_namespace_limits(self, namespace: str) -> NamespaceLimitsInfo:
+        """The limits in force for `namespace` and where each is set (`*_source`)."""
+        validate_namespace(namespace)
+        return await self._call(lambda rid: GetNamespaceLimits(request_id=rid, namespace=namespace),
+                                NamespaceLimitsInfo)
+
+    async def remove_namespace_limits(self, namespace: str) -> None:
+        validate_namespace(namespace)
+        await self._call(lambda rid: RemoveNamespaceLimits(request_id=rid, namespace=namespace), Ok)
 
     # -- backlog quotas (a topic's over its namespace's over the broker's) -----
 

@@ -21,7 +21,6 @@ re-read with `list_prefix` and resume from the state's revision.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,7 +174,7 @@ class RaftMetadataStore:
         return _value(await self._propose(Put(key=key, value=value)))
 
     async def put_with_ttl(self, key: str, value: bytes, ttl_ms: int) -> VersionedValue:
-        now_ms = int(time.time() * 1000)  # stamped here, on the leader (proposals are leader-only)
+        now_ms = self.peer.clock.now_ms()  # stamped here, on the leader (proposals are leader-only)
         return _value(await self._propose(PutWithTtl(key=key, value=value, ttl_ms=ttl_ms, now_ms=now_ms)))
 
     async def delete(self, key: str) -> bool:

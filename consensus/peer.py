@@ -56,7 +56,6 @@ import enum
 import itertools
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +65,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.consensus.log_store import APPEND_ENTRIES_MAX, LogStoreStatistics, RaftLogStore
 from danube_zmq.consensus.raft import (
     RAFT_PROTOCOL,
@@ -312,12 +312,16 @@ class RaftPeer:
         ttl_check_interval_s: float = 1.0,
         state_machine_factory: Callable[[], MetadataStateMachine] = MetadataStateMachine,
         context: zmq.asyncio.Context | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if config.node_id != node_id:
             raise InvalidArgument(f"raft: config.node_id {config.node_id} != node_id {node_id}")
         if tick_ms < 1:
             raise InvalidArgument("raft: tick_ms must be at least 1")
         self.node_id = node_id
+        # Wall time of TTLs (leases, fencing): stamped and expired on the broker's clock,
+        # so a simulation or a test moves them as it moves everything else.
+        self.clock: Clock = clock or SystemClock()
         self.data_dir = Path(data_dir)
         self.listen = listen
         self.peers = dict(peers)  # the founding voters' addresses (self included or not)
@@ -613,7 +617,7 @@ class RaftPeer:
         while True:
             await asyncio.sleep(self._ttl_check_interval_s)
             due = self.state.next_expiry_ms()
-            now_ms = int(time.time() * 1000)
+            now_ms = self.clock.now_ms()
             if self.is_leader and due is not None and due <= now_ms:
                 with contextlib.suppress(Unavailable, Timeout, ResourceExhausted):
                     await self.propose(ExpireTtlKeys(now_ms=now_ms))

@@ -850,6 +850,55 @@ class TopicReassignment(Message):
     next_offset: int
 
 
+# ---- limits per namespace on topics and partitions (Pulsar's max-topics-per-namespace), tags 240-243 ----
+
+
+@wire
+class SetNamespaceLimits(Message):
+    """Set `namespace`'s own limits, over the broker's `policies.topics_per_namespace_max`
+    (topics, each partition counted as one) and `partitions_per_topic_max`: only those
+    given (at least one) change, the other stays as it was. Stored in the metadata
+    store; checked at every create from then on. Answered `Ok`."""
+
+    TAG = 240
+    request_id: int
+    namespace: str
+    topics_max: int | None = None
+    partitions_max: int | None = None
+
+
+@wire
+class GetNamespaceLimits(Message):
+    """The limits in force for `namespace`. Answered by `NamespaceLimitsInfo`."""
+
+    TAG = 241
+    request_id: int
+    namespace: str
+
+
+@wire
+class NamespaceLimitsInfo(Message):
+    """Each `*_source`: "namespace" (set on it) or "broker" (the broker's `policies`)."""
+
+    TAG = 242
+    request_id: int
+    namespace: str
+    topics_max: int
+    topics_max_source: str
+    partitions_max: int
+    partitions_max_source: str
+
+
+@wire
+class RemoveNamespaceLimits(Message):
+    """Remove both limits set on `namespace`: the broker's apply. Answered `Ok`
+    (NOT_FOUND: none was set)."""
+
+    TAG = 243
+    request_id: int
+    namespace: str
+
+
 HANDOVER_REQUESTS = (BeginHandOver, HandOverChunk, CommitHandOver, AbortHandOver)
 """Sent by brokers to brokers on the admin port (a later issue limits them to broker principals)."""
 
@@ -860,6 +909,7 @@ ADMIN_REQUESTS = (
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
     RepairTopic, ReassignTopic,
     SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
+    SetNamespaceLimits, GetNamespaceLimits, RemoveNamespaceLimits,
 ) + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -883,5 +933,6 @@ ADMIN_PROTOCOL = Protocol(
         SetBacklogQuota, GetBacklogQuota, BacklogQuotaInfo, RemoveBacklogQuota,
         BeginHandOver, HandOverProgress, HandOverChunk, CommitHandOver, AbortHandOver,
         ReassignTopic, TopicReassignment,
+        SetNamespaceLimits, GetNamespaceLimits, NamespaceLimitsInfo, RemoveNamespaceLimits,
     ),
 )

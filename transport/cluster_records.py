@@ -20,6 +20,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /storage/topics/{ns}/{topic}/state    TopicState          where a reliable topic's offsets stopped
     /policies/backlog-quota/{ns}          BacklogQuotaRecord  a namespace's backlog quota (set-backlog-quota)
     /policies/backlog-quota/{ns}/{topic}  BacklogQuotaRecord  a topic's, over its namespace's
+    /policies/namespace-limits/{ns}       NamespaceLimitsRecord  a namespace's topic and partition limits
 
 Policies live under one prefix of their own so each broker follows them with one
 watch (the topics' prefix also carries every cursor write); they go with their topic
@@ -53,6 +54,7 @@ MOVES = "/cluster/rebalancing/"
 DAMAGED = "/cluster/damaged/"
 POLICIES = "/policies/"
 BACKLOG_QUOTAS = "/policies/backlog-quota/"
+NAMESPACE_LIMITS = "/policies/namespace-limits/"
 
 
 def namespace_key(namespace: str) -> str:
@@ -71,6 +73,10 @@ def namespace_backlog_quota_key(namespace: str) -> str:
 def topic_backlog_quota_key(topic: str) -> str:
     """`topic` is the full name of a base topic, "/ns/name" (partitions share its quota)."""
     return f"/policies/backlog-quota{topic}"
+
+
+def namespace_limits_key(namespace: str) -> str:
+    return f"{NAMESPACE_LIMITS}{namespace}"
 
 
 def load_key(broker_id: int) -> str:
@@ -314,9 +320,22 @@ class WalDamageRecord(Message):
     since_ms: int
 
 
+@wire
+class NamespaceLimitsRecord(Message):
+    """A namespace's own limits over the broker's `policies.topics_per_namespace_max` and
+    `partitions_per_topic_max` (Pulsar's max-topics-per-namespace); None: the broker's
+    applies. Tag 244 (the admin messages of these limits take 240-243): past every tag
+    of every protocol, so a record another branch adds does not meet it."""
+
+    TAG = 244
+    topics_max: int | None = None
+    partitions_max: int | None = None
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
     LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord, WalDamageRecord,
+    NamespaceLimitsRecord,
 ])
 
 

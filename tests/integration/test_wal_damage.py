@@ -346,11 +346,12 @@ def test_a_damaged_wal_on_a_cluster_owner_is_unavailable_until_repaired_through_
 @pytest.mark.parametrize("mode", ["local", "shared_fs"])
 def test_a_damaged_topic_is_never_moved_until_repaired(tmp_path: Path, mode: str) -> None:
     """3 brokers: the owner of a reliable topic is killed and restarts with a bit
-    flipped mid-file in its active WAL (not covered by durable segments). `topics unload` (through another
+    flipped mid-file in its active WAL (not covered by durable segments). Once the damage
+    record is in the metadata store (what keeps moves off it), `topics unload` (through another
     broker) is refused with FAILED_PRECONDITION naming the damage and the repair command,
     a drain of the owner (`brokers unload`) moves its other topics but leaves the damaged
-    one and says so; the topic stays on its owner and `topics describe` still shows the
-    damage. Once repaired, the unload moves it."""
+    one and says so, a rebalancing round leaves it; the topic stays on its owner and
+    `topics describe` still shows the damage. Once repaired, the unload moves it."""
     from danube_zmq.client.admin import AdminClient
     from danube_zmq.transport.client_protocol import DispatchStrategy
     from tests.integration.test_cluster import _owners, running_cluster
@@ -382,6 +383,11 @@ def test_a_damaged_topic_is_never_moved_until_repaired(tmp_path: Path, mode: str
                 assert time.monotonic() < deadline, described.stdout + described.stderr
                 await asyncio.sleep(0.5)
             async with AdminClient(other.admin_url, timeout_ms=30_000) as admin:
+                # What keeps the load manager and unloads off the topic is its damage record,
+                # not the owner's NOT SERVED: wait for the record as the cluster sees it.
+                while await admin.metadata_get(f"/cluster/damaged{CLUSTER_TOPIC}") is None:
+                    assert time.monotonic() < deadline, "the damage was never recorded in the metadata store"
+                    await asyncio.sleep(0.5)
                 with pytest.raises(DanubeError) as refused:
                     await admin.unload_topic(CLUSTER_TOPIC)
                 assert refused.value.code == ErrorCode.FAILED_PRECONDITION, refused.value
@@ -392,7 +398,9 @@ def test_a_damaged_topic_is_never_moved_until_repaired(tmp_path: Path, mode: str
                 assert CLUSTER_TOPIC not in [m.topic for m in drained.moves]
                 assert CLUSTER_TOPIC in drained.why_none and "damaged" in drained.why_none, drained
                 await admin.activate_broker(owner_id)
-            await asyncio.sleep(3)  # a load manager round or more: nothing moves it
+                # A rebalancing round now (not a sleep hoping one runs): it leaves the topic.
+                rebalanced = await admin.rebalance()
+                assert CLUSTER_TOPIC not in [m.topic for m in rebalanced.moves], rebalanced
             assert (await _owners(other, [CLUSTER_TOPIC]))[CLUSTER_TOPIC] == owner.url
             described = cli_admin(other.admin_url, "topics", "describe", CLUSTER_TOPIC)
             assert "NOT SERVED" in described.stdout, described.stdout + described.stderr
