@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import cluster_admin
-from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.actor import ADMIN_OUTBOX, Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.metrics import METRICS
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("danube_zmq.admin_gateway")
 
-ADMIN_OUTBOX = "inproc://admin-outbox"
 _DRAIN_MAX = 64
 _CLUSTER_TASKS_MAX = 256
 _TICK_MS = 125  # as the client gateway: inbound bytes sampled every tick, the rest every other
