@@ -341,6 +341,20 @@ def test_no_internal_message_shares_a_name_with_a_client_or_admin_request() -> N
     assert actor_module._CLASHING == frozenset()
 
 
+def test_every_admin_and_client_request_the_broker_takes_has_a_handle_method() -> None:
+    """Every admin request type, and every client request the gateway forwards to the
+    broker, is a `handle_<Type>` method of some actor class: one search finds it."""
+    from danube_zmq.actors.admin_gateway import AdminGateway
+    from danube_zmq.actors.broker import BrokerActor
+    from danube_zmq.actors.snapshot_actor import SnapshotActor
+
+    classes = (BrokerActor, SnapshotActor, AdminGateway)
+    wanted = [t.__name__ for t in ap.ADMIN_REQUESTS + ap.SNAPSHOT_REQUESTS]
+    wanted += ["Lookup", "GetPartitions", "CreateProducer", "Subscribe"]
+    missing = [name for name in wanted if not any(callable(getattr(c, f"handle_{name}", None)) for c in classes)]
+    assert missing == []
+
+
 # ------------------------------------------------------------------ request tasks
 async def test_a_request_task_that_raises_has_its_exception_logged_and_retrieved(caplog) -> None:
     """A task of `RequestTasks` that raises: its exception is logged with the task's
