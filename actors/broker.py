@@ -748,7 +748,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, Actor):
         for req, deadline in waiting:
             self._replay_deadline = deadline
             try:
-                if not await self.system.redeliver(self.endpoint, req):
+                if not await self.system.handle_in_place(self.endpoint, req):
                     return  # this instance failed and was replaced: its parked requests went with it
             finally:
                 self._replay_deadline = None

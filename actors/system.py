@@ -645,10 +645,11 @@ class ActorSystem:
         origin = Origin(port=port.name, identity=envelope.identity, envelope=envelope)
         return await self._run_handler(cell, request, origin, respond)
 
-    async def redeliver(self, endpoint: str, msg: Message) -> bool:
-        """Handle `msg` again now, on the calling task, as if it had just arrived: for an
-        actor replaying a request it parked. False when the actor failed doing so (it
-        was restarted or stopped: the caller's instance is gone)."""
+    async def handle_in_place(self, endpoint: str, msg: Message) -> bool:
+        """Handle `msg` now, on the calling task (the actor's own), as if it had come
+        through the mailbox: an actor replaying a request it parked, a gateway handing a
+        request read from its own socket to its own handlers. False when the actor failed
+        doing so (it was restarted or stopped: the caller's instance is gone)."""
         cell = self._cells.get(endpoint)
         if cell is None:
             return False

@@ -349,7 +349,7 @@ def test_every_admin_and_client_request_the_broker_takes_has_a_handle_method() -
     from danube_zmq.actors.snapshot_actor import SnapshotActor
 
     classes = (BrokerActor, SnapshotActor, AdminGateway)
-    wanted = [t.__name__ for t in ap.ADMIN_REQUESTS + ap.SNAPSHOT_REQUESTS]
+    wanted = [t.__name__ for t in ap.ADMIN_REQUESTS + ap.SNAPSHOT_REQUESTS + ap.CLUSTER_REQUESTS]
     wanted += ["Lookup", "GetPartitions", "CreateProducer", "Subscribe"]
     missing = [name for name in wanted if not any(callable(getattr(c, f"handle_{name}", None)) for c in classes)]
     assert missing == []
