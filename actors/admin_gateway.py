@@ -6,8 +6,9 @@ actor as `AdminRequest`; answers come back through the admin outbox. It keeps no
 per-connection state, so `danube admin` can send a request without a handshake.
 
 Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, metadata
-get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, each
-in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
+get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, by
+this actor's `handle_<Type>` methods (reached through the runtime, `handle_in_place`,
+under its failure rule), each in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
 RESOURCE_EXHAUSTED), since they wait on Raft rounds. Snapshot requests
 (`SNAPSHOT_REQUESTS`) go to the snapshot actor.
 

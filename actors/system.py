@@ -26,7 +26,15 @@ return value resolves the asker's future as a `Reply`, so the asker's own mailbo
 not involved (an ask is a control-plane call; it blocks the asking handler until the
 answer or the deadline).
 
-Supervision: a handler that raises is logged and counted, and the actor is rebuilt
+One failure rule (`_run_handler`) for tells, asks, and the client and admin requests
+an actor gets wrapped in `ClientRequest`/`AdminRequest` (unwrapped here into
+`handle_<Type>(msg, origin)`): the handler's return value is the answer, a raised
+`DanubeError` is an answer (to the asker, or an `Error` to the request's connection;
+counted for a tell), a message with no handler is counted and answered with an error
+where someone waits; anything else is answered INTERNAL where someone waits and is a
+failure.
+
+Supervision: a handler that fails is logged and counted, and the actor is rebuilt
 from its factory (fresh state, same mailbox, children of the old instance stopped).
 More than `restarts_max` restarts within `restart_window_ms` stops the actor and tells
 its parent with `ChildStopped` (a topic drops a subscription, the broker a topic: each
