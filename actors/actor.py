@@ -3,26 +3,87 @@
 An actor owns its state and changes it only in its `handle_<Message>` methods, which
 its one task calls for each message from its one bounded mailbox (a slot of the
 system's `inproc://` inbox socket). Handlers may be plain or `async`; a table from
-message class name to handler is built once per class. A message with no handler goes to `handle_unrecognized`,
-which logs and counts it. Everything an actor does to the outside world goes through
-the `ActorSystem` it was spawned in: telling other actors, asks, timers, frames to
-clients, spawning children.
+message class name to handler is built once per class, so searching `handle_Send`
+finds what handles a `Send`.
+
+Two kinds of message reach a handler:
+- an internal message (`transport/internal_protocol.py`): `handle_<Type>(self, msg)`;
+- a client or admin request, which arrives wrapped in `ClientRequest`/`AdminRequest`:
+  the runtime decodes the frame with the client or admin protocol and calls
+  `handle_<DecodedType>(self, msg, origin)`, `origin` naming the connection and port.
+  No internal message may share a name with a request (checked when a class is
+  created); the one name the client and admin protocols share with different classes
+  (`Unsubscribe`) is told apart by `origin.port`.
+
+The failure rule, applied in one place (`ActorSystem`) for tells, asks and requests:
+the handler's return value is the answer (a returned message goes to the asker or to
+the request's connection; None sends nothing), a raised `DanubeError` is an answer too,
+anything else is answered INTERNAL where someone waits and restarts the actor. A
+message with no handler raises `Unrecognized` here: counted, logged and answered with
+an error where someone waits. Everything an actor does to the outside world goes
+through the `ActorSystem` it was spawned in: telling other actors, asks, timers, frames
+to clients, spawning children.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from danube_zmq.transport.codec import Message
+from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
+from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL
+from danube_zmq.transport.codec import Message, Protocol
+from danube_zmq.transport.errors import InvalidArgument
+from danube_zmq.transport.internal_protocol import INTERNAL_PROTOCOL, AdminRequest, ClientRequest
 
 if TYPE_CHECKING:
     from danube_zmq.actors.system import ActorSystem
 
-log = logging.getLogger("danube_zmq.actors")
+# The gateways' outboxes: what an actor answers a client or an admin with goes there as
+# [identity, frame] and out through the gateway's ROUTER.
+CLIENT_OUTBOX = "inproc://gateway-outbox"
+ADMIN_OUTBOX = "inproc://admin-outbox"
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """A front door whose requests reach actors wrapped in an envelope."""
+
+    name: str
+    protocol: Protocol
+    outbox: str
+
+
+CLIENT_PORT = Port("client", CLIENT_PROTOCOL, CLIENT_OUTBOX)
+ADMIN_PORT = Port("admin", ADMIN_PROTOCOL, ADMIN_OUTBOX)
+REQUEST_PORTS: dict[type[Message], Port] = {ClientRequest: CLIENT_PORT, AdminRequest: ADMIN_PORT}
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a client or admin request came from: its port ("client" or "admin"), its
+    connection, and the envelope it arrived in (for extras such as the resolved schema
+    of a `CreateProducer`, or to park and replay the request)."""
+
+    port: str
+    identity: bytes
+    envelope: ClientRequest | AdminRequest
+
+
+class Unrecognized(InvalidArgument):
+    """The actor has no handler for a message: answered where someone waits, else counted."""
+
+
+def clashing_names(internal: Protocol, requests: tuple[Protocol, ...]) -> frozenset[str]:
+    """Names of internal messages that a client or admin request also has: a handler for
+    such a name would be called both ways, with and without an origin."""
+    inner = {t.__name__ for t in internal.message_types()}
+    return frozenset(t.__name__ for p in requests for t in p.message_types() if t.__name__ in inner)
+
+
+_CLASHING = clashing_names(INTERNAL_PROTOCOL, (CLIENT_PROTOCOL, ADMIN_PROTOCOL))
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +95,16 @@ class ActorStatistics:
     failures: int
     restarts: int
     mailbox_messages_max: int
+    refused_messages: int = 0
 
 
 class Actor:
-    """Subclass and add `handle_<MessageClassName>(self, msg)` methods."""
+    """Subclass and add `handle_<MessageClassName>(self, msg)` methods for internal
+    messages, `handle_<RequestClassName>(self, msg, origin)` for client and admin requests.
+
+    Transitional: an actor that defines `handle_ClientRequest` (or `handle_AdminRequest`)
+    gets the envelope itself, undecoded, as an internal message (topics and
+    subscriptions, until they move to handlers per request)."""
 
     _handlers: ClassVar[dict[str, tuple[Callable[..., Any], bool]]] = {}
 
@@ -55,9 +122,13 @@ class Actor:
         super().__init_subclass__(**kwargs)
         table: dict[str, tuple[Callable[..., Any], bool]] = {}
         for attr in dir(cls):
-            if attr.startswith("handle_") and attr != "handle_unrecognized":
+            if attr.startswith("handle_"):
+                name = attr[len("handle_"):]
+                if name in _CLASHING:
+                    raise TypeError(f"{cls.__name__}.{attr}: {name} names both an internal message and a client or"
+                                    " admin request; rename one of them")
                 fn = getattr(cls, attr)
-                table[attr[len("handle_"):]] = (fn, inspect.iscoroutinefunction(fn))
+                table[name] = (fn, inspect.iscoroutinefunction(fn))
         cls._handlers = table
 
     def extra_sockets(self) -> list[tuple[Any, Callable[[], Any]]]:
@@ -71,15 +142,14 @@ class Actor:
     async def on_stop(self) -> None:
         """Called when the actor stops or before it is replaced by a restart."""
 
-    async def dispatch(self, msg: Message) -> Any:
+    async def dispatch(self, msg: Message, origin: Origin | None = None) -> Any:
+        """Call the handler of `msg` (with `origin` for a client or admin request) and
+        return what it returns; `Unrecognized` when there is none."""
         entry = self._handlers.get(type(msg).__name__)
         if entry is None:
-            return await self.handle_unrecognized(msg)
+            raise Unrecognized(f"{self.name} has no handler for {type(msg).__name__}")
         fn, is_async = entry
+        result = fn(self, msg) if origin is None else fn(self, msg, origin)
         if is_async:
-            return await fn(self, msg)
-        return fn(self, msg)
-
-    async def handle_unrecognized(self, msg: Message) -> None:
-        self.system.count_unrecognized(self.endpoint)
-        log.warning("%s: no handler for %s; dropped", self.name, type(msg).__name__)
+            return await result
+        return result

@@ -6,8 +6,9 @@ actor as `AdminRequest`; answers come back through the admin outbox. It keeps no
 per-connection state, so `danube admin` can send a request without a handshake.
 
 Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, metadata
-get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, each
-in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
+get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, by
+this actor's `handle_<Type>` methods (reached through the runtime, `handle_in_place`,
+under its failure rule), each in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
 RESOURCE_EXHAUSTED), since they wait on Raft rounds. Snapshot requests
 (`SNAPSHOT_REQUESTS`) go to the snapshot actor.
 
@@ -29,7 +30,7 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import cluster_admin
-from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.actor import ADMIN_OUTBOX, Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.metrics import METRICS
@@ -39,10 +40,11 @@ from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
 from danube_zmq.schemas.registry import SchemaRegistry
+from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS, SNAPSHOT_REQUESTS
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
-from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument
+from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, ResourceExhausted, Unavailable
 from danube_zmq.transport.internal_protocol import AdminRequest, Tick
 
 if TYPE_CHECKING:
@@ -50,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("danube_zmq.admin_gateway")
 
-ADMIN_OUTBOX = "inproc://admin-outbox"
 _DRAIN_MAX = 64
 _CLUSTER_TASKS_MAX = 256
 _TICK_MS = 125  # as the client gateway: inbound bytes sampled every tick, the rest every other
@@ -150,7 +151,8 @@ class AdminGateway(Actor):
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
                                             message=f"expected one frame per message, got {parts}"))
                 continue
-            self._on_frame(identity, body.bytes)
+            if not await self._on_frame(identity, body.bytes):
+                return  # this instance failed and was replaced: its sockets are closed
 
     def _request_started(self, identity: bytes, fd: int) -> None:
         """Every admin frame is answered once: until then its connection is busy."""
@@ -185,55 +187,86 @@ class AdminGateway(Actor):
                 return
             self._send_out(frames)
 
-    def _on_frame(self, identity: bytes, frame: bytes) -> None:
+    async def _on_frame(self, identity: bytes, frame: bytes) -> bool:
+        """Answer or forward one admin frame; False when handling it failed this actor."""
         try:
             msg = ADMIN_PROTOCOL.decode(frame)
         except InvalidArgument as exc:
             METRICS.bad_frames.inc()
             self._reply(identity, Error(request_id=0, code=exc.code, message=exc.message))
-            return
+            return True
         if type(msg) is Connect:
             if msg.protocol_version != PROTOCOL_VERSION:
                 self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNSUPPORTED_VERSION,
                                             message=f"protocol version {msg.protocol_version} is not supported;"
                                             f" this broker speaks {PROTOCOL_VERSION}"))
-                return
+                return True
             broker = self.config.broker
             self._reply(identity, Connected(
                 request_id=msg.request_id, protocol_version=PROTOCOL_VERSION, broker_id=self.broker_id,
                 broker_url=self.broker_url, frame_bytes_max=self.config.limits.frame_bytes_max,
                 message_bytes_max=self.config.policies.max_message_size,
                 heartbeat_interval_ms=broker.heartbeat_interval_ms, session_timeout_ms=broker.session_timeout_ms))
-            return
+            return True
         if type(msg) is Ping:
             self._reply(identity, Pong(request_id=msg.request_id))
-            return
+            return True
         request_id = getattr(msg, "request_id", 0)
-        if type(msg) in CLUSTER_REQUESTS:
-            self._cluster_request(identity, msg)
-            return
+        if type(msg) in CLUSTER_REQUESTS:  # answered here, by this actor's handlers below
+            return await self.system.handle_in_place(self.endpoint, AdminRequest(identity=identity, frame=frame))
         if type(msg) in SNAPSHOT_REQUESTS:
             if not self.system.tell(self.system.snapshot_endpoint, AdminRequest(identity=identity, frame=frame)):
                 self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                             message="snapshot requests queued to the limit; retry"))
-            return
+            return True
         if type(msg) not in ADMIN_REQUESTS:
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.INVALID_ARGUMENT,
                                         message=f"{type(msg).__name__} is not an admin request"))
-            return
+            return True
         if not self.system.tell(self.system.broker_endpoint, AdminRequest(identity=identity, frame=frame)):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="broker busy; retry"))
+        return True
 
-    def _cluster_request(self, identity: bytes, msg: Message) -> None:
-        request_id = msg.request_id  # type: ignore[attr-defined]
+    # Metadata-cluster requests: each answered in a task (`cluster_admin`), as they wait on Raft.
+    def handle_ClusterStatus(self, msg: ap.ClusterStatus, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_AddClusterNode(self, msg: ap.AddClusterNode, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_PromoteClusterNode(self, msg: ap.PromoteClusterNode, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_RemoveClusterNode(self, msg: ap.RemoveClusterNode, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_MetadataGet(self, msg: ap.MetadataGet, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_MetadataList(self, msg: ap.MetadataList, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_MetadataPut(self, msg: ap.MetadataPut, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_MetadataCompareAndSwap(self, msg: ap.MetadataCompareAndSwap, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_MetadataDelete(self, msg: ap.MetadataDelete, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_ConfigureTopicSchema(self, msg: ap.ConfigureTopicSchema, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def handle_GetTopicSchemaConfig(self, msg: ap.GetTopicSchemaConfig, origin: Origin) -> None:
+        self._answer_cluster_in_task(msg, origin)
+
+    def _answer_cluster_in_task(self, msg: Message, origin: Origin) -> None:
         if self.metadata is None or self.schemas is None:
-            self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
-                                        message="this broker runs no metadata store"))
-            return
-        if not self._cluster_tasks.start(self._answer_cluster(identity, msg, self.metadata, self.schemas)):
-            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message="too many metadata requests in flight; retry"))
+            raise Unavailable("this broker runs no metadata store")
+        if not self._cluster_tasks.start(self._answer_cluster(origin.identity, msg, self.metadata, self.schemas)):
+            raise ResourceExhausted("too many metadata requests in flight; retry")
 
     async def _answer_cluster(self, identity: bytes, msg: Message, store: RaftMetadataStore,
                               registry: SchemaRegistry) -> None:
@@ -244,6 +277,10 @@ class AdminGateway(Actor):
             if isinstance(exc, NotLeader) and exc.redirect_url:
                 text += f" (raft peer at {exc.redirect_url})"
             reply = Error(request_id=msg.request_id, code=exc.code, message=text)  # type: ignore[attr-defined]
+        except Exception as exc:  # a bug of ours, in a task: answered INTERNAL, no actor to restart
+            log.exception("metadata request %s failed", type(msg).__name__)
+            reply = Error(request_id=msg.request_id, code=ErrorCode.INTERNAL,  # type: ignore[attr-defined]
+                          message=f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}")
         self._reply(identity, reply)
 
     def _send_out(self, frames: list[Any]) -> None:

@@ -54,15 +54,11 @@ from typing import Any
 
 import msgpack
 
-from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
-from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas, backlog_quota_routes
-from danube_zmq.actors.broker_handover import BrokerHandOver, handover_routes
-from danube_zmq.actors.broker_namespace_limits import (
-    BrokerNamespaceLimits,
-    NamespaceLimits,
-    namespace_limits_routes,
-)
+from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas
+from danube_zmq.actors.broker_handover import BrokerHandOver
+from danube_zmq.actors.broker_namespace_limits import BrokerNamespaceLimits, NamespaceLimits
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
@@ -82,7 +78,6 @@ from danube_zmq.storage.paths import resolve_inside
 from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.storage.wal.segment import parse_segment_file_name
-from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport import internal_protocol as ip
@@ -199,36 +194,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self._resync_generation = 0
         self.moving_topics: set[str] = set()  # stopped here while their WAL is handed over (local mode)
         self.incoming_moves: dict[str, Any] = {}  # topic -> the WAL being handed here (`Incoming`)
-        self._client_routes = {
-            cp.Lookup: self._lookup,
-            cp.GetPartitions: self._get_partitions,
-            cp.CreateProducer: self._create_producer,
-            cp.Subscribe: self._subscribe,
-        }
-        self._admin_routes = {
-            ap.ListNamespaces: self._list_namespaces,
-            ap.CreateNamespace: self._create_namespace,
-            ap.DeleteNamespace: self._delete_namespace,
-            ap.ListTopics: self._list_topics,
-            ap.CreateTopic: self._admin_create_topic,
-            ap.DeleteTopic: self._delete_topic,
-            ap.ListBrokers: self._list_brokers,
-            ap.UnloadTopic: self._unload_topic,
-            ap.RepairTopic: self._repair_topic,
-        } | handover_routes(self) | backlog_quota_routes(self) | namespace_limits_routes(self)
-        # Requests for the cluster's leader (its load manager).
-        self._leader_requests = (ap.GetClusterBalance, ap.RebalanceCluster, ap.UnloadBroker, ap.ActivateBroker)
-        # Requests about one topic, run where its partitions are served.
-        self._topic_routes = {
-            ap.DescribeTopic: self._describe_topic,
-            ap.ListSubscriptions: self._list_subscriptions,
-            ap.Unsubscribe: self._unsubscribe,
-            ap.SeekSubscription: self._seek_subscription,
-            ap.SetFailurePolicy: self._set_failure_policy,
-            ap.GetFailurePolicy: self._get_failure_policy,
-            ap.SetDispatchConfig: self._set_dispatch_config,
-            ap.GetDispatchConfig: self._get_dispatch_config,
-        }
 
     # ------------------------------------------------------------- lifecycle
     async def on_start(self) -> None:
@@ -810,7 +775,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         for req, deadline in waiting:
             self._replay_deadline = deadline
             try:
-                await self.handle_ClientRequest(req)
+                if not await self.system.handle_in_place(self.endpoint, req):
+                    return  # this instance failed and was replaced: its parked requests went with it
             finally:
                 self._replay_deadline = None
 
@@ -1111,16 +1077,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 self.system.post(entry.endpoint, msg)  # not lost to a full mailbox; revisions keep the order
 
     # ------------------------------------------------------------- client side
-    async def handle_ClientRequest(self, req: ClientRequest) -> None:
-        msg = cp.CLIENT_PROTOCOL.decode(req.frame)
-        try:
-            answer = await self._client_routes[type(msg)](req, msg)
-        except DanubeError as exc:
-            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message,
-                           redirect_url=getattr(exc, "redirect_url", None))
-        if answer is not None:
-            reply_client(self.system, req.identity, answer)
-
     def _serve(self, topic: str, req: ClientRequest) -> TopicEntry | None:
         """The entry when `topic` is served here; raises `Moved` when another broker
         serves it; None when the request was parked until it has a broker."""
@@ -1139,7 +1095,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self._park(topic, req)
         return None
 
-    async def _lookup(self, req: ClientRequest, msg: cp.Lookup) -> Message | None:
+    async def handle_Lookup(self, msg: cp.Lookup, origin: Origin) -> Message | None:
+        req = origin.envelope
         resolved = await self._existing(parse_topic(msg.topic))
         if resolved.partitioned_base:
             return cp.LookupResult(request_id=msg.request_id, kind=cp.LookupKind.CONNECT, broker_url=self.broker_url)
@@ -1151,7 +1108,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                                    broker_url=moved.redirect_url)
         return cp.LookupResult(request_id=msg.request_id, kind=cp.LookupKind.CONNECT, broker_url=self.broker_url)
 
-    async def _get_partitions(self, req: ClientRequest, msg: cp.GetPartitions) -> Message:
+    async def handle_GetPartitions(self, msg: cp.GetPartitions, origin: Origin) -> Message:
         name = parse_topic(msg.topic)
         resolved = await self._resolve(name)
         if resolved is None:
@@ -1164,7 +1121,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             _check_shape(resolved, msg.partitions, msg.dispatch_strategy)
         return cp.Partitions(request_id=msg.request_id, topic=name.full, partitions=resolved.served_names())
 
-    async def _create_producer(self, req: ClientRequest, msg: cp.CreateProducer) -> Message | None:
+    async def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> Message | None:
         name = parse_topic(msg.topic)
         resolved = await self._resolve(name)
         if resolved is None:
@@ -1175,14 +1132,14 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             raise FailedPrecondition(f"topic {name.full} has {resolved.record.partitions} partitions:"
                                      f" attach producers to its partitions {name.partition_name(0)} ...")
         _check_shape(resolved, 0, msg.dispatch_strategy)
-        return self._forward(name.full, req)
+        return self._forward(name.full, origin.envelope)
 
-    async def _subscribe(self, req: ClientRequest, msg: cp.Subscribe) -> Message | None:
+    async def handle_Subscribe(self, msg: cp.Subscribe, origin: Origin) -> Message | None:
         resolved = await self._existing(parse_topic(msg.topic))
         if resolved.partitioned_base:
             raise FailedPrecondition(f"topic {resolved.name.full} has {resolved.record.partitions} partitions:"
                                      f" subscribe to each of its partitions")
-        return self._forward(resolved.name.full, req)
+        return self._forward(resolved.name.full, origin.envelope)
 
     def _forward(self, topic: str, req: ClientRequest) -> Message | None:
         entry = self._serve(topic, req)

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.admin_gateway import reply_admin
 from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
@@ -47,7 +48,6 @@ from danube_zmq.transport.errors import (
     error_from_code,
 )
 from danube_zmq.transport.internal_protocol import (
-    AdminRequest,
     DeleteSubscription,
     DescribePartition,
     PartitionStats,
@@ -71,51 +71,83 @@ _OWNER_POLL_S = 0.05
 class BrokerAdmin:
     """Mixed into `BrokerActor`; uses its registry, metadata store and topics."""
 
-    async def handle_AdminRequest(self, req: AdminRequest) -> None:
-        msg = ap.ADMIN_PROTOCOL.decode(req.frame)
-        if isinstance(msg, self._leader_requests):
-            if not self._remote_admin.start(self._answer_admin(req, msg, self._on_leader)):
-                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
-                    "too many admin requests waiting on other brokers; retry")))
-            return
-        if isinstance(msg, ap.UnloadTopic):  # a move in local mode waits on its hand-over
-            if not self._remote_admin.start(self._answer_admin(req, msg, self._unload_topic)):
-                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
-                    "too many admin requests waiting on other brokers; retry")))
-            return
-        owner = self._repair_owner(msg) if isinstance(msg, ap.RepairTopic) else None
-        if owner is not None:  # repaired where its WAL is, in a task: the actor never waits on a peer
-            if not self._remote_admin.start(self._answer_admin(req, msg, functools.partial(self._forward_admin, owner))):
-                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
-                    "too many admin requests waiting on other brokers; retry")))
-            return
-        route = self._topic_routes.get(type(msg))
-        if route is not None:
-            try:
-                subscription = getattr(msg, "subscription", None)
-                if subscription is not None:
-                    check_name("subscription name", subscription)
-                names = (await self._existing(parse_topic(msg.topic))).served_names()  # type: ignore[attr-defined]
-            except DanubeError as exc:
-                reply_admin(self.system, req.identity, _error(msg, exc))
-                return
-            if all(name in self.topics for name in names):
-                await self._answer_admin(req, msg, route)
-            elif not self._remote_admin.start(self._answer_admin(req, msg, route)):
-                reply_admin(self.system, req.identity, _error(msg, ResourceExhausted(
-                    "too many admin requests waiting on other brokers; retry")))
-            return
-        await self._answer_admin(req, msg, self._admin_routes[type(msg)])
+    # Requests for the cluster's leader (its load manager): in a task, the actor never
+    # waits on a peer.
+    def handle_GetClusterBalance(self, msg: ap.GetClusterBalance, origin: Origin) -> None:
+        self._answer_in_task(msg, origin, self._on_leader)
 
-    async def _answer_admin(self, req: AdminRequest, msg: Any, route: Callable[[Any], Awaitable[Message]]) -> None:
+    def handle_RebalanceCluster(self, msg: ap.RebalanceCluster, origin: Origin) -> None:
+        self._answer_in_task(msg, origin, self._on_leader)
+
+    def handle_UnloadBroker(self, msg: ap.UnloadBroker, origin: Origin) -> None:
+        self._answer_in_task(msg, origin, self._on_leader)
+
+    def handle_ActivateBroker(self, msg: ap.ActivateBroker, origin: Origin) -> None:
+        self._answer_in_task(msg, origin, self._on_leader)
+
+    def handle_UnloadTopic(self, msg: ap.UnloadTopic, origin: Origin) -> None:
+        self._answer_in_task(msg, origin, self._unload_topic)  # a move in local mode waits on its hand-over
+
+    async def handle_RepairTopic(self, msg: ap.RepairTopic, origin: Origin) -> Message | None:
+        owner = self._repair_owner(msg)
+        if owner is None:
+            return await self._repair_topic(msg)
+        # Repaired where its WAL is, in a task: the actor never waits on a peer.
+        self._answer_in_task(msg, origin, functools.partial(self._forward_admin, owner))
+        return None
+
+    # Requests about one topic, run where its partitions are served.
+    async def handle_DescribeTopic(self, msg: ap.DescribeTopic, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._describe_topic)
+
+    async def handle_ListSubscriptions(self, msg: ap.ListSubscriptions, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._list_subscriptions)
+
+    async def handle_Unsubscribe(self, msg: ap.Unsubscribe, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._unsubscribe)
+
+    async def handle_SeekSubscription(self, msg: ap.SeekSubscription, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._seek_subscription)
+
+    async def handle_SetFailurePolicy(self, msg: ap.SetFailurePolicy, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._set_failure_policy)
+
+    async def handle_GetFailurePolicy(self, msg: ap.GetFailurePolicy, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._get_failure_policy)
+
+    async def handle_SetDispatchConfig(self, msg: ap.SetDispatchConfig, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._set_dispatch_config)
+
+    async def handle_GetDispatchConfig(self, msg: ap.GetDispatchConfig, origin: Origin) -> Message | None:
+        return await self._about_topic(msg, origin, self._get_dispatch_config)
+
+    async def _about_topic(self, msg: Any, origin: Origin, answer: Callable[[Any], Awaitable[Message]]) -> Message | None:
+        """Answered here when every partition of the topic is served here, else in a task
+        (partitions served elsewhere are asked through their broker's admin port)."""
+        subscription = getattr(msg, "subscription", None)
+        if subscription is not None:
+            check_name("subscription name", subscription)
+        names = (await self._existing(parse_topic(msg.topic))).served_names()
+        if all(name in self.topics for name in names):
+            return await answer(msg)
+        self._answer_in_task(msg, origin, answer)
+        return None
+
+    def _answer_in_task(self, msg: Any, origin: Origin, answer: Callable[[Any], Awaitable[Message]]) -> None:
+        if not self._remote_admin.start(self._answer_admin(origin.identity, msg, answer)):
+            raise ResourceExhausted("too many admin requests waiting on other brokers; retry")
+
+    async def _answer_admin(self, identity: bytes, msg: Any, answer: Callable[[Any], Awaitable[Message]]) -> None:
+        """A request answered in a task: out of the actor, so a bug is answered INTERNAL
+        and logged, with no actor to restart."""
         try:
-            answer = await route(msg)
+            reply = await answer(msg)
         except DanubeError as exc:
-            answer = _error(msg, exc)
-        except Exception as exc:  # a bug of ours: the caller still gets an answer
+            reply = _error(msg, exc)
+        except Exception as exc:
             log.exception("admin request %s failed", type(msg).__name__)
-            answer = _error(msg, InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
-        reply_admin(self.system, req.identity, answer)
+            reply = _error(msg, InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
+        reply_admin(self.system, identity, reply)
 
     async def _on_leader(self, msg: Any) -> Message:
         """Ask the load manager of the broker that leads the cluster."""
@@ -196,18 +228,18 @@ class BrokerAdmin:
                 raise Unavailable(f"topic {partition} has no broker right now; retry")
             await asyncio.sleep(_OWNER_POLL_S)
 
-    async def _list_namespaces(self, msg: ap.ListNamespaces) -> Message:
+    async def handle_ListNamespaces(self, msg: ap.ListNamespaces, origin: Origin) -> Message:
         names = [key[len(cr.NAMESPACES):] for key, _ in await self.metadata.list_prefix(cr.NAMESPACES)]
         return ap.NamespaceList(request_id=msg.request_id, namespaces=sorted(names))
 
-    async def _create_namespace(self, msg: ap.CreateNamespace) -> Message:
+    async def handle_CreateNamespace(self, msg: ap.CreateNamespace, origin: Origin) -> Message:
         namespace = validate_namespace(msg.namespace)
         created = await self.metadata.compare_and_swap(cr.namespace_key(namespace), 0, b"")
         if not created.succeeded:
             raise AlreadyExists(f"namespace '{namespace}' already exists")
         return Ok(request_id=msg.request_id)
 
-    async def _delete_namespace(self, msg: ap.DeleteNamespace) -> Message:
+    async def handle_DeleteNamespace(self, msg: ap.DeleteNamespace, origin: Origin) -> Message:
         namespace = validate_namespace(msg.namespace)
         key = cr.namespace_key(namespace)
         current = await self.metadata.get(key)
@@ -227,7 +259,7 @@ class BrokerAdmin:
         return [(cr.topic_of(key, cr.TOPICS), cr.decode(value.value, cr.TopicRecord))
                 for key, value in await self.metadata.list_prefix(prefix) if key.count("/") == 3]
 
-    async def _list_topics(self, msg: ap.ListTopics) -> Message:
+    async def handle_ListTopics(self, msg: ap.ListTopics, origin: Origin) -> Message:
         namespace = validate_namespace(msg.namespace)
         if not await self._namespace_exists(namespace):
             raise NotFound(f"namespace '{namespace}' does not exist")
@@ -240,11 +272,11 @@ class BrokerAdmin:
                                        broker_id=assignment.broker_id if assignment is not None else 0))
         return ap.TopicList(request_id=msg.request_id, topics=topics)
 
-    async def _admin_create_topic(self, msg: ap.CreateTopic) -> Message:
+    async def handle_CreateTopic(self, msg: ap.CreateTopic, origin: Origin) -> Message:
         await self._write_topic(parse_topic(msg.topic), msg.partitions, msg.dispatch_strategy)
         return Ok(request_id=msg.request_id)
 
-    async def _delete_topic(self, msg: ap.DeleteTopic) -> Message:
+    async def handle_DeleteTopic(self, msg: ap.DeleteTopic, origin: Origin) -> Message:
         resolved = await self._existing(parse_topic(msg.topic))
         if resolved.name.full != resolved.base.full:
             raise FailedPrecondition(f"{resolved.name.full} is a partition; delete {resolved.base.full} instead")
@@ -409,7 +441,7 @@ class BrokerAdmin:
             raise NotFound(f"subscription '{msg.subscription}' does not exist on topic {resolved.name.full}")
         return Ok(request_id=msg.request_id)
 
-    async def _list_brokers(self, msg: ap.ListBrokers) -> Message:
+    async def handle_ListBrokers(self, msg: ap.ListBrokers, origin: Origin) -> Message:
         await self.metadata.get(cr.LEADER)  # a linearizable barrier: registrations as of now
         state = self.metadata.peer.state
         leader = state.get(cr.LEADER)

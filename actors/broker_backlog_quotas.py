@@ -22,6 +22,7 @@ import asyncio
 import logging
 from typing import Any
 
+from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
 from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
 from danube_zmq.consensus.state_machine import Compacted
@@ -38,14 +39,6 @@ log = logging.getLogger("danube_zmq.broker")
 _RETRY_S = 0.2
 # Far above any disk; keeps the value an int64 on the wire and in the store.
 _LIMIT_BYTES_MAX = 2**62
-
-
-def backlog_quota_routes(actor: Any) -> dict[type, Any]:
-    return {
-        ap.SetBacklogQuota: actor._set_backlog_quota,
-        ap.GetBacklogQuota: actor._get_backlog_quota,
-        ap.RemoveBacklogQuota: actor._remove_backlog_quota,
-    }
 
 
 class BrokerBacklogQuotas:
@@ -120,7 +113,7 @@ class BrokerBacklogQuotas:
                                      " quota does not apply to it")
         return cr.topic_backlog_quota_key(resolved.base.full), f"topic {resolved.base.full}"
 
-    async def _set_backlog_quota(self, msg: ap.SetBacklogQuota) -> Message:
+    async def handle_SetBacklogQuota(self, msg: ap.SetBacklogQuota, origin: Origin) -> Message:
         if msg.policy not in BACKLOG_QUOTA_POLICIES:
             raise InvalidArgument(f"policy must be one of {', '.join(BACKLOG_QUOTA_POLICIES)}, got {msg.policy!r}")
         if not 0 <= msg.limit_bytes <= _LIMIT_BYTES_MAX:
@@ -130,7 +123,7 @@ class BrokerBacklogQuotas:
         await self._apply_backlog_quotas()  # here before the answer; other brokers follow their watch
         return Ok(request_id=msg.request_id)
 
-    async def _get_backlog_quota(self, msg: ap.GetBacklogQuota) -> Message:
+    async def handle_GetBacklogQuota(self, msg: ap.GetBacklogQuota, origin: Origin) -> Message:
         if (msg.namespace is None) == (msg.topic is None):
             raise InvalidArgument("name exactly one of namespace and topic")
         await self.metadata.get(cr.LEADER)  # a barrier: read the replica as of now
@@ -143,7 +136,7 @@ class BrokerBacklogQuotas:
             limit_bytes, policy, source = self.backlog_quota_of((await self._existing(parse_topic(msg.topic))).name)
         return ap.BacklogQuotaInfo(request_id=msg.request_id, limit_bytes=limit_bytes, policy=policy, source=source)
 
-    async def _remove_backlog_quota(self, msg: ap.RemoveBacklogQuota) -> Message:
+    async def handle_RemoveBacklogQuota(self, msg: ap.RemoveBacklogQuota, origin: Origin) -> Message:
         key, what = await self._quota_key(msg)
         current = await self.metadata.get(key)
         if current is None:

@@ -20,7 +20,7 @@ is carried out by the broker serving it, in a task of its own:
    receiver refuses, `cluster.move_timeout_ms` passes, the assignment changed
    meanwhile) refuses the unload with the reason and the topic is served here again.
 
-The receiving side (`_begin_handover` ...) writes into `data_dir/handover/<topic>/`,
+The receiving side (`handle_BeginHandOver` ...) writes into `data_dir/handover/<topic>/`,
 bounded by `cluster.move_bytes_max` per move and `_INCOMING_MAX` moves at once.
 """
 
@@ -35,10 +35,10 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import crc32c
 
+from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.storage.wal.handover import Incoming, Offer, offered_files, read_chunk
 from danube_zmq.transport import admin_protocol as ap
@@ -296,7 +296,7 @@ class BrokerHandOver:
             raise NotFound(f"topic {topic} does not exist here: nothing to hand over")
         return resolved.name.full
 
-    async def _begin_handover(self, msg: ap.BeginHandOver) -> Message:
+    async def handle_BeginHandOver(self, msg: ap.BeginHandOver, origin: Origin) -> Message:
         topic = self._handed_topic(msg.topic)
         incoming = Incoming(self._handover_staging(topic), msg.handover_id,  # checks every file name first
                             [(f.name, f.size_bytes) for f in msg.files], msg.next_offset)
@@ -313,12 +313,12 @@ class BrokerHandOver:
         self.incoming_moves[topic] = incoming
         return ap.HandOverProgress(request_id=msg.request_id, held_bytes=held)
 
-    async def _handover_chunk(self, msg: ap.HandOverChunk) -> Message:
+    async def handle_HandOverChunk(self, msg: ap.HandOverChunk, origin: Origin) -> Message:
         incoming = self._incoming_for(self._handed_topic(msg.topic), msg.handover_id)
         await asyncio.to_thread(incoming.write, msg.file_index, msg.position, msg.data, msg.crc32c)
         return Ok(request_id=msg.request_id)
 
-    async def _commit_handover(self, msg: ap.CommitHandOver) -> Message:
+    async def handle_CommitHandOver(self, msg: ap.CommitHandOver, origin: Origin) -> Message:
         topic = self._handed_topic(msg.topic)
         incoming = self._incoming_for(topic, msg.handover_id)
         if topic in self.topics:
@@ -335,7 +335,7 @@ class BrokerHandOver:
                  next_offset)
         return Ok(request_id=msg.request_id)
 
-    async def _abort_handover(self, msg: ap.AbortHandOver) -> Message:
+    async def handle_AbortHandOver(self, msg: ap.AbortHandOver, origin: Origin) -> Message:
         topic = self._handed_topic(msg.topic)
         incoming = self.incoming_moves.get(topic)
         if incoming is not None and incoming.directory.name == f"{msg.handover_id:020d}":
@@ -366,7 +366,7 @@ class BrokerHandOver:
                 f" broker {holder} is gone; it is served again when broker {holder} comes back, or after"
                 f" `danube admin topics reassign {topic} --force` gives up what only that WAL holds")
 
-    async def _reassign_topic(self, msg: ap.ReassignTopic) -> Message:
+    async def handle_ReassignTopic(self, msg: ap.ReassignTopic, origin: Origin) -> Message:
         """What forcing a dead broker's local-mode topic elsewhere gives up (from the
         oldest cursor to the end of that broker's reservation); with `force`, a sealed
         failover marker hands it to the load manager, which places it on a live broker
@@ -423,12 +423,3 @@ def _owner_id(value: bytes) -> int | None:
         return cr.decode(value, cr.Assignment).broker_id
     return None
 
-
-def handover_routes(actor: Any) -> dict[type, Any]:
-    return {
-        ap.BeginHandOver: actor._begin_handover,
-        ap.HandOverChunk: actor._handover_chunk,
-        ap.CommitHandOver: actor._commit_handover,
-        ap.AbortHandOver: actor._abort_handover,
-        ap.ReassignTopic: actor._reassign_topic,
-    }

@@ -17,8 +17,9 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.topic_name import validate_namespace
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
@@ -50,13 +51,6 @@ class NamespaceLimits(NamedTuple):
             return f"the partitions limit of namespace '{namespace}', set by danube admin namespaces set-limits"
         return "policies.partitions_per_topic_max"
 
-
-def namespace_limits_routes(actor: Any) -> dict[type, Any]:
-    return {
-        ap.SetNamespaceLimits: actor._set_namespace_limits,
-        ap.GetNamespaceLimits: actor._get_namespace_limits,
-        ap.RemoveNamespaceLimits: actor._remove_namespace_limits,
-    }
 
 
 def _limits_record(key: str, data: bytes) -> cr.NamespaceLimitsRecord:
@@ -90,7 +84,7 @@ class BrokerNamespaceLimits:
             raise NotFound(f"namespace '{namespace}' does not exist")
         return namespace
 
-    async def _set_namespace_limits(self, msg: ap.SetNamespaceLimits) -> Message:
+    async def handle_SetNamespaceLimits(self, msg: ap.SetNamespaceLimits, origin: Origin) -> Message:
         if msg.topics_max is None and msg.partitions_max is None:
             raise InvalidArgument("name topics_max or partitions_max (or both)")
         if msg.topics_max is not None and not 1 <= msg.topics_max <= _TOPICS_MAX:
@@ -109,13 +103,13 @@ class BrokerNamespaceLimits:
             raise FailedPrecondition(f"the limits of namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
 
-    async def _get_namespace_limits(self, msg: ap.GetNamespaceLimits) -> Message:
+    async def handle_GetNamespaceLimits(self, msg: ap.GetNamespaceLimits, origin: Origin) -> Message:
         await self.metadata.get(cr.LEADER)  # a barrier: read the replica as of now
         namespace = await self._existing_namespace(msg.namespace)
         limits = self.namespace_limits_of(namespace)
         return ap.NamespaceLimitsInfo(request_id=msg.request_id, namespace=namespace, **limits._asdict())
 
-    async def _remove_namespace_limits(self, msg: ap.RemoveNamespaceLimits) -> Message:
+    async def handle_RemoveNamespaceLimits(self, msg: ap.RemoveNamespaceLimits, origin: Origin) -> Message:
         namespace = await self._existing_namespace(msg.namespace)
         key = cr.namespace_limits_key(namespace)
         current = await self.metadata.get(key)

@@ -45,7 +45,7 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import schema_service
-from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.actor import CLIENT_OUTBOX, Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
@@ -79,7 +79,7 @@ from danube_zmq.transport.internal_protocol import (
 
 log = logging.getLogger("danube_zmq.gateway")
 
-OUTBOX = "inproc://gateway-outbox"
+OUTBOX = CLIENT_OUTBOX
 _DRAIN_MAX = 512
 _SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (each waits on metadata-store rounds)
 _WATCH_RETRY_S = 1.0

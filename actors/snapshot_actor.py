@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.admin_gateway import reply_admin
+from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.snapshots.export import ExportedFile, export_segment, read_footer
 from danube_zmq.snapshots.manifest import (
@@ -50,10 +49,9 @@ from danube_zmq.storage.paths import check_snapshot_id, check_topic_glob
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.client_protocol import SubType
 from danube_zmq.transport.codec import Message
-from danube_zmq.transport.common import Error, Ok
-from danube_zmq.transport.errors import DanubeError, ErrorCode, NotFound
+from danube_zmq.transport.common import Ok
+from danube_zmq.transport.errors import DanubeError, NotFound
 from danube_zmq.transport.internal_protocol import (
-    AdminRequest,
     ListSnapshotTopics,
     ReleaseSnapshotCut,
     SegmentRef,
@@ -91,12 +89,6 @@ class SnapshotActor(Actor):
         self.durable: DurableStore | None = None
         self._pin_ids = itertools.count(1)
         self._thread: ThreadPoolExecutor | None = None
-        self._routes: dict[type, Callable[[Any], Any]] = {
-            ap.CreateSnapshot: self._on_create,
-            ap.ListSnapshots: self._on_list,
-            ap.DescribeSnapshot: self._on_describe,
-            ap.DeleteSnapshot: self._on_delete,
-        }
 
     async def on_start(self) -> None:
         self.store = SnapshotStore(self.url)
@@ -125,21 +117,7 @@ class SnapshotActor(Actor):
         except DanubeError as exc:
             log.error("scheduled snapshot failed: %s", exc)
 
-    async def handle_AdminRequest(self, req: AdminRequest) -> None:
-        msg = ap.ADMIN_PROTOCOL.decode(req.frame)
-        try:
-            answer = await self._routes[type(msg)](msg)
-        except DanubeError as exc:
-            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
-        except Exception as exc:
-            # A bug of ours: the caller still gets an answer, and the actor is restarted.
-            reply_admin(self.system, req.identity, Error(
-                request_id=msg.request_id, code=ErrorCode.INTERNAL,
-                message=f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
-            raise
-        reply_admin(self.system, req.identity, answer)
-
-    async def _on_create(self, msg: ap.CreateSnapshot) -> Message:
+    async def handle_CreateSnapshot(self, msg: ap.CreateSnapshot, origin: Origin) -> Message:
         if msg.topic is not None:
             check_topic_glob(msg.topic)
         created = await self.create(msg.topic)
@@ -147,17 +125,17 @@ class SnapshotActor(Actor):
                                   files_written=created.files_written, files_shared=created.files_shared,
                                   elapsed_ms=created.elapsed_ms)
 
-    async def _on_list(self, msg: ap.ListSnapshots) -> Message:
+    async def handle_ListSnapshots(self, msg: ap.ListSnapshots, origin: Origin) -> Message:
         store = self._store()
         manifests = await self._in_thread(lambda: list(store.manifests()))
         return ap.SnapshotList(request_id=msg.request_id, url=self.url, snapshots=[_summary(m) for m in manifests])
 
-    async def _on_describe(self, msg: ap.DescribeSnapshot) -> Message:
+    async def handle_DescribeSnapshot(self, msg: ap.DescribeSnapshot, origin: Origin) -> Message:
         check_snapshot_id(msg.snapshot_id)  # here too, so bad input never reaches the thread
         manifest = await self._in_thread(self._store().manifest, msg.snapshot_id)
         return ap.SnapshotDescription(request_id=msg.request_id, url=self.url, manifest=manifest.to_json())
 
-    async def _on_delete(self, msg: ap.DeleteSnapshot) -> Message:
+    async def handle_DeleteSnapshot(self, msg: ap.DeleteSnapshot, origin: Origin) -> Message:
         check_snapshot_id(msg.snapshot_id)
         await self._in_thread(self._store().delete, msg.snapshot_id)
         return Ok(request_id=msg.request_id)

@@ -26,7 +26,15 @@ return value resolves the asker's future as a `Reply`, so the asker's own mailbo
 not involved (an ask is a control-plane call; it blocks the asking handler until the
 answer or the deadline).
 
-Supervision: a handler that raises is logged and counted, and the actor is rebuilt
+One failure rule (`_run_handler`) for tells, asks, and the client and admin requests
+an actor gets wrapped in `ClientRequest`/`AdminRequest` (unwrapped here into
+`handle_<Type>(msg, origin)`): the handler's return value is the answer, a raised
+`DanubeError` is an answer (to the asker, or an `Error` to the request's connection;
+counted for a tell), a message with no handler is counted and answered with an error
+where someone waits; anything else is answered INTERNAL where someone waits and is a
+failure.
+
+Supervision: a handler that fails is logged and counted, and the actor is rebuilt
 from its factory (fresh state, same mailbox, children of the old instance stopped).
 More than `restarts_max` restarts within `restart_window_ms` stops the actor and tells
 its parent with `ChildStopped` (a topic drops a subscription, the broker a topic: each
@@ -49,10 +57,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.actor import Actor, ActorStatistics
+from danube_zmq.actors.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
 from danube_zmq.actors.clock import Clock
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
     DanubeError,
     InternalError,
@@ -63,7 +72,9 @@ from danube_zmq.transport.errors import (
 )
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
+    AdminRequest,
     ChildStopped,
+    ClientRequest,
     Reply,
     Request,
 )
@@ -94,6 +105,7 @@ class _Cell:
     restart_times_ms: deque[int] = field(default_factory=deque)
     handled: int = 0
     unrecognized: int = 0
+    refused: int = 0  # messages whose handler raised a DanubeError (an answer, not a failure)
     failures: int = 0
     restarts: int = 0
     stopping: bool = False
@@ -383,15 +395,14 @@ class ActorSystem:
                 await self._handle_frame(cell, frame)
         inner = INTERNAL_PROTOCOL.decode(INTERNAL_PROTOCOL.encode(msg))
         cell.handled += 1
-        try:
-            result = await cell.instance.dispatch(inner)
-        except DanubeError:
-            raise
-        except Exception as exc:
-            await self._on_failure(cell, "ask", exc)
-            raise InternalError(f"{type(exc).__name__}: {exc}") from None
-        assert isinstance(result, Message), f"{cell.name} answered an ask with {result!r}"
-        return INTERNAL_PROTOCOL.decode(INTERNAL_PROTOCOL.encode(result))
+        answers: list[Message | DanubeError] = []
+        await self._run_handler(cell, inner, None, answers.append)
+        (answer,) = answers
+        if not isinstance(answer, DanubeError | Message):
+            answer = self._not_an_answer(cell, inner, answer)
+        if isinstance(answer, DanubeError):
+            raise answer
+        return INTERNAL_PROTOCOL.decode(INTERNAL_PROTOCOL.encode(answer))
 
     def schedule_periodic(self, endpoint: str, interval_ms: int, msg: Message) -> None:
         """Deliver `msg` to the actor every `interval_ms` while it lives."""
@@ -419,11 +430,6 @@ class ActorSystem:
         handle_box = [loop.call_later(delay_ms / 1000, fire)]
         self._timers.add(handle_box[0])
 
-    def count_unrecognized(self, endpoint: str) -> None:
-        cell = self._cells.get(endpoint)
-        if cell is not None:
-            cell.unrecognized += 1
-
     def statistics(self) -> SystemStatistics:
         return SystemStatistics(
             actors=len(self._cells),
@@ -438,7 +444,7 @@ class ActorSystem:
             ActorStatistics(
                 name=c.name, endpoint=c.endpoint, handled_messages=c.handled,
                 unrecognized_messages=c.unrecognized, failures=c.failures, restarts=c.restarts,
-                mailbox_messages_max=self.mailbox_messages_max,
+                mailbox_messages_max=self.mailbox_messages_max, refused_messages=c.refused,
             )
             for c in self._cells.values()
         ]
@@ -617,34 +623,109 @@ class ActorSystem:
             return True
         cell.handled += 1
         if type(msg) is Request:
-            await self._serve_ask(cell, msg)
-            return True
+            return await self._serve_ask(cell, msg)
+        return await self._handle_message(cell, msg)
+
+    async def _handle_message(self, cell: _Cell, msg: Message) -> bool:
+        """Handle a told message: a client or admin request is unwrapped and its answer
+        sent to its connection (unless the actor takes the envelope itself)."""
+        port = REQUEST_PORTS.get(type(msg))
+        if port is None or type(msg).__name__ in cell.instance._handlers:
+            return await self._run_handler(cell, msg, None, None)
+        envelope: ClientRequest | AdminRequest = msg  # type: ignore[assignment]
         try:
-            await cell.instance.dispatch(msg)
+            request = port.protocol.decode(envelope.frame)
+        except DanubeError as exc:  # the gateways check every frame first: a bug of ours
+            log.error("%s: undecodable %s request dropped: %s", cell.name, port.name, exc)
+            self._answer(port, envelope.identity, Error(request_id=0, code=exc.code, message=exc.message))
+            return True
+        request_id = getattr(request, "request_id", None)
+
+        def respond(answer: Message | DanubeError | None) -> None:
+            if isinstance(answer, DanubeError):
+                if request_id is None:  # a Flow: nobody to answer
+                    return
+                answer = Error(request_id=request_id, code=answer.code, message=answer.message,
+                               redirect_url=getattr(answer, "redirect_url", None))
+            if answer is not None:
+                self._answer(port, envelope.identity, answer)
+
+        origin = Origin(port=port.name, identity=envelope.identity, envelope=envelope)
+        return await self._run_handler(cell, request, origin, respond)
+
+    async def handle_in_place(self, endpoint: str, msg: Message) -> bool:
+        """Handle `msg` now, on the calling task (the actor's own), as if it had come
+        through the mailbox: an actor replaying a request it parked, a gateway handing a
+        request read from its own socket to its own handlers. False when the actor failed
+        doing so (it was restarted or stopped: the caller's instance is gone)."""
+        cell = self._cells.get(endpoint)
+        if cell is None:
+            return False
+        instance = cell.instance
+        return await self._handle_message(cell, msg) and cell.instance is instance
+
+    async def _run_handler(self, cell: _Cell, msg: Message, origin: Origin | None,
+                           respond: Callable[[Message | DanubeError | None], None] | None) -> bool:
+        """Run the handler of `msg` under the one failure rule; `respond` (when someone
+        waits) gets the answer: the handler's return value, or the `DanubeError` it
+        raised, or INTERNAL for any other exception, given before the actor restarts.
+        An unknown message is counted and answered with `Unrecognized`, never a restart.
+        False when a failure stopped the actor."""
+        try:
+            result = await (cell.instance.dispatch(msg) if origin is None else cell.instance.dispatch(msg, origin))
         except asyncio.CancelledError:
             raise
+        except Unrecognized as exc:
+            cell.unrecognized += 1
+            log.warning("%s: %s", cell.name, exc)
+            if respond is not None:
+                respond(exc)
+            return True
+        except DanubeError as exc:
+            cell.refused += 1
+            log.debug("%s: %s refused: %s", cell.name, type(msg).__name__, exc)
+            if respond is not None:
+                respond(exc)
+            return True
         except Exception as exc:
+            if respond is not None:
+                respond(InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
             return await self._on_failure(cell, type(msg).__name__, exc)
+        if respond is not None:
+            respond(result)
         return True
 
-    async def _serve_ask(self, cell: _Cell, request: Request) -> None:
+    def _answer(self, port: Port, identity: bytes, msg: Message) -> None:
+        if not self.push_frames(port.outbox, [identity, port.protocol.encode(msg)]):
+            METRICS.frames_dropped.inc()
+
+    async def _serve_ask(self, cell: _Cell, request: Request) -> bool:
+        correlation_id = request.correlation_id
         try:
             inner = INTERNAL_PROTOCOL.decode(request.frame)
-            result = await cell.instance.dispatch(inner)
-            assert isinstance(result, Message), f"{cell.name} answered an ask with {result!r}"
-            reply = Reply(correlation_id=request.correlation_id, frame=INTERNAL_PROTOCOL.encode(result))
-        except asyncio.CancelledError:
-            raise
         except DanubeError as exc:
-            reply = Reply(correlation_id=request.correlation_id, frame=None,
-                          error_code=int(exc.code), error_message=exc.message)
-        except Exception as exc:
-            reply = Reply(correlation_id=request.correlation_id, frame=None,
-                          error_code=int(InternalError.code), error_message=f"{type(exc).__name__}: {exc}")
+            cell.unrecognized += 1
+            self._deliver_reply(Reply(correlation_id=correlation_id, frame=None, error_code=int(exc.code),
+                                      error_message=exc.message))
+            return True
+
+        def respond(answer: Message | DanubeError | None) -> None:
+            if not isinstance(answer, DanubeError | Message):
+                answer = self._not_an_answer(cell, inner, answer)
+            if isinstance(answer, DanubeError):
+                reply = Reply(correlation_id=correlation_id, frame=None, error_code=int(answer.code),
+                              error_message=answer.message)
+            else:
+                reply = Reply(correlation_id=correlation_id, frame=INTERNAL_PROTOCOL.encode(answer))
             self._deliver_reply(reply)
-            await self._on_failure(cell, "ask", exc)
-            return
-        self._deliver_reply(reply)
+
+        return await self._run_handler(cell, inner, None, respond)
+
+    @staticmethod
+    def _not_an_answer(cell: _Cell, msg: Message, answer: object) -> InternalError:
+        # The handler ran to its end (its state is whole): no restart, the asker is told.
+        log.error("%s: answered an ask of %s with %r, not a message", cell.name, type(msg).__name__, answer)
+        return InternalError(f"{cell.name} answered {type(msg).__name__} with {answer!r}")
 
     def _deliver_reply(self, reply: Reply) -> None:
         future = self._asks.get(reply.correlation_id)

@@ -27,10 +27,10 @@ from tests.integration.conftest import free_port, wait_ready
 _BUGGY_BROKER = """
 from danube_zmq.actors.snapshot_actor import SnapshotActor
 
-async def _on_list(self, msg):
+def _store(self):  # what `handle_ListSnapshots` reads first (handler tables are built per class)
     raise RuntimeError("planted bug in the snapshot actor")
 
-SnapshotActor._on_list = _on_list
+SnapshotActor._store = _store
 from danube_zmq.cli.main import main
 main()
 """
