@@ -30,7 +30,7 @@ import contextlib
 import ipaddress
 import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ import psutil
 
 from danube_zmq.bench.accounting import Delivery
 from danube_zmq.bench.histogram import LatencyBuffer, LatencyHistogram
+from danube_zmq.bench.spread import CpuWindow, deal, send_offset_ns
 from danube_zmq.bench.stamp import STAMP_BYTES, Stamper, read_stamps
 from danube_zmq.cli import event_loop
 from danube_zmq.client.client import DanubeClient
@@ -74,6 +75,7 @@ class BenchConfig:
     count: int | None = None  # messages over all producers
     duration_s: float | None = None
     producers: int = 1
+    producer_processes: int = 1  # the producers dealt over this many processes, so the client is not the limit
     consumers: int = 1  # per subscription
     subscriptions: int = 1  # distinct subscriptions per topic (fan-out)
     sub_type: str = "shared"
@@ -88,13 +90,15 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if (self.count is None) == (self.duration_s is None):
             raise InvalidArgument("give a message count or a duration, exactly one")
-        for name in ("producers", "consumers", "subscriptions", "topics", "batch_max_messages"):
+        for name in ("producers", "producer_processes", "consumers", "subscriptions", "topics", "batch_max_messages"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be >= 1")
         if self.rate < 0 or (self.count is not None and self.count < 1):
             raise InvalidArgument("rate must be >= 0 and count >= 1")
         if self.max_inflight_batches is not None and self.max_inflight_batches < 1:
             raise InvalidArgument("max_inflight_batches must be >= 1")
+        if self.producer_processes > self.producers:
+            raise InvalidArgument("producer_processes must be <= producers")
 
     def topic_names(self) -> list[str]:
         return [self.topic] if self.topics == 1 else [f"{self.topic}-{i}" for i in range(self.topics)]
@@ -128,6 +132,8 @@ class BenchResult:
     e2e_latency_us: dict[str, float | None] | None = None
     ack_latency_us: dict[str, float | None] | None = None
     broker: dict[str, Any] | None = None
+    # The bench's own processes, % of one core each over its window: the client must not be the limit.
+    clients: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,8 +181,9 @@ class BrokerProbe:
         except psutil.Error:
             return None
         wall = max(time.monotonic() - self._wall_start, 1e-9)
-        return {"pid": self.process.pid, "cpu_percent": round(100 * (times.user + times.system - self._cpu_start) / wall, 1),
-                "rss_max_mb": round(self.rss_max / 2**20, 1)}
+        cpu_s = times.user + times.system - self._cpu_start
+        return {"pid": self.process.pid, "cpu_percent": round(100 * cpu_s / wall, 1), "cpu_s": round(cpu_s, 3),
+                "wall_s": round(wall, 3), "rss_max_mb": round(self.rss_max / 2**20, 1)}
 
 
 def _local_listener(url: str) -> psutil.Process | None:
@@ -279,19 +286,19 @@ async def _open_producers(client: DanubeClient, cfg: BenchConfig, topic: str,
     return [await open_one(name) for name in names]
 
 
-async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state: _ProduceState,
+async def _produce_one(cfg: BenchConfig, index: int, opened: list[tuple[Any, _Receipts]], state: _ProduceState,
                        start_ns: int, deadline_ns: int | None) -> None:
-    opened = await _open_producers(client, cfg, cfg.topic_names()[index % cfg.topics], state)
     producers = [producer for producer, _ in opened]
     lanes = [(producer, receipts.sent_ns) for producer, receipts in opened]  # per partition topic
     stamper = Stamper(index, cfg.size)
     quota = cfg.quota(index)
     interval_ns = int(1e9 * cfg.producers / cfg.rate) if cfg.rate else 0
+    first_ns = start_ns + send_offset_ns(index, cfg.producers, interval_ns)
     sequence = 0
     try:
         while (quota is None or sequence < quota) and (deadline_ns is None or time.monotonic_ns() < deadline_ns):
             if interval_ns:
-                delay_ns = start_ns + sequence * interval_ns - time.monotonic_ns()
+                delay_ns = first_ns + sequence * interval_ns - time.monotonic_ns()
                 if delay_ns > 0:
                     await asyncio.sleep(delay_ns / 1e9)
             elif sequence % _YIELD_EVERY == 0:
@@ -313,32 +320,123 @@ async def _produce_one(client: DanubeClient, cfg: BenchConfig, index: int, state
         await asyncio.gather(*(p.close() for p in producers))
 
 
-async def run_produce(cfg: BenchConfig, *, progress: Progress | None = None, mode: str = "produce") -> BenchResult:
-    result = BenchResult(mode=mode, config=asdict(cfg))
+@dataclass(slots=True)
+class ProduceOutcome:
+    """What one producing process measured: its producers' counts and receipts, and its
+    own CPU over the sending window."""
+
+    start_ns: int
+    end_ns: int
+    sent: dict[int, int]
+    acked: int
+    failed: int
+    histogram: bytes  # encoded LatencyHistogram of produce-ack latencies
+    errors: list[str]
+    cpu_percent: float
+
+
+async def produce(cfg: BenchConfig, indices: list[int], start: Callable[[], Awaitable[int]],
+                  progress: Progress | None = None) -> ProduceOutcome:
+    """Open the producers `indices` on one client, then (`start` returning the common
+    start time, CLOCK_MONOTONIC ns) send until their quota or the duration is done. The
+    producers are open before the clock starts: opening 200 of them takes a while, and
+    pacing from before that would send a burst to catch up."""
     state = _ProduceState()
-    probe = BrokerProbe(cfg.url)
     async with DanubeClient(cfg.url, client_name="danube-bench-producers") as client:
-        probe.start()
-        start_ns = time.monotonic_ns()
+        names = cfg.topic_names()
+        opened = await asyncio.gather(*(_open_producers(client, cfg, names[i % cfg.topics], state) for i in indices))
+        start_ns = await start()
+        window = CpuWindow(time.process_time(), time.monotonic())
         deadline_ns = None if cfg.duration_s is None else start_ns + int(cfg.duration_s * 1e9)
         ticker = _ticker(progress, lambda: f"sent {sum(state.sent.values()):,}, acked {state.acked:,}", start_ns)
         try:
-            await asyncio.gather(*(_produce_one(client, cfg, i, state, start_ns, deadline_ns)
-                                   for i in range(cfg.producers)))
+            await asyncio.gather(*(_produce_one(cfg, i, lanes, state, start_ns, deadline_ns)
+                                   for i, lanes in zip(indices, opened, strict=True)))
         finally:
             ticker.cancel()
-        result.broker = await probe.stop()
+        cpu = window.percent(time.process_time(), time.monotonic())
     # Every receipt has run by now (the producers closed, then the client).
     for receipts in state.receipts:
         receipts.flush()
-    end_ns = state.last_ack_ns or time.monotonic_ns()
-    result.elapsed_s = (end_ns - start_ns) / 1e9
-    result.sent, result.acked, result.failed = sum(state.sent.values()), state.acked, state.failed
+    return ProduceOutcome(start_ns=start_ns, end_ns=state.last_ack_ns or time.monotonic_ns(), sent=dict(state.sent),
+                          acked=state.acked, failed=state.failed, histogram=state.histogram.encode(),
+                          errors=state.errors, cpu_percent=cpu)
+
+
+def _producer_process(cfg: BenchConfig, indices: list[int], ready: Any, go: Any, start_ns: Any, out: Any) -> None:
+    """One of `producer_processes`: opens its producers, says so, and starts sending at
+    the start time the parent shares once every process is ready."""
+    async def start() -> int:
+        ready.release()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait, 600)
+        return int(start_ns.value)
+
+    async def main() -> None:
+        try:
+            out.put(await produce(cfg, indices, start))
+        except DanubeError as exc:
+            ready.release()
+            out.put(exc.message)
+    event_loop.run(main())
+
+
+async def _produce_spread(cfg: BenchConfig, probe: BrokerProbe) -> list[ProduceOutcome]:
+    """The producers dealt over `producer_processes` child processes, all starting at one
+    time once every child has opened its producers; the broker probed over the window."""
+    context = mp.get_context("spawn")
+    ready, go, start_ns, out = context.Semaphore(0), context.Event(), context.Value("q", 0), context.Queue()
+    shares = deal(cfg.producers, cfg.producer_processes)
+    children = [context.Process(target=_producer_process, args=(cfg, share, ready, go, start_ns, out), daemon=True)
+                for share in shares]
+    for child in children:
+        child.start()
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in children:
+            if not await loop.run_in_executor(None, ready.acquire, True, _READY_TIMEOUT_S * 4):
+                raise Timeout(f"bench producer processes did not open their producers within {_READY_TIMEOUT_S * 4:g} s")
+        probe.start()
+        start_ns.value = time.monotonic_ns()
+        go.set()
+        outcomes = [await loop.run_in_executor(None, out.get, True, 600) for _ in children]
+    finally:
+        for child in children:
+            await loop.run_in_executor(None, child.join, 10)
+            if child.is_alive():
+                child.kill()
+    failed = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    if failed:
+        raise InvalidArgument(f"bench producers failed: {failed[0]}")
+    return outcomes
+
+
+async def run_produce(cfg: BenchConfig, *, progress: Progress | None = None, mode: str = "produce") -> BenchResult:
+    result = BenchResult(mode=mode, config=asdict(cfg))
+    probe = BrokerProbe(cfg.url)
+    if cfg.producer_processes == 1:
+        async def start() -> int:
+            probe.start()
+            return time.monotonic_ns()
+        outcomes = [await produce(cfg, list(range(cfg.producers)), start, progress)]
+    else:
+        outcomes = await _produce_spread(cfg, probe)
+    result.broker = await probe.stop()
+    start_ns = min(outcome.start_ns for outcome in outcomes)
+    histogram = LatencyHistogram()
+    sent: dict[int, int] = {}
+    for outcome in outcomes:
+        histogram.merge(LatencyHistogram(outcome.histogram))
+        sent.update(outcome.sent)
+        result.acked += outcome.acked
+        result.failed += outcome.failed
+        result.errors += outcome.errors[:10 - len(result.errors)]
+    result.elapsed_s = (max(outcome.end_ns for outcome in outcomes) - start_ns) / 1e9
+    result.sent = sum(sent.values())
     result.msg_s = round(result.acked / result.elapsed_s, 1) if result.elapsed_s > 0 else 0.0
     result.mb_s = round(result.msg_s * cfg.size / 1e6, 2)
-    result.ack_latency_us = state.histogram.summary_us()
-    result.errors = state.errors
-    result.config["sent_per_producer"] = dict(state.sent)
+    result.ack_latency_us = histogram.summary_us()
+    result.clients = {"producer_cpu_percent": [outcome.cpu_percent for outcome in outcomes]}
+    result.config["sent_per_producer"] = {index: sent[index] for index in sorted(sent)}
     result.config["start_ns"] = start_ns
     return result
 
@@ -362,6 +460,7 @@ class ConsumeOutcome:
     histogram: bytes  # encoded LatencyHistogram
     deliveries: dict[str, Delivery]  # per subscription
     errors: list[str]
+    cpu_percent: float | None = None  # this process, from the first receive to the last
 
     @property
     def received(self) -> int:
@@ -377,6 +476,8 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
     latencies = LatencyBuffer(histogram)
     errors: list[str] = []
     first_ns = last_ns = 0
+    window: CpuWindow | None = None
+    cpu_end_s = 0.0
     done = asyncio.Event()
     async with DanubeClient(cfg.url, client_name="danube-bench-consumers") as client:
         consumers = []
@@ -391,7 +492,7 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
         start_ns = time.monotonic_ns()
 
         async def receive(consumer: Any, delivery: Delivery) -> None:
-            nonlocal first_ns, last_ns
+            nonlocal first_ns, last_ns, window, cpu_end_s
             while not done.is_set():
                 try:
                     batch = await consumer.batch_receive(_RECEIVE_BATCH_MAX,
@@ -400,8 +501,10 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
                     done.set()
                     return
                 now = time.monotonic_ns()
-                first_ns = first_ns or now
-                last_ns = now
+                cpu_s = time.process_time()  # user + system, all threads: one clock_gettime, not a /proc read
+                if not first_ns:
+                    first_ns, window = now, CpuWindow(cpu_s, now / 1e9)
+                last_ns, cpu_end_s = now, cpu_s
                 latencies.add_many(now - _account(batch, delivery, errors))
                 if cfg.reliable:
                     await consumer.ack(batch)
@@ -425,8 +528,9 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
                 with contextlib.suppress(DanubeError):
                     await consumer.close()
     latencies.flush()
+    cpu = window.percent(cpu_end_s, last_ns / 1e9) if window is not None and last_ns > first_ns else None
     return ConsumeOutcome(first_ns=first_ns, last_ns=last_ns, histogram=histogram.encode(), deliveries=deliveries,
-                          errors=errors)
+                          errors=errors, cpu_percent=cpu)
 
 
 def _account(batch: list[Any], delivery: Delivery, errors: list[str]) -> np.ndarray:
@@ -514,6 +618,7 @@ async def run_e2e(cfg: BenchConfig, *, progress: Progress | None = None) -> Benc
     if isinstance(outcome, str):
         raise InvalidArgument(f"bench consumers failed: {outcome}")
     _fill_consumed(result, outcome, result.config["sent_per_producer"])
+    result.clients = {**(result.clients or {}), "consumer_cpu_percent": outcome.cpu_percent}
     # One machine, one CLOCK_MONOTONIC: from the first send to the last receive.
     span = (outcome.last_ns - result.config["start_ns"]) / 1e9
     if outcome.received and span > 0:

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import subprocess
 import sys
@@ -26,13 +27,36 @@ from peer_servers import Peer, PeerServers, ensure_installed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _BENCH_TIMEOUT_S = 900
+# The Python (a venv's bin/python) whose danube_zmq runs the broker: another checkout's
+# venv measures that checkout's broker with this checkout's clients and bench (A/B).
+BROKER_PYTHON_ENV = "DANUBE_BENCH_BROKER_PYTHON"
+
+
+def broker_python() -> str:
+    return os.environ.get(BROKER_PYTHON_ENV) or sys.executable
+
+
+def parse_brokers(values: list[str] | None) -> dict[str, str]:
+    """`--broker LABEL=PYTHON` options as {label: python}; none given: this checkout's
+    (or $DANUBE_BENCH_BROKER_PYTHON's) broker, labelled "this"."""
+    if not values:
+        return {"this": broker_python()}
+    brokers: dict[str, str] = {}
+    for value in values:
+        label, sep, python = value.partition("=")
+        if not sep or not label or not python:
+            raise SystemExit(f"--broker wants LABEL=PYTHON (a venv's bin/python), got {value!r}")
+        brokers[label] = python
+    return brokers
 
 
 class Danube:
-    """Our broker, `danube broker start` on free loopback ports, data in `work_dir`."""
+    """Our broker, `danube broker start` on free loopback ports, data in `work_dir`,
+    run by `python` (default: `broker_python()`)."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, python: str | None = None) -> None:
         self.work_dir = work_dir
+        self.python = python or broker_python()
         self.url = f"tcp://127.0.0.1:{free_port()}"
         self.admin_url = f"tcp://127.0.0.1:{free_port()}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -41,7 +65,7 @@ class Danube:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.work_dir / "broker.log", "wb")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url, "--admin-listen",
+            [self.python, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url, "--admin-listen",
              self.admin_url, "--metrics-port", "0", "--data-dir", str(self.work_dir / "data")],
             stdout=log, stderr=subprocess.STDOUT)
         asyncio.run(_ready(self.admin_url))
@@ -74,9 +98,9 @@ class Servers:
     """Our broker and the named peers for one run (peers installed when missing, a peer
     that cannot be installed or started skipped with a line saying why)."""
 
-    def __init__(self, peers: Iterable[str]) -> None:
+    def __init__(self, peers: Iterable[str], broker_python: str | None = None) -> None:
         self.work_dir = Path(tempfile.mkdtemp(prefix="danube-sbs-"))
-        self.danube = Danube(self.work_dir / "danube")
+        self.danube = Danube(self.work_dir / "danube", broker_python)
         self._wanted = sorted(set(peers))
         self._peers = PeerServers(self.work_dir)
 
@@ -104,12 +128,12 @@ class Servers:
 
 
 @contextmanager
-def servers_for(shared: Servers | None, peers: Iterable[str]) -> Iterator[Servers]:
+def servers_for(shared: Servers | None, peers: Iterable[str], broker_python: str | None = None) -> Iterator[Servers]:
     """`shared` when the suite passes its servers in, else fresh ones for this workload."""
     if shared is not None:
         yield shared
         return
-    with Servers(peers) as servers:
+    with Servers(peers, broker_python) as servers:
         yield servers
 
 

@@ -8,8 +8,10 @@ Ours: `danube bench e2e --rate R --count R*S` on a non-reliable topic (end-to-en
 latency) and a reliable one (wal_sync always: produce-ack latency, send to receipt
 after fsync, and end-to-end), at the client's default batching delay (10 ms) and at
 0 ms (a batch leaves as soon as the event loop turns), `--batch-delays` to choose.
-Peers: Redis PUB/SUB (redis-py, one PUBLISH per message; subscriber `get_message`) and
-NATS core (nats-py, one publish per message; subscription callback).
+Peers: Redis PUB/SUB (redis-py with hiredis, one PUBLISH per message; subscriber
+`get_message`) and NATS core (nats-py on uvloop, one publish per message; subscription
+callback). The floor: a bare pyzmq relay between three processes at the same rate
+(benchmarks/floors.py), in the same table (`--no-floor` leaves it out).
 
 Every message carries the bench stamp (bench/stamp.py: producer, sequence and the
 CLOCK_MONOTONIC send time in ns); latency = the consumer's receive time minus the
@@ -27,19 +29,21 @@ import sys
 import time
 from typing import Any
 
+import floors
 import numpy as np
 from harness import Servers, medians, now_utc, print_table, run_alone, run_pair, servers_for, split_list
 
 from danube_zmq.bench.histogram import LatencyHistogram
 from danube_zmq.bench.stamp import Stamper, read_stamp
+from danube_zmq.cli import event_loop
 
 WORKLOAD = "latency"
 PEERS = {"redis_pubsub": "redis", "nats_core": "nats"}
 IDLE_S = 5.0
 FIELDS = ("p50_us", "p90_us", "p99_us", "p99.9_us", "max_us", "ack_p50_us", "ack_p99_us", "received", "lost")
 NOTES = {
-    "redis_pubsub": "redis-py, one PUBLISH per message (no pipeline); subscriber get_message",
-    "nats_core": "nats-py, one publish per message; subscription callback",
+    "redis_pubsub": "redis-py with hiredis, one PUBLISH per message (no pipeline); subscriber get_message",
+    "nats_core": "nats-py on uvloop, one publish per message; subscription callback",
 }
 
 
@@ -104,7 +108,7 @@ def nats_producer(ready: Any, url: str, count: int, size: int, rate: float) -> N
             await nc.publish("latency", stamper.payload(i, time.monotonic_ns()))
         await nc.flush()
         await nc.close()
-    asyncio.run(run())
+    event_loop.run(run())
 
 
 def nats_consumer(ready: Any, url: str, count: int, size: int, rate: float) -> dict[str, Any]:
@@ -132,7 +136,7 @@ def nats_consumer(ready: Any, url: str, count: int, size: int, rate: float) -> d
                 seen = len(latencies)
         await nc.close()
         return {"received": len(latencies), "latency_us": _summary(latencies)}
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 PAIRS = {"redis_pubsub": (redis_producer, redis_consumer), "nats_core": (nats_producer, nats_consumer)}
@@ -153,7 +157,7 @@ def _row(workload: str, repeat: int, count: int, e2e: dict[str, Any] | None, ack
 
 
 def measure(servers: Servers | None = None, *, repeat: int, seconds: float, rate: float, size: int,
-            batch_delays: list[int], peers: list[str]) -> list[dict[str, Any]]:
+            batch_delays: list[int], peers: list[str], floor: bool = True) -> list[dict[str, Any]]:
     count = max(int(rate * seconds), 1)
     runs: list[dict[str, Any]] = []
     with servers_for(servers, [PEERS[p] for p in peers]) as live:
@@ -174,6 +178,13 @@ def measure(servers: Servers | None = None, *, repeat: int, seconds: float, rate
                 producer, consumer = PAIRS[peer]
                 _, consumed = run_pair(producer, consumer, live.peers[PEERS[peer]].url, count, size, rate)
                 runs.append(_row(peer, r, count, consumed["latency_us"], None, consumed["received"], NOTES[peer]))
+            if floor:
+                # The bare pyzmq relay (benchmarks/floors.py) at the same rate, in the same run: the
+                # transport's floor beside ours and the peers, in one table.
+                relay = floors.zmq_relay(rate=rate, seconds=seconds, size=size)
+                summary = {name[:-3]: relay[name] for name in ("p50_us", "p90_us", "p99_us", "max_us")}
+                runs.append(_row("floor_zmq_relay", r, count, summary, None, relay["samples"],
+                                 "bare pyzmq PUSH -> relay (recv, send) -> PULL, three processes, tcp://"))
     for run in runs:
         run.update({"rate": rate, "size": size})
     return runs
@@ -195,6 +206,8 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     parser.add_argument(f"--{prefix}rate", type=float, default=5000.0, help="latency: messages per second")
     parser.add_argument(f"--{prefix}batch-delays", default="10,0", help="latency: our client batch delays (ms) to run")
     parser.add_argument(f"--{prefix}peers", default=",".join(PEERS), help="latency: peer workloads")
+    parser.add_argument(f"--{prefix}no-floor", action="store_true",
+                        help="latency: leave out the bare pyzmq relay row (benchmarks/floors.py)")
 
 
 def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
@@ -202,7 +215,7 @@ def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
     key = prefix.replace("-", "_")
     return {"seconds": get[f"{key}seconds"], "rate": get[f"{key}rate"],
             "batch_delays": [int(d) for d in split_list(get[f"{key}batch_delays"])],
-            "peers": split_list(get[f"{key}peers"])}
+            "peers": split_list(get[f"{key}peers"]), "floor": not get[f"{key}no_floor"]}
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ would pick instead of us, through their usual Python clients (the `peers` extra)
 Every message is `seq (8) + send time (8) + filler`; the consumer stops after `count`
 messages or 5 s without one. Throughput = messages received / (last receive - first
 send), wall clock (one machine). Client settings follow each client's documented fast
-path and are stated in `NOTES`.
+path and are stated in `NOTES` (docs/performance.md, "How each peer is driven", cites
+the advice): redis-py parses with hiredis (the `peers` extra installs it; `client_stack`
+records whether it was there), the asyncio clients run on uvloop as our bench does, and
+the NATS producer yields to the client's flusher every 100 publishes, as nats.py's own
+publish benchmark does.
 """
 
 from __future__ import annotations
@@ -15,17 +19,21 @@ import multiprocessing as mp
 import struct
 import time
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
+
+from danube_zmq.cli import event_loop
 
 IDLE_S = 5.0
 PIPELINE = 100
 
 NOTES = {
-    "redis_pubsub": "redis-py, PUBLISH pipelined by 100; subscriber get_message",
-    "redis_streams": "redis-py, XADD pipelined by 100, AOF appendfsync everysec; XREADGROUP 500 + XACK",
+    "redis_pubsub": "redis-py + hiredis, PUBLISH pipelined by 100; subscriber get_message",
+    "redis_streams": "redis-py + hiredis, XADD pipelined by 100, AOF appendfsync everysec; XREADGROUP 500 + XACK",
     "redis_streams_always": "as redis_streams with appendfsync always (fsync before each reply)",
-    "nats_core": "nats-py, publish per message, flush at the end; subscription callback",
-    "nats_js": "nats-py JetStream, file storage, publish_async window 1000; pull fetch 500 + ack",
+    "nats_core": "nats-py on uvloop, publish per message, a yield to the flusher every 100, flush at the end;"
+                 " subscription callback",
+    "nats_js": "nats-py JetStream on uvloop, file storage, publish_async window 1000; pull fetch 500 + ack",
     "mqtt_qos0": "paho-mqtt 2, QoS 0, 1000 in flight; mosquitto without persistence",
     "mqtt_qos1": "paho-mqtt 2, QoS 1 (PUBACK per message), 1000 in flight",
     "rabbit_confirm": "aio-pika, durable queue, persistent messages, publisher confirms 500 in flight;"
@@ -131,10 +139,12 @@ def nats_core_producer(url: str, count: int, size: int, ready: Any, _: dict[str,
         start = time.time()
         for i in range(count):
             await nc.publish("bench", _payload(i, filler))
+            if i % PIPELINE == PIPELINE - 1:
+                await asyncio.sleep(0)  # the client's flusher task writes what is pending
         await nc.flush()
         await nc.close()
         return start
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 def nats_core_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
@@ -157,7 +167,7 @@ def nats_core_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> t
             await asyncio.sleep(0.05)
         await nc.close()
         return int(state["received"]), float(state["last"])
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 def nats_js_producer(url: str, count: int, size: int, ready: Any, _: dict[str, Any]) -> float:
@@ -174,7 +184,7 @@ def nats_js_producer(url: str, count: int, size: int, ready: Any, _: dict[str, A
         await js.publish_async_completed()
         await nc.close()
         return start
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 def nats_js_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
@@ -205,7 +215,7 @@ def nats_js_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tup
         await js.delete_stream("BENCH")
         await nc.close()
         return received, last
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 # ---------------------------------------------------------------- MQTT (mosquitto)
@@ -287,7 +297,7 @@ def rabbit_producer(url: str, count: int, size: int, ready: Any, options: dict[s
                                    for i in range(first, min(count, first + window))))
         await connection.close()
         return start
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 def rabbit_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tuple[int, float]:
@@ -314,7 +324,7 @@ def rabbit_consumer(url: str, count: int, ready: Any, _: dict[str, Any]) -> tupl
         await channel.queue_delete("bench")
         await connection.close()
         return received, last
-    return asyncio.run(run())
+    return event_loop.run(run())
 
 
 # ---------------------------------------------------------------- running one
@@ -350,3 +360,18 @@ def run_workload(name: str, url: str, count: int, size: int) -> dict[str, Any]:
     elapsed = last - start
     return {"msg_s": round(received / elapsed, 1) if received and elapsed > 0 else 0.0, "received": received,
             "lost": count - received}
+
+
+def client_stack() -> dict[str, str]:
+    """The peers' client libraries as this run has them: a result says what drove it."""
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "absent"
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return {"redis": f"redis-py {version('redis')}, hiredis {version('hiredis')}"
+                     f" ({'used' if HIREDIS_AVAILABLE else 'NOT used: pure-Python parser'})",
+            "nats": f"nats-py {version('nats-py')}, uvloop {version('uvloop')}",
+            "mosquitto": f"paho-mqtt {version('paho-mqtt')}", "rabbitmq": f"aio-pika {version('aio-pika')}"}

@@ -23,6 +23,17 @@ packages when missing: scripts/install-peers.sh) and runs the workloads named by
 - floors (benchmarks/floors.py): no broker at all: a bare pyzmq relay between three
   processes at 5,000 msg/s, a pyzmq round trip idle and busy, and fdatasync: what the
   latency targets are up against on this machine.
+- many_producers (benchmarks/many_producers.py): 200 paced producers in 4 processes
+  over 20 topics at 10,000 msg/s in all, one consumer per topic: e2e p50/p99/max,
+  delivered/sent, the broker's CPU and every bench process's CPU, ours beside NATS core
+  and Redis PUB/SUB (--many-producers 1 / 20 / 200 for the issue's three points).
+- cpu_per_batch (benchmarks/cpu_per_batch.py): our broker's CPU per batch at 5,000
+  one-message batches/s (fresh broker per run; ours only).
+
+To measure another checkout's broker with this checkout's bench and peers, point
+$DANUBE_BENCH_BROKER_PYTHON at that checkout's venv Python (e.g.
+/work/before/.venv/bin/python); many_producers.py and cpu_per_batch.py alone also take
+`--broker LABEL=PYTHON` twice and alternate the two brokers in one run.
 
 Throughput, latency and fan-out run first, on the suite's servers; footprint and the
 slow consumer after those are stopped. Each of those modules also runs alone (its --help); their options appear here with
@@ -38,17 +49,20 @@ import sys
 import time
 from typing import Any
 
+import cpu_per_batch
 import fanout
 import floors
 import footprint
 import latency
+import many_producers
 import slow_consumer
-from harness import Danube, Servers, append, finish, now_utc, split_list
-from peer_workloads import NOTES, WORKLOADS, run_workload
+from harness import Danube, Servers, append, finish, now_utc, parse_brokers, split_list
+from peer_workloads import NOTES, WORKLOADS, client_stack, run_workload
 
 from danube_zmq.bench.compare import median_rates, ratio_rows
 
-WORKLOAD_NAMES = ("throughput", "latency", "fanout", "footprint", "slow_consumer", "floors")
+WORKLOAD_NAMES = ("throughput", "latency", "fanout", "many_producers", "footprint", "slow_consumer", "floors",
+                  "cpu_per_batch")
 
 
 def run_ours(broker: Danube, reliable: bool, count: int, size: int) -> dict[str, object]:
@@ -75,7 +89,7 @@ def throughput(servers: Servers, repeat: int, count: int, sizes: list[int], work
                 peer_count = count if workload != "redis_streams_always" else max(count // 4, 1000)
                 result = run_workload(workload, servers.peers[server].url, peer_count, size)
                 runs.append({"workload": workload, "size": size, "repeat": r, "at": stamp, "note": NOTES[workload],
-                             **result})
+                             "client": client_stack()[server], **result})
                 print(json.dumps(runs[-1]), file=sys.stderr)
     append("side_by_side", runs)
     print(f"\nthroughput, 1 producer -> 1 consumer (medians of {repeat} runs)")
@@ -98,6 +112,8 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(WORKLOADS), help="throughput: peer workloads to run")
     latency.add_arguments(parser, "latency-")
     fanout.add_arguments(parser, "fanout-")
+    many_producers.add_arguments(parser, "many-")
+    parser.add_argument("--cpb-seconds", type=float, default=10.0, help="cpu_per_batch: seconds of traffic per run")
     footprint.add_arguments(parser, "footprint-")
     slow_consumer.add_arguments(parser, "slow-")
     floors.add_arguments(parser, "floors-")
@@ -107,6 +123,7 @@ def main() -> None:
         parser.error(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
     peer_workloads = split_list(args.peers)
     latency_options, fanout_options = latency.options(args, "latency-"), fanout.options(args, "fanout-")
+    many_options = many_producers.options(args, "many-")
     # Latency and fan-out share the suite's servers with throughput; footprint and the
     # slow consumer start fresh ones per run (they measure the servers' memory).
     needed: set[str] = set()
@@ -116,7 +133,9 @@ def main() -> None:
         needed |= {latency.PEERS[p] for p in latency_options["peers"]}
     if "fanout" in chosen:
         needed |= {fanout.PEERS[p] for p in fanout_options["peers"]}
-    if {"throughput", "latency", "fanout"} & set(chosen):
+    if "many_producers" in chosen:
+        needed |= {many_producers.PEERS[p] for p in many_options["peers"]}
+    if {"throughput", "latency", "fanout", "many_producers"} & set(chosen):
         with Servers(needed) as servers:
             for name in chosen:
                 if name == "throughput":
@@ -125,6 +144,9 @@ def main() -> None:
                     finish(latency, latency.measure(servers, repeat=args.repeat, size=100, **latency_options))
                 elif name == "fanout":
                     finish(fanout, fanout.measure(servers, repeat=args.repeat, size=100, **fanout_options))
+                elif name == "many_producers":
+                    finish(many_producers, many_producers.measure(servers, repeat=args.repeat, size=100,
+                                                                  **many_options))
     # After the shared servers stopped, so that they take no CPU from these measurements.
     for name in chosen:
         if name == "footprint":
@@ -133,6 +155,10 @@ def main() -> None:
             finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
         elif name == "floors":
             finish(floors, floors.measure(repeat=args.repeat, size=100, **floors.options(args, "floors-")))
+        elif name == "cpu_per_batch":
+            finish(cpu_per_batch, cpu_per_batch.measure(repeat=args.repeat, brokers=parse_brokers(None), rate=5000.0,
+                                                        seconds=args.cpb_seconds, idle_seconds=3.0, topics=1,
+                                                        producers=10))
 
 
 if __name__ == "__main__":

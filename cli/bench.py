@@ -37,6 +37,7 @@ def bench() -> None:
       danube bench produce -t /default/load --producers 4 --topics 4 --duration 30 --json
       danube bench consume -t /default/load --consumers 2 --sub-type shared --count 100000
       danube bench e2e -t /default/fanout --subscriptions 10 --count 100000
+      danube bench e2e -t /default/many --producers 200 --producer-processes 4 --topics 20 --rate 10000 --duration 20
     """
 
 
@@ -53,6 +54,9 @@ def _options(function: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
                      help="Run this long instead of --count."),
         click.option("--producers", type=click.IntRange(min=1), default=1, show_default=True),
+        click.option("--producer-processes", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Deal the producers over this many processes (one client each), so that many producers"
+                          " are not limited by one Python process; each process's CPU is reported."),
         click.option("--consumers", type=click.IntRange(min=1), default=1, show_default=True, help="Per subscription."),
         click.option("--subscriptions", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Distinct subscriptions per topic (fan-out), each with --consumers consumers; loss and"
@@ -120,6 +124,10 @@ def _print(r: BenchResult) -> None:
                          "p99.9 {:,.0f}  max {:,.0f}".format(summary["p99.9"], summary["max"])])
     if r.broker:
         rows.append(["broker", f"cpu {r.broker['cpu_percent']}%", f"rss max {r.broker['rss_max_mb']} MiB"])
+    if r.clients:
+        producers = ", ".join(f"{cpu}%" for cpu in r.clients["producer_cpu_percent"])
+        consumer = r.clients.get("consumer_cpu_percent")
+        rows.append(["bench processes cpu", f"producers {producers}", "" if consumer is None else f"consumer {consumer}%"])
     emit_table(["MEASURE", "VALUE", ""], rows)
     for error in r.errors:
         emit_line(f"error seen: {error}")

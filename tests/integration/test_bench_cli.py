@@ -44,3 +44,16 @@ def test_e2e_fans_out_to_every_subscription_without_loss(broker: BrokerProcess) 
     assert (fanned["sent"], fanned["received"], fanned["lost"], fanned["duplicates"]) == (2000, 4000, 0, 0)
     assert fanned["per_subscription"] == {name: {"received": 2000, "lost": 0, "duplicates": 0}
                                           for name in ("bench-0", "bench-1")}
+
+
+def test_e2e_spreads_paced_producers_over_processes_and_reports_their_cpu(broker: BrokerProcess) -> None:
+    """Four paced producers dealt over two processes on two topics: every message is
+    accounted for once, each producer sends its share, and the bench reports the CPU of
+    each producer process and of the consumer process beside the broker's."""
+    spread = bench(broker, "e2e", "-t", "/default/bench-spread", "--count", "2000", "--rate", "2000", "--producers", "4",
+                   "--producer-processes", "2", "--topics", "2")
+    assert (spread["sent"], spread["received"], spread["lost"], spread["duplicates"]) == (2000, 2000, 0, 0)
+    assert spread["config"]["sent_per_producer"] == {str(i): 500 for i in range(4)}
+    assert len(spread["clients"]["producer_cpu_percent"]) == 2
+    assert all(cpu > 0 for cpu in spread["clients"]["producer_cpu_percent"])
+    assert spread["clients"]["consumer_cpu_percent"] > 0 and spread["broker"]["cpu_s"] > 0
