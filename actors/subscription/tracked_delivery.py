@@ -195,7 +195,6 @@ class TrackedDelivery:
         self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
                                                                              cursor=self.tracker.cursor))
         self._fill()
-        self._arm_tick()
 
     def stop(self) -> None:
         self._persist(force=True)
