@@ -38,6 +38,7 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Ok
 from danube_zmq.transport.internal_protocol import (
     DescribePartition,
+    FlushDone,
     OffsetsReserved,
     PartitionStats,
     PersistCursor,
@@ -200,3 +201,32 @@ def test_topic_and_subscription_modules_never_read_another_actors_instance() -> 
     assert len(modules) >= 8
     offenders = {str(p.relative_to(ACTORS)): lines for p in modules if (lines := _reads_of_live_instances(p))}
     assert offenders == {}
+
+
+@pytest.mark.parametrize("broker", ["wal"], indirect=True)
+async def test_consumers_of_a_restarting_topic_are_told_to_re_attach(broker: Broker) -> None:
+    """A topic whose handler raises is rebuilt with its subscriptions; their consumers
+    are told to re-attach (`ConsumerClosed(reattach=True)`). The subscription learns it
+    from the runtime, which stops a restarting actor's children as restarting, not by
+    reading its topic's instance. (The failure: a `FlushDone` for a flush the WAL never
+    started trips its check; a memory tail has no such message and counts it instead.)"""
+    client = Client(broker)
+    try:
+        assert isinstance(await client.ask(lambda r: Connect(request_id=r, protocol_version=PROTOCOL_VERSION,
+                                                             client_name="t")), Connected)
+        subscribed = await client.ask(lambda r: cp.Subscribe(request_id=r, topic=TOPIC, subscription="s",
+                                                              consumer_name="c"))
+        assert isinstance(subscribed, cp.Subscribed), subscribed
+        restarts = broker.system.statistics().restarts
+        assert broker.system.tell(broker.topic, FlushDone(flush_id=1 << 40))
+        async with asyncio.timeout(30):
+            while not any(isinstance(m, cp.ConsumerClosed) for m in client.pushes):
+                client.pushes.append(cp.CLIENT_PROTOCOL.decode(await client.sock.recv()))
+        (closed,) = [m for m in client.pushes if isinstance(m, cp.ConsumerClosed)]
+        assert closed.consumer_id == subscribed.consumer_id and closed.reattach, closed
+        assert "restarted" in closed.reason
+        async with asyncio.timeout(30):
+            while broker.system.statistics().restarts != restarts + 1:
+                await asyncio.sleep(0.01)
+    finally:
+        client.sock.close(linger=0)
