@@ -65,9 +65,8 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.load_report import LoadSampler
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.request_tasks import RequestTasks
-from danube_zmq.actors.topic import TopicActor
+from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic_name import TopicName, parse_topic
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
@@ -1234,15 +1233,16 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 # Evaluated at each (re)start: a topic restarted after a failure gets the
                 # subscriptions, cursors and durable segments as they are now, not as they
                 # were when it was first spawned. The parent builds its child's arguments.
-                return ReliableTopicActor(
-                    name=name.full, config=config, rng=IdSource(seed), wal_dir=wal_dir, executor=executor,
+                return make_topic(
+                    name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),
+                    wal_dir=wal_dir, executor=executor,
                     subscriptions=self._persisted_subscriptions(name), broker_endpoint=broker,
                     durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
                     cache_dir=cache_dir, start_offset=start_offset, backlog_quota=self.backlog_quota_of(name)[:2])
         else:
-            factory = lambda: TopicActor(  # noqa: E731
+            factory = lambda: make_topic(  # noqa: E731
                 name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),
-                broker_endpoint=broker, start_offset=start_offset or 0)
+                broker_endpoint=broker, start_offset=start_offset)
         endpoint = await self.system.spawn(factory, name=f"topic {name.full}", parent=self.endpoint)
         return TopicEntry(name=name, dispatch_strategy=dispatch_strategy, endpoint=endpoint)
 

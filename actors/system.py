@@ -255,16 +255,18 @@ class ActorSystem:
             raise
         return endpoint
 
-    async def stop(self, endpoint: str, *, moving: bool = False) -> None:
+    async def stop(self, endpoint: str, *, moving: bool = False, restarting: bool = False) -> None:
         """Stop an actor and, first, its children (newest first). `moving`: it goes on
-        elsewhere (unloaded from this broker), so its `on_stop` tells clients to re-attach."""
+        elsewhere (unloaded from this broker), so its `on_stop` tells clients to re-attach.
+        `restarting`: its parent is being rebuilt after a failure, and it comes back with it."""
         cell = self._cells.get(endpoint)
         if cell is None or cell.stopping:
             return
         cell.stopping = True
         cell.instance.moving = moving
+        cell.instance.restarting = cell.instance.restarting or restarting
         for child in reversed(list(cell.children)):
-            await self.stop(child, moving=moving)
+            await self.stop(child, moving=moving, restarting=restarting)
         if cell.task is not None and cell.task is not asyncio.current_task():
             cell.task.cancel()
             await asyncio.gather(cell.task, return_exceptions=True)
@@ -744,7 +746,7 @@ class ActorSystem:
         old = cell.instance
         old.restarting = len(cell.restart_times_ms) < self.restarts_max
         for child in reversed(list(cell.children)):
-            await self.stop(child)
+            await self.stop(child, restarting=old.restarting)
         try:
             await old.on_stop()
         except Exception:

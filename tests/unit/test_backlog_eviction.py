@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.reliable_topic import _eviction_target
+from danube_zmq.actors.topic.wal_storage import _eviction_target
 
 
 @given(sizes=st.lists(st.integers(min_value=1, max_value=5000), max_size=200),

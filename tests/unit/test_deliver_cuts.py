@@ -1,5 +1,5 @@
 """How a reliable subscription cuts one consumer's run of records into `Deliver`
-frames (actors/reliable_subscription.py `_cuts`): each within the budget (a record
+frames (actors/subscription/tracked_delivery.py `_cuts`): each within the budget (a record
 larger than it alone), in order, covering the run."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.reliable_subscription import _cuts, _Record, _record_bytes
+from danube_zmq.actors.subscription.tracked_delivery import _cuts, _Record, _record_bytes
 
 records = st.builds(
     lambda size, key, attributes: _Record(b"x" * size, key, attributes, 0, 1, "p", None, None),

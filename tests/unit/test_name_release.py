@@ -26,7 +26,7 @@ from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.subscription import SubscriptionActor
 from danube_zmq.actors.system import ActorSystem
-from danube_zmq.actors.topic import TopicActor
+from danube_zmq.actors.topic import TopicActor, make_topic
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
@@ -67,7 +67,7 @@ async def broker() -> AsyncIterator[Broker]:
     config = BrokerConfig(broker=BrokerSection(listen=url))
     system.gateway_endpoint = await system.spawn(lambda: Gateway(config=config, broker_id=1), name="gateway")
     topic = await system.spawn(
-        lambda: TopicActor(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE, config=config,
+        lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE, config=config,
                            rng=IdSource(7), broker_endpoint="no-broker"),
         name=f"topic {TOPIC}")
     system.broker_endpoint = topic

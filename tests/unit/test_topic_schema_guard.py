@@ -11,7 +11,8 @@ import pytest
 
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.topic import TopicActor, _Producer
+from danube_zmq.actors.topic import make_topic
+from danube_zmq.actors.topic.shell import _Producer
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.cli.produce import schema_value
 from danube_zmq.client.client import _check_schema_choice
@@ -77,7 +78,7 @@ def test_versions_of_another_subject_are_not_learned_and_updates_keep_versions()
 
 
 def test_topic_keeps_the_newest_binding_and_checks_sends() -> None:
-    topic = TopicActor(name="/default/t", dispatch_strategy=0, config=BrokerConfig(), rng=IdSource(1),
+    topic = make_topic(name="/default/t", dispatch_strategy=0, config=BrokerConfig(), rng=IdSource(1),
                        broker_endpoint="")
     producer = _Producer(1, "p", b"id", schema=ORDER_V1)
     topic.producers[1] = producer
@@ -87,11 +88,11 @@ def test_topic_keeps_the_newest_binding_and_checks_sends() -> None:
     assert topic.schema_guard is not None and topic._schema_check is topic.schema_guard
     send = cp.Send(request_id=1, producer_id=1, payloads=[b'{"id": "x"}'], publish_times=[0])
     with pytest.raises(InvalidArgument, match=r"\$\.id"):
-        topic._schema_of(producer, send)
+        topic.schema_of(producer, send)
     ok = cp.Send(request_id=1, producer_id=1, payloads=[b'{"id": 3}'], publish_times=[0], schema_id=7, schema_version=1)
-    assert topic._schema_of(producer, ok) == (7, 1)
+    assert topic.schema_of(producer, ok) == (7, 1)
     with pytest.raises(InvalidArgument, match="this batch says schema id 7 version 2"):
-        topic._schema_of(producer, cp.Send(request_id=1, producer_id=1, payloads=[b"{}"], publish_times=[0],
+        topic.schema_of(producer, cp.Send(request_id=1, producer_id=1, payloads=[b"{}"], publish_times=[0],
                                            schema_id=7, schema_version=2))
     topic._apply_schema_state(state("none", revision=6), 6)
     assert topic._schema_check is None  # nothing to check: the send path skips the guard

@@ -1,4 +1,5 @@
-"""The topic actor of a reliable topic: store, then deliver.
+"""The storage side of a reliable topic (`WalStorage`): store, then deliver. Its topic
+actor (`shell.TopicActor`) calls it from its handlers; it has no mailbox of its own.
 
 1. Send -> encode the batch as WAL records at `next_offset` (offsets assigned now) and
    queue it for the next flush.
@@ -37,8 +38,8 @@
    (consumer_backlog_eviction). The backlog is measured in the log when the slowest
    cursor moves and grown by each commit, so a send costs no syscall.
 
-The log object belongs to this actor; the worker thread writes the active segment
-while this actor reads only committed offsets.
+The log object belongs to this storage (so to its topic actor); the worker thread writes
+the active segment while the actor reads only committed offsets.
 """
 
 from __future__ import annotations
@@ -54,18 +55,17 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
-from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.reliable_subscription import ReliableSubscriptionActor
-from danube_zmq.actors.topic import TopicActor, _Subscription
+from danube_zmq.actors.subscription import TrackedDelivery
 from danube_zmq.storage.durable import DurableStore
 from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.admin_protocol import SubscriptionInfo
+from danube_zmq.transport.admin_protocol import PartitionInfo, SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
@@ -81,7 +81,6 @@ from danube_zmq.transport.internal_protocol import (
     AppendInternal,
     ApplyBacklogQuota,
     ClientRequest,
-    DescribePartition,
     DescribeSubscriptionCut,
     DurableSegment,
     FailurePolicyState,
@@ -90,7 +89,6 @@ from danube_zmq.transport.internal_protocol import (
     ForgetSubscription,
     HeldSendsDue,
     OffsetsReserved,
-    PartitionStats,
     Publish,
     ReadRequest,
     ReadResult,
@@ -109,6 +107,9 @@ from danube_zmq.transport.internal_protocol import (
     Tick,
     TopicStopped,
 )
+
+if TYPE_CHECKING:
+    from danube_zmq.actors.topic.shell import TopicActor
 
 log = logging.getLogger("danube_zmq.topic")
 
@@ -149,13 +150,17 @@ class _Batch:
     sequence: int | None = None  # the producer's batch number (`Send.sequence`)
 
 
-class ReliableTopicActor(TopicActor):
-    def __init__(self, *, name: str, config: BrokerConfig, rng: IdSource, wal_dir: Path,
+class WalStorage:
+    reliable = True
+
+    def __init__(self, *, name: str, config: BrokerConfig, wal_dir: Path,
                  executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
                  durable: list[DurableSegment] | None = None, cache_dir: Path | None = None,
                  start_offset: int | None = None, backlog_quota: tuple[int, str] | None = None) -> None:
-        super().__init__(name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config, rng=rng,
-                         broker_endpoint=broker_endpoint)
+        self.topic = name
+        self.config = config
+        self.broker_endpoint = broker_endpoint
+        self.next_offset = 0  # the offset the next accepted batch gets: the log's end at start
         self.wal_dir = wal_dir
         # Where the topic's previous owner stopped (the broker read it from the metadata
         # store): offsets continue from there, never below.
@@ -203,7 +208,10 @@ class ReliableTopicActor(TopicActor):
         self.disk_free_bytes: int | None = None
         self.disk_check_due_ms = 0
 
-    async def on_start(self) -> None:
+    def bind(self, shell: TopicActor) -> None:
+        self.shell = shell
+
+    async def start(self) -> None:
         storage = self.config.storage
         # A topic whose local WAL is gone (a new disk, a move) resumes after its durable
         # history, or where its previous owner stopped.
@@ -213,23 +221,22 @@ class ReliableTopicActor(TopicActor):
         start_offset = max(floors) if floors else None
         self.wal = await asyncio.to_thread(
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
-            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock, start_offset=start_offset)
+            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.shell.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
         self._reserve_ahead()
         for state in self.persisted_subscriptions:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
         if not self._sync_always:
-            self.system.schedule_periodic(self.endpoint, storage.wal_sync_interval_ms, FlushDone(flush_id=-1))
-        self.system.schedule_periodic(self.endpoint, storage.retention_check_interval_ms, Tick())
+            self.shell.system.schedule_periodic(self.shell.endpoint, storage.wal_sync_interval_ms, FlushDone(flush_id=-1))
+        self.shell.system.schedule_periodic(self.shell.endpoint, storage.retention_check_interval_ms, Tick())
         self._report_sealed(again=True)
 
-    async def on_stop(self) -> None:
-        await super().on_stop()
+    async def stop(self) -> None:
         for _, mapped in self.fetched.values():
             mapped.close()
         self.fetched.clear()
-        if self.wal is not None and self.durable_mode and not self.restarting and not self.flushing:
+        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self.flushing:
             # A clean stop seals the active segment so that all of the topic reaches the
             # durable store (the broker waits for its uploads before it stops).
             await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.seal_active)
@@ -238,27 +245,27 @@ class ReliableTopicActor(TopicActor):
             wal, self.wal = self.wal, None
             # Let a flush in flight finish before the file is closed under it.
             await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
-            if not self.restarting:
-                self.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
+            if not self.shell.restarting:
+                self.shell.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
         # timeout: it sends them again (a batch written just before the stop may then
         # be stored twice: at least once, never lost).
-        state = "moved" if self.moving else "restarted" if self.restarting else "closed"
+        state = "moved" if self.shell.moving else "restarted" if self.shell.restarting else "closed"
         for held in self.held:
-            reply_client(self.system, held.req.identity, Error(
+            reply_client(self.shell.system, held.req.identity, Error(
                 request_id=held.msg.request_id, code=ErrorCode.UNAVAILABLE,
                 message=f"topic {self.topic} {state} while this batch was held over its backlog quota; send it again"))
         self.held.clear()
         for batch in self.flushing + self.queued:
             if batch.identity is not None:
-                reply_client(self.system, batch.identity, Error(
+                reply_client(self.shell.system, batch.identity, Error(
                     request_id=batch.request_id, code=ErrorCode.UNAVAILABLE,
                     message=f"topic {self.topic} {state} before this batch was acknowledged; send it again"))
         self.flushing, self.queued = [], []
 
     # ------------------------------------------------------------- produce
-    async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
-        if self.producers.get(msg.producer_id) is None:
+    def send(self, req: ClientRequest, msg: cp.Send) -> None:
+        if self.shell.producers.get(msg.producer_id) is None:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
         refusal = self._disk_refusal()
         if refusal is not None:
@@ -268,15 +275,16 @@ class ReliableTopicActor(TopicActor):
                 raise ResourceExhausted(self._quota_text())
             if self.quota_policy == "producer_request_hold":
                 self._hold(req, msg)
-                return None
+                return
             self._evict()
         self._accept(req, msg)
-        return None
+
+    def seal(self) -> int:
+        # Its log is the topic's record: the next owner reads where it ends.
+        return self.next_offset
 
     def _accept(self, req: ClientRequest, msg: cp.Send) -> None:
-        producer = self.producers.get(msg.producer_id)
-        if producer is None or producer.identity != req.identity:
-            raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+        producer = self.shell.attached_producer(msg.producer_id, req.identity)
         sequence = msg.sequence
         if sequence is not None:
             expected = producer.next_sequence
@@ -284,7 +292,7 @@ class ReliableTopicActor(TopicActor):
                 raise Unavailable(f"topic {self.topic}: batch {sequence} of producer '{producer.name}' follows batch"
                                   f" {expected}, which was refused; send from batch {expected} again")
             producer.next_sequence = sequence + 1 if expected is None else max(expected, sequence + 1)
-        schema_id, schema_version = self._schema_of(producer, msg)
+        schema_id, schema_version = self.shell.schema_of(producer, msg)
         self._enqueue(Publish(
             topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=self.next_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
@@ -297,7 +305,7 @@ class ReliableTopicActor(TopicActor):
         storage = self.config.storage
         if not storage.disk_free_bytes_min:
             return None
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         if now >= self.disk_check_due_ms:
             self.disk_check_due_ms = now + storage.disk_check_interval_ms
             try:
@@ -329,7 +337,7 @@ class ReliableTopicActor(TopicActor):
         if self.held_bytes + size > policies.backlog_quota_hold_bytes_max:
             raise ResourceExhausted(f"{self._quota_text()}; {self.held_bytes} bytes of sends are held already"
                                     f" (backlog_quota_hold_bytes_max {policies.backlog_quota_hold_bytes_max})")
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         self.held.append(_Held(req, msg, size, now + policies.backlog_quota_hold_ms_max))
         self.held_bytes += size
         self._arm_hold_timer()
@@ -337,23 +345,24 @@ class ReliableTopicActor(TopicActor):
     def _arm_hold_timer(self) -> None:
         if self.held and not self.held_timer:
             self.held_timer = True
-            self.system.schedule_once(self.endpoint, min(_HOLD_CHECK_MS_MAX, self.config.policies.backlog_quota_hold_ms_max),
-                                      HeldSendsDue())
+            self.shell.system.schedule_once(
+                self.shell.endpoint, min(_HOLD_CHECK_MS_MAX, self.config.policies.backlog_quota_hold_ms_max),
+                HeldSendsDue())
 
-    def handle_HeldSendsDue(self, msg: HeldSendsDue) -> None:
+    def held_sends_due(self) -> None:
         self.held_timer = False
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         hold_ms = self.config.policies.backlog_quota_hold_ms_max
         while self.held and self.held[0].deadline_ms <= now:
             held = self.held.popleft()
             self.held_bytes -= held.size
-            reply_client(self.system, held.req.identity, Error(
+            reply_client(self.shell.system, held.req.identity, Error(
                 request_id=held.msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                 message=f"{self._quota_text()}; the batch was held {hold_ms} ms (backlog_quota_hold_ms_max)"
                         " and not stored; send it again"))
         self._arm_hold_timer()
 
-    def handle_ApplyBacklogQuota(self, msg: ApplyBacklogQuota) -> None:
+    def apply_backlog_quota(self, msg: ApplyBacklogQuota) -> None:
         """A quota set or removed for this topic or its namespace applies at once: held
         sends that now fit are accepted; under another policy the rest are refused (or,
         for eviction, accepted once the cursors are moved on)."""
@@ -374,7 +383,7 @@ class ReliableTopicActor(TopicActor):
                     raise ResourceExhausted(self._quota_text())
                 self._accept(held.req, held.msg)
             except DanubeError as exc:
-                reply_client(self.system, held.req.identity,
+                reply_client(self.shell.system, held.req.identity,
                              Error(request_id=held.msg.request_id, code=exc.code, message=exc.message))
 
     def _release_held(self) -> None:
@@ -387,7 +396,7 @@ class ReliableTopicActor(TopicActor):
             try:
                 self._accept(held.req, held.msg)
             except DanubeError as exc:
-                reply_client(self.system, held.req.identity,
+                reply_client(self.shell.system, held.req.identity,
                              Error(request_id=held.msg.request_id, code=exc.code, message=exc.message))
 
     def _evict(self) -> None:
@@ -401,11 +410,11 @@ class ReliableTopicActor(TopicActor):
                                   int(self.quota_bytes_max * _EVICT_TO))
         if target <= floor:
             return
-        for name, subscription in self.subscriptions.items():
+        for name, subscription in self.shell.subscriptions.items():
             cursor = self.cursors.get(name)
             if cursor is None or cursor + 1 >= target:
                 continue
-            if not self.system.tell(subscription.endpoint, SeekTo(offset=target)):
+            if not self.shell.system.tell(subscription.endpoint, SeekTo(offset=target)):
                 continue  # full mailbox: the next send over the quota tries again
             log.warning("%s: backlog of %d bytes over its quota: subscription '%s' evicted from offset %d to %d",
                         self.topic, self.backlog_bytes, name, cursor + 1, target)
@@ -415,7 +424,7 @@ class ReliableTopicActor(TopicActor):
         self._measure_backlog()
 
     def _measure_backlog(self) -> None:
-        known = [self.cursors[name] for name in self.subscriptions if name in self.cursors]
+        known = [self.cursors[name] for name in self.shell.subscriptions if name in self.cursors]
         if not known:
             self.backlog_floor, self.backlog_bytes = None, 0
             return
@@ -440,11 +449,11 @@ class ReliableTopicActor(TopicActor):
     def _refused(self, batch: _Batch) -> None:
         """A producer's batch accepted earlier is refused: its later batches are refused
         until it is sent again, so that none lands before it."""
-        producer = self.producers.get(batch.publish.producer_id)
+        producer = self.shell.producers.get(batch.publish.producer_id)
         if producer is not None and batch.sequence is not None and producer.next_sequence is not None:
             producer.next_sequence = min(producer.next_sequence, batch.sequence)
 
-    def handle_AppendInternal(self, msg: AppendInternal) -> None:
+    def append_internal(self, msg: AppendInternal) -> None:
         self._enqueue(Publish(
             topic=self.topic, producer_id=_BROKER_PRODUCER_ID, producer_name=msg.producer_name,
             base_offset=self.next_offset, payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
@@ -458,10 +467,7 @@ class ReliableTopicActor(TopicActor):
                                schema_id=publish.schema_id, schema_version=publish.schema_version)
         self.next_offset += count
         size = sum(map(len, publish.payloads))
-        self.messages_in += count
-        self.bytes_in += size
-        self._messages_in_metric.inc(count)
-        self._bytes_in_metric.inc(size)
+        self.shell.count_in(count, size)
         self.queued.append(_Batch(encoded, publish, identity, request_id, sequence))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
@@ -473,7 +479,7 @@ class ReliableTopicActor(TopicActor):
         to the rate since the last block was asked for."""
         if self.reserving:
             return
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         since_offset, since_ms = self.reserve_since
         if since_ms and now > since_ms:
             rate = (self.next_offset - since_offset) * 1000 / (now - since_ms)
@@ -481,9 +487,9 @@ class ReliableTopicActor(TopicActor):
             self.reserve_block = 1 << (wanted - 1).bit_length()
         self.reserve_since = (self.next_offset, now)
         self.reserving = max(self.next_offset, self.reserved_until) + self.reserve_block
-        self.system.tell(self.broker_endpoint, ReserveOffsets(topic=self.topic, until=self.reserving))
+        self.shell.system.tell(self.broker_endpoint, ReserveOffsets(topic=self.topic, until=self.reserving))
 
-    def handle_OffsetsReserved(self, msg: OffsetsReserved) -> None:
+    def offsets_reserved(self, msg: OffsetsReserved) -> None:
         self.reserving = 0
         if msg.error is not None:
             log.error("%s: offsets not reserved (%s); %d waiting batches refused", self.topic, msg.error,
@@ -510,7 +516,7 @@ class ReliableTopicActor(TopicActor):
                 self._enqueue(dataclasses.replace(publish, base_offset=self.next_offset), None, 0, start=False)
             else:
                 self._refused(batch)
-                reply_client(self.system, batch.identity, Error(request_id=batch.request_id, code=code,
+                reply_client(self.shell.system, batch.identity, Error(request_id=batch.request_id, code=code,
                                                                 message=message))
 
     def _start_flush(self) -> None:
@@ -520,7 +526,7 @@ class ReliableTopicActor(TopicActor):
         flush_id, wal, sync = self.flush_id, self.wal, self._sync_always
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
-        system, endpoint = self.system, self.endpoint
+        system, endpoint = self.shell.system, self.shell.endpoint
 
         def write() -> None:
             try:
@@ -553,7 +559,7 @@ class ReliableTopicActor(TopicActor):
         future = asyncio.get_running_loop().run_in_executor(self.executor, write)
         future.add_done_callback(done)
 
-    async def handle_FlushDone(self, msg: FlushDone) -> None:
+    async def flush_done(self, msg: FlushDone) -> None:
         if msg.flush_id == -1:  # interval mode: the periodic fsync
             if self.wal is not None and not self.flushing:
                 try:
@@ -585,13 +591,13 @@ class ReliableTopicActor(TopicActor):
             if self.backlog_floor is not None:
                 self.backlog_bytes += len(batch.encoded)
             if batch.identity is not None:
-                reply_client(self.system, batch.identity, cp.SendReceipt(
+                reply_client(self.shell.system, batch.identity, cp.SendReceipt(
                     request_id=batch.request_id, producer_id=publish.producer_id,
                     offsets=list(range(publish.base_offset, publish.base_offset + count))))
             frame = INTERNAL_PROTOCOL.encode(publish)
-            for subscription in self.subscriptions.values():
+            for subscription in self.shell.subscriptions.values():
                 # A subscription that misses this notice reads the records from the log.
-                self.system.tell_frame(subscription.endpoint, frame)
+                self.shell.system.tell_frame(subscription.endpoint, frame)
             self._cache(publish.base_offset, count, frame)
 
     async def _flush_failed(self, batches: list[_Batch], msg: FlushDone) -> None:
@@ -607,7 +613,7 @@ class ReliableTopicActor(TopicActor):
             else:
                 if msg.error_code == ErrorCode.RESOURCE_EXHAUSTED:
                     self._refused(batch)  # the producer sends it again (INTERNAL is final: not waited for)
-                reply_client(self.system, batch.identity, Error(
+                reply_client(self.shell.system, batch.identity, Error(
                     request_id=batch.request_id, code=msg.error_code or ErrorCode.INTERNAL,
                     message=f"topic {self.topic}: {reason}, the messages may not have been stored"
                             f" ({msg.error_message})"))
@@ -621,8 +627,8 @@ class ReliableTopicActor(TopicActor):
             # seals): stored, readable, never acknowledged; the producer retries.
             read = self.wal.read(self.committed_offset, max_bytes=1 << 30, upto_offset=recovered)
             for frame in _publish_frames(self.topic, read):
-                for subscription in self.subscriptions.values():
-                    self.system.tell_frame(subscription.endpoint, frame)
+                for subscription in self.shell.subscriptions.values():
+                    self.shell.system.tell_frame(subscription.endpoint, frame)
         self.next_offset = self.committed_offset = recovered
         for batch in retry_internal:
             publish = batch.publish
@@ -643,7 +649,7 @@ class ReliableTopicActor(TopicActor):
         storage = self.config.storage
         self.wal = await asyncio.to_thread(
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
-            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.system.clock)
+            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.shell.system.clock)
         return self.wal.next_offset
 
     def _cache(self, base_offset: int, count: int, frame: bytes) -> None:
@@ -657,8 +663,8 @@ class ReliableTopicActor(TopicActor):
             self.cache_bytes -= len(old)
 
     # ------------------------------------------------------------- read
-    def handle_ReadRequest(self, msg: ReadRequest) -> None:
-        subscription = self.subscriptions.get(msg.subscription)
+    def read(self, msg: ReadRequest) -> None:
+        subscription = self.shell.subscriptions.get(msg.subscription)
         if subscription is None or self.wal is None:
             return
         start = msg.start_offset
@@ -683,7 +689,7 @@ class ReliableTopicActor(TopicActor):
                 # Offsets a dead owner reserved and never stored: the log goes on at the
                 # next durable segment or at the local WAL.
                 gap_end = min(segment.base_offset, wal_start) if segment is not None else wal_start
-        self.system.tell(subscription.endpoint, ReadResult(
+        self.shell.system.tell(subscription.endpoint, ReadResult(
             start_offset=start, frames=frames, log_start_offset=self._log_start(),
             committed_offset=self.committed_offset, gap_end=gap_end))
 
@@ -704,12 +710,12 @@ class ReliableTopicActor(TopicActor):
             if not info.sealed or info.base_offset in durable or info.next_offset == info.base_offset:
                 continue
             if info.base_offset > self.sealed_reported or again:
-                self.system.tell(self.broker_endpoint, SegmentSealed(
+                self.shell.system.tell(self.broker_endpoint, SegmentSealed(
                     topic=self.topic, base_offset=info.base_offset, end_offset=info.next_offset - 1,
                     record_count=info.next_offset - info.base_offset, path=str(info.path)))
                 self.sealed_reported = max(self.sealed_reported, info.base_offset)
 
-    def handle_SegmentDurable(self, msg: SegmentDurable) -> None:
+    def segment_durable(self, msg: SegmentDurable) -> None:
         if all(s.base_offset != msg.segment.base_offset for s in self.durable):
             self.durable.append(msg.segment)
             self.durable.sort(key=lambda s: s.base_offset)
@@ -721,7 +727,7 @@ class ReliableTopicActor(TopicActor):
             return  # already downloading
         store, dest = self.store, self.cache_dir / f"{segment.base_offset:020d}.seg"
         assert store is not None
-        system, endpoint, base = self.system, self.endpoint, segment.base_offset
+        system, endpoint, base = self.shell.system, self.shell.endpoint, segment.base_offset
 
         def download() -> None:
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -734,14 +740,14 @@ class ReliableTopicActor(TopicActor):
 
         asyncio.get_running_loop().run_in_executor(self.executor, download).add_done_callback(done)
 
-    def handle_SegmentFetched(self, msg: SegmentFetched) -> None:
+    def segment_fetched(self, msg: SegmentFetched) -> None:
         waiting = self.fetching.pop(msg.base_offset, [])
         if msg.path is None:
             log.error("%s: durable segment %d could not be fetched: %s", self.topic, msg.base_offset, msg.error)
             for request in waiting:  # answer with nothing: the subscription asks again later
-                subscription = self.subscriptions.get(request.subscription)
+                subscription = self.shell.subscriptions.get(request.subscription)
                 if subscription is not None:
-                    self.system.tell(subscription.endpoint, ReadResult(
+                    self.shell.system.tell(subscription.endpoint, ReadResult(
                         start_offset=request.start_offset, frames=[], log_start_offset=self._log_start(),
                         committed_offset=self.committed_offset))
             return
@@ -754,7 +760,7 @@ class ReliableTopicActor(TopicActor):
         with open(path, "rb") as file:
             self.fetched[msg.base_offset] = (path, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
         for request in waiting:
-            self.handle_ReadRequest(request)
+            self.read(request)
 
     def _read_fetched(self, segment: DurableSegment, start: int, max_bytes: int) -> RecordBatch:
         path, mapped = self.fetched[segment.base_offset]
@@ -765,12 +771,9 @@ class ReliableTopicActor(TopicActor):
             raise CorruptRecord(path, position + result.fault.position, result.fault.reason)
         return result.records
 
-    async def handle_DescribePartition(self, msg: DescribePartition) -> Message:
-        stats = await super().handle_DescribePartition(msg)
-        assert isinstance(stats, PartitionStats)
-        subscriptions = [dataclasses.replace(s, backlog_bytes=self._backlog_bytes(s)) for s in stats.info.subscriptions]
-        return PartitionStats(info=dataclasses.replace(stats.info, subscriptions=subscriptions,
-                                                       evicted_messages=self.evicted_messages))
+    def describe(self, info: PartitionInfo) -> PartitionInfo:
+        subscriptions = [dataclasses.replace(s, backlog_bytes=self._backlog_bytes(s)) for s in info.subscriptions]
+        return dataclasses.replace(info, subscriptions=subscriptions, evicted_messages=self.evicted_messages)
 
     def _backlog_bytes(self, info: SubscriptionInfo) -> int | None:
         """Bytes of the records after the cursor: measured in the local WAL, estimated from
@@ -783,17 +786,17 @@ class ReliableTopicActor(TopicActor):
         return self._log_bytes(start, end) * info.backlog_messages // (end - start)
 
     # ------------------------------------------------------------- snapshots
-    async def handle_TakeSnapshotCut(self, msg: TakeSnapshotCut) -> Message:
+    async def take_snapshot_cut(self, msg: TakeSnapshotCut) -> Message:
         """The topic as of now: subscriptions first, then the committed end (so no
         cursor is past it), and the files holding everything below the end."""
         subscriptions = []
-        for subscription in list(self.subscriptions.values()):
-            reply = await self.system.ask(subscription.endpoint, DescribeSubscriptionCut())
+        for subscription in list(self.shell.subscriptions.values()):
+            reply = await self.shell.system.ask(subscription.endpoint, DescribeSubscriptionCut())
             assert isinstance(reply, SubscriptionCut)
             subscriptions.append(reply.state)
         assert self.wal is not None
         end = self.committed_offset
-        self.snapshot_pins[msg.pin_id] = self.system.clock.monotonic_ms() + msg.pin_ms
+        self.snapshot_pins[msg.pin_id] = self.shell.system.clock.monotonic_ms() + msg.pin_ms
         wal_start = self.wal.log_start_offset
         segments = [SegmentRef(base_offset=d.base_offset, upto_offset=min(d.end_offset + 1, end), sealed=True, path=None,
                                durable=d)
@@ -804,22 +807,22 @@ class ReliableTopicActor(TopicActor):
                 segments.append(SegmentRef(base_offset=info.base_offset, upto_offset=upto,
                                            sealed=info.sealed and upto == info.next_offset, path=str(info.path)))
         return SnapshotCut(topic=self.topic, log_start_offset=self._log_start(), end_offset=end,
-                           messages_in=self.messages_in, producers=sorted(p.name for p in self.producers.values()),
+                           messages_in=self.shell.messages_in, producers=sorted(p.name for p in self.shell.producers.values()),
                            segments=segments, subscriptions=subscriptions)
 
-    def handle_ReleaseSnapshotCut(self, msg: ReleaseSnapshotCut) -> None:
+    def release_snapshot_cut(self, msg: ReleaseSnapshotCut) -> None:
         self.snapshot_pins.pop(msg.pin_id, None)
 
     def _pinned(self) -> bool:
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         for pin_id, deadline in list(self.snapshot_pins.items()):
             if deadline <= now:
                 del self.snapshot_pins[pin_id]
         return bool(self.snapshot_pins)
 
     # ------------------------------------------------------------- retention
-    def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
-        if msg.subscription in self.subscriptions:
+    def subscription_cursor(self, msg: SubscriptionCursor) -> None:
+        if msg.subscription in self.shell.subscriptions:
             cursor = msg.cursor
             evicted = self.evicted_to.get(msg.subscription)
             if evicted is not None:
@@ -830,7 +833,7 @@ class ReliableTopicActor(TopicActor):
             self.cursors[msg.subscription] = cursor
             self._measure_backlog()
 
-    async def handle_Tick(self, msg: Tick) -> None:
+    async def tick(self) -> None:
         if self.wal is None:
             return
         if self.queued and self.next_offset > self.reserved_until:
@@ -842,9 +845,9 @@ class ReliableTopicActor(TopicActor):
         if self._pinned():
             return  # a snapshot is reading these files: retention waits for the next tick
         storage = self.config.storage
-        now_ms = self.system.clock.now_ms()
+        now_ms = self.shell.system.clock.now_ms()
         # Offsets below `floor` are acknowledged by every subscription.
-        floor = min((self.cursors.get(name, -1) + 1 for name in self.subscriptions), default=self.committed_offset)
+        floor = min((self.cursors.get(name, -1) + 1 for name in self.shell.subscriptions), default=self.committed_offset)
         if self.durable_mode:
             await self._durable_retention(now_ms, floor)
         elif storage.retention_time_ms is not None or storage.retention_bytes_max is not None:
@@ -867,7 +870,7 @@ class ReliableTopicActor(TopicActor):
                 for segment in gone:
                     await loop.run_in_executor(self.executor, self.store.delete, segment.object_key)
                 self.durable = [s for s in self.durable if s.end_offset >= upto]
-                self.system.tell(self.broker_endpoint, ForgetSegments(
+                self.shell.system.tell(self.broker_endpoint, ForgetSegments(
                     topic=self.topic, base_offsets=[s.base_offset for s in gone]))
                 await loop.run_in_executor(self.executor, self.wal.delete_segments_before, upto)
         # Local WAL files go once durable segments cover them and local retention is exceeded.
@@ -900,7 +903,7 @@ class ReliableTopicActor(TopicActor):
         return frames
 
     # ------------------------------------------------------------- subscriptions
-    async def _start_new_subscription(self, msg: cp.Subscribe) -> list[bytes]:
+    async def start_subscription(self, msg: cp.Subscribe) -> list[bytes]:
         if msg.start_offset is not None:
             assert self.wal is not None
             if not self._log_start() <= msg.start_offset <= self.committed_offset:
@@ -914,7 +917,7 @@ class ReliableTopicActor(TopicActor):
         await self._spawn_reliable(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[])
         return []
 
-    async def _resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
+    async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
         """Where a seek moves a subscription: `offset` if the topic holds it (the committed
         end included: nothing to redeliver, wait for new messages), else INVALID_ARGUMENT
         naming the range; or the first committed message with publish_time >=
@@ -944,30 +947,26 @@ class ReliableTopicActor(TopicActor):
             assert self.wal is not None
         return self.committed_offset
 
-    async def _spawn_subscription(self, name: str, sub_type: int) -> _Subscription:
-        raise AssertionError("reliable subscriptions start through _spawn_reliable")
-
     async def _spawn_reliable(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int],
                               policy: FailurePolicyState | None = None,
-                              max_unacked_messages: int | None = None) -> _Subscription:
-        topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
-        endpoint = await self.system.spawn(
-            lambda: ReliableSubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
-                                              topic_endpoint=parent, broker_endpoint=broker, cursor=cursor,
-                                              acked_above=acked_above, committed_offset=self.committed_offset,
-                                              policy=self.subscription_policies.get(name, policy),
-                                              max_unacked_messages=self.subscription_windows.get(
-                                                  name, max_unacked_messages)),
-            name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
-        subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
-        self.subscriptions[name] = subscription
-        return subscription
+                              max_unacked_messages: int | None = None) -> None:
+        config, shell = self.config, self.shell
 
-    def _forget_subscription(self, name: str) -> None:
+        def delivery() -> TrackedDelivery:
+            # Evaluated at each (re)start of the subscription: it resumes at the committed
+            # end as it is then, with the policy and window an admin set since.
+            return TrackedDelivery(
+                topic=self.topic, name=name, sub_type=sub_type, config=config, cursor=cursor, acked_above=acked_above,
+                committed_offset=self.committed_offset, policy=shell.subscription_policies.get(name, policy),
+                max_unacked_messages=shell.subscription_windows.get(name, max_unacked_messages))
+
+        await shell.spawn_subscription(name, sub_type, delivery)
+
+    def forget_subscription(self, name: str) -> None:
         self.cursors.pop(name, None)
         self.evicted_to.pop(name, None)
         self._measure_backlog()
-        self.system.tell(self.broker_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
+        self.shell.system.tell(self.broker_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
 
 
 def _mtime_ms(path: Path) -> int:

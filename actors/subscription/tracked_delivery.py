@@ -1,4 +1,6 @@
-"""The subscription actor of a reliable topic: at-least-once delivery from the log.
+"""The delivery side of a reliable subscription (`TrackedDelivery`): at-least-once
+delivery from the log, the dispatch rule with the delivery tracker. Its subscription
+actor (`shell.SubscriptionActor`) holds the consumers and calls it from its handlers.
 
 1. Records come from the topic: the `Publish` notice of each committed batch when the
    subscription is caught up, else `ReadResult`s it asks for (`ReadRequest`) from its
@@ -27,7 +29,7 @@
    window gets nothing new until its acks bring it under) and is persisted with the
    cursor like the failure policy.
 
-The tracker (`dispatch/tracker.py`) is the pure core; this actor does the I/O.
+The tracker (`dispatch/tracker.py`) is the pure core; this side and its shell do the I/O.
 """
 
 from __future__ import annotations
@@ -38,27 +40,23 @@ from collections.abc import Sequence
 from functools import partial
 from itertools import groupby, islice, repeat
 from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from danube_zmq.actors.config import ENVELOPE_BYTES_MAX, BrokerConfig
+from danube_zmq.actors.dispatch import make_rule
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
 from danube_zmq.actors.gateway import OUTBOX, reply_client
-from danube_zmq.actors.subscription import SubscriptionActor, _Consumer
+from danube_zmq.actors.subscription.delivery import Consumer
 from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InvalidArgument, ResourceExhausted
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, ResourceExhausted
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     DeadLetter,
-    DeliveryRefused,
-    DescribeSubscriptionCut,
     Done,
     FailurePolicyState,
-    GetSubscriptionDispatchConfig,
-    GetSubscriptionPolicy,
     PersistCursor,
     Publish,
     ReadRequest,
@@ -72,9 +70,11 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionCutState,
     SubscriptionDispatchConfig,
     SubscriptionPolicy,
-    SubscriptionStats,
     Tick,
 )
+
+if TYPE_CHECKING:
+    from danube_zmq.actors.subscription.shell import SubscriptionActor
 
 log = logging.getLogger("danube_zmq.subscription")
 
@@ -131,11 +131,15 @@ def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tup
     return cuts
 
 
-class ReliableSubscriptionActor(SubscriptionActor):
-    def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
-                 broker_endpoint: str, cursor: int, acked_above: Sequence[int], committed_offset: int,
-                 policy: FailurePolicyState | None = None, max_unacked_messages: int | None = None) -> None:
-        super().__init__(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=topic_endpoint)
+class TrackedDelivery:
+    def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, cursor: int,
+                 acked_above: Sequence[int], committed_offset: int, policy: FailurePolicyState | None = None,
+                 max_unacked_messages: int | None = None) -> None:
+        self.topic = topic
+        self.subscription = name
+        self.sub_type = sub_type
+        self.config = config
+        self.rule = make_rule(cp.SubType(sub_type))
         reliable = config.reliable
         self.window = reliable.max_unacked_messages
         self.policy = FailurePolicy(
@@ -164,7 +168,6 @@ class ReliableSubscriptionActor(SubscriptionActor):
                           topic, name, exc.message)
         self.seeks = 0
         self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
-        self.broker_endpoint = broker_endpoint
         self.records: dict[int, _Record] = {}
         # The next offset to add to `records`: from the cursor, so that unacknowledged holes
         # below the read offset (after a restart with out-of-order acks) have their records.
@@ -185,25 +188,38 @@ class ReliableSubscriptionActor(SubscriptionActor):
         self._tick_armed = False
         self._persisted_mark = (cursor, len(acked_above))
 
-    async def on_start(self) -> None:
-        self.system.tell(self.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
-                                                                 cursor=self.tracker.cursor))
+    def bind(self, shell: SubscriptionActor) -> None:
+        self.shell = shell
+
+    def start(self) -> None:
+        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
+                                                                             cursor=self.tracker.cursor))
         self._fill()
 
-    async def on_stop(self) -> None:
+    def stop(self) -> None:
         self._persist(force=True)
-        await super().on_stop()
+
+    def attached(self, replay: list[bytes]) -> None:
+        self.dispatch()  # a reliable subscription starts from its cursor, never from a replay
+
+    def consumer_left(self, consumer_id: int) -> None:
+        self.tracker.consumer_gone(consumer_id, self.shell.system.clock.monotonic_ms())
+        self._arm_tick()
 
     # ------------------------------------------------------------- records in
-    def handle_Publish(self, msg: Publish) -> None:
+    def publish(self, msg: Publish) -> None:
         end = msg.base_offset + len(msg.payloads)
         self.head = max(self.head, end)
         if msg.base_offset <= self.buffer_end < end and not self.reading and self._room():
             self._buffer(msg)
         self._fill()
-        self._dispatch()
+        self.dispatch()
 
-    def handle_ReadResult(self, msg: ReadResult) -> None:
+    def read_result(self, msg: ReadResult) -> None:
+        self._read_result(msg)
+        self._arm_tick()
+
+    def _read_result(self, msg: ReadResult) -> None:
         self.reading = False
         self.head = max(self.head, msg.committed_offset)
         if msg.start_offset != self.buffer_end:
@@ -212,7 +228,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
             log.warning("%s:%s: offsets %d..%d are no longer in the log; skipped", self.topic, self.subscription,
                         self.buffer_end, msg.log_start_offset - 1)
             gone = range(max(self.buffer_end, self.tracker.read_offset), msg.log_start_offset)
-            self.tracker.skip(gone, self.system.clock.monotonic_ms())
+            self.tracker.skip(gone, self.shell.system.clock.monotonic_ms())
             self.buffer_end = msg.log_start_offset
         elif not msg.frames and msg.gap_end > self.buffer_end:
             self.gap_end = msg.gap_end
@@ -222,7 +238,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
             if publish.base_offset <= self.buffer_end < publish.base_offset + len(publish.payloads):
                 self._buffer(publish)
         self._fill()
-        self._dispatch()
+        self.dispatch()
 
     def _room(self) -> bool:
         return self.buffer_end - self.tracker.read_offset < self.read_ahead_max
@@ -257,7 +273,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
             self.gap_end = 0
             return True
         if self.tracker.read_offset != self.buffer_end or not self.tracker.skip_gap(
-                self.buffer_end, self.gap_end, self.system.clock.monotonic_ms()):
+                self.buffer_end, self.gap_end, self.shell.system.clock.monotonic_ms()):
             return False
         log.warning("%s:%s: offsets %d..%d were reserved by a broker that died before storing them; skipped",
                     self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
@@ -269,12 +285,19 @@ class ReliableSubscriptionActor(SubscriptionActor):
         if self.gap_end and not self._cross_gap():
             return
         if not self.reading and self.buffer_end < self.head and self._room():
-            self.reading = self.system.tell(self.topic_endpoint, ReadRequest(
+            self.reading = self.shell.system.tell(self.shell.topic_endpoint, ReadRequest(
                 subscription=self.subscription, start_offset=self.buffer_end, max_bytes=_READ_BYTES_MAX))
 
     # ------------------------------------------------------------- dispatch
+    def dispatch(self) -> None:
+        self._dispatch()
+        # Ticks (ack timeouts, due redeliveries, poison, cursor flushes) are armed here, after
+        # whatever changed the tracker: every path that does ends in a dispatch (or in
+        # `consumer_left`, `read_result`).
+        self._arm_tick()
+
     def _dispatch(self) -> None:
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         capacity = self._capacity()
         if not capacity:
             return
@@ -297,7 +320,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
 
     def _capacity(self) -> dict[int, int]:
         return {
-            cid: room for cid, c in self.consumers.items()
+            cid: room for cid, c in self.shell.consumers.items()
             if not c.paused and (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
         }
 
@@ -317,7 +340,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
             capacity[cid] -= len(run)
             if capacity[cid] <= 0:
                 del capacity[cid]
-            self._send_records(self.consumers[cid], run, None)
+            self._send_records(self.shell.consumers[cid], run, None)
             return set(run)
         owner: dict[int, int] = {}
         for part in assignment.slices:
@@ -329,7 +352,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
             self.tracker.skip(skipped, now)
             for offset in skipped:
                 self.records.pop(offset, None)
-            self.dropped_messages += len(skipped)
+            self.shell.dropped_messages += len(skipped)
         # Record deliveries in ascending offset order, one run per consumer at a time.
         runs: list[tuple[int, list[int]]] = []
         for offset in sorted(owner):
@@ -343,14 +366,14 @@ class ReliableSubscriptionActor(SubscriptionActor):
             capacity[cid] -= len(run)
             if capacity[cid] <= 0:
                 del capacity[cid]
-            self._send_records(self.consumers[cid], run, counts)
+            self._send_records(self.shell.consumers[cid], run, counts)
         return set(owner).union(offsets[i] for i in assignment.skipped)
 
     def _key(self, offset: int) -> str:
         record = self.records[offset]
         return record.key if record.key is not None else record.producer_name
 
-    def _send_records(self, consumer: _Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
+    def _send_records(self, consumer: Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
         """One `Deliver` per run of offsets from one producer and schema version with one
         redelivery count, cut where it would outgrow a frame: a run gathers records of many
         publishes, and a frame over the client's ZMQ_MAXMSGSIZE is dropped whole."""
@@ -366,7 +389,7 @@ class ReliableSubscriptionActor(SubscriptionActor):
                 self._deliver_run(consumer, offsets[cut_start:cut_end], records[cut_start:cut_end], count)
             start = end
 
-    def _deliver_run(self, consumer: _Consumer, run: list[int], records: list[_Record], count: int) -> None:
+    def _deliver_run(self, consumer: Consumer, run: list[int], records: list[_Record], count: int) -> None:
         first = records[0]
         keys = [r.key for r in records]
         attributes = [r.attributes for r in records]
@@ -380,59 +403,40 @@ class ReliableSubscriptionActor(SubscriptionActor):
             offsets=None if contiguous else run, redelivery_count=count,
             schema_id=first.schema_id, schema_version=first.schema_version)
         consumer.permits -= len(run)
-        if self.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
-            self.delivered_messages += len(run)
-            self._out_metric.inc(len(run))
+        if self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
+            self.shell.delivered_messages += len(run)
+            self.shell.out_metric.inc(len(run))
         # A frame the gateway could not take is redelivered after the ack timeout.
         if count:
             self.redeliveries += len(run)
 
-    def handle_DeliveryRefused(self, msg: DeliveryRefused) -> None:
-        consumer = self.consumers.get(msg.consumer_id)
-        if consumer is None or consumer.identity != msg.identity:
-            return
-        self.delivered_messages -= len(msg.offsets)
-        consumer.permits += len(msg.offsets)  # the client never saw them: it gives no permits back for them
-        self.tracker.undeliver(msg.consumer_id, msg.offsets, self.system.clock.monotonic_ms())
-        self._dispatch()
+    def refused(self, consumer: Consumer, offsets: list[int]) -> None:
+        """Given back to the tracker: delivered again."""
+        self.shell.delivered_messages -= len(offsets)
+        consumer.permits += len(offsets)  # the client never saw them: it gives no permits back for them
+        self.tracker.undeliver(consumer.consumer_id, offsets, self.shell.system.clock.monotonic_ms())
+        self.dispatch()
 
     # ------------------------------------------------------------- consumers
-    def _ack(self, consumer: _Consumer, msg: cp.Ack | cp.Nack) -> Message:
-        if type(msg) is cp.Ack:
-            offsets = msg.offsets
-            cursor = self.tracker.ack(consumer.consumer_id, offsets)
-            pop = self.records.pop
-            if offsets and max(offsets) <= cursor:
-                deque(map(pop, offsets, repeat(None)), maxlen=0)  # acks in order (the steady state): a loop in C
-            else:
-                for offset in offsets:
-                    if offset <= cursor or self.tracker.is_acked(offset):
-                        pop(offset, None)
+    def ack(self, consumer: Consumer, msg: cp.Ack) -> Message:
+        offsets = msg.offsets
+        cursor = self.tracker.ack(consumer.consumer_id, offsets)
+        pop = self.records.pop
+        if offsets and max(offsets) <= cursor:
+            deque(map(pop, offsets, repeat(None)), maxlen=0)  # acks in order (the steady state): a loop in C
         else:
-            self.tracker.nack(consumer.consumer_id, msg.offsets, self.system.clock.monotonic_ms(), msg.delay_ms)
-        self._dispatch()
+            for offset in offsets:
+                if offset <= cursor or self.tracker.is_acked(offset):
+                    pop(offset, None)
+        self.dispatch()
         return Ok(request_id=msg.request_id)
 
-    def _detach(self, consumer_id: int, *, reason: str | None = None, reply: bytes | None = None) -> None:
-        known = consumer_id in self.consumers
-        super()._detach(consumer_id, reason=reason, reply=reply)
-        if known:
-            self.tracker.consumer_gone(consumer_id, self.system.clock.monotonic_ms())
-
-    def _unsubscribe(self, consumer: _Consumer, msg: cp.Unsubscribe) -> Message | None:
-        others = len(self.consumers) - 1
-        if others:
-            raise FailedPrecondition(f"subscription '{self.subscription}' has {others} other consumers;"
-                                     " close them first or unsubscribe with `danube admin topics unsubscribe`")
-        return super()._unsubscribe(consumer, msg)
+    def nack(self, consumer: Consumer, msg: cp.Nack) -> Message:
+        self.tracker.nack(consumer.consumer_id, msg.offsets, self.shell.system.clock.monotonic_ms(), msg.delay_ms)
+        self.dispatch()
+        return Ok(request_id=msg.request_id)
 
     # ------------------------------------------------------------- time
-    async def dispatch(self, msg: Message) -> object:
-        try:
-            return await super().dispatch(msg)
-        finally:
-            self._arm_tick()
-
     def _arm_tick(self) -> None:
         tracker = self.tracker
         if self._tick_armed or (
@@ -440,15 +444,16 @@ class ReliableSubscriptionActor(SubscriptionActor):
         ):
             return
         self._tick_armed = True
-        self.system.schedule_once(self.endpoint, self._tick_ms, Tick())
+        self.shell.system.schedule_once(self.shell.endpoint, self._tick_ms, Tick())
 
-    def handle_Tick(self, msg: Tick) -> None:
+    def tick(self) -> None:
         self._tick_armed = False
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         self.tracker.expire(now)
         self._handle_poison(now)
         self._dispatch()
         self._persist()
+        self._arm_tick()
 
     def _handle_poison(self, now: int) -> None:
         poisoned = self.tracker.poisoned(now)
@@ -464,11 +469,11 @@ class ReliableSubscriptionActor(SubscriptionActor):
                 log.warning("%s:%s: offset %d dropped after %d deliveries", self.topic, self.subscription,
                             item.offset, item.attempts)
                 self.records.pop(item.offset, None)
-                self.dropped_messages += 1
+                self.shell.dropped_messages += 1
             elif record is not None:
                 letters.append((item, record))
         if letters:
-            self.system.tell(self.broker_endpoint, DeadLetter(
+            self.shell.system.tell(self.shell.broker_endpoint, DeadLetter(
                 topic=self.policy.dead_letter_topic or "",
                 payloads=[r.payload for _, r in letters], publish_times=[r.publish_time for _, r in letters],
                 keys=[r.key for _, r in letters],
@@ -488,8 +493,8 @@ class ReliableSubscriptionActor(SubscriptionActor):
         if current == self.persisted and not force:
             return
         # The topic needs every subscription's cursor for retention.
-        self.system.tell(self.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))
-        if self.system.tell(self.broker_endpoint, self._cursor_record(state)):
+        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))
+        if self.shell.system.tell(self.shell.broker_endpoint, self._cursor_record(state)):
             self.persisted = current
             self._persisted_mark = (state.cursor, len(state.acked_above))
 
@@ -504,16 +509,15 @@ class ReliableSubscriptionActor(SubscriptionActor):
             max_unacked_messages=self.window if self.window_explicit else None)
 
     # ------------------------------------------------------------- seek
-    def _seek(self, consumer: _Consumer, msg: cp.Seek) -> Message | None:
+    def seek(self, consumer: Consumer, msg: cp.Seek) -> None:
         # The topic holds the log: it turns a publish time into an offset and checks the
         # range, then tells `SeekTo`, which answers the client.
-        if not self.system.tell(self.topic_endpoint, ResolveSeek(
+        if not self.shell.system.tell(self.shell.topic_endpoint, ResolveSeek(
                 subscription=self.subscription, identity=consumer.identity, request_id=msg.request_id,
                 offset=msg.offset, publish_time=msg.publish_time)):
             raise ResourceExhausted(f"topic {self.topic} is busy (full mailbox); retry the seek")
-        return None
 
-    def handle_SeekTo(self, msg: SeekTo) -> Message:
+    def seek_to(self, msg: SeekTo) -> Message:
         """Restart delivery at `msg.offset` (checked by the topic against its log).
 
         Everything below counts as consumed, everything from it on is delivered again;
@@ -534,34 +538,34 @@ class ReliableSubscriptionActor(SubscriptionActor):
         self.buffer_end = offset
         self.head = max(self.head, offset)
         self.seeks += 1
-        for consumer in self.consumers.values():
+        for consumer in self.shell.consumers.values():
             reset = cp.SeekReset(consumer_id=consumer.consumer_id, offset=offset)
-            self.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(reset)])
+            self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(reset)])
         if msg.identity is not None:
-            reply_client(self.system, msg.identity, Ok(request_id=msg.request_id))
+            reply_client(self.shell.system, msg.identity, Ok(request_id=msg.request_id))
         self._persist(force=True)
         self._fill()
-        self._dispatch()
+        self.dispatch()
         return Done()
 
     # ------------------------------------------------------------- failure policy
-    def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
+    def set_policy(self, msg: SetSubscriptionPolicy) -> Message:
         """Apply an admin's failure policy from now on; answers the record to persist."""
         policy = failure_policy_from_state(msg.policy)
-        now = self.system.clock.monotonic_ms()
+        now = self.shell.system.clock.monotonic_ms()
         self.tracker.set_policy(policy, now)
         self.policy = policy
         self.policy_explicit = True
         log.info("%s:%s: failure policy set to %s", self.topic, self.subscription, policy)
         self._handle_poison(now)  # a lower max_redelivery_count may poison waiting messages now
-        self._dispatch()
+        self.dispatch()
         return self._cursor_record()
 
-    def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
+    def get_policy(self) -> Message:
         return SubscriptionPolicy(policy=failure_policy_state(self.policy), explicit=self.policy_explicit)
 
     # ------------------------------------------------------------- dispatch window
-    def handle_SetSubscriptionDispatchConfig(self, msg: SetSubscriptionDispatchConfig) -> Message:
+    def set_window(self, msg: SetSubscriptionDispatchConfig) -> Message:
         """Apply an admin's window at once; answers the record to persist. Deliveries in
         flight stay: a consumer above a smaller window gets nothing new until its acks
         bring it under; a larger one lets dispatch go on now."""
@@ -571,34 +575,26 @@ class ReliableSubscriptionActor(SubscriptionActor):
         log.info("%s:%s: dispatch window set to %d unacked messages per consumer", self.topic, self.subscription,
                  self.window)
         self._fill()
-        self._dispatch()
+        self.dispatch()
         return self._cursor_record()
 
-    def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:
+    def get_window(self) -> Message:
         return SubscriptionDispatchConfig(max_unacked_messages=self.window, explicit=self.window_explicit)
 
     # ------------------------------------------------------------- admin
-    def handle_DescribeSubscriptionCut(self, msg: DescribeSubscriptionCut) -> Message:
+    def describe_cut(self) -> Message:
         state, t = self.tracker.snapshot(), self.tracker.statistics()
         return SubscriptionCut(state=SubscriptionCutState(
             name=self.subscription, sub_type=self.sub_type, cursor=state.cursor, acked_above=list(state.acked_above),
-            unacked=t.in_flight, consumers=sorted(c.name for c in self.consumers.values()),
+            unacked=t.in_flight, consumers=sorted(c.name for c in self.shell.consumers.values()),
             backlog_messages=self.tracker.backlog(self.head)))
 
-    def handle_DescribeSubscription(self, msg: object) -> Message:
-        stats = SubscriptionStats(info=self._info())
-        return stats
-
-    def _info(self) -> SubscriptionInfo:
-        active = self.rule.active_consumer_id()
+    def info(self) -> dict[str, int | None]:
         t = self.tracker.statistics()
-        return SubscriptionInfo(
-            name=self.subscription, topic=self.topic, sub_type=self.sub_type,
-            consumers=[c.name for c in self.consumers.values()],
-            active_consumer=self.consumers[active].name if active is not None else None,
-            pending_messages=self.tracker.backlog(self.head), delivered_messages=self.delivered_messages,
-            dropped_messages=self.dropped_messages, cursor=t.cursor, backlog_messages=self.tracker.backlog(self.head),
-            unacked_messages=t.in_flight, redeliveries=t.redeliveries_total, blocked_offset=t.blocked_offset)
+        backlog = self.tracker.backlog(self.head)
+        return {"pending_messages": backlog, "cursor": t.cursor, "backlog_messages": backlog,
+                "unacked_messages": t.in_flight, "redeliveries": t.redeliveries_total,
+                "blocked_offset": t.blocked_offset}
 
 
 # An admin-set policy stays within the ranges the broker config allows for the

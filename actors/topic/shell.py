@@ -1,24 +1,33 @@
-"""The topic actor: one per topic (or partition). Owns producers, offsets and the
-subscription actors, and carries out the topic's dispatch strategy.
+"""The topic actor: one per topic (or partition), reliable or not. Owns producers,
+the subscription actors and the topic's counters, and handles every request; what it
+stores and how it publishes is its storage side, chosen at spawn (`factory.make_topic`):
+
+- `MemoryTail` (`memory_tail.py`, non-reliable): offsets assigned at once, a receipt,
+  one `Publish` to every subscription, the last `tail_messages_max` messages kept for
+  `earliest` subscribers.
+- `WalStorage` (`wal_storage.py`, reliable): WAL appends with group commit, offset
+  reservations, reads for lagging subscriptions, durable segments, retention, the
+  backlog quota, snapshots.
 
 1. CreateProducer -> check limits, re-attach by name -> `ProducerAttached` to the gateway.
-2. Send -> assign the batch `next_offset .. +n` -> `SendReceipt` to the producer ->
-   one encoded `Publish` frame told to every subscription actor. Non-reliable: a
-   subscription whose mailbox is full misses the batch (counted), never blocks the
-   topic; the last `tail_messages_max` messages are kept for `earliest` subscribers.
-3. Subscribe -> find or spawn the subscription actor -> `AttachConsumer` to it.
+2. Send -> checked here (columns, sizes) -> `storage.send`.
+3. Subscribe -> find the subscription actor, or spawn one with the delivery side the
+   storage makes (`storage.start_subscription`) -> `AttachConsumer` to it.
 4. Reliable topics: seek (`SeekCursor` from the admin, `ResolveSeek` from a consumer's
-   `Seek`) -> an offset checked against the log (`_seek_offset`) -> `SeekTo` to the
-   subscription; failure policy and dispatch window requests go through to the
+   `Seek`) -> an offset checked against the log (`storage.resolve_seek`) -> `SeekTo` to
+   the subscription; failure policy and dispatch window requests go through to the
    subscription. Non-reliable topics refuse them with FAILED_PRECONDITION.
+5. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage;
+   a topic with another storage logs and counts them as unrecognized.
 
+Client requests are routed by `handle_ClientRequest` to `handle_<ClientMessage>(msg, req)`.
 Offsets are real and increasing on non-reliable topics too (Danube leaves them 0).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from danube_zmq.actors.actor import Actor
@@ -26,7 +35,9 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.subscription import SubscriptionActor
+from danube_zmq.actors.subscription import Delivery, SubscriptionActor
+from danube_zmq.actors.topic.storage import TopicStorage
+from danube_zmq.actors.topic.wal_storage import WalStorage
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.storage.paths import check_name
 from danube_zmq.transport import client_protocol as cp
@@ -40,10 +51,10 @@ from danube_zmq.transport.errors import (
     NotFound,
     ProducerBusy,
     ResourceExhausted,
-    Unavailable,
 )
 from danube_zmq.transport.internal_protocol import (
-    INTERNAL_PROTOCOL,
+    AppendInternal,
+    ApplyBacklogQuota,
     AttachConsumer,
     ChildStopped,
     ClientRequest,
@@ -54,30 +65,38 @@ from danube_zmq.transport.internal_protocol import (
     DetachProducer,
     Done,
     FailurePolicyState,
+    FlushDone,
     GetSubscriptionDispatchConfig,
     GetSubscriptionPolicy,
+    HeldSendsDue,
+    OffsetsReserved,
     PartitionStats,
     ProducerAttached,
     ProducerDetached,
     ProducerRegistry,
     ProducerSchema,
-    Publish,
+    ReadRequest,
+    ReleaseSnapshotCut,
     ResolveSeek,
     SchemaVersionRef,
     SealTopic,
     SeekCursor,
     SeekTo,
+    SegmentDurable,
+    SegmentFetched,
     SetSubscriptionDispatchConfig,
     SetSubscriptionPolicy,
+    SubscriptionCursor,
     SubscriptionEnded,
     SubscriptionStats,
+    TakeSnapshotCut,
+    Tick,
     TopicSchemaChanged,
     TopicSchemaState,
     TopicSealed,
 )
 
 log = logging.getLogger("danube_zmq.topic")
-
 
 
 @dataclass(slots=True)
@@ -100,17 +119,14 @@ class _Subscription:
 
 
 class TopicActor(Actor):
-    def __init__(self, *, name: str, dispatch_strategy: int, config: BrokerConfig, rng: IdSource,
-                 broker_endpoint: str, start_offset: int = 0) -> None:
+    def __init__(self, *, name: str, config: BrokerConfig, rng: IdSource, broker_endpoint: str,
+                 storage: TopicStorage) -> None:
         self.topic = name
         self.broker_endpoint = broker_endpoint
-        self.dispatch_strategy = dispatch_strategy
         self.config = config
         self.rng = rng
-        # Where the topic's previous broker stopped (non-reliable; a reliable topic's
-        # offsets come from its log).
-        self.next_offset = start_offset
-        self.sealed = False  # being moved to another broker: sends are refused
+        self.storage = storage
+        self.reliable = storage.reliable
         self.producers: dict[int, _Producer] = {}
         self.producer_ids_by_name: dict[str, int] = {}
         self.subscriptions: dict[str, _Subscription] = {}
@@ -119,25 +135,25 @@ class TopicActor(Actor):
         self.subscription_policies: dict[str, FailurePolicyState] = {}
         # Likewise their dispatch windows (`max_unacked_messages`).
         self.subscription_windows: dict[str, int] = {}
-        # The non-reliable tail: (encoded Publish frame, message count), newest last.
-        self.tail: deque[tuple[bytes, int]] = deque()
-        self.tail_messages = 0
-        self.tail_bytes = 0
         self.messages_in = 0
         self.bytes_in = 0
-        self.dropped_messages = 0
+        self.dropped_messages = 0  # missed by a subscription whose mailbox was full (non-reliable)
         # The topic's schema binding (None: no subject bound) and its metadata revision.
         self.schema_guard: TopicSchemaGuard | None = None
         self.schema_revision = -1
         self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
         self._messages_in_metric = METRICS.messages_in.labels(topic=name)
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=name)
-        self._routes = {
-            cp.CreateProducer: self._create_producer,
-            cp.Send: self._checked_send,
-            cp.CloseProducer: self._close_producer,
-            cp.Subscribe: self._subscribe,
+        self._client_requests = {
+            cp.CreateProducer: self.handle_CreateProducer,
+            cp.Send: self.handle_Send,
+            cp.CloseProducer: self.handle_CloseProducer,
+            cp.Subscribe: self.handle_Subscribe,
         }
+        storage.bind(self)
+
+    async def on_start(self) -> None:
+        await self.storage.start()
 
     async def on_stop(self) -> None:
         # Subscriptions (children) were stopped first and told their consumers.
@@ -146,10 +162,52 @@ class TopicActor(Actor):
             self.system.tell(self._gateway, ProducerDetached(
                 identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} {state}",
                 reattach=self.restarting or self.moving))
+        await self.storage.stop()
 
     @property
     def _gateway(self) -> str:
         return self.system.gateway_endpoint
+
+    @property
+    def next_offset(self) -> int:
+        return self.storage.next_offset
+
+    # ------------------------------------------------------------- what the storage side calls
+    def count_in(self, count: int, size: int) -> None:
+        """Messages accepted (not yet stored, on a reliable topic)."""
+        self.messages_in += count
+        self.bytes_in += size
+        self._messages_in_metric.inc(count)
+        self._bytes_in_metric.inc(size)
+
+    def publish(self, frame: bytes) -> int:
+        """Tell an encoded `Publish` to every subscription; returns how many missed it
+        (full mailbox). The subscriptions are guests of this mailbox: the frame takes the
+        group's local lane."""
+        missed = 0
+        for subscription in self.subscriptions.values():
+            if not self.system.tell_frame(subscription.endpoint, frame):
+                missed += 1
+        return missed
+
+    def attached_producer(self, producer_id: int, identity: bytes) -> _Producer:
+        producer = self.producers.get(producer_id)
+        if producer is None or producer.identity != identity:
+            raise NotFound(f"producer {producer_id} is not attached to topic {self.topic}")
+        return producer
+
+    async def spawn_subscription(self, name: str, sub_type: int,
+                                 make_delivery: Callable[[], Delivery]) -> _Subscription:
+        """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
+        each restart of the subscription too)."""
+        topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
+        endpoint = await self.system.spawn(
+            lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
+                                      topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery()),
+            name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
+        subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
+        self.subscriptions[name] = subscription
+        return subscription
 
     # ------------------------------------------------------------- client requests
     async def handle_ClientRequest(self, req: ClientRequest) -> None:
@@ -163,13 +221,13 @@ class TopicActor(Actor):
                          Error(request_id=ids[0] if ids else 0, code=exc.code, message=exc.message))
             return
         try:
-            answer = await self._routes[type(msg)](req, msg)
+            answer = await self._client_requests[type(msg)](msg, req)
         except DanubeError as exc:
             answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
         if answer is not None:
             reply_client(self.system, req.identity, answer)
 
-    async def _create_producer(self, req: ClientRequest, msg: cp.CreateProducer) -> Message | None:
+    async def handle_CreateProducer(self, msg: cp.CreateProducer, req: ClientRequest) -> Message | None:
         _check_name("producer name", msg.producer_name)
         context = req.schema
         if msg.schema_subject is not None and (context is None or context.version is None):
@@ -216,7 +274,7 @@ class TopicActor(Actor):
             reply=cp.CLIENT_PROTOCOL.encode(created)))
         return None
 
-    def _schema_of(self, producer: _Producer, msg: cp.Send) -> tuple[int | None, int | None]:
+    def schema_of(self, producer: _Producer, msg: cp.Send) -> tuple[int | None, int | None]:
         """The schema (id, version) the batch is stored with: its producer's. Checked
         against the topic's binding when the topic has a guard that checks anything."""
         schema = producer.schema
@@ -251,10 +309,9 @@ class TopicActor(Actor):
         self._apply_schema_state(msg.state, msg.revision)
 
     def handle_SealTopic(self, msg: SealTopic) -> Message:
-        self.sealed = True
-        return TopicSealed(next_offset=self.next_offset)
+        return TopicSealed(next_offset=self.storage.seal())
 
-    async def _checked_send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
+    async def handle_Send(self, msg: cp.Send, req: ClientRequest) -> Message | None:
         count = len(msg.payloads)
         if count == 0 or len(msg.publish_times) != count or _column_mismatch(msg.keys, count) \
                 or _column_mismatch(msg.attributes, count):
@@ -266,59 +323,18 @@ class TopicActor(Actor):
             largest = max(map(len, msg.payloads))
             if largest > size_max:
                 raise InvalidArgument(f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)")
-        return await self._send(req, msg)
-
-    async def _send(self, req: ClientRequest, msg: cp.Send) -> Message | None:
-        producer = self.producers.get(msg.producer_id)
-        if producer is None or producer.identity != req.identity:
-            raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
-        if self.sealed:
-            raise Unavailable(f"topic {self.topic} is moving to another broker; send again")
-        schema_id, schema_version = self._schema_of(producer, msg)
-        count = len(msg.payloads)
-        base_offset = self.next_offset
-        self.next_offset += count
-        reply_client(self.system, req.identity, cp.SendReceipt(
-            request_id=msg.request_id, producer_id=msg.producer_id, offsets=list(range(base_offset, self.next_offset))))
-        size = sum(map(len, msg.payloads))
-        self.messages_in += count
-        self.bytes_in += size
-        self._messages_in_metric.inc(count)
-        self._bytes_in_metric.inc(size)
-        frame = INTERNAL_PROTOCOL.encode(Publish(
-            topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
-            payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
-            schema_id=schema_id, schema_version=schema_version))
-        for subscription in self.subscriptions.values():
-            if not self.system.tell_frame(subscription.endpoint, frame):
-                self.dropped_messages += count
-        self._keep_in_tail(frame, count)
+        self.storage.send(req, msg)
         return None
 
-    def _keep_in_tail(self, frame: bytes, count: int) -> None:
-        dispatch = self.config.dispatch
-        if dispatch.tail_messages_max == 0:
-            return
-        self.tail.append((frame, count))
-        self.tail_messages += count
-        self.tail_bytes += len(frame)
-        while self.tail and (self.tail_messages > dispatch.tail_messages_max
-                             or self.tail_bytes > dispatch.tail_bytes_max):
-            old, old_count = self.tail.popleft()
-            self.tail_messages -= old_count
-            self.tail_bytes -= len(old)
-
-    async def _close_producer(self, req: ClientRequest, msg: cp.CloseProducer) -> Message | None:
-        producer = self.producers.get(msg.producer_id)
-        if producer is None or producer.identity != req.identity:
-            raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
+    async def handle_CloseProducer(self, msg: cp.CloseProducer, req: ClientRequest) -> Message | None:
+        self.attached_producer(msg.producer_id, req.identity)
         self._forget_producer(msg.producer_id)
         self.system.tell(self._gateway, ProducerDetached(
             identity=req.identity, producer_id=msg.producer_id,
             reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id))))
         return None
 
-    async def _subscribe(self, req: ClientRequest, msg: cp.Subscribe) -> Message | None:
+    async def handle_Subscribe(self, msg: cp.Subscribe, req: ClientRequest) -> Message | None:
         _check_name("subscription name", msg.subscription)
         _check_name("consumer name", msg.consumer_name)
         if msg.sub_type not in (0, 1, 2, 3):
@@ -335,7 +351,7 @@ class TopicActor(Actor):
             if policies.max_subscriptions_per_topic and len(self.subscriptions) >= policies.max_subscriptions_per_topic:
                 raise ResourceExhausted(f"topic {self.topic} already has {len(self.subscriptions)} subscriptions"
                                         " (max_subscriptions_per_topic)")
-            replay = await self._start_new_subscription(msg)
+            replay = await self.storage.start_subscription(msg)
             subscription = self.subscriptions[msg.subscription]
         elif subscription.sub_type != msg.sub_type:
             have = cp.SubType(subscription.sub_type).name.lower()
@@ -347,24 +363,6 @@ class TopicActor(Actor):
                 identity=req.identity, frame=req.frame, consumer_id=consumer_id, replay=replay)):
             raise ResourceExhausted(f"subscription '{msg.subscription}' is busy; retry")
         return None
-
-    async def _start_new_subscription(self, msg: cp.Subscribe) -> list[bytes]:
-        """Spawn the actor of a new subscription; returns the frames it starts with."""
-        if msg.start_offset is not None:
-            raise InvalidArgument("a start offset applies to reliable topics only")
-        await self._spawn_subscription(msg.subscription, msg.sub_type)
-        if msg.initial_position == cp.InitialPosition.EARLIEST:
-            return [frame for frame, _ in self.tail]
-        return []
-
-    async def _spawn_subscription(self, name: str, sub_type: int) -> _Subscription:
-        topic, config, parent = self.topic, self.config, self.endpoint
-        endpoint = await self.system.spawn(
-            lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config, topic_endpoint=parent),
-            name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
-        subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
-        self.subscriptions[name] = subscription
-        return subscription
 
     # ------------------------------------------------------------- internal
     def handle_DetachProducer(self, msg: DetachProducer) -> None:
@@ -387,16 +385,12 @@ class TopicActor(Actor):
 
     async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
         subscription = self.subscriptions.pop(msg.subscription, None)
-        self.subscription_policies.pop(msg.subscription, None)
-        self.subscription_windows.pop(msg.subscription, None)
         if subscription is not None:
             await self.system.stop(subscription.endpoint)
             self._forget_subscription(msg.subscription)
 
     async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
         subscription = self.subscriptions.pop(msg.subscription, None)
-        self.subscription_policies.pop(msg.subscription, None)
-        self.subscription_windows.pop(msg.subscription, None)
         if subscription is None:
             raise NotFound(f"subscription '{msg.subscription}' does not exist on {self.topic}")
         await self.system.stop(subscription.endpoint)
@@ -414,6 +408,7 @@ class TopicActor(Actor):
             producers=sorted(p.name for p in self.producers.values()),
             messages_in=self.messages_in, bytes_in=self.bytes_in, dropped_messages=self.dropped_messages,
             subscriptions=subscriptions)
+        info = self.storage.describe(info)
         return PartitionStats(info=info)
 
     # ------------------------------------------------------------- seek and failure policy
@@ -451,7 +446,7 @@ class TopicActor(Actor):
         return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
 
     def _reliable_subscription(self, name: str) -> _Subscription:
-        if self.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+        if not self.reliable:
             raise FailedPrecondition(f"topic {self.topic} is not reliable: seek, failure policies and dispatch"
                                      " windows apply to subscriptions of reliable topics only")
         subscription = self.subscriptions.get(name)
@@ -464,14 +459,72 @@ class TopicActor(Actor):
         against the log) and `publish_time` (ms since the epoch: the first message
         published at or after it)."""
         _check_seek_target(offset, publish_time)
-        return await self._resolve_seek(offset, publish_time)
-
-    async def _resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
-        """Reliable topics override this; here nothing is stored to seek in."""
-        raise FailedPrecondition(f"topic {self.topic} is not reliable: seek applies to reliable topics only")
+        return await self.storage.resolve_seek(offset, publish_time)
 
     def _forget_subscription(self, name: str) -> None:
-        """A subscription was deleted; reliable topics also drop its persisted cursor."""
+        """A subscription was deleted: its policy, window and (reliable) persisted cursor go."""
+        self.subscription_policies.pop(name, None)
+        self.subscription_windows.pop(name, None)
+        self.storage.forget_subscription(name)
+
+    # ------------------------------------------------------------- messages of a WAL topic
+    # Sent by the WAL's worker threads, the broker, the topic's own timers and its
+    # subscriptions, only to reliable topics; another storage counts them as unrecognized.
+    async def handle_FlushDone(self, msg: FlushDone) -> None:
+        if (wal := self._wal(msg)) is not None:
+            await wal.flush_done(msg)
+
+    async def handle_Tick(self, msg: Tick) -> None:
+        if (wal := self._wal(msg)) is not None:
+            await wal.tick()
+
+    def handle_OffsetsReserved(self, msg: OffsetsReserved) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.offsets_reserved(msg)
+
+    def handle_AppendInternal(self, msg: AppendInternal) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.append_internal(msg)
+
+    def handle_HeldSendsDue(self, msg: HeldSendsDue) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.held_sends_due()
+
+    def handle_ApplyBacklogQuota(self, msg: ApplyBacklogQuota) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.apply_backlog_quota(msg)
+
+    def handle_ReadRequest(self, msg: ReadRequest) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.read(msg)
+
+    def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.subscription_cursor(msg)
+
+    def handle_SegmentDurable(self, msg: SegmentDurable) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.segment_durable(msg)
+
+    def handle_SegmentFetched(self, msg: SegmentFetched) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.segment_fetched(msg)
+
+    def handle_ReleaseSnapshotCut(self, msg: ReleaseSnapshotCut) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.release_snapshot_cut(msg)
+
+    async def handle_TakeSnapshotCut(self, msg: TakeSnapshotCut) -> Message:
+        if not isinstance(self.storage, WalStorage):
+            raise FailedPrecondition(f"topic {self.topic} is not reliable: snapshots hold reliable topics only")
+        return await self.storage.take_snapshot_cut(msg)
+
+    def _wal(self, msg: Message) -> WalStorage | None:
+        if isinstance(self.storage, WalStorage):
+            return self.storage
+        self.system.count_unrecognized(self.endpoint)
+        log.warning("%s: %s is for reliable topics; dropped", self.name, type(msg).__name__)
+        return None
 
     def _forget_producer(self, producer_id: int) -> None:
         producer = self.producers.pop(producer_id, None)

@@ -1,0 +1,104 @@
+"""The storage side of a non-reliable topic: nothing is stored but a bounded tail.
+
+1. Send -> the batch gets `next_offset .. +n` -> `SendReceipt` to the producer -> one
+   encoded `Publish` told to every subscription. A subscription whose mailbox is full
+   misses the batch (counted), never blocks the topic.
+2. The last `dispatch.tail_messages_max` messages (and at most `tail_bytes_max` bytes)
+   are kept as encoded frames, replayed to a new subscription that starts `earliest`.
+3. Seal (the topic moves): sends are refused from then on; the next offset goes to the
+   broker so the topic's next owner continues from it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.gateway import reply_client
+from danube_zmq.actors.subscription import RuleDelivery
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.admin_protocol import PartitionInfo
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Unavailable
+from danube_zmq.transport.internal_protocol import INTERNAL_PROTOCOL, ClientRequest, Publish
+
+if TYPE_CHECKING:
+    from danube_zmq.actors.topic.shell import TopicActor
+
+
+class MemoryTail:
+    reliable = False
+
+    def __init__(self, *, config: BrokerConfig, start_offset: int = 0) -> None:
+        self.config = config
+        # Where the topic's previous broker stopped.
+        self.next_offset = start_offset
+        self.sealed = False  # being moved to another broker: sends are refused
+        # (encoded Publish frame, message count), newest last.
+        self.tail: deque[tuple[bytes, int]] = deque()
+        self.tail_messages = 0
+        self.tail_bytes = 0
+
+    def bind(self, shell: TopicActor) -> None:
+        self.shell = shell
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def send(self, req: ClientRequest, msg: cp.Send) -> None:
+        shell = self.shell
+        producer = shell.attached_producer(msg.producer_id, req.identity)
+        if self.sealed:
+            raise Unavailable(f"topic {shell.topic} is moving to another broker; send again")
+        schema_id, schema_version = shell.schema_of(producer, msg)
+        count = len(msg.payloads)
+        base_offset = self.next_offset
+        self.next_offset += count
+        reply_client(shell.system, req.identity, cp.SendReceipt(
+            request_id=msg.request_id, producer_id=msg.producer_id, offsets=list(range(base_offset, self.next_offset))))
+        shell.count_in(count, sum(map(len, msg.payloads)))
+        frame = INTERNAL_PROTOCOL.encode(Publish(
+            topic=shell.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
+            payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
+            schema_id=schema_id, schema_version=schema_version))
+        shell.dropped_messages += count * shell.publish(frame)
+        self._keep(frame, count)
+
+    def _keep(self, frame: bytes, count: int) -> None:
+        dispatch = self.config.dispatch
+        if dispatch.tail_messages_max == 0:
+            return
+        self.tail.append((frame, count))
+        self.tail_messages += count
+        self.tail_bytes += len(frame)
+        while self.tail and (self.tail_messages > dispatch.tail_messages_max
+                             or self.tail_bytes > dispatch.tail_bytes_max):
+            old, old_count = self.tail.popleft()
+            self.tail_messages -= old_count
+            self.tail_bytes -= len(old)
+
+    def seal(self) -> int:
+        self.sealed = True
+        return self.next_offset
+
+    async def start_subscription(self, msg: cp.Subscribe) -> list[bytes]:
+        if msg.start_offset is not None:
+            raise InvalidArgument("a start offset applies to reliable topics only")
+        config = self.config
+        await self.shell.spawn_subscription(msg.subscription, msg.sub_type,
+                                            lambda: RuleDelivery(sub_type=msg.sub_type, config=config))
+        if msg.initial_position == cp.InitialPosition.EARLIEST:
+            return [frame for frame, _ in self.tail]
+        return []
+
+    async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
+        raise FailedPrecondition(f"topic {self.shell.topic} is not reliable: seek applies to reliable topics only")
+
+    def forget_subscription(self, name: str) -> None:
+        pass
+
+    def describe(self, info: PartitionInfo) -> PartitionInfo:
+        return info
