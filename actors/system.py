@@ -60,7 +60,7 @@ import zmq.asyncio
 from danube_zmq.actors.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
 from danube_zmq.actors.clock import Clock
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.transport.codec import Message
+from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
     DanubeError,
@@ -630,16 +630,20 @@ class ActorSystem:
 
     async def _handle_message(self, cell: _Cell, msg: Message) -> bool:
         """Handle a told message: a client or admin request is unwrapped and its answer
-        sent to its connection (unless the actor takes the envelope itself)."""
+        sent to its connection."""
         port = REQUEST_PORTS.get(type(msg))
-        if port is None or type(msg).__name__ in cell.instance._handlers:
+        if port is None:
             return await self._run_handler(cell, msg, None, None)
         envelope: ClientRequest | AdminRequest = msg  # type: ignore[assignment]
         try:
             request = port.protocol.decode(envelope.frame)
-        except DanubeError as exc:  # the gateways check every frame first: a bug of ours
-            log.error("%s: undecodable %s request dropped: %s", cell.name, port.name, exc)
-            self._answer(port, envelope.identity, Error(request_id=0, code=exc.code, message=exc.message))
+        except DanubeError as exc:
+            # The client gateway routes a producer's batch by the ids at its head, undecoded
+            # (one decode per batch): the client's fault, answered with the id it gave.
+            METRICS.bad_frames.inc()
+            log.debug("%s: undecodable %s request refused: %s", cell.name, port.name, exc)
+            self._answer(port, envelope.identity,
+                         Error(request_id=peek_request_id(envelope.frame), code=exc.code, message=exc.message))
             return True
         request_id = getattr(request, "request_id", None)
 
