@@ -136,6 +136,10 @@ class Actor:
         coroutine function that drains it (the gateway's ROUTER, for one)."""
         return []
 
+    def drain_lane(self, frames: Any) -> None:
+        """Take frames from the deque of the lane this actor opened (`ActorSystem.open_lane`)."""
+        raise NotImplementedError(f"{type(self).__name__} opened a lane and does not drain it")
+
     async def on_start(self) -> None:
         """Called once the mailbox exists, before the first message."""
 

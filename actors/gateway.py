@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +121,6 @@ class Gateway(Actor):
         self._binding_watch: asyncio.Task[None] | None = None
         self.sessions: dict[bytes, Session] = {}
         self.router: zmq.asyncio.Socket | None = None
-        self.outbox: zmq.asyncio.Socket | None = None
         self.bound_url = ""
         self.frames_in = 0
         self.frames_out = 0
@@ -157,13 +157,11 @@ class Gateway(Actor):
                                timeout_ms=limits.connect_timeout_ms,
                                inbound_bytes_max=limits.inbound_bytes_per_connection_max)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
-        outbox = ctx.socket(zmq.PULL)
-        outbox.setsockopt(zmq.LINGER, 0)
-        outbox.setsockopt(zmq.RCVHWM, limits.outbound_frames_max)
-        outbox.bind(OUTBOX)
-        self.router, self.outbox = router, outbox
+        # What actors send to clients comes as [identity, frame] on a lane of this actor's
+        # task (no socket between actors of one process), at most outbound_frames_max.
+        self.system.open_lane(OUTBOX, self.endpoint, limits.outbound_frames_max)
+        self.router = router
         self._router_sync = zmq.Socket.shadow(router.underlying)
-        self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
         if self.schemas is not None:
             self._binding_watch = asyncio.get_running_loop().create_task(self._watch_bindings(self.schemas))
@@ -176,14 +174,14 @@ class Gateway(Actor):
         await self._schema_tasks.cancel_all()
         if self.peers is not None:
             self.peers.close()
-        for sock in (self.router, self.outbox):
-            if sock is not None:
-                sock.close(linger=0)
+        if not self.restarting:
+            self.system.close_lane(OUTBOX)
+        if self.router is not None:
+            self.router.close(linger=0)
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
         assert self.peers is not None
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
-                (self.peers.monitor, self._drain_peers)]
+        return [(self.router, self._drain_router), (self.peers.monitor, self._drain_peers)]
 
     async def _drain_peers(self) -> None:
         assert self.peers is not None
@@ -229,13 +227,12 @@ class Gateway(Actor):
             handed[fd] = handed.get(fd, 0) + received
             self._on_client_frame(identity, body.buffer)
 
-    async def _drain_outbox(self) -> None:
+    def drain_lane(self, frames: deque[list[Any]]) -> None:
+        """Relay what actors sent to clients (the outbox lane) to the ROUTER."""
         for _ in range(_DRAIN_MAX):
-            try:
-                frames = self._outbox_sync.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not frames:
                 return
-            self._send_out(frames)
+            self._send_out(frames.popleft())
 
     def _send_out(self, frames: list[Any]) -> None:
         head, body = frames

@@ -114,6 +114,7 @@ class _Cell:
     inbox: deque[tuple[_Cell, bytes | memoryview]] | None = None
     local: deque[tuple[_Cell, bytes]] | None = None
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
+    lane: deque[list[bytes]] | None = None  # frames for the actor's socket (`open_lane`), if it has one
 
     @property
     def group(self) -> _Cell:
@@ -164,6 +165,7 @@ class ActorSystem:
         self.load_manager_endpoint = ""
         self._cells: dict[str, _Cell] = {}
         self._push: dict[str, zmq.Socket] = {}
+        self._lanes: dict[str, tuple[_Cell, int]] = {}
         self._ids = itertools.count(1)
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
@@ -306,8 +308,33 @@ class ActorSystem:
         self._wake(group)
         return True
 
+    def open_lane(self, name: str, endpoint: str, frames_max: int) -> None:
+        """Frames pushed to `name` go to a queue of the actor at `endpoint` (at most
+        `frames_max`), which its task hands to `Actor.drain_lane`: the client gateway's
+        outbox, so that what topics and subscriptions send to clients reaches the ROUTER
+        without an inproc socket between (a libzmq send and receive per frame)."""
+        cell = self._cells[endpoint]
+        if cell.lane is None:
+            cell.lane = deque()
+        self._lanes[name] = (cell, frames_max)
+
+    def close_lane(self, name: str) -> None:
+        self._lanes.pop(name, None)
+
     def push_frames(self, endpoint: str, frames: list[bytes]) -> bool:
-        """Post raw frames to a socket that is not an actor mailbox (a gateway outbox)."""
+        """Post raw frames to what is not an actor mailbox: an actor's lane (`open_lane`)
+        or a socket (the admin outbox). False when it is full."""
+        lane = self._lanes.get(endpoint)
+        if lane is not None:
+            cell, frames_max = lane
+            queue = cell.lane
+            assert queue is not None
+            if len(queue) >= frames_max:
+                self.mailbox_full_drops += 1
+                return False
+            queue.append(frames)
+            self._wake(cell)
+            return True
         try:
             self._push_socket(endpoint).send_multipart(frames, zmq.DONTWAIT, copy=False)
         except zmq.Again:
@@ -493,6 +520,12 @@ class ActorSystem:
                     continue
                 if (cell.local or cell.inbox) and not await self._drain_mailbox(cell):
                     return
+                if cell.lane and cell.instance is instance:
+                    try:
+                        instance.drain_lane(cell.lane)
+                    except Exception as exc:
+                        if not await self._on_failure(cell, "lane", exc):
+                            return
                 for sock, drain in extra:
                     if cell.instance is not instance:
                         break
@@ -521,7 +554,7 @@ class ActorSystem:
 
     @staticmethod
     def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
-        if cell.local or cell.inbox:
+        if cell.local or cell.inbox or cell.lane:
             return True
         return any(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN for sock, _ in extra)
 
