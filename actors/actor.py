@@ -84,6 +84,7 @@ def clashing_names(internal: Protocol, requests: tuple[Protocol, ...]) -> frozen
 
 
 _CLASHING = clashing_names(INTERNAL_PROTOCOL, (CLIENT_PROTOCOL, ADMIN_PROTOCOL))
+_ENVELOPES = frozenset(t.__name__ for t in REQUEST_PORTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +101,7 @@ class ActorStatistics:
 
 class Actor:
     """Subclass and add `handle_<MessageClassName>(self, msg)` methods for internal
-    messages, `handle_<RequestClassName>(self, msg, origin)` for client and admin requests.
-
-    Transitional: an actor that defines `handle_ClientRequest` (or `handle_AdminRequest`)
-    gets the envelope itself, undecoded, as an internal message (topics and
-    subscriptions, until they move to handlers per request)."""
+    messages, `handle_<RequestClassName>(self, msg, origin)` for client and admin requests."""
 
     _handlers: ClassVar[dict[str, tuple[Callable[..., Any], bool]]] = {}
 
@@ -124,6 +121,9 @@ class Actor:
         for attr in dir(cls):
             if attr.startswith("handle_"):
                 name = attr[len("handle_"):]
+                if name in _ENVELOPES:
+                    raise TypeError(f"{cls.__name__}.{attr}: the runtime unwraps {name}; handle the requests"
+                                    " it carries (handle_<Type>(self, msg, origin))")
                 if name in _CLASHING:
                     raise TypeError(f"{cls.__name__}.{attr}: {name} names both an internal message and a client or"
                                     " admin request; rename one of them")
@@ -135,6 +135,10 @@ class Actor:
         """Sockets besides the mailbox that this actor's one task polls, each with the
         coroutine function that drains it (the gateway's ROUTER, for one)."""
         return []
+
+    def drain_lane(self, frames: Any) -> None:
+        """Take frames from the deque of the lane this actor opened (`ActorSystem.open_lane`)."""
+        raise NotImplementedError(f"{type(self).__name__} opened a lane and does not drain it")
 
     async def on_start(self) -> None:
         """Called once the mailbox exists, before the first message."""

@@ -230,48 +230,49 @@ class AdminGateway(Actor):
 
     # Metadata-cluster requests: each answered in a task (`cluster_admin`), as they wait on Raft.
     def handle_ClusterStatus(self, msg: ap.ClusterStatus, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.cluster_status)
 
     def handle_AddClusterNode(self, msg: ap.AddClusterNode, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.add_cluster_node)
 
     def handle_PromoteClusterNode(self, msg: ap.PromoteClusterNode, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.promote_cluster_node)
 
     def handle_RemoveClusterNode(self, msg: ap.RemoveClusterNode, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.remove_cluster_node)
 
     def handle_MetadataGet(self, msg: ap.MetadataGet, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_get)
 
     def handle_MetadataList(self, msg: ap.MetadataList, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_list)
 
     def handle_MetadataPut(self, msg: ap.MetadataPut, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_put)
 
     def handle_MetadataCompareAndSwap(self, msg: ap.MetadataCompareAndSwap, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_compare_and_swap)
 
     def handle_MetadataDelete(self, msg: ap.MetadataDelete, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_delete)
 
     def handle_ConfigureTopicSchema(self, msg: ap.ConfigureTopicSchema, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.configure_topic_schema)
 
     def handle_GetTopicSchemaConfig(self, msg: ap.GetTopicSchemaConfig, origin: Origin) -> None:
-        self._answer_cluster_in_task(msg, origin)
+        self._answer_cluster_in_task(msg, origin, cluster_admin.get_topic_schema_config)
 
-    def _answer_cluster_in_task(self, msg: Message, origin: Origin) -> None:
+    def _answer_cluster_in_task(self, msg: Message, origin: Origin, answer: cluster_admin.Answer) -> None:
         if self.metadata is None or self.schemas is None:
             raise Unavailable("this broker runs no metadata store")
-        if not self._cluster_tasks.start(self._answer_cluster(origin.identity, msg, self.metadata, self.schemas)):
+        if not self._cluster_tasks.start(self._answer_cluster(origin.identity, msg, answer, self.metadata,
+                                                              self.schemas)):
             raise ResourceExhausted("too many metadata requests in flight; retry")
 
-    async def _answer_cluster(self, identity: bytes, msg: Message, store: RaftMetadataStore,
-                              registry: SchemaRegistry) -> None:
+    async def _answer_cluster(self, identity: bytes, msg: Message, answer: cluster_admin.Answer,
+                              store: RaftMetadataStore, registry: SchemaRegistry) -> None:
         try:
-            reply = await cluster_admin.answer(store, registry, msg)
+            reply = await answer(store, registry, msg)
         except DanubeError as exc:
             text = exc.message
             if isinstance(exc, NotLeader) and exc.redirect_url:

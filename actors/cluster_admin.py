@@ -2,12 +2,15 @@
 `danube admin metadata ...`, `danube admin topics configure-schema|get-schema-config`),
 served from this broker's Raft peer and the schema registry kept in it.
 
-The admin gateway calls `answer` in a task per request (these wait on Raft: a commit, a
-read index), so a slow metadata round never holds up the broker actor. Writes and
+One function per request type; the admin gateway's `handle_<Type>` calls it in a task
+of its own (these wait on Raft: a commit, a read index), so a slow metadata round never holds up the broker actor. Writes and
 membership changes sent to a follower are forwarded to the leader by the peer itself.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import VersionedValue
@@ -35,67 +38,89 @@ from danube_zmq.transport.admin_protocol import (
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import InvalidArgument, NotFound
 
-__all__ = ["answer", "status"]
-
 _LIST_LIMIT_MAX = 100_000
 
 
-async def answer(store: RaftMetadataStore, registry: SchemaRegistry, msg: Message) -> Message:
-    """The reply to one cluster request; errors are raised as `DanubeError`s."""
-    rid: int = msg.request_id  # type: ignore[attr-defined]
-    match msg:
-        case ConfigureTopicSchema(topic=topic, subject=subject, validation_policy=policy,
-                                  payload_validation=payload_validation):
-            config = await topic_binding.configure(store, registry, topic, subject,
-                                                   topic_binding.parse_policy(policy), payload_validation)
-            return await _schema_config(registry, rid, config)
-        case GetTopicSchemaConfig(topic=topic):
-            found = await topic_binding.get_config(store, topic)
-            if found is None:
-                raise NotFound(f"no schema is bound to {topic}")
-            return await _schema_config(registry, rid, found)
-        case ClusterStatus():
-            return status(store, rid)
-        case AddClusterNode(node_id=node_id, address=address):
-            await store.add_node(node_id, address)
-            return status(store, rid)
-        case PromoteClusterNode(node_id=node_id):
-            await store.promote_node(node_id)
-            return status(store, rid)
-        case RemoveClusterNode(node_id=node_id):
-            await store.remove_node(node_id)
-            return status(store, rid)
-        case MetadataGet(key=key, linearizable=linearizable):
-            _check_key(key)
-            value = await store.get(key, linearizable=linearizable)
-            entries = [] if value is None else [_entry(key, value)]
-            return MetadataEntries(request_id=rid, entries=entries, revision=store.revision)
-        case MetadataList(prefix=prefix, linearizable=linearizable, limit=limit):
-            if not 1 <= limit <= _LIST_LIMIT_MAX:
-                raise InvalidArgument(f"limit must be between 1 and {_LIST_LIMIT_MAX}, got {limit}")
-            items = await store.list_prefix(prefix, linearizable=linearizable)
-            return MetadataEntries(request_id=rid, entries=[_entry(k, v) for k, v in items[:limit]],
-                                   revision=store.revision, more=len(items) > limit)
-        case MetadataPut(key=key, value=value, ttl_ms=ttl_ms):
-            _check_key(key)
-            if ttl_ms is None:
-                written = await store.put(key, value)
-            else:
-                written = await store.put_with_ttl(key, value, ttl_ms)
-            return MetadataWritten(request_id=rid, succeeded=True, entry=_entry(key, written))
-        case MetadataCompareAndSwap(key=key, expected_version=expected, value=value):
-            _check_key(key)
-            cas = await store.compare_and_swap(key, expected, value)
-            entry = None if cas.value is None else _entry(key, cas.value)
-            return MetadataWritten(request_id=rid, succeeded=cas.succeeded, entry=entry)
-        case MetadataDelete(key=key, prefix=prefix):
-            if prefix:
-                deleted = await store.delete_prefix(key)
-            else:
-                _check_key(key)
-                deleted = int(await store.delete(key))
-            return MetadataWritten(request_id=rid, succeeded=deleted > 0, deleted=deleted)
-    raise InvalidArgument(f"{type(msg).__name__} is not a cluster request")
+Answer = Callable[[RaftMetadataStore, SchemaRegistry, Any], Awaitable[Message]]
+"""One cluster request's answer (the admin gateway's `handle_<Type>` names which);
+errors are raised as `DanubeError`s."""
+
+
+async def configure_topic_schema(store: RaftMetadataStore, registry: SchemaRegistry,
+                                 msg: ConfigureTopicSchema) -> Message:
+    config = await topic_binding.configure(store, registry, msg.topic, msg.subject,
+                                           topic_binding.parse_policy(msg.validation_policy), msg.payload_validation)
+    return await _schema_config(registry, msg.request_id, config)
+
+
+async def get_topic_schema_config(store: RaftMetadataStore, registry: SchemaRegistry,
+                                  msg: GetTopicSchemaConfig) -> Message:
+    found = await topic_binding.get_config(store, msg.topic)
+    if found is None:
+        raise NotFound(f"no schema is bound to {msg.topic}")
+    return await _schema_config(registry, msg.request_id, found)
+
+
+async def cluster_status(store: RaftMetadataStore, registry: SchemaRegistry, msg: ClusterStatus) -> Message:
+    return status(store, msg.request_id)
+
+
+async def add_cluster_node(store: RaftMetadataStore, registry: SchemaRegistry, msg: AddClusterNode) -> Message:
+    await store.add_node(msg.node_id, msg.address)
+    return status(store, msg.request_id)
+
+
+async def promote_cluster_node(store: RaftMetadataStore, registry: SchemaRegistry,
+                               msg: PromoteClusterNode) -> Message:
+    await store.promote_node(msg.node_id)
+    return status(store, msg.request_id)
+
+
+async def remove_cluster_node(store: RaftMetadataStore, registry: SchemaRegistry, msg: RemoveClusterNode) -> Message:
+    await store.remove_node(msg.node_id)
+    return status(store, msg.request_id)
+
+
+async def metadata_get(store: RaftMetadataStore, registry: SchemaRegistry, msg: MetadataGet) -> Message:
+    _check_key(msg.key)
+    value = await store.get(msg.key, linearizable=msg.linearizable)
+    entries = [] if value is None else [_entry(msg.key, value)]
+    return MetadataEntries(request_id=msg.request_id, entries=entries, revision=store.revision)
+
+
+async def metadata_list(store: RaftMetadataStore, registry: SchemaRegistry, msg: MetadataList) -> Message:
+    limit = msg.limit
+    if not 1 <= limit <= _LIST_LIMIT_MAX:
+        raise InvalidArgument(f"limit must be between 1 and {_LIST_LIMIT_MAX}, got {limit}")
+    items = await store.list_prefix(msg.prefix, linearizable=msg.linearizable)
+    return MetadataEntries(request_id=msg.request_id, entries=[_entry(k, v) for k, v in items[:limit]],
+                           revision=store.revision, more=len(items) > limit)
+
+
+async def metadata_put(store: RaftMetadataStore, registry: SchemaRegistry, msg: MetadataPut) -> Message:
+    _check_key(msg.key)
+    if msg.ttl_ms is None:
+        written = await store.put(msg.key, msg.value)
+    else:
+        written = await store.put_with_ttl(msg.key, msg.value, msg.ttl_ms)
+    return MetadataWritten(request_id=msg.request_id, succeeded=True, entry=_entry(msg.key, written))
+
+
+async def metadata_compare_and_swap(store: RaftMetadataStore, registry: SchemaRegistry,
+                                    msg: MetadataCompareAndSwap) -> Message:
+    _check_key(msg.key)
+    cas = await store.compare_and_swap(msg.key, msg.expected_version, msg.value)
+    entry = None if cas.value is None else _entry(msg.key, cas.value)
+    return MetadataWritten(request_id=msg.request_id, succeeded=cas.succeeded, entry=entry)
+
+
+async def metadata_delete(store: RaftMetadataStore, registry: SchemaRegistry, msg: MetadataDelete) -> Message:
+    if msg.prefix:
+        deleted = await store.delete_prefix(msg.key)
+    else:
+        _check_key(msg.key)
+        deleted = int(await store.delete(msg.key))
+    return MetadataWritten(request_id=msg.request_id, succeeded=deleted > 0, deleted=deleted)
 
 
 async def _schema_config(registry: SchemaRegistry, rid: int, config: topic_binding.TopicSchemaConfig) -> Message:

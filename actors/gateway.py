@@ -12,7 +12,9 @@
 
 1. Every client frame is decoded once here; a bad one is answered with `Error`
    and the connection stays usable.
-2. Connection-level requests (Connect, Ping, HealthCheck) are answered here.
+2. Each request type has a `handle_<Type>(msg, origin)` here, from the class's one
+   handler table (a `DanubeError` it raises is the answer). Connection-level requests
+   (Connect, Ping, HealthCheck) and schema requests are answered here.
 3. Everything else is forwarded, with the raw frame, to the actor that owns it: the
    broker actor for lookups, producer creation and subscribe; the topic actor for a
    producer's sends; the subscription actor for a consumer's flow, acks and nacks.
@@ -37,15 +39,15 @@ import asyncio
 import contextlib
 import errno
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import schema_service
-from danube_zmq.actors.actor import CLIENT_OUTBOX, Actor
+from danube_zmq.actors.actor import CLIENT_OUTBOX, Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
@@ -57,10 +59,20 @@ from danube_zmq.consensus.state_machine import Compacted, WatchEvent
 from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.codec import Message, peek_ints
+from danube_zmq.transport.codec import Message, peek_ints, peek_request_id
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
-from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, Unavailable
+from danube_zmq.transport.errors import (
+    DanubeError,
+    ErrorCode,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    UnsupportedVersion,
+)
 from danube_zmq.transport.internal_protocol import (
+    AdminRequest,
     ClientRequest,
     ConsumerAttached,
     ConsumerDetached,
@@ -72,7 +84,6 @@ from danube_zmq.transport.internal_protocol import (
     HolderLives,
     ProducerAttached,
     ProducerDetached,
-    ProducerSchema,
     Tick,
     TopicSchemaChanged,
 )
@@ -85,6 +96,8 @@ _SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (eac
 _WATCH_RETRY_S = 1.0
 _TICK_MS = 125  # inbound bytes are sampled every tick: what a flooding peer gains between samples
 _REVIEW_EVERY_TICKS = 2  # sessions, pending connections and outbound budgets: every 250 ms
+_CLIENT_REQUESTS = frozenset(cp.CLIENT_REQUESTS)
+_SESSIONLESS = frozenset((Connect, *cp.SCHEMA_REQUESTS))  # no session needed (schema requests are stateless)
 
 
 @dataclass(slots=True)
@@ -108,7 +121,6 @@ class Gateway(Actor):
         self._binding_watch: asyncio.Task[None] | None = None
         self.sessions: dict[bytes, Session] = {}
         self.router: zmq.asyncio.Socket | None = None
-        self.outbox: zmq.asyncio.Socket | None = None
         self.bound_url = ""
         self.frames_in = 0
         self.frames_out = 0
@@ -122,23 +134,6 @@ class Gateway(Actor):
         self._session_fds: dict[int, Address | None] = {}  # the TCP connections that carry a session
         self._frame: Any = None  # the client frame being handled (its ZMQ_SRCFD names the connection)
         self._ticks = 0
-        self._route = {
-            Connect: self._on_connect,
-            Ping: self._on_ping,
-            cp.HealthCheck: self._on_health_check,
-            cp.Lookup: self._to_broker,
-            cp.GetPartitions: self._to_broker,
-            cp.CreateProducer: self._on_create_producer,
-            cp.Subscribe: self._on_subscribe,
-            cp.Send: self._to_producer,
-            cp.CloseProducer: self._to_producer,
-            cp.Flow: self._to_consumer,
-            cp.Ack: self._to_consumer,
-            cp.Nack: self._to_consumer,
-            cp.Unsubscribe: self._to_consumer,
-            cp.CloseConsumer: self._to_consumer,
-            cp.Seek: self._to_consumer,
-        }
 
     # ------------------------------------------------------------- lifecycle
     async def on_start(self) -> None:
@@ -162,13 +157,11 @@ class Gateway(Actor):
                                timeout_ms=limits.connect_timeout_ms,
                                inbound_bytes_max=limits.inbound_bytes_per_connection_max)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
-        outbox = ctx.socket(zmq.PULL)
-        outbox.setsockopt(zmq.LINGER, 0)
-        outbox.setsockopt(zmq.RCVHWM, limits.outbound_frames_max)
-        outbox.bind(OUTBOX)
-        self.router, self.outbox = router, outbox
+        # What actors send to clients comes as [identity, frame] on a lane of this actor's
+        # task (no socket between actors of one process), at most outbound_frames_max.
+        self.system.open_lane(OUTBOX, self.endpoint, limits.outbound_frames_max)
+        self.router = router
         self._router_sync = zmq.Socket.shadow(router.underlying)
-        self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
         if self.schemas is not None:
             self._binding_watch = asyncio.get_running_loop().create_task(self._watch_bindings(self.schemas))
@@ -181,14 +174,14 @@ class Gateway(Actor):
         await self._schema_tasks.cancel_all()
         if self.peers is not None:
             self.peers.close()
-        for sock in (self.router, self.outbox):
-            if sock is not None:
-                sock.close(linger=0)
+        if not self.restarting:
+            self.system.close_lane(OUTBOX)
+        if self.router is not None:
+            self.router.close(linger=0)
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
         assert self.peers is not None
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
-                (self.peers.monitor, self._drain_peers)]
+        return [(self.router, self._drain_router), (self.peers.monitor, self._drain_peers)]
 
     async def _drain_peers(self) -> None:
         assert self.peers is not None
@@ -234,13 +227,12 @@ class Gateway(Actor):
             handed[fd] = handed.get(fd, 0) + received
             self._on_client_frame(identity, body.buffer)
 
-    async def _drain_outbox(self) -> None:
+    def drain_lane(self, frames: deque[list[Any]]) -> None:
+        """Relay what actors sent to clients (the outbox lane) to the ROUTER."""
         for _ in range(_DRAIN_MAX):
-            try:
-                frames = self._outbox_sync.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not frames:
                 return
-            self._send_out(frames)
+            self._send_out(frames.popleft())
 
     def _send_out(self, frames: list[Any]) -> None:
         head, body = frames
@@ -315,64 +307,53 @@ class Gateway(Actor):
             endpoint = session.producers.get(ids[1]) if session is not None else None
             if endpoint is not None:
                 session.last_seen_ms = self.system.clock.monotonic_ms()
-                self._forward(endpoint, identity, ids[0], frame)
+                self._forward(endpoint, ClientRequest(identity=identity, frame=frame), ids[0])
                 return
         try:
             msg = cp.CLIENT_PROTOCOL.decode(frame)
         except InvalidArgument as exc:
             self.bad_frames += 1
             METRICS.bad_frames.inc()
-            self._reply(identity, Error(request_id=_request_id_of(frame), code=exc.code, message=exc.message))
+            self._reply(identity, Error(request_id=peek_request_id(frame), code=exc.code, message=exc.message))
             return
-        route = self._route.get(type(msg))
-        if route is None:
-            if type(msg) in cp.SCHEMA_REQUESTS:  # stateless: no session needed
-                self._schema_request(identity, msg)
-                return
+        name = type(msg).__name__
+        entry = self._handlers.get(name) if type(msg) in _CLIENT_REQUESTS else None
+        if entry is None:
             self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=ErrorCode.INVALID_ARGUMENT,
-                                        message=f"{type(msg).__name__} is not a request a client may send"))
+                                        message=f"{name} is not a request a client may send"))
             return
-        session = self.sessions.get(identity)
-        if session is None and type(msg) is not Connect:
-            if hasattr(msg, "request_id"):
-                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNAVAILABLE,
-                                            message="connection not established: send Connect first"))
-            return
-        if session is not None:
+        if type(msg) not in _SESSIONLESS:
+            session = self.sessions.get(identity)
+            if session is None:
+                if hasattr(msg, "request_id"):
+                    self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNAVAILABLE,
+                                                message="connection not established: send Connect first"))
+                return
             session.last_seen_ms = self.system.clock.monotonic_ms()
+        # The runtime's failure rule, in place: a DanubeError is the answer, anything else
+        # fails this actor (raised out of the socket's drain).
         try:
-            route(identity, session, msg, frame)
+            entry[0](self, msg, Origin(port="client", identity=identity,
+                                       envelope=ClientRequest(identity=identity, frame=frame)))
         except DanubeError as exc:
-            self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=exc.code, message=exc.message))
+            if hasattr(msg, "request_id"):
+                self._reply(identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
 
-    def _schema_request(self, identity: bytes, msg: Message) -> None:
-        request_id = msg.request_id  # type: ignore[attr-defined]
-        if self.schemas is None:
-            self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
-                                        message="this broker runs no schema registry"))
-        elif not self._schema_tasks.start(self._answer_schema(identity, msg, self.schemas)):
-            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message="too many schema requests in flight; retry"))
+    def _session(self, origin: Origin) -> Session:
+        """The request's session (`_on_client_frame` checked there is one)."""
+        return self.sessions[origin.identity]
 
-    async def _answer_schema(self, identity: bytes, msg: Message, registry: SchemaRegistry) -> None:
-        try:
-            reply = await schema_service.answer(registry, msg)
-        except DanubeError as exc:
-            reply = Error(request_id=msg.request_id, code=exc.code, message=exc.message)  # type: ignore[attr-defined]
-        self._reply(identity, reply)
-
-    def _on_connect(self, identity: bytes, session: Session | None, msg: Connect, frame: bytes) -> None:
+    # Connection-level requests, answered here.
+    def handle_Connect(self, msg: Connect, origin: Origin) -> None:
+        identity = origin.identity
         if msg.protocol_version != PROTOCOL_VERSION:
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNSUPPORTED_VERSION,
-                                        message=f"protocol version {msg.protocol_version} is not supported;"
-                                        f" this broker speaks {PROTOCOL_VERSION}"))
-            return
+            raise UnsupportedVersion(f"protocol version {msg.protocol_version} is not supported;"
+                                     f" this broker speaks {PROTOCOL_VERSION}")
+        session = self.sessions.get(identity)
         if session is not None:
             self._close_session(identity, session)  # a reconnect starts from scratch
         elif len(self.sessions) >= self.config.limits.connections_max:
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message=f"connection limit reached ({self.config.limits.connections_max})"))
-            return
+            raise ResourceExhausted(f"connection limit reached ({self.config.limits.connections_max})")
         fd = _source_fd(self._frame)
         session = self.sessions[identity] = Session(
             client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
@@ -390,43 +371,137 @@ class Gateway(Actor):
             heartbeat_interval_ms=broker.heartbeat_interval_ms, session_timeout_ms=broker.session_timeout_ms,
         ))
 
-    def _on_ping(self, identity: bytes, session: Session, msg: Ping, frame: bytes) -> None:
-        self._reply(identity, Pong(request_id=msg.request_id))
+    def handle_Ping(self, msg: Ping, origin: Origin) -> None:
+        self._reply(origin.identity, Pong(request_id=msg.request_id))
 
-    def _on_health_check(self, identity: bytes, session: Session, msg: cp.HealthCheck, frame: bytes) -> None:
+    def handle_HealthCheck(self, msg: cp.HealthCheck, origin: Origin) -> None:
+        session = self._session(origin)
         owned = session.producers if msg.client_kind == cp.ClientKind.PRODUCER else session.consumers
         status = cp.HealthState.OK if msg.client_id in owned else cp.HealthState.CLOSE
-        self._reply(identity, cp.HealthStatus(request_id=msg.request_id, status=status))
+        self._reply(origin.identity, cp.HealthStatus(request_id=msg.request_id, status=status))
 
-    def _to_broker(self, identity: bytes, session: Session, msg: Message, frame: bytes) -> None:
-        self._forward(self.system.broker_endpoint, identity, msg.request_id, frame)
+    # Requests the broker actor answers (topics served here, producer and consumer creation).
+    def handle_Lookup(self, msg: cp.Lookup, origin: Origin) -> None:
+        self._forward(self.system.broker_endpoint, origin.envelope, msg.request_id)
 
-    def _on_create_producer(self, identity: bytes, session: Session, msg: cp.CreateProducer, frame: bytes) -> None:
+    def handle_GetPartitions(self, msg: cp.GetPartitions, origin: Origin) -> None:
+        self._forward(self.system.broker_endpoint, origin.envelope, msg.request_id)
+
+    def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> None:
         cap = self.config.limits.producers_per_connection_max
-        if len(session.producers) >= cap:
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message=f"this connection already has {cap} producers (producers_per_connection_max)"))
-            return
+        if len(self._session(origin).producers) >= cap:
+            raise ResourceExhausted(f"this connection already has {cap} producers (producers_per_connection_max)")
         if self.schemas is None:
             if msg.schema_subject is not None:
-                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.FAILED_PRECONDITION,
-                                            message="this broker runs no schema registry"))
-                return
-            self._forward(self.system.broker_endpoint, identity, msg.request_id, frame)
-        elif not self._schema_tasks.start(self._create_producer(identity, msg, frame, self.schemas)):
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message="too many producers being created; retry"))
+                raise FailedPrecondition("this broker runs no schema registry")
+            self._forward(self.system.broker_endpoint, origin.envelope, msg.request_id)
+        elif not self._schema_tasks.start(self._create_producer(origin, msg, self.schemas)):
+            raise ResourceExhausted("too many producers being created; retry")
 
-    async def _create_producer(self, identity: bytes, msg: cp.CreateProducer, frame: bytes,
-                               registry: SchemaRegistry) -> None:
+    async def _create_producer(self, origin: Origin, msg: cp.CreateProducer, registry: SchemaRegistry) -> None:
         """Resolve the producer's schema and the topic's binding, then let the broker
         create the producer with them."""
         try:
             schema = await resolve_producer_schema(registry, msg)
         except DanubeError as exc:
-            self._reply(identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
+            self._reply(origin.identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
             return
-        self._forward(self.system.broker_endpoint, identity, msg.request_id, frame, schema)
+        envelope = origin.envelope
+        self._forward(self.system.broker_endpoint,
+                      ClientRequest(identity=envelope.identity, frame=envelope.frame, schema=schema), msg.request_id)
+
+    def handle_Subscribe(self, msg: cp.Subscribe, origin: Origin) -> None:
+        cap = self.config.limits.consumers_per_connection_max
+        if len(self._session(origin).consumers) >= cap:
+            raise ResourceExhausted(f"this connection already has {cap} consumers (consumers_per_connection_max)")
+        self._forward(self.system.broker_endpoint, origin.envelope, msg.request_id)
+
+    # A producer's requests go to its topic actor.
+    def handle_Send(self, msg: cp.Send, origin: Origin) -> None:
+        self._to_producer(msg.producer_id, msg.request_id, origin)
+
+    def handle_CloseProducer(self, msg: cp.CloseProducer, origin: Origin) -> None:
+        self._to_producer(msg.producer_id, msg.request_id, origin)
+
+    def _to_producer(self, producer_id: int, request_id: int, origin: Origin) -> None:
+        endpoint = self._session(origin).producers.get(producer_id)
+        if endpoint is None:
+            raise NotFound(f"producer {producer_id} is not attached on this connection")
+        self._forward(endpoint, origin.envelope, request_id)
+
+    # A consumer's requests go to its subscription actor.
+    def handle_Flow(self, msg: cp.Flow, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, None, origin)  # a stray Flow has no one to answer
+
+    def handle_Ack(self, msg: cp.Ack, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, msg.request_id, origin)
+
+    def handle_Nack(self, msg: cp.Nack, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, msg.request_id, origin)
+
+    def handle_Unsubscribe(self, msg: cp.Unsubscribe, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, msg.request_id, origin)
+
+    def handle_CloseConsumer(self, msg: cp.CloseConsumer, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, msg.request_id, origin)
+
+    def handle_Seek(self, msg: cp.Seek, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, msg.request_id, origin)
+
+    def _to_consumer(self, consumer_id: int, request_id: int | None, origin: Origin) -> None:
+        endpoint = self._session(origin).consumers.get(consumer_id)
+        if endpoint is None:
+            raise NotFound(f"consumer {consumer_id} is not attached on this connection")
+        self._forward(endpoint, origin.envelope, request_id)
+
+    def _forward(self, endpoint: str, envelope: ClientRequest | AdminRequest, request_id: int | None) -> None:
+        """Tell `endpoint` the client's request; a full mailbox is answered, unless the
+        request has no id to answer (a `Flow`)."""
+        if not self.system.tell(endpoint, envelope):
+            if request_id is not None:
+                self._reply(envelope.identity, Error(
+                    request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                    message="broker busy: the actor serving this request has a full mailbox; retry"))
+
+    # Schema-registry requests: stateless (no session needed), each answered in a task,
+    # as they wait on Raft rounds.
+    def handle_RegisterSchema(self, msg: cp.RegisterSchema, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.register_schema)
+
+    def handle_GetSchema(self, msg: cp.GetSchema, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.get_schema)
+
+    def handle_ListSchemaVersions(self, msg: cp.ListSchemaVersions, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.list_schema_versions)
+
+    def handle_CheckSchema(self, msg: cp.CheckSchema, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.check_schema)
+
+    def handle_GetCompatibility(self, msg: cp.GetCompatibility, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.get_compatibility)
+
+    def handle_SetCompatibility(self, msg: cp.SetCompatibility, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.set_compatibility)
+
+    def handle_DeleteSchemaVersion(self, msg: cp.DeleteSchemaVersion, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.delete_schema_version)
+
+    def handle_ListSubjects(self, msg: cp.ListSubjects, origin: Origin) -> None:
+        self._answer_schema_in_task(origin, msg, schema_service.list_subjects)
+
+    def _answer_schema_in_task(self, origin: Origin, msg: Any, answer: schema_service.Answer) -> None:
+        if self.schemas is None:
+            raise Unavailable("this broker runs no schema registry")
+        if not self._schema_tasks.start(self._answer_schema(origin.identity, msg, answer, self.schemas)):
+            raise ResourceExhausted("too many schema requests in flight; retry")
+
+    async def _answer_schema(self, identity: bytes, msg: Any, answer: schema_service.Answer,
+                             registry: SchemaRegistry) -> None:
+        try:
+            reply = await answer(registry, msg)
+        except DanubeError as exc:
+            reply = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
+        self._reply(identity, reply)
 
     async def _watch_bindings(self, registry: SchemaRegistry) -> None:
         """Tell topic actors every change of a schema binding, made on any broker."""
@@ -462,40 +537,6 @@ class Gateway(Actor):
                 return
         self.system.post(self.system.broker_endpoint, TopicSchemaChanged(topic=topic, revision=event.revision,
                                                                          state=state))
-
-    def _on_subscribe(self, identity: bytes, session: Session, msg: cp.Subscribe, frame: bytes) -> None:
-        cap = self.config.limits.consumers_per_connection_max
-        if len(session.consumers) >= cap:
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message=f"this connection already has {cap} consumers (consumers_per_connection_max)"))
-            return
-        self._forward(self.system.broker_endpoint, identity, msg.request_id, frame)
-
-    def _to_producer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
-        endpoint = session.producers.get(msg.producer_id)
-        if endpoint is None:
-            self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
-                                        message=f"producer {msg.producer_id} is not attached on this connection"))
-            return
-        self._forward(endpoint, identity, msg.request_id, frame)
-
-    def _to_consumer(self, identity: bytes, session: Session, msg: Any, frame: bytes) -> None:
-        endpoint = session.consumers.get(msg.consumer_id)
-        if endpoint is None:
-            if hasattr(msg, "request_id"):  # a stray Flow has no one to answer
-                self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.NOT_FOUND,
-                                            message=f"consumer {msg.consumer_id} is not attached on this connection"))
-            return
-        self._forward(endpoint, identity, getattr(msg, "request_id", None), frame)
-
-    def _forward(self, endpoint: str, identity: bytes, request_id: int | None, frame: bytes,
-                 schema: ProducerSchema | None = None) -> None:
-        """Tell `endpoint` the client's frame; a full mailbox is answered, unless the
-        frame has no request id to answer (a `Flow`)."""
-        if not self.system.tell(endpoint, ClientRequest(identity=identity, frame=frame, schema=schema)):
-            if request_id is not None:
-                self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                            message="broker busy: the actor serving this request has a full mailbox; retry"))
 
     # ------------------------------------------------------------- mailbox
     def handle_ProducerAttached(self, msg: ProducerAttached) -> None:
@@ -651,21 +692,6 @@ async def holder_lives(system: ActorSystem, identity: bytes, client_kind: cp.Cli
         identity=identity, client_kind=client_kind, client_id=client_id, endpoint=endpoint))
     assert isinstance(answer, HolderLiveness)
     return answer.alive
-
-
-def _request_id_of(frame: bytes) -> int:
-    """Best effort: the request id of a frame that failed to decode, so the client can
-    match the error to its request (0 when it cannot be read)."""
-    try:
-        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(frame), 1))
-        unpacker.feed(frame)
-        if unpacker.read_array_header() < 2:
-            return 0
-        unpacker.skip()
-        request_id = unpacker.unpack()
-    except Exception:
-        return 0
-    return request_id if type(request_id) is int and request_id >= 0 else 0
 
 
 def _source_fd(frame: zmq.Frame | None) -> int:

@@ -1,23 +1,22 @@
 """The actor system of one broker process: mailboxes, supervision, asks and timers.
 
-Every actor's mailbox is a slot of the system's one inbox: a PULL socket bound at
-`inproc://inbox-<n>`, which the system's PUSH socket feeds with two frames per message,
-a header naming the actor and the message. The event loop watches the inbox's ZMQ_FD
-and routes what arrives to each actor's queue; each actor has one task that decodes
-and handles one message at a time. A mailbox is bounded by a count per actor
-(`mailbox_messages_max`, taken when a message is sent, given back when it is handled),
-so a flooded actor refuses more without holding up the others on the shared socket:
+Every actor's mailbox is a queue of encoded frames (a deque, created with the first
+message and dropped once drained) that its group's one task decodes and handles one at
+a time. All actors of a broker run on one event loop, so a tell appends the frame to
+the target's queue and wakes its task: no socket between actors (until issue 20 a
+tell crossed an `inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two
+receives and a loop wake-up per message, about a tenth of the broker's CPU per batch).
+Frames, not objects, still cross, so actors share nothing. A mailbox is bounded by a
+count per actor (`mailbox_messages_max`, taken when a message is sent, given back when
+it is handled), so a flooded actor refuses more without holding up the others:
 `tell` never blocks (False when the mailbox is full), `send` waits for room up to a
-deadline. One socket for all of them, where each actor used to bind its own, saves a
-libzmq pipe per actor (libzmq allocates a pipe's queue in chunks of 256 messages, both
-directions: ~32 KiB per topic) and two sockets' file descriptors.
+deadline.
 
 A child spawned with `share_mailbox=True` (a topic's subscriptions) is a guest of its
 parent: an actor of its own (state, handlers, supervision, endpoint `<parent>/<n>`,
 its own mailbox count) handled by its parent's task, and whose frames to and from its
-host never touch ZeroMQ: they go on the group's local lane, handled before the next
-frame from outside. That saves a socket round and an event-loop wake-up per hop on the
-topic -> subscription path. The lane is bounded by what one handler emits (it is
+host go on the group's local lane, handled before the next frame from outside. That
+saves an event-loop wake-up per hop on the topic -> subscription path. The lane is bounded by what one handler emits (it is
 drained before the next outside frame), and an ask inside the group is served in
 place, since the one task that would answer it is the one asking.
 
@@ -60,7 +59,7 @@ import zmq.asyncio
 from danube_zmq.actors.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
 from danube_zmq.actors.clock import Clock
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.transport.codec import Message
+from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
     DanubeError,
@@ -83,9 +82,6 @@ log = logging.getLogger("danube_zmq.actors")
 
 # Frames one actor handles per wake-up before yielding to the others: fairness bound.
 _DRAIN_MAX = 256
-# Frames the inbox routes per loop callback before letting the actors run.
-_ROUTE_MAX = 1024
-_inboxes = itertools.count(1)  # inproc names are per libzmq context; systems may share one
 
 
 @dataclass(slots=True)
@@ -96,7 +92,7 @@ class _Cell:
     name: str
     factory: Callable[[], Actor]
     parent: str | None
-    header: bytes  # the actor's name on the inbox socket
+    header: bytes  # the actor's number, naming it among its host's guests
     instance: Actor
     task: asyncio.Task[None] | None = None
     # In spawn order; a dict so that a child leaving is O(1): with a list, stopping a
@@ -111,13 +107,14 @@ class _Cell:
     stopping: bool = False
     host: _Cell | None = None  # the cell whose task handles this guest
     guests: dict[bytes, _Cell] | None = None  # a host's guests, by header; None until its first
-    queued: int = 0  # this actor's messages sent to the inbox and not yet handled
-    # A group's messages routed from the inbox, and its lane (its members' messages to
+    queued: int = 0  # this actor's messages told and not yet handled
+    # A group's mailbox (its members' messages from outside the group), and its lane (its members' messages to
     # each other): created when a message comes and dropped once drained, since an idle
     # actor costs what it holds (an empty deque is ~0.75 KiB, 1,000 topics hold 3 each).
     inbox: deque[tuple[_Cell, bytes | memoryview]] | None = None
     local: deque[tuple[_Cell, bytes]] | None = None
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
+    lane: deque[list[bytes]] | None = None  # frames for the actor's socket (`open_lane`), if it has one
 
     @property
     def group(self) -> _Cell:
@@ -167,11 +164,8 @@ class ActorSystem:
         self.snapshot_endpoint = ""
         self.load_manager_endpoint = ""
         self._cells: dict[str, _Cell] = {}
-        self._by_header: dict[bytes, _Cell] = {}
         self._push: dict[str, zmq.Socket] = {}
-        self._inbox: zmq.Socket | None = None
-        self._inbox_push: zmq.Socket | None = None
-        self._inbox_endpoint = f"inproc://inbox-{next(_inboxes)}"
+        self._lanes: dict[str, tuple[_Cell, int]] = {}
         self._ids = itertools.count(1)
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
@@ -198,11 +192,6 @@ class ActorSystem:
         for sock in self._push.values():
             sock.close(linger=0)
         self._push.clear()
-        if self._inbox is not None:
-            asyncio.get_running_loop().remove_reader(self._inbox.FD)
-            self._inbox_push.close(linger=0)
-            self._inbox.close(linger=0)
-            self._inbox = self._inbox_push = None
         for future in self._asks.values():
             if not future.done():
                 future.set_exception(Unavailable("actor system shut down"))
@@ -213,14 +202,12 @@ class ActorSystem:
         `share_mailbox`, it is a guest of its parent's mailbox (see the module doc)."""
         if share_mailbox:
             return await self._spawn_guest(factory, name=name, parent=parent)
-        self._open_inbox()
         number = next(self._ids)
         endpoint = f"actor-{number}"
         instance = self._instantiate(factory, endpoint, name)
         cell = _Cell(endpoint=endpoint, name=name, factory=factory, parent=parent, header=number.to_bytes(8, "little"),
                      instance=instance)
         self._cells[endpoint] = cell
-        self._by_header[cell.header] = cell
         if parent is not None and parent in self._cells:
             self._cells[parent].children[endpoint] = None
         try:
@@ -246,7 +233,6 @@ class ActorSystem:
             host.guests = {}
         host.guests[cell.header] = cell
         self._cells[endpoint] = cell
-        self._by_header[cell.header] = cell
         host.children[endpoint] = None
         try:
             await instance.on_start()
@@ -272,7 +258,6 @@ class ActorSystem:
             await asyncio.gather(cell.task, return_exceptions=True)
             # What the children said while stopping (final cursors, detach notices) is
             # in the mailbox: handle it before the actor's own on_stop.
-            self._route()
             await self._drain_mailbox(cell)
         try:
             await cell.instance.on_stop()
@@ -315,15 +300,41 @@ class ActorSystem:
             return True
         if cell.queued >= self.mailbox_messages_max:
             return False
-        try:
-            self._inbox_push.send_multipart((cell.header, frame), zmq.DONTWAIT, copy=False)
-        except zmq.Again:
-            return False
         cell.queued += 1
+        queue = group.inbox
+        if queue is None:
+            queue = group.inbox = deque()
+        queue.append((cell, frame))
+        self._wake(group)
         return True
 
+    def open_lane(self, name: str, endpoint: str, frames_max: int) -> None:
+        """Frames pushed to `name` go to a queue of the actor at `endpoint` (at most
+        `frames_max`), which its task hands to `Actor.drain_lane`: the client gateway's
+        outbox, so that what topics and subscriptions send to clients reaches the ROUTER
+        without an inproc socket between (a libzmq send and receive per frame)."""
+        cell = self._cells[endpoint]
+        if cell.lane is None:
+            cell.lane = deque()
+        self._lanes[name] = (cell, frames_max)
+
+    def close_lane(self, name: str) -> None:
+        self._lanes.pop(name, None)
+
     def push_frames(self, endpoint: str, frames: list[bytes]) -> bool:
-        """Post raw frames to a socket that is not an actor mailbox (a gateway outbox)."""
+        """Post raw frames to what is not an actor mailbox: an actor's lane (`open_lane`)
+        or a socket (the admin outbox). False when it is full."""
+        lane = self._lanes.get(endpoint)
+        if lane is not None:
+            cell, frames_max = lane
+            queue = cell.lane
+            assert queue is not None
+            if len(queue) >= frames_max:
+                self.mailbox_full_drops += 1
+                return False
+            queue.append(frames)
+            self._wake(cell)
+            return True
         try:
             self._push_socket(endpoint).send_multipart(frames, zmq.DONTWAIT, copy=False)
         except zmq.Again:
@@ -469,57 +480,8 @@ class ActorSystem:
             self._push[endpoint] = sock
         return sock
 
-    def _open_inbox(self) -> None:
-        if self._inbox is not None:
-            return
-        # No high-water marks on the inbox: each actor's count bounds what it may hold
-        # (at most `mailbox_messages_max` each), and a socket-wide mark would let one
-        # flooded actor refuse messages to all the others.
-        inbox = self._sync_context.socket(zmq.PULL)
-        inbox.setsockopt(zmq.LINGER, 0)
-        inbox.setsockopt(zmq.RCVHWM, 0)
-        inbox.bind(self._inbox_endpoint)
-        push = self._sync_context.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.setsockopt(zmq.SNDHWM, 0)
-        push.connect(self._inbox_endpoint)
-        self._inbox, self._inbox_push = inbox, push
-        asyncio.get_running_loop().add_reader(inbox.FD, self._route)
-
-    def _route(self) -> None:
-        """Move what the inbox holds to each actor's group queue and wake the group's task.
-        ZMQ_FD is edge-triggered (signalled when ZMQ_EVENTS may have changed): read until
-        ZMQ_EVENTS shows nothing, or come back on the loop's next turn after `_ROUTE_MAX`."""
-        inbox = self._inbox
-        if inbox is None:
-            return
-        by_header = self._by_header
-        for _ in range(_ROUTE_MAX):
-            try:
-                header = inbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                if not inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    return
-                continue
-            # Without a copy: a bytes copy of a large frame is an allocation that
-            # faults its pages in (1 MiB: ~1 ms here, against ~20 µs for the frame).
-            frame = inbox.recv(zmq.NOBLOCK, copy=False).buffer
-            target = by_header.get(header)
-            if target is None:  # stopped since the message was sent
-                self.dead_letters += 1
-                continue
-            group = target.group
-            queue = group.inbox
-            if queue is None:
-                queue = group.inbox = deque()
-            queue.append((target, frame))
-            self._wake(group)
-        asyncio.get_running_loop().call_soon(self._route)
-
     async def _discard(self, cell: _Cell) -> None:
         self._cells.pop(cell.endpoint, None)
-        if self._by_header.get(cell.header) is cell:
-            del self._by_header[cell.header]
         if cell.parent is not None and cell.parent in self._cells:
             self._cells[cell.parent].children.pop(cell.endpoint, None)
         if cell.host is not None and cell.host.guests is not None:
@@ -558,6 +520,12 @@ class ActorSystem:
                     continue
                 if (cell.local or cell.inbox) and not await self._drain_mailbox(cell):
                     return
+                if cell.lane and cell.instance is instance:
+                    try:
+                        instance.drain_lane(cell.lane)
+                    except Exception as exc:
+                        if not await self._on_failure(cell, "lane", exc):
+                            return
                 for sock, drain in extra:
                     if cell.instance is not instance:
                         break
@@ -586,7 +554,7 @@ class ActorSystem:
 
     @staticmethod
     def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
-        if cell.local or cell.inbox:
+        if cell.local or cell.inbox or cell.lane:
             return True
         return any(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN for sock, _ in extra)
 
@@ -630,16 +598,20 @@ class ActorSystem:
 
     async def _handle_message(self, cell: _Cell, msg: Message) -> bool:
         """Handle a told message: a client or admin request is unwrapped and its answer
-        sent to its connection (unless the actor takes the envelope itself)."""
+        sent to its connection."""
         port = REQUEST_PORTS.get(type(msg))
-        if port is None or type(msg).__name__ in cell.instance._handlers:
+        if port is None:
             return await self._run_handler(cell, msg, None, None)
         envelope: ClientRequest | AdminRequest = msg  # type: ignore[assignment]
         try:
             request = port.protocol.decode(envelope.frame)
-        except DanubeError as exc:  # the gateways check every frame first: a bug of ours
-            log.error("%s: undecodable %s request dropped: %s", cell.name, port.name, exc)
-            self._answer(port, envelope.identity, Error(request_id=0, code=exc.code, message=exc.message))
+        except DanubeError as exc:
+            # The client gateway routes a producer's batch by the ids at its head, undecoded
+            # (one decode per batch): the client's fault, answered with the id it gave.
+            METRICS.bad_frames.inc()
+            log.debug("%s: undecodable %s request refused: %s", cell.name, port.name, exc)
+            self._answer(port, envelope.identity,
+                         Error(request_id=peek_request_id(envelope.frame), code=exc.code, message=exc.message))
             return True
         request_id = getattr(request, "request_id", None)
 

@@ -12,7 +12,7 @@ never builds a Python object per message. See docs/protocol.md for the byte layo
 from __future__ import annotations
 
 from danube_zmq.transport.codec import Message, Protocol, Struct, peek_ints, wire
-from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Enum
+from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Connect, Enum, Ping
 
 
 class DispatchStrategy(Enum):
@@ -511,3 +511,10 @@ CLIENT_PROTOCOL = Protocol(
         ListSubjects, SubjectList,
     ),
 )
+
+CLIENT_REQUESTS = (
+    Connect, Ping, HealthCheck, Lookup, GetPartitions, CreateProducer, CloseProducer, Send,
+    Subscribe, Flow, Ack, Nack, Unsubscribe, CloseConsumer, Seek,
+) + SCHEMA_REQUESTS
+"""What a client may send: each has a `handle_<Type>` on the gateway, which reads it off
+the socket, and on the actor that answers it."""

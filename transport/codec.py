@@ -293,3 +293,18 @@ def peek_ints(frame: bytes | memoryview, tag: int, count: int) -> tuple[int, ...
         return tuple(ints)
     except (IndexError, struct.error):
         return None
+
+
+def peek_request_id(frame: bytes | memoryview) -> int:
+    """Best effort: the request id (a message's first field) of a frame that failed to
+    decode, so the client can match the error to its request (0 when it cannot be read)."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(frame), 1))
+        unpacker.feed(frame)
+        if unpacker.read_array_header() < 2:
+            return 0
+        unpacker.skip()
+        request_id = unpacker.unpack()
+    except Exception:
+        return 0
+    return request_id if type(request_id) is int and request_id >= 0 else 0

@@ -19,14 +19,16 @@ is its delivery side, chosen by its topic's storage at spawn:
 5. Messages only a tracked delivery has (`ReadResult`, `SeekTo`, policies, ...) go to
    it; with a rule alone they are refused (asks) or counted as unrecognized (tells).
 
-Client requests are routed by `handle_ClientRequest` to `handle_<ClientMessage>(msg, consumer)`.
+Client requests reach `handle_<Type>(msg, origin)` through the runtime; each takes its
+consumer with `_consumer`, which refuses a consumer not attached on that connection (a
+refused `Flow` has no request id: nobody is answered).
 """
 
 from __future__ import annotations
 
 import logging
 
-from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS
@@ -47,7 +49,6 @@ from danube_zmq.transport.errors import (
 )
 from danube_zmq.transport.internal_protocol import (
     AttachConsumer,
-    ClientRequest,
     ConsumerAttached,
     ConsumerCount,
     ConsumerDetached,
@@ -90,14 +91,6 @@ class SubscriptionActor(Actor):
         self.dropped_messages = 0
         self.out_metric = METRICS.messages_out.labels(topic=topic, subscription=name)
         self.dropped_metric = METRICS.messages_dropped.labels(topic=topic, subscription=name)
-        self._client_requests = {
-            cp.Flow: self.handle_Flow,
-            cp.Ack: self.handle_Ack,
-            cp.Nack: self.handle_Nack,
-            cp.Unsubscribe: self.handle_Unsubscribe,
-            cp.CloseConsumer: self.handle_CloseConsumer,
-            cp.Seek: self.handle_Seek,
-        }
         delivery.bind(self)
 
     async def on_start(self) -> None:
@@ -217,34 +210,29 @@ class SubscriptionActor(Actor):
             self.delivery.refused(consumer, msg.offsets)
 
     # ------------------------------------------------------------- client requests
-    def handle_ClientRequest(self, req: ClientRequest) -> None:
-        msg = cp.CLIENT_PROTOCOL.decode(req.frame)
-        consumer = self.consumers.get(msg.consumer_id)
-        try:
-            if consumer is None or consumer.identity != req.identity:
-                raise NotFound(f"consumer {msg.consumer_id} is not attached to '{self.subscription}'")
-            answer = self._client_requests[type(msg)](msg, consumer)
-        except DanubeError as exc:
-            answer = Error(request_id=getattr(msg, "request_id", 0), code=exc.code, message=exc.message)
-            if type(msg) is cp.Flow:
-                return
-        if answer is not None:
-            reply_client(self.system, req.identity, answer)
+    def _consumer(self, consumer_id: int, origin: Origin) -> Consumer:
+        """The consumer a request names, when the request's connection holds it."""
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None or consumer.identity != origin.identity:
+            raise NotFound(f"consumer {consumer_id} is not attached to '{self.subscription}'")
+        return consumer
 
-    def handle_Flow(self, msg: cp.Flow, consumer: Consumer) -> Message | None:
+    def handle_Flow(self, msg: cp.Flow, origin: Origin) -> Message | None:
+        consumer = self._consumer(msg.consumer_id, origin)
         if msg.permits <= 0:
             return None
         consumer.permits = min(consumer.permits + msg.permits, _PERMITS_MAX)
         self.delivery.dispatch()
         return None
 
-    def handle_Ack(self, msg: cp.Ack, consumer: Consumer) -> Message:
-        return self.delivery.ack(consumer, msg)
+    def handle_Ack(self, msg: cp.Ack, origin: Origin) -> Message:
+        return self.delivery.ack(self._consumer(msg.consumer_id, origin), msg)
 
-    def handle_Nack(self, msg: cp.Nack, consumer: Consumer) -> Message:
-        return self.delivery.nack(consumer, msg)
+    def handle_Nack(self, msg: cp.Nack, origin: Origin) -> Message:
+        return self.delivery.nack(self._consumer(msg.consumer_id, origin), msg)
 
-    def handle_Unsubscribe(self, msg: cp.Unsubscribe, consumer: Consumer) -> Message | None:
+    def handle_Unsubscribe(self, msg: cp.Unsubscribe, origin: Origin) -> Message | None:
+        consumer = self._consumer(msg.consumer_id, origin)
         others = len(self.consumers) - 1
         if others:
             raise FailedPrecondition(f"subscription '{self.subscription}' has {others} other consumers;"
@@ -253,14 +241,16 @@ class SubscriptionActor(Actor):
         self.system.tell(self.topic_endpoint, SubscriptionEnded(subscription=self.subscription))
         return None
 
-    def handle_Seek(self, msg: cp.Seek, consumer: Consumer) -> Message | None:
+    def handle_Seek(self, msg: cp.Seek, origin: Origin) -> Message | None:
+        consumer = self._consumer(msg.consumer_id, origin)
         if not isinstance(self.delivery, TrackedDelivery):
             # Nothing is stored to go back to.
             raise FailedPrecondition(f"topic {self.topic} is not reliable: seek applies to reliable topics only")
         self.delivery.seek(consumer, msg)
         return None
 
-    def handle_CloseConsumer(self, msg: cp.CloseConsumer, consumer: Consumer) -> Message | None:
+    def handle_CloseConsumer(self, msg: cp.CloseConsumer, origin: Origin) -> Message | None:
+        consumer = self._consumer(msg.consumer_id, origin)
         self._detach(consumer.consumer_id, reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id)))
         self.delivery.dispatch()
         return None

@@ -20,7 +20,8 @@ stores and how it publishes is its storage side, chosen at spawn (`factory.make_
 5. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage;
    a topic with another storage logs and counts them as unrecognized.
 
-Client requests are routed by `handle_ClientRequest` to `handle_<ClientMessage>(msg, req)`.
+Client requests reach `handle_<Type>(msg, origin)` through the runtime, which decodes
+them (a `Send` routed by the gateway on its ids alone is decoded here first).
 Offsets are real and increasing on non-reliable topics too (Danube leaves them 0).
 """
 
@@ -30,7 +31,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from danube_zmq.actors.actor import Actor
+from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
@@ -144,12 +145,6 @@ class TopicActor(Actor):
         self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
         self._messages_in_metric = METRICS.messages_in.labels(topic=name)
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=name)
-        self._client_requests = {
-            cp.CreateProducer: self.handle_CreateProducer,
-            cp.Send: self.handle_Send,
-            cp.CloseProducer: self.handle_CloseProducer,
-            cp.Subscribe: self.handle_Subscribe,
-        }
         storage.bind(self)
 
     async def on_start(self) -> None:
@@ -210,25 +205,9 @@ class TopicActor(Actor):
         return subscription
 
     # ------------------------------------------------------------- client requests
-    async def handle_ClientRequest(self, req: ClientRequest) -> None:
-        try:
-            msg = cp.CLIENT_PROTOCOL.decode(req.frame)
-        except DanubeError as exc:
-            # A Send the gateway routed by its ids alone, without decoding it.
-            METRICS.bad_frames.inc()
-            ids = cp.peek_send(req.frame)
-            reply_client(self.system, req.identity,
-                         Error(request_id=ids[0] if ids else 0, code=exc.code, message=exc.message))
-            return
-        try:
-            answer = await self._client_requests[type(msg)](msg, req)
-        except DanubeError as exc:
-            answer = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
-        if answer is not None:
-            reply_client(self.system, req.identity, answer)
-
-    async def handle_CreateProducer(self, msg: cp.CreateProducer, req: ClientRequest) -> Message | None:
+    async def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> Message | None:
         _check_name("producer name", msg.producer_name)
+        req = _envelope(origin)
         context = req.schema
         if msg.schema_subject is not None and (context is None or context.version is None):
             raise FailedPrecondition(f"topic {self.topic}: this broker runs no schema registry")
@@ -311,7 +290,8 @@ class TopicActor(Actor):
     def handle_SealTopic(self, msg: SealTopic) -> Message:
         return TopicSealed(next_offset=self.storage.seal())
 
-    async def handle_Send(self, msg: cp.Send, req: ClientRequest) -> Message | None:
+    def handle_Send(self, msg: cp.Send, origin: Origin) -> Message | None:
+        req = _envelope(origin)
         count = len(msg.payloads)
         if count == 0 or len(msg.publish_times) != count or _column_mismatch(msg.keys, count) \
                 or _column_mismatch(msg.attributes, count):
@@ -326,15 +306,16 @@ class TopicActor(Actor):
         self.storage.send(req, msg)
         return None
 
-    async def handle_CloseProducer(self, msg: cp.CloseProducer, req: ClientRequest) -> Message | None:
-        self.attached_producer(msg.producer_id, req.identity)
+    def handle_CloseProducer(self, msg: cp.CloseProducer, origin: Origin) -> Message | None:
+        self.attached_producer(msg.producer_id, origin.identity)
         self._forget_producer(msg.producer_id)
         self.system.tell(self._gateway, ProducerDetached(
-            identity=req.identity, producer_id=msg.producer_id,
+            identity=origin.identity, producer_id=msg.producer_id,
             reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id))))
         return None
 
-    async def handle_Subscribe(self, msg: cp.Subscribe, req: ClientRequest) -> Message | None:
+    async def handle_Subscribe(self, msg: cp.Subscribe, origin: Origin) -> Message | None:
+        req = _envelope(origin)
         _check_name("subscription name", msg.subscription)
         _check_name("consumer name", msg.consumer_name)
         if msg.sub_type not in (0, 1, 2, 3):
@@ -543,6 +524,12 @@ class TopicActor(Actor):
             candidate = self.rng.getrandbits(63)
             if candidate not in taken:
                 return candidate
+
+
+def _envelope(origin: Origin) -> ClientRequest:
+    envelope = origin.envelope
+    assert isinstance(envelope, ClientRequest), "a topic serves the client port only"
+    return envelope
 
 
 def _version_of(context: ProducerSchema | None) -> SchemaVersionRef | None:

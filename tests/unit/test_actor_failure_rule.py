@@ -11,6 +11,7 @@ import asyncio
 import gc
 import logging
 
+import msgpack
 import pytest
 import zmq
 import zmq.asyncio
@@ -18,6 +19,7 @@ import zmq.asyncio
 from danube_zmq.actors import actor as actor_module
 from danube_zmq.actors.actor import ADMIN_OUTBOX, CLIENT_OUTBOX, Actor, Origin
 from danube_zmq.actors.clock import SystemClock
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.system import ActorSystem
 from danube_zmq.transport import admin_protocol as ap
@@ -81,15 +83,6 @@ class Worker(Actor):
         raise InvalidArgument(f"bad namespace {msg.namespace}")
 
 
-class Envelope(Actor):
-    """Transitional: an actor that handles the `ClientRequest` envelope itself."""
-
-    seen: list[ClientRequest] = []
-
-    def handle_ClientRequest(self, req: ClientRequest) -> None:
-        Envelope.seen.append(req)
-
-
 class Host(Actor):
     """Asks its guest in place (the guest shares its mailbox)."""
 
@@ -113,7 +106,7 @@ class Host(Actor):
 async def system():
     ctx = zmq.asyncio.Context()
     sys_ = ActorSystem(ctx, clock=SystemClock(), mailbox_messages_max=50, restarts_max=3, restart_window_ms=60_000)
-    Worker.instances, Worker.seen, Envelope.seen, Host.answers = 0, [], [], []
+    Worker.instances, Worker.seen, Host.answers = 0, [], []
     yield sys_
     await sys_.shutdown()
     ctx.term()
@@ -319,12 +312,21 @@ async def test_admin_requests_are_answered_on_the_admin_port(system: ActorSystem
     assert system.statistics().restarts == 0
 
 
-async def test_an_actor_handling_the_envelope_itself_still_gets_it(system: ActorSystem) -> None:
-    """Transitional: an actor that defines `handle_ClientRequest` gets the envelope."""
-    endpoint = await system.spawn(Envelope, name="e")
-    req = client(cp.Lookup(request_id=1, topic="/ns/t"))
-    system.tell(endpoint, req)
-    await wait_for(lambda: Envelope.seen == [req])
+async def test_a_client_request_that_does_not_decode_is_answered_with_its_request_id(
+        system: ActorSystem, outboxes) -> None:
+    """A gateway routes a producer's `Send` by the ids at its head without decoding it, so
+    the actor is the first to decode it: a batch that does not decode is the client's
+    fault, answered INVALID_ARGUMENT with the request id read from the frame's head (the
+    client matches it to its batch), counted as a bad frame, never a restart."""
+    endpoint = await system.spawn(Worker, name="w")
+    bad_frames = METRICS.bad_frames._value.get()
+    frame = msgpack.packb([cp.Send.TAG, 21, 5, ["not bytes"], [0]], use_bin_type=True)
+    assert cp.peek_send(frame) == (21, 5)
+    system.tell(endpoint, ClientRequest(identity=IDENTITY, frame=frame))
+    _, answer = await answer_on(outboxes["client"], cp.CLIENT_PROTOCOL)
+    assert isinstance(answer, Error) and answer.request_id == 21 and answer.code == ErrorCode.INVALID_ARGUMENT
+    assert METRICS.bad_frames._value.get() == bad_frames + 1
+    assert system.statistics().restarts == 0 and Worker.instances == 1
 
 
 # ------------------------------------------------------------------ the table
@@ -342,17 +344,34 @@ def test_no_internal_message_shares_a_name_with_a_client_or_admin_request() -> N
 
 
 def test_every_admin_and_client_request_the_broker_takes_has_a_handle_method() -> None:
-    """Every admin request type, and every client request the gateway forwards to the
-    broker, is a `handle_<Type>` method of some actor class: one search finds it."""
+    """Every admin request type is a `handle_<Type>` method of some actor class, and
+    every client request type one of the gateway (which reads it off the socket) and
+    of the actor that answers it: one search finds each hop."""
     from danube_zmq.actors.admin_gateway import AdminGateway
     from danube_zmq.actors.broker import BrokerActor
+    from danube_zmq.actors.gateway import Gateway
     from danube_zmq.actors.snapshot_actor import SnapshotActor
+    from danube_zmq.actors.subscription import SubscriptionActor
+    from danube_zmq.actors.topic import TopicActor
 
     classes = (BrokerActor, SnapshotActor, AdminGateway)
     wanted = [t.__name__ for t in ap.ADMIN_REQUESTS + ap.SNAPSHOT_REQUESTS + ap.CLUSTER_REQUESTS]
-    wanted += ["Lookup", "GetPartitions", "CreateProducer", "Subscribe"]
     missing = [name for name in wanted if not any(callable(getattr(c, f"handle_{name}", None)) for c in classes)]
     assert missing == []
+
+    answered_by = {
+        BrokerActor: ("Lookup", "GetPartitions", "CreateProducer", "Subscribe"),
+        TopicActor: ("CreateProducer", "Send", "CloseProducer", "Subscribe"),
+        SubscriptionActor: ("Flow", "Ack", "Nack", "Unsubscribe", "CloseConsumer", "Seek"),
+        Gateway: ("Connect", "Ping", "HealthCheck") + tuple(t.__name__ for t in cp.SCHEMA_REQUESTS),
+    }
+    requests = {t.__name__ for t in cp.CLIENT_REQUESTS}
+    assert {name for names in answered_by.values() for name in names} == requests
+    missing = [f"{c.__name__}.handle_{name}" for c, names in answered_by.items() for name in names
+               if not callable(getattr(c, f"handle_{name}", None))]
+    missing += [f"Gateway.handle_{name}" for name in sorted(requests) if name not in Gateway._handlers]
+    assert missing == []
+    assert "ClientRequest" not in TopicActor._handlers and "ClientRequest" not in SubscriptionActor._handlers
 
 
 # ------------------------------------------------------------------ request tasks

@@ -374,3 +374,37 @@ async def test_an_actors_own_sockets_are_watched_with_its_mailbox(system: ActorS
     await wait_for(lambda: Listener.heard[-1] == "2: again")
     push.close(linger=0)
     assert system.statistics().restarts == 1
+
+
+class LaneOwner(Actor):
+    """Opens a lane of two frames and keeps what it drains; fails on a frame b"boom"."""
+
+    drained: list[list[bytes]] = []
+
+    async def on_start(self) -> None:
+        self.system.open_lane("lane://out", self.endpoint, 2)
+
+    def drain_lane(self, frames) -> None:
+        while frames:
+            item = frames.popleft()
+            if item == [b"boom"]:
+                raise ValueError("a bug")
+            LaneOwner.drained.append(item)
+
+
+async def test_frames_pushed_to_a_lane_reach_its_actor_in_order_within_its_bound(system: ActorSystem) -> None:
+    """`push_frames` to an actor's lane queues the frames in process and wakes its task,
+    which hands them to `drain_lane` in order; beyond the lane's bound the push is
+    refused (False), never queued; a drain that fails restarts the actor, and the lane
+    (with what is still queued) goes on with the new instance."""
+    LaneOwner.drained = []
+    await system.spawn(LaneOwner, name="owner")
+    assert system.push_frames("lane://out", [b"a", b"1"])
+    assert system.push_frames("lane://out", [b"a", b"2"])
+    assert not system.push_frames("lane://out", [b"a", b"3"])  # full: the task has not run yet
+    await wait_for(lambda: len(LaneOwner.drained) == 2)
+    assert LaneOwner.drained == [[b"a", b"1"], [b"a", b"2"]]
+    assert system.push_frames("lane://out", [b"boom"])
+    assert system.push_frames("lane://out", [b"a", b"4"])
+    await wait_for(lambda: len(LaneOwner.drained) == 3)
+    assert LaneOwner.drained[-1] == [b"a", b"4"] and system.statistics().restarts == 1
