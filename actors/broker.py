@@ -357,11 +357,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """Tell this actor every assignment change, in revision order."""
         store = self.metadata
         revision: int | None = None
-        while store.peer.running:
+        while store.running:
             try:
                 if revision is None:
                     await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
-                    revision = store.peer.state.revision
+                    revision = store.local_revision()
                     mine = await self._assigned_here()
                     await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
                 async for event in store.watch(cr.ASSIGNMENTS, revision):
@@ -372,7 +372,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             except Compacted:
                 revision = None
             except DanubeError as exc:
-                if store.peer.running:
+                if store.running:
                     log.warning("watch of assignments failed (%s); retrying", exc)
                     revision = None
                     await asyncio.sleep(_RETRY_S)
@@ -443,7 +443,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         left = self._resync_left
         for _ in range(min(_RESYNC_SLICE, len(left))):
             topic = left.popleft()
-            value = self.metadata.peer.state.get(cr.assignment_key(topic))
+            value = self.metadata.local_get(cr.assignment_key(topic))
             if value is not None and _owner(topic, value.value) == self.broker_id:
                 await self._load(topic)
                 await self._wake(topic)
@@ -458,7 +458,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """The topics assigned here, as of the applied state when called (the listing is a
         copy); with 100,000 assignments to decode it yields to the event loop as it goes."""
         mine = []
-        for n, (key, value) in enumerate(self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)):
+        for n, (key, value) in enumerate(self.metadata.local_scan(cr.ASSIGNMENTS)):
             if n % _KEYS_PER_SLICE == 0:
                 await asyncio.sleep(0)
             if _owner(key, value.value) == self.broker_id:
@@ -483,10 +483,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             self._forget_damage(topic)
             await self._clear_damage_record(topic)
         else:
-            state = self.metadata.peer.state.get(cr.topic_state_key(topic))
+            state = self.metadata.local_get(cr.topic_state_key(topic))
             start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
         # Producers recorded by the topic's previous broker attach again here.
-        for key, _ in self.metadata.peer.state.list_prefix(cr.producers_prefix(topic)):
+        for key, _ in self.metadata.local_scan(cr.producers_prefix(topic)):
             self.producer_writes.setdefault(key, None)
         entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
@@ -570,7 +570,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """Record where the topic's offsets stopped, unless another broker reserved its
         offsets since (it took the topic over from this one: its record stands)."""
         key = cr.topic_state_key(entry.name.full)
-        current = self.metadata.peer.state.get(key)
+        current = self.metadata.local_get(key)
         if current is not None and entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             holder = cr.decode(current.value, cr.TopicState).broker_id
             if holder != self.broker_id:
@@ -622,7 +622,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         local WAL of an earlier turn here that ends below is stale (the topic moved on
         elsewhere): it is dropped."""
         floors = []
-        value = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        value = self.metadata.local_get(cr.topic_state_key(name.full))
         try:
             local_end = await asyncio.to_thread(self._wal_end, name)
         except WalDamaged as damage:
@@ -690,7 +690,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     async def _clear_damage_record(self, topic: str) -> None:
         """A topic served again (repaired, or recovered): its damage record goes."""
-        if self.metadata.peer.state.get(cr.damaged_key(topic)) is None:
+        if self.metadata.local_get(cr.damaged_key(topic)) is None:
             return
         try:
             await self.metadata.delete(cr.damaged_key(topic))
@@ -804,7 +804,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     # ------------------------------------------------------------- reading the registry
     def _record(self, full: str) -> cr.TopicRecord | None:
-        value = self.metadata.peer.state.get(cr.topic_record_key(full))
+        value = self.metadata.local_get(cr.topic_record_key(full))
         return None if value is None else cr.decode(value.value, cr.TopicRecord)
 
     def _resolve_local(self, name: TopicName) -> Resolved | None:
@@ -834,16 +834,16 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     async def _namespace_exists(self, namespace: str) -> bool:
         key = cr.namespace_key(namespace)
-        if self.metadata.peer.state.get(key) is not None:
+        if self.metadata.local_get(key) is not None:
             return True
         return await self.metadata.get(key) is not None
 
     def _assignment(self, topic: str) -> cr.Assignment | None:
-        value = self.metadata.peer.state.get(cr.assignment_key(topic))
+        value = self.metadata.local_get(cr.assignment_key(topic))
         return None if value is None else cr.decode(value.value, cr.Assignment)
 
     def _registration(self, broker_id: int) -> cr.BrokerRegistration | None:
-        value = self.metadata.peer.state.get(cr.register_key(broker_id))
+        value = self.metadata.local_get(cr.register_key(broker_id))
         return None if value is None else cr.decode(value.value, cr.BrokerRegistration)
 
     def _elsewhere(self, topic: str) -> cr.BrokerRegistration | None:
@@ -854,7 +854,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         assignment = self._assignment(topic)
         if assignment is None or assignment.broker_id == self.broker_id:
             return None
-        value = self.metadata.peer.state.get(cr.register_key(assignment.broker_id))
+        value = self.metadata.local_get(cr.register_key(assignment.broker_id))
         if value is None:
             return None
         if value.expires_at_ms is not None and value.ttl_ms is not None \
@@ -895,7 +895,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         now_ms = self.system.clock.now_ms()
         for topic, next_offset in self.stopped_offsets.items():
             key = cr.topic_state_key(topic)
-            current = self.metadata.peer.state.get(key)
+            current = self.metadata.local_get(key)
             if current is None or cr.decode(current.value, cr.TopicState).broker_id != self.broker_id:
                 continue
             expect[key] = current.version
@@ -948,7 +948,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             if topic not in self.topics:
                 continue  # unloaded meanwhile: its seal ended the reservation
             key = cr.topic_state_key(topic)
-            current = self.metadata.peer.state.get(key)
+            current = self.metadata.local_get(key)
             state = cr.decode(current.value, cr.TopicState) if current is not None else None
             if state is not None and state.broker_id == self.broker_id:
                 until = max(until, state.reserved_until)  # a restarted topic actor asks from its WAL's end
@@ -1188,7 +1188,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             raise AlreadyExists(f"topic {name.full} already exists")
         for start in range(0, len(rest), per_batch):
             chunk = rest[start:start + per_batch]
-            written = self.metadata.peer.state.get(key)
+            written = self.metadata.local_get(key)
             if written is None or not await self.metadata.transaction(
                     {key: written.version} | {cr.assignment_key(n): 0 for n in chunk},
                     {cr.unassigned_key(n): marker for n in chunk}):
@@ -1200,13 +1200,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     def _keys_per_batch(self) -> int:
         """Keys one metadata transaction may touch, with room to spare."""
-        return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.peer.state.batch_keys_max))
+        return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.batch_keys_max))
 
     def _check_namespace_room(self, namespace: str, adding: int, limits: NamespaceLimits) -> None:
         """RESOURCE_EXHAUSTED when `adding` more topics (partitions count one each) would
         pass the namespace's topics limit. The scan is bounded by the limit itself."""
         held = 0
-        for key, value in self.metadata.peer.state.list_prefix(f"{cr.TOPICS}{namespace}/"):
+        for key, value in self.metadata.local_scan(f"{cr.TOPICS}{namespace}/"):
             if key.count("/") == 3:  # a topic record, not a subscription's or producer's key
                 try:
                     held += max(1, cr.decode(value.value, cr.TopicRecord).partitions)
@@ -1259,7 +1259,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         prefix = f"{topic_key(name.full)}/subscriptions/"
         states = []
         # Cursors not yet flushed are newer than the store's.
-        records = {key: value.value for key, value in self.metadata.peer.state.list_prefix(prefix)}
+        records = {key: value.value for key, value in self.metadata.local_scan(prefix)}
         records.update((k, v) for k, v in self.cursor_writes.items() if k.startswith(prefix))
         for key, value in sorted(records.items()):
             record = msgpack.unpackb(value)
