@@ -80,7 +80,6 @@ from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.storage.wal.segment import parse_segment_file_name
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
-from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
@@ -982,10 +981,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     def handle_PersistCursor(self, msg: PersistCursor) -> None:
         # Coalesced: the last state of each subscription is written with the next flush.
-        self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = msgpack.packb(
-            {"sub_type": msg.sub_type, "cursor": msg.cursor, "acked_above": msg.acked_above,
-             "policy": None if msg.policy is None else msg.policy.to_record(),
-             "max_unacked_messages": msg.max_unacked_messages})
+        self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = cr.encode(cr.CursorRecord(
+            sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
+            max_unacked_messages=msg.max_unacked_messages))
 
     async def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
         key = _subscription_key(msg.topic, msg.subscription)
@@ -1262,11 +1260,14 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         records = {key: value.value for key, value in self.metadata.local_scan(prefix)}
         records.update((k, v) for k, v in self.cursor_writes.items() if k.startswith(prefix))
         for key, value in sorted(records.items()):
-            record = msgpack.unpackb(value)
-            states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record["sub_type"],
-                                            cursor=record["cursor"], acked_above=list(record["acked_above"]),
-                                            policy=ip.FailurePolicyState.from_record(record.get("policy")),
-                                            max_unacked_messages=record.get("max_unacked_messages")))
+            try:
+                record = cr.decode_cursor(value)
+            except InvalidArgument as exc:  # the topic is not served from a cursor it cannot read
+                raise InvalidArgument(f"metadata record {key} cannot be read ({exc}); fix or delete it"
+                                      f" (danube admin metadata get/delete {key})") from None
+            states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record.sub_type,
+                                            cursor=record.cursor, acked_above=record.acked_above,
+                                            policy=record.policy, max_unacked_messages=record.max_unacked_messages))
         return states
 
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
