@@ -15,10 +15,11 @@ partition. A standalone broker is the same code with one voter.
    the client follows; a request for a topic with no broker yet (just created, or
    moving) waits here, bounded in number and time, until the assignment arrives.
 4. The broker holds a registration lease (`/cluster/register/{id}`, TTL
-   `cluster.lease_ttl_ms`, renewed every third of it). When renewing keeps failing it
-   unloads every topic before the lease can run out, so it never serves a topic the
-   load manager has given to another broker (fencing); when it renews again it loads
-   what is assigned to it then.
+   `cluster.lease_ttl_ms`, renewed every third of it) through its child actor
+   `LeaseKeeper` (`lease_keeper.py`; the decisions are `lease.py`, pure). When renewing
+   keeps failing it is told `LeaseChanged(held=False)` and unloads every topic before
+   the lease can run out, so it never serves a topic the load manager has given to
+   another broker (fencing); when it renews again it loads what is assigned to it then.
 5. Admin requests (`broker_admin.py`, mixed in): about a topic they run on the
    brokers that serve its partitions; balance and rebalancing go to the leader.
 
@@ -62,6 +63,7 @@ from danube_zmq.actors.broker_namespace_limits import BrokerNamespaceLimits, Nam
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.lease_keeper import LeaseKeeper
 from danube_zmq.actors.load_report import LoadSampler
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
@@ -262,9 +264,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             except DanubeError as exc:
                 log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
                 await asyncio.sleep(_RETRY_S)
+        await self._spawn_lease_keeper()
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._keep_lease(), name=f"broker {self.broker_id} lease"))
-        self._tasks.append(loop.create_task(self._fence(), name=f"broker {self.broker_id} fence"))
         self._tasks.append(loop.create_task(self._publish_load(), name=f"broker {self.broker_id} load"))
         self._tasks.append(loop.create_task(self.follow_backlog_quotas(), name=f"broker {self.broker_id} quotas"))
         await self._follow_assignments()
@@ -302,34 +303,22 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             catalog.close()
         path.rename(self.data_dir / "catalog.imported")
 
-    async def _keep_lease(self) -> None:
-        ttl = self.config.cluster.lease_ttl_ms
+    async def _spawn_lease_keeper(self) -> None:
+        """The registration lease is held by a child actor (`lease_keeper.py`), which
+        tells this one `LeaseChanged`."""
+        cluster = self.config.cluster
         registration = cr.encode(cr.BrokerRegistration(
             broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
-            raft_node_id=self.config.cluster.node_id, started_ms=self.system.clock.now_ms(),
-            metrics_url=self.metrics_url))
-        clock = self.system.clock
-        while True:
-            sent = clock.monotonic_ms()
-            try:
-                await asyncio.wait_for(self.metadata.put_with_ttl(cr.register_key(self.broker_id), registration, ttl),
-                                       ttl / 1000)
-                # The leader stamps the lease after we sent, so it cannot end before
-                # sent + ttl; a sixth of it is left for the unload.
-                self.lease_until_ms = sent + ttl - ttl // 6
-                if not self.lease_held:
-                    await self.system.send(self.endpoint, LeaseChanged(held=True))
-            except (DanubeError, TimeoutError) as exc:
-                log.warning("broker %d could not renew its lease (%s)", self.broker_id, exc or "timeout")
-            await asyncio.sleep(max(0.0, (sent + ttl / 3 - clock.monotonic_ms()) / 1000))
+            raft_node_id=cluster.node_id, started_ms=self.system.clock.now_ms(), metrics_url=self.metrics_url))
+        metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
+        await self.system.spawn(lambda: LeaseKeeper(
+            metadata=metadata, broker_endpoint=broker, broker_id=broker_id, key=cr.register_key(broker_id),
+            registration=registration, ttl_ms=cluster.lease_ttl_ms), name=f"lease keeper {broker_id}", parent=broker)
 
-    async def _fence(self) -> None:
-        clock = self.system.clock
-        while True:
-            await asyncio.sleep(0.05)
-            if self.lease_held and clock.monotonic_ms() >= self.lease_until_ms:
-                self.lease_held = False  # no request is served from here on, before the message is handled
-                await self.system.send(self.endpoint, LeaseChanged(held=False))
+    def _lease_valid(self) -> bool:
+        """Serving: the lease is held and has not run out. The time is checked here too,
+        not only by the keeper: a `LeaseChanged(held=False)` may still wait in the mailbox."""
+        return self.lease_held and self.system.clock.monotonic_ms() < self.lease_until_ms
 
     async def _publish_load(self) -> None:
         """Publish this broker's load report (`load_report.py`) every report interval,
@@ -379,6 +368,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
     # ------------------------------------------------------------- loading and unloading
     async def handle_LeaseChanged(self, msg: LeaseChanged) -> None:
         if msg.held:
+            self.lease_until_ms = max(self.lease_until_ms, msg.until_ms)
             if self.lease_held:
                 return
             self.lease_held = True
@@ -938,7 +928,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                     self.system.post(entry.endpoint, OffsetsReserved(until=until))
 
     async def _reserve(self, wanted: dict[str, int]) -> dict[str, int]:
-        if not self.lease_held:
+        if not self._lease_valid():
             raise Unavailable(f"broker {self.broker_id} holds no lease")
         expect: dict[str, int] = {}
         puts: dict[str, bytes] = {}
@@ -1079,7 +1069,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """The entry when `topic` is served here; raises `Moved` when another broker
         serves it; None when the request was parked until it has a broker."""
         entry = self.topics.get(topic)
-        if entry is not None and self.lease_held:
+        if entry is not None and self._lease_valid():
             return entry
         damage = self.damaged.get(topic)
         if damage is not None:

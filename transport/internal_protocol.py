@@ -655,11 +655,32 @@ class AssignmentsResync(Message):
 
 @wire
 class LeaseChanged(Message):
-    """Broker's lease keeper -> broker: the registration lease is held (serve) or lost
-    (stop serving: another broker may take the topics once it expires)."""
+    """Broker's lease keeper -> broker: the registration lease is held (serve, and
+    never at or after `until_ms`, monotonic: told again at every renewal) or lost (stop
+    serving: another broker may take the topics once it expires)."""
 
     TAG = 79
     held: bool
+    until_ms: int = 0
+
+
+@wire
+class LeaseTick(Message):
+    """Timer -> lease keeper: time passed (renew, or fence when the lease runs out).
+    Tags 250+: past every tag of every protocol, so another branch's do not meet them."""
+
+    TAG = 250
+
+
+@wire
+class LeaseRenewed(Message):
+    """Lease keeper's renewal task -> lease keeper: the renewal sent at `sent_ms`
+    (monotonic) was applied (`renewed`) or failed (`error`)."""
+
+    TAG = 251
+    sent_ms: int
+    renewed: bool
+    error: str = ""
 
 
 @wire
@@ -873,5 +894,6 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged,
         ResyncNext,
+        LeaseTick, LeaseRenewed,
     ),
 )
