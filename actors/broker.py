@@ -64,7 +64,7 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.lease_keeper import LeaseKeeper
-from danube_zmq.actors.load_report import LoadSampler
+from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
@@ -102,7 +102,6 @@ from danube_zmq.transport.internal_protocol import (
     ChildStopped,
     ClientRequest,
     DeadLetter,
-    DescribePartition,
     DurableSegment,
     ForgetSegments,
     ForgetSubscription,
@@ -110,7 +109,6 @@ from danube_zmq.transport.internal_protocol import (
     ListSnapshotTopics,
     OffsetsReserved,
     ParkedExpired,
-    PartitionStats,
     PersistCursor,
     ProducerRegistry,
     ReserveOffsets,
@@ -118,6 +116,8 @@ from danube_zmq.transport.internal_protocol import (
     SealTopic,
     SegmentDurable,
     SegmentSealed,
+    ServedTopics,
+    ServedTopicsList,
     SnapshotTopicRef,
     SnapshotTopics,
     SubscriptionState,
@@ -265,8 +265,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
                 await asyncio.sleep(_RETRY_S)
         await self._spawn_lease_keeper()
+        metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
+        interval_ms = self.config.load_manager.report_interval_ms
+        await self.system.spawn(lambda: LoadReporter(metadata=metadata, broker_endpoint=broker, broker_id=broker_id,
+                                                     interval_ms=interval_ms),
+                                name=f"load reporter {broker_id}", parent=broker)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._publish_load(), name=f"broker {self.broker_id} load"))
         self._tasks.append(loop.create_task(self.follow_backlog_quotas(), name=f"broker {self.broker_id} quotas"))
         await self._follow_assignments()
 
@@ -320,26 +324,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         not only by the keeper: a `LeaseChanged(held=False)` may still wait in the mailbox."""
         return self.lease_held and self.system.clock.monotonic_ms() < self.lease_until_ms
 
-    async def _publish_load(self) -> None:
-        """Publish this broker's load report (`load_report.py`) every report interval,
-        with a TTL of three intervals."""
-        sampler = LoadSampler()
-        interval = self.config.load_manager.report_interval_ms
-        while True:
-            await asyncio.sleep(interval / 1000)
-            if not self.lease_held:
-                continue
-            partitions = []
-            for entry in list(self.topics.values()):
-                with contextlib.suppress(DanubeError):  # stopped meanwhile
-                    stats = await self.system.ask(entry.endpoint, DescribePartition(), timeout_ms=interval)
-                    assert isinstance(stats, PartitionStats)
-                    partitions.append(stats.info)
-            report = sampler.report(self.broker_id, partitions, self.system.clock.now_ms())
-            try:
-                await self.metadata.put_with_ttl(cr.load_key(self.broker_id), cr.encode(report), 3 * interval)
-            except DanubeError as exc:
-                log.info("load report not published (%s)", exc)
+    def handle_ServedTopics(self, msg: ServedTopics) -> Message:
+        """The load reporter's question: which topic actors to describe."""
+        return ServedTopicsList(endpoints=[entry.endpoint for entry in self.topics.values()],
+                                serving=self._lease_valid())
 
     async def _follow_assignments(self) -> None:
         """Tell this actor every assignment change, in revision order."""

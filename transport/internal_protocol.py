@@ -684,6 +684,28 @@ class LeaseRenewed(Message):
 
 
 @wire
+class PublishLoad(Message):
+    """Timer -> load reporter: publish this broker's load report."""
+
+    TAG = 252
+
+
+@wire
+class ServedTopics(Message):
+    """Load reporter -> broker (ask): the topic actors served here, and whether the
+    broker serves at all (holds its lease). Answered with `ServedTopicsList`."""
+
+    TAG = 253
+
+
+@wire
+class ServedTopicsList(Message):
+    TAG = 254
+    endpoints: list[str]
+    serving: bool
+
+
+@wire
 class ParkedExpired(Message):
     """Timer -> broker: answer the requests waiting for an assignment past their deadline."""
 
@@ -894,6 +916,6 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged,
         ResyncNext,
-        LeaseTick, LeaseRenewed,
+        LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
     ),
 )
