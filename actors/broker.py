@@ -33,7 +33,8 @@ partition. A standalone broker is the same code with one voter.
    A non-reliable topic is asked where its offsets stopped (`SealTopic`) and the next
    broker continues them too.
 7. Offsets of reliable topics are reserved in `TopicState` before they are
-   acknowledged (`ReserveOffsets` from the topic, coalesced into one transaction): a
+   acknowledged (`ReserveOffsets` from the topic, forwarded to the `OffsetReservations`
+   child, `offset_reservations.py`, which coalesces them into one transaction): a
    broker taking over a dead broker's topic starts past its reservation, never reusing
    an offset the dead broker may have acknowledged, unless it was the reserving broker
    itself (restarted on its disk: its WAL says exactly where it stopped).
@@ -67,6 +68,7 @@ from danube_zmq.actors.lease_keeper import LeaseKeeper
 from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.offset_reservations import OffsetReservations
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import TopicActor
@@ -107,11 +109,11 @@ from danube_zmq.transport.internal_protocol import (
     ForgetSubscription,
     LeaseChanged,
     ListSnapshotTopics,
-    OffsetsReserved,
     ParkedExpired,
     PersistCursor,
     ProducerRegistry,
     ReserveOffsets,
+    ReserveOffsetsFor,
     ResyncNext,
     SealTopic,
     SegmentDurable,
@@ -122,6 +124,7 @@ from danube_zmq.transport.internal_protocol import (
     SnapshotTopics,
     SubscriptionState,
     Tick,
+    TopicReleased,
     TopicSchemaChanged,
     TopicSealed,
     TopicStopped,
@@ -163,8 +166,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.producer_writes: dict[str, bytes | None] = {}  # producer record key -> record (None: delete)
         self._flush_turn = asyncio.Lock()
         self._flushing: asyncio.Task[None] | None = None
-        self.reservations: dict[str, int] = {}  # topic -> the `until` to write
-        self._reserving: asyncio.Task[None] | None = None
+        self.reservations_endpoint: str | None = None  # the OffsetReservations child
         self.stopped_offsets: dict[str, int] = {}  # reliable topics stopped at shutdown -> their log's end
         self.durable_store: DurableStore | None = None
         self.segment_catalog: SegmentCatalog | None = None
@@ -202,6 +204,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # Moves handed here that never finished (they are begun again from the start).
         await asyncio.to_thread(shutil.rmtree, self.data_dir / "handover", True)
         await self._start_uploader()
+        metadata, broker_id = self.metadata, self.broker_id
+        self.reservations_endpoint = await self.system.spawn(
+            lambda: OffsetReservations(metadata=metadata, broker_id=broker_id),
+            name=f"offset reservations {broker_id}", parent=self.endpoint)
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
         loop = asyncio.get_running_loop()
@@ -227,11 +233,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await task
         self._tasks.clear()
         await self._remote_admin.cancel_all()
-        for task in (self._reserving, self._flushing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._flushing is not None:
+            self._flushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flushing
         for client, _turn in self._admin_clients.values():
             if client is not None:
                 client.close()
@@ -493,6 +498,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         entry = self.topics.pop(topic, None)
         if entry is None:
             return None
+        if self.reservations_endpoint is not None:
+            self.system.post(self.reservations_endpoint, TopicReleased(topic=topic))
         next_offset = None
         if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE and not deleted:
             try:  # from here on it refuses sends: no offset is given out after this one
@@ -883,60 +890,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             log.warning("offset reservations changed meanwhile; not ended at shutdown")
 
     def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
-        self.reservations[msg.topic] = max(self.reservations.get(msg.topic, 0), msg.until)
-        if self._reserving is None or self._reserving.done():
-            self._reserving = asyncio.get_running_loop().create_task(self._write_reservations())
-
-    async def _write_reservations(self) -> None:
-        """Write the reservations asked for, all pending ones in one transaction, and
-        answer each topic; retried for `_RESERVE_RETRY_S`, then refused."""
-        failing_since: float | None = None
-        while self.reservations:
-            wanted, self.reservations = self.reservations, {}
-            try:
-                granted = await self._reserve(wanted)
-            except DanubeError as exc:
-                now = asyncio.get_running_loop().time()
-                failing_since = failing_since or now
-                if now - failing_since < _RESERVE_RETRY_S:
-                    for topic, until in wanted.items():
-                        self.reservations[topic] = max(self.reservations.get(topic, 0), until)
-                    await asyncio.sleep(_RETRY_S)
-                    continue
-                log.error("offsets of %d topics not reserved: %s", len(wanted), exc)
-                for topic in wanted:
-                    if topic in self.topics:
-                        self.system.post(self.topics[topic].endpoint, OffsetsReserved(until=0, error=str(exc)))
-                failing_since = None
-                continue
-            failing_since = None
-            for topic, until in granted.items():
-                entry = self.topics.get(topic)
-                if entry is not None:
-                    self.system.post(entry.endpoint, OffsetsReserved(until=until))
-
-    async def _reserve(self, wanted: dict[str, int]) -> dict[str, int]:
-        if not self._lease_valid():
-            raise Unavailable(f"broker {self.broker_id} holds no lease")
-        expect: dict[str, int] = {}
-        puts: dict[str, bytes] = {}
-        granted: dict[str, int] = {}
-        for topic, until in wanted.items():
-            if topic not in self.topics:
-                continue  # unloaded meanwhile: its seal ended the reservation
-            key = cr.topic_state_key(topic)
-            current = self.metadata.local_get(key)
-            state = cr.decode(current.value, cr.TopicState) if current is not None else None
-            if state is not None and state.broker_id == self.broker_id:
-                until = max(until, state.reserved_until)  # a restarted topic actor asks from its WAL's end
-            expect[key] = current.version if current is not None else 0
-            puts[key] = cr.encode(cr.TopicState(
-                next_offset=state.next_offset if state is not None else 0, broker_id=self.broker_id,
-                sealed_ms=state.sealed_ms if state is not None else 0, reserved_until=until))
-            granted[topic] = until
-        if puts and not await self.metadata.transaction(expect, puts):
-            raise Unavailable("a topic's offsets record changed meanwhile")  # re-read and retried
-        return granted
+        """Written by the `OffsetReservations` child; only for a topic served here."""
+        entry = self.topics.get(msg.topic)
+        if entry is None or self.reservations_endpoint is None:
+            return  # unloaded meanwhile: its seal ended the reservation
+        self.system.post(self.reservations_endpoint, ReserveOffsetsFor(
+            topic=msg.topic, until=msg.until, endpoint=entry.endpoint,
+            lease_until_ms=self.lease_until_ms if self.lease_held else 0))
 
     async def handle_ForgetSegments(self, msg: ForgetSegments) -> None:
         if self.segment_catalog is not None:

@@ -706,6 +706,34 @@ class ServedTopicsList(Message):
 
 
 @wire
+class ReserveOffsetsFor(Message):
+    """Broker -> offset reservations: a served topic's `ReserveOffsets`, with the topic
+    actor to answer and the broker's lease end (monotonic ms; nothing is written after)."""
+
+    TAG = 255
+    topic: str
+    until: int
+    endpoint: str
+    lease_until_ms: int
+
+
+@wire
+class TopicReleased(Message):
+    """Broker -> offset reservations: the topic is no longer served here (its seal ends
+    its reservation): what is pending for it is dropped."""
+
+    TAG = 256
+    topic: str
+
+
+@wire
+class WriteReservations(Message):
+    """Offset reservations -> itself: write what is pending, in one transaction."""
+
+    TAG = 257
+
+
+@wire
 class ParkedExpired(Message):
     """Timer -> broker: answer the requests waiting for an assignment past their deadline."""
 
@@ -917,5 +945,6 @@ INTERNAL_PROTOCOL = Protocol(
         ApplyBacklogQuota, BacklogQuotasChanged,
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
+        ReserveOffsetsFor, TopicReleased, WriteReservations,
     ),
 )
