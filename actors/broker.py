@@ -69,6 +69,7 @@ from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.offset_reservations import OffsetReservations
+from danube_zmq.actors.ownership import Ownership, damaged_wal_is_stale, on_assignment, reliable_start
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import TopicActor
@@ -396,13 +397,16 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                       " brokers start from what reached the store", len(unsealed), ", ".join(unsealed[:3]))
 
     async def handle_AssignmentChanged(self, msg: AssignmentChanged) -> None:
-        if msg.broker_id == self.broker_id:
+        record_exists = msg.broker_id is not None or self._resolve_local(parse_topic(msg.topic)) is not None
+        decision = on_assignment(me=self.broker_id, owner=msg.broker_id, served=msg.topic in self.topics,
+                                 record_exists=record_exists)
+        if decision is Ownership.LOAD:
             await self._load(msg.topic)
         else:
-            deleted = msg.broker_id is None and self._resolve_local(parse_topic(msg.topic)) is None
             self._forget_damage(msg.topic)
-            await self._unload(msg.topic, deleted=deleted)
-            if deleted:
+            if decision is not Ownership.NOTHING:
+                await self._unload(msg.topic, deleted=decision is Ownership.DELETE)
+            if decision is Ownership.DELETE:
                 await self._delete_local(msg.topic)
         await self._wake(msg.topic)
 
@@ -426,10 +430,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         for _ in range(min(_RESYNC_SLICE, len(left))):
             topic = left.popleft()
             value = self.metadata.local_get(cr.assignment_key(topic))
-            if value is not None and _owner(topic, value.value) == self.broker_id:
+            # A deletion is not decided here: it comes as its own assignment change.
+            decision = on_assignment(me=self.broker_id, owner=None if value is None else _owner(topic, value.value),
+                                     served=topic in self.topics, record_exists=True)
+            if decision is Ownership.LOAD:
                 await self._load(topic)
                 await self._wake(topic)
-            elif topic in self.topics:
+            elif decision is Ownership.UNLOAD:
                 await self._unload(topic)
         if left:
             # By a timer, not a message from this task: the broker's own messages to
@@ -601,54 +608,37 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             wal.close()
 
     async def _start_offset(self, name: TopicName) -> int | None:
-        """Where a reliable topic loaded here must start: where its last owner stopped,
-        past every offset another broker reserved, and past its durable segments. A
-        local WAL of an earlier turn here that ends below is stale (the topic moved on
-        elsewhere): it is dropped."""
-        floors = []
+        """Where a reliable topic loaded here must start (`ownership.reliable_start`
+        decides from the store's record, the local WAL's end and the durable segments').
+        A local WAL of an earlier turn here that ends below is stale: it is dropped."""
         value = self.metadata.local_get(cr.topic_state_key(name.full))
+        state = cr.decode(value.value, cr.TopicState) if value is not None else None
         try:
             local_end = await asyncio.to_thread(self._wal_end, name)
         except WalDamaged as damage:
-            state = cr.decode(value.value, cr.TopicState) if value is not None else None
-            if state is None or state.broker_id == self.broker_id or damage.claimed_end > state.next_offset:
+            if not damaged_wal_is_stale(me=self.broker_id, state=state, claimed_end=damage.claimed_end):
                 raise
-            # A WAL of an earlier turn here, superseded: another broker served the topic
-            # past everything it held. Dropped like any stale WAL below.
             log.warning("topic %s: a stale local WAL from an earlier turn is damaged (%s): dropping it",
                         name.full, damage)
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
             local_end = None
-        if value is not None:
-            state = cr.decode(value.value, cr.TopicState)
-            floors.append(state.next_offset)
-            if state.broker_id != self.broker_id or local_end is None:
-                # Reserved by another broker (or by this one on a disk since lost): some
-                # of those offsets may have been acknowledged; none is given out again.
-                floors.append(state.reserved_until)
+        durable_end = None
         if self.segment_catalog is not None:
             segments = self.segment_catalog.list(name.full)
             if segments:
-                floors.append(segments[-1].end_offset + 1)
-        if not floors:
-            return None
-        start = max(floors)
-        if local_end is not None and value is not None and local_end < state.next_offset \
-                and state.broker_id == self.broker_id:
-            # This broker recorded that the topic's log reached `next_offset` here (at its
-            # last clean stop or seal) and no broker took it since: a log ending below
-            # lost acknowledged records. Damage, not a stale WAL to drop.
-            reason = (f"the log ends at offset {local_end}, below offset {state.next_offset} where this broker"
-                      f" recorded it at its last stop")
+                durable_end = segments[-1].end_offset + 1
+        start = reliable_start(me=self.broker_id, state=state, local_end=local_end, durable_end=durable_end)
+        if start.damage is not None:
+            assert state is not None and local_end is not None
             wal_dir = self._wal_dir(name)
-            log.error("topic %s: WAL %s: %s; the topic is not served", name.full, wal_dir, reason)
-            raise WalDamaged(wal_dir, 0, reason, valid_end=local_end, claimed_end=max(floors + [state.reserved_until]),
+            log.error("topic %s: WAL %s: %s; the topic is not served", name.full, wal_dir, start.damage)
+            raise WalDamaged(wal_dir, 0, start.damage, valid_end=local_end, claimed_end=start.claimed_end,
                              acknowledged_offset=state.next_offset, quarantined=None)
-        if local_end is not None and local_end < start:
-            log.warning("topic %s: the local WAL ends at %d, the topic at %d (served elsewhere since): dropping it",
-                        name.full, local_end, start)
+        if start.drop_local_wal:
+            log.warning("topic %s: the local WAL ends at %s, the topic at %d (served elsewhere since): dropping it",
+                        name.full, local_end, start.start_offset)
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
-        return start
+        return start.start_offset
 
     async def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
         log.error("%s", _damage_text(topic, damage))
