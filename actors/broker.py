@@ -69,7 +69,14 @@ from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.offset_reservations import OffsetReservations
-from danube_zmq.actors.ownership import Ownership, damaged_wal_is_stale, on_assignment, reliable_start
+from danube_zmq.actors.ownership import (
+    Ownership,
+    damaged_wal_is_stale,
+    marks_sealed,
+    on_assignment,
+    reliable_start,
+    seal_state,
+)
 from danube_zmq.actors.reliable_topic import ReliableTopicActor
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import TopicActor
@@ -552,7 +559,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         if current is None:
             return
         marker = cr.decode(current.value, cr.Unassigned)
-        if marker.from_broker == self.broker_id and not marker.sealed:
+        if marks_sealed(me=self.broker_id, marker=marker):
             await self.metadata.compare_and_swap(key, current.version,
                                                  cr.encode(dataclasses.replace(marker, sealed=True)))
             log.info("topic %s sealed on broker %d for its next broker", topic, self.broker_id)
@@ -562,13 +569,14 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         offsets since (it took the topic over from this one: its record stands)."""
         key = cr.topic_state_key(entry.name.full)
         current = self.metadata.local_get(key)
-        if current is not None and entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
-            holder = cr.decode(current.value, cr.TopicState).broker_id
-            if holder != self.broker_id:
-                log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full, holder)
-                return
-        state = cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=self.system.clock.now_ms(),
-                              reserved_until=next_offset)
+        recorded = cr.decode(current.value, cr.TopicState) if current is not None else None
+        state = seal_state(me=self.broker_id, reliable=entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE,
+                           current=recorded, next_offset=next_offset, now_ms=self.system.clock.now_ms())
+        if state is None:
+            assert recorded is not None
+            log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full,
+                        recorded.broker_id)
+            return
         result = await self.metadata.compare_and_swap(key, current.version if current is not None else 0,
                                                       cr.encode(state))
         if not result.succeeded:

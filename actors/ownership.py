@@ -1,5 +1,6 @@
 """Topic ownership decisions, pure: what the broker does with a topic when its
-assignment changes, and where a reliable topic loaded here starts its offsets.
+assignment changes, where a reliable topic loaded here starts its offsets, and what a
+broker that stops serving a topic records for the next (the seal).
 
 No I/O and no clock: the broker (`broker.py`) reads the metadata store and the local
 WAL, calls these, and carries the decision out (spawn, stop, seal, drop a stale WAL,
@@ -11,9 +12,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from danube_zmq.transport.cluster_records import TopicState
+from danube_zmq.transport.cluster_records import TopicState, Unassigned
 
-__all__ = ["Ownership", "Start", "damaged_wal_is_stale", "on_assignment", "reliable_start"]
+__all__ = ["Ownership", "Start", "damaged_wal_is_stale", "marks_sealed", "on_assignment", "reliable_start",
+           "seal_state"]
 
 
 class Ownership(enum.Enum):
@@ -78,3 +80,19 @@ def damaged_wal_is_stale(*, me: int, state: TopicState | None, claimed_end: int)
     turn here, superseded: another broker served the topic since, past every offset the
     WAL claims to hold."""
     return state is not None and state.broker_id != me and claimed_end <= state.next_offset
+
+
+def seal_state(*, me: int, reliable: bool, current: TopicState | None, next_offset: int,
+               now_ms: int) -> TopicState | None:
+    """What a broker that stopped serving a topic records: where its offsets stopped,
+    the reservation ended there (the next broker continues without a gap). None: nothing
+    is written, another broker reserved the reliable topic's offsets since (it took the
+    topic over from this one: its record stands)."""
+    if current is not None and reliable and current.broker_id != me:
+        return None
+    return TopicState(next_offset=next_offset, broker_id=me, sealed_ms=now_ms, reserved_until=next_offset)
+
+
+def marks_sealed(*, me: int, marker: Unassigned) -> bool:
+    """The topic's unassigned marker is marked sealed by the broker it leaves, once."""
+    return marker.from_broker == me and not marker.sealed

@@ -6,8 +6,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.ownership import Ownership, damaged_wal_is_stale, on_assignment, reliable_start
-from danube_zmq.transport.cluster_records import TopicState
+from danube_zmq.actors.ownership import (
+    Ownership,
+    damaged_wal_is_stale,
+    marks_sealed,
+    on_assignment,
+    reliable_start,
+    seal_state,
+)
+from danube_zmq.transport.cluster_records import TopicState, Unassigned
 
 ME = 1
 offsets = st.integers(0, 1_000)
@@ -84,3 +91,25 @@ def test_an_assignment_loads_here_unloads_elsewhere_and_deletes_only_without_a_r
         assert decision is Ownership.DELETE
     else:
         assert decision is (Ownership.UNLOAD if served else Ownership.NOTHING)
+
+
+@given(topic_states(), st.booleans(), offsets)
+def test_a_seal_never_overwrites_another_brokers_reservation_and_leaves_no_gap(
+        current: TopicState | None, reliable: bool, next_offset: int) -> None:
+    """A broker that stops serving a topic records where its offsets stopped, with the
+    reservation ended there (the next broker continues without a gap), unless another
+    broker holds a reliable topic's record: then nothing is written (it took the topic
+    over; its reservation may cover acknowledged offsets)."""
+    state = seal_state(me=ME, reliable=reliable, current=current, next_offset=next_offset, now_ms=5)
+    if reliable and current is not None and current.broker_id != ME:
+        assert state is None
+        return
+    assert state == TopicState(next_offset=next_offset, broker_id=ME, sealed_ms=5, reserved_until=next_offset)
+
+
+@given(st.one_of(st.none(), st.sampled_from([ME, 2])), st.booleans())
+def test_only_the_broker_a_topic_leaves_marks_it_sealed_and_only_once(from_broker: int | None, sealed: bool) -> None:
+    """The unassigned marker waits for the broker it leaves: that broker marks it
+    sealed if it is not yet; no other broker ever does."""
+    marker = Unassigned(reason="unload", from_broker=from_broker, sealed=sealed)
+    assert marks_sealed(me=ME, marker=marker) == (from_broker == ME and not sealed)
