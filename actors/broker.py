@@ -15,10 +15,11 @@ partition. A standalone broker is the same code with one voter.
    the client follows; a request for a topic with no broker yet (just created, or
    moving) waits here, bounded in number and time, until the assignment arrives.
 4. The broker holds a registration lease (`/cluster/register/{id}`, TTL
-   `cluster.lease_ttl_ms`, renewed every third of it). When renewing keeps failing it
-   unloads every topic before the lease can run out, so it never serves a topic the
-   load manager has given to another broker (fencing); when it renews again it loads
-   what is assigned to it then.
+   `cluster.lease_ttl_ms`, renewed every third of it) through its child actor
+   `LeaseKeeper` (`lease_keeper.py`; the decisions are `lease.py`, pure). When renewing
+   keeps failing it is told `LeaseChanged(held=False)` and unloads every topic before
+   the lease can run out, so it never serves a topic the load manager has given to
+   another broker (fencing); when it renews again it loads what is assigned to it then.
 5. Admin requests (`broker_admin.py`, mixed in): about a topic they run on the
    brokers that serve its partitions; balance and rebalancing go to the leader.
 
@@ -32,7 +33,8 @@ partition. A standalone broker is the same code with one voter.
    A non-reliable topic is asked where its offsets stopped (`SealTopic`) and the next
    broker continues them too.
 7. Offsets of reliable topics are reserved in `TopicState` before they are
-   acknowledged (`ReserveOffsets` from the topic, coalesced into one transaction): a
+   acknowledged (`ReserveOffsets` from the topic, forwarded to the `OffsetReservations`
+   child, `offset_reservations.py`, which coalesces them into one transaction): a
    broker taking over a dead broker's topic starts past its reservation, never reusing
    an offset the dead broker may have acknowledged, unless it was the reserving broker
    itself (restarted on its disk: its WAL says exactly where it stopped).
@@ -62,9 +64,19 @@ from danube_zmq.actors.broker_namespace_limits import BrokerNamespaceLimits, Nam
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.load_report import LoadSampler
+from danube_zmq.actors.lease_keeper import LeaseKeeper
+from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.offset_reservations import OffsetReservations
+from danube_zmq.actors.ownership import (
+    Ownership,
+    damaged_wal_is_stale,
+    marks_sealed,
+    on_assignment,
+    reliable_start,
+    seal_state,
+)
 from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic_name import TopicName, parse_topic
@@ -79,7 +91,6 @@ from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.storage.wal.segment import parse_segment_file_name
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
-from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
@@ -100,26 +111,27 @@ from danube_zmq.transport.internal_protocol import (
     ChildStopped,
     ClientRequest,
     DeadLetter,
-    DescribePartition,
     DurableSegment,
     ForgetSegments,
     ForgetSubscription,
     LeaseChanged,
     ListSnapshotTopics,
-    OffsetsReserved,
     ParkedExpired,
-    PartitionStats,
     PersistCursor,
     ProducerRegistry,
     ReserveOffsets,
+    ReserveOffsetsFor,
     ResyncNext,
     SealTopic,
     SegmentDurable,
     SegmentSealed,
+    ServedTopics,
+    ServedTopicsList,
     SnapshotTopicRef,
     SnapshotTopics,
     SubscriptionState,
     Tick,
+    TopicReleased,
     TopicSchemaChanged,
     TopicSealed,
     TopicStopped,
@@ -161,8 +173,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.producer_writes: dict[str, bytes | None] = {}  # producer record key -> record (None: delete)
         self._flush_turn = asyncio.Lock()
         self._flushing: asyncio.Task[None] | None = None
-        self.reservations: dict[str, int] = {}  # topic -> the `until` to write
-        self._reserving: asyncio.Task[None] | None = None
+        self.reservations_endpoint: str | None = None  # the OffsetReservations child
         self.stopped_offsets: dict[str, int] = {}  # reliable topics stopped at shutdown -> their log's end
         self.durable_store: DurableStore | None = None
         self.segment_catalog: SegmentCatalog | None = None
@@ -200,6 +211,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # Moves handed here that never finished (they are begun again from the start).
         await asyncio.to_thread(shutil.rmtree, self.data_dir / "handover", True)
         await self._start_uploader()
+        metadata, broker_id = self.metadata, self.broker_id
+        self.reservations_endpoint = await self.system.spawn(
+            lambda: OffsetReservations(metadata=metadata, broker_id=broker_id),
+            name=f"offset reservations {broker_id}", parent=self.endpoint)
         self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
         loop = asyncio.get_running_loop()
@@ -225,11 +240,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await task
         self._tasks.clear()
         await self._remote_admin.cancel_all()
-        for task in (self._reserving, self._flushing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._flushing is not None:
+            self._flushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flushing
         for client, _turn in self._admin_clients.values():
             if client is not None:
                 client.close()
@@ -262,10 +276,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             except DanubeError as exc:
                 log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
                 await asyncio.sleep(_RETRY_S)
+        await self._spawn_lease_keeper()
+        metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
+        interval_ms = self.config.load_manager.report_interval_ms
+        await self.system.spawn(lambda: LoadReporter(metadata=metadata, broker_endpoint=broker, broker_id=broker_id,
+                                                     interval_ms=interval_ms),
+                                name=f"load reporter {broker_id}", parent=broker)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._keep_lease(), name=f"broker {self.broker_id} lease"))
-        self._tasks.append(loop.create_task(self._fence(), name=f"broker {self.broker_id} fence"))
-        self._tasks.append(loop.create_task(self._publish_load(), name=f"broker {self.broker_id} load"))
         self._tasks.append(loop.create_task(self.follow_backlog_quotas(), name=f"broker {self.broker_id} quotas"))
         await self._follow_assignments()
 
@@ -302,65 +319,37 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             catalog.close()
         path.rename(self.data_dir / "catalog.imported")
 
-    async def _keep_lease(self) -> None:
-        ttl = self.config.cluster.lease_ttl_ms
+    async def _spawn_lease_keeper(self) -> None:
+        """The registration lease is held by a child actor (`lease_keeper.py`), which
+        tells this one `LeaseChanged`."""
+        cluster = self.config.cluster
         registration = cr.encode(cr.BrokerRegistration(
             broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
-            raft_node_id=self.config.cluster.node_id, started_ms=self.system.clock.now_ms(),
-            metrics_url=self.metrics_url))
-        clock = self.system.clock
-        while True:
-            sent = clock.monotonic_ms()
-            try:
-                await asyncio.wait_for(self.metadata.put_with_ttl(cr.register_key(self.broker_id), registration, ttl),
-                                       ttl / 1000)
-                # The leader stamps the lease after we sent, so it cannot end before
-                # sent + ttl; a sixth of it is left for the unload.
-                self.lease_until_ms = sent + ttl - ttl // 6
-                if not self.lease_held:
-                    await self.system.send(self.endpoint, LeaseChanged(held=True))
-            except (DanubeError, TimeoutError) as exc:
-                log.warning("broker %d could not renew its lease (%s)", self.broker_id, exc or "timeout")
-            await asyncio.sleep(max(0.0, (sent + ttl / 3 - clock.monotonic_ms()) / 1000))
+            raft_node_id=cluster.node_id, started_ms=self.system.clock.now_ms(), metrics_url=self.metrics_url))
+        metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
+        await self.system.spawn(lambda: LeaseKeeper(
+            metadata=metadata, broker_endpoint=broker, broker_id=broker_id, key=cr.register_key(broker_id),
+            registration=registration, ttl_ms=cluster.lease_ttl_ms), name=f"lease keeper {broker_id}", parent=broker)
 
-    async def _fence(self) -> None:
-        clock = self.system.clock
-        while True:
-            await asyncio.sleep(0.05)
-            if self.lease_held and clock.monotonic_ms() >= self.lease_until_ms:
-                self.lease_held = False  # no request is served from here on, before the message is handled
-                await self.system.send(self.endpoint, LeaseChanged(held=False))
+    def _lease_valid(self) -> bool:
+        """Serving: the lease is held and has not run out. The time is checked here too,
+        not only by the keeper: a `LeaseChanged(held=False)` may still wait in the mailbox."""
+        return self.lease_held and self.system.clock.monotonic_ms() < self.lease_until_ms
 
-    async def _publish_load(self) -> None:
-        """Publish this broker's load report (`load_report.py`) every report interval,
-        with a TTL of three intervals."""
-        sampler = LoadSampler()
-        interval = self.config.load_manager.report_interval_ms
-        while True:
-            await asyncio.sleep(interval / 1000)
-            if not self.lease_held:
-                continue
-            partitions = []
-            for entry in list(self.topics.values()):
-                with contextlib.suppress(DanubeError):  # stopped meanwhile
-                    stats = await self.system.ask(entry.endpoint, DescribePartition(), timeout_ms=interval)
-                    assert isinstance(stats, PartitionStats)
-                    partitions.append(stats.info)
-            report = sampler.report(self.broker_id, partitions, self.system.clock.now_ms())
-            try:
-                await self.metadata.put_with_ttl(cr.load_key(self.broker_id), cr.encode(report), 3 * interval)
-            except DanubeError as exc:
-                log.info("load report not published (%s)", exc)
+    def handle_ServedTopics(self, msg: ServedTopics) -> Message:
+        """The load reporter's question: which topic actors to describe."""
+        return ServedTopicsList(endpoints=[entry.endpoint for entry in self.topics.values()],
+                                serving=self._lease_valid())
 
     async def _follow_assignments(self) -> None:
         """Tell this actor every assignment change, in revision order."""
         store = self.metadata
         revision: int | None = None
-        while store.peer.running:
+        while store.running:
             try:
                 if revision is None:
                     await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
-                    revision = store.peer.state.revision
+                    revision = store.local_revision()
                     mine = await self._assigned_here()
                     await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
                 async for event in store.watch(cr.ASSIGNMENTS, revision):
@@ -371,7 +360,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             except Compacted:
                 revision = None
             except DanubeError as exc:
-                if store.peer.running:
+                if store.running:
                     log.warning("watch of assignments failed (%s); retrying", exc)
                     revision = None
                     await asyncio.sleep(_RETRY_S)
@@ -379,6 +368,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
     # ------------------------------------------------------------- loading and unloading
     async def handle_LeaseChanged(self, msg: LeaseChanged) -> None:
         if msg.held:
+            self.lease_until_ms = max(self.lease_until_ms, msg.until_ms)
             if self.lease_held:
                 return
             self.lease_held = True
@@ -413,13 +403,16 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                       " brokers start from what reached the store", len(unsealed), ", ".join(unsealed[:3]))
 
     async def handle_AssignmentChanged(self, msg: AssignmentChanged) -> None:
-        if msg.broker_id == self.broker_id:
+        record_exists = msg.broker_id is not None or self._resolve_local(parse_topic(msg.topic)) is not None
+        decision = on_assignment(me=self.broker_id, owner=msg.broker_id, served=msg.topic in self.topics,
+                                 record_exists=record_exists)
+        if decision is Ownership.LOAD:
             await self._load(msg.topic)
         else:
-            deleted = msg.broker_id is None and self._resolve_local(parse_topic(msg.topic)) is None
             self._forget_damage(msg.topic)
-            await self._unload(msg.topic, deleted=deleted)
-            if deleted:
+            if decision is not Ownership.NOTHING:
+                await self._unload(msg.topic, deleted=decision is Ownership.DELETE)
+            if decision is Ownership.DELETE:
                 await self._delete_local(msg.topic)
         await self._wake(msg.topic)
 
@@ -442,11 +435,14 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         left = self._resync_left
         for _ in range(min(_RESYNC_SLICE, len(left))):
             topic = left.popleft()
-            value = self.metadata.peer.state.get(cr.assignment_key(topic))
-            if value is not None and _owner(topic, value.value) == self.broker_id:
+            value = self.metadata.local_get(cr.assignment_key(topic))
+            # A deletion is not decided here: it comes as its own assignment change.
+            decision = on_assignment(me=self.broker_id, owner=None if value is None else _owner(topic, value.value),
+                                     served=topic in self.topics, record_exists=True)
+            if decision is Ownership.LOAD:
                 await self._load(topic)
                 await self._wake(topic)
-            elif topic in self.topics:
+            elif decision is Ownership.UNLOAD:
                 await self._unload(topic)
         if left:
             # By a timer, not a message from this task: the broker's own messages to
@@ -457,7 +453,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """The topics assigned here, as of the applied state when called (the listing is a
         copy); with 100,000 assignments to decode it yields to the event loop as it goes."""
         mine = []
-        for n, (key, value) in enumerate(self.metadata.peer.state.list_prefix(cr.ASSIGNMENTS)):
+        for n, (key, value) in enumerate(self.metadata.local_scan(cr.ASSIGNMENTS)):
             if n % _KEYS_PER_SLICE == 0:
                 await asyncio.sleep(0)
             if _owner(key, value.value) == self.broker_id:
@@ -482,10 +478,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             self._forget_damage(topic)
             await self._clear_damage_record(topic)
         else:
-            state = self.metadata.peer.state.get(cr.topic_state_key(topic))
+            state = self.metadata.local_get(cr.topic_state_key(topic))
             start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
         # Producers recorded by the topic's previous broker attach again here.
-        for key, _ in self.metadata.peer.state.list_prefix(cr.producers_prefix(topic)):
+        for key, _ in self.metadata.local_scan(cr.producers_prefix(topic)):
             self.producer_writes.setdefault(key, None)
         entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
@@ -515,6 +511,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         entry = self.topics.pop(topic, None)
         if entry is None:
             return None
+        if self.reservations_endpoint is not None:
+            self.system.post(self.reservations_endpoint, TopicReleased(topic=topic))
         next_offset = None
         if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE and not deleted:
             try:  # from here on it refuses sends: no offset is given out after this one
@@ -560,7 +558,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         if current is None:
             return
         marker = cr.decode(current.value, cr.Unassigned)
-        if marker.from_broker == self.broker_id and not marker.sealed:
+        if marks_sealed(me=self.broker_id, marker=marker):
             await self.metadata.compare_and_swap(key, current.version,
                                                  cr.encode(dataclasses.replace(marker, sealed=True)))
             log.info("topic %s sealed on broker %d for its next broker", topic, self.broker_id)
@@ -569,14 +567,15 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """Record where the topic's offsets stopped, unless another broker reserved its
         offsets since (it took the topic over from this one: its record stands)."""
         key = cr.topic_state_key(entry.name.full)
-        current = self.metadata.peer.state.get(key)
-        if current is not None and entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
-            holder = cr.decode(current.value, cr.TopicState).broker_id
-            if holder != self.broker_id:
-                log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full, holder)
-                return
-        state = cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=self.system.clock.now_ms(),
-                              reserved_until=next_offset)
+        current = self.metadata.local_get(key)
+        recorded = cr.decode(current.value, cr.TopicState) if current is not None else None
+        state = seal_state(me=self.broker_id, reliable=entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE,
+                           current=recorded, next_offset=next_offset, now_ms=self.system.clock.now_ms())
+        if state is None:
+            assert recorded is not None
+            log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full,
+                        recorded.broker_id)
+            return
         result = await self.metadata.compare_and_swap(key, current.version if current is not None else 0,
                                                       cr.encode(state))
         if not result.succeeded:
@@ -616,54 +615,37 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             wal.close()
 
     async def _start_offset(self, name: TopicName) -> int | None:
-        """Where a reliable topic loaded here must start: where its last owner stopped,
-        past every offset another broker reserved, and past its durable segments. A
-        local WAL of an earlier turn here that ends below is stale (the topic moved on
-        elsewhere): it is dropped."""
-        floors = []
-        value = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        """Where a reliable topic loaded here must start (`ownership.reliable_start`
+        decides from the store's record, the local WAL's end and the durable segments').
+        A local WAL of an earlier turn here that ends below is stale: it is dropped."""
+        value = self.metadata.local_get(cr.topic_state_key(name.full))
+        state = cr.decode(value.value, cr.TopicState) if value is not None else None
         try:
             local_end = await asyncio.to_thread(self._wal_end, name)
         except WalDamaged as damage:
-            state = cr.decode(value.value, cr.TopicState) if value is not None else None
-            if state is None or state.broker_id == self.broker_id or damage.claimed_end > state.next_offset:
+            if not damaged_wal_is_stale(me=self.broker_id, state=state, claimed_end=damage.claimed_end):
                 raise
-            # A WAL of an earlier turn here, superseded: another broker served the topic
-            # past everything it held. Dropped like any stale WAL below.
             log.warning("topic %s: a stale local WAL from an earlier turn is damaged (%s): dropping it",
                         name.full, damage)
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
             local_end = None
-        if value is not None:
-            state = cr.decode(value.value, cr.TopicState)
-            floors.append(state.next_offset)
-            if state.broker_id != self.broker_id or local_end is None:
-                # Reserved by another broker (or by this one on a disk since lost): some
-                # of those offsets may have been acknowledged; none is given out again.
-                floors.append(state.reserved_until)
+        durable_end = None
         if self.segment_catalog is not None:
             segments = self.segment_catalog.list(name.full)
             if segments:
-                floors.append(segments[-1].end_offset + 1)
-        if not floors:
-            return None
-        start = max(floors)
-        if local_end is not None and value is not None and local_end < state.next_offset \
-                and state.broker_id == self.broker_id:
-            # This broker recorded that the topic's log reached `next_offset` here (at its
-            # last clean stop or seal) and no broker took it since: a log ending below
-            # lost acknowledged records. Damage, not a stale WAL to drop.
-            reason = (f"the log ends at offset {local_end}, below offset {state.next_offset} where this broker"
-                      f" recorded it at its last stop")
+                durable_end = segments[-1].end_offset + 1
+        start = reliable_start(me=self.broker_id, state=state, local_end=local_end, durable_end=durable_end)
+        if start.damage is not None:
+            assert state is not None and local_end is not None
             wal_dir = self._wal_dir(name)
-            log.error("topic %s: WAL %s: %s; the topic is not served", name.full, wal_dir, reason)
-            raise WalDamaged(wal_dir, 0, reason, valid_end=local_end, claimed_end=max(floors + [state.reserved_until]),
+            log.error("topic %s: WAL %s: %s; the topic is not served", name.full, wal_dir, start.damage)
+            raise WalDamaged(wal_dir, 0, start.damage, valid_end=local_end, claimed_end=start.claimed_end,
                              acknowledged_offset=state.next_offset, quarantined=None)
-        if local_end is not None and local_end < start:
-            log.warning("topic %s: the local WAL ends at %d, the topic at %d (served elsewhere since): dropping it",
-                        name.full, local_end, start)
+        if start.drop_local_wal:
+            log.warning("topic %s: the local WAL ends at %s, the topic at %d (served elsewhere since): dropping it",
+                        name.full, local_end, start.start_offset)
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
-        return start
+        return start.start_offset
 
     async def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:
         log.error("%s", _damage_text(topic, damage))
@@ -689,7 +671,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     async def _clear_damage_record(self, topic: str) -> None:
         """A topic served again (repaired, or recovered): its damage record goes."""
-        if self.metadata.peer.state.get(cr.damaged_key(topic)) is None:
+        if self.metadata.local_get(cr.damaged_key(topic)) is None:
             return
         try:
             await self.metadata.delete(cr.damaged_key(topic))
@@ -803,7 +785,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     # ------------------------------------------------------------- reading the registry
     def _record(self, full: str) -> cr.TopicRecord | None:
-        value = self.metadata.peer.state.get(cr.topic_record_key(full))
+        value = self.metadata.local_get(cr.topic_record_key(full))
         return None if value is None else cr.decode(value.value, cr.TopicRecord)
 
     def _resolve_local(self, name: TopicName) -> Resolved | None:
@@ -833,16 +815,16 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     async def _namespace_exists(self, namespace: str) -> bool:
         key = cr.namespace_key(namespace)
-        if self.metadata.peer.state.get(key) is not None:
+        if self.metadata.local_get(key) is not None:
             return True
         return await self.metadata.get(key) is not None
 
     def _assignment(self, topic: str) -> cr.Assignment | None:
-        value = self.metadata.peer.state.get(cr.assignment_key(topic))
+        value = self.metadata.local_get(cr.assignment_key(topic))
         return None if value is None else cr.decode(value.value, cr.Assignment)
 
     def _registration(self, broker_id: int) -> cr.BrokerRegistration | None:
-        value = self.metadata.peer.state.get(cr.register_key(broker_id))
+        value = self.metadata.local_get(cr.register_key(broker_id))
         return None if value is None else cr.decode(value.value, cr.BrokerRegistration)
 
     def _elsewhere(self, topic: str) -> cr.BrokerRegistration | None:
@@ -853,7 +835,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         assignment = self._assignment(topic)
         if assignment is None or assignment.broker_id == self.broker_id:
             return None
-        value = self.metadata.peer.state.get(cr.register_key(assignment.broker_id))
+        value = self.metadata.local_get(cr.register_key(assignment.broker_id))
         if value is None:
             return None
         if value.expires_at_ms is not None and value.ttl_ms is not None \
@@ -894,7 +876,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         now_ms = self.system.clock.now_ms()
         for topic, next_offset in self.stopped_offsets.items():
             key = cr.topic_state_key(topic)
-            current = self.metadata.peer.state.get(key)
+            current = self.metadata.local_get(key)
             if current is None or cr.decode(current.value, cr.TopicState).broker_id != self.broker_id:
                 continue
             expect[key] = current.version
@@ -905,60 +887,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             log.warning("offset reservations changed meanwhile; not ended at shutdown")
 
     def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
-        self.reservations[msg.topic] = max(self.reservations.get(msg.topic, 0), msg.until)
-        if self._reserving is None or self._reserving.done():
-            self._reserving = asyncio.get_running_loop().create_task(self._write_reservations())
-
-    async def _write_reservations(self) -> None:
-        """Write the reservations asked for, all pending ones in one transaction, and
-        answer each topic; retried for `_RESERVE_RETRY_S`, then refused."""
-        failing_since: float | None = None
-        while self.reservations:
-            wanted, self.reservations = self.reservations, {}
-            try:
-                granted = await self._reserve(wanted)
-            except DanubeError as exc:
-                now = asyncio.get_running_loop().time()
-                failing_since = failing_since or now
-                if now - failing_since < _RESERVE_RETRY_S:
-                    for topic, until in wanted.items():
-                        self.reservations[topic] = max(self.reservations.get(topic, 0), until)
-                    await asyncio.sleep(_RETRY_S)
-                    continue
-                log.error("offsets of %d topics not reserved: %s", len(wanted), exc)
-                for topic in wanted:
-                    if topic in self.topics:
-                        self.system.post(self.topics[topic].endpoint, OffsetsReserved(until=0, error=str(exc)))
-                failing_since = None
-                continue
-            failing_since = None
-            for topic, until in granted.items():
-                entry = self.topics.get(topic)
-                if entry is not None:
-                    self.system.post(entry.endpoint, OffsetsReserved(until=until))
-
-    async def _reserve(self, wanted: dict[str, int]) -> dict[str, int]:
-        if not self.lease_held:
-            raise Unavailable(f"broker {self.broker_id} holds no lease")
-        expect: dict[str, int] = {}
-        puts: dict[str, bytes] = {}
-        granted: dict[str, int] = {}
-        for topic, until in wanted.items():
-            if topic not in self.topics:
-                continue  # unloaded meanwhile: its seal ended the reservation
-            key = cr.topic_state_key(topic)
-            current = self.metadata.peer.state.get(key)
-            state = cr.decode(current.value, cr.TopicState) if current is not None else None
-            if state is not None and state.broker_id == self.broker_id:
-                until = max(until, state.reserved_until)  # a restarted topic actor asks from its WAL's end
-            expect[key] = current.version if current is not None else 0
-            puts[key] = cr.encode(cr.TopicState(
-                next_offset=state.next_offset if state is not None else 0, broker_id=self.broker_id,
-                sealed_ms=state.sealed_ms if state is not None else 0, reserved_until=until))
-            granted[topic] = until
-        if puts and not await self.metadata.transaction(expect, puts):
-            raise Unavailable("a topic's offsets record changed meanwhile")  # re-read and retried
-        return granted
+        """Written by the `OffsetReservations` child; only for a topic served here."""
+        entry = self.topics.get(msg.topic)
+        if entry is None or self.reservations_endpoint is None:
+            return  # unloaded meanwhile: its seal ended the reservation
+        self.system.post(self.reservations_endpoint, ReserveOffsetsFor(
+            topic=msg.topic, until=msg.until, endpoint=entry.endpoint,
+            lease_until_ms=self.lease_until_ms if self.lease_held else 0))
 
     async def handle_ForgetSegments(self, msg: ForgetSegments) -> None:
         if self.segment_catalog is not None:
@@ -981,10 +916,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     def handle_PersistCursor(self, msg: PersistCursor) -> None:
         # Coalesced: the last state of each subscription is written with the next flush.
-        self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = msgpack.packb(
-            {"sub_type": msg.sub_type, "cursor": msg.cursor, "acked_above": msg.acked_above,
-             "policy": None if msg.policy is None else msg.policy.to_record(),
-             "max_unacked_messages": msg.max_unacked_messages})
+        self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = cr.encode(cr.CursorRecord(
+            sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
+            max_unacked_messages=msg.max_unacked_messages))
 
     async def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
         key = _subscription_key(msg.topic, msg.subscription)
@@ -1080,7 +1014,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """The entry when `topic` is served here; raises `Moved` when another broker
         serves it; None when the request was parked until it has a broker."""
         entry = self.topics.get(topic)
-        if entry is not None and self.lease_held:
+        if entry is not None and self._lease_valid():
             return entry
         damage = self.damaged.get(topic)
         if damage is not None:
@@ -1187,7 +1121,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             raise AlreadyExists(f"topic {name.full} already exists")
         for start in range(0, len(rest), per_batch):
             chunk = rest[start:start + per_batch]
-            written = self.metadata.peer.state.get(key)
+            written = self.metadata.local_get(key)
             if written is None or not await self.metadata.transaction(
                     {key: written.version} | {cr.assignment_key(n): 0 for n in chunk},
                     {cr.unassigned_key(n): marker for n in chunk}):
@@ -1199,13 +1133,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
 
     def _keys_per_batch(self) -> int:
         """Keys one metadata transaction may touch, with room to spare."""
-        return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.peer.state.batch_keys_max))
+        return max(2, min(_TOPIC_KEYS_PER_BATCH, self.metadata.batch_keys_max))
 
     def _check_namespace_room(self, namespace: str, adding: int, limits: NamespaceLimits) -> None:
         """RESOURCE_EXHAUSTED when `adding` more topics (partitions count one each) would
         pass the namespace's topics limit. The scan is bounded by the limit itself."""
         held = 0
-        for key, value in self.metadata.peer.state.list_prefix(f"{cr.TOPICS}{namespace}/"):
+        for key, value in self.metadata.local_scan(f"{cr.TOPICS}{namespace}/"):
             if key.count("/") == 3:  # a topic record, not a subscription's or producer's key
                 try:
                     held += max(1, cr.decode(value.value, cr.TopicRecord).partitions)
@@ -1259,14 +1193,17 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         prefix = f"{topic_key(name.full)}/subscriptions/"
         states = []
         # Cursors not yet flushed are newer than the store's.
-        records = {key: value.value for key, value in self.metadata.peer.state.list_prefix(prefix)}
+        records = {key: value.value for key, value in self.metadata.local_scan(prefix)}
         records.update((k, v) for k, v in self.cursor_writes.items() if k.startswith(prefix))
         for key, value in sorted(records.items()):
-            record = msgpack.unpackb(value)
-            states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record["sub_type"],
-                                            cursor=record["cursor"], acked_above=list(record["acked_above"]),
-                                            policy=ip.FailurePolicyState.from_record(record.get("policy")),
-                                            max_unacked_messages=record.get("max_unacked_messages")))
+            try:
+                record = cr.decode_cursor(value)
+            except InvalidArgument as exc:  # the topic is not served from a cursor it cannot read
+                raise InvalidArgument(f"metadata record {key} cannot be read ({exc}); fix or delete it"
+                                      f" (danube admin metadata get/delete {key})") from None
+            states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record.sub_type,
+                                            cursor=record.cursor, acked_above=record.acked_above,
+                                            policy=record.policy, max_unacked_messages=record.max_unacked_messages))
         return states
 
     def handle_ChildStopped(self, msg: ChildStopped) -> None:

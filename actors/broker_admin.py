@@ -151,7 +151,7 @@ class BrokerAdmin:
 
     async def _on_leader(self, msg: Any) -> Message:
         """Ask the load manager of the broker that leads the cluster."""
-        if self.metadata.peer.is_leader:
+        if self.metadata.is_leader:
             reply = await self.system.ask(self.system.load_manager_endpoint,
                                           ip.LoadManagerRequest(frame=ap.ADMIN_PROTOCOL.encode(msg)))
             assert isinstance(reply, ip.LoadManagerReply)
@@ -160,7 +160,7 @@ class BrokerAdmin:
                 raise error_from_code(answer.code, answer.message)
             return answer
         await self.metadata.get(cr.LEADER)  # linearizable: the current leader's record
-        leader = self.metadata.peer.state.get(cr.LEADER)
+        leader = self.metadata.local_get(cr.LEADER)
         registration = None if leader is None else self._registration(cr.decode(leader.value, cr.LeaderRecord).broker_id)
         if registration is None or registration.broker_id == self.broker_id:
             raise Unavailable("the cluster's leader is not known yet; retry")
@@ -219,7 +219,7 @@ class BrokerAdmin:
                                           lambda rid: dataclasses.replace(msg, request_id=rid, topic=partition))
             assignment = self._assignment(partition)
             if assignment is not None and assignment.broker_id != self.broker_id:
-                lease = self.metadata.peer.state.get(cr.register_key(assignment.broker_id))
+                lease = self.metadata.local_get(cr.register_key(assignment.broker_id))
                 ends = "" if lease is None or lease.expires_at_ms is None else \
                     f" in {max(0, lease.expires_at_ms - self.system.clock.now_ms()) / 1000:.1f} s"
                 raise Unavailable(f"topic {partition}: its broker {assignment.broker_id} stopped renewing its lease;"
@@ -285,11 +285,11 @@ class BrokerAdmin:
         if current is None:
             raise NotFound(f"topic {resolved.base.full} does not exist")
         names = resolved.served_names()
-        state = self.metadata.peer.state
+        store = self.metadata
         stale = [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
         stale += [cr.topic_state_key(n) for n in names] + [cr.damaged_key(n) for n in names]
         stale.append(cr.topic_backlog_quota_key(resolved.base.full))
-        stale += [k for n in names for k, _ in state.list_prefix(f"{topic_key(n)}/")]  # cursors
+        stale += [k for n in names for k, _ in store.local_scan(f"{topic_key(n)}/")]  # cursors
         # The record goes first, with as many keys as one batch holds: from then on the
         # topic does not exist for anyone. The rest follows in batches, each only while
         # the name has not been created again.
@@ -382,7 +382,7 @@ class BrokerAdmin:
         """Past every offset the topic may have given out: what its WAL is known to have
         held, where it was recorded stopped, its reservation, and its durable segments."""
         floors = [damage.claimed_end, damage.valid_end]
-        value = self.metadata.peer.state.get(cr.topic_state_key(name.full))
+        value = self.metadata.local_get(cr.topic_state_key(name.full))
         if value is not None:
             state = cr.decode(value.value, cr.TopicState)
             floors += [state.next_offset, state.reserved_until]
@@ -443,14 +443,14 @@ class BrokerAdmin:
 
     async def handle_ListBrokers(self, msg: ap.ListBrokers, origin: Origin) -> Message:
         await self.metadata.get(cr.LEADER)  # a linearizable barrier: registrations as of now
-        state = self.metadata.peer.state
-        leader = state.get(cr.LEADER)
+        store = self.metadata
+        leader = store.local_get(cr.LEADER)
         leader_id = cr.decode(leader.value, cr.LeaderRecord).broker_id if leader is not None else None
         standalone = self.config.cluster.raft_listen is None
         brokers = []
-        for _key, value in state.list_prefix(cr.REGISTER):
+        for _key, value in store.local_scan(cr.REGISTER):
             registration = cr.decode(value.value, cr.BrokerRegistration)
-            mode = state.get(cr.state_key(registration.broker_id))
+            mode = store.local_get(cr.state_key(registration.broker_id))
             status = cr.decode(mode.value, cr.BrokerStateRecord).mode if mode is not None else cr.BrokerMode.ACTIVE
             role = "standalone" if standalone else ("leader" if registration.broker_id == leader_id else "follower")
             brokers.append(ap.BrokerInfo(broker_id=registration.broker_id, broker_url=registration.broker_url,

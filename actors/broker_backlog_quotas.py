@@ -48,12 +48,12 @@ class BrokerBacklogQuotas:
         """(limit_bytes, policy, source) in force for topic or partition `name` (a
         TopicName) or for the topics of namespace `name` (a str), from the local
         replica of the store."""
-        state = self.metadata.peer.state
+        store = self.metadata
         levels = [(cr.namespace_backlog_quota_key(name), "namespace")] if isinstance(name, str) else [
             (cr.topic_backlog_quota_key(name.base.full), "topic"),
             (cr.namespace_backlog_quota_key(name.namespace), "namespace")]
         for key, source in levels:
-            value = state.get(key)
+            value = store.local_get(key)
             if value is not None:
                 record = cr.decode(value.value, cr.BacklogQuotaRecord)
                 return record.limit_bytes, record.policy, source
@@ -64,11 +64,11 @@ class BrokerBacklogQuotas:
         """Tell this actor of every change under /policies/backlog-quota/."""
         store = self.metadata
         revision: int | None = None
-        while store.peer.running:
+        while store.running:
             try:
                 if revision is None:
                     await store.get(cr.LEADER)  # a barrier: the local replica is as of now
-                    revision = store.peer.state.revision
+                    revision = store.local_revision()
                     await self.system.send(self.endpoint, BacklogQuotasChanged())
                 async for event in store.watch(cr.BACKLOG_QUOTAS, revision):
                     revision = event.revision
@@ -76,7 +76,7 @@ class BrokerBacklogQuotas:
             except Compacted:
                 revision = None
             except DanubeError as exc:
-                if store.peer.running:
+                if store.running:
                     log.warning("watch of backlog quotas failed (%s); retrying", exc)
                     revision = None
                     await asyncio.sleep(_RETRY_S)

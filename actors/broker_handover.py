@@ -96,7 +96,7 @@ class BrokerHandOver:
         stopped here that moves by hand-over: carried out in a task; True if started."""
         if not self._moves_by_handover(topic):
             return False
-        value = self.metadata.peer.state.get(cr.unassigned_key(topic))
+        value = self.metadata.local_get(cr.unassigned_key(topic))
         marker = None if value is None else cr.decode(value.value, cr.Unassigned)
         if marker is None or marker.sealed or marker.from_broker != self.broker_id:
             return False
@@ -130,7 +130,7 @@ class BrokerHandOver:
 
             await self._transfer_then(topic, target, switch)
         except DanubeError as exc:
-            current = self.metadata.peer.state.get(marker_key)
+            current = self.metadata.local_get(marker_key)
             try:
                 if current is not None and await self.metadata.transaction(
                         {marker_key: current.version, key: 0},
@@ -173,13 +173,13 @@ class BrokerHandOver:
 
     def _move_target(self, topic: str) -> cr.BrokerRegistration:
         """The live ACTIVE broker other than this one with the fewest topics."""
-        state = self.metadata.peer.state
-        topics = Counter(_owner_id(value.value) for _, value in state.list_prefix(cr.ASSIGNMENTS))
+        store = self.metadata
+        topics = Counter(_owner_id(value.value) for _, value in store.local_scan(cr.ASSIGNMENTS))
         now_ms = self.system.clock.now_ms()
         candidates = []
-        for _, value in state.list_prefix(cr.REGISTER):
+        for _, value in store.local_scan(cr.REGISTER):
             registration = cr.decode(value.value, cr.BrokerRegistration)
-            mode = state.get(cr.state_key(registration.broker_id))
+            mode = store.local_get(cr.state_key(registration.broker_id))
             if registration.broker_id == self.broker_id or (
                     mode is not None and cr.decode(mode.value, cr.BrokerStateRecord).mode != cr.BrokerMode.ACTIVE):
                 continue
@@ -243,7 +243,7 @@ class BrokerHandOver:
         if current is None or cr.decode(current.value, cr.Assignment).broker_id != self.broker_id:
             raise FailedPrecondition(f"topic {topic} was reassigned during its move; retry")
         assignment = cr.decode(current.value, cr.Assignment)
-        state = self.metadata.peer.state.get(state_key)
+        state = self.metadata.local_get(state_key)
         now_ms = self.system.clock.now_ms()
         puts = {
             key: cr.encode(cr.Assignment(broker_id=target, epoch=assignment.epoch + 1, assigned_ms=now_ms)),
@@ -354,7 +354,7 @@ class BrokerHandOver:
         if assignment is not None:
             holder: int | None = assignment.broker_id
         else:
-            value = self.metadata.peer.state.get(cr.unassigned_key(topic))
+            value = self.metadata.local_get(cr.unassigned_key(topic))
             marker = None if value is None else cr.decode(value.value, cr.Unassigned)
             holder = None if marker is None or marker.sealed else marker.from_broker
         if holder is None or holder == self.broker_id or self._registration(holder) is not None:

@@ -70,7 +70,7 @@ class BrokerNamespaceLimits:
         """The limits in force for `namespace`, from the local replica of the store."""
         policies = self.config.policies
         key = cr.namespace_limits_key(namespace)
-        value = self.metadata.peer.state.get(key)
+        value = self.metadata.local_get(key)
         record = cr.NamespaceLimitsRecord() if value is None else _limits_record(key, value.value)
         topics = (record.topics_max, "namespace") if record.topics_max is not None else (
             policies.topics_per_namespace_max, "broker")

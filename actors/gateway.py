@@ -507,7 +507,7 @@ class Gateway(Actor):
         """Tell topic actors every change of a schema binding, made on any broker."""
         store = registry.store
         revision, resync = store.revision, False
-        while store.peer.running:
+        while store.running:
             try:
                 if resync:  # changes were missed: send every binding as the local state has it
                     revision = store.revision
@@ -521,7 +521,7 @@ class Gateway(Actor):
             except Compacted:
                 resync = True
             except DanubeError as exc:  # the watch ends with the peer; anything else is retried
-                if store.peer.running:
+                if store.running:
                     log.warning("watch of schema bindings failed (%s); retrying", exc)
                     await asyncio.sleep(_WATCH_RETRY_S)
 

@@ -83,15 +83,15 @@ class _Memo:
         self.last: list[tuple[str, Any, Any]] = []
         self.read_at = -1  # the state's revision when `last` was read
 
-    async def read(self, state: Any) -> list[tuple[str, Any, Any]]:
+    async def read(self, store: RaftMetadataStore) -> list[tuple[str, Any, Any]]:
         """(key, versioned value, converted record) for every key under the prefix; the
         last answer again when nothing under it changed since (no listing at all).
         Yields to the event loop every `_KEYS_PER_SLICE` keys: the listing is a copy,
         so what it holds stays the state at one revision."""
-        revision = state.revision
+        revision = store.local_revision()
         if self.read_at >= 0:
             try:
-                unchanged = not state.events_since(self.prefix, self.read_at)
+                unchanged = not store.local_events_since(self.prefix, self.read_at)
             except DanubeError:  # compacted history: read it all
                 unchanged = False
             if unchanged:
@@ -99,7 +99,7 @@ class _Memo:
                 return self.last
         fresh: dict[str, tuple[int, Any]] = {}
         out = []
-        for n, (key, value) in enumerate(state.list_prefix(self.prefix)):
+        for n, (key, value) in enumerate(store.local_scan(self.prefix)):
             await _pace(n)
             hit = self.items.get(key)
             if hit is None or hit[0] != value.mod_revision:
@@ -175,21 +175,21 @@ class LoadManagerActor(Actor):
 
     def _round_needed(self) -> bool:
         """A change since the last round that needs one, or the idle period is over."""
-        state = self.metadata.peer.state
+        store = self.metadata
         if asyncio.get_running_loop().time() - self._last_round_at >= _IDLE_ROUND_S:
             return True
         try:
-            events = state.events_since("", self._last_round_revision)
+            events = store.local_events_since("", self._last_round_revision)
         except DanubeError:  # compacted: assume anything changed
             return True
         return any(e.key.startswith(_TRIGGERS) or _topic_record(e.key)
                    or (e.key.startswith(cr.REGISTER) and (e.value is None or e.prev_version == 0)) for e in events)
 
     async def _run(self) -> None:
-        peer = self.metadata.peer
-        while peer.running:
-            await peer.wait_changed(_PERIOD_S)
-            if not peer.is_leader:
+        store = self.metadata
+        while store.running:
+            await store.wait_changed(_PERIOD_S)
+            if not store.is_leader:
                 if self.leading:
                     log.info("broker %d: no longer the leader; load manager idle", self.broker_id)
                 self.leading = False
@@ -201,13 +201,13 @@ class LoadManagerActor(Actor):
                     # least what the previous leader committed.
                     await self.metadata.get(cr.LEADER)
                     await self.metadata.put(cr.LEADER, cr.encode(cr.LeaderRecord(broker_id=self.broker_id,
-                                                                                 term=peer.current_term)))
+                                                                                 term=store.current_term)))
                     self.leading = True
                     self.next_rebalance_ms = self._now() + self.policy.check_interval_s * 1000
                     log.info("broker %d leads the cluster: load manager active", self.broker_id)
                 elif not self._round_needed():
                     continue
-                self._last_round_revision = peer.state.revision
+                self._last_round_revision = store.local_revision()
                 self._last_round_at = asyncio.get_running_loop().time()
                 await self._round()
             except DanubeError as exc:
@@ -239,10 +239,10 @@ class LoadManagerActor(Actor):
         later revision than the one before: assignments, then markers, then topics
         (a topic's record is written before or with its markers), and every write made
         from this reading is guarded by the versions read."""
-        state = self.metadata.peer.state
+        store = self.metadata
         versions: dict[str, int] = {}
         modes: dict[int, str] = {}
-        for key, value, mode in await self._states.read(state):
+        for key, value, mode in await self._states.read(store):
             broker = cr.broker_of(key, cr.BROKERS)
             if broker is not None and mode is not None:
                 modes[broker] = mode
@@ -250,7 +250,7 @@ class LoadManagerActor(Actor):
         brokers = {}
         suspect: set[int] = set()
         now_ms = self._now()
-        for key, value in state.list_prefix(cr.REGISTER):
+        for key, value in store.local_scan(cr.REGISTER):
             broker = cr.broker_of(key, cr.REGISTER)
             if broker is None:
                 continue
@@ -261,13 +261,13 @@ class LoadManagerActor(Actor):
                     and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
                 suspect.add(broker)
         assignments = {}
-        for n, (key, value, record) in enumerate(await self._assignments.read(state)):
+        for n, (key, value, record) in enumerate(await self._assignments.read(store)):
             await _pace(n)
             if record is not None:
                 assignments[cr.topic_of(key, cr.ASSIGNMENTS)] = (record.broker_id, record.epoch)
                 versions[key] = value.version
         waiting = {}
-        for n, (key, value, marker) in enumerate(await self._waiting.read(state)):
+        for n, (key, value, marker) in enumerate(await self._waiting.read(store)):
             await _pace(n)
             waiting[cr.topic_of(key, cr.UNASSIGNED)] = Waiting(
                 from_broker=marker.from_broker, to_broker=marker.to_broker, epoch=marker.epoch, sealed=marker.sealed)
@@ -276,7 +276,7 @@ class LoadManagerActor(Actor):
         created: dict[str, int] = {}
         pinned: set[str] = set()
         local = self.config.storage.mode == "local"
-        for n, (_key, _value, partitions) in enumerate(await self._topics.read(state)):
+        for n, (_key, _value, partitions) in enumerate(await self._topics.read(store)):
             await _pace(n)
             if partitions is not None:
                 names, created_ms, reliable = partitions
@@ -285,29 +285,29 @@ class LoadManagerActor(Actor):
                 if reliable and local:
                     pinned.update(names)
         reports = {}
-        for _key, _value, report in await self._reports.read(state):
+        for _key, _value, report in await self._reports.read(store):
             if report is not None and report.broker_id in brokers:
                 reports[report.broker_id] = report
         moves_ms: list[int] = []
         last_moved: dict[str, int] = {}
-        for _key, _value, move in await self._moves.read(state):
+        for _key, _value, move in await self._moves.read(store):
             if move is not None:
                 moves_ms.append(move.at_ms)
                 last_moved[move.topic] = max(move.at_ms, last_moved.get(move.topic, 0))
         # Few (an operator repairs them): listed whole each round.
-        damaged = {cr.topic_of(key, cr.DAMAGED) for key, _ in state.list_prefix(cr.DAMAGED)}
+        damaged = {cr.topic_of(key, cr.DAMAGED) for key, _ in store.local_scan(cr.DAMAGED)}
         view = ClusterView(brokers=brokers, assignments=assignments, waiting=waiting, exists=exists,
                            absent_since_ms=self.absent_since_ms, pinned=pinned, damaged=damaged)
         return _Cluster(view=view, versions=versions, reports=reports, created_ms=created, moves_ms=moves_ms,
                         last_moved_ms=last_moved, backlog=self._published_backlog(), suspect=suspect)
 
     def _published_backlog(self) -> dict[str, int]:
-        value = self.metadata.peer.state.get(cr.BACKLOG_REPORT)
+        value = self.metadata.local_get(cr.BACKLOG_REPORT)
         record = None if value is None else _decoded(cr.BACKLOG_REPORT, value.value, cr.BacklogReportRecord, None)
         backlog: dict[str, int] = {}
-        state = self.metadata.peer.state
+        store = self.metadata
         for topic in record.topics if record is not None else []:
-            stored = state.get(cr.topic_record_key(topic.topic))
+            stored = store.local_get(cr.topic_record_key(topic.topic))
             partitions = _decoded(topic.topic, stored.value, cr.TopicRecord, None) if stored is not None else None
             if partitions is not None and partitions.partitions:  # Spark sums the partitions: spread it again
                 name = parse_topic(topic.topic)
@@ -361,7 +361,7 @@ class LoadManagerActor(Actor):
         """The key and version of the record `topic` (a topic or a partition) belongs to."""
         name = parse_topic(topic)
         for full in (name.full, name.base.full):
-            value = self.metadata.peer.state.get(cr.topic_record_key(full))
+            value = self.metadata.local_get(cr.topic_record_key(full))
             if value is not None:
                 return cr.topic_record_key(full), value.version
         return None
@@ -373,7 +373,7 @@ class LoadManagerActor(Actor):
         started = []
         for n, move in enumerate(moves):
             key = cr.assignment_key(move.topic)
-            current = self.metadata.peer.state.get(key)
+            current = self.metadata.local_get(key)
             if current is None or current.version != versions.get(key):
                 continue
             epoch = cr.decode(current.value, cr.Assignment).epoch

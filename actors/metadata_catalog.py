@@ -15,11 +15,11 @@ class MetadataCatalog:
         self.metadata = metadata
 
     def get(self, key: str) -> bytes | None:
-        value = self.metadata.peer.state.get(key)
+        value = self.metadata.local_get(key)
         return None if value is None else value.value
 
     def scan(self, prefix: str) -> list[tuple[str, bytes]]:
-        return [(key, value.value) for key, value in self.metadata.peer.state.list_prefix(prefix)]
+        return [(key, value.value) for key, value in self.metadata.local_scan(prefix)]
 
     async def put_async(self, key: str, value: bytes) -> None:
         await self.metadata.put(key, value)

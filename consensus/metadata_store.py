@@ -211,6 +211,50 @@ class RaftMetadataStore:
         """The local peer's applied revision."""
         return self.peer.state.revision
 
+    # ------------------------------------------------------------------ local reads
+    # The local replica's applied state, with no Raft round: what this peer has applied,
+    # possibly behind the leader (a linearizable `get` first is the barrier when that
+    # matters). A write through this store returns once this peer has applied it, so a
+    # caller always reads its own writes. Callers outside consensus/ use these, never
+    # the peer's state machine itself.
+
+    def local_get(self, key: str) -> VersionedValue | None:
+        return self.peer.state.get(key)
+
+    def local_scan(self, prefix: str) -> list[tuple[str, VersionedValue]]:
+        """Every key under `prefix`, in key order; a copy (later applies do not change it)."""
+        return self.peer.state.list_prefix(prefix)
+
+    def local_revision(self) -> int:
+        return self.peer.state.revision
+
+    def local_events_since(self, prefix: str, revision: int) -> list[WatchEvent]:
+        """The events under `prefix` after `revision` (raises `Compacted` when the bounded
+        history no longer holds them)."""
+        return self.peer.state.events_since(prefix, revision)
+
+    @property
+    def batch_keys_max(self) -> int:
+        """Keys one `transaction` may touch (the state machine refuses more)."""
+        return self.peer.state.batch_keys_max
+
+    @property
+    def running(self) -> bool:
+        """False once the local peer stopped: watches end, loops over the store stop."""
+        return self.peer.running
+
+    @property
+    def is_leader(self) -> bool:
+        return self.peer.is_leader
+
+    @property
+    def current_term(self) -> int:
+        return self.peer.current_term
+
+    async def wait_changed(self, timeout: float | None = None) -> None:
+        """Wait for the local peer's next apply or role change (or `timeout` seconds)."""
+        await self.peer.wait_changed(timeout)
+
     # ------------------------------------------------------------------ membership
 
     async def add_node(self, node_id: int, address: str) -> None:

@@ -14,7 +14,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /cluster/backlog-report               BacklogReportRecord the latest Spark backlog report's totals
     /cluster/rebalancing/{ms}-{n}         MoveRecord          a move the load manager made (TTL 1 h)
     /cluster/damaged/{ns}/{topic}         WalDamageRecord     a reliable topic not served: its WAL is damaged
-    /topics/{ns}/{topic}/subscriptions/{sub}  msgpack         a reliable subscription's cursor and settings
+    /topics/{ns}/{topic}/subscriptions/{sub}  CursorRecord    a reliable subscription's cursor and settings
     /topics/{ns}/{topic}/producers/{id}   ProducerRecord      a producer attached to a topic or partition
     /storage/topics/{ns}/{topic}/segments/{base}  SegmentDescriptor (storage/catalog.py)
     /storage/topics/{ns}/{topic}/state    TopicState          where a reliable topic's offsets stopped
@@ -35,9 +35,12 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
-from danube_zmq.transport.codec import Message, Protocol, Struct, wire
+import msgpack
+
+from danube_zmq.transport.codec import Message, Protocol, Struct, unpack, wire
 from danube_zmq.transport.common import PROTOCOL_VERSION
 from danube_zmq.transport.errors import InvalidArgument
+from danube_zmq.transport.internal_protocol import FailurePolicyState
 
 T = TypeVar("T", bound=Message)
 
@@ -332,10 +335,28 @@ class NamespaceLimitsRecord(Message):
     partitions_max: int | None = None
 
 
+@wire
+class CursorRecord(Message):
+    """A reliable subscription's persisted state, written by the broker serving its
+    topic (coalesced, `cursor_flush_interval_ms`) and read by the topic's next broker:
+    the cursor (every offset up to it acknowledged) and the acknowledged offsets above
+    it; its failure policy and dispatch window when an admin set them (None: the
+    broker's defaults apply). Tag 246: past every tag of every protocol, as 244.
+    Stores written before it was declared hold a msgpack map by field name:
+    `decode_cursor` reads both."""
+
+    TAG = 246
+    sub_type: int
+    cursor: int
+    acked_above: list[int]
+    policy: FailurePolicyState | None = None
+    max_unacked_messages: int | None = None
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
     LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord, WalDamageRecord,
-    NamespaceLimitsRecord,
+    NamespaceLimitsRecord, CursorRecord,
 ])
 
 
@@ -349,3 +370,28 @@ def decode(data: bytes, kind: type[T]) -> T:
     if type(record) is not kind:
         raise InvalidArgument(f"metadata record is a {type(record).__name__}, expected {kind.__name__}")
     return record
+
+
+def decode_cursor(data: bytes) -> CursorRecord:
+    """A stored cursor, declared (`CursorRecord`) or in the map form written before it
+    was; InvalidArgument naming the record when it is neither."""
+    items = unpack(data)
+    if type(items) is not dict:
+        return decode(data, CursorRecord)
+    # The map form: rebuilt as the record's array and checked field by field like any
+    # frame. Fields are positional, so a map stops at its first absent one (the later
+    # fields were added with defaults: older maps lack them).
+    policy = items.get("policy")
+    if type(policy) is dict:
+        policy = _leading(policy, FailurePolicyState._fields)
+    array = [CursorRecord.TAG, *_leading(items | {"policy": policy}, CursorRecord._fields)]
+    return decode(msgpack.packb(array, use_bin_type=True), CursorRecord)
+
+
+def _leading(fields: dict[str, object], names: tuple[str, ...]) -> list[object]:
+    out = []
+    for name in names:
+        if name not in fields:
+            break
+        out.append(fields[name])
+    return out

@@ -655,11 +655,82 @@ class AssignmentsResync(Message):
 
 @wire
 class LeaseChanged(Message):
-    """Broker's lease keeper -> broker: the registration lease is held (serve) or lost
-    (stop serving: another broker may take the topics once it expires)."""
+    """Broker's lease keeper -> broker: the registration lease is held (serve, and
+    never at or after `until_ms`, monotonic: told again at every renewal) or lost (stop
+    serving: another broker may take the topics once it expires)."""
 
     TAG = 79
     held: bool
+    until_ms: int = 0
+
+
+@wire
+class LeaseTick(Message):
+    """Timer -> lease keeper: time passed (renew, or fence when the lease runs out).
+    Tags 250+: past every tag of every protocol, so another branch's do not meet them."""
+
+    TAG = 250
+
+
+@wire
+class LeaseRenewed(Message):
+    """Lease keeper's renewal task -> lease keeper: the renewal sent at `sent_ms`
+    (monotonic) was applied (`renewed`) or failed (`error`)."""
+
+    TAG = 251
+    sent_ms: int
+    renewed: bool
+    error: str = ""
+
+
+@wire
+class PublishLoad(Message):
+    """Timer -> load reporter: publish this broker's load report."""
+
+    TAG = 252
+
+
+@wire
+class ServedTopics(Message):
+    """Load reporter -> broker (ask): the topic actors served here, and whether the
+    broker serves at all (holds its lease). Answered with `ServedTopicsList`."""
+
+    TAG = 253
+
+
+@wire
+class ServedTopicsList(Message):
+    TAG = 254
+    endpoints: list[str]
+    serving: bool
+
+
+@wire
+class ReserveOffsetsFor(Message):
+    """Broker -> offset reservations: a served topic's `ReserveOffsets`, with the topic
+    actor to answer and the broker's lease end (monotonic ms; nothing is written after)."""
+
+    TAG = 255
+    topic: str
+    until: int
+    endpoint: str
+    lease_until_ms: int
+
+
+@wire
+class TopicReleased(Message):
+    """Broker -> offset reservations: the topic is no longer served here (its seal ends
+    its reservation): what is pending for it is dropped."""
+
+    TAG = 256
+    topic: str
+
+
+@wire
+class WriteReservations(Message):
+    """Offset reservations -> itself: write what is pending, in one transaction."""
+
+    TAG = 257
 
 
 @wire
@@ -873,5 +944,7 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged,
         ResyncNext,
+        LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
+        ReserveOffsetsFor, TopicReleased, WriteReservations,
     ),
 )

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
 
 from danube_zmq import DanubeClient
@@ -635,7 +634,7 @@ def test_a_dead_brokers_local_topic_waits_for_a_forced_reassignment(cluster: lis
         async with AdminClient(survivors[0].admin_url) as admin:  # the cursor (4) written before the kill
             deadline = time.monotonic() + 15
             while (entry := await admin.metadata_get(f"{topic_key(topic)}/subscriptions/audit")) is None \
-                    or msgpack.unpackb(entry.value)["cursor"] != 4:
+                    or cr.decode_cursor(entry.value).cursor != 4:
                 assert time.monotonic() < deadline, "the cursor was never written"
                 await asyncio.sleep(0.1)
         victim.kill()
