@@ -1,0 +1,304 @@
+"""The inbound watcher: one thread per broker holding what libzmq buffers of its
+connections' input (client and admin ports) to byte budgets.
+
+libzmq reads a peer as fast as it can and holds a multipart message until its last
+part (`actors/peers.py` says how what it holds is measured). Checked on a timer of the
+event loop, what a flooding peer gains between two checks is its rate times the
+interval plus however late the loop is, tens of ms on a busy broker: at loopback rates
+that is hundreds of MiB. So the check runs here, in a thread whose only business it
+is: the kernel wakes it (epoll, edge-triggered on libzmq's own descriptors: every
+arrival of data is an event; the descriptor is never read here) and it gets the GIL
+within the interpreter's switch interval (5 ms), whatever the loop is doing.
+
+    loop thread (gateways)                      watcher thread
+      accepted fd  -- watch(fd, address) -->      SimpleQueue + eventfd wake-up
+      closed fd    -- forget(fd)         -->      epoll: EPOLLIN|EPOLLET per fd
+      read a frame:  handed[fd] += bytes          every round (ROUND_MS), for the
+                     (array, single writer)         fds that received data: held =
+      on_cut(fd, address)  <-- call_soon_threadsafe   received - unread - handed[fd]
+
+Each round checks only the connections that received data since the last one (at most
+`FDS_PER_ROUND_MAX`; the rest wait for the next round), so an idle broker costs nothing
+and a busy one a few microseconds per active connection. A connection holding more
+than `connection_bytes_max` is shut down (`shutdown_peer`, which checks the address
+against descriptor reuse). The sum held over all connections is kept from the last
+value seen of each; when it passes `broker_bytes_max`, every connection is measured
+again (stale values only overstate) and the largest holders are cut until the sum is
+under it (`choose_cuts`).
+
+The owner and the thread share no mutable Python structure but the `handed` array,
+written only by the loop thread and read only by this one (an 8-byte item store is
+atomic under the GIL). What the thread reads may lag what the owner was handed by a
+few frames: the order of the reads (kernel count first, `handed` last) makes every
+error an understatement, never a false cut.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import errno
+import logging
+import os
+import queue
+import resource
+import select
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.peers import INBOUND_SLACK_BYTES, Address, inbound_held, shutdown_peer, unread_bytes
+
+log = logging.getLogger("danube_zmq.inbound")
+
+# One round every ROUND_MS while data arrives: what a peer gains beyond its budget is
+# its rate times this (plus the GIL switch interval), ~8 MiB at 800 MB/s.
+ROUND_MS = 5
+FDS_PER_ROUND_MAX = 512
+_EVENTS_MAX = 1024
+
+# (fd, address, port name, bytes held, "connection" or "broker") -> None, on the loop.
+CutNotice = Callable[[int, "Address | None", str, int, str], None]
+
+
+def choose_cuts(held: Mapping[int, int], budget: int) -> list[int]:
+    """The connections to cut so that the bytes `held` over all of them are at most
+    `budget`: the largest holders first (the fewest cuts that get under it), largest
+    first; none if the sum is within it."""
+    total = sum(held.values())
+    cuts: list[int] = []
+    for fd, size in sorted(held.items(), key=lambda item: item[1], reverse=True):
+        if total <= budget:
+            break
+        cuts.append(fd)
+        total -= size
+    return cuts
+
+
+@dataclass(slots=True)
+class _Watched:
+    address: Address | None
+    port: str
+    on_cut: CutNotice
+    held: int = 0
+    unread: int = 0  # in the kernel at the last measure: libzmq may read it with no new event
+
+
+@dataclass(frozen=True, slots=True)
+class InboundStatistics:
+    connections: int
+    held_bytes: int
+    held_bytes_peak: int
+    held_bytes_at_cut_max: int
+    connection_cuts: int
+    broker_cuts: int
+    rounds: int
+
+
+class InboundWatch:
+    """The watcher thread and its owner-side handles; `start()` on the event loop that
+    owns the gateways, `stop()` after they stopped."""
+
+    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS) -> None:
+        self.connection_bytes_max = connection_bytes_max
+        self.broker_bytes_max = broker_bytes_max
+        self.round_s = round_ms / 1000
+        # Bytes handed to the owner per descriptor, ZMTP framing included; descriptors
+        # are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
+        # Written by the loop thread only (`hand`), read by the watcher.
+        self.handed = array.array("q", bytes(8 * resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        self._commands: queue.SimpleQueue[tuple[str, int, _Watched | None]] = queue.SimpleQueue()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll = select.epoll()
+        self._epoll.register(self._wake, select.EPOLLIN)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The watcher's own state (only its thread touches it after start()).
+        self._watched: dict[int, _Watched] = {}
+        self._due: dict[int, None] = {}  # received data, not checked yet (in arrival order)
+        self._held_total = 0
+        self._unread_total = 0
+        # Single-writer counters (the watcher), read by `statistics()`.
+        self.held_peak = 0
+        self.held_at_cut_max = 0
+        self.connection_cuts = 0
+        self.broker_cuts = 0
+        self.rounds = 0
+
+    # ------------------------------------------------------------- owner side
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="danube-inbound", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._send("stop", -1, None)
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._epoll.close()
+        os.close(self._wake)
+
+    def watch(self, fd: int, address: Address | None, port: str, on_cut: CutNotice) -> None:
+        """Hold the connection accepted on `fd` to the budgets; `on_cut` is called on the
+        loop if it is cut."""
+        if 0 <= fd < len(self.handed):
+            self._send("watch", fd, _Watched(address, port, on_cut))
+        else:
+            log.error("descriptor %d is beyond RLIMIT_NOFILE at start: its inbound bytes are not bounded", fd)
+
+    def forget(self, fd: int) -> None:
+        """libzmq closed `fd`: its count starts again for the next connection on it."""
+        if 0 <= fd < len(self.handed):
+            self.handed[fd] = 0
+            self._send("forget", fd, None)
+
+    def hand(self, fd: int, size: int) -> None:
+        """The owner was handed `size` bytes (ZMTP framing included) read from `fd`
+        (-1 when a frame came on no TCP connection: inproc, ipc)."""
+        if 0 <= fd < len(self.handed):
+            self.handed[fd] += size
+
+    def statistics(self) -> InboundStatistics:
+        return InboundStatistics(connections=len(self._watched), held_bytes=self._held_total,
+                                 held_bytes_peak=self.held_peak, held_bytes_at_cut_max=self.held_at_cut_max,
+                                 connection_cuts=self.connection_cuts,
+                                 broker_cuts=self.broker_cuts, rounds=self.rounds)
+
+    def _send(self, command: str, fd: int, watched: _Watched | None) -> None:
+        self._commands.put((command, fd, watched))
+        os.eventfd_write(self._wake, 1)
+
+    # ------------------------------------------------------------- watcher thread
+    def _run(self) -> None:
+        epoll, wake = self._epoll, self._wake
+        try:
+            while True:
+                for fd, _events in epoll.poll(0 if self._due else -1, _EVENTS_MAX):
+                    if fd == wake:
+                        if not self._take_commands():
+                            return
+                    elif fd in self._watched:
+                        self._due[fd] = None
+                if self._due:
+                    self._round()
+                    # Let edges gather: at most one round per ROUND_MS, whatever the rate.
+                    time.sleep(self.round_s)
+        except Exception:  # a bug here must not pass silently: the budgets would be off
+            log.exception("the inbound watcher failed: inbound bytes are no longer bounded")
+            raise
+
+    def _take_commands(self) -> bool:
+        """Apply the owner's commands in order; False on stop."""
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                command, fd, watched = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if command == "stop":
+                return False
+            self._drop(fd)
+            if command == "watch":
+                assert watched is not None
+                try:
+                    self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+                except FileExistsError:  # the registration of a closed descriptor's predecessor
+                    self._epoll.modify(fd, select.EPOLLIN | select.EPOLLET)
+                except OSError as exc:
+                    if exc.errno != errno.EBADF:  # closed already
+                        raise
+                    continue
+                self._watched[fd] = watched
+                self._due[fd] = None  # data that came before the registration
+
+    def _drop(self, fd: int) -> None:
+        watched = self._watched.pop(fd, None)
+        self._due.pop(fd, None)
+        if watched is not None:
+            self._held_total -= watched.held
+            self._unread_total -= watched.unread
+
+    def _measure(self, fd: int, watched: _Watched) -> bool:
+        """Measure what libzmq holds of `fd`'s input now, and what the kernel has not
+        handed to libzmq yet; False if `fd` is no longer a TCP socket. The kernel's
+        counts are read before `handed`, so that a race only understates it."""
+        received = inbound_held(fd, 0)
+        if received is None:
+            self._drop(fd)
+            return False
+        unread = unread_bytes(fd)
+        held = max(0, received - unread - self.handed[fd])
+        self._held_total += held - watched.held
+        self._unread_total += unread - watched.unread
+        watched.held, watched.unread = held, unread
+        return True
+
+    def _round(self) -> None:
+        """Check the connections that received data; cut those over a budget."""
+        self.rounds += 1
+        due, watched_fds = self._due, self._watched
+        budget = self.connection_bytes_max + INBOUND_SLACK_BYTES  # the greeting and commands are never handed
+        again: list[int] = []
+        for _ in range(min(len(due), FDS_PER_ROUND_MAX)):
+            fd = next(iter(due))
+            del due[fd]
+            watched = watched_fds[fd]
+            unread_before = watched.unread
+            if not self._measure(fd, watched):
+                continue
+            if watched.held > budget:
+                self._cut(fd, watched, watched.held, "connection")
+            elif watched.unread and (watched.unread != unread_before or watched.held + watched.unread > budget):
+                # libzmq reads what the kernel holds without a new event: look again
+                # while it makes progress, and always while it could pass the budget.
+                again.append(fd)
+        if self._held_total + self._unread_total > self.broker_bytes_max:
+            # Values not measured this round only overstate held bytes (the owner reads
+            # on) but may understate unread ones: measure every connection holding any.
+            for fd, watched in list(watched_fds.items()):
+                if watched.held or watched.unread:
+                    self._measure(fd, watched)
+            for fd in choose_cuts({fd: w.held for fd, w in watched_fds.items() if w.held}, self.broker_bytes_max):
+                self._cut(fd, watched_fds[fd], watched_fds[fd].held, "broker")
+            again.extend(fd for fd, w in watched_fds.items() if w.unread)
+        for fd in again:
+            if fd in watched_fds:
+                due[fd] = None
+        total = self._held_total
+        if total > self.held_peak:
+            self.held_peak = total
+            METRICS.inbound_held_bytes_peak.set(total)
+        METRICS.inbound_held_bytes.set(total)
+
+    def _cut(self, fd: int, watched: _Watched, held: int, budget: str) -> None:
+        self._drop(fd)  # cut or gone: either way no longer watched (a reused fd is watched anew)
+        if not shutdown_peer(fd, watched.address):
+            return
+        if budget == "connection":
+            self.connection_cuts += 1
+            METRICS.inbound_overrun_cut.labels(watched.port).inc()
+        else:
+            self.broker_cuts += 1
+            METRICS.inbound_budget_cut.labels(watched.port).inc()
+        if held > self.held_at_cut_max:
+            self.held_at_cut_max = held
+            METRICS.inbound_held_bytes_at_cut_max.set(held)
+        if budget == "connection":
+            log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed (an"
+                        " unfinished multipart message?), over inbound_bytes_per_connection_max (%d):"
+                        " disconnected", watched.address, watched.port, held, self.connection_bytes_max)
+        else:
+            log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed, the"
+                        " most of all connections, which together hold over inbound_bytes_max (%d):"
+                        " disconnected", watched.address, watched.port, held, self.broker_bytes_max)
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(watched.on_cut, fd, watched.address, watched.port, held, budget)
+        except RuntimeError:  # the loop is closed: the broker is stopping
+            pass

@@ -1,0 +1,113 @@
+"""The inbound watcher (`actors/inbound_watch.py`): whom it cuts for the broker-wide
+budget, and its thread on plain TCP sockets standing in for libzmq's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from danube_zmq.actors.inbound_watch import InboundWatch, choose_cuts
+from danube_zmq.actors.peers import INBOUND_SLACK_BYTES
+
+MIB = 1 << 20
+
+
+@given(st.dictionaries(st.integers(0, 1000), st.integers(0, 10_000), max_size=8), st.integers(0, 50_000))
+def test_cuts_for_the_broker_budget_are_the_fewest_largest_holders(held: dict[int, int], budget: int) -> None:
+    """Against every subset (brute force): the cuts bring the sum within the budget,
+    no smaller set of cuts does, and every connection cut holds at least as much as
+    every one kept; none is cut when the sum is within the budget."""
+    cuts = choose_cuts(held, budget)
+    kept = {fd: size for fd, size in held.items() if fd not in cuts}
+    assert len(set(cuts)) == len(cuts)
+    assert sum(kept.values()) <= budget
+    fewest = next(k for k in range(len(held) + 1)
+                  if any(sum(held.values()) - sum(held[fd] for fd in subset) <= budget
+                         for subset in itertools.combinations(held, k)))
+    assert len(cuts) == fewest
+    assert all(held[cut] >= size for cut in cuts for size in kept.values())
+
+
+def connected_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+    return client, accepted
+
+
+def drain(sock: socket.socket, stop: threading.Event) -> None:
+    """Read `sock` as libzmq would, handing nothing on: all it reads is held."""
+    sock.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            if not sock.recv(1 << 20):
+                return
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+
+
+def test_a_connection_read_but_not_handed_over_its_budget_is_shut_down() -> None:
+    """A reader that reads a connection and hands nothing to the owner holds what it
+    reads: past the per-connection budget the watcher shuts the connection down
+    (the sender sees it closed), tells the owner on the loop with the bytes held, and
+    a connection whose bytes are all handed on is left alone."""
+    budget = 2 * MIB
+
+    async def run() -> None:
+        watch = InboundWatch(connection_bytes_max=budget, broker_bytes_max=64 * MIB)
+        watch.start()
+        cuts: asyncio.Queue[tuple[int, object, str, int, str]] = asyncio.Queue()
+        hoarding_client, hoarding = connected_pair()
+        honest_client, honest = connected_pair()
+        stop = threading.Event()
+        readers = [threading.Thread(target=drain, args=(hoarding, stop))]
+        try:
+            loop = asyncio.get_running_loop()
+            for sock in (hoarding, honest):
+                watch.watch(sock.fileno(), sock.getpeername(), "client",
+                            lambda *notice: loop.call_soon(cuts.put_nowait, notice))
+            readers[0].start()
+            # The honest owner is handed everything it reads.
+            sender = threading.Thread(target=honest_client.sendall, args=(b"h" * (4 * MIB),))
+            sender.start()
+            readers.append(sender)
+            received = 0
+            while received < 4 * MIB:
+                chunk = honest.recv(1 << 20)
+                watch.hand(honest.fileno(), len(chunk))
+                received += len(chunk)
+            # The hoarded connection is shut down: its sender's writes fail or its reads end.
+            chunk = b"x" * MIB
+            sent = 0
+            hoarding_client.settimeout(30)
+            try:
+                while sent < 256 * MIB:
+                    hoarding_client.sendall(chunk)
+                    sent += len(chunk)
+            except OSError:
+                pass
+            fd, _address, port, held, reason = await asyncio.wait_for(cuts.get(), 30)
+            assert (fd, port, reason) == (hoarding.fileno(), "client", "connection")
+            assert held > budget + INBOUND_SLACK_BYTES
+            assert sent < 256 * MIB, "the hoarded connection was never shut down"
+            statistics = watch.statistics()
+            assert statistics.connection_cuts == 1 and statistics.broker_cuts == 0
+            assert cuts.empty()
+            honest_client.sendall(b"still open")
+            assert honest.recv(64) == b"still open"
+        finally:
+            stop.set()
+            for sock in (hoarding_client, hoarding, honest_client, honest):
+                sock.close()
+            for reader in readers:
+                reader.join(5)
+            watch.stop()
+
+    asyncio.run(run())
