@@ -7,19 +7,20 @@ event loop, what a flooding peer gains between two checks is its rate times the
 interval plus however late the loop is, tens of ms on a busy broker: at loopback rates
 that is hundreds of MiB. So the check runs here, in a thread whose only business it
 is: the kernel wakes it (epoll, edge-triggered on libzmq's own descriptors: every
-arrival of data is an event; the descriptor is never read here) and it gets the GIL
-within the interpreter's switch interval (5 ms), whatever the loop is doing.
+arrival of data is an event, see `_EDGES`; the descriptor is never read here) and it
+gets the GIL within the interpreter's switch interval (5 ms), whatever the loop does.
 
     loop thread (gateways)                      watcher thread
       accepted fd  -- watch(fd, address) -->      SimpleQueue + eventfd wake-up
-      closed fd    -- forget(fd)         -->      epoll: EPOLLIN|EPOLLET per fd
+      closed fd    -- forget(fd)         -->      epoll: IN|OUT|ET per fd (_EDGES)
       read a frame:  handed[fd] += bytes          every round (ROUND_MS), for the
                      (array, single writer)         fds that received data: held =
       on_cut(fd, address)  <-- call_soon_threadsafe   received - unread - handed[fd]
 
 Each round checks only the connections that received data since the last one (at most
-`FDS_PER_ROUND_MAX`; the rest wait for the next round), so an idle broker costs nothing
-and a busy one a few microseconds per active connection. A connection holding more
+`FDS_PER_ROUND_MAX`; the rest wait for the next round), and those that still had
+bytes in the kernel (libzmq reads them with no new event: `RECHECK_S_MAX`), so an idle
+broker costs nothing and a busy one a few microseconds per active connection. A connection holding more
 than `connection_bytes_max` is shut down (`shutdown_peer`, which checks the address
 against descriptor reuse). The sum held over all connections is kept from the last
 value seen of each; when it passes `broker_bytes_max`, every connection is measured
@@ -38,6 +39,7 @@ from __future__ import annotations
 import array
 import asyncio
 import errno
+import heapq
 import logging
 import os
 import queue
@@ -57,7 +59,18 @@ log = logging.getLogger("danube_zmq.inbound")
 # its rate times this (plus the GIL switch interval), ~8 MiB at 800 MB/s.
 ROUND_MS = 5
 FDS_PER_ROUND_MAX = 512
+# A connection with bytes left in the kernel is measured again (libzmq reads them with
+# no new event), after ROUND_MS while libzmq reads on, backing off to this while it
+# does not (the broker pushes back on a peer whose messages it does not take).
+RECHECK_S_MAX = 1.0
 _EVENTS_MAX = 1024
+# Every arrival of data wakes the socket's waiters, this epoll among them, but epoll
+# reports an event only if the descriptor is still ready when it is collected, and
+# libzmq may have read it all by then: with EPOLLIN alone a connection whose bytes
+# libzmq drains at once (any that is not flooding) would go unseen. EPOLLOUT makes the
+# descriptor ready whenever its send buffer has room (almost always), so each arrival
+# is reported; edge-triggered, once per arrival (or per freed send buffer of a full one).
+_EDGES = select.EPOLLIN | select.EPOLLOUT | select.EPOLLET
 
 # (fd, address, port name, bytes held, "connection" or "broker") -> None, on the loop.
 CutNotice = Callable[[int, "Address | None", str, int, str], None]
@@ -84,6 +97,8 @@ class _Watched:
     on_cut: CutNotice
     held: int = 0
     unread: int = 0  # in the kernel at the last measure: libzmq may read it with no new event
+    recheck_at: float = 0.0  # when to measure again for the unread bytes (0: not scheduled)
+    recheck_s: float = 0.0  # the delay that led there (doubled while libzmq reads nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +133,7 @@ class InboundWatch:
         # The watcher's own state (only its thread touches it after start()).
         self._watched: dict[int, _Watched] = {}
         self._due: dict[int, None] = {}  # received data, not checked yet (in arrival order)
+        self._rechecks: list[tuple[float, int]] = []  # (when, fd), a heap; stale entries skipped
         self._held_total = 0
         self._unread_total = 0
         # Single-writer counters (the watcher), read by `statistics()`.
@@ -176,13 +192,18 @@ class InboundWatch:
         epoll, wake = self._epoll, self._wake
         try:
             while True:
-                for fd, _events in epoll.poll(0 if self._due else -1, _EVENTS_MAX):
+                rechecks = self._rechecks
+                if self._due:
+                    timeout = 0.0
+                else:
+                    timeout = max(0.0, rechecks[0][0] - time.monotonic()) if rechecks else -1
+                for fd, _events in epoll.poll(timeout, _EVENTS_MAX):
                     if fd == wake:
                         if not self._take_commands():
                             return
                     elif fd in self._watched:
                         self._due[fd] = None
-                if self._due:
+                if self._due or (rechecks and rechecks[0][0] <= time.monotonic()):
                     self._round()
                     # Let edges gather: at most one round per ROUND_MS, whatever the rate.
                     time.sleep(self.round_s)
@@ -207,9 +228,9 @@ class InboundWatch:
             if command == "watch":
                 assert watched is not None
                 try:
-                    self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+                    self._epoll.register(fd, _EDGES)
                 except FileExistsError:  # the registration of a closed descriptor's predecessor
-                    self._epoll.modify(fd, select.EPOLLIN | select.EPOLLET)
+                    self._epoll.modify(fd, _EDGES)
                 except OSError as exc:
                     if exc.errno != errno.EBADF:  # closed already
                         raise
@@ -240,11 +261,18 @@ class InboundWatch:
         return True
 
     def _round(self) -> None:
-        """Check the connections that received data; cut those over a budget."""
+        """Check the connections that received data, and those due a recheck; cut those
+        over a budget."""
         self.rounds += 1
-        due, watched_fds = self._due, self._watched
+        due, watched_fds, rechecks = self._due, self._watched, self._rechecks
+        now = time.monotonic()
+        while rechecks and rechecks[0][0] <= now:
+            at, fd = heapq.heappop(rechecks)
+            watched = watched_fds.get(fd)
+            if watched is not None and watched.recheck_at == at:
+                watched.recheck_at = 0.0
+                due[fd] = None
         budget = self.connection_bytes_max + INBOUND_SLACK_BYTES  # the greeting and commands are never handed
-        again: list[int] = []
         for _ in range(min(len(due), FDS_PER_ROUND_MAX)):
             fd = next(iter(due))
             del due[fd]
@@ -254,10 +282,12 @@ class InboundWatch:
                 continue
             if watched.held > budget:
                 self._cut(fd, watched, watched.held, "connection")
-            elif watched.unread and (watched.unread != unread_before or watched.held + watched.unread > budget):
-                # libzmq reads what the kernel holds without a new event: look again
-                # while it makes progress, and always while it could pass the budget.
-                again.append(fd)
+            elif watched.unread:
+                # Soon while libzmq reads on or the bytes could pass the budget; later
+                # and later while it reads nothing.
+                progress = watched.unread != unread_before or watched.held + watched.unread > budget
+                self._recheck(fd, watched, now, self.round_s if progress else min(
+                    RECHECK_S_MAX, 2 * max(watched.recheck_s, self.round_s)))
         if self._held_total + self._unread_total > self.broker_bytes_max:
             # Values not measured this round only overstate held bytes (the owner reads
             # on) but may understate unread ones: measure every connection holding any.
@@ -266,15 +296,22 @@ class InboundWatch:
                     self._measure(fd, watched)
             for fd in choose_cuts({fd: w.held for fd, w in watched_fds.items() if w.held}, self.broker_bytes_max):
                 self._cut(fd, watched_fds[fd], watched_fds[fd].held, "broker")
-            again.extend(fd for fd, w in watched_fds.items() if w.unread)
-        for fd in again:
-            if fd in watched_fds:
-                due[fd] = None
+            for fd, watched in watched_fds.items():
+                if watched.unread:
+                    self._recheck(fd, watched, now, self.round_s)
         total = self._held_total
         if total > self.held_peak:
             self.held_peak = total
             METRICS.inbound_held_bytes_peak.set(total)
         METRICS.inbound_held_bytes.set(total)
+
+    def _recheck(self, fd: int, watched: _Watched, now: float, delay_s: float) -> None:
+        """Measure `fd` again after `delay_s` (unless it is due sooner already)."""
+        at = now + delay_s
+        if watched.recheck_at and watched.recheck_at <= at:
+            return
+        watched.recheck_at, watched.recheck_s = at, delay_s
+        heapq.heappush(self._rechecks, (at, fd))
 
     def _cut(self, fd: int, watched: _Watched, held: int, budget: str) -> None:
         self._drop(fd)  # cut or gone: either way no longer watched (a reused fd is watched anew)
