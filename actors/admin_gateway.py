@@ -93,7 +93,8 @@ class AdminGateway(Actor):
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         await bind_or_close(router, self.config.broker.admin_listen, "admin")
         self.peers = PeerGuard(ctx, router, "admin", self._busy_fds, pending_max=limits.connections_pending_max,
-                               timeout_ms=limits.connect_timeout_ms, inbound=self.inbound)
+                               timeout_ms=limits.connect_timeout_ms, inbound=self.inbound,
+                               now_ms=self.system.clock.monotonic_ms)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -114,8 +115,10 @@ class AdminGateway(Actor):
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
         assert self.peers is not None
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
-                (self.peers.monitor, self._drain_peers)]
+        sockets = [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        if self.peers.monitor_on_loop:  # else the inbound watcher reads it
+            sockets.append((self.peers.monitor, self._drain_peers))
+        return sockets
 
     async def _drain_peers(self) -> None:
         assert self.peers is not None

@@ -164,7 +164,7 @@ class Gateway(Actor):
         await bind_or_close(router, self.config.broker.listen, "client")
         self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
                                timeout_ms=limits.connect_timeout_ms, inbound=self.inbound,
-                               on_inbound_cut=self._end_session_on)
+                               on_inbound_cut=self._end_session_on, now_ms=self.system.clock.monotonic_ms)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -191,8 +191,10 @@ class Gateway(Actor):
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
         assert self.peers is not None
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
-                (self.peers.monitor, self._drain_peers)]
+        sockets = [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        if self.peers.monitor_on_loop:  # else the inbound watcher reads it
+            sockets.append((self.peers.monitor, self._drain_peers))
+        return sockets
 
     async def _drain_peers(self) -> None:
         assert self.peers is not None

@@ -45,13 +45,24 @@ import os
 import queue
 import resource
 import select
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import zmq
 
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.peers import INBOUND_SLACK_BYTES, Address, inbound_held, shutdown_peer, unread_bytes
+from danube_zmq.actors.peers import (
+    INBOUND_SLACK_BYTES,
+    Address,
+    inbound_held,
+    peer_address,
+    shutdown_peer,
+    unread_bytes,
+)
 
 log = logging.getLogger("danube_zmq.inbound")
 
@@ -64,6 +75,7 @@ FDS_PER_ROUND_MAX = 512
 # does not (the broker pushes back on a peer whose messages it does not take).
 RECHECK_S_MAX = 1.0
 _EVENTS_MAX = 1024
+MONITOR_EVENTS_MAX = 256
 # Every arrival of data wakes the socket's waiters, this epoll among them, but epoll
 # reports an event only if the descriptor is still ready when it is collected, and
 # libzmq may have read it all by then: with EPOLLIN alone a connection whose bytes
@@ -95,10 +107,25 @@ class _Watched:
     address: Address | None
     port: str
     on_cut: CutNotice
+    base: int = 0  # handed[fd] when the connection was accepted (the counts never reset)
     held: int = 0
     unread: int = 0  # in the kernel at the last measure: libzmq may read it with no new event
     recheck_at: float = 0.0  # when to measure again for the unread bytes (0: not scheduled)
     recheck_s: float = 0.0  # the delay that led there (doubled while libzmq reads nothing)
+
+
+# (event, fd, peer address) of a socket monitor, as the watcher read them.
+MonitorEvent = tuple[int, int, "Address | None"]
+
+
+@dataclass(slots=True)
+class _Monitor:
+    """A listening socket's monitor, read by the watcher (it alone touches the socket)."""
+
+    socket: zmq.Socket[Any]
+    port: str
+    on_events: Callable[[list[MonitorEvent]], None]
+    on_cut: CutNotice
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +151,7 @@ class InboundWatch:
         # are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
         # Written by the loop thread only (`hand`), read by the watcher.
         self.handed = array.array("q", bytes(8 * resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
-        self._commands: queue.SimpleQueue[tuple[str, int, _Watched | None]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll = select.epoll()
         self._epoll.register(self._wake, select.EPOLLIN)
@@ -132,6 +159,8 @@ class InboundWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         # The watcher's own state (only its thread touches it after start()).
         self._watched: dict[int, _Watched] = {}
+        self._monitors: dict[int, _Monitor] = {}  # by ZMQ_FD
+        self._monitors_due: dict[int, None] = {}  # events may wait
         self._due: dict[int, None] = {}  # received data, not checked yet (in arrival order)
         self._rechecks: list[tuple[float, int]] = []  # (when, fd), a heap; stale entries skipped
         self._held_total = 0
@@ -157,19 +186,27 @@ class InboundWatch:
         self._epoll.close()
         os.close(self._wake)
 
-    def watch(self, fd: int, address: Address | None, port: str, on_cut: CutNotice) -> None:
-        """Hold the connection accepted on `fd` to the budgets; `on_cut` is called on the
-        loop if it is cut."""
-        if 0 <= fd < len(self.handed):
-            self._send("watch", fd, _Watched(address, port, on_cut))
-        else:
-            log.error("descriptor %d is beyond RLIMIT_NOFILE at start: its inbound bytes are not bounded", fd)
+    def attach(self, monitor: zmq.Socket[Any], port: str, on_events: Callable[[list[MonitorEvent]], None],
+               on_cut: CutNotice) -> None:
+        """Read the socket monitor of a listening socket from now on (the caller no longer
+        touches it): each accepted connection is watched as soon as the watcher reads its
+        event, not when the loop gets to it (a flood of connections queues thousands of
+        events, and a peer may flood as soon as it is accepted). The events are passed on
+        to `on_events` on the loop; `on_cut` is called there for a connection cut."""
+        self._send("attach", -1, _Monitor(monitor, port, on_events, on_cut))
 
-    def forget(self, fd: int) -> None:
-        """libzmq closed `fd`: its count starts again for the next connection on it."""
-        if 0 <= fd < len(self.handed):
-            self.handed[fd] = 0
-            self._send("forget", fd, None)
+    def detach(self, monitor: zmq.Socket[Any]) -> None:
+        """Stop reading `monitor` and watching its connections; the caller may close it
+        once this returns."""
+        done = threading.Event()
+        self._send("detach", -1, (monitor, done))
+        if self._thread is not None and self._thread.is_alive():
+            done.wait(5)
+
+    def watch(self, fd: int, address: Address | None, port: str, on_cut: CutNotice) -> None:
+        """Hold the connection on `fd` to the budgets (one no monitor reports: tests);
+        `on_cut` is called on the loop if it is cut."""
+        self._send("watch", fd, _Watched(address, port, on_cut))
 
     def hand(self, fd: int, size: int) -> None:
         """The owner was handed `size` bytes (ZMTP framing included) read from `fd`
@@ -183,8 +220,8 @@ class InboundWatch:
                                  connection_cuts=self.connection_cuts,
                                  broker_cuts=self.broker_cuts, rounds=self.rounds)
 
-    def _send(self, command: str, fd: int, watched: _Watched | None) -> None:
-        self._commands.put((command, fd, watched))
+    def _send(self, command: str, fd: int, payload: Any) -> None:
+        self._commands.put((command, fd, payload))
         os.eventfd_write(self._wake, 1)
 
     # ------------------------------------------------------------- watcher thread
@@ -193,7 +230,7 @@ class InboundWatch:
         try:
             while True:
                 rechecks = self._rechecks
-                if self._due:
+                if self._due or self._monitors_due:
                     timeout = 0.0
                 else:
                     timeout = max(0.0, rechecks[0][0] - time.monotonic()) if rechecks else -1
@@ -203,6 +240,10 @@ class InboundWatch:
                             return
                     elif fd in self._watched:
                         self._due[fd] = None
+                    elif fd in self._monitors:
+                        self._monitors_due[fd] = None
+                if self._monitors_due:
+                    self._read_monitors()
                 if self._due or (rechecks and rechecks[0][0] <= time.monotonic()):
                     self._round()
                     # Let edges gather: at most one round per ROUND_MS, whatever the rate.
@@ -219,24 +260,81 @@ class InboundWatch:
             pass
         while True:
             try:
-                command, fd, watched = self._commands.get_nowait()
+                command, fd, payload = self._commands.get_nowait()
             except queue.Empty:
                 return True
             if command == "stop":
                 return False
-            self._drop(fd)
             if command == "watch":
-                assert watched is not None
+                self._add(fd, payload)
+            elif command == "attach":
+                monitor_fd = payload.socket.getsockopt(zmq.FD)
+                self._epoll.register(monitor_fd, select.EPOLLIN)
+                self._monitors[monitor_fd] = payload
+                self._monitors_due[monitor_fd] = None  # events queued before
+            elif command == "detach":
+                sock, done = payload
+                for monitor_fd, monitor in list(self._monitors.items()):
+                    if monitor.socket is sock:
+                        self._epoll.unregister(monitor_fd)
+                        del self._monitors[monitor_fd]
+                        self._monitors_due.pop(monitor_fd, None)
+                        for fd in [fd for fd, w in self._watched.items() if w.port == monitor.port]:
+                            self._drop(fd)
+                done.set()
+
+    def _add(self, fd: int, watched: _Watched) -> None:
+        self._drop(fd)
+        if not 0 <= fd < len(self.handed):
+            log.error("descriptor %d is beyond RLIMIT_NOFILE at start: its inbound bytes are not bounded", fd)
+            return
+        try:
+            self._epoll.register(fd, _EDGES)
+        except FileExistsError:  # the registration of a closed descriptor's predecessor
+            self._epoll.modify(fd, _EDGES)
+        except OSError as exc:
+            if exc.errno != errno.EBADF:  # closed already
+                raise
+            return
+        # What the owner was handed from this descriptor number so far belongs to the
+        # connections it led to before (the counts are never reset: a reset by the
+        # owner could land after the new connection's first frames).
+        watched.base = self.handed[fd]
+        self._watched[fd] = watched
+        self._due[fd] = None  # data that came before the registration
+
+    def _read_monitors(self) -> None:
+        """Watch the connections the monitors report accepted at once, forget closed
+        ones, and pass the events on to their owners (at most MONITOR_EVENTS_MAX per
+        monitor per round, so that the loop takes them in bounded batches)."""
+        for monitor_fd in list(self._monitors_due):
+            monitor = self._monitors[monitor_fd]
+            events: list[MonitorEvent] = []
+            for _ in range(MONITOR_EVENTS_MAX):
                 try:
-                    self._epoll.register(fd, _EDGES)
-                except FileExistsError:  # the registration of a closed descriptor's predecessor
-                    self._epoll.modify(fd, _EDGES)
-                except OSError as exc:
-                    if exc.errno != errno.EBADF:  # closed already
-                        raise
-                    continue
-                self._watched[fd] = watched
-                self._due[fd] = None  # data that came before the registration
+                    frames = monitor.socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    del self._monitors_due[monitor_fd]
+                    break
+                event, fd = struct.unpack("=hi", frames[0][:6])  # ZMTP monitor event: 16-bit event, 32-bit value
+                if event == zmq.EVENT_ACCEPTED:
+                    address = peer_address(fd)
+                    self._add(fd, _Watched(address, monitor.port, monitor.on_cut))
+                    events.append((event, fd, address))
+                else:
+                    watched = self._watched.get(fd)
+                    if watched is not None and watched.port == monitor.port:  # not a reuse by the other port
+                        self._drop(fd)
+                    events.append((event, fd, None))
+            if events:
+                self._notify(monitor.on_events, events)
+
+    def _notify(self, callback: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: the broker is stopping
+            pass
 
     def _drop(self, fd: int) -> None:
         watched = self._watched.pop(fd, None)
@@ -254,7 +352,7 @@ class InboundWatch:
             self._drop(fd)
             return False
         unread = unread_bytes(fd)
-        held = max(0, received - unread - self.handed[fd])
+        held = max(0, received - unread - (self.handed[fd] - watched.base))
         self._held_total += held - watched.held
         self._unread_total += unread - watched.unread
         watched.held, watched.unread = held, unread
@@ -334,8 +432,4 @@ class InboundWatch:
             log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed, the"
                         " most of all connections, which together hold over inbound_bytes_max (%d):"
                         " disconnected", watched.address, watched.port, held, self.broker_bytes_max)
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(watched.on_cut, fd, watched.address, watched.port, held, budget)
-        except RuntimeError:  # the loop is closed: the broker is stopping
-            pass
+        self._notify(watched.on_cut, fd, watched.address, watched.port, held, budget)

@@ -250,7 +250,8 @@ class PeerGuard:
 
     def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any], name: str, sessions: dict[int, Address | None],
                  *, pending_max: int, timeout_ms: int, inbound: InboundWatch | None,
-                 on_inbound_cut: Callable[[int, Address | None], None] | None = None) -> None:
+                 on_inbound_cut: Callable[[int, Address | None], None] | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
         self.name = name
         self.pending_max = pending_max
         self.timeout_ms = timeout_ms
@@ -263,8 +264,7 @@ class PeerGuard:
         self.inbound = inbound
         self.on_inbound_cut = on_inbound_cut
         # The owner calls `hand(fd, bytes)` for every message read, ZMTP framing
-        # included. Not reset on accept: the owner may read before the monitor's event
-        # is taken; reset when libzmq closes the descriptor.
+        # included (counts per descriptor number that never reset: see InboundWatch).
         self.hand: Callable[[int, int], None] = inbound.hand if inbound is not None else _count_nothing
         self.table = ConnectionTable(sessions, pending_max=pending_max, timeout_ms=timeout_ms)
         self._logged = (0, 0)  # (evicted, expired) at the last summary line
@@ -279,11 +279,18 @@ class PeerGuard:
         self.monitor = monitor
         self._monitor_sync = zmq.Socket.shadow(monitor.underlying)
         self._sock = sock
+        # With an inbound watcher, the watcher reads the monitor (it watches a connection
+        # the moment it is accepted) and passes the events on (`_take_events`, on the
+        # loop, with `now_ms`); without one, the owner drains it on the loop (`drain`).
+        self.monitor_on_loop = inbound is None
+        if inbound is not None:
+            assert now_ms is not None
+            self._now_ms = now_ms
+            inbound.attach(self._monitor_sync, name, self._take_events, self._inbound_cut)
 
     def close(self) -> None:
         if self.inbound is not None:
-            for fd in self.table.connections:
-                self.inbound.forget(fd)
+            self.inbound.detach(self._monitor_sync)
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         self.monitor.close(linger=0)
@@ -293,26 +300,32 @@ class PeerGuard:
         loop turn, so a flood of connections leaves other actors their turns): count
         accepted connections, cut the oldest pending one over `pending_max`, forget
         closed ones."""
-        table = self.table
         for _ in range(events_max):
             try:
                 frames = self._monitor_sync.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             event, fd = struct.unpack("=hi", frames[0][:6])  # ZMTP monitor event: 16-bit event, 32-bit value
-            if event != zmq.EVENT_ACCEPTED:
-                table.closed(fd)
-                if self.inbound is not None:
-                    self.inbound.forget(fd)
-                continue
-            address = peer_address(fd)
-            if self.inbound is not None:
-                self.inbound.watch(fd, address, self.name, self._inbound_cut)
-            evict = table.accepted(fd, address, now_ms)
-            if evict is not None and shutdown_peer(evict[0], evict[1].address):
-                self.evicted += 1
-                METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
+            self._event(event, fd, peer_address(fd) if event == zmq.EVENT_ACCEPTED else None, now_ms)
         self._summarize(now_ms)
+
+    def _take_events(self, events: list[tuple[int, int, Address | None]]) -> None:
+        """The monitor's events as the inbound watcher read them (a bounded batch)."""
+        now_ms = self._now_ms()
+        for event, fd, address in events:
+            self._event(event, fd, address, now_ms)
+        self._summarize(now_ms)
+
+    def _event(self, event: int, fd: int, address: Address | None, now_ms: int) -> None:
+        """Count an accepted connection, cutting the oldest pending one over
+        `pending_max`; forget a closed one."""
+        if event != zmq.EVENT_ACCEPTED:
+            self.table.closed(fd)
+            return
+        evict = self.table.accepted(fd, address, now_ms)
+        if evict is not None and shutdown_peer(evict[0], evict[1].address):
+            self.evicted += 1
+            METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
 
     def review(self, now_ms: int) -> None:
         """Shut down connections that have had no session for `timeout_ms`."""
