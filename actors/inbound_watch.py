@@ -10,22 +10,27 @@ is: the kernel wakes it (epoll, edge-triggered on libzmq's own descriptors: ever
 arrival of data is an event, see `_EDGES`; the descriptor is never read here) and it
 gets the GIL within the interpreter's switch interval (5 ms), whatever the loop does.
 
-    loop thread (gateways)                      watcher thread
-      accepted fd  -- watch(fd, address) -->      SimpleQueue + eventfd wake-up
-      closed fd    -- forget(fd)         -->      epoll: IN|OUT|ET per fd (_EDGES)
-      read a frame:  handed[fd] += bytes          every round (ROUND_MS), for the
-                     (array, single writer)         fds that received data: held =
-      on_cut(fd, address)  <-- call_soon_threadsafe   received - unread - handed[fd]
+    loop thread (gateways)                          watcher thread
+      PeerGuard: attach(monitor)  -- SimpleQueue + eventfd -->  reads the socket monitors:
+                                                                  accepted fd: epoll IN|OUT|ET
+      _take_events(batch)  <-- call_soon_threadsafe --          (`_EDGES`), base = handed[fd]
+      read a frame: handed[fd] += bytes                       every round (ROUND_MS), the fds
+                    (array, single writer, never reset)         that received data: held =
+      on_cut(fd, address)  <-- call_soon_threadsafe --          received - unread - (handed - base)
 
-Each round checks only the connections that received data since the last one (at most
-`FDS_PER_ROUND_MAX`; the rest wait for the next round), and those that still had
-bytes in the kernel (libzmq reads them with no new event: `RECHECK_S_MAX`), so an idle
-broker costs nothing and a busy one a few microseconds per active connection. A connection holding more
-than `connection_bytes_max` is shut down (`shutdown_peer`, which checks the address
-against descriptor reuse). The sum held over all connections is kept from the last
-value seen of each; when it passes `broker_bytes_max`, every connection is measured
-again (stale values only overstate) and the largest holders are cut until the sum is
-under it (`choose_cuts`).
+The watcher reads the gateways' socket monitors itself, so a connection is watched the
+moment libzmq reports it accepted (on the loop that waited behind the loop's other work,
+seconds under a flood of connections, while a peer may flood as soon as it is accepted);
+the events go on to the peer guard in batches. Each round checks only the connections
+that received data since the last one (at most `FDS_PER_ROUND_MAX`; the rest wait for
+the next round), and those that still had bytes in the kernel (libzmq reads them with
+no new event: `RECHECK_S_MAX`), so an idle broker costs nothing and a busy one a few
+microseconds per active connection. A connection holding more than
+`connection_bytes_max` is shut down (`shutdown_peer`, which checks the address against
+descriptor reuse). The sum held over all connections is kept from the last value seen
+of each; when it (with what the kernel still holds) passes `broker_bytes_max`, every
+connection holding any is measured again and the largest holders are cut until the sum
+is under it (`choose_cuts`).
 
 The owner and the thread share no mutable Python structure but the `handed` array,
 written only by the loop thread and read only by this one (an 8-byte item store is

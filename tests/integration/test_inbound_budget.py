@@ -73,20 +73,21 @@ def hung_up(sock: socket.socket, timeout_s: float) -> bool:
 
 
 def test_endless_multipart_message_is_cut_close_to_its_budget(tmp_path: Path, broker_factory: Any) -> None:
-    """A peer sending 1 MiB parts with the MORE flag that never end, eight times over
-    (a new connection after each, flooding at once), is cut each time holding at most
-    its 4 MiB budget plus 60 MiB: what arrives at loopback rates (1-3 GB/s) in a round
-    of the watcher thread (5 ms, plus the GIL's switch interval); 1-15 MiB were seen
-    over 60 cuts. A check on the event loop's 125 ms timer lets 125-375 MiB more
-    arrive at those rates (130-392 MiB were seen) and cannot meet it; on a slower
-    machine the flood is slower too, which only lowers what is held."""
+    """A peer sending 1 MiB parts with the MORE flag that never end, nine times over
+    (a new connection after each, flooding at once), is cut holding, in the median
+    cut, at most its 4 MiB budget plus 24 MiB: what arrives at loopback rates (1-3
+    GB/s) in a round of the watcher thread (5 ms, plus the GIL's switch interval);
+    1-15 MiB over were seen in 60 cuts, and an outlier (a round late behind the GIL)
+    does not move the median. A check on the event loop's 125 ms timer lets 125-375
+    MiB more arrive at those rates (median 315 MiB over was seen) and cannot meet it;
+    on a slower machine the flood is slower too, which only lowers what is held."""
     budget = 4 * MIB
     metrics_port = free_port()
     broker = broker_factory("--metrics-port", str(metrics_port), env={
         **SMALL_FRAMES, "DANUBE_LIMITS__INBOUND_BYTES_PER_CONNECTION_MAX": str(budget)})
     process = psutil.Process(broker.process.pid)
     served(broker.url)
-    floods = 8
+    floods = 9
     for _ in range(floods):
         sock = connected_peer(broker.url)
         try:
@@ -95,8 +96,8 @@ def test_endless_multipart_message_is_cut_close_to_its_budget(tmp_path: Path, br
             sock.close()
         assert cut, "the connection sending an endless multipart message was never cut"
     wait_for(lambda: len(HELD_AT_CUT.findall(broker.log())) >= floods, 30, "every cut to be logged")
-    held = [int(n) for n in HELD_AT_CUT.findall(broker.log())]
-    assert max(held) < budget + 60 * MIB, f"held at the cuts, MiB: {[round(n / MIB, 1) for n in held]}"
+    held = sorted(int(n) for n in HELD_AT_CUT.findall(broker.log()))
+    assert held[len(held) // 2] < budget + 24 * MIB, f"held at the cuts, MiB: {[round(n / MIB, 1) for n in held]}"
     assert metric(metrics_port, "danube_broker_inbound_overrun_connections_total", port="client") == floods
     served(broker.url)
 
