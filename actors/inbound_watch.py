@@ -13,8 +13,8 @@ gets the GIL within the interpreter's switch interval (5 ms), whatever the loop 
     loop thread (gateways)                          watcher thread
       PeerGuard: attach(monitor)  -- SimpleQueue + eventfd -->  reads the socket monitors:
                                                                   accepted fd: epoll IN|OUT|ET
-      _take_events(batch)  <-- call_soon_threadsafe --          (`_EDGES`), base = handed[fd]
-      read a frame: handed[fd] += bytes                       every round (ROUND_MS), the fds
+      _take_events(batch)  <-- call_soon_threadsafe --          (`_EDGES`); at a close: base
+      read a frame: handed[fd] += bytes                         = handed[fd]. Every round, the fds
                     (array, single writer, never reset)         that received data: held =
       on_cut(fd, address)  <-- call_soon_threadsafe --          received - unread - (handed - base)
 
@@ -112,7 +112,7 @@ class _Watched:
     address: Address | None
     port: str
     on_cut: CutNotice
-    base: int = 0  # handed[fd] when the connection was accepted (the counts never reset)
+    base: int = 0  # handed[fd] when the last connection on this descriptor ended (counts never reset)
     held: int = 0
     unread: int = 0  # in the kernel at the last measure: libzmq may read it with no new event
     recheck_at: float = 0.0  # when to measure again for the unread bytes (0: not scheduled)
@@ -156,6 +156,7 @@ class InboundWatch:
         # are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
         # Written by the loop thread only (`hand`), read by the watcher.
         self.handed = array.array("q", bytes(8 * resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        self._ended = array.array("q", bytes(8 * len(self.handed)))  # the watcher's: handed[fd] at a close
         self._commands: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll = select.epoll()
@@ -286,6 +287,7 @@ class InboundWatch:
                         self._monitors_due.pop(monitor_fd, None)
                         for fd in [fd for fd, w in self._watched.items() if w.port == monitor.port]:
                             self._drop(fd)
+                            self._ended[fd] = self.handed[fd]  # its socket is closed next
                 done.set()
 
     def _add(self, fd: int, watched: _Watched) -> None:
@@ -301,10 +303,13 @@ class InboundWatch:
             if exc.errno != errno.EBADF:  # closed already
                 raise
             return
-        # What the owner was handed from this descriptor number so far belongs to the
-        # connections it led to before (the counts are never reset: a reset by the
-        # owner could land after the new connection's first frames).
-        watched.base = self.handed[fd]
+        # What the owner was handed from this descriptor number before the last
+        # connection on it ended belongs to the connections it led to before (the counts
+        # are never reset: a reset by the owner could land after the new connection's
+        # first frames). Taken at the end, not now: the owner may already have read the
+        # new connection's first frames. A frame of the old connection read later counts
+        # against the new one, which only understates it.
+        watched.base = self._ended[fd]
         self._watched[fd] = watched
         self._due[fd] = None  # data that came before the registration
 
@@ -330,6 +335,8 @@ class InboundWatch:
                     watched = self._watched.get(fd)
                     if watched is not None and watched.port == monitor.port:  # not a reuse by the other port
                         self._drop(fd)
+                    if 0 <= fd < len(self._ended):
+                        self._ended[fd] = self.handed[fd]
                     events.append((event, fd, None))
             if events:
                 self._notify(monitor.on_events, events)

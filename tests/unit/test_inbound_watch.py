@@ -8,6 +8,8 @@ import itertools
 import socket
 import threading
 
+import zmq
+import zmq.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -86,7 +88,7 @@ def test_a_connection_read_but_not_handed_over_its_budget_is_shut_down() -> None
             # The hoarded connection is shut down: its sender's writes fail or its reads end.
             chunk = b"x" * MIB
             sent = 0
-            hoarding_client.settimeout(30)
+            hoarding_client.settimeout(5)  # once cut, a send may block (the shut socket is not read): then it times out
             try:
                 while sent < 256 * MIB:
                     hoarding_client.sendall(chunk)
@@ -206,5 +208,56 @@ def test_bytes_read_as_soon_as_they_arrive_are_all_seen() -> None:
             thread.join(5)
             accepted.close()
             watch.stop()
+
+    asyncio.run(run())
+
+
+def test_a_peer_guard_watches_its_socket_again_after_a_restart() -> None:
+    """A peer guard reads its ROUTER's socket monitor through the watcher: a raw ZMTP
+    peer sending an endless multipart message is cut as soon as libzmq holds more than
+    the budget, the accept and the cut reach the guard on the loop; after the guard is
+    closed and a new ROUTER and guard take the port (a gateway restarted after a
+    failure), a second such peer is cut the same way."""
+    from danube_zmq.actors.peers import PeerGuard
+    from tests.integration.test_bounds import zmtp_dealer, zmtp_frame
+
+    async def run() -> None:
+        ctx = zmq.asyncio.Context()
+        watch = InboundWatch(connection_bytes_max=2 * MIB, broker_bytes_max=64 * MIB)
+        watch.start()
+        loop = asyncio.get_running_loop()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        part = zmtp_frame(b"m" * (256 * 1024), more=True)
+        try:
+            for _ in range(2):
+                router = ctx.socket(zmq.ROUTER)
+                router.setsockopt(zmq.LINGER, 0)
+                router.bind(f"tcp://127.0.0.1:{port}")
+                cuts: asyncio.Queue[int] = asyncio.Queue()
+                guard = PeerGuard(ctx, router, "client", {}, pending_max=100, timeout_ms=60_000, inbound=watch,
+                                  on_inbound_cut=lambda fd, _address, cuts=cuts: cuts.put_nowait(fd),
+                                  now_ms=lambda: int(loop.time() * 1000))
+                try:
+                    peer = await loop.run_in_executor(None, zmtp_dealer, f"tcp://127.0.0.1:{port}")
+                    sent = 0
+                    try:
+                        while sent < 256 * MIB and cuts.empty():
+                            await loop.run_in_executor(None, peer.sendall, part * 4)
+                            sent += MIB
+                    except OSError:
+                        pass
+                    fd = await asyncio.wait_for(cuts.get(), 30)
+                    assert guard.inbound_cut == 1 and fd not in guard.table.connections
+                    assert sent < 256 * MIB
+                    peer.close()
+                finally:
+                    guard.close()
+                    router.close(linger=0)
+                await asyncio.sleep(0.2)  # libzmq frees the listener after close returns
+        finally:
+            watch.stop()
+            ctx.destroy(linger=0)
 
     asyncio.run(run())
