@@ -33,6 +33,7 @@ from danube_zmq.actors import cluster_admin
 from danube_zmq.actors.actor import ADMIN_OUTBOX, Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
+from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, shutdown_peer, zmtp_frame_bytes
@@ -54,13 +55,15 @@ log = logging.getLogger("danube_zmq.admin_gateway")
 
 _DRAIN_MAX = 64
 _CLUSTER_TASKS_MAX = 256
-_TICK_MS = 125  # as the client gateway: inbound bytes sampled every tick, the rest every other
+_TICK_MS = 250  # pending connections and outbound budgets
 
 
 class AdminGateway(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str,
-                 metadata: RaftMetadataStore | None = None, schemas: SchemaRegistry | None = None) -> None:
+                 metadata: RaftMetadataStore | None = None, schemas: SchemaRegistry | None = None,
+                 inbound: InboundWatch | None = None) -> None:
         self.config = config
+        self.inbound = inbound
         self.metadata = metadata
         self.schemas = schemas
         self._cluster_tasks = RequestTasks(_CLUSTER_TASKS_MAX)
@@ -79,7 +82,6 @@ class AdminGateway(Actor):
         self._in_flight: dict[bytes, list[int]] = {}
         self._busy_fds: dict[int, Address | None] = {}
         self._fd_of: dict[bytes, int] = {}  # identities with bytes queued, to cut a stalled one
-        self._ticks = 0
 
     async def on_start(self) -> None:
         ctx = self.system.context
@@ -92,8 +94,8 @@ class AdminGateway(Actor):
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         await bind_or_close(router, self.config.broker.admin_listen, "admin")
         self.peers = PeerGuard(ctx, router, "admin", self._busy_fds, pending_max=limits.connections_pending_max,
-                               timeout_ms=limits.connect_timeout_ms,
-                               inbound_bytes_max=limits.inbound_bytes_per_connection_max)
+                               timeout_ms=limits.connect_timeout_ms, inbound=self.inbound,
+                               now_ms=self.system.clock.monotonic_ms)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         outbox = ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.LINGER, 0)
@@ -114,8 +116,10 @@ class AdminGateway(Actor):
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
         assert self.peers is not None
-        return [(self.router, self._drain_router), (self.outbox, self._drain_outbox),
-                (self.peers.monitor, self._drain_peers)]
+        sockets = [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        if self.peers.monitor_on_loop:  # else the inbound watcher reads it
+            sockets.append((self.peers.monitor, self._drain_peers))
+        return sockets
 
     async def _drain_peers(self) -> None:
         assert self.peers is not None
@@ -124,7 +128,7 @@ class AdminGateway(Actor):
     async def _drain_router(self) -> None:
         peers = self.peers
         assert peers is not None
-        handed = peers.handed
+        hand = peers.hand
         now = self.system.clock.monotonic_ms()
         for _ in range(_DRAIN_MAX):
             try:
@@ -144,7 +148,7 @@ class AdminGateway(Actor):
                 received += zmtp_frame_bytes(len(part))
                 parts += 1
                 more = part.more
-            handed[fd] = handed.get(fd, 0) + received
+            hand(fd, received)
             peers.touch(fd, now)
             self._request_started(identity, fd)
             if parts != 1:
@@ -310,10 +314,6 @@ class AdminGateway(Actor):
 
     def handle_Tick(self, msg: Tick) -> None:
         if self.peers is None:
-            return
-        self.peers.sample_inbound()
-        self._ticks += 1
-        if self._ticks % 2:
             return
         now = self.system.clock.monotonic_ms()
         self.peers.review(now)

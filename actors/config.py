@@ -191,10 +191,15 @@ class LimitsSection:
     connect_timeout_ms: int = 10_000
     # Bytes ZeroMQ has read from one connection (client or admin port) and not
     # yet handed to the broker: an unfinished multipart message, or whole
-    # messages the broker has not caught up with. Sampled every 125 ms (the
-    # kernel's count of bytes received against the bytes handed); a connection
-    # over it is disconnected. More than frame_bytes_max. Default 64 MiB.
+    # messages the broker has not caught up with. Checked by a thread of its
+    # own every 5 ms on the connections that received data (the kernel's count
+    # of bytes received against the bytes handed); a connection over it is
+    # disconnected. More than frame_bytes_max. Default 64 MiB.
     inbound_bytes_per_connection_max: int = 64 * MIB
+    # The same summed over all connections of both ports; past it the
+    # connections holding the most are disconnected until the sum is under it.
+    # At least inbound_bytes_per_connection_max. Default 256 MiB.
+    inbound_bytes_max: int = 256 * MIB
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -217,6 +222,8 @@ class LimitsSection:
         _check_range("limits.connect_timeout_ms", self.connect_timeout_ms, 100, 86_400_000)
         _check_range("limits.inbound_bytes_per_connection_max", self.inbound_bytes_per_connection_max,
                      self.frame_bytes_max + 1, _INT_MAX)
+        _check_range("limits.inbound_bytes_max", self.inbound_bytes_max, self.inbound_bytes_per_connection_max,
+                     _INT_MAX)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

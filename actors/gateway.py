@@ -29,8 +29,9 @@
    a connection over budget has its consumers paused and frames to it refused; one
    paused for `outbound_stall_timeout_ms` is disconnected (`actors/peers.py`).
 7. Inbound bytes that libzmq holds for a connection and has not handed over (an
-   unfinished multipart message) are sampled every tick; a connection over
-   `inbound_bytes_per_connection_max` is disconnected (`actors/peers.py`).
+   unfinished multipart message) are watched by a thread of their own; a connection
+   over `inbound_bytes_per_connection_max`, or the largest holders when all hold more
+   than `inbound_bytes_max`, are disconnected (`actors/inbound_watch.py`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import zmq.asyncio
 from danube_zmq.actors import schema_service
 from danube_zmq.actors.actor import CLIENT_OUTBOX, Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer, zmtp_frame_bytes
@@ -94,7 +96,7 @@ OUTBOX = CLIENT_OUTBOX
 _DRAIN_MAX = 512
 _SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (each waits on metadata-store rounds)
 _WATCH_RETRY_S = 1.0
-_TICK_MS = 125  # inbound bytes are sampled every tick: what a flooding peer gains between samples
+_TICK_MS = 125
 _REVIEW_EVERY_TICKS = 2  # sessions, pending connections and outbound budgets: every 250 ms
 _CLIENT_REQUESTS = frozenset(cp.CLIENT_REQUESTS)
 _SESSIONLESS = frozenset((Connect, *cp.SCHEMA_REQUESTS))  # no session needed (schema requests are stateless)
@@ -113,8 +115,10 @@ class Session:
 
 
 class Gateway(Actor):
-    def __init__(self, *, config: BrokerConfig, broker_id: int, schemas: SchemaRegistry | None = None) -> None:
+    def __init__(self, *, config: BrokerConfig, broker_id: int, schemas: SchemaRegistry | None = None,
+                 inbound: InboundWatch | None = None) -> None:
         self.config = config
+        self.inbound = inbound
         self.broker_id = broker_id
         self.schemas = schemas
         self._schema_tasks = RequestTasks(_SCHEMA_TASKS_MAX)
@@ -154,8 +158,8 @@ class Gateway(Actor):
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
         await bind_or_close(router, self.config.broker.listen, "client")
         self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
-                               timeout_ms=limits.connect_timeout_ms,
-                               inbound_bytes_max=limits.inbound_bytes_per_connection_max)
+                               timeout_ms=limits.connect_timeout_ms, inbound=self.inbound,
+                               on_inbound_cut=self._end_session_on, now_ms=self.system.clock.monotonic_ms)
         self.bound_url = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         # What actors send to clients comes as [identity, frame] on a lane of this actor's
         # task (no socket between actors of one process), at most outbound_frames_max.
@@ -181,7 +185,10 @@ class Gateway(Actor):
 
     def extra_sockets(self) -> list[tuple[Any, Any]]:
         assert self.peers is not None
-        return [(self.router, self._drain_router), (self.peers.monitor, self._drain_peers)]
+        sockets = [(self.router, self._drain_router)]
+        if self.peers.monitor_on_loop:  # else the inbound watcher reads it
+            sockets.append((self.peers.monitor, self._drain_peers))
+        return sockets
 
     async def _drain_peers(self) -> None:
         assert self.peers is not None
@@ -194,7 +201,7 @@ class Gateway(Actor):
     # ------------------------------------------------------------- socket side
     async def _drain_router(self) -> None:
         assert self.peers is not None
-        handed = self.peers.handed
+        hand = self.peers.hand
         for _ in range(_DRAIN_MAX):
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
@@ -209,7 +216,7 @@ class Gateway(Actor):
             self.frames_in += 1
             self._frame = body
             identity = head.bytes
-            fd = _source_fd(body)  # -1 on inproc (the in-process tests): counted under -1, never sampled
+            fd = _source_fd(body)  # -1 on inproc (the in-process tests): not counted
             received = zmtp_frame_bytes(len(body))
             if body.more:
                 parts = 2
@@ -219,12 +226,12 @@ class Gateway(Actor):
                     if not part.more:
                         break
                     parts += 1
-                handed[fd] = handed.get(fd, 0) + received
+                hand(fd, received)
                 self.bad_frames += 1
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
                                             message=f"expected one frame per message, got {parts}"))
                 continue
-            handed[fd] = handed.get(fd, 0) + received
+            hand(fd, received)
             self._on_client_frame(identity, body.buffer)
 
     def drain_lane(self, frames: deque[list[Any]]) -> None:
@@ -590,9 +597,6 @@ class Gateway(Actor):
         return HolderLiveness(alive=owned.get(msg.client_id) == msg.endpoint)
 
     def handle_Tick(self, msg: Tick) -> None:
-        if self.peers is not None:
-            for fd in self.peers.sample_inbound():
-                self._end_session_on(fd)
         self._ticks += 1
         if self._ticks % _REVIEW_EVERY_TICKS:
             return
@@ -615,11 +619,11 @@ class Gateway(Actor):
         METRICS.outbound_connections_paused.set(statistics.connections_paused)
         METRICS.outbound_queued_bytes.set(statistics.queued_bytes)
 
-    def _end_session_on(self, fd: int) -> None:
-        """The connection on `fd` was disconnected: end the session it carried, if any."""
-        if fd not in self._session_fds:
+    def _end_session_on(self, fd: int, address: Address | None) -> None:
+        """The connection on `fd` to `address` was disconnected: end the session it
+        carried, if any (the descriptor may lead elsewhere by now)."""
+        if fd not in self._session_fds or self._session_fds[fd] != address:
             return
-        address = self._session_fds[fd]
         for identity, session in list(self.sessions.items()):
             if session.fd == fd and session.address == address:
                 self._close_session(identity, session)

@@ -42,6 +42,10 @@ class _Metrics:
     outbound_stalled: Counter
     idle_connections_cut: Counter
     inbound_overrun_cut: Counter
+    inbound_budget_cut: Counter
+    inbound_held_bytes: Gauge
+    inbound_held_bytes_peak: Gauge
+    inbound_held_bytes_at_cut_max: Gauge
 
 
 METRICS = _Metrics(
@@ -88,6 +92,18 @@ METRICS = _Metrics(
     inbound_overrun_cut=Counter("danube_broker_inbound_overrun_connections_total",
                                 "Connections disconnected because ZeroMQ held more of their input than"
                                 " inbound_bytes_per_connection_max (an unfinished multipart message)", ["port"]),
+    # Set by the inbound watcher's thread (actors/inbound_watch.py).
+    inbound_budget_cut=Counter("danube_broker_inbound_budget_connections_total",
+                               "Connections disconnected as the largest holders when ZeroMQ held more of all"
+                               " connections' input than inbound_bytes_max", ["port"]),
+    inbound_held_bytes=Gauge("danube_broker_inbound_held_bytes",
+                             "Bytes ZeroMQ has read from all client and admin connections and not handed to the"
+                             " broker, as last measured"),
+    inbound_held_bytes_peak=Gauge("danube_broker_inbound_held_bytes_peak",
+                                  "The largest danube_broker_inbound_held_bytes since the broker started"),
+    inbound_held_bytes_at_cut_max=Gauge("danube_broker_inbound_held_bytes_at_cut_max",
+                                        "The most bytes one connection held when it was cut for an inbound budget"
+                                        " (the budget plus what arrived before the watcher saw it)"),
 )
 
 

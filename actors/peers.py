@@ -17,7 +17,9 @@ received on each connection (TCP_INFO `tcpi_bytes_received`), so the guard compa
 that, less what is still unread in the kernel (FIONREAD), with the bytes the owner
 was actually handed from that descriptor (ZMQ_SRCFD, ZMTP framing included): the
 difference is what libzmq holds for the peer. A connection holding more than
-`inbound_bytes_max` is shut down, on a timer (`sample_inbound`), never per message.
+`inbound_bytes_per_connection_max` is shut down by the inbound watcher, a thread
+woken by the kernel when data arrives (`actors/inbound_watch.py`), never per message
+and never on the event loop's timer (which may be late by tens of ms).
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ import logging
 import socket
 import struct
 import termios
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from danube_zmq.actors.metrics import METRICS
+
+if TYPE_CHECKING:
+    from danube_zmq.actors.inbound_watch import InboundWatch
 
 log = logging.getLogger("danube_zmq.peers")
 
@@ -46,6 +52,10 @@ _TCP_INFO_SIZE = 136
 # What a peer sends besides the frames the owner is handed: the ZMTP greeting (64
 # bytes), READY with its metadata, and commands (a ZMTP heartbeat PING is ~10 bytes).
 INBOUND_SLACK_BYTES = 64 * 1024
+
+
+def _count_nothing(_fd: int, _size: int) -> None:
+    """`PeerGuard.hand` without an inbound watcher (a gateway run alone in tests)."""
 
 
 def zmtp_frame_bytes(size: int) -> int:
@@ -239,19 +249,23 @@ class PeerGuard:
     LOG_EVERY_MS = 10_000
 
     def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any], name: str, sessions: dict[int, Address | None],
-                 *, pending_max: int, timeout_ms: int, inbound_bytes_max: int) -> None:
+                 *, pending_max: int, timeout_ms: int, inbound: InboundWatch | None,
+                 on_inbound_cut: Callable[[int, Address | None], None] | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
         self.name = name
         self.pending_max = pending_max
         self.timeout_ms = timeout_ms
-        self.inbound_bytes_max = inbound_bytes_max
         self.sessions = sessions
         self.evicted = 0
         self.expired = 0
         self.inbound_cut = 0
-        # Bytes handed to the owner per descriptor (ZMTP framing included), added by the
-        # owner as it reads (`handed[fd] = handed.get(fd, 0) + zmtp_frame_bytes(n)`).
-        # Not reset on accept: the owner may read before the monitor's event is taken.
-        self.handed: dict[int, int] = {}
+        # Accepted connections are held to the inbound budgets by the watcher thread;
+        # `on_inbound_cut(fd, address)` tells the owner one was cut (on the loop).
+        self.inbound = inbound
+        self.on_inbound_cut = on_inbound_cut
+        # The owner calls `hand(fd, bytes)` for every message read, ZMTP framing
+        # included (counts per descriptor number that never reset: see InboundWatch).
+        self.hand: Callable[[int, int], None] = inbound.hand if inbound is not None else _count_nothing
         self.table = ConnectionTable(sessions, pending_max=pending_max, timeout_ms=timeout_ms)
         self._logged = (0, 0)  # (evicted, expired) at the last summary line
         self._log_at_ms = 0
@@ -265,8 +279,18 @@ class PeerGuard:
         self.monitor = monitor
         self._monitor_sync = zmq.Socket.shadow(monitor.underlying)
         self._sock = sock
+        # With an inbound watcher, the watcher reads the monitor (it watches a connection
+        # the moment it is accepted) and passes the events on (`_take_events`, on the
+        # loop, with `now_ms`); without one, the owner drains it on the loop (`drain`).
+        self.monitor_on_loop = inbound is None
+        if inbound is not None:
+            assert now_ms is not None
+            self._now_ms = now_ms
+            inbound.attach(self._monitor_sync, name, self._take_events, self._inbound_cut)
 
     def close(self) -> None:
+        if self.inbound is not None:
+            self.inbound.detach(self._monitor_sync)
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         self.monitor.close(linger=0)
@@ -276,22 +300,32 @@ class PeerGuard:
         loop turn, so a flood of connections leaves other actors their turns): count
         accepted connections, cut the oldest pending one over `pending_max`, forget
         closed ones."""
-        table = self.table
         for _ in range(events_max):
             try:
                 frames = self._monitor_sync.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             event, fd = struct.unpack("=hi", frames[0][:6])  # ZMTP monitor event: 16-bit event, 32-bit value
-            if event != zmq.EVENT_ACCEPTED:
-                table.closed(fd)
-                self.handed.pop(fd, None)
-                continue
-            evict = table.accepted(fd, peer_address(fd), now_ms)
-            if evict is not None and shutdown_peer(evict[0], evict[1].address):
-                self.evicted += 1
-                METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
+            self._event(event, fd, peer_address(fd) if event == zmq.EVENT_ACCEPTED else None, now_ms)
         self._summarize(now_ms)
+
+    def _take_events(self, events: list[tuple[int, int, Address | None]]) -> None:
+        """The monitor's events as the inbound watcher read them (a bounded batch)."""
+        now_ms = self._now_ms()
+        for event, fd, address in events:
+            self._event(event, fd, address, now_ms)
+        self._summarize(now_ms)
+
+    def _event(self, event: int, fd: int, address: Address | None, now_ms: int) -> None:
+        """Count an accepted connection, cutting the oldest pending one over
+        `pending_max`; forget a closed one."""
+        if event != zmq.EVENT_ACCEPTED:
+            self.table.closed(fd)
+            return
+        evict = self.table.accepted(fd, address, now_ms)
+        if evict is not None and shutdown_peer(evict[0], evict[1].address):
+            self.evicted += 1
+            METRICS.idle_connections_cut.labels(self.name, "evicted").inc()
 
     def review(self, now_ms: int) -> None:
         """Shut down connections that have had no session for `timeout_ms`."""
@@ -329,29 +363,14 @@ class PeerGuard:
         """The owner removed `fd` from `sessions`: pending again, timed out from now."""
         self.table.session_ended(fd, now_ms)
 
-    def sample_inbound(self) -> list[int]:
-        """Shut down connections for which libzmq holds more than `inbound_bytes_max`
-        unread by the owner (see the module docstring); their descriptors. One
-        getsockopt per connection; FIONREAD and getpeername only for one over budget."""
-        cut: list[int] = []
-        budget = self.inbound_bytes_max + INBOUND_SLACK_BYTES
-        handed = self.handed
-        for fd in list(self.table.connections):
-            held = inbound_held(fd, handed.get(fd, 0))
-            if held is None or held <= budget:
-                continue
-            held -= unread_bytes(fd)
-            if held <= budget:
-                continue
-            connection = self.table.remove(fd)
-            if connection is not None and shutdown_peer(fd, connection.address):
-                self.inbound_cut += 1
-                METRICS.inbound_overrun_cut.labels(self.name).inc()
-                cut.append(fd)
-                log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed (an"
-                            " unfinished multipart message?), over inbound_bytes_per_connection_max (%d):"
-                            " disconnected", connection.address, self.name, held, self.inbound_bytes_max)
-        return cut
+    def _inbound_cut(self, fd: int, address: Address | None, _port: str, _held: int, _budget: str) -> None:
+        """The watcher cut the connection on `fd` (it logged and counted it): forget it
+        unless the descriptor already leads elsewhere, and tell the owner."""
+        self.inbound_cut += 1
+        if self.table.connections.get(fd) is not None and self.address(fd) == address:
+            self.table.remove(fd)
+        if self.on_inbound_cut is not None:
+            self.on_inbound_cut(fd, address)
 
     def statistics(self) -> PeerStatistics:
         table = self.table

@@ -11,6 +11,8 @@
             +-- LoadManagerActor   assigns topics to brokers while this peer leads
             +-- Gateway        client ROUTER (broker.listen) + outbox
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
+      +-- InboundWatch   a thread holding what libzmq buffers of both ports' input to
+                         limits.inbound_bytes_per_connection_max and inbound_bytes_max
 
 `start()` opens the metadata store, then binds everything (and the Prometheus endpoint);
 `stop()` stops the actors in reverse order, then the metadata store, and closes the
@@ -36,6 +38,7 @@ from danube_zmq.actors.broker import BrokerActor
 from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
+from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.load_manager import LoadManagerActor
 from danube_zmq.actors.metrics import RaftCollector
 from danube_zmq.actors.snapshot_actor import SnapshotActor
@@ -71,6 +74,7 @@ class BrokerService:
         # WAL writes and fsyncs of reliable topics run here, off the event loop; a few
         # threads let topics on one disk overlap their fsyncs.
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danube-wal")
+        self._inbound: InboundWatch | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -93,14 +97,19 @@ class BrokerService:
                 self.metrics_url = f"http://{host}:{config.broker.metrics_port}/metrics"
             # The gateways find the broker actor through `system.broker_endpoint` when a
             # request arrives, so they start first and the broker learns their URLs.
+            inbound = self._inbound = InboundWatch(
+                connection_bytes_max=config.limits.inbound_bytes_per_connection_max,
+                broker_bytes_max=config.limits.inbound_bytes_max)
+            inbound.start()
             system.gateway_endpoint = await system.spawn(
-                lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas), name="gateway")
+                lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas, inbound=inbound),
+                name="gateway")
             gateway = system.actor(system.gateway_endpoint)
             assert isinstance(gateway, Gateway)
             self.client_url = gateway.bound_url
             admin_endpoint = await system.spawn(
                 lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url,
-                                     metadata=self.metadata, schemas=self.schemas),
+                                     metadata=self.metadata, schemas=self.schemas, inbound=inbound),
                 name="admin-gateway")
             admin = system.actor(admin_endpoint)
             assert isinstance(admin, AdminGateway)
@@ -164,6 +173,9 @@ class BrokerService:
         if self._system is not None:
             await self._system.shutdown()
             self._system = None
+        if self._inbound is not None:
+            self._inbound.stop()
+            self._inbound = None
         if self._raft_collector is not None:
             REGISTRY.unregister(self._raft_collector)
             self._raft_collector = None

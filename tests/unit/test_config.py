@@ -489,3 +489,12 @@ def test_inbound_budget_must_exceed_the_largest_frame() -> None:
     with pytest.raises(ConfigError, match=r"limits\.inbound_bytes_per_connection_max"):
         LimitsSection(inbound_bytes_per_connection_max=16 * MIB)
     LimitsSection(inbound_bytes_per_connection_max=16 * MIB + 1)
+
+
+def test_broker_inbound_budget_is_at_least_one_connections() -> None:
+    """The inbound budget of all connections together must hold one connection's:
+    below it is refused, naming the key; equal is accepted; the default is valid."""
+    assert LimitsSection().inbound_bytes_max >= LimitsSection().inbound_bytes_per_connection_max
+    with pytest.raises(ConfigError, match=r"limits\.inbound_bytes_max"):
+        LimitsSection(inbound_bytes_per_connection_max=32 * MIB, inbound_bytes_max=32 * MIB - 1)
+    LimitsSection(inbound_bytes_per_connection_max=32 * MIB, inbound_bytes_max=32 * MIB)
