@@ -111,8 +111,8 @@ class _Cell:
     # A group's mailbox (its members' messages from outside the group), and its lane (its members' messages to
     # each other): created when a message comes and dropped once drained, since an idle
     # actor costs what it holds (an empty deque is ~0.75 KiB, 1,000 topics hold 3 each).
-    inbox: deque[tuple[_Cell, bytes | memoryview]] | None = None
-    local: deque[tuple[_Cell, bytes]] | None = None
+    inbox: deque[tuple[_Cell, bytes | memoryview | Message]] | None = None
+    local: deque[tuple[_Cell, bytes | Message]] | None = None
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
     lane: deque[list[bytes]] | None = None  # frames for the actor's socket (`open_lane`), if it has one
 
@@ -276,10 +276,12 @@ class ActorSystem:
 
     # ----------------------------------------------------------------- messaging
     def tell(self, endpoint: str, msg: Message) -> bool:
-        """Post without waiting. False (and counted) when the mailbox is full or gone."""
-        return self.tell_frame(endpoint, INTERNAL_PROTOCOL.encode(msg))
+        """Post without waiting. False (and counted) when the mailbox is full or gone.
+        The message object itself is queued (see the module doc): the sender must not
+        change the lists it holds afterwards."""
+        return self.tell_frame(endpoint, msg)
 
-    def tell_frame(self, endpoint: str, frame: bytes) -> bool:
+    def tell_frame(self, endpoint: str, frame: bytes | Message) -> bool:
         cell = self._cells.get(endpoint)
         if cell is None:
             self.dead_letters += 1
@@ -289,7 +291,7 @@ class ActorSystem:
             return False
         return True
 
-    def _try_push(self, cell: _Cell, frame: bytes) -> bool:
+    def _try_push(self, cell: _Cell, frame: bytes | Message) -> bool:
         group = cell.group
         if group.guests is not None and group.task is not None and group.task is asyncio.current_task():
             # Within the group: the lane, drained before the next outside frame.
@@ -349,7 +351,7 @@ class ActorSystem:
         if cell is None:
             self.dead_letters += 1
             return
-        if self._try_push(cell, INTERNAL_PROTOCOL.encode(msg)):
+        if self._try_push(cell, msg):
             return
         task = asyncio.get_running_loop().create_task(self.send(endpoint, msg, timeout_ms=3_600_000))
         self._posts.add(task)
@@ -357,7 +359,6 @@ class ActorSystem:
 
     async def send(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> None:
         """Post, waiting for mailbox room up to the deadline (backpressure)."""
-        frame = INTERNAL_PROTOCOL.encode(msg)
         deadline = self.clock.monotonic_ms() + (timeout_ms or self.ask_timeout_ms)
         delay_s = 0.0005
         while True:
@@ -365,7 +366,7 @@ class ActorSystem:
             if cell is None:
                 self.dead_letters += 1
                 raise Unavailable(f"actor {endpoint} is gone")
-            if self._try_push(cell, frame):
+            if self._try_push(cell, msg):
                 return
             if self.clock.monotonic_ms() >= deadline:
                 raise ResourceExhausted(f"mailbox of {cell.name} stayed full")
@@ -583,14 +584,18 @@ class ActorSystem:
                 return True
         return True
 
-    async def _handle_frame(self, cell: _Cell, frame: bytes | memoryview) -> bool:
-        """Decode and handle one frame; False when a failure stopped the actor."""
-        try:
-            msg = INTERNAL_PROTOCOL.decode(frame)
-        except DanubeError as exc:
-            cell.unrecognized += 1
-            log.error("%s: undecodable mailbox frame dropped: %s", cell.name, exc)
-            return True
+    async def _handle_frame(self, cell: _Cell, frame: bytes | memoryview | Message) -> bool:
+        """Handle one queued message (decoded first when it came as a frame); False when
+        a failure stopped the actor."""
+        if type(frame) is bytes or type(frame) is memoryview:
+            try:
+                msg = INTERNAL_PROTOCOL.decode(frame)
+            except DanubeError as exc:
+                cell.unrecognized += 1
+                log.error("%s: undecodable mailbox frame dropped: %s", cell.name, exc)
+                return True
+        else:
+            msg = frame
         cell.handled += 1
         if type(msg) is Request:
             return await self._serve_ask(cell, msg)
