@@ -1,12 +1,16 @@
 """The actor system of one broker process: mailboxes, supervision, asks and timers.
 
-Every actor's mailbox is a queue of encoded frames (a deque, created with the first
-message and dropped once drained) that its group's one task decodes and handles one at
-a time. All actors of a broker run on one event loop, so a tell appends the frame to
-the target's queue and wakes its task: no socket between actors (until issue 20 a
-tell crossed an `inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two
-receives and a loop wake-up per message, about a tenth of the broker's CPU per batch).
-Frames, not objects, still cross, so actors share nothing. A mailbox is bounded by a
+Every actor's mailbox is a queue of messages (a deque, created with the first message
+and dropped once drained) that its group's one task handles one at a time. All actors
+of a broker run on one event loop, so a tell appends the message to the target's queue
+and wakes its task: no socket between actors (until issue 20 a tell crossed an
+`inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two receives and a
+loop wake-up per message, about a tenth of the broker's CPU per batch). The message
+object itself is queued, not an encoded frame of it (an encode and a decode per hop).
+Messages are frozen dataclasses of `transport/` types; an actor never changes a
+message it got or one it told (its lists included), so nothing changeable is shared.
+Frames (bytes) are still accepted (`tell_frame`: a reliable topic's encoded `Publish`)
+and decoded here. A mailbox is bounded by a
 count per actor (`mailbox_messages_max`, taken when a message is sent, given back when
 it is handled), so a flooded actor refuses more without holding up the others:
 `tell` never blocks (False when the mailbox is full), `send` waits for room up to a
