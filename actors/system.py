@@ -86,6 +86,9 @@ log = logging.getLogger("danube_zmq.actors")
 
 # Frames one actor handles per wake-up before yielding to the others: fairness bound.
 _DRAIN_MAX = 256
+# pyzmq's constants as plain ints: its enum.Flag operators cost a Python call each.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass(slots=True)
@@ -534,7 +537,7 @@ class ActorSystem:
                 for sock, drain in extra:
                     if cell.instance is not instance:
                         break
-                    if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if sock.getsockopt(_EVENTS) & _POLLIN:
                         try:
                             await drain()
                         except asyncio.CancelledError:
@@ -561,7 +564,7 @@ class ActorSystem:
     def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
         if cell.local or cell.inbox or cell.lane:
             return True
-        return any(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN for sock, _ in extra)
+        return any(sock.getsockopt(_EVENTS) & _POLLIN for sock, _ in extra)
 
     async def _drain_mailbox(self, cell: _Cell) -> bool:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when
