@@ -249,7 +249,8 @@ class DispatchSection:
     # that a new subscription with initial position `earliest` starts from them.
     # 0 keeps none (earliest is then the same as latest). Default 1000.
     tail_messages_max: int = 1000
-    # The same tail bounded in bytes of encoded batches. Default 1 MiB.
+    # The same tail bounded in bytes (each batch counted at the size of the Send frame it
+    # came in: the same columns as the Publish kept). Default 1 MiB.
     tail_bytes_max: int = 1 * MIB
 
     def __post_init__(self) -> None:

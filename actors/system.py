@@ -1,12 +1,16 @@
 """The actor system of one broker process: mailboxes, supervision, asks and timers.
 
-Every actor's mailbox is a queue of encoded frames (a deque, created with the first
-message and dropped once drained) that its group's one task decodes and handles one at
-a time. All actors of a broker run on one event loop, so a tell appends the frame to
-the target's queue and wakes its task: no socket between actors (until issue 20 a
-tell crossed an `inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two
-receives and a loop wake-up per message, about a tenth of the broker's CPU per batch).
-Frames, not objects, still cross, so actors share nothing. A mailbox is bounded by a
+Every actor's mailbox is a queue of messages (a deque, created with the first message
+and dropped once drained) that its group's one task handles one at a time. All actors
+of a broker run on one event loop, so a tell appends the message to the target's queue
+and wakes its task: no socket between actors (until issue 20 a tell crossed an
+`inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two receives and a
+loop wake-up per message, about a tenth of the broker's CPU per batch). The message
+object itself is queued, not an encoded frame of it (an encode and a decode per hop).
+Messages are frozen dataclasses of `transport/` types; an actor never changes a
+message it got or one it told (its lists included), so nothing changeable is shared.
+Frames (bytes) are still accepted (`tell_frame`: a reliable topic's encoded `Publish`)
+and decoded here. A mailbox is bounded by a
 count per actor (`mailbox_messages_max`, taken when a message is sent, given back when
 it is handled), so a flooded actor refuses more without holding up the others:
 `tell` never blocks (False when the mailbox is full), `send` waits for room up to a
@@ -82,6 +86,9 @@ log = logging.getLogger("danube_zmq.actors")
 
 # Frames one actor handles per wake-up before yielding to the others: fairness bound.
 _DRAIN_MAX = 256
+# pyzmq's constants as plain ints: its enum.Flag operators cost a Python call each.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass(slots=True)
@@ -111,8 +118,8 @@ class _Cell:
     # A group's mailbox (its members' messages from outside the group), and its lane (its members' messages to
     # each other): created when a message comes and dropped once drained, since an idle
     # actor costs what it holds (an empty deque is ~0.75 KiB, 1,000 topics hold 3 each).
-    inbox: deque[tuple[_Cell, bytes | memoryview]] | None = None
-    local: deque[tuple[_Cell, bytes]] | None = None
+    inbox: deque[tuple[_Cell, bytes | memoryview | Message]] | None = None
+    local: deque[tuple[_Cell, bytes | Message]] | None = None
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
     lane: deque[list[bytes]] | None = None  # frames for the actor's socket (`open_lane`), if it has one
 
@@ -276,10 +283,12 @@ class ActorSystem:
 
     # ----------------------------------------------------------------- messaging
     def tell(self, endpoint: str, msg: Message) -> bool:
-        """Post without waiting. False (and counted) when the mailbox is full or gone."""
-        return self.tell_frame(endpoint, INTERNAL_PROTOCOL.encode(msg))
+        """Post without waiting. False (and counted) when the mailbox is full or gone.
+        The message object itself is queued (see the module doc): the sender must not
+        change the lists it holds afterwards."""
+        return self.tell_frame(endpoint, msg)
 
-    def tell_frame(self, endpoint: str, frame: bytes) -> bool:
+    def tell_frame(self, endpoint: str, frame: bytes | Message) -> bool:
         cell = self._cells.get(endpoint)
         if cell is None:
             self.dead_letters += 1
@@ -289,7 +298,7 @@ class ActorSystem:
             return False
         return True
 
-    def _try_push(self, cell: _Cell, frame: bytes) -> bool:
+    def _try_push(self, cell: _Cell, frame: bytes | Message) -> bool:
         group = cell.group
         if group.guests is not None and group.task is not None and group.task is asyncio.current_task():
             # Within the group: the lane, drained before the next outside frame.
@@ -349,7 +358,7 @@ class ActorSystem:
         if cell is None:
             self.dead_letters += 1
             return
-        if self._try_push(cell, INTERNAL_PROTOCOL.encode(msg)):
+        if self._try_push(cell, msg):
             return
         task = asyncio.get_running_loop().create_task(self.send(endpoint, msg, timeout_ms=3_600_000))
         self._posts.add(task)
@@ -357,7 +366,6 @@ class ActorSystem:
 
     async def send(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> None:
         """Post, waiting for mailbox room up to the deadline (backpressure)."""
-        frame = INTERNAL_PROTOCOL.encode(msg)
         deadline = self.clock.monotonic_ms() + (timeout_ms or self.ask_timeout_ms)
         delay_s = 0.0005
         while True:
@@ -365,7 +373,7 @@ class ActorSystem:
             if cell is None:
                 self.dead_letters += 1
                 raise Unavailable(f"actor {endpoint} is gone")
-            if self._try_push(cell, frame):
+            if self._try_push(cell, msg):
                 return
             if self.clock.monotonic_ms() >= deadline:
                 raise ResourceExhausted(f"mailbox of {cell.name} stayed full")
@@ -529,7 +537,7 @@ class ActorSystem:
                 for sock, drain in extra:
                     if cell.instance is not instance:
                         break
-                    if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if sock.getsockopt(_EVENTS) & _POLLIN:
                         try:
                             await drain()
                         except asyncio.CancelledError:
@@ -556,7 +564,7 @@ class ActorSystem:
     def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
         if cell.local or cell.inbox or cell.lane:
             return True
-        return any(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN for sock, _ in extra)
+        return any(sock.getsockopt(_EVENTS) & _POLLIN for sock, _ in extra)
 
     async def _drain_mailbox(self, cell: _Cell) -> bool:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when
@@ -583,14 +591,18 @@ class ActorSystem:
                 return True
         return True
 
-    async def _handle_frame(self, cell: _Cell, frame: bytes | memoryview) -> bool:
-        """Decode and handle one frame; False when a failure stopped the actor."""
-        try:
-            msg = INTERNAL_PROTOCOL.decode(frame)
-        except DanubeError as exc:
-            cell.unrecognized += 1
-            log.error("%s: undecodable mailbox frame dropped: %s", cell.name, exc)
-            return True
+    async def _handle_frame(self, cell: _Cell, frame: bytes | memoryview | Message) -> bool:
+        """Handle one queued message (decoded first when it came as a frame); False when
+        a failure stopped the actor."""
+        if type(frame) is bytes or type(frame) is memoryview:
+            try:
+                msg = INTERNAL_PROTOCOL.decode(frame)
+            except DanubeError as exc:
+                cell.unrecognized += 1
+                log.error("%s: undecodable mailbox frame dropped: %s", cell.name, exc)
+                return True
+        else:
+            msg = frame
         cell.handled += 1
         if type(msg) is Request:
             return await self._serve_ask(cell, msg)

@@ -644,19 +644,19 @@ class Connection:
                 loop.remove_reader(fd)
 
     def _on_frames(self, frames: list[zmq.Frame]) -> None:
-        self._frames_received += 1
+        # The broker may send what it has for this connection in one ZeroMQ message, a
+        # protocol frame per part (one send and one I/O-thread wake-up on its side for
+        # them all; docs/protocol.md): each part is a frame of its own.
         self._last_rx_ms = self._clock.monotonic_ms()
-        if len(frames) != 1:
-            self._frames_dropped += 1
-            log.warning("dropped a %d-part message from %s (expected one frame)", len(frames), self.url)
-            return
-        try:
-            msg = CLIENT_PROTOCOL.decode(frames[0].buffer)
-        except DanubeError as exc:
-            self._frames_dropped += 1
-            log.warning("dropped an undecodable frame from %s: %s", self.url, exc)
-            return
-        self._dispatch(msg)
+        for frame in frames:
+            self._frames_received += 1
+            try:
+                msg = CLIENT_PROTOCOL.decode(frame.buffer)
+            except DanubeError as exc:
+                self._frames_dropped += 1
+                log.warning("dropped an undecodable frame from %s: %s", self.url, exc)
+                continue
+            self._dispatch(msg)
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, Deliver):

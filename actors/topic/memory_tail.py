@@ -1,10 +1,12 @@
 """The storage side of a non-reliable topic: nothing is stored but a bounded tail.
 
 1. Send -> the batch gets `next_offset .. +n` -> `SendReceipt` to the producer -> one
-   encoded `Publish` told to every subscription. A subscription whose mailbox is full
+   `Publish` told to every subscription (the same object: they only read it). A subscription whose mailbox is full
    misses the batch (counted), never blocks the topic.
 2. The last `dispatch.tail_messages_max` messages (and at most `tail_bytes_max` bytes)
-   are kept as encoded frames, replayed to a new subscription that starts `earliest`.
+   are kept as `Publish` messages, each counted at the size of the `Send` frame it came
+   in (the same columns), and encoded only when a subscription starting `earliest`
+   has them replayed.
 3. Seal (the topic moves): sends are refused from then on; the next offset goes to the
    broker so the topic's next owner continues from it.
 """
@@ -34,8 +36,8 @@ class MemoryTail:
         # Where the topic's previous broker stopped.
         self.next_offset = start_offset
         self.sealed = False  # being moved to another broker: sends are refused
-        # (encoded Publish frame, message count), newest last.
-        self.tail: deque[tuple[bytes, int]] = deque()
+        # (Publish, message count, bytes of its Send frame), newest last.
+        self.tail: deque[tuple[Publish, int, int]] = deque()
         self.tail_messages = 0
         self.tail_bytes = 0
 
@@ -60,25 +62,25 @@ class MemoryTail:
         reply_client(shell.system, req.identity, cp.SendReceipt(
             request_id=msg.request_id, producer_id=msg.producer_id, offsets=list(range(base_offset, self.next_offset))))
         shell.count_in(count, sum(map(len, msg.payloads)))
-        frame = INTERNAL_PROTOCOL.encode(Publish(
+        publish = Publish(
             topic=shell.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
-            schema_id=schema_id, schema_version=schema_version))
-        shell.dropped_messages += count * shell.publish(frame)
-        self._keep(frame, count)
+            schema_id=schema_id, schema_version=schema_version)
+        shell.dropped_messages += count * shell.publish(publish)
+        self._keep(publish, count, len(req.frame))
 
-    def _keep(self, frame: bytes, count: int) -> None:
+    def _keep(self, publish: Publish, count: int, size: int) -> None:
         dispatch = self.config.dispatch
         if dispatch.tail_messages_max == 0:
             return
-        self.tail.append((frame, count))
+        self.tail.append((publish, count, size))
         self.tail_messages += count
-        self.tail_bytes += len(frame)
+        self.tail_bytes += size
         while self.tail and (self.tail_messages > dispatch.tail_messages_max
                              or self.tail_bytes > dispatch.tail_bytes_max):
-            old, old_count = self.tail.popleft()
+            _, old_count, old_size = self.tail.popleft()
             self.tail_messages -= old_count
-            self.tail_bytes -= len(old)
+            self.tail_bytes -= old_size
 
     def seal(self) -> int:
         self.sealed = True
@@ -91,7 +93,7 @@ class MemoryTail:
         await self.shell.spawn_subscription(msg.subscription, msg.sub_type,
                                             lambda: RuleDelivery(sub_type=msg.sub_type, config=config))
         if msg.initial_position == cp.InitialPosition.EARLIEST:
-            return [frame for frame, _ in self.tail]
+            return [INTERNAL_PROTOCOL.encode(publish) for publish, _, _ in self.tail]
         return []
 
     async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:

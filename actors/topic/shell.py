@@ -76,6 +76,7 @@ from danube_zmq.transport.internal_protocol import (
     ProducerDetached,
     ProducerRegistry,
     ProducerSchema,
+    Publish,
     ReadRequest,
     ReleaseSnapshotCut,
     ResolveSeek,
@@ -175,13 +176,13 @@ class TopicActor(Actor):
         self._messages_in_metric.inc(count)
         self._bytes_in_metric.inc(size)
 
-    def publish(self, frame: bytes) -> int:
-        """Tell an encoded `Publish` to every subscription; returns how many missed it
-        (full mailbox). The subscriptions are guests of this mailbox: the frame takes the
-        group's local lane."""
+    def publish(self, publish: Publish) -> int:
+        """Tell a `Publish` to every subscription (one object: delivery sides only read
+        it); returns how many missed it (full mailbox). The subscriptions are guests of
+        this mailbox: it takes the group's local lane."""
         missed = 0
         for subscription in self.subscriptions.values():
-            if not self.system.tell_frame(subscription.endpoint, frame):
+            if not self.system.tell_frame(subscription.endpoint, publish):
                 missed += 1
         return missed
 

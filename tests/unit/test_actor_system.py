@@ -408,3 +408,26 @@ async def test_frames_pushed_to_a_lane_reach_its_actor_in_order_within_its_bound
     assert system.push_frames("lane://out", [b"a", b"4"])
     await wait_for(lambda: len(LaneOwner.drained) == 3)
     assert LaneOwner.drained[-1] == [b"a", b"4"] and system.statistics().restarts == 1
+
+
+class Keeper(Actor):
+    """Keeps every ChildStopped it is told, as it got it."""
+
+    got: list[ChildStopped] = []
+
+    def handle_ChildStopped(self, msg: ChildStopped) -> None:
+        Keeper.got.append(msg)
+
+
+async def test_a_told_message_reaches_its_handler_as_the_object_sent(system: ActorSystem) -> None:
+    """Actors of one process hand messages over as objects (frozen dataclasses), not
+    encoded and decoded again on the way: the handler gets the very object told, from
+    outside a group and from a host to its guest alike, in order."""
+    Keeper.got = []
+    host = await system.spawn(Recorder, name="host")
+    guest = await system.spawn(Keeper, name="guest", parent=host, share_mailbox=True)
+    sent = [ChildStopped(endpoint=f"e{i}", name=f"n{i}", reason="r") for i in range(3)]
+    for msg in sent:
+        assert system.tell(guest, msg)
+    await wait_for(lambda: len(Keeper.got) == 3)
+    assert all(got is msg for got, msg in zip(Keeper.got, sent, strict=True))

@@ -603,3 +603,21 @@ async def test_request_nowait_sends_nothing_without_a_session_and_fails_on_loss(
             assert answers[0][0] is None and isinstance(answers[0][1], ConnectionLost)
             assert answers[0][2] is False
             assert connection._slots.used == 0
+
+
+@pytest.mark.asyncio
+async def test_every_frame_of_a_several_part_message_from_the_broker_is_handled() -> None:
+    """The broker may put what it has for one connection in one ZeroMQ message, a
+    protocol frame per part (docs/protocol.md): the client handles each part as a
+    frame of its own, none dropped. Two ConsumerClosed for consumers it does not know
+    are counted as two unroutable pushes, not one dropped message."""
+    async with running_broker() as broker:
+        async with client_for(broker) as client:
+            connection = client._connections[broker.url]
+            identity = next(iter(broker.sessions))
+            assert broker._socket is not None
+            await broker._socket.send_multipart([identity] + [
+                CLIENT_PROTOCOL.encode(ConsumerClosed(consumer_id=900 + i, reason="gone", reattach=False))
+                for i in range(2)])
+            await eventually(lambda: connection.statistics().pushes_unroutable == 2, what="both parts handled")
+            assert connection.statistics().frames_dropped == 0
