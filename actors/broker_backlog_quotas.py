@@ -22,10 +22,10 @@ import asyncio
 import logging
 from typing import Any
 
-from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
 from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
 from danube_zmq.consensus.state_machine import Compacted
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import crc32c
 
-from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.topic_name import parse_topic
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.storage.wal.handover import Incoming, Offer, offered_files, read_chunk
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp

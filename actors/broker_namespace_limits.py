@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.topic_name import validate_namespace
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
