@@ -77,7 +77,6 @@ from danube_zmq.actors.ownership import (
     seal_state,
 )
 from danube_zmq.actors.topic import make_topic
-from danube_zmq.actors.topic_name import TopicName, parse_topic
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted
@@ -136,6 +135,7 @@ from danube_zmq.transport.internal_protocol import (
     TopicSealed,
     TopicStopped,
 )
+from danube_zmq.transport.topic_name import TopicName, parse_topic
 
 log = logging.getLogger("danube_zmq.broker")
 

@@ -43,7 +43,6 @@ from danube_zmq.actors.load.rebalance import (
 from danube_zmq.actors.load.rebalance import plan as rebalance_plan
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, topic_loads
 from danube_zmq.actors.load_report import as_load_report
-from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.transport import admin_protocol as ap
@@ -53,6 +52,7 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, Unavailable
 from danube_zmq.transport.internal_protocol import LoadManagerReply, LoadManagerRequest
+from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.load_manager")
 

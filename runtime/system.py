@@ -60,7 +60,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.clock import Clock
+from danube_zmq.clock import Clock
 from danube_zmq.runtime.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
 from danube_zmq.transport.codec import Message, peek_request_id

@@ -16,8 +16,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.clock import SystemClock
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.clock import SystemClock
 from danube_zmq.runtime import actor as actor_module
 from danube_zmq.runtime.actor import ADMIN_OUTBOX, CLIENT_OUTBOX, Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks

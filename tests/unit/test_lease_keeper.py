@@ -10,8 +10,8 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.clock import SystemClock
 from danube_zmq.actors.lease_keeper import LeaseKeeper
+from danube_zmq.clock import SystemClock
 from danube_zmq.consensus.metadata_store import embedded_store
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
