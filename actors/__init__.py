@@ -1,1 +1,1 @@
-"""The broker's actors and the runtime they run on (see README.md)."""
+"""The broker's actors, on the runtime of `danube_zmq.runtime` (see README.md)."""

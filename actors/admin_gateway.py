@@ -30,16 +30,16 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import cluster_admin
-from danube_zmq.actors.actor import ADMIN_OUTBOX, Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, shutdown_peer, zmtp_frame_bytes
-from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
+from danube_zmq.runtime.actor import ADMIN_OUTBOX, Actor, Origin
+from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS, SNAPSHOT_REQUESTS
@@ -49,7 +49,7 @@ from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument,
 from danube_zmq.transport.internal_protocol import AdminRequest, Tick
 
 if TYPE_CHECKING:
-    from danube_zmq.actors.system import ActorSystem
+    from danube_zmq.runtime.system import ActorSystem
 
 log = logging.getLogger("danube_zmq.admin_gateway")
 

@@ -56,7 +56,6 @@ from typing import Any
 
 import msgpack
 
-from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
 from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas
 from danube_zmq.actors.broker_handover import BrokerHandOver
@@ -77,12 +76,12 @@ from danube_zmq.actors.ownership import (
     reliable_start,
     seal_state,
 )
-from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.actors.topic import make_topic
-from danube_zmq.actors.topic_name import TopicName, parse_topic
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted
+from danube_zmq.runtime.actor import Actor, Origin
+from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
 from danube_zmq.storage.paths import resolve_inside
@@ -136,6 +135,7 @@ from danube_zmq.transport.internal_protocol import (
     TopicSealed,
     TopicStopped,
 )
+from danube_zmq.transport.topic_name import TopicName, parse_topic
 
 log = logging.getLogger("danube_zmq.broker")
 

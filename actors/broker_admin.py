@@ -22,10 +22,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.admin_gateway import reply_admin
-from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.storage.catalog import topic_key
 from danube_zmq.storage.paths import check_name
 from danube_zmq.storage.wal.errors import WalDamaged
@@ -53,6 +52,7 @@ from danube_zmq.transport.internal_protocol import (
     PartitionStats,
     PersistCursor,
 )
+from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
 log = logging.getLogger("danube_zmq.broker")
 

@@ -22,10 +22,9 @@ import asyncio
 import logging
 from typing import Any
 
-from danube_zmq.actors.actor import Origin
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
-from danube_zmq.actors.topic_name import TopicName, parse_topic, validate_namespace
 from danube_zmq.consensus.state_machine import Compacted
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -33,6 +32,7 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InvalidArgument, NotFound
 from danube_zmq.transport.internal_protocol import ApplyBacklogQuota, BacklogQuotasChanged
+from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_namespace
 
 log = logging.getLogger("danube_zmq.broker")
 

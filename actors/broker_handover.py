@@ -38,8 +38,7 @@ from pathlib import Path
 
 import crc32c
 
-from danube_zmq.actors.actor import Origin
-from danube_zmq.actors.topic_name import parse_topic
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.storage.wal.handover import Incoming, Offer, offered_files, read_chunk
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
@@ -48,6 +47,7 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from danube_zmq.transport.internal_protocol import HandOverEnded, HandOverStopped, StopForHandOver
+from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.broker")
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from danube_zmq.actors.actor import Origin
-from danube_zmq.actors.topic_name import validate_namespace
+from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InternalError, InvalidArgument, NotFound
+from danube_zmq.transport.topic_name import validate_namespace
 
 # The ranges of the broker's own policies (actors/config.py): an override cannot ask
 # for more than a broker could be configured with.

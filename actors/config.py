@@ -35,8 +35,8 @@ from typing import ClassVar
 
 import yaml
 
-from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.transport.errors import ConfigError, InvalidArgument
+from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
 __all__ = [
     "ENVELOPE_BYTES_MAX",

@@ -48,16 +48,16 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import schema_service
-from danube_zmq.actors.actor import CLIENT_OUTBOX, Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer, zmtp_frame_bytes
-from danube_zmq.actors.request_tasks import RequestTasks
-from danube_zmq.actors.system import ActorSystem
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
 from danube_zmq.consensus.state_machine import Compacted, WatchEvent
+from danube_zmq.runtime.actor import CLIENT_OUTBOX, Actor, Origin
+from danube_zmq.runtime.request_tasks import RequestTasks
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import client_protocol as cp
@@ -209,7 +209,7 @@ class Gateway(Actor):
         for _ in range(_DRAIN_MAX):
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
-                # allocation that faults its pages in (actors/system.py, _drain_mailbox).
+                # allocation that faults its pages in (runtime/system.py, _drain_mailbox).
                 head = self._router_sync.recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 return

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.lease import Lease, Renew, RenewalFailed, Renewed, Serve, Tick, step
-from danube_zmq.actors.request_tasks import RequestTasks
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.transport.errors import DanubeError
 from danube_zmq.transport.internal_protocol import LeaseChanged, LeaseRenewed, LeaseTick
 

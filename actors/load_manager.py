@@ -29,7 +29,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.load.assign import ClusterView, Plan, Waiting, plan
 from danube_zmq.actors.load.placement import Strategy
@@ -44,8 +43,8 @@ from danube_zmq.actors.load.rebalance import (
 from danube_zmq.actors.load.rebalance import plan as rebalance_plan
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, topic_loads
 from danube_zmq.actors.load_report import as_load_report
-from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.runtime.actor import Actor
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -53,6 +52,7 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, Unavailable
 from danube_zmq.transport.internal_protocol import LoadManagerReply, LoadManagerRequest
+from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.load_manager")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from danube_zmq.actors.actor import Actor
 from danube_zmq.actors.load_report import LoadSampler
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.runtime.actor import Actor
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.errors import DanubeError
 from danube_zmq.transport.internal_protocol import (

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from danube_zmq.runtime.metrics import RUNTIME_METRICS
+
 if TYPE_CHECKING:
     from danube_zmq.consensus.peer import RaftPeer
 
@@ -50,9 +52,8 @@ class _Metrics:
 
 METRICS = _Metrics(
     connections=Gauge("danube_broker_connections", "Client connections open"),
-    bad_frames=Counter("danube_broker_bad_frames_total", "Client frames rejected as malformed"),
-    frames_dropped=Counter("danube_broker_frames_dropped_total",
-                           "Frames to clients dropped because the client was gone or its queue full"),
+    bad_frames=RUNTIME_METRICS.bad_frames,
+    frames_dropped=RUNTIME_METRICS.frames_dropped,
     topics=Gauge("danube_broker_topics_owned", "Topics (partitions) served by this broker"),
     messages_in=Counter("danube_topic_messages_in_total", "Messages published", ["topic"]),
     bytes_in=Counter("danube_topic_bytes_in_total", "Payload bytes published", ["topic"]),
@@ -61,7 +62,7 @@ METRICS = _Metrics(
     messages_dropped=Counter("danube_subscription_messages_dropped_total",
                              "Non-reliable messages dropped because the subscription's pending bound was reached",
                              ["topic", "subscription"]),
-    actor_failures=Counter("danube_actor_failures_total", "Actor handlers that raised (each restarts the actor)"),
+    actor_failures=RUNTIME_METRICS.actor_failures,
     wal_flushes=Counter("danube_wal_flushes_total",
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),
     wal_records=Counter("danube_wal_records_total", "Records committed to WALs"),

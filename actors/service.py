@@ -35,17 +35,17 @@ from prometheus_client import REGISTRY, start_http_server
 
 from danube_zmq.actors.admin_gateway import AdminGateway
 from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.load_manager import LoadManagerActor
 from danube_zmq.actors.metrics import RaftCollector
 from danube_zmq.actors.snapshot_actor import SnapshotActor
-from danube_zmq.actors.system import ActorSystem
+from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport.errors import InvalidArgument
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.snapshots.export import ExportedFile, export_segment, read_footer
 from danube_zmq.snapshots.manifest import (
     FileRef,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from danube_zmq.actors.topic_name import TopicName
 from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.topic_name import TopicName
 
 
 @dataclass(slots=True)

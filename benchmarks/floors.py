@@ -5,7 +5,7 @@ with no broker logic at all, to judge the latency targets against.
     .venv/bin/python benchmarks/floors.py --repeat 1 --seconds 1            # smoke run
 
 - zmq_relay: the shape of our non-reliable path with nothing in it. A producer process
-  PUSHes stamped messages (bench/stamp.py) at `--rate` over tcp:// loopback to a relay
+  PUSHes stamped messages (loadgen/stamp.py) at `--rate` over tcp:// loopback to a relay
   process, whose loop is one blocking `recv` and one `send` (PULL in, PUSH out), to a
   consumer process that PULLs them; latency = receive time - stamped send time. Three
   processes and two TCP hops, as producer -> broker -> consumer.
@@ -35,8 +35,8 @@ import zmq
 from e2e import free_port
 from harness import medians, now_utc, print_table, run_alone
 
-from danube_zmq.bench.histogram import LatencyHistogram
-from danube_zmq.bench.stamp import Stamper, read_stamp
+from danube_zmq.loadgen.histogram import LatencyHistogram
+from danube_zmq.loadgen.stamp import Stamper, read_stamp
 
 WORKLOAD = "floors"
 FIELDS = ("p50_us", "p90_us", "p99_us", "max_us", "samples")

@@ -13,10 +13,10 @@ Peers: Redis PUB/SUB (redis-py with hiredis, one PUBLISH per message; subscriber
 callback). The floor: a bare pyzmq relay between three processes at the same rate
 (benchmarks/floors.py), in the same table (`--no-floor` leaves it out).
 
-Every message carries the bench stamp (bench/stamp.py: producer, sequence and the
+Every message carries the bench stamp (loadgen/stamp.py: producer, sequence and the
 CLOCK_MONOTONIC send time in ns); latency = the consumer's receive time minus the
 stamped send time, consumer and producer in separate processes on this machine, all
-recorded in the same HdrHistogram (bench/histogram.py), no warm-up dropped for anyone.
+recorded in the same HdrHistogram (loadgen/histogram.py), no warm-up dropped for anyone.
 Producers pace message i at start + i / rate. Medians of `--repeat` runs; every run is
 appended to benchmarks/results/latency.jsonl.
 """
@@ -33,9 +33,9 @@ import floors
 import numpy as np
 from harness import Servers, medians, now_utc, print_table, run_alone, run_pair, servers_for, split_list
 
-from danube_zmq.bench.histogram import LatencyHistogram
-from danube_zmq.bench.stamp import Stamper, read_stamp
-from danube_zmq.cli import event_loop
+from danube_zmq.loadgen.histogram import LatencyHistogram
+from danube_zmq.loadgen.stamp import Stamper, read_stamp
+from danube_zmq.runtime import event_loop
 
 WORKLOAD = "latency"
 PEERS = {"redis_pubsub": "redis", "nats_core": "nats"}

@@ -11,8 +11,8 @@ Every system gets the same load: `--producers` producers dealt round-robin over
 `--producer-processes` processes (one client connection each, on uvloop), producer i
 sending to topic i mod `--topics` every producers/rate seconds, offset by i/producers
 of that interval so that the whole load is one message every 1/rate s
-(bench/spread.py); one consumer per topic, all in one consumer process. Every message
-carries the bench stamp (bench/stamp.py); e2e latency = receive time - stamped send
+(loadgen/spread.py); one consumer per topic, all in one consumer process. Every message
+carries the bench stamp (loadgen/stamp.py); e2e latency = receive time - stamped send
 time, CLOCK_MONOTONIC of one machine.
 
 Reported per run: sent, delivered / sent, e2e p50/p99/max, the BROKER's CPU (psutil
@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 from harness import Meter, Servers, finish, medians, now_utc, parse_brokers, print_table, servers_for, split_list
 
-from danube_zmq.bench.histogram import LatencyHistogram
-from danube_zmq.bench.spread import CpuWindow, deal, send_offset_ns
-from danube_zmq.bench.stamp import Stamper, read_stamp
-from danube_zmq.cli import event_loop
+from danube_zmq.loadgen.histogram import LatencyHistogram
+from danube_zmq.loadgen.spread import CpuWindow, deal, send_offset_ns
+from danube_zmq.loadgen.stamp import Stamper, read_stamp
+from danube_zmq.runtime import event_loop
 
 WORKLOAD = "many_producers"
 PEERS = {"nats_core": "nats", "redis_pubsub": "redis"}

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from danube_zmq.cli import event_loop
+from danube_zmq.runtime import event_loop
 
 IDLE_S = 5.0
 PIPELINE = 100

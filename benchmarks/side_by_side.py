@@ -59,7 +59,7 @@ import slow_consumer
 from harness import Danube, Servers, append, finish, now_utc, parse_brokers, split_list
 from peer_workloads import NOTES, WORKLOADS, client_stack, run_workload
 
-from danube_zmq.bench.compare import median_rates, ratio_rows
+from danube_zmq.loadgen.compare import median_rates, ratio_rows
 
 WORKLOAD_NAMES = ("throughput", "latency", "fanout", "many_producers", "footprint", "slow_consumer", "floors",
                   "cpu_per_batch")

@@ -19,7 +19,6 @@ import click
 
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
 from danube_zmq.actors.dispatch.tracker import BACKOFFS, POISON_POLICIES
-from danube_zmq.actors.topic_name import validate_namespace
 from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
@@ -34,6 +33,7 @@ from danube_zmq.transport.admin_protocol import (
     TopicSchemaConfigInfo,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
+from danube_zmq.transport.topic_name import validate_namespace
 
 __all__ = ["admin"]
 

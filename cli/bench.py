@@ -1,5 +1,5 @@
 """`danube bench produce|consume|e2e`: load a broker and measure it, like pulsar-perf
-and Danube's load tester (bench/runner.py does the work).
+and Danube's load tester (loadgen/runner.py does the work).
 
 Throughput (msg/s, MB/s), produce-ack and end-to-end latency percentiles (HdrHistogram),
 loss and duplicates (every message is numbered), and the broker's CPU and peak RSS when
@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
-from danube_zmq.bench.runner import BenchConfig, BenchResult, run_consume, run_e2e, run_produce
-from danube_zmq.cli.event_loop import run
 from danube_zmq.cli.options import check_topic, service_url_option
 from danube_zmq.cli.output import emit_line, emit_table, status, stderr_is_terminal
+from danube_zmq.loadgen.runner import BenchConfig, BenchResult, run_consume, run_e2e, run_produce
+from danube_zmq.runtime.event_loop import run
 from danube_zmq.transport.errors import InvalidArgument
 
 __all__ = ["bench"]

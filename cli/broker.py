@@ -19,9 +19,9 @@ from typing import Any
 import click
 
 from danube_zmq.actors.config import EVENT_LOOPS
-from danube_zmq.cli.event_loop import run
 from danube_zmq.cli.options import Interrupted, StopSignals
 from danube_zmq.cli.output import emit_line
+from danube_zmq.runtime.event_loop import run
 
 __all__ = ["broker"]
 

@@ -1,5 +1,5 @@
 """`danube cluster up|status|down`: a local cluster of brokers under the thespian
-supervisor (actors/supervisor.py).
+supervisor (cli/host_supervisor.py).
 
 `up` starts a thespian ActorSystem (multiprocTCPBase) whose admin port is bound to
 `--bind` (loopback by default: it has no authentication), asks its HostSupervisor to
@@ -43,7 +43,7 @@ def _start_system(bind: str, port: int, convention: str | None, log_path: Path, 
     """Start the ActorSystem and its supervisor from a helper process: its admin process
     outlives this command and must not inherit our stdout (a caller reading our output
     would wait for it forever), so the helper runs with a log file as its output."""
-    argv = [sys.executable, "-m", "danube_zmq.actors.supervisor", "--bind", bind, "--port", str(port)]
+    argv = [sys.executable, "-m", "danube_zmq.cli.host_supervisor", "--bind", bind, "--port", str(port)]
     if convention:
         argv += ["--convention", convention]
     if host_name:
@@ -66,7 +66,7 @@ def _joined(layout: dict[str, Any]) -> Any:
 
 
 def _supervisor(system: Any) -> Any:
-    from danube_zmq.actors.supervisor import SUPERVISOR_NAME, HostSupervisor
+    from danube_zmq.cli.host_supervisor import SUPERVISOR_NAME, HostSupervisor
 
     return system.createActor(HostSupervisor, globalName=SUPERVISOR_NAME)
 
@@ -116,7 +116,7 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
        raft_port: int, supervisor_port: int, convention: str | None, first_node_id: int, peers: str | None,
        host_name: str | None, place: str | None, output: str) -> None:
     """Start COUNT brokers forming one cluster, supervised, and print their endpoints."""
-    from danube_zmq.actors.supervisor import BrokerSpec, StartBrokers, Status
+    from danube_zmq.cli.host_supervisor import BrokerSpec, StartBrokers, Status
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def _placement(text: str) -> list[tuple[str | None, str]]:
 
 def _wait_for_hosts(system: Any, names: set[str]) -> None:
     """Until every host named in --place has joined the convention (`danube cluster join`)."""
-    from danube_zmq.actors.supervisor import GetHosts, Hosts
+    from danube_zmq.cli.host_supervisor import GetHosts, Hosts
 
     deadline = time.monotonic() + _UP_TIMEOUT_S
     known: set[str] = set()
@@ -212,7 +212,7 @@ async def _wait_for_leader(brokers: list[dict[str, Any]]) -> int:
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def status(data_dir: Path, output: str) -> None:
     """Brokers (process, restarts, role, state), the Raft leader, topics and load per broker."""
-    from danube_zmq.actors.supervisor import GetStatus, Status
+    from danube_zmq.cli.host_supervisor import GetStatus, Status
 
     layout = _layout(data_dir.resolve())
     system = _joined(layout)
@@ -272,7 +272,7 @@ async def _cluster_info(brokers: list[dict[str, Any]]) -> dict[str, Any]:
               show_default=True)
 def down(data_dir: Path) -> None:
     """Stop every broker cleanly, then the supervisor's ActorSystem."""
-    from danube_zmq.actors.supervisor import StopBrokers, Stopped
+    from danube_zmq.cli.host_supervisor import StopBrokers, Stopped
 
     layout = _layout(data_dir.resolve())
     system = _joined(layout)

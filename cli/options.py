@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
-from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport.errors import InternalError, InvalidArgument, Unavailable
+from danube_zmq.transport.topic_name import parse_topic
 
 __all__ = [
     "DEFAULT_ADMIN_ENDPOINT",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from danube_zmq.actors.topic_name import parse_topic, validate_namespace
 from danube_zmq.client.rpc import RequestClient, check_endpoint
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
@@ -97,6 +96,7 @@ from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import (
     InvalidArgument,
 )
+from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
 __all__ = ["AdminClient", "check_endpoint"]
 

@@ -28,13 +28,13 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.clock import Clock, SystemClock
 from danube_zmq.client.connection import Connection, ConnectionStatistics
 from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.producer import BatchCallback, Producer
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.schema_cache import SchemaCache, reader_definition
+from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.transport.client_protocol import (
     DispatchStrategy,
     GetPartitions,

@@ -26,10 +26,10 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.clock import Clock
 from danube_zmq.client.budget import Budget
 from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, copy_error
 from danube_zmq.client.retry import BACKOFF_MS_MAX, BACKOFF_MS_MIN, backoff_ms
+from danube_zmq.clock import Clock
 from danube_zmq.transport.client_protocol import (
     CLIENT_PROTOCOL,
     ConsumerClosed,

@@ -65,7 +65,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.clock import Clock, SystemClock
+from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.consensus.log_store import APPEND_ENTRIES_MAX, LogStoreStatistics, RaftLogStore
 from danube_zmq.consensus.raft import (
     RAFT_PROTOCOL,

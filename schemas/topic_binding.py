@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.consensus.metadata_store import MetadataStore
 from danube_zmq.schemas.registry import SchemaRegistry, check_subject
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from danube_zmq.transport.topic_name import parse_topic
 
 __all__ = [
     "PREFIX",

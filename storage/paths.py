@@ -10,7 +10,7 @@ from a store) that ends up in a path is checked twice, before any I/O:
    resolved; `join_key` for fsspec and object-store keys), so that a gap in a grammar
    cannot escape the root either.
 
-Topic and namespace names have their own grammar in `actors/topic_name.py`, whose parts
+Topic and namespace names have their own grammar in `transport/topic_name.py`, whose parts
 are safe path segments by construction.
 """
 

@@ -30,8 +30,8 @@ from enum import Enum
 
 from danube_zmq.actors.load.placement import Placer, Strategy
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, weight_of
-from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport.errors import InvalidArgument
+from danube_zmq.transport.topic_name import parse_topic
 
 HOUR_MS = 3_600_000
 # A move must narrow the gap by more than float rounding: two brokers whose loads differ

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import logging
 
-from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription.delivery import Consumer, Delivery
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
+from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import SubscriptionInfo
 from danube_zmq.transport.codec import Message

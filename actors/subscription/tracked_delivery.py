@@ -47,7 +47,6 @@ from danube_zmq.actors.dispatch import make_rule
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
 from danube_zmq.actors.gateway import OUTBOX, reply_client
 from danube_zmq.actors.subscription.delivery import Consumer
-from danube_zmq.actors.topic_name import parse_topic
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
@@ -72,6 +71,7 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionPolicy,
     Tick,
 )
+from danube_zmq.transport.topic_name import parse_topic
 
 if TYPE_CHECKING:
     from danube_zmq.actors.subscription.shell import SubscriptionActor

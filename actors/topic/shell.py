@@ -31,7 +31,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from danube_zmq.actors.actor import Actor, Origin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
@@ -40,6 +39,7 @@ from danube_zmq.actors.subscription import Delivery, SubscriptionActor
 from danube_zmq.actors.topic.storage import TopicStorage
 from danube_zmq.actors.topic.wal_storage import WalStorage
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
+from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.storage.paths import check_name
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import PartitionInfo

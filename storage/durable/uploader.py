@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from danube_zmq.actors.clock import Clock, SystemClock
+from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.storage.catalog import SegmentCatalog, SegmentDescriptor, check_offset, split_topic
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import crc32c
 
-from danube_zmq.actors.clock import Clock
+from danube_zmq.clock import Clock
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.storage.wal.segment import Segment, parse_segment_file_name
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument

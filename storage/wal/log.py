@@ -26,7 +26,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
-from danube_zmq.actors.clock import Clock
+from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
 from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 
-from danube_zmq.actors.clock import Clock
+from danube_zmq.clock import Clock
 from danube_zmq.storage.wal.errors import CorruptRecord
 from danube_zmq.storage.wal.format import (
     HEADER,

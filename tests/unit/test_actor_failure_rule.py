@@ -16,12 +16,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors import actor as actor_module
-from danube_zmq.actors.actor import ADMIN_OUTBOX, CLIENT_OUTBOX, Actor, Origin
-from danube_zmq.actors.clock import SystemClock
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.request_tasks import RequestTasks
-from danube_zmq.actors.system import ActorSystem
+from danube_zmq.clock import SystemClock
+from danube_zmq.runtime import actor as actor_module
+from danube_zmq.runtime.actor import ADMIN_OUTBOX, CLIENT_OUTBOX, Actor, Origin
+from danube_zmq.runtime.request_tasks import RequestTasks
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.common import Error, Ok

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import zmq.asyncio
 
-from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.clock import SystemClock
-from danube_zmq.actors.system import ActorSystem
+from danube_zmq.clock import SystemClock
+from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport.errors import NotFound
 from danube_zmq.transport.internal_protocol import (
     ChildStopped,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from danube_zmq.bench.compare import median_rates, ratio_rows
+from danube_zmq.loadgen.compare import median_rates, ratio_rows
 
 
 def test_medians_and_ratios() -> None:

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.bench.accounting import Delivery
-from danube_zmq.bench.histogram import LatencyBuffer, LatencyHistogram
-from danube_zmq.bench.runner import BenchConfig
-from danube_zmq.bench.stamp import STAMP_BYTES, Stamper, read_stamp, read_stamps
+from danube_zmq.loadgen.accounting import Delivery
+from danube_zmq.loadgen.histogram import LatencyBuffer, LatencyHistogram
+from danube_zmq.loadgen.runner import BenchConfig
+from danube_zmq.loadgen.stamp import STAMP_BYTES, Stamper, read_stamp, read_stamps
 from danube_zmq.transport.errors import InvalidArgument
 
 

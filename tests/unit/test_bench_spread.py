@@ -1,5 +1,5 @@
 """How `danube bench` spreads producers over processes and over time, and how it turns
-CPU counters into a share of a core (bench/spread.py)."""
+CPU counters into a share of a core (loadgen/spread.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.bench.runner import BenchConfig
-from danube_zmq.bench.spread import CpuWindow, cpu_percent, deal, send_offset_ns
+from danube_zmq.loadgen.runner import BenchConfig
+from danube_zmq.loadgen.spread import CpuWindow, cpu_percent, deal, send_offset_ns
 from danube_zmq.transport.errors import InvalidArgument
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.clock import SystemClock
 from danube_zmq.actors.lease_keeper import LeaseKeeper
-from danube_zmq.actors.system import ActorSystem
+from danube_zmq.clock import SystemClock
 from danube_zmq.consensus.metadata_store import embedded_store
+from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport.internal_protocol import LeaseChanged
 
 TTL_MS = 600

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.clock import SystemClock
 from danube_zmq.actors.offset_reservations import OffsetReservations
-from danube_zmq.actors.system import ActorSystem
+from danube_zmq.clock import SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_store
+from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.internal_protocol import OffsetsReserved, ReserveOffsetsFor, TopicReleased
 

@@ -25,14 +25,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.actor import Actor
-from danube_zmq.actors.clock import SystemClock
 from danube_zmq.actors.config import BrokerConfig, BrokerSection
 from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.subscription import RuleDelivery, SubscriptionActor, TrackedDelivery
-from danube_zmq.actors.system import ActorSystem
 from danube_zmq.actors.topic import MemoryTail, TopicActor, WalStorage, make_topic
+from danube_zmq.clock import SystemClock
+from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Ok

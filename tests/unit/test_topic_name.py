@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.topic_name import (
+from danube_zmq.transport.errors import InvalidArgument
+from danube_zmq.transport.topic_name import (
     PART_LENGTH_MAX,
     TopicName,
     parse_topic,
     validate_namespace,
 )
-from danube_zmq.transport.errors import InvalidArgument
 
 ALLOWED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 parts = st.text(alphabet=ALLOWED, min_size=1, max_size=PART_LENGTH_MAX)

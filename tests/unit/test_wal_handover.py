@@ -13,7 +13,7 @@ import crc32c
 import pytest
 
 from danube_zmq.actors.broker_handover import BrokerHandOver
-from danube_zmq.actors.clock import SystemClock
+from danube_zmq.clock import SystemClock
 from danube_zmq.storage.wal import WalLog, encode_batch
 from danube_zmq.storage.wal.handover import Incoming, offered_files
 from danube_zmq.transport import admin_protocol as ap

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from danube_zmq.actors.clock import SystemClock
+from danube_zmq.clock import SystemClock
 from danube_zmq.storage.wal import WalLog, encode_batch
 
 

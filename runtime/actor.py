@@ -39,7 +39,7 @@ from danube_zmq.transport.errors import InvalidArgument
 from danube_zmq.transport.internal_protocol import INTERNAL_PROTOCOL, AdminRequest, ClientRequest
 
 if TYPE_CHECKING:
-    from danube_zmq.actors.system import ActorSystem
+    from danube_zmq.runtime.system import ActorSystem
 
 # The gateways' outboxes: what an actor answers a client or an admin with goes there as
 # [identity, frame] and out through the gateway's ROUTER.

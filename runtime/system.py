@@ -60,9 +60,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
-from danube_zmq.actors.clock import Clock
-from danube_zmq.actors.metrics import METRICS
+from danube_zmq.clock import Clock
+from danube_zmq.runtime.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
+from danube_zmq.runtime.metrics import RUNTIME_METRICS
 from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
@@ -620,7 +620,7 @@ class ActorSystem:
         except DanubeError as exc:
             # The client gateway routes a producer's batch by the ids at its head, undecoded
             # (one decode per batch): the client's fault, answered with the id it gave.
-            METRICS.bad_frames.inc()
+            RUNTIME_METRICS.bad_frames.inc()
             log.debug("%s: undecodable %s request refused: %s", cell.name, port.name, exc)
             self._answer(port, envelope.identity,
                          Error(request_id=peek_request_id(envelope.frame), code=exc.code, message=exc.message))
@@ -683,7 +683,7 @@ class ActorSystem:
 
     def _answer(self, port: Port, identity: bytes, msg: Message) -> None:
         if not self.push_frames(port.outbox, [identity, port.protocol.encode(msg)]):
-            METRICS.frames_dropped.inc()
+            RUNTIME_METRICS.frames_dropped.inc()
 
     async def _serve_ask(self, cell: _Cell, request: Request) -> bool:
         correlation_id = request.correlation_id
@@ -722,7 +722,7 @@ class ActorSystem:
         """Restart the actor within its budget; False when it was stopped instead."""
         cell.failures += 1
         self.failures += 1
-        METRICS.actor_failures.inc()
+        RUNTIME_METRICS.actor_failures.inc()
         log.error("%s: handler for %s raised %s: %s", cell.name, what, type(exc).__name__, exc, exc_info=exc)
         now = self.clock.monotonic_ms()
         while cell.restart_times_ms and now - cell.restart_times_ms[0] > self.restart_window_ms:

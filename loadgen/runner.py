@@ -37,14 +37,14 @@ from typing import Any
 import numpy as np
 import psutil
 
-from danube_zmq.bench.accounting import Delivery
-from danube_zmq.bench.histogram import LatencyBuffer, LatencyHistogram
-from danube_zmq.bench.spread import CpuWindow, deal, send_offset_ns
-from danube_zmq.bench.stamp import STAMP_BYTES, Stamper, read_stamps
-from danube_zmq.cli import event_loop
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.client.errors import ProducerQueueFull
 from danube_zmq.client.message import BatchReceipt
+from danube_zmq.loadgen.accounting import Delivery
+from danube_zmq.loadgen.histogram import LatencyBuffer, LatencyHistogram
+from danube_zmq.loadgen.spread import CpuWindow, deal, send_offset_ns
+from danube_zmq.loadgen.stamp import STAMP_BYTES, Stamper, read_stamps
+from danube_zmq.runtime import event_loop
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Timeout
 
 __all__ = ["BenchConfig", "BenchResult", "run_consume", "run_e2e", "run_produce"]

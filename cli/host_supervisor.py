@@ -319,7 +319,7 @@ def bind_to_base_address() -> None:
 
 def main() -> None:
     """Start this host's ActorSystem and its supervisor, then return (the system's
-    admin process keeps running): `python -m danube_zmq.actors.supervisor --bind IP
+    admin process keeps running): `python -m danube_zmq.cli.host_supervisor --bind IP
     --port N [--convention HOST:PORT]`, as `danube cluster up` runs it."""
     import argparse
 
@@ -344,7 +344,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     # Run the module's own `main`, not this copy's: the actor and message classes must
-    # pickle as danube_zmq.actors.supervisor.*, not __main__.*.
-    from danube_zmq.actors.supervisor import main as module_main
+    # pickle as danube_zmq.cli.host_supervisor.*, not __main__.*.
+    from danube_zmq.cli.host_supervisor import main as module_main
 
     module_main()

@@ -1,0 +1,1 @@
+"""The actor runtime: actors, the actor system, mailboxes and supervision (see README.md)."""

@@ -1,0 +1,108 @@
+"""The built wheel is the whole product: installed into a clean venv, it runs the demo.
+
+The source tree's folders are mapped into `danube_zmq` by setup.cfg's package_dir and
+listed one by one in `packages`; a subpackage left out of that list still works from
+the source tree (an editable install maps folders, not the list), so only a wheel shows
+it. This builds one from a copy of the tree, installs it with its dependencies into a
+new venv, and runs everything from a temporary directory, where no source folder is
+importable.
+"""
+
+from __future__ import annotations
+
+import configparser
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+# Generous: a cold pip cache downloads pyarrow and grpcio-tools (about 18 s warm).
+INSTALL_TIMEOUT_S = 600
+
+# Run by the installed interpreter: every module of the source tree must be found, and
+# found in the venv (not in a source folder), with the package data beside it.
+_CHECK_INSTALLED = """
+import importlib.util, pathlib, sys
+prefix = pathlib.Path(sys.prefix).resolve()
+missing = []
+for name in sys.argv[1:]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError as error:
+        spec, name = None, f"{name} ({error})"
+    if spec is None or prefix not in pathlib.Path(spec.origin).resolve().parents:
+        missing.append(name if spec is None else f"{name} from {spec.origin}")
+typed = pathlib.Path(importlib.util.find_spec("danube_zmq").origin).with_name("py.typed")
+if not typed.exists():
+    missing.append("danube_zmq/py.typed")
+print("\\n".join(missing))
+sys.exit(1 if missing else 0)
+"""
+
+
+def source_modules() -> list[str]:
+    """Every module the source tree maps into danube_zmq (setup.cfg package_dir)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    names = []
+    for line in config["options"]["package_dir"].strip().splitlines():
+        package, folder = (part.strip() for part in line.split("="))
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            names.append(".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts))))
+    return names
+
+
+def build_wheel(work: Path) -> Path:
+    """A wheel of a copy of the tree (a build writes build/ and egg-info where it runs)."""
+    source = work / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".tox", "build", "dist", "*.egg-info", "__pycache__", "tests", "benchmarks",
+        ".hypothesis", ".ruff_cache", "danube-data"))
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q",
+                            "-w", str(work / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (work / "dist").glob("danube_zmq-*.whl")
+    return wheel
+
+
+def test_wheel_in_a_clean_venv_has_every_module_and_runs_the_demo(tmp_path: Path) -> None:
+    """Build the wheel, `pip install` it (dependencies resolved by pip) into a new venv,
+    then from a directory outside the tree: every source module is found inside the venv,
+    the `danube` entry point answers, and examples/quickstart.py (what `./run demo` runs)
+    starts a broker, receives the 5 messages it sent and stops it cleanly. Leaving a
+    subpackage out of setup.cfg's `packages` fails here."""
+    wheel = build_wheel(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=INSTALL_TIMEOUT_S)
+    python = venv / "bin" / "python"
+    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)],
+                               capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+
+    outside = tmp_path / "run"
+    outside.mkdir()
+    shutil.copy(ROOT / "examples" / "quickstart.py", outside)
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(outside)}
+
+    check = subprocess.run([str(python), "-c", _CHECK_INSTALLED, *source_modules()], cwd=outside,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, "not installed from the wheel:\n" + check.stdout + check.stderr
+
+    help_text = subprocess.run([str(venv / "bin" / "danube"), "--help"], cwd=outside, env=env,
+                               capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0, help_text.stdout + help_text.stderr
+    assert "broker" in help_text.stdout
+
+    url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    demo = subprocess.run([str(python), "quickstart.py", "--listen", url, "--admin-listen", admin_url],
+                          cwd=outside, env=env, capture_output=True, text=True, timeout=120)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert demo.stdout.count("received offset=") == 5
+    assert "broker stopped (exit code 0)" in demo.stdout
