@@ -81,6 +81,11 @@ FDS_PER_ROUND_MAX = 512
 RECHECK_S_MAX = 1.0
 _EVENTS_MAX = 1024
 MONITOR_EVENTS_MAX = 256
+# Monitor events passed to the loop and not taken there yet: past this the watcher
+# leaves them in the monitor sockets (bounded by their RCVHWM) until the loop catches
+# up, so a loop seconds behind a connection flood holds a bounded backlog, not one
+# callback per batch read.
+MONITOR_EVENTS_WAITING_MAX = 4096
 # Every arrival of data wakes the socket's waiters, this epoll among them, but epoll
 # reports an event only if the descriptor is still ready when it is collected, and
 # libzmq may have read it all by then: with EPOLLIN alone a connection whose bytes
@@ -148,10 +153,16 @@ class InboundWatch:
     """The watcher thread and its owner-side handles; `start()` on the event loop that
     owns the gateways, `stop()` after they stopped."""
 
-    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS) -> None:
+    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS,
+                 events_waiting_max: int = MONITOR_EVENTS_WAITING_MAX) -> None:
         self.connection_bytes_max = connection_bytes_max
         self.broker_bytes_max = broker_bytes_max
         self.round_s = round_ms / 1000
+        self.events_waiting_max = max(events_waiting_max, MONITOR_EVENTS_MAX)
+        # Monitor events passed to the loop (written by the watcher) and taken there
+        # (written by the loop): one writer each, their difference is what waits.
+        self._events_sent = 0
+        self._events_taken = 0
         # Bytes handed to the owner per descriptor, ZMTP framing included; descriptors
         # are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
         # Written by the loop thread only (`hand`), read by the watcher.
@@ -236,8 +247,11 @@ class InboundWatch:
         try:
             while True:
                 rechecks = self._rechecks
-                if self._due or self._monitors_due:
+                monitors_ready = bool(self._monitors_due) and self._room_for_events()
+                if self._due or monitors_ready:
                     timeout = 0.0
+                elif self._monitors_due:  # the loop has not taken what it was passed: wait for it
+                    timeout = self.round_s
                 else:
                     timeout = max(0.0, rechecks[0][0] - time.monotonic()) if rechecks else -1
                 for fd, _events in epoll.poll(timeout, _EVENTS_MAX):
@@ -248,7 +262,7 @@ class InboundWatch:
                         self._due[fd] = None
                     elif fd in self._monitors:
                         self._monitors_due[fd] = None
-                if self._monitors_due:
+                if self._monitors_due and self._room_for_events():
                     self._read_monitors()
                 if self._due or (rechecks and rechecks[0][0] <= time.monotonic()):
                     self._round()
@@ -339,7 +353,18 @@ class InboundWatch:
                         self._ended[fd] = self.handed[fd]
                     events.append((event, fd, None))
             if events:
-                self._notify(monitor.on_events, events)
+                self._events_sent += len(events)
+                self._notify(self._pass_events, monitor.on_events, events)
+            if not self._room_for_events():
+                return
+
+    def _room_for_events(self) -> bool:
+        return self._events_sent - self._events_taken + MONITOR_EVENTS_MAX <= self.events_waiting_max
+
+    def _pass_events(self, on_events: Callable[[list[MonitorEvent]], None], events: list[MonitorEvent]) -> None:
+        """On the loop: hand a batch of monitor events to their owner."""
+        self._events_taken += len(events)
+        on_events(events)
 
     def _notify(self, callback: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import socket
 import threading
+import time
 
 import zmq
 import zmq.asyncio
@@ -257,6 +258,55 @@ def test_a_peer_guard_watches_its_socket_again_after_a_restart() -> None:
                     router.close(linger=0)
                 await asyncio.sleep(0.2)  # libzmq frees the listener after close returns
         finally:
+            watch.stop()
+            ctx.destroy(linger=0)
+
+    asyncio.run(run())
+
+
+def test_monitor_events_waiting_for_a_late_loop_are_bounded_and_none_is_lost() -> None:
+    """While the loop is blocked, a flood of 1,200 connections is accepted: the watcher
+    passes at most `events_waiting_max` monitor events on to the loop (the rest wait in
+    the monitor socket, bounded by its RCVHWM), and once the loop runs again every
+    accept reaches the owner."""
+    async def run() -> None:
+        ctx = zmq.asyncio.Context()
+        watch = InboundWatch(connection_bytes_max=64 * MIB, broker_bytes_max=64 * MIB, events_waiting_max=512)
+        watch.start()
+        loop = asyncio.get_running_loop()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = "inproc://monitor-test-waiting"
+        router.monitor(endpoint, zmq.EVENT_ACCEPTED)
+        monitor = ctx.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.setsockopt(zmq.RCVHWM, 100_000)
+        monitor.connect(endpoint)
+        accepted: list[int] = []
+        watched_monitor = zmq.Socket.shadow(monitor.underlying)  # the watcher's thread reads it: no asyncio socket
+        watch.attach(watched_monitor, "client", lambda events: accepted.extend(fd for _, fd, _ in events),
+                     lambda *_: None)
+        peers: list[socket.socket] = []
+        try:
+            for _ in range(1200):  # the loop is blocked meanwhile
+                peers.append(socket.create_connection(("127.0.0.1", port)))
+            time.sleep(1.0)  # the watcher had every chance to pass on more
+            deadline = time.monotonic() + 60
+            before_loop: list[int] = []
+            loop.call_soon(lambda: before_loop.append(len(accepted)))  # runs after what was queued so far
+            await asyncio.sleep(0)
+            assert before_loop and 256 <= before_loop[0] <= 512
+            while len(accepted) < 1200 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert sorted(set(accepted)) == sorted(accepted) and len(accepted) == 1200
+        finally:
+            for peer in peers:
+                peer.close()
+            watch.detach(watched_monitor)
+            router.disable_monitor()
+            monitor.close(linger=0)
+            router.close(linger=0)
             watch.stop()
             ctx.destroy(linger=0)
 
