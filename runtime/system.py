@@ -1,20 +1,18 @@
-"""The actor system of one broker process: mailboxes, supervision, asks and timers.
+"""The actor system of one broker process: spawn, stop, supervision, asks and timers.
 
-Every actor's mailbox is a queue of messages (a deque, created with the first message
-and dropped once drained) that its group's one task handles one at a time. All actors
-of a broker run on one event loop, so a tell appends the message to the target's queue
-and wakes its task: no socket between actors (until issue 20 a tell crossed an
-`inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two receives and a
-loop wake-up per message, about a tenth of the broker's CPU per batch). The message
-object itself is queued, not an encoded frame of it (an encode and a decode per hop).
-Messages are frozen dataclasses of `transport/` types; an actor never changes a
-message it got or one it told (its lists included), so nothing changeable is shared.
-Frames (bytes) are still accepted (`tell_frame`: a reliable topic's encoded `Publish`)
-and decoded here. A mailbox is bounded by a
-count per actor (`mailbox_messages_max`, taken when a message is sent, given back when
-it is handled), so a flooded actor refuses more without holding up the others:
-`tell` never blocks (False when the mailbox is full), `send` waits for room up to a
-deadline.
+Every actor group (an actor and its guests) has a mailbox (`mailbox.py`: queued
+message objects, bounded per actor) that the group's one task handles one message at
+a time. All actors of a broker run on one event loop, so a tell appends the message
+to the target's mailbox and wakes its task: no socket between actors (until issue 20 a
+tell crossed an `inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two
+receives and a loop wake-up per message, about a tenth of the broker's CPU per batch).
+The message object itself is queued, not an encoded frame of it (an encode and a
+decode per hop). Messages are frozen dataclasses of `transport/` types; an actor never
+changes a message it got or one it told (its lists included), so nothing changeable is
+shared. Frames (bytes) are still accepted (`tell_frame`: a reliable topic's encoded
+`Publish`) and decoded here. A full mailbox refuses more without holding up the
+others: `tell` never blocks (False when the mailbox is full), `send` waits for room up
+to a deadline. Lanes (`lane.py`) carry raw frames to an actor that owns a socket.
 
 A child spawned with `share_mailbox=True` (a topic's subscriptions) is a guest of its
 parent: an actor of its own (state, handlers, supervision, endpoint `<parent>/<n>`,
@@ -62,6 +60,8 @@ import zmq.asyncio
 
 from danube_zmq.clock import Clock
 from danube_zmq.runtime.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
+from danube_zmq.runtime.lane import Lanes
+from danube_zmq.runtime.mailbox import Frame, Mailbox
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
 from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
@@ -115,11 +115,8 @@ class _Cell:
     host: _Cell | None = None  # the cell whose task handles this guest
     guests: dict[bytes, _Cell] | None = None  # a host's guests, by header; None until its first
     queued: int = 0  # this actor's messages told and not yet handled
-    # A group's mailbox (its members' messages from outside the group), and its lane (its members' messages to
-    # each other): created when a message comes and dropped once drained, since an idle
-    # actor costs what it holds (an empty deque is ~0.75 KiB, 1,000 topics hold 3 each).
-    inbox: deque[tuple[_Cell, bytes | memoryview | Message]] | None = None
-    local: deque[tuple[_Cell, bytes | Message]] | None = None
+    # The group's mailbox (a guest's stays empty: its messages go to its host's).
+    mailbox: Mailbox[_Cell] = field(default_factory=Mailbox)
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
     lane: deque[list[bytes]] | None = None  # frames for the actor's socket (`open_lane`), if it has one
 
@@ -171,8 +168,7 @@ class ActorSystem:
         self.snapshot_endpoint = ""
         self.load_manager_endpoint = ""
         self._cells: dict[str, _Cell] = {}
-        self._push: dict[str, zmq.Socket] = {}
-        self._lanes: dict[str, tuple[_Cell, int]] = {}
+        self._lanes: Lanes[_Cell] = Lanes(self._sync_context, push_hwm=mailbox_messages_max, wake=self._wake)
         self._ids = itertools.count(1)
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
@@ -196,9 +192,7 @@ class ActorSystem:
         for handle in self._timers:
             handle.cancel()
         self._timers.clear()
-        for sock in self._push.values():
-            sock.close(linger=0)
-        self._push.clear()
+        self._lanes.close_sockets()
         for future in self._asks.values():
             if not future.done():
                 future.set_exception(Unavailable("actor system shut down"))
@@ -288,7 +282,7 @@ class ActorSystem:
         change the lists it holds afterwards."""
         return self.tell_frame(endpoint, msg)
 
-    def tell_frame(self, endpoint: str, frame: bytes | Message) -> bool:
+    def tell_frame(self, endpoint: str, frame: Frame) -> bool:
         cell = self._cells.get(endpoint)
         if cell is None:
             self.dead_letters += 1
@@ -298,58 +292,29 @@ class ActorSystem:
             return False
         return True
 
-    def _try_push(self, cell: _Cell, frame: bytes | Message) -> bool:
+    def _try_push(self, cell: _Cell, frame: Frame) -> bool:
         group = cell.group
         if group.guests is not None and group.task is not None and group.task is asyncio.current_task():
-            # Within the group: the lane, drained before the next outside frame.
-            lane = group.local
-            if lane is None:
-                lane = group.local = deque()
-            lane.append((cell, frame))
+            # Within the group: the local lane, drained before the next outside frame.
+            group.mailbox.push_local(cell, frame)
             return True
-        if cell.queued >= self.mailbox_messages_max:
+        if not group.mailbox.push(cell, frame, self.mailbox_messages_max):
             return False
-        cell.queued += 1
-        queue = group.inbox
-        if queue is None:
-            queue = group.inbox = deque()
-        queue.append((cell, frame))
         self._wake(group)
         return True
 
     def open_lane(self, name: str, endpoint: str, frames_max: int) -> None:
         """Frames pushed to `name` go to a queue of the actor at `endpoint` (at most
-        `frames_max`), which its task hands to `Actor.drain_lane`: the client gateway's
-        outbox, so that what topics and subscriptions send to clients reaches the ROUTER
-        without an inproc socket between (a libzmq send and receive per frame)."""
-        cell = self._cells[endpoint]
-        if cell.lane is None:
-            cell.lane = deque()
-        self._lanes[name] = (cell, frames_max)
+        `frames_max`), which its task hands to `Actor.drain_lane` (`lane.py`)."""
+        self._lanes.open(name, self._cells[endpoint], frames_max)
 
     def close_lane(self, name: str) -> None:
-        self._lanes.pop(name, None)
+        self._lanes.close(name)
 
     def push_frames(self, endpoint: str, frames: list[bytes]) -> bool:
         """Post raw frames to what is not an actor mailbox: an actor's lane (`open_lane`)
         or a socket (the admin outbox). False when it is full."""
-        lane = self._lanes.get(endpoint)
-        if lane is not None:
-            cell, frames_max = lane
-            queue = cell.lane
-            assert queue is not None
-            if len(queue) >= frames_max:
-                self.mailbox_full_drops += 1
-                return False
-            queue.append(frames)
-            self._wake(cell)
-            return True
-        try:
-            self._push_socket(endpoint).send_multipart(frames, zmq.DONTWAIT, copy=False)
-        except zmq.Again:
-            self.mailbox_full_drops += 1
-            return False
-        return True
+        return self._lanes.push(endpoint, frames)
 
     def post(self, endpoint: str, msg: Message) -> None:
         """Deliver a message that must not be lost to a full mailbox (a completion):
@@ -406,14 +371,8 @@ class ActorSystem:
         # What the group told this member before asking is handled first (the order one
         # sender's messages arrive in holds), and the message and the answer still cross
         # as frames, so nothing is shared.
-        lane = cell.group.local
-        if lane and any(target is cell for target, _ in lane):
-            told = [frame for target, frame in lane if target is cell]
-            rest = [item for item in lane if item[0] is not cell]
-            lane.clear()
-            lane.extend(rest)
-            for frame in told:
-                await self._handle_frame(cell, frame)
+        for frame in cell.group.mailbox.take_local(cell):
+            await self._handle_frame(cell, frame)
         inner = INTERNAL_PROTOCOL.decode(INTERNAL_PROTOCOL.encode(msg))
         cell.handled += 1
         answers: list[Message | DanubeError] = []
@@ -457,7 +416,7 @@ class ActorSystem:
             failures=self.failures,
             restarts=self.restarts,
             dead_letters=self.dead_letters,
-            mailbox_full_drops=self.mailbox_full_drops,
+            mailbox_full_drops=self.mailbox_full_drops + self._lanes.full_drops,
         )
 
     def actor_statistics(self) -> list[ActorStatistics]:
@@ -477,16 +436,6 @@ class ActorSystem:
         instance.endpoint = endpoint
         instance.name = name
         return instance
-
-    def _push_socket(self, endpoint: str) -> zmq.Socket:
-        sock = self._push.get(endpoint)
-        if sock is None:
-            sock = self._sync_context.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, self.mailbox_messages_max)
-            sock.connect(endpoint)
-            self._push[endpoint] = sock
-        return sock
 
     async def _discard(self, cell: _Cell) -> None:
         self._cells.pop(cell.endpoint, None)
@@ -526,7 +475,7 @@ class ActorSystem:
                         cell.waiter = None
                     idle = False
                     continue
-                if (cell.local or cell.inbox) and not await self._drain_mailbox(cell):
+                if cell.mailbox and not await self._drain_mailbox(cell):
                     return
                 if cell.lane and cell.instance is instance:
                     try:
@@ -562,7 +511,7 @@ class ActorSystem:
 
     @staticmethod
     def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
-        if cell.local or cell.inbox or cell.lane:
+        if cell.mailbox or cell.lane:
             return True
         return any(sock.getsockopt(_EVENTS) & _POLLIN for sock, _ in extra)
 
@@ -570,18 +519,12 @@ class ActorSystem:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when
         the actor (the host, for a group) was stopped."""
         instance = cell.instance
+        mailbox = cell.mailbox
         for _ in range(_DRAIN_MAX):
-            local = cell.local
-            if local:
-                target, frame = local.popleft()
-            else:
-                inbox = cell.inbox
-                if not inbox:
-                    # Drained: an idle actor holds no queues (new ones come with the next message).
-                    cell.local = cell.inbox = None
-                    return True
-                target, frame = inbox.popleft()
-                target.queued -= 1
+            item = mailbox.pop()
+            if item is None:
+                return True
+            target, frame = item
             if target is not cell and (target.stopping or target.endpoint not in self._cells):
                 self.dead_letters += 1  # a guest stopped since the frame was sent
                 continue
@@ -591,7 +534,7 @@ class ActorSystem:
                 return True
         return True
 
-    async def _handle_frame(self, cell: _Cell, frame: bytes | memoryview | Message) -> bool:
+    async def _handle_frame(self, cell: _Cell, frame: Frame) -> bool:
         """Handle one queued message (decoded first when it came as a frame); False when
         a failure stopped the actor."""
         if type(frame) is bytes or type(frame) is memoryview:
