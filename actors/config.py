@@ -160,6 +160,12 @@ class LimitsSection:
     # Messages waiting in one actor's mailbox; a full mailbox is backpressure
     # on the sender. Default 10000. Applies to every actor's mailbox.
     mailbox_messages_max: int = 10000
+    # Bytes the messages waiting in one actor's mailbox may carry (a client's
+    # frames, a batch's payloads; counted once, when a message is sent). Past it
+    # the mailbox refuses more as when full by count: a producer's batch is
+    # answered RESOURCE_EXHAUSTED (retriable), an actor sending waits. A message
+    # bigger than this still passes an empty mailbox. Default 64 MiB.
+    mailbox_bytes_max: int = 64 * MIB
     # Producers one client connection may open at once. Default 1000.
     producers_per_connection_max: int = 1000
     # Consumers one client connection may open at once. Default 1000.
@@ -207,6 +213,7 @@ class LimitsSection:
             "frame_bytes_max",
             "connections_max",
             "mailbox_messages_max",
+            "mailbox_bytes_max",
             "producers_per_connection_max",
             "consumers_per_connection_max",
             "outbound_bytes_per_connection_max",

@@ -45,6 +45,7 @@ from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.runtime.metrics import MailboxCollector
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport.errors import InvalidArgument
@@ -66,6 +67,7 @@ class BrokerService:
         self.metadata: RaftMetadataStore | None = None
         self.schemas: SchemaRegistry | None = None
         self._raft_collector: RaftCollector | None = None
+        self._mailbox_collector: MailboxCollector | None = None
         self._metrics_server: object | None = None
         self._stopped = asyncio.Event()
         # Why the service cannot go on (a top-level actor exhausted its restarts); the
@@ -82,9 +84,12 @@ class BrokerService:
         # Each actor mailbox and cached sender is a socket: lift libzmq's default of 1023.
         self._context.setsockopt(zmq.LINGER, 0)
         self._context.set(zmq.MAX_SOCKETS, 65_536)
-        system = ActorSystem(self._context, clock=self.clock, mailbox_messages_max=config.limits.mailbox_messages_max)
+        system = ActorSystem(self._context, clock=self.clock, mailbox_messages_max=config.limits.mailbox_messages_max,
+                             mailbox_bytes_max=config.limits.mailbox_bytes_max)
         system.on_fatal = self._fatal
         self._system = system
+        self._mailbox_collector = MailboxCollector(system.statistics)
+        REGISTRY.register(self._mailbox_collector)
         try:
             self.metadata = self._metadata_store(self._context)
             await self.metadata.start()
@@ -179,6 +184,9 @@ class BrokerService:
         if self._raft_collector is not None:
             REGISTRY.unregister(self._raft_collector)
             self._raft_collector = None
+        if self._mailbox_collector is not None:
+            REGISTRY.unregister(self._mailbox_collector)
+            self._mailbox_collector = None
         if self.metadata is not None:
             await self.metadata.stop()
             self.metadata = None

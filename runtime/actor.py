@@ -97,6 +97,9 @@ class ActorStatistics:
     restarts: int
     mailbox_messages_max: int
     refused_messages: int = 0
+    mailbox_bytes_max: int = 0
+    queued_messages: int = 0  # told and not yet handled
+    queued_bytes: int = 0  # the bytes those carry
 
 
 class Actor:

@@ -1,8 +1,8 @@
 """The actor system of one broker process: spawn, stop, supervision, asks and timers.
 
 Every actor group (an actor and its guests) has a mailbox (`mailbox.py`: queued
-message objects, bounded per actor) that the group's one task handles one message at
-a time. All actors of a broker run on one event loop, so a tell appends the message
+message objects, bounded per actor in messages and in bytes) that the group's one
+task handles one message at a time. All actors of a broker run on one event loop, so a tell appends the message
 to the target's mailbox and wakes its task: no socket between actors (until issue 20 a
 tell crossed an `inproc://` PUSH/PULL pair and a routing callback: a libzmq send, two
 receives and a loop wake-up per message, about a tenth of the broker's CPU per batch).
@@ -61,7 +61,7 @@ import zmq.asyncio
 from danube_zmq.clock import Clock
 from danube_zmq.runtime.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
 from danube_zmq.runtime.lane import Lanes
-from danube_zmq.runtime.mailbox import Frame, Mailbox
+from danube_zmq.runtime.mailbox import Frame, Mailbox, message_bytes
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
 from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
@@ -115,6 +115,7 @@ class _Cell:
     host: _Cell | None = None  # the cell whose task handles this guest
     guests: dict[bytes, _Cell] | None = None  # a host's guests, by header; None until its first
     queued: int = 0  # this actor's messages told and not yet handled
+    queued_bytes: int = 0  # the bytes they carry (`mailbox.message_bytes`)
     # The group's mailbox (a guest's stays empty: its messages go to its host's).
     mailbox: Mailbox[_Cell] = field(default_factory=Mailbox)
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
@@ -133,6 +134,9 @@ class SystemStatistics:
     restarts: int
     dead_letters: int
     mailbox_full_drops: int
+    # What all mailboxes hold now (messages from outside their group).
+    mailbox_messages: int = 0
+    mailbox_bytes: int = 0
 
 
 def _mailbox_only(instance: Actor) -> bool:
@@ -147,17 +151,19 @@ class ActorSystem:
         *,
         clock: Clock,
         mailbox_messages_max: int,
+        mailbox_bytes_max: int = 64 * 1024 * 1024,
         restarts_max: int = 5,
         restart_window_ms: int = 60_000,
         ask_timeout_ms: int = 10_000,
     ) -> None:
-        assert mailbox_messages_max > 0
+        assert mailbox_messages_max > 0 and mailbox_bytes_max > 0
         self.context = context
         # A sync view of the same libzmq context: inproc endpoints are shared, and
         # non-blocking sends need no future per message.
         self._sync_context = zmq.Context.shadow(context.underlying)
         self.clock = clock
         self.mailbox_messages_max = mailbox_messages_max
+        self.mailbox_bytes_max = mailbox_bytes_max
         self.restarts_max = restarts_max
         self.restart_window_ms = restart_window_ms
         self.ask_timeout_ms = ask_timeout_ms
@@ -292,13 +298,17 @@ class ActorSystem:
             return False
         return True
 
-    def _try_push(self, cell: _Cell, frame: Frame) -> bool:
+    def _try_push(self, cell: _Cell, frame: Frame, size: int | None = None) -> bool:
+        """Queue `frame` for `cell` if its mailbox has room; `size`: its bytes, when the
+        caller measured them already (`message_bytes`, once per message)."""
         group = cell.group
         if group.guests is not None and group.task is not None and group.task is asyncio.current_task():
             # Within the group: the local lane, drained before the next outside frame.
             group.mailbox.push_local(cell, frame)
             return True
-        if not group.mailbox.push(cell, frame, self.mailbox_messages_max):
+        if size is None:
+            size = message_bytes(frame)
+        if not group.mailbox.push(cell, frame, size, self.mailbox_messages_max, self.mailbox_bytes_max):
             return False
         self._wake(group)
         return True
@@ -332,13 +342,14 @@ class ActorSystem:
     async def send(self, endpoint: str, msg: Message, *, timeout_ms: int | None = None) -> None:
         """Post, waiting for mailbox room up to the deadline (backpressure)."""
         deadline = self.clock.monotonic_ms() + (timeout_ms or self.ask_timeout_ms)
+        size = message_bytes(msg)
         delay_s = 0.0005
         while True:
             cell = self._cells.get(endpoint)
             if cell is None:
                 self.dead_letters += 1
                 raise Unavailable(f"actor {endpoint} is gone")
-            if self._try_push(cell, msg):
+            if self._try_push(cell, msg, size):
                 return
             if self.clock.monotonic_ms() >= deadline:
                 raise ResourceExhausted(f"mailbox of {cell.name} stayed full")
@@ -417,6 +428,9 @@ class ActorSystem:
             restarts=self.restarts,
             dead_letters=self.dead_letters,
             mailbox_full_drops=self.mailbox_full_drops + self._lanes.full_drops,
+            # A copy in one C call: the metrics thread reads this while the loop spawns.
+            mailbox_messages=sum(c.queued for c in list(self._cells.values())),
+            mailbox_bytes=sum(c.queued_bytes for c in list(self._cells.values())),
         )
 
     def actor_statistics(self) -> list[ActorStatistics]:
@@ -425,6 +439,7 @@ class ActorSystem:
                 name=c.name, endpoint=c.endpoint, handled_messages=c.handled,
                 unrecognized_messages=c.unrecognized, failures=c.failures, restarts=c.restarts,
                 mailbox_messages_max=self.mailbox_messages_max, refused_messages=c.refused,
+                mailbox_bytes_max=self.mailbox_bytes_max, queued_messages=c.queued, queued_bytes=c.queued_bytes,
             )
             for c in self._cells.values()
         ]
@@ -524,7 +539,7 @@ class ActorSystem:
             item = mailbox.pop()
             if item is None:
                 return True
-            target, frame = item
+            target, frame, _ = item
             if target is not cell and (target.stopping or target.endpoint not in self._cells):
                 self.dead_letters += 1  # a guest stopped since the frame was sent
                 continue

@@ -282,6 +282,7 @@ def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
     ("key", "value", "expected"),
     [
         ("limits.connections_max", 0, "must be >= 1, got 0"),
+        ("limits.mailbox_bytes_max", 0, "must be >= 1, got 0"),
         ("limits.outbound_frames_max", 2**31, "must be between 1 and 2147483647"),
         ("dispatch.pending_messages_max", -1, "must be >= 1, got -1"),
         ("policies.max_producers_per_topic", -1, "must be >= 0, got -1"),
