@@ -920,6 +920,15 @@ class ResyncNext(Message):
     generation: int
 
 
+@wire
+class WalSyncDue(Message):
+    """Reliable topic -> itself, every `storage.wal_sync_interval_ms` with `wal_sync:
+    interval`: fsync what the WAL has written (acknowledged already, under the weaker
+    promise interval mode documents)."""
+
+    TAG = 270
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -946,5 +955,6 @@ INTERNAL_PROTOCOL = Protocol(
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,
+        WalSyncDue,
     ),
 )

@@ -96,6 +96,7 @@ from danube_zmq.transport.internal_protocol import (
     TopicSchemaChanged,
     TopicSchemaState,
     TopicSealed,
+    WalSyncDue,
 )
 
 log = logging.getLogger("danube_zmq.topic")
@@ -459,6 +460,10 @@ class TopicActor(Actor):
     async def handle_Tick(self, msg: Tick) -> None:
         if (wal := self._wal(msg)) is not None:
             await wal.tick()
+
+    async def handle_WalSyncDue(self, msg: WalSyncDue) -> None:
+        if (wal := self._wal(msg)) is not None:
+            await wal.sync_due()
 
     def handle_OffsetsReserved(self, msg: OffsetsReserved) -> None:
         if (wal := self._wal(msg)) is not None:

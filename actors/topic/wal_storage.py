@@ -6,7 +6,9 @@ actor (`shell.TopicActor`) calls it from its handlers; it has no mailbox of its 
 2. Flush (group commit): while one flush runs in a worker thread (write + fsync),
    sends keep queueing; when it finishes, the actor gets `FlushDone` and starts the
    next flush with everything queued meanwhile, so one fsync covers many batches and
-   producers. With `storage.wal_sync: always` nothing is acknowledged before its fsync.
+   producers. With `storage.wal_sync: always` nothing is acknowledged before its fsync;
+   with `interval`, a flush writes without an fsync and a timer message of its own
+   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written.
 3. FlushDone -> `committed_offset` moves on -> `SendReceipt` to each producer ->
    one `Publish` per batch to every subscription (they deliver from it when caught
    up) -> the batch joins the in-memory cache of recent committed batches.
@@ -106,6 +108,7 @@ from danube_zmq.transport.internal_protocol import (
     TakeSnapshotCut,
     Tick,
     TopicStopped,
+    WalSyncDue,
 )
 
 if TYPE_CHECKING:
@@ -228,7 +231,7 @@ class WalStorage:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
         if not self._sync_always:
-            self.shell.system.schedule_periodic(self.shell.endpoint, storage.wal_sync_interval_ms, FlushDone(flush_id=-1))
+            self.shell.system.schedule_periodic(self.shell.endpoint, storage.wal_sync_interval_ms, WalSyncDue())
         self.shell.system.schedule_periodic(self.shell.endpoint, storage.retention_check_interval_ms, Tick())
         self._report_sealed(again=True)
 
@@ -559,17 +562,19 @@ class WalStorage:
         future = asyncio.get_running_loop().run_in_executor(self.executor, write)
         future.add_done_callback(done)
 
+    async def sync_due(self) -> None:
+        """Interval mode's periodic fsync (`WalSyncDue`). Skipped while a flush is
+        writing: the WAL belongs to the flush's thread until its `FlushDone`."""
+        if self.wal is not None and not self.flushing:
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
+            except OSError as exc:
+                # Interval mode already acknowledged these records: the weaker promise
+                # it documents. Say so loudly; the next flush retries the sync.
+                log.error("%s: periodic WAL fsync failed (%s); acknowledged records may not be durable",
+                          self.topic, exc)
+
     async def flush_done(self, msg: FlushDone) -> None:
-        if msg.flush_id == -1:  # interval mode: the periodic fsync
-            if self.wal is not None and not self.flushing:
-                try:
-                    await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
-                except OSError as exc:
-                    # Interval mode already acknowledged these records: the weaker promise
-                    # it documents. Say so loudly; the next flush retries the sync.
-                    log.error("%s: periodic WAL fsync failed (%s); acknowledged records may not be durable",
-                              self.topic, exc)
-            return
         assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
         batches, self.flushing = self.flushing, []
         if msg.error_code is not None:
