@@ -3,15 +3,18 @@
         clients (DEALER)                       topic / subscription actors
               |  frames                             |  [identity, frame]
         +-----v------------------------------------v-----+
-        |  ROUTER (tcp)   Gateway actor   outbox (PULL)   |
+        |  ROUTER (tcp)   Gateway actor   outbox (lane)   |
         |  sessions: identity -> producers, consumers     |
         +-----+-------------------------------------------+
-              |  ClientRequest(identity, frame)  (inproc mailboxes)
+              |  ClientRequest(identity, frame)  (mailboxes, in process)
               v
         broker (lookups, create, subscribe) | topic (send) | subscription (flow, ack)
 
-1. Every client frame is decoded once here; a bad one is answered with `Error`
-   and the connection stays usable.
+1. A producer's `Send` on an attached producer is routed undecoded, by the request
+   and producer ids at its head (`peek_send`): its topic decodes and checks it, one
+   decode per batch on the broker (a frame that does not decode there is answered
+   INVALID_ARGUMENT with the id at its head). Every other client frame is decoded
+   once here; a bad one is answered with `Error` and the connection stays usable.
 2. Each request type has a `handle_<Type>(msg, origin)` here, from the class's one
    handler table (a `DanubeError` it raises is the answer). Connection-level requests
    (Connect, Ping, HealthCheck) and schema requests are answered here.

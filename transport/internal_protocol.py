@@ -1,10 +1,15 @@
-"""Messages between the actors inside one broker process (over `inproc://`).
+"""Messages between the actors inside one broker process.
 
-Client frames cross actors unchanged inside `ClientRequest`: the gateway validates a
-frame once, then the actor that owns the producer or consumer decodes it again. The
-data path (`Publish` to subscriptions, `Deliver` frames to the gateway's outbox) moves
-whole columnar batches. `Request`/`Reply` carry asks: a control-plane call whose
-answer goes to the system's reply inbox, not through the asker's mailbox.
+Actors of one process hand these over as objects (`runtime/mailbox.py`): no socket and
+no encoding between them. They are encoded only where bytes are wanted: an ask's
+`Request.frame` (and the `Reply` answering it), the encoded `Publish` a reliable topic
+keeps, and the frames of timers. Client frames cross actors unchanged inside
+`ClientRequest`: the gateway decodes a frame to route it (a producer's `Send` only has
+the ids at its head read), and the actor that owns the producer or consumer decodes it
+again to handle it. The data path (`Publish` to subscriptions, `Deliver` frames to the
+gateway's outbox lane) moves whole columnar batches. `Request`/`Reply` carry asks: a
+control-plane call whose `Reply` resolves the asker's waiting future directly
+(`ActorSystem._deliver_reply`), not through the asker's mailbox.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ async def test_batch_delay_bounds_the_wait_while_a_batch_is_in_flight() -> None:
 
 @pytest.mark.asyncio
 async def test_with_a_full_window_an_overdue_batch_waits_as_one_not_as_many() -> None:
-    """One batch in flight (as on reliable topics), batch_delay_ms=0, a message per turn
+    """One batch in flight (`inflight_batches_max=1`), batch_delay_ms=0, a message per turn
     of the loop: one batch waits for the window and the rest keep filling the open
     batch, which goes when the waiting one does. (Cutting at every delay queued a
     one-message batch per turn behind the window: a reliable producer fell seconds
