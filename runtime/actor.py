@@ -1,8 +1,8 @@
 """The base class of every actor inside a broker process.
 
 An actor owns its state and changes it only in its `handle_<Message>` methods, which
-its one task calls for each message from its one bounded mailbox (a slot of the
-system's `inproc://` inbox socket). Handlers may be plain or `async`; a table from
+its group's one task calls for each message from its bounded mailbox (`mailbox.py`:
+a queue of message objects in process). Handlers may be plain or `async`; a table from
 message class name to handler is built once per class, so searching `handle_Send`
 finds what handles a `Send`.
 

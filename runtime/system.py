@@ -460,7 +460,7 @@ class ActorSystem:
             cell.host.guests.pop(cell.header, None)
 
     async def _run(self, cell: _Cell) -> None:
-        # The group's queue is filled by `_route` (which wakes the task); the ZMQ_FD of any
+        # The group's mailbox is filled by `_try_push` (which wakes the task); the ZMQ_FD of any
         # socket the actor owns is watched by the event loop directly: a wake-up costs a
         # callback and a future, where a `zmq.asyncio.Poller` round builds futures and
         # registers every socket again (on the gateway that was a fifth of the broker's

@@ -175,7 +175,7 @@ async def test_full_mailbox_refuses_tell(system: ActorSystem) -> None:
 
 
 async def test_a_full_mailbox_refuses_only_its_own_actor(system: ActorSystem) -> None:
-    """Mailboxes share one inbox socket, but each actor has its own bound: one that stops
+    """Actors share one event loop, but each has its own mailbox bound: one that stops
     draining refuses at exactly `mailbox_messages_max` while another takes everything,
     and what the first held is handled once it drains again."""
     stuck = await system.spawn(Recorder, name="stuck")
