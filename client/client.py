@@ -236,8 +236,9 @@ class DanubeClient:
         in flight fills until `batch_messages_max`, `batch_bytes_max`, the pipe draining,
         or `batch_delay_ms`, whichever comes first. Light traffic is not delayed and heavy
         traffic batches itself. `batch_bytes_max` is 1 MiB so that 1 KiB messages still
-        fill 1,000 a batch: a reliable producer has one batch in flight, and at 128 KiB
-        (125 such messages) each fsync round trip carried a fifth of what it can.
+        fill 1,000 a batch: a reliable producer keeps at most `RELIABLE_INFLIGHT_BATCHES` (4)
+        in flight, and at 128 KiB (125 such messages) each fsync round trip carried a
+        fifth of what it can.
 
         With `schema_subject` (a registered subject) the producer writes that subject's
         version `schema_version`, or the latest if it is at least `schema_min_version`, or
