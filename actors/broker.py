@@ -67,6 +67,7 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.lease_keeper import LeaseKeeper
 from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
+from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.offset_reservations import OffsetReservations
 from danube_zmq.actors.ownership import (
@@ -80,7 +81,7 @@ from danube_zmq.actors.ownership import (
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
-from danube_zmq.consensus.state_machine import Compacted
+from danube_zmq.consensus.state_machine import WatchEvent
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor
@@ -108,6 +109,7 @@ from danube_zmq.transport.internal_protocol import (
     AppendInternal,
     AssignmentChanged,
     AssignmentsResync,
+    BacklogQuotasChanged,
     ChildStopped,
     ClearProducers,
     ClientRequest,
@@ -117,6 +119,7 @@ from danube_zmq.transport.internal_protocol import (
     ForgetDamage,
     ForgetSegments,
     ForgetTopicRecords,
+    JoinCluster,
     LeaseChanged,
     ListSnapshotTopics,
     ParkedExpired,
@@ -150,7 +153,8 @@ _UPLOADS_AT_STOP_S = 30.0
 # deadlines are checked.
 _PARKED_MAX = 10_000
 _PARKED_CHECK_MS = 200
-_RETRY_S = 0.2
+# A failed attempt to join the cluster is tried again after this long.
+_JOIN_RETRY_MS = 200
 _REMOTE_ADMIN_TASKS_MAX = 64
 _DEAD_LETTER_BATCHES_MAX = 1_000
 # How long offset reservations are retried before the topic is told they failed.
@@ -196,6 +200,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.dead_letters: dict[str, list[DeadLetter]] = {}
         self.dead_letters_count = 0
         self._replay_deadline: int | None = None
+        self.joined = False
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
         self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
@@ -221,8 +226,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             lambda: OffsetReservations(metadata=metadata, broker_id=broker_id),
             name=f"offset reservations {broker_id}", parent=self.endpoint)
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._join(), name=f"broker {self.broker_id} join"))
+        self.system.post(self.endpoint, JoinCluster())
 
     async def _start_uploader(self) -> None:
         """Durable modes: sealed segments of reliable topics are copied to the durable store."""
@@ -262,26 +266,37 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # The cursors were written by the flusher, stopped (after the topics) before this runs.
 
     # ------------------------------------------------------------- joining the cluster
-    async def _join(self) -> None:
+    async def handle_JoinCluster(self, msg: JoinCluster) -> None:
         """Wait for a leader, seed the namespaces, import a pre-cluster catalog, then
-        hold the lease and follow the assignments."""
-        while True:
-            try:
-                await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
-                await self._bootstrap()
-                break
-            except DanubeError as exc:
-                log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
-                await asyncio.sleep(_RETRY_S)
+        hold the lease and follow the assignments. An attempt that fails (no leader yet)
+        is tried again by a timer message."""
+        if self.joined or not self.system.is_alive(self.endpoint):
+            return
+        try:
+            await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
+            await self._bootstrap()
+        except DanubeError as exc:
+            log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
+            self.system.schedule_once(self.endpoint, _JOIN_RETRY_MS, JoinCluster())
+            return
+        self.joined = True
         await self._spawn_lease_keeper()
         metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
         interval_ms = self.config.load_manager.report_interval_ms
         await self.system.spawn(lambda: LoadReporter(metadata=metadata, broker_endpoint=broker, broker_id=broker_id,
                                                      interval_ms=interval_ms),
                                 name=f"load reporter {broker_id}", parent=broker)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self.follow_backlog_quotas(), name=f"broker {self.broker_id} quotas"))
-        await self._follow_assignments()
+        await self.system.spawn(lambda: MetadataWatch(
+            metadata=metadata, prefix=cr.BACKLOG_QUOTAS, target=broker, start_over=_quotas_changed,
+            on_event=_quotas_event), name=f"backlog quotas watch {broker_id}", parent=broker)
+
+        async def assigned() -> Message:
+            revision = metadata.local_revision()  # the listing's (the scan starts before any yield)
+            return AssignmentsResync(topics=await assigned_to(metadata, broker_id), revision=revision)
+
+        await self.system.spawn(lambda: MetadataWatch(
+            metadata=metadata, prefix=cr.ASSIGNMENTS, target=broker, start_over=assigned,
+            on_event=_assignment_changed), name=f"assignments watch {broker_id}", parent=broker)
 
     async def _bootstrap(self) -> None:
         for namespace in self.config.bootstrap_namespaces:
@@ -338,30 +353,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         return ServedTopicsList(endpoints=[entry.endpoint for entry in self.topics.values()],
                                 serving=self._lease_valid())
 
-    async def _follow_assignments(self) -> None:
-        """Tell this actor every assignment change, in revision order."""
-        store = self.metadata
-        revision: int | None = None
-        while store.running:
-            try:
-                if revision is None:
-                    await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
-                    revision = store.local_revision()
-                    mine = await self._assigned_here()
-                    await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
-                async for event in store.watch(cr.ASSIGNMENTS, revision):
-                    revision = event.revision
-                    owner = None if event.value is None else _owner(event.key, event.value.value)
-                    await self.system.send(self.endpoint, AssignmentChanged(
-                        topic=cr.topic_of(event.key, cr.ASSIGNMENTS), broker_id=owner, revision=revision))
-            except Compacted:
-                revision = None
-            except DanubeError as exc:
-                if store.running:
-                    log.warning("watch of assignments failed (%s); retrying", exc)
-                    revision = None
-                    await asyncio.sleep(_RETRY_S)
-
     # ------------------------------------------------------------- loading and unloading
     async def handle_LeaseChanged(self, msg: LeaseChanged) -> None:
         if msg.held:
@@ -370,7 +361,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 return
             self.lease_held = True
             log.info("broker %d holds its lease: serving", self.broker_id)
-            await self._resync(await self._assigned_here())
+            await self._resync(await assigned_to(self.metadata, self.broker_id))
             for topic in list(self.parked):
                 await self._wake(topic)
             return
@@ -445,17 +436,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             # By a timer, not a message from this task: the broker's own messages to
             # itself go ahead of the mailbox, and the requests in it would wait again.
             self.system.schedule_once(self.endpoint, 1, msg)
-
-    async def _assigned_here(self) -> list[str]:
-        """The topics assigned here, as of the applied state when called (the listing is a
-        copy); with 100,000 assignments to decode it yields to the event loop as it goes."""
-        mine = []
-        for n, (key, value) in enumerate(self.metadata.local_scan(cr.ASSIGNMENTS)):
-            if n % _KEYS_PER_SLICE == 0:
-                await asyncio.sleep(0)
-            if _owner(key, value.value) == self.broker_id:
-                mine.append(cr.topic_of(key, cr.ASSIGNMENTS))
-        return mine
 
     async def _load(self, topic: str) -> None:
         if topic in self.topics or topic in self.moving_topics or not self.lease_held:
@@ -1123,6 +1103,32 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             if entry.endpoint == msg.endpoint:
                 log.error("topic %s stopped after repeated failures (%s); it is no longer served", full, msg.reason)
                 del self.topics[full]
+
+async def assigned_to(metadata: RaftMetadataStore, broker_id: int) -> list[str]:
+    """The topics assigned to `broker_id`, as of the applied state when called (the
+    listing is a copy); with 100,000 assignments to decode it yields to the event loop
+    as it goes."""
+    mine = []
+    for n, (key, value) in enumerate(metadata.local_scan(cr.ASSIGNMENTS)):
+        if n % _KEYS_PER_SLICE == 0:
+            await asyncio.sleep(0)
+        if _owner(key, value.value) == broker_id:
+            mine.append(cr.topic_of(key, cr.ASSIGNMENTS))
+    return mine
+
+
+def _assignment_changed(event: WatchEvent) -> Message:
+    owner = None if event.value is None else _owner(event.key, event.value.value)
+    return AssignmentChanged(topic=cr.topic_of(event.key, cr.ASSIGNMENTS), broker_id=owner, revision=event.revision)
+
+
+async def _quotas_changed() -> Message:
+    return BacklogQuotasChanged()
+
+
+def _quotas_event(event: WatchEvent) -> Message:
+    return BacklogQuotasChanged()
+
 
 def _owner(key: str, value: bytes) -> int | None:
     try:

@@ -796,6 +796,22 @@ class ForgetDamage(Message):
 
 
 @wire
+class WatchNext(Message):
+    """Metadata watch -> itself: look for the next changes under its prefix (a timer
+    message after a failed attempt)."""
+
+    TAG = 265
+
+
+@wire
+class JoinCluster(Message):
+    """Broker -> itself: try to join the cluster (a leader, the namespaces seeded); a
+    failed attempt schedules the next as a timer message."""
+
+    TAG = 266
+
+
+@wire
 class ParkedExpired(Message):
     """Timer -> broker: answer the requests waiting for an assignment past their deadline."""
 
@@ -1009,6 +1025,6 @@ INTERNAL_PROTOCOL = Protocol(
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,
         FlushCursors, SubscriptionsOf, PersistedSubscriptions, ForgetTopicRecords, ClearProducers, RecordDamage,
-        ForgetDamage,
+        ForgetDamage, WatchNext, JoinCluster,
     ),
 )
