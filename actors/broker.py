@@ -61,11 +61,13 @@ from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas
 from danube_zmq.actors.broker_handover import BrokerHandOver
 from danube_zmq.actors.broker_namespace_limits import BrokerNamespaceLimits, NamespaceLimits
 from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.cursor_flusher import CursorFlusher
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.lease_keeper import LeaseKeeper
 from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_catalog import MetadataCatalog
+from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.offset_reservations import OffsetReservations
 from danube_zmq.actors.ownership import (
@@ -79,10 +81,10 @@ from danube_zmq.actors.ownership import (
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
-from danube_zmq.consensus.state_machine import Compacted
+from danube_zmq.consensus.state_machine import WatchEvent
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
-from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor, topic_key
+from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
 from danube_zmq.storage.paths import resolve_inside
 from danube_zmq.storage.wal.errors import WalDamaged
@@ -107,17 +109,23 @@ from danube_zmq.transport.internal_protocol import (
     AppendInternal,
     AssignmentChanged,
     AssignmentsResync,
+    BacklogQuotasChanged,
     ChildStopped,
+    ClearProducers,
     ClientRequest,
     DeadLetter,
     DurableSegment,
+    FlushCursors,
+    ForgetDamage,
     ForgetSegments,
-    ForgetSubscription,
+    ForgetTopicRecords,
+    JoinCluster,
     LeaseChanged,
     ListSnapshotTopics,
     ParkedExpired,
-    PersistCursor,
+    PersistedSubscriptions,
     ProducerRegistry,
+    RecordDamage,
     ReserveOffsets,
     ReserveOffsetsFor,
     ResyncNext,
@@ -128,8 +136,8 @@ from danube_zmq.transport.internal_protocol import (
     ServedTopicsList,
     SnapshotTopicRef,
     SnapshotTopics,
+    SubscriptionsOf,
     SubscriptionState,
-    Tick,
     TopicReleased,
     TopicSchemaChanged,
     TopicSealed,
@@ -145,7 +153,8 @@ _UPLOADS_AT_STOP_S = 30.0
 # deadlines are checked.
 _PARKED_MAX = 10_000
 _PARKED_CHECK_MS = 200
-_RETRY_S = 0.2
+# A failed attempt to join the cluster is tried again after this long.
+_JOIN_RETRY_MS = 200
 _REMOTE_ADMIN_TASKS_MAX = 64
 _DEAD_LETTER_BATCHES_MAX = 1_000
 # How long offset reservations are retried before the topic is told they failed.
@@ -169,10 +178,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.executor = executor
         self.metadata = metadata
         self.data_dir = Path(config.broker.data_dir)
-        self.cursor_writes: dict[str, bytes] = {}
-        self.producer_writes: dict[str, bytes | None] = {}  # producer record key -> record (None: delete)
-        self._flush_turn = asyncio.Lock()
-        self._flushing: asyncio.Task[None] | None = None
+        self.flusher_endpoint = ""  # the CursorFlusher child: unwritten cursors, producer and damage records
         self.reservations_endpoint: str | None = None  # the OffsetReservations child
         self.stopped_offsets: dict[str, int] = {}  # reliable topics stopped at shutdown -> their log's end
         self.durable_store: DurableStore | None = None
@@ -187,9 +193,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # Reliable topics assigned here and not served: their WAL is damaged (until an
         # operator repairs them, or they move or are deleted).
         self.damaged: dict[str, WalDamaged] = {}
-        # Their damage records the metadata store refused (topic -> record), written again
-        # at each Tick: only a record keeps the load manager and unloads off the topic.
-        self.damage_unrecorded: dict[str, bytes] = {}
         self.lease_held = False
         self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
         self.parked: dict[str, list[tuple[ClientRequest, int]]] = {}
@@ -197,6 +200,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.dead_letters: dict[str, list[DeadLetter]] = {}
         self.dead_letters_count = 0
         self._replay_deadline: int | None = None
+        self.joined = False
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
         self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
@@ -212,13 +216,17 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         await asyncio.to_thread(shutil.rmtree, self.data_dir / "handover", True)
         await self._start_uploader()
         metadata, broker_id = self.metadata, self.broker_id
+        interval_ms = self.config.storage.cursor_flush_interval_ms
+        # Spawned before any topic: children stop newest first (`ActorSystem.stop`), so the
+        # flusher stops after every topic and writes the final cursors they told it.
+        self.flusher_endpoint = await self.system.spawn(
+            lambda: CursorFlusher(metadata=metadata, broker_id=broker_id, interval_ms=interval_ms),
+            name=f"cursor flusher {broker_id}", parent=self.endpoint)
         self.reservations_endpoint = await self.system.spawn(
             lambda: OffsetReservations(metadata=metadata, broker_id=broker_id),
             name=f"offset reservations {broker_id}", parent=self.endpoint)
-        self.system.schedule_periodic(self.endpoint, self.config.storage.cursor_flush_interval_ms, Tick())
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._join(), name=f"broker {self.broker_id} join"))
+        self.system.post(self.endpoint, JoinCluster())
 
     async def _start_uploader(self) -> None:
         """Durable modes: sealed segments of reliable topics are copied to the durable store."""
@@ -240,10 +248,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await task
         self._tasks.clear()
         await self._remote_admin.cancel_all()
-        if self._flushing is not None:
-            self._flushing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flushing
         for client, _turn in self._admin_clients.values():
             if client is not None:
                 client.close()
@@ -259,32 +263,40 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             await self._end_reservations()
         except (DanubeError, TimeoutError) as exc:
             log.warning("offset reservations not ended at shutdown (%s): a next broker starts past them", exc)
-        try:
-            await self._flush_cursors()
-        except DanubeError as exc:
-            log.error("cursors not written at shutdown (%s): subscriptions resume from the last written ones", exc)
+        # The cursors were written by the flusher, stopped (after the topics) before this runs.
 
     # ------------------------------------------------------------- joining the cluster
-    async def _join(self) -> None:
+    async def handle_JoinCluster(self, msg: JoinCluster) -> None:
         """Wait for a leader, seed the namespaces, import a pre-cluster catalog, then
-        hold the lease and follow the assignments."""
-        while True:
-            try:
-                await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
-                await self._bootstrap()
-                break
-            except DanubeError as exc:
-                log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
-                await asyncio.sleep(_RETRY_S)
+        hold the lease and follow the assignments. An attempt that fails (no leader yet)
+        is tried again by a timer message."""
+        if self.joined or not self.system.is_alive(self.endpoint):
+            return
+        try:
+            await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
+            await self._bootstrap()
+        except DanubeError as exc:
+            log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
+            self.system.schedule_once(self.endpoint, _JOIN_RETRY_MS, JoinCluster())
+            return
+        self.joined = True
         await self._spawn_lease_keeper()
         metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
         interval_ms = self.config.load_manager.report_interval_ms
         await self.system.spawn(lambda: LoadReporter(metadata=metadata, broker_endpoint=broker, broker_id=broker_id,
                                                      interval_ms=interval_ms),
                                 name=f"load reporter {broker_id}", parent=broker)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self.follow_backlog_quotas(), name=f"broker {self.broker_id} quotas"))
-        await self._follow_assignments()
+        await self.system.spawn(lambda: MetadataWatch(
+            metadata=metadata, prefix=cr.BACKLOG_QUOTAS, target=broker, start_over=_quotas_changed,
+            on_event=_quotas_event), name=f"backlog quotas watch {broker_id}", parent=broker)
+
+        async def assigned() -> Message:
+            revision = metadata.local_revision()  # the listing's (the scan starts before any yield)
+            return AssignmentsResync(topics=await assigned_to(metadata, broker_id), revision=revision)
+
+        await self.system.spawn(lambda: MetadataWatch(
+            metadata=metadata, prefix=cr.ASSIGNMENTS, target=broker, start_over=assigned,
+            on_event=_assignment_changed), name=f"assignments watch {broker_id}", parent=broker)
 
     async def _bootstrap(self) -> None:
         for namespace in self.config.bootstrap_namespaces:
@@ -341,30 +353,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         return ServedTopicsList(endpoints=[entry.endpoint for entry in self.topics.values()],
                                 serving=self._lease_valid())
 
-    async def _follow_assignments(self) -> None:
-        """Tell this actor every assignment change, in revision order."""
-        store = self.metadata
-        revision: int | None = None
-        while store.running:
-            try:
-                if revision is None:
-                    await store.get(cr.LEADER)  # a linearizable barrier before reading the local state
-                    revision = store.local_revision()
-                    mine = await self._assigned_here()
-                    await self.system.send(self.endpoint, AssignmentsResync(topics=mine, revision=revision))
-                async for event in store.watch(cr.ASSIGNMENTS, revision):
-                    revision = event.revision
-                    owner = None if event.value is None else _owner(event.key, event.value.value)
-                    await self.system.send(self.endpoint, AssignmentChanged(
-                        topic=cr.topic_of(event.key, cr.ASSIGNMENTS), broker_id=owner, revision=revision))
-            except Compacted:
-                revision = None
-            except DanubeError as exc:
-                if store.running:
-                    log.warning("watch of assignments failed (%s); retrying", exc)
-                    revision = None
-                    await asyncio.sleep(_RETRY_S)
-
     # ------------------------------------------------------------- loading and unloading
     async def handle_LeaseChanged(self, msg: LeaseChanged) -> None:
         if msg.held:
@@ -373,7 +361,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 return
             self.lease_held = True
             log.info("broker %d holds its lease: serving", self.broker_id)
-            await self._resync(await self._assigned_here())
+            await self._resync(await assigned_to(self.metadata, self.broker_id))
             for topic in list(self.parked):
                 await self._wake(topic)
             return
@@ -449,17 +437,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             # itself go ahead of the mailbox, and the requests in it would wait again.
             self.system.schedule_once(self.endpoint, 1, msg)
 
-    async def _assigned_here(self) -> list[str]:
-        """The topics assigned here, as of the applied state when called (the listing is a
-        copy); with 100,000 assignments to decode it yields to the event loop as it goes."""
-        mine = []
-        for n, (key, value) in enumerate(self.metadata.local_scan(cr.ASSIGNMENTS)):
-            if n % _KEYS_PER_SLICE == 0:
-                await asyncio.sleep(0)
-            if _owner(key, value.value) == self.broker_id:
-                mine.append(cr.topic_of(key, cr.ASSIGNMENTS))
-        return mine
-
     async def _load(self, topic: str) -> None:
         if topic in self.topics or topic in self.moving_topics or not self.lease_held:
             return
@@ -481,8 +458,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             state = self.metadata.local_get(cr.topic_state_key(topic))
             start_offset = cr.decode(state.value, cr.TopicState).next_offset if state is not None else None
         # Producers recorded by the topic's previous broker attach again here.
-        for key, _ in self.metadata.local_scan(cr.producers_prefix(topic)):
-            self.producer_writes.setdefault(key, None)
+        self.system.post(self.flusher_endpoint, ClearProducers(topic=topic))
         entry = self.topics[topic] = await self._spawn_topic(name, resolved.record.dispatch_strategy, start_offset)
         METRICS.topics.set(len(self.topics))
         # Spawning may never suspend: a burst of assignments (a big topic created, a
@@ -527,7 +503,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         METRICS.topics.set(len(self.topics))
         log.info("topic %s unloaded from broker %d", topic, self.broker_id)
         if deleted:
-            self._drop_cursor_writes(topic)
+            self.system.post(self.flusher_endpoint, ForgetTopicRecords(topic=topic))
         return entry, next_offset
 
     async def _seal(self, entry: TopicEntry, next_offset: int | None) -> None:
@@ -657,13 +633,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                                     since_ms=self.system.clock.now_ms())
         try:
             await self.metadata.put(cr.damaged_key(topic), cr.encode(record))
-            self.damage_unrecorded.pop(topic, None)
         except DanubeError as exc:
             # Not left to the topic's next load: an assigned damaged topic is not loaded
             # again, and until the record is there a drain or rebalance would move it.
-            log.error("topic %s: its damage not recorded in the metadata store (%s); retried every %d ms",
-                      topic, exc, self.config.storage.cursor_flush_interval_ms)
-            self.damage_unrecorded[topic] = cr.encode(record)
+            log.error("topic %s: its damage not recorded in the metadata store (%s); the cursor flusher writes it"
+                      " again every %d ms", topic, exc, self.config.storage.cursor_flush_interval_ms)
+            self.system.post(self.flusher_endpoint, RecordDamage(topic=topic, record=cr.encode(record)))
         if topic not in self.damaged:
             METRICS.wal_damage.inc()
         self.damaged[topic] = damage
@@ -678,26 +653,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         except DanubeError as exc:  # it only holds the topic here: cleared at a next load
             log.error("topic %s: its damage record not cleared (%s)", topic, exc)
 
-    async def _record_damage(self) -> None:
-        """Write again the damage records the store refused (see `_mark_damaged`)."""
-        for topic, record in list(self.damage_unrecorded.items()):
-            if topic not in self.damaged:
-                self.damage_unrecorded.pop(topic, None)
-                continue
-            try:
-                await self.metadata.put(cr.damaged_key(topic), record)
-            except DanubeError as exc:
-                log.warning("topic %s: its damage still not recorded (%s); retrying", topic, exc)
-                return
-            self.damage_unrecorded.pop(topic, None)
-            if topic not in self.damaged:  # repaired while the write was on its way
-                with contextlib.suppress(DanubeError):  # the local replica may not show it yet: no check
-                    await self.metadata.delete(cr.damaged_key(topic))
-            log.info("topic %s: its damage is recorded in the metadata store", topic)
-
     def _forget_damage(self, topic: str) -> None:
-        self.damage_unrecorded.pop(topic, None)
         if self.damaged.pop(topic, None) is not None:
+            self.system.post(self.flusher_endpoint, ForgetDamage(topic=topic))  # a record not written yet
             METRICS.wal_damaged_topics.set(len(self.damaged))
 
     async def _recover_from_durable(self, name: TopicName, damage: WalDamaged) -> bool:
@@ -725,18 +683,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
     async def _delete_local(self, topic: str) -> None:
         """A deleted topic's files here: WAL and durable cache. (Its metadata went with
         the deletion; its durable segments are deleted by the broker that deleted it.)"""
-        self._drop_cursor_writes(topic)
+        self.system.post(self.flusher_endpoint, ForgetTopicRecords(topic=topic))
         name = parse_topic(topic)
         await asyncio.to_thread(shutil.rmtree, self._wal_dir(name), True)
         await asyncio.to_thread(shutil.rmtree, resolve_inside(self.data_dir, "durable-cache", name.namespace,
                                                               name.topic), True)
-
-    def _drop_cursor_writes(self, topic: str) -> None:
-        prefix = f"{topic_key(topic)}/"
-        for key in [k for k in self.cursor_writes if k.startswith(prefix)]:
-            del self.cursor_writes[key]
-        for key in [k for k in self.producer_writes if k.startswith(prefix)]:
-            del self.producer_writes[key]
 
     # ------------------------------------------------------------- requests waiting for an assignment
     def _park(self, topic: str, req: ClientRequest) -> None:
@@ -900,63 +851,22 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             for base_offset in msg.base_offsets:
                 await self.segment_catalog.remove(msg.topic, base_offset)
 
-    def handle_Tick(self, msg: Tick) -> None:
-        # In a task: a write the metadata store cannot take (no majority) must not hold
-        # the broker actor, which has to stop serving when its lease runs out.
-        if (self.cursor_writes or self.producer_writes or self.damage_unrecorded) \
-                and (self._flushing is None or self._flushing.done()):
-            self._flushing = asyncio.get_running_loop().create_task(self._flush_in_background())
-
-    async def _flush_in_background(self) -> None:
-        await self._record_damage()
-        try:
-            await self._flush_cursors()
-        except DanubeError as exc:
-            log.warning("cursors not written (%s); retrying at the next flush", exc)
-
-    def handle_PersistCursor(self, msg: PersistCursor) -> None:
-        # Coalesced: the last state of each subscription is written with the next flush.
-        self.cursor_writes[_subscription_key(msg.topic, msg.subscription)] = cr.encode(cr.CursorRecord(
-            sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
-            max_unacked_messages=msg.max_unacked_messages))
-
-    async def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
-        key = _subscription_key(msg.topic, msg.subscription)
-        self.cursor_writes.pop(key, None)
-        try:
-            await self.metadata.delete(key)
-        except DanubeError as exc:
-            log.error("subscription %s of %s not forgotten in the metadata store (%s)", msg.subscription, msg.topic,
-                      exc)
-
     def handle_ProducerRegistry(self, msg: ProducerRegistry) -> None:
         if msg.topic not in self.topics:
             return  # unloaded: the topic's next broker clears its records
-        self.producer_writes[cr.producer_key(msg.topic, msg.producer_id)] = cr.encode(cr.ProducerRecord(
-            producer_id=msg.producer_id, producer_name=msg.producer_name, topic=msg.topic,
-            access_mode=msg.access_mode, broker_id=self.broker_id)) if msg.attached else None
+        self.system.post(self.flusher_endpoint, msg)
 
     async def _flush_cursors(self) -> None:
-        """Write the cursors and producer records changed since the last flush, in one
-        metadata transaction; one flush at a time, so that a newer cursor is never
-        overwritten by an older one."""
-        async with self._flush_turn:
-            await self._flush_pending()
+        """Have the cursor flusher write every cursor and producer record told it so far
+        (what the topics told it before this ask is ahead of it in its mailbox)."""
+        await self.system.ask(self.flusher_endpoint, FlushCursors(),
+                              timeout_ms=2 * self.config.cluster.request_timeout_ms)
 
-    async def _flush_pending(self) -> None:
-        if not self.cursor_writes and not self.producer_writes:
-            return
-        writes, self.cursor_writes = self.cursor_writes, {}
-        producers, self.producer_writes = self.producer_writes, {}
-        puts = {**writes, **{k: v for k, v in producers.items() if v is not None}}
-        try:
-            await self.metadata.transaction({}, puts, [k for k, v in producers.items() if v is None])
-        except BaseException:  # failed or cancelled (shutdown): kept for the next flush
-            writes.update(self.cursor_writes)  # what changed meanwhile is newer
-            self.cursor_writes = writes
-            producers.update(self.producer_writes)
-            self.producer_writes = producers
-            raise
+    async def _subscriptions_of(self, name: TopicName) -> list[SubscriptionState]:
+        """The topic's persisted subscriptions, newest cursors (not written yet) included."""
+        answer = await self.system.ask(self.flusher_endpoint, SubscriptionsOf(topic=name.full))
+        assert isinstance(answer, PersistedSubscriptions)
+        return answer.states
 
     async def handle_DeadLetter(self, msg: DeadLetter) -> None:
         try:
@@ -1156,7 +1066,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         return resolve_inside(self.data_dir, "wal", name.namespace, name.topic)
 
     async def _spawn_topic(self, name: TopicName, dispatch_strategy: int, start_offset: int | None) -> TopicEntry:
-        config, rng, executor, broker = self.config, self.rng, self.executor, self.endpoint
+        config, rng, executor, broker, flusher = self.config, self.rng, self.executor, self.endpoint, self.flusher_endpoint
         seed = rng.getrandbits(64)
         if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             wal_dir = self._wal_dir(name)
@@ -1169,8 +1079,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 # were when it was first spawned. The parent builds its child's arguments.
                 return make_topic(
                     name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),
-                    wal_dir=wal_dir, executor=executor,
-                    subscriptions=self._persisted_subscriptions(name), broker_endpoint=broker,
+                    wal_dir=wal_dir, executor=executor, cursor_endpoint=flusher, broker_endpoint=broker,
                     durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
                     cache_dir=cache_dir, start_offset=start_offset, backlog_quota=self.backlog_quota_of(name)[:2])
         else:
@@ -1189,28 +1098,37 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await asyncio.to_thread(self.durable_store.delete, desc.object_key)
             await self.segment_catalog.remove(topic, desc.base_offset)
 
-    def _persisted_subscriptions(self, name: TopicName) -> list[SubscriptionState]:
-        prefix = f"{topic_key(name.full)}/subscriptions/"
-        states = []
-        # Cursors not yet flushed are newer than the store's.
-        records = {key: value.value for key, value in self.metadata.local_scan(prefix)}
-        records.update((k, v) for k, v in self.cursor_writes.items() if k.startswith(prefix))
-        for key, value in sorted(records.items()):
-            try:
-                record = cr.decode_cursor(value)
-            except InvalidArgument as exc:  # the topic is not served from a cursor it cannot read
-                raise InvalidArgument(f"metadata record {key} cannot be read ({exc}); fix or delete it"
-                                      f" (danube admin metadata get/delete {key})") from None
-            states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record.sub_type,
-                                            cursor=record.cursor, acked_above=record.acked_above,
-                                            policy=record.policy, max_unacked_messages=record.max_unacked_messages))
-        return states
-
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
         for full, entry in list(self.topics.items()):
             if entry.endpoint == msg.endpoint:
                 log.error("topic %s stopped after repeated failures (%s); it is no longer served", full, msg.reason)
                 del self.topics[full]
+
+async def assigned_to(metadata: RaftMetadataStore, broker_id: int) -> list[str]:
+    """The topics assigned to `broker_id`, as of the applied state when called (the
+    listing is a copy); with 100,000 assignments to decode it yields to the event loop
+    as it goes."""
+    mine = []
+    for n, (key, value) in enumerate(metadata.local_scan(cr.ASSIGNMENTS)):
+        if n % _KEYS_PER_SLICE == 0:
+            await asyncio.sleep(0)
+        if _owner(key, value.value) == broker_id:
+            mine.append(cr.topic_of(key, cr.ASSIGNMENTS))
+    return mine
+
+
+def _assignment_changed(event: WatchEvent) -> Message:
+    owner = None if event.value is None else _owner(event.key, event.value.value)
+    return AssignmentChanged(topic=cr.topic_of(event.key, cr.ASSIGNMENTS), broker_id=owner, revision=event.revision)
+
+
+async def _quotas_changed() -> Message:
+    return BacklogQuotasChanged()
+
+
+def _quotas_event(event: WatchEvent) -> Message:
+    return BacklogQuotasChanged()
+
 
 def _owner(key: str, value: bytes) -> int | None:
     try:
@@ -1218,11 +1136,6 @@ def _owner(key: str, value: bytes) -> int | None:
     except DanubeError as exc:
         log.error("metadata key %s holds no assignment (%s); ignored", key, exc)
         return None
-
-
-def _subscription_key(topic: str, subscription: str) -> str:
-    # Not storage.catalog.cursor_key: the record holds the subscription's type too.
-    return f"{topic_key(topic)}/subscriptions/{subscription}"
 
 
 def _durable_segment(desc: SegmentDescriptor) -> DurableSegment:

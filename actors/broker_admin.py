@@ -486,7 +486,7 @@ class BrokerAdmin:
                 record = await self.system.ask(entry.endpoint, ip.SetSubscriptionPolicy(
                     subscription=msg.subscription, policy=policy))
                 assert isinstance(record, PersistCursor)
-                self.handle_PersistCursor(record)
+                await self.system.send(self.flusher_endpoint, record)  # ahead of the flush below
 
             await self._on_owner(msg, partition, local)
         await self._flush_cursors()  # stored before the answer: the policy survives a crash right after
@@ -516,7 +516,7 @@ class BrokerAdmin:
                 record = await self.system.ask(entry.endpoint, ip.SetSubscriptionDispatchConfig(
                     subscription=msg.subscription, max_unacked_messages=msg.max_unacked_messages))
                 assert isinstance(record, PersistCursor)
-                self.handle_PersistCursor(record)
+                await self.system.send(self.flusher_endpoint, record)  # ahead of the flush below
 
             await self._on_owner(msg, partition, local)
         await self._flush_cursors()  # stored before the answer, as the failure policy

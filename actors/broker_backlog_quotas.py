@@ -8,7 +8,8 @@
 
 1. Set / remove: checked (policy, limit, the namespace or topic exists), written to the
    metadata store, then applied to the topics served here before the answer.
-2. Every broker watches the prefix: on any change it works out the quota in force for
+2. Every broker watches the prefix (a `MetadataWatch` child, `metadata_watch.py`, tells
+   it `BacklogQuotasChanged`): on any change it works out the quota in force for
    each reliable topic it serves (the topic's, else its namespace's, else the broker's
    `policies`) and tells the topic; the topic ignores an unchanged quota.
 3. A topic loaded here (a start, a restart, a move) is spawned with the quota in force
@@ -18,12 +19,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
-from danube_zmq.consensus.state_machine import Compacted
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
@@ -36,7 +35,6 @@ from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_nam
 
 log = logging.getLogger("danube_zmq.broker")
 
-_RETRY_S = 0.2
 # Far above any disk; keeps the value an int64 on the wire and in the store.
 _LIMIT_BYTES_MAX = 2**62
 
@@ -59,27 +57,6 @@ class BrokerBacklogQuotas:
                 return record.limit_bytes, record.policy, source
         policies = self.config.policies
         return policies.backlog_quota_bytes_max, policies.backlog_quota_policy, "broker"
-
-    async def follow_backlog_quotas(self) -> None:
-        """Tell this actor of every change under /policies/backlog-quota/."""
-        store = self.metadata
-        revision: int | None = None
-        while store.running:
-            try:
-                if revision is None:
-                    await store.get(cr.LEADER)  # a barrier: the local replica is as of now
-                    revision = store.local_revision()
-                    await self.system.send(self.endpoint, BacklogQuotasChanged())
-                async for event in store.watch(cr.BACKLOG_QUOTAS, revision):
-                    revision = event.revision
-                    await self.system.send(self.endpoint, BacklogQuotasChanged())
-            except Compacted:
-                revision = None
-            except DanubeError as exc:
-                if store.running:
-                    log.warning("watch of backlog quotas failed (%s); retrying", exc)
-                    revision = None
-                    await asyncio.sleep(_RETRY_S)
 
     async def handle_BacklogQuotasChanged(self, msg: BacklogQuotasChanged) -> None:
         await self._apply_backlog_quotas()

@@ -153,7 +153,7 @@ class BrokerHandOver:
             try:
                 async with asyncio.timeout(self.config.cluster.move_timeout_ms / 1000):
                     # Cursors still in the mailbox are newer, so never lower: these hand over enough.
-                    cursors = [s.cursor for s in self._persisted_subscriptions(parse_topic(topic))]
+                    cursors = [s.cursor for s in await self._subscriptions_of(parse_topic(topic))]
                     offer = await asyncio.to_thread(self._offer, topic, min(cursors) if cursors else None)
                     await self._send_offer(target, topic, handover_id, offer)
             except TimeoutError:
@@ -399,7 +399,7 @@ class BrokerHandOver:
         state_value = await self.metadata.get(cr.topic_state_key(topic))
         state = None if state_value is None else cr.decode(state_value.value, cr.TopicState)
         next_offset = 0 if state is None else max(state.next_offset, state.reserved_until)
-        subscriptions = self._persisted_subscriptions(resolved.name)
+        subscriptions = await self._subscriptions_of(resolved.name)
         oldest = min(subscriptions, key=lambda s: s.cursor, default=None)
         lost_start = None if oldest is None or oldest.cursor + 1 >= next_offset else oldest.cursor + 1
         reason = (f"broker {holder} is gone and its disk alone holds the topic's WAL; offsets up to its reservation"

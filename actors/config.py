@@ -400,8 +400,9 @@ class StorageSection:
     # Recent committed batches a reliable topic keeps in memory to serve readers
     # without touching the WAL files, bytes. Default 16 MiB.
     cache_bytes_max: int = 16 * MIB
-    # How often subscription cursors are written to the catalog (a crash redelivers
-    # at most the acknowledgements of this window), ms. Default 100.
+    # How often the broker's cursor flusher writes subscription cursors to the metadata
+    # store (a crash redelivers at most the acknowledgements of this window; a clean
+    # stop writes them all), ms. Default 100.
     cursor_flush_interval_ms: int = 100
     # Topic retention: sealed segments older than this (ms since their last record was
     # written) are deleted once every subscription's cursor has passed them; null keeps

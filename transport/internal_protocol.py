@@ -739,6 +739,84 @@ class WriteReservations(Message):
 
 
 @wire
+class FlushCursors(Message):
+    """Broker -> cursor flusher (ask): write every cursor and producer record told so
+    far, now (before a seal, a hand-over, an admin answer). Answered `Done`, or the
+    store's error (the records stay pending for the next flush)."""
+
+    TAG = 258
+
+
+@wire
+class SubscriptionsOf(Message):
+    """Reliable topic (at each start) or broker -> cursor flusher (ask): the topic's
+    persisted subscriptions, with the cursors not written yet (newer than the store's).
+    Answered `PersistedSubscriptions`."""
+
+    TAG = 259
+    topic: str
+
+
+@wire
+class PersistedSubscriptions(Message):
+    TAG = 260
+    states: list[SubscriptionState]
+
+
+@wire
+class ForgetTopicRecords(Message):
+    """Broker -> cursor flusher: the topic was deleted; its unwritten cursors and
+    producer records are dropped (its metadata went with it)."""
+
+    TAG = 261
+    topic: str
+
+
+@wire
+class ClearProducers(Message):
+    """Broker -> cursor flusher: the topic is loaded here; the producer records its
+    previous broker left are deleted with the next flush (its producers attach again)."""
+
+    TAG = 262
+    topic: str
+
+
+@wire
+class RecordDamage(Message):
+    """Broker -> cursor flusher: the store refused the damage record of `topic`
+    (an encoded `WalDamageRecord`); written again at each flush until it is there."""
+
+    TAG = 263
+    topic: str
+    record: bytes
+
+
+@wire
+class ForgetDamage(Message):
+    """Broker -> cursor flusher: `topic` is no longer damaged here (repaired, moved,
+    deleted): a damage record not written yet is dropped."""
+
+    TAG = 264
+    topic: str
+
+
+@wire
+class WatchNext(Message):
+    """Metadata watch -> itself: look for the next changes under its prefix (a timer
+    message after a failed attempt)."""
+
+    TAG = 265
+
+
+@wire
+class JoinCluster(Message):
+    """Broker -> itself: try to join the cluster (a leader, the namespaces seeded); a
+    failed attempt schedules the next as a timer message."""
+
+    TAG = 266
+
+
+@wire
 class ParkedExpired(Message):
     """Timer -> broker: answer the requests waiting for an assignment past their deadline."""
 
@@ -960,6 +1038,7 @@ INTERNAL_PROTOCOL = Protocol(
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,
-        WalSyncDue,
+        FlushCursors, SubscriptionsOf, PersistedSubscriptions, ForgetTopicRecords, ClearProducers, RecordDamage,
+        ForgetDamage, WatchNext, JoinCluster, WalSyncDue,
     ),
 )

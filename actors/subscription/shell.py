@@ -77,13 +77,14 @@ _KEY_FILTERS_MAX = 64
 
 class SubscriptionActor(Actor):
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
-                 broker_endpoint: str, delivery: Delivery) -> None:
+                 broker_endpoint: str, delivery: Delivery, cursor_endpoint: str | None = None) -> None:
         self.topic = topic
         self.subscription = name
         self.sub_type = sub_type
         self.config = config
         self.topic_endpoint = topic_endpoint
         self.broker_endpoint = broker_endpoint
+        self.cursor_endpoint = cursor_endpoint or broker_endpoint  # the broker's cursor flusher
         self.delivery = delivery
         self.rule = delivery.rule
         self.consumers: dict[int, Consumer] = {}

@@ -494,7 +494,7 @@ class TrackedDelivery:
             return
         # The topic needs every subscription's cursor for retention.
         self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))
-        if self.shell.system.tell(self.shell.broker_endpoint, self._cursor_record(state)):
+        if self.shell.system.tell(self.shell.cursor_endpoint, self._cursor_record(state)):
             self.persisted = current
             self._persisted_mark = (state.cursor, len(state.acked_above))
 

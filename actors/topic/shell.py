@@ -123,9 +123,11 @@ class _Subscription:
 
 class TopicActor(Actor):
     def __init__(self, *, name: str, config: BrokerConfig, rng: IdSource, broker_endpoint: str,
-                 storage: TopicStorage) -> None:
+                 storage: TopicStorage, cursor_endpoint: str | None = None) -> None:
         self.topic = name
         self.broker_endpoint = broker_endpoint
+        # Where the subscriptions' cursors go: the broker's cursor flusher.
+        self.cursor_endpoint = cursor_endpoint or broker_endpoint
         self.config = config
         self.rng = rng
         self.storage = storage
@@ -198,9 +200,11 @@ class TopicActor(Actor):
         """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
         each restart of the subscription too)."""
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
+        cursors = self.cursor_endpoint
         endpoint = await self.system.spawn(
             lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
-                                      topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery()),
+                                      topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery(),
+                                      cursor_endpoint=cursors),
             name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription

@@ -91,6 +91,7 @@ from danube_zmq.transport.internal_protocol import (
     ForgetSubscription,
     HeldSendsDue,
     OffsetsReserved,
+    PersistedSubscriptions,
     Publish,
     ReadRequest,
     ReadResult,
@@ -104,7 +105,7 @@ from danube_zmq.transport.internal_protocol import (
     SnapshotCut,
     SubscriptionCursor,
     SubscriptionCut,
-    SubscriptionState,
+    SubscriptionsOf,
     TakeSnapshotCut,
     Tick,
     TopicStopped,
@@ -157,12 +158,13 @@ class WalStorage:
     reliable = True
 
     def __init__(self, *, name: str, config: BrokerConfig, wal_dir: Path,
-                 executor: Executor, subscriptions: list[SubscriptionState], broker_endpoint: str,
+                 executor: Executor, cursor_endpoint: str, broker_endpoint: str,
                  durable: list[DurableSegment] | None = None, cache_dir: Path | None = None,
                  start_offset: int | None = None, backlog_quota: tuple[int, str] | None = None) -> None:
         self.topic = name
         self.config = config
         self.broker_endpoint = broker_endpoint
+        self.cursor_endpoint = cursor_endpoint  # the broker's cursor flusher: subscriptions at start, forgets
         self.next_offset = 0  # the offset the next accepted batch gets: the log's end at start
         self.wal_dir = wal_dir
         # Where the topic's previous owner stopped (the broker read it from the metadata
@@ -179,7 +181,6 @@ class WalStorage:
         self.fetching: dict[int, list[ReadRequest]] = {}
         self.fetched: dict[int, tuple[Path, mmap.mmap]] = {}
         self.executor = executor
-        self.persisted_subscriptions = subscriptions
         self.wal: WalLog | None = None
         self.committed_offset = 0  # every offset below is durable (or written, in interval mode)
         self.queued: list[_Batch] = []
@@ -216,6 +217,10 @@ class WalStorage:
 
     async def start(self) -> None:
         storage = self.config.storage
+        # Asked at each start, not given at spawn: a topic restarted (or loaded again)
+        # before the flusher wrote its cursors resumes from them, not from the store's.
+        persisted = await self.shell.system.ask(self.cursor_endpoint, SubscriptionsOf(topic=self.topic))
+        assert isinstance(persisted, PersistedSubscriptions)
         # A topic whose local WAL is gone (a new disk, a move) resumes after its durable
         # history, or where its previous owner stopped.
         floors = [self.durable[-1].end_offset + 1] if self.durable else []
@@ -227,7 +232,7 @@ class WalStorage:
             segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.shell.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
         self._reserve_ahead()
-        for state in self.persisted_subscriptions:
+        for state in persisted.states:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
         if not self._sync_always:
@@ -971,7 +976,7 @@ class WalStorage:
         self.cursors.pop(name, None)
         self.evicted_to.pop(name, None)
         self._measure_backlog()
-        self.shell.system.tell(self.broker_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
+        self.shell.system.post(self.cursor_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
 
 
 def _mtime_ms(path: Path) -> int:

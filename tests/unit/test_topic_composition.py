@@ -42,8 +42,10 @@ from danube_zmq.transport.internal_protocol import (
     OffsetsReserved,
     PartitionStats,
     PersistCursor,
+    PersistedSubscriptions,
     ProducerRegistry,
     ReserveOffsets,
+    SubscriptionsOf,
 )
 
 TOPIC = "/default/composed"
@@ -69,6 +71,9 @@ class StandInBroker(Actor):
 
     def handle_ProducerRegistry(self, msg: ProducerRegistry) -> None:
         self.registry.append(msg)
+
+    def handle_SubscriptionsOf(self, msg: SubscriptionsOf) -> PersistedSubscriptions:
+        return PersistedSubscriptions(states=[])  # a new topic: none persisted
 
 
 @dataclass
