@@ -26,20 +26,29 @@ from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected
-from danube_zmq.transport.internal_protocol import OffsetsReserved, ReserveOffsets, WalSyncDue
+from danube_zmq.transport.internal_protocol import (
+    OffsetsReserved,
+    PersistedSubscriptions,
+    ReserveOffsets,
+    SubscriptionsOf,
+    WalSyncDue,
+)
 
 TOPIC = "/default/interval"
 _listeners = itertools.count(1)
 
 
 class _Reserver(Actor):
-    """The broker actor's one part here: offsets reserved at once."""
+    """The broker actor's parts here: offsets reserved at once, no persisted cursors."""
 
     def __init__(self) -> None:
         self.topic_endpoint = ""
 
     def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
         self.system.tell(self.topic_endpoint, OffsetsReserved(until=msg.until))
+
+    def handle_SubscriptionsOf(self, msg: SubscriptionsOf) -> PersistedSubscriptions:
+        return PersistedSubscriptions(states=[])  # a new topic: none persisted
 
 
 async def _ask(sock: zmq.asyncio.Socket, msg: Message) -> Message:
