@@ -203,7 +203,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.joined = False
         self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
-        self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
+        self.remote_admins: dict[str, str] = {}  # admin URL of another broker -> its RemoteAdmin child
+        # Admin request tasks waiting for a topic's next assignment (`_owner_changed`):
+        # resolved by `_wake` when the broker has handled a change of it.
+        self.owner_waits: dict[str, list[asyncio.Future[None]]] = {}
         self._resync_left: collections.deque[str] = collections.deque()  # topics the resync still follows
         self._resync_generation = 0
         self.moving_topics: set[str] = set()  # stopped here while their WAL is handed over (local mode)
@@ -247,11 +250,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        await self._remote_admin.cancel_all()
-        for client, _turn in self._admin_clients.values():
-            if client is not None:
-                client.close()
-        self._admin_clients.clear()
+        await self._remote_admin.cancel_all()  # the RemoteAdmin children closed their clients (stopped first)
         if self.uploader is not None:
             try:  # the segments topics sealed while stopping (told before this runs)
                 await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
@@ -432,6 +431,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await self._wake(topic)
             elif decision is Ownership.UNLOAD:
                 await self._unload(topic)
+                await self._wake(topic)
         if left:
             # By a timer, not a message from this task: the broker's own messages to
             # itself go ahead of the mailbox, and the requests in it would wait again.
@@ -700,6 +700,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.parked_count += 1
 
     async def _wake(self, topic: str) -> None:
+        for future in self.owner_waits.pop(topic, []):
+            if not future.done():
+                future.set_result(None)
         waiting = self.parked.pop(topic, None)
         if not waiting:
             return

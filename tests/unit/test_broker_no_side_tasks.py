@@ -13,10 +13,6 @@ ACTORS = Path(__file__).resolve().parents[2] / "actors"
 
 # (file, enclosing function, what) -> why it is still there.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("broker_admin.py", "_remote", "asyncio.Lock"):
-        "not done yet: one admin client per peer URL carries one request at a time; the tasks asking it take turns",
-    ("broker_admin.py", "_on_owner", "asyncio.sleep"):
-        "not done yet: a partition between brokers is polled for up to 3 s in the admin request's task",
     ("broker_handover.py", "_start_marked_hand_over", "create_task"):
         "not done yet: a marked move in storage.mode local runs in a task (the broker's _tasks)",
     ("broker_handover.py", "_send_offer", "asyncio.sleep"):
