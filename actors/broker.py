@@ -201,7 +201,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.dead_letters_count = 0
         self._replay_deadline: int | None = None
         self.joined = False
-        self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
         self.remote_admins: dict[str, str] = {}  # admin URL of another broker -> its RemoteAdmin child
         # Admin request tasks waiting for a topic's next assignment (`_owner_changed`):
@@ -244,12 +243,6 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         await self.uploader.start()
 
     async def on_stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
         await self._remote_admin.cancel_all()  # the RemoteAdmin children closed their clients (stopped first)
         if self.uploader is not None:
             try:  # the segments topics sealed while stopping (told before this runs)
@@ -474,7 +467,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         stopped = await self._stop_topic(topic, deleted=deleted)
         if stopped is None or deleted:
             return
-        if self._start_marked_hand_over(topic):
+        if await self._start_marked_hand_over(topic):
             return
         try:
             await self._seal(*stopped)
