@@ -119,6 +119,7 @@ from danube_zmq.transport.internal_protocol import (
     ForgetDamage,
     ForgetSegments,
     ForgetTopicRecords,
+    JoinAttempted,
     JoinCluster,
     LeaseChanged,
     ListSnapshotTopics,
@@ -202,6 +203,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self._replay_deadline: int | None = None
         self.joined = False
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
+        self._join_tasks = RequestTasks(1)  # the attempt to join the cluster under way
+        self._joining = False
         self.remote_admins: dict[str, str] = {}  # admin URL of another broker -> its RemoteAdmin child
         # Admin request tasks waiting for a topic's next assignment (`_owner_changed`):
         # resolved by `_wake` when the broker has handled a change of it.
@@ -243,6 +246,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         await self.uploader.start()
 
     async def on_stop(self) -> None:
+        await self._join_tasks.cancel_all()
         await self._remote_admin.cancel_all()  # the RemoteAdmin children closed their clients (stopped first)
         if self.uploader is not None:
             try:  # the segments topics sealed while stopping (told before this runs)
@@ -258,17 +262,36 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # The cursors were written by the flusher, stopped (after the topics) before this runs.
 
     # ------------------------------------------------------------- joining the cluster
-    async def handle_JoinCluster(self, msg: JoinCluster) -> None:
+    def handle_JoinCluster(self, msg: JoinCluster) -> None:
         """Wait for a leader, seed the namespaces, import a pre-cluster catalog, then
-        hold the lease and follow the assignments. An attempt that fails (no leader yet)
-        is tried again by a timer message."""
-        if self.joined or not self.system.is_alive(self.endpoint):
+        hold the lease and follow the assignments. An attempt waits on the store in a
+        task of its own (while no leader exists each read waits out its timeout: the
+        broker answers its other messages meanwhile), which tells `JoinAttempted`; one
+        that failed is tried again by a timer message."""
+        if self.joined or self._joining or not self.system.is_alive(self.endpoint):
             return
+        self._joining = self._join_tasks.start(self._join_attempt())
+
+    async def _join_attempt(self) -> None:
         try:
             await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
             await self._bootstrap()
         except DanubeError as exc:
-            log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
+            self.system.post(self.endpoint, JoinAttempted(error=exc.message))
+            return
+        except Exception as exc:  # a bug: the broker's handler fails with it (restarted by the failure rule)
+            self.system.post(self.endpoint, JoinAttempted(error=f"{type(exc).__name__}: {exc}", failed=True))
+            raise
+        self.system.post(self.endpoint, JoinAttempted())
+
+    async def handle_JoinAttempted(self, msg: JoinAttempted) -> None:
+        self._joining = False
+        if msg.failed:
+            raise RuntimeError(f"joining the cluster failed: {msg.error}")
+        if self.joined:
+            return
+        if msg.error is not None:
+            log.info("broker %d waiting for the metadata store (%s)", self.broker_id, msg.error)
             self.system.schedule_once(self.endpoint, _JOIN_RETRY_MS, JoinCluster())
             return
         self.joined = True

@@ -867,10 +867,12 @@ class HandOverNextChunk(Message):
 @wire
 class JoinAttempted(Message):
     """The task of one attempt to join the cluster -> the broker: `error` None when the
-    store answered (a leader, the namespaces seeded), else why not (tried again later)."""
+    store answered (a leader, the namespaces seeded), else why not (tried again later);
+    `failed`: not the store's answer but a bug of ours (the broker's handler raises it)."""
 
     TAG = 306
     error: str | None = None
+    failed: bool = False
 
 
 @wire
