@@ -119,6 +119,7 @@ from danube_zmq.transport.internal_protocol import (
     ForgetDamage,
     ForgetSegments,
     ForgetTopicRecords,
+    JoinAttempted,
     JoinCluster,
     LeaseChanged,
     ListSnapshotTopics,
@@ -201,9 +202,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.dead_letters_count = 0
         self._replay_deadline: int | None = None
         self.joined = False
-        self._tasks: list[asyncio.Task[None]] = []
         self._remote_admin = RequestTasks(_REMOTE_ADMIN_TASKS_MAX)
-        self._admin_clients: dict[str, tuple[Any, asyncio.Lock]] = {}  # admin URL -> (client, its turn)
+        self._join_tasks = RequestTasks(1)  # the attempt to join the cluster under way
+        self._joining = False
+        self.remote_admins: dict[str, str] = {}  # admin URL of another broker -> its RemoteAdmin child
+        # Admin request tasks waiting for a topic's next assignment (`_owner_changed`):
+        # resolved by `_wake` when the broker has handled a change of it.
+        self.owner_waits: dict[str, list[asyncio.Future[None]]] = {}
         self._resync_left: collections.deque[str] = collections.deque()  # topics the resync still follows
         self._resync_generation = 0
         self.moving_topics: set[str] = set()  # stopped here while their WAL is handed over (local mode)
@@ -241,17 +246,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         await self.uploader.start()
 
     async def on_stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-        await self._remote_admin.cancel_all()
-        for client, _turn in self._admin_clients.values():
-            if client is not None:
-                client.close()
-        self._admin_clients.clear()
+        await self._join_tasks.cancel_all()
+        await self._remote_admin.cancel_all()  # the RemoteAdmin children closed their clients (stopped first)
         if self.uploader is not None:
             try:  # the segments topics sealed while stopping (told before this runs)
                 await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
@@ -266,17 +262,36 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         # The cursors were written by the flusher, stopped (after the topics) before this runs.
 
     # ------------------------------------------------------------- joining the cluster
-    async def handle_JoinCluster(self, msg: JoinCluster) -> None:
+    def handle_JoinCluster(self, msg: JoinCluster) -> None:
         """Wait for a leader, seed the namespaces, import a pre-cluster catalog, then
-        hold the lease and follow the assignments. An attempt that fails (no leader yet)
-        is tried again by a timer message."""
-        if self.joined or not self.system.is_alive(self.endpoint):
+        hold the lease and follow the assignments. An attempt waits on the store in a
+        task of its own (while no leader exists each read waits out its timeout: the
+        broker answers its other messages meanwhile), which tells `JoinAttempted`; one
+        that failed is tried again by a timer message."""
+        if self.joined or self._joining or not self.system.is_alive(self.endpoint):
             return
+        self._joining = self._join_tasks.start(self._join_attempt())
+
+    async def _join_attempt(self) -> None:
         try:
             await self.metadata.get(cr.LEADER)  # linearizable: a leader exists and we caught up
             await self._bootstrap()
         except DanubeError as exc:
-            log.info("broker %d waiting for the metadata store (%s)", self.broker_id, exc)
+            self.system.post(self.endpoint, JoinAttempted(error=exc.message))
+            return
+        except Exception as exc:  # a bug: the broker's handler fails with it (restarted by the failure rule)
+            self.system.post(self.endpoint, JoinAttempted(error=f"{type(exc).__name__}: {exc}", failed=True))
+            raise
+        self.system.post(self.endpoint, JoinAttempted())
+
+    async def handle_JoinAttempted(self, msg: JoinAttempted) -> None:
+        self._joining = False
+        if msg.failed:
+            raise RuntimeError(f"joining the cluster failed: {msg.error}")
+        if self.joined:
+            return
+        if msg.error is not None:
+            log.info("broker %d waiting for the metadata store (%s)", self.broker_id, msg.error)
             self.system.schedule_once(self.endpoint, _JOIN_RETRY_MS, JoinCluster())
             return
         self.joined = True
@@ -432,6 +447,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await self._wake(topic)
             elif decision is Ownership.UNLOAD:
                 await self._unload(topic)
+                await self._wake(topic)
         if left:
             # By a timer, not a message from this task: the broker's own messages to
             # itself go ahead of the mailbox, and the requests in it would wait again.
@@ -474,7 +490,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         stopped = await self._stop_topic(topic, deleted=deleted)
         if stopped is None or deleted:
             return
-        if self._start_marked_hand_over(topic):
+        if await self._start_marked_hand_over(topic):
             return
         try:
             await self._seal(*stopped)
@@ -700,6 +716,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.parked_count += 1
 
     async def _wake(self, topic: str) -> None:
+        for future in self.owner_waits.pop(topic, []):
+            if not future.done():
+                future.set_result(None)
         waiting = self.parked.pop(topic, None)
         if not waiting:
             return

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from danube_zmq.actors.admin_gateway import reply_admin
+from danube_zmq.actors.remote_admin import RemoteAdmin
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.storage.catalog import topic_key
@@ -64,8 +66,7 @@ def _damage_text(topic: str, damage: WalDamaged) -> str:
 
 # How long a request about a topic between brokers waits for its next one (a move takes
 # about a tenth of a second), within the admin client's default 5 s timeout.
-_OWNER_WAIT_S = 3.0
-_OWNER_POLL_S = 0.05
+_OWNER_WAIT_MS = 3_000
 
 
 class BrokerAdmin:
@@ -182,33 +183,38 @@ class BrokerAdmin:
         return dataclasses.replace(answer, request_id=msg.request_id)
 
     async def _remote(self, admin_url: str, build: Callable[[int], Any], *, timeout_ms: int | None = None) -> Any:
-        """One admin request to another broker's admin port. An admin client carries one
-        request at a time, so the tasks asking one broker take turns on its client."""
-        from danube_zmq.client.admin import AdminClient  # the broker is a client of its peers here
+        """One admin request to another broker's admin port, carried by the broker's
+        `RemoteAdmin` child for that port (its mailbox is the queue of the requests to
+        that broker). Called from admin request tasks, never from a handler: the
+        broker answers `RemoteAdminFor` in its own task."""
+        at = await self.system.ask(self.endpoint, ip.RemoteAdminFor(admin_url=admin_url))
+        assert isinstance(at, ip.RemoteAdminAt)
+        call_ms = timeout_ms or self.config.cluster.request_timeout_ms
+        # The ask also waits for the calls ahead of it on that broker's connection.
+        answer = await self.system.ask(
+            at.endpoint, ip.RemoteAdminCall(frame=ap.ADMIN_PROTOCOL.encode(build(1)), timeout_ms=timeout_ms),
+            timeout_ms=call_ms + 2 * self.config.cluster.request_timeout_ms)
+        assert isinstance(answer, ip.RemoteAdminAnswer)
+        return ap.ADMIN_PROTOCOL.decode(answer.frame)
 
-        client, turn = self._admin_clients.setdefault(admin_url, (None, asyncio.Lock()))
-        async with turn:
-            client = self._admin_clients[admin_url][0]
-            try:
-                if client is None:
-                    client = AdminClient(admin_url, timeout_ms=self.config.cluster.request_timeout_ms,
-                                         client_name=f"broker-{self.broker_id}")
-                    self._admin_clients[admin_url] = (client, turn)
-                    await client.connect()
-                return await client._call(build, Message, timeout_ms=timeout_ms)
-            except DanubeError as exc:
-                if isinstance(exc, Unavailable) or client.connected is None:
-                    self._admin_clients[admin_url] = (None, turn)  # a fresh connection next time
-                    client.close()
-                raise
+    async def handle_RemoteAdminFor(self, msg: ip.RemoteAdminFor) -> Message:
+        endpoint = self.remote_admins.get(msg.admin_url)
+        if endpoint is None or not self.system.is_alive(endpoint):
+            url, timeout_ms, name = msg.admin_url, self.config.cluster.request_timeout_ms, f"broker-{self.broker_id}"
+            endpoint = await self.system.spawn(
+                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name),
+                name=f"remote admin {url}", parent=self.endpoint)
+            self.remote_admins[url] = endpoint
+        return ip.RemoteAdminAt(endpoint=endpoint)
 
     async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
         """Run `local` on the partition's actor when it is served here, else send `msg`
         (naming that partition) to the admin port of the broker serving it. A partition
-        between brokers (moving, just created) is waited for, up to `_OWNER_WAIT_S`; one
-        whose broker stopped renewing its lease is answered UNAVAILABLE at once, saying
-        when it is reassigned."""
-        deadline = asyncio.get_running_loop().time() + _OWNER_WAIT_S
+        between brokers (moving, just created) is waited for, up to `_OWNER_WAIT_MS`,
+        each look after the broker handled a change of its assignment (`_owner_changed`);
+        one whose broker stopped renewing its lease is answered UNAVAILABLE at once,
+        saying when it is reassigned."""
+        deadline_ms = self.system.clock.monotonic_ms() + _OWNER_WAIT_MS
         while True:
             entry = self.topics.get(partition)
             if entry is not None:
@@ -224,9 +230,26 @@ class BrokerAdmin:
                     f" in {max(0, lease.expires_at_ms - self.system.clock.now_ms()) / 1000:.1f} s"
                 raise Unavailable(f"topic {partition}: its broker {assignment.broker_id} stopped renewing its lease;"
                                   f" another broker takes it over when the lease ends{ends}; retry then")
-            if asyncio.get_running_loop().time() >= deadline:
+            left_ms = deadline_ms - self.system.clock.monotonic_ms()
+            if left_ms <= 0:
                 raise Unavailable(f"topic {partition} has no broker right now; retry")
-            await asyncio.sleep(_OWNER_POLL_S)
+            await self._owner_changed(partition, left_ms)
+
+    async def _owner_changed(self, topic: str, timeout_ms: int) -> None:
+        """Wait, in an admin request's task, until the broker has handled a change of
+        `topic`'s assignment (`_wake` resolves the future) or `timeout_ms` passes. The
+        future is the task's; the broker's handlers only resolve what `owner_waits` holds."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self.owner_waits.setdefault(topic, [])
+        waiting.append(future)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, timeout_ms / 1000)
+        finally:
+            if future in waiting:
+                waiting.remove(future)
+            if not waiting and self.owner_waits.get(topic) is waiting:
+                del self.owner_waits[topic]
 
     async def handle_ListNamespaces(self, msg: ap.ListNamespaces, origin: Origin) -> Message:
         names = [key[len(cr.NAMESPACES):] for key, _ in await self.metadata.list_prefix(cr.NAMESPACES)]

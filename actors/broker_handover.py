@@ -2,7 +2,8 @@
 
 In `local` mode a reliable topic's WAL is on its broker's disk only, so a move cannot
 leave the next broker to read it from a durable store. `topics unload` of such a topic
-is carried out by the broker serving it, in a task of its own:
+is carried out by the broker serving it, through a `HandOver` child actor (`hand_over.py`:
+the move's steps and its resume pause are messages to itself):
 
 1. It picks the next broker (an ACTIVE, live one with the fewest topics) and stops
    serving the topic, keeping its assignment (`StopForHandOver`): clients that come
@@ -31,15 +32,12 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import crc32c
-
+from danube_zmq.actors.hand_over import HandOver
 from danube_zmq.runtime.actor import Origin
-from danube_zmq.storage.wal.handover import Incoming, Offer, offered_files, read_chunk
+from danube_zmq.storage.wal.handover import Incoming
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -53,9 +51,6 @@ log = logging.getLogger("danube_zmq.broker")
 
 # Moves this broker receives at once.
 _INCOMING_MAX = 16
-# A lost connection during a move is resumed this many times (within the deadline).
-_RESUMES_MAX = 5
-_RESUME_PAUSE_S = 0.2
 
 
 class BrokerHandOver:
@@ -82,18 +77,20 @@ class BrokerHandOver:
                            timeout_ms=timeout_ms)
 
     async def _hand_over(self, topic: str) -> None:
+        """Carry out an unload asked here (in the admin request's task): the topic stops,
+        a `HandOver` child moves it, and the task waits for its end."""
         target = self._move_target(topic)
         await self.system.ask(self.endpoint, StopForHandOver(topic=topic))
-        try:
-            await self._transfer_then(topic, target, lambda offer: self._switch_owner(
-                topic, target.broker_id, offer.next_offset))
-        except DanubeError as exc:
-            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
-            raise
+        done: asyncio.Future[DanubeError | None] = asyncio.get_running_loop().create_future()
+        await self._spawn_hand_over(topic, target, None, None, done)
+        error = await done
+        if error is not None:
+            raise error
 
-    def _start_marked_hand_over(self, topic: str) -> bool:
+    async def _start_marked_hand_over(self, topic: str) -> bool:
         """A rebalance or drain (an unsealed marker from this broker) of a topic just
-        stopped here that moves by hand-over: carried out in a task; True if started."""
+        stopped here that moves by hand-over: carried out by a `HandOver` child; True if
+        started."""
         if not self._moves_by_handover(topic):
             return False
         value = self.metadata.local_get(cr.unassigned_key(topic))
@@ -101,75 +98,24 @@ class BrokerHandOver:
         if marker is None or marker.sealed or marker.from_broker != self.broker_id:
             return False
         self.moving_topics.add(topic)
-        self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(asyncio.get_running_loop().create_task(
-            self._hand_over_marked(topic, marker), name=f"move {topic}"))
+        target = self._registration(marker.to_broker) if marker.to_broker is not None else None
+        refusal = None
+        if target is None or target.broker_id == self.broker_id:
+            try:
+                target = self._move_target(topic)
+            except DanubeError as exc:  # refused by the actor's first step: assigned back here
+                target, refusal = None, exc.message
+        await self._spawn_hand_over(topic, target, refusal, marker, None)
         return True
 
-    async def _hand_over_marked(self, topic: str, marker: cr.Unassigned) -> None:
-        """Hand over to the marker's target (or another broker), then assign it there; a
-        refused move assigns the topic back here."""
-        key, marker_key = cr.assignment_key(topic), cr.unassigned_key(topic)
-        try:
-            target = self._registration(marker.to_broker) if marker.to_broker is not None else None
-            if target is None or target.broker_id == self.broker_id:
-                target = self._move_target(topic)
-
-            async def switch(offer: Offer) -> None:
-                await self._flush_cursors()
-                current = await self.metadata.get(marker_key)
-                now_ms = self.system.clock.now_ms()
-                state = cr.encode(cr.TopicState(next_offset=offer.next_offset, broker_id=self.broker_id,
-                                                sealed_ms=now_ms, reserved_until=offer.next_offset))
-                if current is None or not await self.metadata.transaction(
-                        {marker_key: current.version, key: 0},
-                        {key: cr.encode(cr.Assignment(broker_id=target.broker_id, epoch=marker.epoch + 1,
-                                                      assigned_ms=now_ms)),
-                         cr.topic_state_key(topic): state}, [marker_key]):
-                    raise FailedPrecondition(f"topic {topic}: its move changed meanwhile")
-
-            await self._transfer_then(topic, target, switch)
-        except DanubeError as exc:
-            current = self.metadata.local_get(marker_key)
-            try:
-                if current is not None and await self.metadata.transaction(
-                        {marker_key: current.version, key: 0},
-                        {key: cr.encode(cr.Assignment(broker_id=self.broker_id, epoch=marker.epoch + 1,
-                                                      assigned_ms=self.system.clock.now_ms()))}, [marker_key]):
-                    log.error("topic %s stays on broker %d: %s", topic, self.broker_id, exc.message)
-            except DanubeError as again:
-                log.error("topic %s: its move failed (%s) and it was not assigned back here (%s)", topic,
-                          exc.message, again.message)
-            self.system.post(self.endpoint, HandOverEnded(topic=topic, error=exc.message))
-
-    async def _transfer_then(self, topic: str, target: cr.BrokerRegistration,
-                             switch: Callable[[Offer], Awaitable[None]]) -> None:
-        """Hand the stopped topic's WAL to `target`, then `switch` ownership; either
-        failing aborts the hand-over and raises (the caller serves the topic again)."""
-        started = time.monotonic()
-        handover_id = self.rng.getrandbits(63)
-        offer: Offer | None = None
-        try:
-            try:
-                async with asyncio.timeout(self.config.cluster.move_timeout_ms / 1000):
-                    # Cursors still in the mailbox are newer, so never lower: these hand over enough.
-                    cursors = [s.cursor for s in await self._subscriptions_of(parse_topic(topic))]
-                    offer = await asyncio.to_thread(self._offer, topic, min(cursors) if cursors else None)
-                    await self._send_offer(target, topic, handover_id, offer)
-            except TimeoutError:
-                raise Unavailable(f"topic {topic}: its WAL was not handed over to broker {target.broker_id} within"
-                                  f" cluster.move_timeout_ms ({self.config.cluster.move_timeout_ms} ms);"
-                                  f" it stays on broker {self.broker_id}") from None
-            await switch(offer)
-        except DanubeError as exc:
-            log.error("topic %s not moved to broker %d: %s", topic, target.broker_id, exc.message)
-            with contextlib.suppress(DanubeError):
-                await self._remote(target.admin_url, lambda rid: ap.AbortHandOver(
-                    request_id=rid, topic=topic, handover_id=handover_id))
-            raise
-        self.system.post(self.endpoint, HandOverEnded(topic=topic))
-        log.info("topic %s moved to broker %d: %d WAL files, %d bytes handed over in %.3f s", topic,
-                 target.broker_id, len(offer.files), offer.total_bytes, time.monotonic() - started)
+    async def _spawn_hand_over(self, topic: str, target: cr.BrokerRegistration | None, refusal: str | None,
+                               marker: cr.Unassigned | None, done: asyncio.Future[DanubeError | None] | None) -> None:
+        config, metadata, broker_id, broker = self.config, self.metadata, self.broker_id, self.endpoint
+        flusher, wal_dir, handover_id = self.flusher_endpoint, self._wal_dir(parse_topic(topic)), self.rng.getrandbits(63)
+        await self.system.spawn(lambda: HandOver(
+            topic=topic, target=target, refusal=refusal, marker=marker, handover_id=handover_id, broker_id=broker_id,
+            broker_endpoint=broker, flusher_endpoint=flusher, metadata=metadata, config=config, wal_dir=wal_dir,
+            done=done), name=f"hand-over {topic}", parent=broker)
 
     def _move_target(self, topic: str) -> cr.BrokerRegistration:
         """The live ACTIVE broker other than this one with the fewest topics."""
@@ -192,74 +138,6 @@ class BrokerHandOver:
                                      f" it stays on broker {self.broker_id}")
         return min(candidates, key=lambda r: (topics[r.broker_id], r.broker_id))
 
-    def _offer(self, topic: str, needed_from: int | None) -> Offer:
-        """The WAL files to hand over (runs in a thread, the topic stopped)."""
-        offer = offered_files(self._wal_dir(parse_topic(topic)), needed_from,
-                              segment_bytes_max=self.config.storage.wal_segment_bytes_max, clock=self.system.clock)
-        limit = self.config.cluster.move_bytes_max
-        if offer.total_bytes > limit:
-            raise FailedPrecondition(f"topic {topic}: its subscriptions need {offer.total_bytes} bytes of WAL,"
-                                     f" more than cluster.move_bytes_max ({limit}) a move hands over;"
-                                     f" it stays on broker {self.broker_id}")
-        return offer
-
-    async def _send_offer(self, target: cr.BrokerRegistration, topic: str, handover_id: int, offer: Offer) -> None:
-        files = [ap.HandOverFile(name=f.name, size_bytes=f.size_bytes) for f in offer.files]
-        chunk_bytes = self.config.cluster.move_chunk_bytes_max
-        url = target.admin_url
-        resumes = 0
-        while True:
-            try:
-                progress = await self._remote(url, lambda rid: ap.BeginHandOver(
-                    request_id=rid, topic=topic, handover_id=handover_id, files=files, next_offset=offer.next_offset))
-                assert isinstance(progress, ap.HandOverProgress)
-                for index, offered in enumerate(offer.files):
-                    position = progress.held_bytes[index]
-                    while position < offered.size_bytes:
-                        data = await asyncio.to_thread(read_chunk, offered.path, position,
-                                                       min(chunk_bytes, offered.size_bytes - position))
-                        if not data:
-                            raise FailedPrecondition(f"{offered.path} shrank while it was handed over")
-                        await self._remote(url, lambda rid, i=index, p=position, d=data: ap.HandOverChunk(
-                            request_id=rid, topic=topic, handover_id=handover_id, file_index=i, position=p, data=d,
-                            crc32c=crc32c.crc32c(d)))
-                        position += len(data)
-                await self._remote(url, lambda rid: ap.CommitHandOver(
-                    request_id=rid, topic=topic, handover_id=handover_id))
-                return
-            except DanubeError as exc:
-                if not exc.retriable or resumes >= _RESUMES_MAX:
-                    raise
-                resumes += 1
-                log.warning("hand-over of %s to broker %d interrupted (%s); resuming", topic, target.broker_id,
-                            exc.message)
-                await asyncio.sleep(_RESUME_PAUSE_S)
-
-    async def _switch_owner(self, topic: str, target: int, next_offset: int) -> None:
-        """Cursors written, then where the offsets stop and the new owner in one transaction."""
-        await self._flush_cursors()
-        key, state_key = cr.assignment_key(topic), cr.topic_state_key(topic)
-        current = await self.metadata.get(key)  # linearizable
-        if current is None or cr.decode(current.value, cr.Assignment).broker_id != self.broker_id:
-            raise FailedPrecondition(f"topic {topic} was reassigned during its move; retry")
-        assignment = cr.decode(current.value, cr.Assignment)
-        state = self.metadata.local_get(state_key)
-        now_ms = self.system.clock.now_ms()
-        puts = {
-            key: cr.encode(cr.Assignment(broker_id=target, epoch=assignment.epoch + 1, assigned_ms=now_ms)),
-            state_key: cr.encode(cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=now_ms,
-                                               reserved_until=next_offset)),
-        }
-        try:
-            switched = await self.metadata.transaction(
-                {key: current.version, state_key: state.version if state is not None else 0}, puts)
-        except DanubeError:
-            # The answer was lost, not necessarily the write: the store says which.
-            after = await self.metadata.get(key)
-            switched = after is not None and cr.decode(after.value, cr.Assignment).broker_id == target
-        if not switched:
-            raise FailedPrecondition(f"topic {topic}: its assignment or offsets changed during its move; retry")
-
     async def handle_StopForHandOver(self, msg: StopForHandOver) -> Message:
         if msg.topic in self.moving_topics:
             raise FailedPrecondition(f"topic {msg.topic} is being moved already")
@@ -270,6 +148,8 @@ class BrokerHandOver:
         return HandOverStopped(topic=msg.topic)
 
     async def handle_HandOverEnded(self, msg: HandOverEnded) -> None:
+        if msg.hand_over is not None:
+            await self.system.stop(msg.hand_over)
         self.moving_topics.discard(msg.topic)
         if msg.error is None:
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(parse_topic(msg.topic)), True)

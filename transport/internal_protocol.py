@@ -817,6 +817,65 @@ class JoinCluster(Message):
 
 
 @wire
+class RemoteAdminFor(Message):
+    """A broker's admin request task -> the broker (ask): the `RemoteAdmin` child that
+    talks to the admin port at `admin_url` (spawned at the first ask). Answered
+    `RemoteAdminAt`."""
+
+    TAG = 300
+    admin_url: str
+
+
+@wire
+class RemoteAdminAt(Message):
+    TAG = 301
+    endpoint: str
+
+
+@wire
+class RemoteAdminCall(Message):
+    """-> a `RemoteAdmin` (ask): send the admin request `frame` (its request id is
+    replaced) to its broker and answer with the reply's frame (`RemoteAdminAnswer`), or
+    the error the broker answered. `timeout_ms` None: `cluster.request_timeout_ms`."""
+
+    TAG = 302
+    frame: bytes
+    timeout_ms: int | None = None
+
+
+@wire
+class RemoteAdminAnswer(Message):
+    TAG = 303
+    frame: bytes
+
+
+@wire
+class HandOverBegin(Message):
+    """Hand-over -> itself: (begin again to) offer the WAL to the receiving broker,
+    which says how much of each file it holds; a timer message after an interruption."""
+
+    TAG = 304
+
+
+@wire
+class HandOverNextChunk(Message):
+    """Hand-over -> itself: send the next chunk of the WAL (or commit after the last)."""
+
+    TAG = 305
+
+
+@wire
+class JoinAttempted(Message):
+    """The task of one attempt to join the cluster -> the broker: `error` None when the
+    store answered (a leader, the namespaces seeded), else why not (tried again later);
+    `failed`: not the store's answer but a bug of ours (the broker's handler raises it)."""
+
+    TAG = 306
+    error: str | None = None
+    failed: bool = False
+
+
+@wire
 class ParkedExpired(Message):
     """Timer -> broker: answer the requests waiting for an assignment past their deadline."""
 
@@ -920,6 +979,7 @@ class HandOverEnded(Message):
     TAG = 192
     topic: str
     error: str | None = None
+    hand_over: str | None = None  # the `HandOver` actor that carried it out (stopped by the broker)
 
 
 @wire
@@ -1040,5 +1100,7 @@ INTERNAL_PROTOCOL = Protocol(
         ReserveOffsetsFor, TopicReleased, WriteReservations,
         FlushCursors, SubscriptionsOf, PersistedSubscriptions, ForgetTopicRecords, ClearProducers, RecordDamage,
         ForgetDamage, WatchNext, JoinCluster, WalSyncDue,
+        RemoteAdminFor, RemoteAdminAt, RemoteAdminCall, RemoteAdminAnswer, HandOverBegin, HandOverNextChunk,
+        JoinAttempted,
     ),
 )

@@ -1,6 +1,7 @@
-"""A local-mode move's WAL transfer (storage/wal/handover.py and the sender in
-actors/broker_handover.py): a transfer whose connection breaks in the middle resumes
-from the bytes the receiver holds, and what is installed is the sender's WAL."""
+"""A local-mode move's WAL transfer (storage/wal/handover.py and the sender, the
+`HandOver` actor in actors/hand_over.py): a transfer whose connection breaks in the
+middle resumes (a timer message) from the bytes the receiver holds, and what is
+installed is the sender's WAL."""
 
 from __future__ import annotations
 
@@ -11,14 +12,26 @@ from types import SimpleNamespace
 
 import crc32c
 import pytest
+import zmq.asyncio
 
-from danube_zmq.actors.broker_handover import BrokerHandOver
+from danube_zmq.actors.hand_over import HandOver
 from danube_zmq.clock import SystemClock
+from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.storage.wal import WalLog, encode_batch
 from danube_zmq.storage.wal.handover import Incoming, offered_files
 from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import FailedPrecondition, Unavailable
+from danube_zmq.transport.internal_protocol import (
+    Done,
+    FlushCursors,
+    HandOverEnded,
+    PersistedSubscriptions,
+    SubscriptionsOf,
+    SubscriptionState,
+)
 
 SEGMENT_BYTES = 8192
 CHUNK_BYTES = 1500
@@ -83,9 +96,66 @@ class Receiver:
         return Ok(request_id=1)
 
 
-def sender(remote) -> SimpleNamespace:
-    return SimpleNamespace(config=SimpleNamespace(cluster=SimpleNamespace(move_chunk_bytes_max=CHUNK_BYTES)),
-                           _remote=remote)
+class Broker(Actor):
+    """Stands where the broker and its cursor flusher are: one subscription with its
+    cursor at 0 (the whole WAL is offered), cursors flushed at once, and the
+    `HandOverEnded` it is told kept."""
+
+    def __init__(self, ended: list[HandOverEnded]) -> None:
+        self.ended = ended
+
+    def handle_SubscriptionsOf(self, msg: SubscriptionsOf) -> Message:
+        return PersistedSubscriptions(states=[SubscriptionState(name="s", sub_type=0, cursor=0, acked_above=[])])
+
+    def handle_FlushCursors(self, msg: FlushCursors) -> Message:
+        return Done()
+
+    def handle_HandOverEnded(self, msg: HandOverEnded) -> None:
+        self.ended.append(msg)
+
+
+class Sender(HandOver):
+    """The real hand-over actor, its admin connection the `Receiver` and its ownership
+    switch (a metadata transaction) only recorded."""
+
+    receiver: Receiver
+    switched: list[int]
+
+    async def _call(self, build, *, bounded: bool = True) -> Message:  # type: ignore[no-untyped-def]
+        return await self.receiver.remote("tcp://receiver", build)
+
+    async def _switch(self, offer) -> None:  # type: ignore[no-untyped-def]
+        self.switched.append(offer.next_offset)
+
+
+async def send_offer(receiver: Receiver, wal_dir: Path) -> tuple[list[HandOverEnded], list[int]]:
+    """Run one hand-over of `wal_dir` to `receiver` in a real actor system, to its end."""
+    ended: list[HandOverEnded] = []
+    switched: list[int] = []
+    # Chunks smaller than the config allows (4 KiB), so a small WAL takes many.
+    config = SimpleNamespace(storage=SimpleNamespace(wal_segment_bytes_max=SEGMENT_BYTES), cluster=SimpleNamespace(
+        move_chunk_bytes_max=CHUNK_BYTES, move_bytes_max=1 << 30, move_timeout_ms=60_000, request_timeout_ms=5_000))
+    system = ActorSystem(zmq.asyncio.Context(), clock=SystemClock(), mailbox_messages_max=100)
+    try:
+        broker = await system.spawn(lambda: Broker(ended), name="broker")
+
+        def factory() -> HandOver:
+            sender = Sender(topic="/ns/t", target=SimpleNamespace(admin_url="tcp://receiver", broker_id=2),  # type: ignore[arg-type]
+                            refusal=None, marker=None, handover_id=42, broker_id=1, broker_endpoint=broker,
+                            flusher_endpoint=broker, metadata=None, config=config,  # type: ignore[arg-type]
+                            wal_dir=wal_dir,
+                            done=None)
+            sender.receiver, sender.switched = receiver, switched
+            return sender
+
+        await system.spawn(factory, name="hand-over /ns/t", parent=broker)
+        for _ in range(3_000):
+            if ended:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await system.shutdown()
+    return ended, switched
 
 
 @pytest.mark.parametrize("reply_lost", [False, True])
@@ -100,8 +170,9 @@ def test_a_broken_transfer_resumes_from_the_bytes_the_receiver_holds(tmp_path: P
     offer = offered_files(tmp_path / "sent", 0, segment_bytes_max=SEGMENT_BYTES, clock=SystemClock())
     assert len(offer.files) >= 3
     receiver = Receiver(tmp_path / "staging", tmp_path / "received", break_at, reply_lost)
-    target = SimpleNamespace(admin_url="tcp://receiver", broker_id=2)
-    asyncio.run(BrokerHandOver._send_offer(sender(receiver.remote), target, "/ns/t", 42, offer))  # type: ignore[arg-type]
+    ended, switched = asyncio.run(send_offer(receiver, tmp_path / "sent"))
+    assert [(e.topic, e.error) for e in ended] == [("/ns/t", None)], ended
+    assert switched == [offer.next_offset]
     assert len(receiver.begins) == 2, "one resume"
     assert sum(receiver.begins[1]) == receiver.written_at_break, receiver.begins
     assert receiver.written_at_break > 0 or (break_at == 1 and not reply_lost)
