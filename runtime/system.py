@@ -78,6 +78,7 @@ from danube_zmq.transport.internal_protocol import (
     AdminRequest,
     ChildStopped,
     ClientRequest,
+    ClientRequests,
     Reply,
     Request,
 )
@@ -613,6 +614,11 @@ class ActorSystem:
         sent to its connection."""
         port = REQUEST_PORTS.get(type(msg))
         if port is None:
+            if type(msg) is ClientRequests:  # one round's Sends for one topic: each its own request
+                for identity, frame in zip(msg.identities, msg.frames, strict=True):
+                    if not await self._handle_message(cell, ClientRequest(identity=identity, frame=frame)):
+                        return False
+                return True
             return await self._run_handler(cell, msg, None, None)
         envelope: ClientRequest | AdminRequest = msg  # type: ignore[assignment]
         try:

@@ -920,6 +920,18 @@ class ResyncNext(Message):
     generation: int
 
 
+@wire
+class ClientRequests(Message):
+    """Gateway -> topic: the `Send`s of one round of the client socket for one topic, in
+    the order they arrived (`frames[i]` from connection `identities[i]`): one mailbox
+    message and one wake-up for them all. The runtime hands each on as its own
+    `ClientRequest` (the failure rule and the answer stay per request)."""
+
+    TAG = 240
+    identities: list[bytes]
+    frames: list[bytes]
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -946,5 +958,6 @@ INTERNAL_PROTOCOL = Protocol(
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,
+        ClientRequests,
     ),
 )
