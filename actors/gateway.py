@@ -239,7 +239,7 @@ class Gateway(Actor):
             # message: see docs/protocol.md, "What libzmq buffers").
             parts, last, count = [body], body, 1
             while last.more:
-                last = self._router_sync.recv(copy=False)
+                last = self._router_sync.recv(_NOBLOCK, copy=False)  # there: a message arrives whole
                 received += zmtp_frame_bytes(len(last))
                 count += 1
                 if count <= parts_max:
