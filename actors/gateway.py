@@ -145,6 +145,7 @@ class Gateway(Actor):
         # Batches of attached producers read this round, by topic endpoint: (identities,
         # frames, request ids), told at the end of the round (`_release_held`).
         self._held: dict[str, tuple[list[bytes], list[Any], list[int]]] = {}
+        self._read_carry = 0  # <= 0: requests read beyond earlier rounds' budgets (`_read_router`)
         self._ticks = 0
 
     # ------------------------------------------------------------- lifecycle
@@ -215,14 +216,29 @@ class Gateway(Actor):
             self._release_held()
 
     def _read_router(self, hand: Any) -> None:
+        """Read and handle about `_DRAIN_MAX` requests a round, on average: requests, not
+        messages, since a message may hold many, and the answers of a round (receipts,
+        deliveries) go through the outbox lane, which `drain_lane` empties `_DRAIN_MAX`
+        frames a round. A message read whole past the round's budget is taken from the
+        next rounds' (`_read_carry`), so reading never outruns the lane's drain."""
         parts_max = self.config.limits.requests_per_message_max
-        for _ in range(_DRAIN_MAX):
+        budget = _DRAIN_MAX + self._read_carry
+        if budget <= 0:
+            self._read_carry = budget
+            return
+        self._read_carry = min(0, budget - self._read_requests(hand, parts_max, budget))
+
+    def _read_requests(self, hand: Any, parts_max: int, budget: int) -> int:
+        """The requests read: `budget` or more (the last message is read whole), or fewer
+        when the socket has no more."""
+        requests = 0
+        while requests < budget:
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
                 # allocation that faults its pages in (runtime/system.py, _drain_mailbox).
                 head = self._router_sync.recv(_NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return requests
             body = self._router_sync.recv(copy=False)
             identity = head.bytes
             fd = _source_fd(body)  # -1 on inproc (the in-process tests): not counted
@@ -230,6 +246,7 @@ class Gateway(Actor):
             if not body.more:
                 hand(fd, received)
                 self.frames_in += 1
+                requests += 1
                 self._frame = body
                 self._on_client_frame(identity, body.buffer)
                 continue
@@ -250,11 +267,14 @@ class Gateway(Actor):
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
                                             message=f"a message holds at most {parts_max} requests"
                                                     f" (requests_per_message_max), got {count}"))
+                requests += count
                 continue
             self.frames_in += count
+            requests += count
             for part in parts:
                 self._frame = part
                 self._on_client_frame(identity, part.buffer)
+        return requests
 
     def drain_lane(self, frames: deque[list[Any]]) -> None:
         """Relay what actors sent to clients (the outbox lane) to the ROUTER: what one

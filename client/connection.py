@@ -69,7 +69,6 @@ _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _MORE = int(zmq.SNDMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
-_POLLOUT = int(zmq.POLLOUT)
 _BLOCKED_RETRY_S = 0.01  # a round refused at the high-water mark is tried again this soon, should the FD's edge be missed
 
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
@@ -735,7 +734,7 @@ class Connection:
                     try:
                         # Without a copy: a bytes copy of a large frame is an allocation
                         # that faults its pages in (1 MiB: ~1 ms here).
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = sock.recv_multipart(_NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     except zmq.ZMQError as exc:
@@ -746,7 +745,7 @@ class Connection:
                 else:
                     await asyncio.sleep(0)  # a long run of frames: let the rest of the loop in
                     continue
-                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if sock.getsockopt(_EVENTS) & _POLLIN:
                     continue
                 wake.clear()
                 await wake.wait()

@@ -328,6 +328,30 @@ def test_a_message_of_more_requests_than_the_broker_takes_is_refused_whole(broke
     assert client.request(PING) == [PONG, client.next_id - 1]
 
 
+def test_a_burst_of_many_request_messages_gets_every_answer_through_a_small_outbox(broker_factory, ctx):
+    """Fifty messages of 100 batches each, sent at once to a broker whose outbox lane
+    holds 1,000 frames: every batch gets its receipt. The gateway takes at most 512
+    requests (not messages) a round, so a round's receipts fit the lane as they did
+    when every request was a message of its own (a round of 512 such messages
+    overflowed it)."""
+    broker = broker_factory(env={"DANUBE_LIMITS__OUTBOUND_FRAMES_MAX": "1000"})
+    client = RawClient(ctx, broker.url)
+    client.connect()
+    producer_id = client.request(CREATE_PRODUCER, "/default/raw-burst", "burst")[2]
+    ids = [client.take_id() for _ in range(5000)]
+    for start in range(0, len(ids), 100):
+        client.sock.send_multipart([pack(SEND, request_id, producer_id, [b"m"], [1])
+                                    for request_id in ids[start:start + 100]])
+    answers: dict[int, list[Any]] = {}
+    try:
+        while len(answers) < len(ids):
+            reply = client.recv()
+            answers[reply[1]] = reply
+    except zmq.Again:
+        raise AssertionError(f"only {len(answers)} of {len(ids)} batches were answered") from None
+    assert sorted(answer[3][0] for answer in answers.values()) == list(range(5000))
+
+
 def test_oversized_payload_is_rejected_and_oversized_frame_is_dropped_by_zeromq(broker_factory, ctx):
     """A payload over policies.max_message_size is INVALID_ARGUMENT; a frame over
     limits.frame_bytes_max gets no answer: ZMQ_MAXMSGSIZE resets the TCP connection,
