@@ -206,6 +206,11 @@ class LimitsSection:
     # connections holding the most are disconnected until the sum is under it.
     # At least inbound_bytes_per_connection_max. Default 256 MiB.
     inbound_bytes_max: int = 256 * MIB
+    # Requests one ZeroMQ message from a client may carry (a part each: the
+    # client library sends what one connection writes in a round as one
+    # message); a message with more parts is refused whole with
+    # INVALID_ARGUMENT. 64..65536 (a client may always send 64). Default 1024.
+    requests_per_message_max: int = 1024
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -231,6 +236,7 @@ class LimitsSection:
                      self.frame_bytes_max + 1, _INT_MAX)
         _check_range("limits.inbound_bytes_max", self.inbound_bytes_max, self.inbound_bytes_per_connection_max,
                      _INT_MAX)
+        _check_range("limits.requests_per_message_max", self.requests_per_message_max, 64, 65536)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -79,6 +79,7 @@ from danube_zmq.transport.errors import (
 from danube_zmq.transport.internal_protocol import (
     AdminRequest,
     ClientRequest,
+    ClientRequests,
     ConsumerAttached,
     ConsumerDetached,
     ConsumerPaused,
@@ -144,6 +145,10 @@ class Gateway(Actor):
         self.peers: PeerGuard | None = None
         self._session_fds: dict[int, Address | None] = {}  # the TCP connections that carry a session
         self._frame: Any = None  # the client frame being handled (its ZMQ_SRCFD names the connection)
+        # Batches of attached producers read this round, by topic endpoint: (identities,
+        # frames, request ids), told at the end of the round (`_release_held`).
+        self._held: dict[str, tuple[list[bytes], list[Any], list[int]]] = {}
+        self._read_carry = 0  # <= 0: requests read beyond earlier rounds' budgets (`_read_router`)
         self._ticks = 0
 
     # ------------------------------------------------------------- lifecycle
@@ -208,38 +213,71 @@ class Gateway(Actor):
     # ------------------------------------------------------------- socket side
     async def _drain_router(self) -> None:
         assert self.peers is not None
-        hand = self.peers.hand
-        for _ in range(_DRAIN_MAX):
+        try:
+            self._read_router(self.peers.hand)
+        finally:
+            self._release_held()
+
+    def _read_router(self, hand: Any) -> None:
+        """Read and handle about `_DRAIN_MAX` requests a round, on average: requests, not
+        messages, since a message may hold many, and the answers of a round (receipts,
+        deliveries) go through the outbox lane, which `drain_lane` empties `_DRAIN_MAX`
+        frames a round. A message read whole past the round's budget is taken from the
+        next rounds' (`_read_carry`), so reading never outruns the lane's drain."""
+        parts_max = self.config.limits.requests_per_message_max
+        budget = _DRAIN_MAX + self._read_carry
+        if budget <= 0:
+            self._read_carry = budget
+            return
+        self._read_carry = min(0, budget - self._read_requests(hand, parts_max, budget))
+
+    def _read_requests(self, hand: Any, parts_max: int, budget: int) -> int:
+        """The requests read: `budget` or more (the last message is read whole), or fewer
+        when the socket has no more."""
+        requests = 0
+        while requests < budget:
             try:
                 # Without a copy: a batch is up to a MiB, and a bytes copy of it costs an
                 # allocation that faults its pages in (runtime/system.py, _drain_mailbox).
                 head = self._router_sync.recv(_NOBLOCK, copy=False)
             except zmq.Again:
-                return
-            # Part by part: a message of more parts than ours is refused, each extra part
-            # freed as it is read (libzmq itself has buffered the whole message: see
-            # docs/protocol.md, "What libzmq buffers").
+                return requests
             body = self._router_sync.recv(copy=False)
-            self.frames_in += 1
-            self._frame = body
             identity = head.bytes
             fd = _source_fd(body)  # -1 on inproc (the in-process tests): not counted
             received = zmtp_frame_bytes(len(body))
-            if body.more:
-                parts = 2
-                while True:
-                    part = self._router_sync.recv(copy=False)
-                    received += zmtp_frame_bytes(len(part))
-                    if not part.more:
-                        break
-                    parts += 1
+            if not body.more:
                 hand(fd, received)
+                self.frames_in += 1
+                requests += 1
+                self._frame = body
+                self._on_client_frame(identity, body.buffer)
+                continue
+            # Several requests in one message, a part each (docs/protocol.md): each is
+            # handled as a lone one. Part by part: past requests_per_message_max each
+            # extra part is freed as it is read (libzmq itself has buffered the whole
+            # message: see docs/protocol.md, "What libzmq buffers").
+            parts, last, count = [body], body, 1
+            while last.more:
+                last = self._router_sync.recv(_NOBLOCK, copy=False)  # there: a message arrives whole
+                received += zmtp_frame_bytes(len(last))
+                count += 1
+                if count <= parts_max:
+                    parts.append(last)
+            hand(fd, received)
+            if count > parts_max:
                 self.bad_frames += 1
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
-                                            message=f"expected one frame per message, got {parts}"))
+                                            message=f"a message holds at most {parts_max} requests"
+                                                    f" (requests_per_message_max), got {count}"))
+                requests += count
                 continue
-            hand(fd, received)
-            self._on_client_frame(identity, body.buffer)
+            self.frames_in += count
+            requests += count
+            for part in parts:
+                self._frame = part
+                self._on_client_frame(identity, part.buffer)
+        return requests
 
     def drain_lane(self, frames: deque[list[Any]]) -> None:
         """Relay what actors sent to clients (the outbox lane) to the ROUTER: what one
@@ -359,7 +397,7 @@ class Gateway(Actor):
             endpoint = session.producers.get(ids[1]) if session is not None else None
             if endpoint is not None:
                 session.last_seen_ms = self.system.clock.monotonic_ms()
-                self._forward(endpoint, ClientRequest(identity=identity, frame=frame), ids[0])
+                self._hold_send(endpoint, identity, frame, ids[0])
                 return
         try:
             msg = cp.CLIENT_PROTOCOL.decode(frame)
@@ -506,14 +544,48 @@ class Gateway(Actor):
             raise NotFound(f"consumer {consumer_id} is not attached on this connection")
         self._forward(endpoint, origin.envelope, request_id)
 
+    def _hold_send(self, endpoint: str, identity: bytes, frame: bytes, request_id: int) -> None:
+        """Keep a batch for its topic until the end of this round of the socket
+        (`_release_held`), so that the round's batches for one topic reach it as one
+        mailbox message (one push, one wake-up)."""
+        held = self._held.get(endpoint)
+        if held is None:
+            self._held[endpoint] = ([identity], [frame], [request_id])
+        else:
+            held[0].append(identity)
+            held[1].append(frame)
+            held[2].append(request_id)
+
+    def _release_held(self, endpoint: str | None = None) -> None:
+        """Tell the topics the batches held for them (one, or all): before anything else
+        goes to that topic, so that each connection's requests keep their order."""
+        if not self._held:
+            return
+        if endpoint is None:
+            held, self._held = self._held, {}
+        elif endpoint in self._held:
+            held = {endpoint: self._held.pop(endpoint)}
+        else:
+            return
+        for target, (identities, frames, request_ids) in held.items():
+            if len(frames) == 1:
+                self._forward(target, ClientRequest(identity=identities[0], frame=frames[0]), request_ids[0])
+            elif not self.system.tell(target, ClientRequests(identities=identities, frames=frames)):
+                for identity, request_id in zip(identities, request_ids, strict=True):
+                    self._reply_busy(identity, request_id)
+
     def _forward(self, endpoint: str, envelope: ClientRequest | AdminRequest, request_id: int | None) -> None:
         """Tell `endpoint` the client's request; a full mailbox is answered, unless the
         request has no id to answer (a `Flow`)."""
+        if self._held:
+            self._release_held(endpoint)
         if not self.system.tell(endpoint, envelope):
             if request_id is not None:
-                self._reply(envelope.identity, Error(
-                    request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                    message="broker busy: the actor serving this request has a full mailbox; retry"))
+                self._reply_busy(envelope.identity, request_id)
+
+    def _reply_busy(self, identity: bytes, request_id: int) -> None:
+        self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
+                                    message="broker busy: the actor serving this request has a full mailbox; retry"))
 
     # Schema-registry requests: stateless (no session needed), each answered in a task,
     # as they wait on Raft rounds.
@@ -688,6 +760,7 @@ class Gateway(Actor):
             shutdown_peer(session.fd, session.address)
 
     def _close_session(self, identity: bytes, session: Session) -> None:
+        self._release_held()  # its batches held this round go before its detach notices
         for producer_id, endpoint in session.producers.items():
             self.system.tell(endpoint, DetachProducer(producer_id=producer_id, identity=identity))
         for consumer_id, endpoint in session.consumers.items():

@@ -36,6 +36,16 @@ def broker_python() -> str:
     return os.environ.get(BROKER_PYTHON_ENV) or sys.executable
 
 
+# "broker": `danube bench` runs with the broker's Python, so each broker of an A/B meets
+# its own checkout's client (needed across a wire change such as issue 20's request
+# rounds, which an older broker refuses); default: this checkout's client for all.
+BENCH_CLIENT_ENV = "DANUBE_BENCH_CLIENT"
+
+
+def bench_python(broker: str) -> str:
+    return broker if os.environ.get(BENCH_CLIENT_ENV) == "broker" else sys.executable
+
+
 def parse_brokers(values: list[str] | None) -> dict[str, str]:
     """`--broker LABEL=PYTHON` options as {label: python}; none given: this checkout's
     (or $DANUBE_BENCH_BROKER_PYTHON's) broker, labelled "this"."""
@@ -87,8 +97,8 @@ class Danube:
 
     def bench(self, mode: str, topic: str, *args: str) -> dict[str, Any]:
         """`danube bench MODE -t TOPIC ARGS --json` against this broker: its JSON result."""
-        done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "bench", mode, "-s", self.url, "-t", topic,
-                               *args, "--json"], capture_output=True, text=True, timeout=_BENCH_TIMEOUT_S)
+        done = subprocess.run([bench_python(self.python), "-m", "danube_zmq.cli.main", "bench", mode, "-s", self.url,
+                               "-t", topic, *args, "--json"], capture_output=True, text=True, timeout=_BENCH_TIMEOUT_S)
         if done.returncode != 0:
             raise SystemExit(f"danube bench {mode} failed:\n{done.stderr}")
         return json.loads(done.stdout)

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from danube_zmq.client.connection import Connection, ConnectionStatistics
+from danube_zmq.client.connection import WRITE_LINGER_US_DEFAULT, Connection, ConnectionStatistics
 from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.producer import BatchCallback, Producer
@@ -115,6 +115,9 @@ class DanubeClient:
     bounds retries of retriable failures; `pending_requests_max` bounds requests in
     flight per connection; `reconnect_attempts_max` bounds re-handshakes after a
     connection is lost (then everything on it fails with `Unavailable`).
+    `write_linger_us` (default 1,000) is how long a connection's write round waits for
+    more requests while one of an earlier round still awaits its reply (0: every round
+    leaves at the end of the event loop's turn); a lone request never waits.
     `clock` and `rng` are injectable for tests.
     """
 
@@ -131,8 +134,11 @@ class DanubeClient:
         socket_hwm_messages: int = 10_000,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        write_linger_us: int = WRITE_LINGER_US_DEFAULT,
     ) -> None:
         _check_name("service_url", service_url)
+        if type(write_linger_us) is not int or not 0 <= write_linger_us <= 1_000_000:
+            raise InvalidArgument(f"write_linger_us must be an int in 0..1000000, got {write_linger_us!r}")
         _check_positive(
             request_timeout_ms=request_timeout_ms,
             pending_requests_max=pending_requests_max,
@@ -152,6 +158,7 @@ class DanubeClient:
         self.reconnect_attempts_max = reconnect_attempts_max
         self.connections_max = connections_max
         self.socket_hwm_messages = socket_hwm_messages
+        self.write_linger_us = write_linger_us
         self._context: zmq.asyncio.Context | None = None
         self._connections: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()
@@ -460,6 +467,7 @@ class DanubeClient:
                 socket_hwm_messages=self.socket_hwm_messages,
                 clock=self._clock,
                 rng=self._rng,
+                write_linger_us=self.write_linger_us,
             )
             await connection.start()
             self._connections[url] = connection

@@ -55,6 +55,22 @@ log = logging.getLogger("danube_zmq.client")
 # Frames the receive loop handles before yielding to the loop's other tasks.
 _RECEIVE_BATCH = 256
 
+ROUND_REQUESTS_MAX = 64
+"""Requests one write round sends as one ZeroMQ message at most (every broker takes
+64: docs/protocol.md, section 1); a round of more goes as several messages."""
+
+WRITE_LINGER_US_DEFAULT = 1_000
+"""How long a write round waits for more requests while an earlier one still awaits
+its reply (see `Connection._try_send`)."""
+
+# pyzmq's flags as plain ints: its enum.Flag operators cost a Python call per send.
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_MORE = int(zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_BLOCKED_RETRY_S = 0.01  # a round refused at the high-water mark is tried again this soon, should the FD's edge be missed
+
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
 """Inbound frame cap (ZMQ_MAXMSGSIZE) before `Connected` tells us the broker's."""
 
@@ -108,6 +124,7 @@ class ConnectionStatistics:
     frames_dropped: int
     pushes_unroutable: int
     replies_late: int
+    rounds_sent: int = 0  # ZeroMQ messages sent, each one write round (or a part of one)
 
 
 class ConnectionListener(Protocol):
@@ -145,8 +162,10 @@ class Connection:
         socket_hwm_messages: int,
         clock: Clock,
         rng: random.Random,
+        write_linger_us: int = WRITE_LINGER_US_DEFAULT,
     ) -> None:
         assert request_timeout_ms > 0 and pending_requests_max > 0 and reconnect_attempts_max > 0
+        assert write_linger_us >= 0
         self.url = url
         self.client_name = client_name
         self._context = context
@@ -162,6 +181,16 @@ class Connection:
         # the receive loop and any send waiting for room (see `_receive_loop`).
         self._rx_wake = asyncio.Event()
         self._send_waiters: list[asyncio.Future[None]] = []
+        # The write round: frames written since the last flush, sent as one ZeroMQ
+        # message (a part each) at the end of the loop's turn, or after the linger.
+        self._write_linger_s = write_linger_us / 1e6
+        self._round: list[bytes] = []
+        self._round_bytes = 0
+        self._flush_handle: asyncio.Handle | None = None
+        self._lingering = False  # the flush waits for the linger, not the turn's end
+        self._write_blocked = False  # the socket refused the round (high-water mark)
+        self._flushed_through = 0  # every request id up to this one has left in a round
+        self._rounds_sent = 0
         self._state = "new"  # new -> ready <-> reconnecting -> closed
         self._closed_error: DanubeError | None = None
         self._limits: BrokerLimits | None = None
@@ -286,6 +315,7 @@ class Connection:
             frames_dropped=self._frames_dropped,
             pushes_unroutable=self._pushes_unroutable,
             replies_late=self._replies_late,
+            rounds_sent=self._rounds_sent,
         )
 
     # ---------------------------------------------------------------- registration
@@ -328,7 +358,8 @@ class Connection:
         its request id (cheaper than a copy of a frozen message). Waits for the session
         first, and for one of `pending_requests_max` slots; all of it within `timeout_ms`
         (default: the request timeout), after which `Timeout` is raised. `on_sent` runs
-        once the frame is on the socket (a producer's next batch may then follow it)."""
+        once the frame is written to the connection's round, in order (a producer's next
+        batch may then follow it)."""
         timeout_ms = timeout_ms or self._request_timeout_ms
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
@@ -449,34 +480,113 @@ class Connection:
             )
 
     def _try_send(self, frame: bytes) -> bool:
-        """Put `frame` on the socket if it takes it now; False at the high-water mark."""
+        """Add `frame` to this write round; False when the socket refused the round (its
+        high-water mark) and the round is full (in frames or bytes): then wait for it.
+
+        A round leaves as one ZeroMQ message, a part per frame (docs/protocol.md, section
+        1): at the end of the event loop's turn, or, when a request of an earlier round
+        still awaits its reply, after `write_linger_us` or as soon as nothing earlier
+        awaits one any more, whichever comes first (Nagle's rule per connection: a lone
+        request goes at once, many small producers share one message and one broker
+        wake-up). A round of `ROUND_REQUESTS_MAX` frames, or of the broker's
+        `frame_bytes_max` bytes, leaves at once."""
+        if self._socket is None or self._state == "closed":
+            raise copy_error(self._closed_error or AlreadyClosed("connection closed"))
+        out = self._round
+        if self._write_blocked:
+            if out and (len(out) >= ROUND_REQUESTS_MAX or self._round_bytes + len(frame) > self._round_bytes_max()):
+                return False
+            out.append(frame)
+            self._round_bytes += len(frame)
+            return True
+        out.append(frame)
+        self._round_bytes += len(frame)
+        if len(out) >= ROUND_REQUESTS_MAX or self._round_bytes >= self._round_bytes_max():
+            self._flush()
+        elif self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            if self._write_linger_s and self._awaiting_earlier():
+                self._lingering = True
+                self._flush_handle = loop.call_later(self._write_linger_s, self._flush)
+            else:
+                self._lingering = False
+                self._flush_handle = loop.call_soon(self._flush)
+        return True
+
+    def _awaiting_earlier(self) -> bool:
+        """A request sent in an earlier round still awaits its reply (`_pending` is in
+        request-id order: its oldest entry tells)."""
+        pending = self._pending
+        return bool(pending) and next(iter(pending)) <= self._flushed_through
+
+    def _round_bytes_max(self) -> int:
+        limits = self._limits
+        return limits.frame_bytes_max if limits is not None else FRAME_BYTES_MAX_DEFAULT
+
+    def _flush(self) -> None:
+        """Put the write round on the socket: a ZeroMQ message of up to
+        `ROUND_REQUESTS_MAX` frames and `frame_bytes_max` bytes at a time. At the
+        high-water mark it stays, and goes when the socket's FD says there is room."""
+        handle = self._flush_handle
+        if handle is not None:
+            handle.cancel()
+            self._flush_handle = None
+        self._lingering = False
+        out = self._round
         sock = self._socket
         if sock is None or self._state == "closed":
-            raise copy_error(self._closed_error or AlreadyClosed("connection closed"))
-        try:
-            sock.send(frame, zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            raise ConnectionLost(f"socket to {self.url} failed: {exc}") from None
+            out.clear()
+            self._round_bytes = 0
+            return
+        self._flushed_through = self._next_request_id - 1
+        bytes_max = self._round_bytes_max()
+        while out:
+            count, size = 1, len(out[0])
+            while count < len(out) and count < ROUND_REQUESTS_MAX and size + len(out[count]) <= bytes_max:
+                size += len(out[count])
+                count += 1
+            try:
+                if count == 1:
+                    sock.send(out[0], _NOBLOCK, copy=False)
+                else:
+                    # Once a DEALER takes the first part, it takes the whole message.
+                    sock.send(out[0], _NOBLOCK_MORE, copy=False)
+                    for i in range(1, count - 1):
+                        sock.send(out[i], _MORE, copy=False)
+                    sock.send(out[count - 1], 0, copy=False)
+            except zmq.Again:
+                self._write_blocked = True
+                self._flush_handle = asyncio.get_running_loop().call_later(_BLOCKED_RETRY_S, self._flush)
+                return
+            except zmq.ZMQError as exc:
+                out.clear()
+                self._round_bytes = 0
+                self._lose(ConnectionLost(f"socket to {self.url} failed: {exc}"))
+                return
+            del out[:count]
+            self._round_bytes -= size
+            self._rounds_sent += 1
+        self._round_bytes = 0
+        if self._write_blocked:
+            self._write_blocked = False
+            self._wake_senders()
         # A send processes the socket's pending commands, which can take the FD's signal
         # for a frame that arrived meanwhile (the FD is edge-triggered): look for one.
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock.getsockopt(_EVENTS) & _POLLIN:
             self._rx_wake.set()
-        return True
 
     async def _send_frame(self, frame: bytes) -> None:
         while not self._try_send(frame):
-            # The high-water mark: wait for the FD to signal a change, then try again.
-            sock = self._socket
-            if sock is not None and not sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
-                waiter = asyncio.get_running_loop().create_future()
-                self._send_waiters.append(waiter)
-                await waiter
+            # The round is full and the socket at its high-water mark: wait for the
+            # round to leave (`_flush` wakes us).
+            waiter = asyncio.get_running_loop().create_future()
+            self._send_waiters.append(waiter)
+            await waiter
 
     def _on_socket_event(self) -> None:
         self._rx_wake.set()
-        self._wake_senders()
+        if self._write_blocked:
+            self._flush()
 
     def _wake_senders(self) -> None:
         waiters, self._send_waiters = self._send_waiters, []
@@ -624,7 +734,7 @@ class Connection:
                     try:
                         # Without a copy: a bytes copy of a large frame is an allocation
                         # that faults its pages in (1 MiB: ~1 ms here).
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = sock.recv_multipart(_NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     except zmq.ZMQError as exc:
@@ -635,7 +745,7 @@ class Connection:
                 else:
                     await asyncio.sleep(0)  # a long run of frames: let the rest of the loop in
                     continue
-                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if sock.getsockopt(_EVENTS) & _POLLIN:
                     continue
                 wake.clear()
                 await wake.wait()
@@ -657,6 +767,8 @@ class Connection:
                 log.warning("dropped an undecodable frame from %s: %s", self.url, exc)
                 continue
             self._dispatch(msg)
+        if self._lingering and self._flush_handle is not None and not self._awaiting_earlier():
+            self._flush()  # the replies the round waited on are in: no reason to linger
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, Deliver):

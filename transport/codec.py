@@ -15,6 +15,7 @@ extra fields are rejected.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import struct
 import types
 import typing
@@ -41,8 +42,14 @@ class Struct:
     _fields: ClassVar[tuple[str, ...]] = ()
     _checks: ClassVar[tuple[Check, ...]] = ()
     _required: ClassVar[int] = 0
+    _wheres: ClassVar[tuple[str, ...]] = ()  # "Class.field", each field's place in a decode error
+    # The fields' values as a tuple (one C call), when no field can hold a nested
+    # record; None otherwise (each value is then looked at).
+    _values: ClassVar[Callable[[Any], tuple[Any, ...]] | None] = None
 
     def to_wire(self) -> list[Any]:
+        if self._values is not None:
+            return list(self._values(self))
         return [_to_wire(getattr(self, name)) for name in self._fields]
 
 
@@ -53,6 +60,8 @@ class Message(Struct):
     TAG: ClassVar[int] = 0
 
     def to_wire(self) -> list[Any]:
+        if self._values is not None:
+            return [self.TAG, *self._values(self)]
         out = [self.TAG]
         out.extend(_to_wire(getattr(self, name)) for name in self._fields)
         return out
@@ -176,11 +185,19 @@ def _build(cls: type[Struct], items: Any, where: str) -> Any:
         raise InvalidArgument(
             f"bad {where}: {cls.__name__} takes {cls._required}..{len(fields)} fields, got {len(items)}"
         )
-    checks = cls._checks
-    kwargs = {
-        fields[i]: checks[i](items[i], f"{where}.{fields[i]}") for i in range(len(items))
-    }
-    return cls(**kwargs)
+    # A top-level message's places are named once per class; a nested record's depend on its path.
+    wheres = cls._wheres if where == cls.__name__ else [f"{where}.{name}" for name in fields]
+    return cls(**{name: check(value, place)
+                  for name, check, value, place in zip(fields, cls._checks, items, wheres, strict=False)})
+
+
+def _may_nest(tp: Any) -> bool:
+    """Whether a value of this annotation may hold a `Struct` (then encoded as an array)."""
+    if isinstance(tp, type) and issubclass(tp, Struct):
+        return True
+    if tp is Any or isinstance(tp, typing.TypeVar):
+        return True
+    return any(_may_nest(arg) for arg in typing.get_args(tp))
 
 
 def wire(cls: type) -> type:
@@ -190,6 +207,11 @@ def wire(cls: type) -> type:
     fields = dataclasses.fields(cls)
     cls._fields = tuple(f.name for f in fields)
     cls._checks = tuple(_check_for(hints[f.name]) for f in fields)
+    cls._wheres = tuple(f"{cls.__name__}.{f.name}" for f in fields)
+    if len(fields) > 1 and not any(_may_nest(hints[f.name]) for f in fields):
+        # An attrgetter of several names gives a tuple (of one, the value alone), and it
+        # is no descriptor: as a class attribute it is called with the message alone.
+        cls._values = operator.attrgetter(*cls._fields)
     required = 0
     for i, f in enumerate(fields):
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

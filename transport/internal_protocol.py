@@ -1072,6 +1072,18 @@ class WalSyncDue(Message):
     TAG = 270
 
 
+@wire
+class ClientRequests(Message):
+    """Gateway -> topic: the `Send`s of one round of the client socket for one topic, in
+    the order they arrived (`frames[i]` from connection `identities[i]`): one mailbox
+    message and one wake-up for them all. The runtime hands each on as its own
+    `ClientRequest` (the failure rule and the answer stay per request)."""
+
+    TAG = 240
+    identities: list[bytes]
+    frames: list[bytes]
+
+
 INTERNAL_PROTOCOL = Protocol(
     "internal",
     PROTOCOL_VERSION,
@@ -1102,5 +1114,6 @@ INTERNAL_PROTOCOL = Protocol(
         ForgetDamage, WatchNext, JoinCluster, WalSyncDue,
         RemoteAdminFor, RemoteAdminAt, RemoteAdminCall, RemoteAdminAnswer, HandOverBegin, HandOverNextChunk,
         JoinAttempted,
+        ClientRequests,
     ),
 )

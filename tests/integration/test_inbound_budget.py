@@ -124,7 +124,7 @@ def test_connections_together_over_the_broker_budget_lose_the_largest(tmp_path: 
         smaller.sendall(zmtp_frame(b"end", more=False))
         smaller.settimeout(30)
         answer = b""
-        while b"expected one frame per message" not in answer:
+        while b"malformed frame" not in answer:  # its message is read: each part answered
             chunk = smaller.recv(1 << 16)
             assert chunk, "the smaller holder was cut too"
             answer += chunk

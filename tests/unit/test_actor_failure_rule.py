@@ -29,6 +29,7 @@ from danube_zmq.transport.errors import ErrorCode, InternalError, InvalidArgumen
 from danube_zmq.transport.internal_protocol import (
     AdminRequest,
     ClientRequest,
+    ClientRequests,
     ConsumerCount,
     DescribePartition,
     Done,
@@ -296,6 +297,29 @@ async def test_a_request_handler_returning_nothing_sends_nothing_and_sees_the_en
     assert Worker.seen[0].envelope.schema == schema
     with pytest.raises(zmq.Again):
         outboxes["client"].recv_multipart(zmq.NOBLOCK)
+
+
+async def test_a_group_of_client_requests_is_one_mailbox_message_each_answered_on_its_own(
+        system: ActorSystem, outboxes) -> None:
+    """`ClientRequests` (a round's batches for one actor, from several connections) is
+    one mailbox message, unwrapped into one request per frame, in order, each under the
+    failure rule: an answer, a refusal and a bug each reach only their own connection,
+    and the request after the bug is served by the restarted actor."""
+    endpoint = await system.spawn(Worker, name="w")
+    lookups = [cp.Lookup(request_id=31, topic="/ns/t"), cp.Lookup(request_id=32, topic="/ns/moved"),
+               cp.Lookup(request_id=33, topic="/ns/bug"), cp.Lookup(request_id=34, topic="/ns/t")]
+    identities = [b"conn-a", b"conn-b", b"conn-c", b"conn-a"]
+    assert system.tell(endpoint, ClientRequests(identities=identities,
+                                                frames=[cp.CLIENT_PROTOCOL.encode(m) for m in lookups]))
+    answers = [await answer_on(outboxes["client"], cp.CLIENT_PROTOCOL) for _ in range(4)]
+    assert [identity for identity, _ in answers] == identities
+    assert answers[0][1] == cp.LookupResult(request_id=31, kind=cp.LookupKind.CONNECT, broker_url="tcp://here:1")
+    assert answers[1][1] == Error(request_id=32, code=ErrorCode.UNAVAILABLE, message="served elsewhere",
+                                  redirect_url="tcp://other:1")
+    assert answers[2][1].request_id == 33 and answers[2][1].code == ErrorCode.INTERNAL
+    assert answers[3][1].request_id == 34 and isinstance(answers[3][1], cp.LookupResult)
+    assert Worker.instances == 2 and [origin.identity for origin in Worker.seen] == identities
+    assert stats(system, "w").handled_messages == 1  # one message in the mailbox for the four
 
 
 async def test_admin_requests_are_answered_on_the_admin_port(system: ActorSystem, outboxes) -> None:

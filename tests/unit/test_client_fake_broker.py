@@ -103,6 +103,7 @@ class FakeBroker:
     connect_error: tuple[int, str] | None = None
 
     received: list[Message] = field(default_factory=list)
+    messages: list[int] = field(default_factory=list)  # the requests each ZeroMQ message held
     sessions: set[bytes] = field(default_factory=set)
     topics: dict[str, list[str]] = field(default_factory=dict)
     logs: dict[str, list[LogEntry]] = field(default_factory=dict)
@@ -218,15 +219,18 @@ class FakeBroker:
     async def _serve(self) -> None:
         assert self._socket is not None
         while True:
-            identity, frame = await self._socket.recv_multipart()
-            msg = CLIENT_PROTOCOL.decode(frame)
-            self.received.append(msg)
-            if self.silent:
-                continue
-            if type(msg) in self.held_types:
-                self.held.append((identity, msg))
-                continue
-            await self._handle(identity, msg)
+            # A client message may hold several requests, a part each (docs/protocol.md).
+            identity, *frames = await self._socket.recv_multipart()
+            self.messages.append(len(frames))
+            for frame in frames:
+                msg = CLIENT_PROTOCOL.decode(frame)
+                self.received.append(msg)
+                if self.silent:
+                    continue
+                if type(msg) in self.held_types:
+                    self.held.append((identity, msg))
+                    continue
+                await self._handle(identity, msg)
 
     async def _reply(self, identity: bytes, msg: Message) -> None:
         await self.push(identity, msg)
@@ -622,3 +626,55 @@ async def test_every_frame_of_a_several_part_message_from_the_broker_is_handled(
                 for i in range(2)])
             await eventually(lambda: connection.statistics().pushes_unroutable == 2, what="both parts handled")
             assert connection.statistics().frames_dropped == 0
+
+
+@pytest.mark.asyncio
+async def test_requests_written_in_one_turn_leave_as_one_message() -> None:
+    """Five requests written in one turn of the event loop reach the broker as one
+    ZeroMQ message of five parts (one send, one broker wake-up), each answered, in order."""
+    async with running_broker() as broker:
+        async with client_for(broker) as client:
+            connection = client._connections[broker.url]
+            answers: list[object] = []
+            messages_before = len(broker.messages)
+            for i in range(5):
+                assert connection.request_nowait(
+                    lambda request_id, i=i: GetPartitions(request_id=request_id, topic=f"/default/t{i}", create=True),
+                    lambda reply, error: answers.append(reply or error))
+            await eventually(lambda: len(answers) == 5, what="five answers")
+            assert [answer.topic for answer in answers] == [f"/default/t{i}" for i in range(5)]
+            assert broker.messages[messages_before:] == [5]
+
+
+@pytest.mark.asyncio
+async def test_a_request_lingers_only_while_an_earlier_one_awaits_its_reply() -> None:
+    """With a linger far longer than the test: a lone request leaves at once; requests
+    written while it awaits its reply wait (in later turns, still one round), and leave
+    together as one message as soon as its reply comes, not after the linger."""
+    async with running_broker(heartbeat_interval_ms=1_000, session_timeout_ms=60_000) as broker:
+        async with client_for(broker, request_timeout_ms=60_000, write_linger_us=1_000_000) as client:
+            producer = await client.create_producer("/default/linger")
+            connection = client._connections[broker.url]
+            producer_id = producer._partitions[0].producer_id
+            receipts: list[object] = []
+
+            def send(payload: bytes) -> None:
+                assert connection.request_nowait(
+                    lambda request_id: Send(request_id=request_id, producer_id=producer_id, payloads=[payload],
+                                            publish_times=[0]),
+                    lambda reply, error: receipts.append(reply or error))
+
+            broker.hold(Send)
+            messages_before = len(broker.messages)
+            send(b"first")
+            await eventually(lambda: len(broker.of(Send)) == 1, what="the lone request, sent at once")
+            send(b"second")
+            await asyncio.sleep(0.05)
+            send(b"third")
+            await asyncio.sleep(0.05)
+            assert len(broker.of(Send)) == 1  # both wait behind the first one's reply
+            await broker.release(Send)
+            await eventually(lambda: len(broker.of(Send)) == 3, timeout_s=0.9, what="the round, on the reply")
+            assert broker.messages[messages_before:] == [1, 2]
+            assert [m.payloads for m in broker.of(Send)] == [[b"first"], [b"second"], [b"third"]]
+            await eventually(lambda: len(receipts) == 3, what="three receipts")
