@@ -148,6 +148,7 @@ class Gateway(Actor):
         # Batches of attached producers read this round, by topic endpoint: (identities,
         # frames, request ids), told at the end of the round (`_release_held`).
         self._held: dict[str, tuple[list[bytes], list[Any], list[int]]] = {}
+        self._held_bytes: dict[str, int] = {}  # endpoint -> the bytes of its held frames
         self._read_carry = 0  # <= 0: requests read beyond earlier rounds' budgets (`_read_router`)
         self._ticks = 0
 
@@ -549,9 +550,16 @@ class Gateway(Actor):
         (`_release_held`), so that the round's batches for one topic reach it as one
         mailbox message (one push, one wake-up)."""
         held = self._held.get(endpoint)
+        if held is not None and self._held_bytes.get(endpoint, 0) + len(frame) > self.system.mailbox_bytes_max:
+            # A group is one mailbox message: past the mailbox's byte bound it would go in
+            # whole (an empty mailbox takes one message of any size), so it is told now.
+            self._release_held(endpoint)
+            held = None
         if held is None:
             self._held[endpoint] = ([identity], [frame], [request_id])
+            self._held_bytes[endpoint] = len(frame)
         else:
+            self._held_bytes[endpoint] += len(frame)
             held[0].append(identity)
             held[1].append(frame)
             held[2].append(request_id)
@@ -563,8 +571,10 @@ class Gateway(Actor):
             return
         if endpoint is None:
             held, self._held = self._held, {}
+            self._held_bytes.clear()
         elif endpoint in self._held:
             held = {endpoint: self._held.pop(endpoint)}
+            del self._held_bytes[endpoint]
         else:
             return
         for target, (identities, frames, request_ids) in held.items():
