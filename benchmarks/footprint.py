@@ -19,6 +19,8 @@ Ours: non-reliable and reliable topics (wal_sync always), one client connection 
 the producers and one for the consumers (Exclusive subscriptions, acks on reliable
 topics). Redis: one PUB/SUB connection subscribed to every channel, one PUBLISH per
 message. NATS: one connection with a subscription per subject, one publish per message.
+With `--broker LABEL=PYTHON` (repeatable) each named venv's broker runs in turn
+(before, after, before, ...: an A/B in one run), its rows labelled `danube_<kind>[LABEL]`.
 Medians of `--repeat` runs; every run is appended to benchmarks/results/footprint.jsonl.
 """
 
@@ -168,14 +170,18 @@ def _publisher(publish: Callable[[int], Awaitable[Any]]) -> Send:
     return send
 
 
-def measure(*, repeat: int, topics: int, seconds: float, dispatches: list[str], peers: list[str]) -> list[dict[str, Any]]:
+def measure(*, repeat: int, topics: int, seconds: float, dispatches: list[str], peers: list[str],
+            brokers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
+    brokers = brokers or {"this": ""}
     for r in range(repeat):
         for dispatch in dispatches:
-            with Servers([]) as servers:
-                result = asyncio.run(ours(servers, topics, seconds, dispatch == "reliable"))
-            runs.append({"workload": f"danube_{dispatch}", "repeat": r, "measured": "the `danube broker start` process",
-                         **result})
+            for label, python in brokers.items():
+                with Servers([], python or None) as servers:
+                    result = asyncio.run(ours(servers, topics, seconds, dispatch == "reliable"))
+                runs.append({"workload": f"danube_{dispatch}" + ("" if len(brokers) == 1 else f"[{label}]"),
+                             "repeat": r, "measured": "the `danube broker start` process", **result})
+                print(runs[-1], file=sys.stderr)
         for peer in peers:
             with Servers([PEERS[peer]]) as servers:
                 if PEERS[peer] not in servers.peers:
@@ -216,4 +222,4 @@ def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_alone(sys.modules[__name__])
+    run_alone(sys.modules[__name__], brokers=True)

@@ -215,16 +215,21 @@ def finish(module: Any, runs: list[dict[str, Any]]) -> None:
     print(f"  ({len(runs)} runs appended to {path.relative_to(RESULTS.parent.parent)})")
 
 
-def run_alone(module: Any, *, sized: bool = False) -> None:
-    """A workload module's own command line: --repeat (and --size), its options, then
-    `finish`."""
+def run_alone(module: Any, *, sized: bool = False, brokers: bool = False) -> None:
+    """A workload module's own command line: --repeat (and --size, and --broker for a
+    module whose `measure` takes `brokers`), its options, then `finish`."""
     parser = argparse.ArgumentParser(description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     if sized:
         parser.add_argument("--size", type=int, default=100)
+    if brokers:
+        parser.add_argument("--broker", action="append", metavar="LABEL=PYTHON",
+                            help="run this venv's broker (repeatable: each in turn, an A/B in one run)")
     module.add_arguments(parser)
     args = parser.parse_args()
-    extra = {"size": args.size} if sized else {}
+    extra: dict[str, Any] = {"size": args.size} if sized else {}
+    if brokers:
+        extra["brokers"] = parse_brokers(args.broker)
     finish(module, module.measure(repeat=args.repeat, **extra, **module.options(args)))
 
 

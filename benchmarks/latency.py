@@ -17,7 +17,9 @@ Every message carries the bench stamp (loadgen/stamp.py: producer, sequence and 
 CLOCK_MONOTONIC send time in ns); latency = the consumer's receive time minus the
 stamped send time, consumer and producer in separate processes on this machine, all
 recorded in the same HdrHistogram (loadgen/histogram.py), no warm-up dropped for anyone.
-Producers pace message i at start + i / rate. Medians of `--repeat` runs; every run is
+Producers pace message i at start + i / rate. With `--broker LABEL=PYTHON` (repeatable)
+each named venv's broker runs in turn, a fresh one per run (an A/B in one run), its rows
+labelled `danube_<kind>_delay<ms>ms[LABEL]`. Medians of `--repeat` runs; every run is
 appended to benchmarks/results/latency.jsonl.
 """
 
@@ -157,21 +159,29 @@ def _row(workload: str, repeat: int, count: int, e2e: dict[str, Any] | None, ack
 
 
 def measure(servers: Servers | None = None, *, repeat: int, seconds: float, rate: float, size: int,
-            batch_delays: list[int], peers: list[str], floor: bool = True) -> list[dict[str, Any]]:
+            batch_delays: list[int], peers: list[str], floor: bool = True,
+            brokers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     count = max(int(rate * seconds), 1)
     runs: list[dict[str, Any]] = []
+    brokers = brokers or {"this": ""}
     with servers_for(servers, [PEERS[p] for p in peers]) as live:
         for r in range(repeat):
-            for reliable in (False, True):
-                for delay in batch_delays:
-                    kind = "reliable" if reliable else "non_reliable"
-                    result = live.danube.bench(
-                        "e2e", f"/default/lat-{kind}-{delay}-{time.monotonic_ns()}", "--rate", str(rate), "--count",
-                        str(count), "--size", str(size), "--batch-max-delay-ms", str(delay),
-                        *(["--reliable"] if reliable else []))
-                    runs.append(_row(f"danube_{kind}_delay{delay}ms", r, count, result["e2e_latency_us"],
-                                     result["ack_latency_us"] if reliable else None, result["received"],
-                                     f"danube bench e2e, batch delay {delay} ms" + (", wal_sync always" * reliable)))
+            for label, python in brokers.items():
+                # One broker: the suite's servers; several: a fresh broker per label and run, in turn.
+                with servers_for(live if len(brokers) == 1 else None, [], python or None) as ours:
+                    for reliable in (False, True):
+                        for delay in batch_delays:
+                            kind = "reliable" if reliable else "non_reliable"
+                            result = ours.danube.bench(
+                                "e2e", f"/default/lat-{kind}-{delay}-{time.monotonic_ns()}", "--rate", str(rate),
+                                "--count", str(count), "--size", str(size), "--batch-max-delay-ms", str(delay),
+                                *(["--reliable"] if reliable else []))
+                            suffix = "" if len(brokers) == 1 else f"[{label}]"
+                            runs.append(_row(f"danube_{kind}_delay{delay}ms{suffix}", r, count,
+                                             result["e2e_latency_us"], result["ack_latency_us"] if reliable else None,
+                                             result["received"], f"danube bench e2e, batch delay {delay} ms"
+                                             + (", wal_sync always" * reliable)))
+                            print(runs[-1], file=sys.stderr)
             for peer in peers:
                 if PEERS[peer] not in live.peers:
                     continue
@@ -219,4 +229,4 @@ def options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_alone(sys.modules[__name__], sized=True)
+    run_alone(sys.modules[__name__], sized=True, brokers=True)

@@ -32,8 +32,9 @@ packages when missing: scripts/install-peers.sh) and runs the workloads named by
 
 To measure another checkout's broker with this checkout's bench and peers, point
 $DANUBE_BENCH_BROKER_PYTHON at that checkout's venv Python (e.g.
-/work/before/.venv/bin/python); many_producers.py and cpu_per_batch.py alone also take
-`--broker LABEL=PYTHON` twice and alternate the two brokers in one run.
+/work/before/.venv/bin/python); or pass `--broker LABEL=PYTHON` twice (this suite's
+throughput, latency, many_producers, footprint and cpu_per_batch, and those scripts
+alone) to alternate the two brokers in one run, a fresh broker per run.
 
 Throughput, latency and fan-out run first, on the suite's servers; footprint and the
 slow consumer after those are stopped. Each of those modules also runs alone (its --help); their options appear here with
@@ -46,7 +47,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import cpu_per_batch
@@ -72,16 +75,27 @@ def run_ours(broker: Danube, reliable: bool, count: int, size: int) -> dict[str,
             "broker": result["broker"]}
 
 
-def throughput(servers: Servers, repeat: int, count: int, sizes: list[int], workloads: list[str]) -> None:
+def throughput(servers: Servers, repeat: int, count: int, sizes: list[int], workloads: list[str],
+               brokers: dict[str, str] | None = None) -> None:
     runs: list[dict[str, Any]] = []
     stamp = now_utc()
+    brokers = brokers or {"this": ""}
     for r in range(repeat):
         for size in sizes:
             for reliable in (False, True):
                 name = "danube_reliable" if reliable else "danube_non_reliable"
-                runs.append({"workload": name, "size": size, "repeat": r, "at": stamp,
-                             **run_ours(servers.danube, reliable, count, size)})
-                print(json.dumps(runs[-1]), file=sys.stderr)
+                for label, python in brokers.items():
+                    if len(brokers) == 1:
+                        result = run_ours(servers.danube, reliable, count, size)
+                    else:  # several: a fresh broker per label and run, in turn (an A/B in one run)
+                        broker = Danube(Path(tempfile.mkdtemp(prefix="danube-sbs-ab-")), python).start()
+                        try:
+                            result = {"python": python, **run_ours(broker, reliable, count, size)}
+                        finally:
+                            broker.stop()
+                    runs.append({"workload": name + ("" if len(brokers) == 1 else f"[{label}]"), "size": size,
+                                 "repeat": r, "at": stamp, **result})
+                    print(json.dumps(runs[-1]), file=sys.stderr)
             for workload in workloads:
                 server = WORKLOADS[workload][0]
                 if server not in servers.peers:
@@ -92,13 +106,18 @@ def throughput(servers: Servers, repeat: int, count: int, sizes: list[int], work
                              "client": client_stack()[server], **result})
                 print(json.dumps(runs[-1]), file=sys.stderr)
     append("side_by_side", runs)
-    print(f"\nthroughput, 1 producer -> 1 consumer (medians of {repeat} runs)")
-    print(f"{'size':>5}  {'ours':<20} {'msg/s':>10}  {'peer':<22} {'msg/s':>10}  ratio")
-    for row in ratio_rows(median_rates(runs), sizes):
-        ours = f"{row.ours_msg_s:,.0f}" if row.ours_msg_s else "-"
-        peer = f"{row.peer_msg_s:,.0f}" if row.peer_msg_s else "-"
-        ratio = f"{row.ratio:.2f}x" if row.ratio else "-"
-        print(f"{row.size:>5}  {row.ours:<20} {ours:>10}  {row.peer:<22} {peer:>10}  {ratio}")
+    for label in brokers:
+        suffix = "" if len(brokers) == 1 else f"[{label}]"
+        # The ratio table names our workloads without a label: this broker's runs under those names.
+        mine = [{**run, "workload": run["workload"].removesuffix(suffix)} for run in runs
+                if not run["workload"].startswith("danube_") or run["workload"].endswith(suffix)]
+        print(f"\nthroughput, 1 producer -> 1 consumer (medians of {repeat} runs){' ' + label if suffix else ''}")
+        print(f"{'size':>5}  {'ours':<20} {'msg/s':>10}  {'peer':<22} {'msg/s':>10}  ratio")
+        for row in ratio_rows(median_rates(mine), sizes):
+            ours = f"{row.ours_msg_s:,.0f}" if row.ours_msg_s else "-"
+            peer = f"{row.peer_msg_s:,.0f}" if row.peer_msg_s else "-"
+            ratio = f"{row.ratio:.2f}x" if row.ratio else "-"
+            print(f"{row.size:>5}  {row.ours:<20} {ours:>10}  {row.peer:<22} {peer:>10}  {ratio}")
 
 
 def main() -> None:
@@ -110,6 +129,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200_000, help="throughput: messages per run")
     parser.add_argument("--sizes", default="100,1024", help="throughput: message sizes")
     parser.add_argument("--peers", default=",".join(WORKLOADS), help="throughput: peer workloads to run")
+    parser.add_argument("--broker", action="append", metavar="LABEL=PYTHON",
+                        help="throughput, latency, many_producers, footprint, cpu_per_batch: run this venv's broker"
+                             " (repeatable: each in turn, a fresh broker per run, an A/B in one run)")
     latency.add_arguments(parser, "latency-")
     fanout.add_arguments(parser, "fanout-")
     many_producers.add_arguments(parser, "many-")
@@ -122,6 +144,7 @@ def main() -> None:
     for name in set(chosen) - set(WORKLOAD_NAMES):
         parser.error(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
     peer_workloads = split_list(args.peers)
+    brokers = parse_brokers(args.broker)
     latency_options, fanout_options = latency.options(args, "latency-"), fanout.options(args, "fanout-")
     many_options = many_producers.options(args, "many-")
     # Latency and fan-out share the suite's servers with throughput; footprint and the
@@ -139,24 +162,27 @@ def main() -> None:
         with Servers(needed) as servers:
             for name in chosen:
                 if name == "throughput":
-                    throughput(servers, args.repeat, args.count, [int(s) for s in split_list(args.sizes)], peer_workloads)
+                    throughput(servers, args.repeat, args.count, [int(s) for s in split_list(args.sizes)], peer_workloads,
+                               brokers)
                 elif name == "latency":
-                    finish(latency, latency.measure(servers, repeat=args.repeat, size=100, **latency_options))
+                    finish(latency, latency.measure(servers, repeat=args.repeat, size=100, brokers=brokers,
+                                                    **latency_options))
                 elif name == "fanout":
                     finish(fanout, fanout.measure(servers, repeat=args.repeat, size=100, **fanout_options))
                 elif name == "many_producers":
                     finish(many_producers, many_producers.measure(servers, repeat=args.repeat, size=100,
-                                                                  **many_options))
+                                                                  brokers=brokers, **many_options))
     # After the shared servers stopped, so that they take no CPU from these measurements.
     for name in chosen:
         if name == "footprint":
-            finish(footprint, footprint.measure(repeat=args.repeat, **footprint.options(args, "footprint-")))
+            finish(footprint, footprint.measure(repeat=args.repeat, brokers=brokers,
+                                                        **footprint.options(args, "footprint-")))
         elif name == "slow_consumer":
             finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
         elif name == "floors":
             finish(floors, floors.measure(repeat=args.repeat, size=100, **floors.options(args, "floors-")))
         elif name == "cpu_per_batch":
-            finish(cpu_per_batch, cpu_per_batch.measure(repeat=args.repeat, brokers=parse_brokers(None), rate=5000.0,
+            finish(cpu_per_batch, cpu_per_batch.measure(repeat=args.repeat, brokers=brokers, rate=5000.0,
                                                         seconds=args.cpb_seconds, idle_seconds=3.0, topics=1,
                                                         producers=10))
 
