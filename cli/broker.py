@@ -7,12 +7,16 @@
 4. A top-level actor that exhausted its restarts is fatal: logged CRITICAL, the broker
    stops and the process exits with `EXIT_FATAL` (70) for its supervisor (`danube
    cluster up`'s keeper, systemd, Kubernetes) to start it again.
+5. SIGUSR1 writes every thread's Python stack to stderr (`faulthandler`) and the
+   broker goes on: where a broker that does not stop, or stalls, is waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +105,7 @@ def start(
     )
     if force_new_cluster:
         _force_new_cluster(config)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     run(_run(config), config.broker.event_loop)
 
 

@@ -64,6 +64,10 @@ class BrokerProcess:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
+                # Every thread's stack into the broker's log first (faulthandler), so the
+                # failure says where the broker hung.
+                self.process.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
                 self.process.kill()
                 self.process.wait(5)
         return self.process.returncode
