@@ -36,6 +36,7 @@ from danube_zmq.transport.internal_protocol import (
     AssignmentsResync,
     ServedTopics,
     ServedTopicsList,
+    WatchNext,
 )
 
 
@@ -161,15 +162,16 @@ def _assignment(broker_id: int) -> bytes:
 
 @contextlib.asynccontextmanager
 async def _running(tmp_path: Path, *, history_events_max: int = 10_000, mailbox_messages_max: int = 100,
-                   store_class: type[RaftMetadataStore] = RaftMetadataStore,
-                   ) -> AsyncIterator[tuple[RaftMetadataStore, TimerRecordingSystem, str, str]]:
+                   failures: int = 0) -> AsyncIterator[tuple[RaftMetadataStore, TimerRecordingSystem, str, str]]:
     """A started store and system, a recording parent, and a watch of the assignments
-    under it made as the broker makes it: (store, system, parent, watch)."""
+    under it made as the broker makes it: (store, system, parent, watch). The store's
+    first `failures` linearizable reads fail."""
     ctx = zmq.asyncio.Context()
     peer = RaftPeer(1, tmp_path / "raft", None, {}, RaftConfig(node_id=1), 10, ttl_check_interval_s=3600,
                     state_machine_factory=lambda: MetadataStateMachine(history_events_max=history_events_max))
-    store = store_class(peer, owns_peer=True)
+    store = FlakyStore(peer, owns_peer=True)
     await store.start()
+    store.failures = failures
     system = TimerRecordingSystem(ctx, clock=SystemClock(), mailbox_messages_max=mailbox_messages_max,
                                   ask_timeout_ms=int(DEADLINE_S * 1000))
     try:
@@ -264,3 +266,60 @@ async def test_a_history_compacted_past_the_watch_leads_to_a_resync_then_changes
         assert _told(system, parent)[2:] == [
             AssignmentChanged(topic="/default/later", broker_id=2, revision=later.mod_revision)]
         assert not [t for t in system.timers if t[0] == watch], "a compaction starts over at once, not on a timer"
+
+
+async def test_a_failing_store_read_is_retried_on_a_timer_message_and_the_watch_resumes(tmp_path: Path) -> None:
+    """The store's first two linearizable reads (the watch's barrier before it starts)
+    fail UNAVAILABLE, as without a leader: each failure asks the system for one timer
+    message (`WatchNext` to the watch itself, after a pause), the third attempt goes
+    through, the parent gets its resync (listing what was assigned meanwhile) and then
+    the next change. (Timers run on the event loop's time, not on the system's clock,
+    so the pause is real: 200 ms each.)"""
+    async with _running(tmp_path, failures=2) as (store, system, parent, watch):
+        await store.put(cr.assignment_key("/default/early"), _assignment(BROKER_ID))
+        await _until("a resync", lambda: len(_told(system, parent)) >= 1)
+        assert isinstance(store, FlakyStore) and store.failures == 0
+        assert [(endpoint, msg) for endpoint, _delay_ms, msg in system.timers] == [(watch, WatchNext())] * 2
+        assert all(delay_ms > 0 for _endpoint, delay_ms, _msg in system.timers)
+        later = await store.put(cr.assignment_key("/default/later"), _assignment(2))
+        await _caught_up(store, system, parent, watch)
+        resync, *changes = _told(system, parent)
+        assert isinstance(resync, AssignmentsResync) and resync.topics == ["/default/early"]
+        assert changes == [AssignmentChanged(topic="/default/later", broker_id=2, revision=later.mod_revision)]
+
+
+async def test_stopping_the_watch_mid_drain_ends_it_cleanly(tmp_path: Path) -> None:
+    """The parent is held with its one-message mailbox full while six changes are
+    written, so the watch is in the middle of telling them (waiting for room). It is
+    stopped there: its endpoint and task are gone, no task is left sending for it, and
+    once the parent goes on it gets only what was queued before the stop: none of the
+    remaining changes, nor of two more written after the stop."""
+    async with _running(tmp_path, mailbox_messages_max=1) as (store, system, parent, watch):
+        await _until("the first resync", lambda: len(_told(system, parent)) == 1)
+        recorder = system.actor(parent)
+        assert isinstance(recorder, RecordingParent)
+        recorder.gate.clear()
+        revisions = [(await store.put(cr.assignment_key(f"/default/t{i}"), _assignment(1))).mod_revision
+                     for i in range(6)]
+        watcher = system.actor(watch)
+        assert isinstance(watcher, MetadataWatch)
+        # Told t0 (held), t1 (queued), waiting for room for t2 with t3.. still to tell.
+        await _until("the watch waiting for room for the third change", lambda: watcher.revision == revisions[1])
+        await asyncio.sleep(0.1)  # it stays there: the parent is held
+        assert watcher.revision == revisions[1] and recorder.holding
+        await system.stop(watch)
+        assert not system.is_alive(watch) and watch not in {s.endpoint for s in system.actor_statistics()}
+        # Neither its own task nor one of the system's posting it a message (`post`).
+        left = [t for t in asyncio.all_tasks() if "assignments watch" in t.get_name()
+                or getattr(t.get_coro(), "__qualname__", "") == "ActorSystem.send"]
+        assert not left, left
+        for i in range(6, 8):
+            await store.put(cr.assignment_key(f"/default/t{i}"), _assignment(1))
+        recorder.gate.set()
+        await system.ask(parent, ServedTopics(), timeout_ms=int(DEADLINE_S * 1000))
+        await asyncio.sleep(0.5)  # room for anything sent late to arrive
+        await system.ask(parent, ServedTopics(), timeout_ms=int(DEADLINE_S * 1000))
+        assert [msg.topic for msg in _told(system, parent)[1:] if isinstance(msg, AssignmentChanged)] == \
+            ["/default/t0", "/default/t1"]
+        assert len(_told(system, parent)) == 3
+
