@@ -1,0 +1,147 @@
+"""An admin request about a partition between brokers waits for its assignment
+(`actors/broker_admin.py` `_on_owner`): the real `BrokerActor` joined to a real
+single-voter store in a real `ActorSystem`, the request told to it as the admin gateway
+tells it (`AdminRequest`), its answer read from the admin outbox (an inproc PULL
+standing in for the admin gateway's)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from danube_zmq.actors import broker_admin
+from danube_zmq.actors.broker import BrokerActor
+from danube_zmq.actors.config import BrokerConfig, BrokerSection
+from danube_zmq.clock import SystemClock
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.consensus.peer import RaftPeer
+from danube_zmq.consensus.raft import RaftConfig
+from danube_zmq.runtime.actor import ADMIN_OUTBOX
+from danube_zmq.runtime.system import ActorSystem
+from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Error
+from danube_zmq.transport.errors import Unavailable
+from danube_zmq.transport.internal_protocol import AdminRequest
+
+BROKER_ID = 1
+TOPIC = "/default/waiting"
+DEADLINE_S = 60.0  # generous: a loaded machine only makes the waits longer
+IDENTITY = b"admin-client"
+
+
+class Joined:
+    """A broker joined to its store, and the admin outbox's other end."""
+
+    def __init__(self, store: RaftMetadataStore, system: ActorSystem, broker: BrokerActor,
+                 outbox: zmq.asyncio.Socket) -> None:
+        self.store, self.system, self.broker, self.outbox = store, system, broker, outbox
+
+    async def ask_admin(self, request_id: int) -> None:
+        """Tell the broker a `DescribeTopic` of TOPIC, as the admin gateway does."""
+        frame = ADMIN_PROTOCOL.encode(ap.DescribeTopic(request_id=request_id, topic=TOPIC))
+        assert self.system.tell(self.broker.endpoint, AdminRequest(identity=IDENTITY, frame=frame))
+
+    async def answer(self) -> Message:
+        try:
+            identity, frame = await asyncio.wait_for(self.outbox.recv_multipart(), DEADLINE_S)
+        except TimeoutError:
+            raise AssertionError(f"no answer within {DEADLINE_S} s") from None
+        assert identity == IDENTITY
+        return ADMIN_PROTOCOL.decode(frame)
+
+    async def until_waiting(self) -> None:
+        """The request is in the broker's `owner_waits` for TOPIC (it holds no answer)."""
+        deadline = time.monotonic() + DEADLINE_S
+        while not self.broker.owner_waits.get(TOPIC):
+            assert time.monotonic() < deadline, "the request never waited for the topic's owner"
+            await asyncio.sleep(0.01)
+        assert not await self.outbox.poll(0), "answered while it waits"
+
+
+@contextlib.asynccontextmanager
+async def _joined(tmp_path: Path) -> AsyncIterator[Joined]:
+    ctx = zmq.asyncio.Context()
+    peer = RaftPeer(1, tmp_path / "raft", None, {}, RaftConfig(node_id=1), 10, ttl_check_interval_s=0.5,
+                    context=ctx)
+    store = RaftMetadataStore(peer, owns_peer=True)
+    await store.start()
+    system = ActorSystem(ctx, clock=SystemClock(), mailbox_messages_max=1_000)
+    outbox = ctx.socket(zmq.PULL)
+    outbox.setsockopt(zmq.LINGER, 0)
+    outbox.bind(ADMIN_OUTBOX)
+    executor = ThreadPoolExecutor(2)
+    try:
+        config = BrokerConfig(broker=BrokerSection(data_dir=str(tmp_path / "data")))
+        endpoint = await system.spawn(lambda: BrokerActor(
+            config=config, broker_id=BROKER_ID, broker_url="tcp://127.0.0.1:1", admin_url="tcp://127.0.0.1:2",
+            metrics_url=None, rng=random.Random(7), executor=executor, metadata=store), name="broker")
+        system.broker_endpoint = endpoint
+        broker = system.actor(endpoint)
+        assert isinstance(broker, BrokerActor)
+        deadline = time.monotonic() + DEADLINE_S
+        while not (broker.joined and broker.lease_held):
+            assert time.monotonic() < deadline, "the broker never joined and held its lease"
+            await asyncio.sleep(0.01)
+        await store.compare_and_swap(cr.namespace_key("default"), 0, b"")  # bootstrapped already, or now
+        await store.put(cr.topic_record_key(TOPIC), cr.encode(cr.TopicRecord(
+            dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE, partitions=0, created_ms=0)))
+        yield Joined(store, system, broker, outbox)
+    finally:
+        await system.shutdown()
+        await store.stop()
+        outbox.close()
+        executor.shutdown()
+        ctx.term()
+
+
+async def test_a_request_for_a_topic_between_brokers_is_answered_when_its_assignment_arrives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A describe of a topic with no broker yet waits (its future in `owner_waits`, no
+    answer). The owner wait is made ten minutes long, so only the broker's handling of
+    the assignment (`_wake`) can end it within the test's deadline: once the topic is
+    assigned here, the broker loads it and the request is answered with its
+    description, served by this broker; nothing is left waiting."""
+    monkeypatch.setattr(broker_admin, "_OWNER_WAIT_MS", 600_000)
+    async with _joined(tmp_path) as joined:
+        await joined.ask_admin(request_id=7)
+        await joined.until_waiting()
+        await joined.store.put(cr.assignment_key(TOPIC), cr.encode(cr.Assignment(
+            broker_id=BROKER_ID, epoch=1, assigned_ms=0)))
+        answer = await joined.answer()
+        assert isinstance(answer, ap.TopicDescription), answer
+        assert (answer.request_id, answer.name, answer.broker_id) == (7, TOPIC, BROKER_ID)
+        assert [p.name for p in answer.partitions] == [TOPIC]
+        assert TOPIC in joined.broker.topics and not joined.broker.owner_waits
+
+
+async def test_a_request_for_a_topic_never_assigned_is_refused_unavailable_after_the_wait(tmp_path: Path) -> None:
+    """With no assignment coming, the same request is answered UNAVAILABLE ("no broker
+    right now; retry", retriable) once the 3 s wait is over, not before, and its
+    future leaves `owner_waits`. An assignment of another topic meanwhile does not end
+    the wait."""
+    async with _joined(tmp_path) as joined:
+        started = time.monotonic()
+        await joined.ask_admin(request_id=8)
+        await joined.until_waiting()
+        await joined.store.put(cr.assignment_key("/default/other"), cr.encode(cr.Assignment(
+            broker_id=2, epoch=1, assigned_ms=0)))
+        answer = await joined.answer()
+        waited_s = time.monotonic() - started
+        assert isinstance(answer, Error), answer
+        assert (answer.request_id, answer.code) == (8, Unavailable.code)
+        assert answer.message == f"topic {TOPIC} has no broker right now; retry"
+        assert waited_s >= broker_admin._OWNER_WAIT_MS / 1000
+        assert not joined.broker.owner_waits
