@@ -58,7 +58,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from danube_zmq.clock import Clock
+from danube_zmq.clock import Clock, TimerHandle
 from danube_zmq.runtime.actor import REQUEST_PORTS, Actor, ActorStatistics, Origin, Port, Unrecognized
 from danube_zmq.runtime.lane import Lanes
 from danube_zmq.runtime.mailbox import Frame, Mailbox, message_bytes
@@ -132,6 +132,7 @@ class _Cell:
     mailbox: Mailbox[_Cell] = field(default_factory=Mailbox)
     waiter: asyncio.Future[None] | None = None  # the group's task, while it waits for work
     lane: deque[list[bytes]] | None = None  # frames for the actor's socket (`open_lane`), if it has one
+    timers: set[TimerHandle] = field(default_factory=set)  # the instance's timers not yet fired
 
     @property
     def group(self) -> _Cell:
@@ -149,6 +150,12 @@ class SystemStatistics:
     # What all mailboxes hold now (messages from outside their group).
     mailbox_messages: int = 0
     mailbox_bytes: int = 0
+
+
+def _cancel_timers(cell: _Cell) -> None:
+    for handle in cell.timers:
+        handle.cancel()
+    cell.timers.clear()
 
 
 def _mailbox_only(instance: Actor) -> bool:
@@ -190,7 +197,6 @@ class ActorSystem:
         self._ids = itertools.count(1)
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
-        self._timers: set[asyncio.TimerHandle] = set()
         self._posts: set[asyncio.Task[None]] = set()
         self.failures = 0
         self.restarts = 0
@@ -207,9 +213,8 @@ class ActorSystem:
             await self.stop(endpoint)
         for task in list(self._posts):
             task.cancel()
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
+        for cell in self._cells.values():  # none left once the roots stopped; timers never outlive the system
+            _cancel_timers(cell)
         self._lanes.close_sockets()
         for future in self._asks.values():
             if not future.done():
@@ -417,21 +422,27 @@ class ActorSystem:
         self._schedule(endpoint, delay_ms, msg, periodic=False)
 
     def _schedule(self, endpoint: str, delay_ms: int, msg: Message, *, periodic: bool) -> None:
+        # On the injected clock (`self.clock.call_later`): a test's `ManualClock` decides
+        # when timers fire. A timer belongs to the actor's instance: stopping or
+        # restarting it cancels the timer (a fresh instance sets its own in `on_start`).
         assert delay_ms > 0
-        loop = asyncio.get_running_loop()
+        cell = self._cells.get(endpoint)
+        if cell is None or cell.stopping:
+            return  # its message could only be a dead letter
         frame = INTERNAL_PROTOCOL.encode(msg)
+        timers = cell.timers
 
         def fire() -> None:
-            self._timers.discard(handle_box[0])
+            timers.discard(handle_box[0])
             if not self.is_alive(endpoint):
                 return
             if self.tell_frame(endpoint, frame) and not periodic:
                 return
-            handle_box[0] = loop.call_later(delay_ms / 1000, fire)
-            self._timers.add(handle_box[0])
+            handle_box[0] = self.clock.call_later(delay_ms, fire)
+            timers.add(handle_box[0])
 
-        handle_box = [loop.call_later(delay_ms / 1000, fire)]
-        self._timers.add(handle_box[0])
+        handle_box = [self.clock.call_later(delay_ms, fire)]
+        timers.add(handle_box[0])
 
     def statistics(self) -> SystemStatistics:
         return SystemStatistics(
@@ -465,6 +476,7 @@ class ActorSystem:
         return instance
 
     async def _discard(self, cell: _Cell) -> None:
+        _cancel_timers(cell)
         self._cells.pop(cell.endpoint, None)
         if cell.parent is not None and cell.parent in self._cells:
             self._cells[cell.parent].children.pop(cell.endpoint, None)
@@ -710,6 +722,7 @@ class ActorSystem:
             await old.on_stop()
         except Exception:
             log.exception("%s: on_stop failed during restart", cell.name)
+        _cancel_timers(cell)
         if len(cell.restart_times_ms) >= self.restarts_max:
             log.error("%s: %d restarts within %d ms; stopped", cell.name, len(cell.restart_times_ms), self.restart_window_ms)
             await self._give_up(cell, f"{type(exc).__name__}: {exc}",

@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from danube_zmq.actors.broker import _assignment_changed, assigned_to
 from danube_zmq.actors.metadata_watch import MetadataWatch
-from danube_zmq.clock import SystemClock
+from danube_zmq.clock import Clock, ManualClock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
@@ -162,17 +162,18 @@ def _assignment(broker_id: int) -> bytes:
 
 @contextlib.asynccontextmanager
 async def _running(tmp_path: Path, *, history_events_max: int = 10_000, mailbox_messages_max: int = 100,
-                   failures: int = 0) -> AsyncIterator[tuple[RaftMetadataStore, TimerRecordingSystem, str, str]]:
-    """A started store and system, a recording parent, and a watch of the assignments
-    under it made as the broker makes it: (store, system, parent, watch). The store's
-    first `failures` linearizable reads fail."""
+                   failures: int = 0, clock: Clock | None = None,
+                   ) -> AsyncIterator[tuple[RaftMetadataStore, TimerRecordingSystem, str, str]]:
+    """A started store and system (on `clock`, the system's by default), a recording
+    parent, and a watch of the assignments under it made as the broker makes it:
+    (store, system, parent, watch). The store's first `failures` linearizable reads fail."""
     ctx = zmq.asyncio.Context()
     peer = RaftPeer(1, tmp_path / "raft", None, {}, RaftConfig(node_id=1), 10, ttl_check_interval_s=3600,
                     state_machine_factory=lambda: MetadataStateMachine(history_events_max=history_events_max))
     store = FlakyStore(peer, owns_peer=True)
     await store.start()
     store.failures = failures
-    system = TimerRecordingSystem(ctx, clock=SystemClock(), mailbox_messages_max=mailbox_messages_max,
+    system = TimerRecordingSystem(ctx, clock=clock or SystemClock(), mailbox_messages_max=mailbox_messages_max,
                                   ask_timeout_ms=int(DEADLINE_S * 1000))
     try:
         parent = await system.spawn(RecordingParent, name="parent")
@@ -271,21 +272,36 @@ async def test_a_history_compacted_past_the_watch_leads_to_a_resync_then_changes
 async def test_a_failing_store_read_is_retried_on_a_timer_message_and_the_watch_resumes(tmp_path: Path) -> None:
     """The store's first two linearizable reads (the watch's barrier before it starts)
     fail UNAVAILABLE, as without a leader: each failure asks the system for one timer
-    message (`WatchNext` to the watch itself, after a pause), the third attempt goes
+    message (`WatchNext` to the watch itself, after a pause). The system runs on a
+    `ManualClock`, so the retry waits for the clock, not for real time: while it stands
+    still (several pauses of real time) nothing is retried; advanced one pause, the
+    second read fails and sets the second timer; one more, the third attempt goes
     through, the parent gets its resync (listing what was assigned meanwhile) and then
-    the next change. (Timers run on the event loop's time, not on the system's clock,
-    so the pause is real: 200 ms each.)"""
-    async with _running(tmp_path, failures=2) as (store, system, parent, watch):
+    the next change."""
+    clock = ManualClock()
+    async with _running(tmp_path, failures=2, clock=clock) as (store, system, parent, watch):
+        assert isinstance(store, FlakyStore)
         await store.put(cr.assignment_key("/default/early"), _assignment(BROKER_ID))
+        await _until("the first retry timer", lambda: len(system.timers) == 1)
+        ((endpoint, delay_ms, msg),) = system.timers
+        assert (endpoint, msg) == (watch, WatchNext()) and delay_ms > 0
+        await asyncio.sleep(3 * delay_ms / 1000)  # real time passes; the injected clock does not
+        assert store.failures == 1 and len(system.timers) == 1 and _told(system, parent) == []
+        clock.advance(delay_ms - 1)
+        await asyncio.sleep(0.05)
+        assert store.failures == 1 and len(system.timers) == 1
+        clock.advance(1)
+        await _until("the second retry timer", lambda: len(system.timers) == 2)
+        assert store.failures == 0 and _told(system, parent) == []
+        assert system.timers[1] == (watch, delay_ms, WatchNext())
+        clock.advance(delay_ms)
         await _until("a resync", lambda: len(_told(system, parent)) >= 1)
-        assert isinstance(store, FlakyStore) and store.failures == 0
-        assert [(endpoint, msg) for endpoint, _delay_ms, msg in system.timers] == [(watch, WatchNext())] * 2
-        assert all(delay_ms > 0 for _endpoint, delay_ms, _msg in system.timers)
         later = await store.put(cr.assignment_key("/default/later"), _assignment(2))
         await _caught_up(store, system, parent, watch)
         resync, *changes = _told(system, parent)
         assert isinstance(resync, AssignmentsResync) and resync.topics == ["/default/early"]
         assert changes == [AssignmentChanged(topic="/default/later", broker_id=2, revision=later.mod_revision)]
+        assert len(system.timers) == 2
 
 
 async def test_stopping_the_watch_mid_drain_ends_it_cleanly(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from danube_zmq.clock import ManualClock
 from danube_zmq.storage.wal import (
     HEADER,
     HEADER_BYTES,
@@ -29,19 +30,6 @@ from danube_zmq.storage.wal import (
 from danube_zmq.transport.errors import FailedPrecondition
 
 
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def monotonic_ms(self) -> int:
-        return self.ms
-
-    def now_ms(self) -> int:
-        return 1_700_000_000_000 + self.ms
-
-
 @pytest.fixture
 def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     """fsync as a no-op, for tests of logic that open, roll and close hundreds of times:
@@ -49,10 +37,10 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "fsync", lambda fd: None)
 
 
-def open_log(directory: Path, clock: FakeClock | None = None, **options: object) -> WalLog:
+def open_log(directory: Path, clock: ManualClock | None = None, **options: object) -> WalLog:
     settings: dict = {"segment_bytes_max": 1 << 20, "segment_age_ms_max": None, "index_interval_bytes": 256}
     settings.update(options)
-    return WalLog.open(directory, clock=clock or FakeClock(), **settings)
+    return WalLog.open(directory, clock=clock or ManualClock(), **settings)
 
 
 def append_payloads(wal: WalLog, payloads: list[bytes], *, key: str | None = None) -> int:
@@ -212,7 +200,7 @@ def test_repair_keeps_the_prefix_and_continues_past_every_offset_given_out(tmp_p
     path.write_bytes(bytes(data))
     with pytest.raises(WalDamaged):
         open_log(tmp_path)
-    report = WalLog.repair(tmp_path, resume_offset=9, clock=FakeClock())
+    report = WalLog.repair(tmp_path, resume_offset=9, clock=ManualClock())
     assert (report.lost, report.acknowledged_lost, report.next_offset) == ((2, 9), (2, 5), 9)
     assert any(p.read_bytes() == bytes(data) for p in report.quarantined)
     for _ in range(2):
@@ -230,7 +218,7 @@ def test_repair_of_a_whole_log_below_its_resume_offset_starts_past_it(tmp_path: 
     """A whole log that ends below what the topic gave out (its last segment file lost):
     repair gives up the missing offsets only, and keeps every record."""
     _, payloads = small_log(tmp_path)
-    report = WalLog.repair(tmp_path, resume_offset=20, clock=FakeClock())
+    report = WalLog.repair(tmp_path, resume_offset=20, clock=ManualClock())
     assert (report.lost, report.acknowledged_lost, report.next_offset, report.quarantined) == ((5, 20), None, 20, [])
     with open_log(tmp_path) as wal:
         assert wal.next_offset == 20 and read_all(wal) == payloads
@@ -283,7 +271,7 @@ def test_randomized_appends_rolls_and_reopens_keep_offsets_continuous(tmp_path: 
     more than max_bytes of records (except a single record) and never stop early."""
     for seed in range(10):
         rng = random.Random(seed)
-        clock = FakeClock()
+        clock = ManualClock()
         directory = tmp_path / f"seed-{seed}"
         options = {"segment_bytes_max": rng.choice([300, 1000, 5000]), "segment_age_ms_max": rng.choice([None, 50])}
         wal = open_log(directory, clock, index_interval_bytes=rng.choice([1, 64, 512]), **options)
@@ -294,14 +282,14 @@ def test_randomized_appends_rolls_and_reopens_keep_offsets_continuous(tmp_path: 
             if action < 0.45:
                 count = rng.choice([1, 1, 2, 5, 20])
                 payloads = [rng.randbytes(rng.choice([0, 5, 40, 300])) for _ in range(count)]
-                encoded = encode_batch(wal.next_offset, payloads, [clock.ms] * count, 3, "p", keys=["key"] * count)
+                encoded = encode_batch(wal.next_offset, payloads, [clock.monotonic_ms()] * count, 3, "p", keys=["key"] * count)
                 assert wal.append(encoded, count) == len(model)
                 starts = record_starts_of(encoded)
                 model += [(p, end - start) for p, start, end in zip(payloads, starts, [*starts[1:], len(encoded)], strict=True)]
             elif action < 0.55:
                 wal.sync()
             elif action < 0.6:
-                clock.ms += rng.choice([10, 60])
+                clock.advance(rng.choice([10, 60]))
             elif action < 0.63:
                 wal.seal_active()
             elif action < 0.68:
@@ -399,7 +387,7 @@ def test_record_larger_than_max_bytes_and_index_window_is_read_whole(tmp_path: P
 def test_segments_roll_by_size_and_by_age(tmp_path: Path) -> None:
     """The active segment rolls before an append that would take it above
     segment_bytes_max (a lone larger batch still fits), or once it is old enough."""
-    clock = FakeClock()
+    clock = ManualClock()
     with open_log(tmp_path, clock, segment_bytes_max=100, segment_age_ms_max=1000) as wal:
         append_payloads(wal, [b"x" * 200])  # larger than a segment: alone in the first one
         assert len(wal.segments()) == 1
@@ -407,9 +395,9 @@ def test_segments_roll_by_size_and_by_age(tmp_path: Path) -> None:
         assert [info.base_offset for info in wal.segments()] == [0, 1]
         append_payloads(wal, [b"z"])
         assert len(wal.segments()) == 2
-        clock.ms += 999
+        clock.advance(999)
         assert not wal.should_roll()
-        clock.ms += 1
+        clock.advance(1)
         assert wal.should_roll()
         append_payloads(wal, [b"w"])
         infos = wal.segments()
