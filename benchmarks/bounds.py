@@ -19,8 +19,9 @@ Loads (hand-built where the danube client never misbehaves so):
      messages, 64 in flight), refusals counted and sent again.
 
 Throughout each load, the broker's RSS (psutil) is sampled every 0.5 s (start, max,
-final reported), and a probe client in its own process sends one 100-byte message to
-a reliable topic every 10 ms and awaits its ack: p50/p99/max latency and errors.
+final reported; its child processes', the inbound watcher, apart), and a probe
+client in its own process sends one 100-byte message to a reliable topic every 10 ms
+and awaits its ack: p50/p99/max latency and errors.
 The broker configuration is `CONFIG` below (environment variables), printed with the
 table; every run is appended to benchmarks/results/bounds.jsonl.
 """
@@ -388,6 +389,14 @@ LOADS = {
 }
 
 
+def _children_rss(process: psutil.Process) -> int:
+    total = 0
+    for child in process.children():
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return total
+
+
 def one_load(key: str, seconds: float) -> dict[str, Any]:
     title, target, address, budget = LOADS[key]
     work = Path(tempfile.mkdtemp(prefix=f"danube-bounds-{key}-"))
@@ -406,10 +415,12 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
                                                         load_out), daemon=True)
             load.start()
             samples = [rss_start]
+            children_samples = [0]  # the broker's own children: the inbound watcher process
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 time.sleep(SAMPLE_S)
                 samples.append(process.memory_info().rss)
+                children_samples.append(_children_rss(process))
             stop.set()
             result: dict[str, Any] = {}
             for queue, name in ((load_out, "load"), (probe_out, "probe")):
@@ -429,6 +440,7 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
     return {"load_key": key, "title": title, "seconds": seconds, "budget": budget,
             "rss_start_mib": round(rss_start / MIB, 1), "rss_max_mib": round(max(samples) / MIB, 1),
             "rss_final_mib": round(samples[-1] / MIB, 1), "wal_mib": round(wal_bytes / MIB, 1),
+            "children_rss_max_mib": round(max(children_samples) / MIB, 1), "load_average": os.getloadavg(),
             "broker_alive": alive, **result}
 
 
