@@ -137,6 +137,19 @@ class _Fds:
             raise OSError(code, os.strerror(code))
         return int(result)
 
+    def probe(self, fd: int) -> None:
+        """Copy the broker's `fd` once and close the copy: raises if that is refused.
+        Tried for a while: under Yama `ptrace_scope` 1 the broker allows it only once it
+        has named us its ptracer (PR_SET_PTRACER), just after starting us."""
+        for attempt in range(50):
+            try:
+                os.close(self._call(_SYS_PIDFD_GETFD, self._pidfd, fd, 0))
+                return
+            except OSError as exc:
+                if exc.errno != errno.EPERM or attempt == 49:
+                    raise
+                time.sleep(0.05)
+
     def copy(self, fd: int) -> socket.socket | None:
         """A socket object on our own copy of the broker's `fd`; None if it is closed or
         no TCP socket."""
@@ -178,13 +191,14 @@ class _Monitor:
 
 
 class Watcher:
-    def __init__(self, *, broker_pid: int, control: socket.socket, shared: memoryview, slots: int,
+    def __init__(self, *, broker_pid: int, probe_fd: int, control: socket.socket, shared: memoryview, slots: int,
                  connection_budget: int, broker_bytes_max: int, round_ms: int) -> None:
         import zmq  # here, not at the top: the broker imports this module for `choose_cuts`
 
         self.zmq = zmq
         self.ctx = zmq.Context(io_threads=1)
         self.fds = _Fds(broker_pid)
+        self.fds.probe(probe_fd)
         self.control = control
         self.stats = shared[:STAT_SLOTS]
         self.handed = shared[STAT_SLOTS:STAT_SLOTS + slots]
@@ -461,7 +475,7 @@ class Watcher:
 
 
 def main(argv: list[str]) -> None:
-    broker_pid, control_fd, memory_fd, slots, connection_budget, broker_bytes_max, round_ms = map(int, argv)
+    broker_pid, probe_fd, control_fd, memory_fd, slots, connection_budget, broker_bytes_max, round_ms = map(int, argv)
     # Die with the broker (the thread that started us: the broker's loop thread); the
     # socketpair's end is the other sign, for a start raced with the broker's death.
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -471,8 +485,9 @@ def main(argv: list[str]) -> None:
     memory = mmap.mmap(memory_fd, 8 * (STAT_SLOTS + slots))
     os.close(memory_fd)
     try:
-        watcher = Watcher(broker_pid=broker_pid, control=control, shared=memoryview(memory).cast("q"), slots=slots,
-                          connection_budget=connection_budget, broker_bytes_max=broker_bytes_max, round_ms=round_ms)
+        watcher = Watcher(broker_pid=broker_pid, probe_fd=probe_fd, control=control,
+                          shared=memoryview(memory).cast("q"), slots=slots, connection_budget=connection_budget,
+                          broker_bytes_max=broker_bytes_max, round_ms=round_ms)
     except OSError as exc:  # pidfd_getfd refused (seccomp, ptrace rules): the broker says so
         control.send(encode(FAILED, f"the inbound watcher cannot copy the broker's descriptors: {exc}"))
         return

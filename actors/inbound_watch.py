@@ -33,6 +33,7 @@ bounded batches). Its messages are `inbound_proc.encode`'s.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import logging
 import mmap
@@ -104,6 +105,16 @@ class _Port:
     on_events: Callable[[list[MonitorEvent]], None] | None
     on_cut: CutNotice
     proxy: _Proxy | None = None
+
+
+_PR_SET_PTRACER = 0x59616D61
+
+
+def _allow_ptracer(pid: int) -> None:
+    """Let the watcher copy our descriptors under Yama `ptrace_scope` 1, which allows
+    ptrace access (pidfd_getfd needs it) to descendants only, and the watcher is our
+    child, not our ancestor. Without Yama the call fails and nothing is needed."""
+    ctypes.CDLL(None).prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0)
 
 
 class _Proxy:
@@ -184,10 +195,12 @@ class InboundWatch:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             with theirs:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-I", inbound_proc.__file__, str(os.getpid()), str(theirs.fileno()),
+                    [sys.executable, "-I", inbound_proc.__file__, str(os.getpid()), str(ours.fileno()),
+                     str(theirs.fileno()),
                      str(memory_fd), str(self._slots), str(self.connection_bytes_max + INBOUND_SLACK_BYTES),
                      str(self.broker_bytes_max), str(self.round_ms)],
                     pass_fds=(theirs.fileno(), memory_fd), stdin=subprocess.DEVNULL)
+            _allow_ptracer(self._process.pid)
         finally:
             os.close(memory_fd)
         self._control = ours

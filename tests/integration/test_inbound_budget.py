@@ -1,5 +1,5 @@
 """What libzmq holds of connections' input is held to the inbound budgets by the
-inbound watcher thread (`actors/inbound_watch.py`), against real broker processes fed
+inbound watcher process (`actors/inbound_watch.py`), against real broker processes fed
 by hand-built ZMTP peers (plain TCP sockets) and by the danube client."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_endless_multipart_message_is_cut_close_to_its_budget(tmp_path: Path, br
     """A peer sending 1 MiB parts with the MORE flag that never end, nine times over
     (a new connection after each, flooding at once), is cut holding, in the median
     cut, at most its 4 MiB budget plus 24 MiB: what arrives at loopback rates (1-3
-    GB/s) in a round of the watcher thread (5 ms, plus the GIL's switch interval);
+    GB/s) in a round of the watcher (5 ms, plus how late its process is woken);
     1-15 MiB over were seen in 60 cuts, and an outlier (a round late behind the GIL)
     does not move the median. A check on the event loop's 125 ms timer lets 125-375
     MiB more arrive at those rates (median 315 MiB over was seen) and cannot meet it;
