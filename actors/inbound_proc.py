@@ -206,6 +206,7 @@ class Watcher:
         self.connection_budget = connection_budget
         self.broker_bytes_max = broker_bytes_max
         self.round_s = round_ms / 1000
+        self.priority = "normal"
         self.epoll = select.epoll()
         self.epoll.register(control.fileno(), select.EPOLLIN)
         self.watched: dict[int, _Watched] = {}  # by the broker's descriptor number
@@ -222,7 +223,7 @@ class Watcher:
 
     # ------------------------------------------------------------- the loop
     def run(self) -> None:
-        self.send(encode(READY))
+        self.send(encode(READY, self.priority))
         epoll, control_fd = self.epoll, self.control.fileno()
         while True:
             rechecks = self.rechecks
@@ -474,6 +475,27 @@ class Watcher:
         self.send(encode(CUT, fd, watched.address, watched.monitor, held, budget))
 
 
+def _raise_priority() -> str:
+    """Run ahead of the broker's and other processes' threads when woken. Measured on
+    2 cores with 5-7 runnable processes (load b): at normal priority the watcher's
+    rounds were now and then ~200 ms late, and a flood gained up to 200 MiB past its
+    budget. SCHED_RR (priority 1, the lowest real-time one) makes a wake-up preempt
+    every normal thread; the work per wake-up is microseconds per connection and the
+    kernel's real-time throttling caps it anyway. Needs CAP_SYS_NICE or
+    RLIMIT_RTPRIO >= 1; else nice -10 (CAP_SYS_NICE or RLIMIT_NICE); else unchanged.
+    Returns what was obtained, for the broker's log."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        return "SCHED_RR 1"
+    except OSError:
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+        return "nice -10"
+    except OSError:
+        return "normal"
+
+
 def main(argv: list[str]) -> None:
     broker_pid, probe_fd, control_fd, memory_fd, slots, connection_budget, broker_bytes_max, round_ms = map(int, argv)
     # Die with the broker (the thread that started us: the broker's loop thread); the
@@ -491,6 +513,7 @@ def main(argv: list[str]) -> None:
     except OSError as exc:  # pidfd_getfd refused (seccomp, ptrace rules): the broker says so
         control.send(encode(FAILED, f"the inbound watcher cannot copy the broker's descriptors: {exc}"))
         return
+    watcher.priority = _raise_priority()
     watcher.run()
 
 

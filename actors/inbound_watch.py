@@ -214,6 +214,13 @@ class InboundWatch:
         if tag != READY:
             self.stop()
             raise RuntimeError(f"{fields[0]}: inbound bytes cannot be bounded, the broker does not start")
+        priority = fields[0]
+        if priority == "normal":
+            log.warning("the inbound watcher runs at normal priority (no CAP_SYS_NICE, RLIMIT_RTPRIO or"
+                        " RLIMIT_NICE): on busy CPUs its checks may be late, and a flooding connection gains"
+                        " its rate times that lateness past inbound_bytes_per_connection_max")
+        else:
+            log.info("inbound watcher started (pid %d, %s)", self._process.pid if self._process else 0, priority)
         ours.setblocking(False)
         self._loop.add_reader(ours.fileno(), self._read_reports)
         stats = self._stats

@@ -34,6 +34,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import select
 import shutil
@@ -97,7 +98,8 @@ class Broker:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url,
                  "--admin-listen", self.admin_url, "--metrics-port", "0", "--data-dir", str(self.work_dir / "data")],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CONFIG})
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **CONFIG, "COLUMNS": "400"})  # log lines unwrapped: `_held_at_cuts` reads them
         asyncio.run(self._ready())
         return self
 
@@ -389,6 +391,20 @@ LOADS = {
 }
 
 
+def _held_at_cuts(log: Path) -> dict[str, Any]:
+    """What the inbound watcher's cuts found held (its WARNING lines): how late it was."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    held = sorted(int(n) for n in re.findall(r"holds (\d+) bytes the broker has not been handed", text))
+    if not held:
+        return {}
+    return {"inbound_cuts": len(held), "held_at_cut_p50_mib": round(held[len(held) // 2] / MIB, 1),
+            "held_at_cut_p99_mib": round(held[min(len(held) - 1, int(0.99 * len(held)))] / MIB, 1),
+            "held_at_cut_max_mib": round(held[-1] / MIB, 1)}
+
+
 def _children_rss(process: psutil.Process) -> int:
     total = 0
     for child in process.children():
@@ -432,6 +448,7 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
                 child.join(10)
                 if child.is_alive():
                     child.kill()
+            held_at_cuts = _held_at_cuts(work / "broker.log")
             wal = work / "data"
             wal_bytes = sum(f.stat().st_size for f in wal.rglob("*.wal")) if wal.exists() else 0
             alive = broker.process.poll() is None
@@ -441,6 +458,7 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
             "rss_start_mib": round(rss_start / MIB, 1), "rss_max_mib": round(max(samples) / MIB, 1),
             "rss_final_mib": round(samples[-1] / MIB, 1), "wal_mib": round(wal_bytes / MIB, 1),
             "children_rss_max_mib": round(max(children_samples) / MIB, 1), "load_average": os.getloadavg(),
+            **held_at_cuts,
             "broker_alive": alive, **result}
 
 
