@@ -475,7 +475,7 @@ class Watcher:
         self.send(encode(CUT, fd, watched.address, watched.monitor, held, budget))
 
 
-def _raise_priority() -> str:
+def raise_priority() -> str:
     """Run ahead of the broker's and other processes' threads when woken. Measured on
     2 cores with 5-7 runnable processes (load b): at normal priority the watcher's
     rounds were now and then ~200 ms late, and a flood gained up to 200 MiB past its
@@ -513,7 +513,7 @@ def main(argv: list[str]) -> None:
     except OSError as exc:  # pidfd_getfd refused (seccomp, ptrace rules): the broker says so
         control.send(encode(FAILED, f"the inbound watcher cannot copy the broker's descriptors: {exc}"))
         return
-    watcher.priority = _raise_priority()
+    watcher.priority = raise_priority()
     watcher.run()
 
 

@@ -125,6 +125,9 @@ class _Proxy:
 
     def __init__(self, ctx: zmq.Context[Any], monitor_endpoint: str, ipc_endpoint: str) -> None:
         self._control_endpoint = f"inproc://inbound-proxy-{id(self):x}"
+        # Plain sockets on the same libzmq context (inproc reaches the monitor): the
+        # owner's may be asyncio sockets, which must not be used off the loop's thread.
+        ctx = zmq.Context.shadow(ctx.underlying)
         front = ctx.socket(zmq.PAIR)
         front.setsockopt(zmq.LINGER, 0)
         front.setsockopt(zmq.RCVHWM, 100_000)
@@ -145,6 +148,10 @@ class _Proxy:
 
     @staticmethod
     def _run(front: zmq.Socket[Any], back: zmq.Socket[Any], control: zmq.Socket[Any]) -> None:
+        # An accept reaches the watcher through this thread: a flood that starts at the
+        # accept is unwatched until it runs, so it runs ahead of normal threads when
+        # allowed (as the watcher does, `inbound_proc.raise_priority`; this thread only).
+        inbound_proc.raise_priority()
         try:
             zmq.proxy_steerable(front, back, None, control)
         except zmq.ContextTerminated:
