@@ -382,7 +382,7 @@ LOADS = {
     "a": ("a: consumers never read, 1 MiB messages", load_a, "url",
           "outbound 32 MiB/connection, 128 MiB/broker; pending 16 MiB/subscription x 20"),
     "b": ("b: raw ZMTP, endless MORE parts + 1,000-part messages", load_b, "port",
-          "inbound 64 MiB/connection + one 5 ms watcher round (~10 MiB at 1 GB/s) x 2 connections"
+          "inbound 64 MiB/connection + up to 30 MiB arriving while the watcher checks, x 2 connections"
           " (inbound_bytes_max 256 MiB); frame_bytes_max 16 MiB"),
     "c": ("c: TCP connections never sending Connect", load_c, "port",
           "connections_pending_max 1000, connect_timeout_ms 10000"),
