@@ -288,8 +288,9 @@ class InboundWatch:
         return ident
 
     def detach(self, ident: int) -> None:
-        """Stop watching the connections of `attach`'s monitor `ident`; the caller may
-        close the monitor once this returns."""
+        """Stop watching the connections of `attach`'s monitor `ident`. Disable the
+        monitor first: libzmq sends monitor events blocking, so once nothing reads
+        them its I/O thread would stop at the next event."""
         entry = self._ports.pop(ident, None)
         if entry is None:
             return

@@ -295,10 +295,13 @@ class PeerGuard:
         self._monitor_sync = zmq.Socket.shadow(monitor.underlying)
 
     def close(self) -> None:
-        if self.inbound is not None:
-            self.inbound.detach(self._inbound_handle)
+        # The monitor first: libzmq's I/O thread sends monitor events blocking, so a
+        # monitor left enabled with no reader (the watcher detached) would stop it, and
+        # `disable_monitor` would then wait for it forever.
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
+        if self.inbound is not None:
+            self.inbound.detach(self._inbound_handle)
         if self.monitor_on_loop:
             self.monitor.close(linger=0)
 

@@ -294,8 +294,8 @@ def test_connections_are_watched_while_the_loop_is_blocked_and_no_accept_is_lost
         finally:
             for peer in peers:
                 peer.close()
+            router.disable_monitor()  # before detach: libzmq blocks on a monitor nobody reads
             watch.detach(handle)
-            router.disable_monitor()
             router.close(linger=0)
             watch.stop()
             ctx.destroy(linger=0)
@@ -370,8 +370,8 @@ def test_a_flood_is_cut_within_its_budget_while_the_gil_is_held() -> None:
             flooder.join(30)
             if flooder.is_alive():
                 flooder.kill()
+            router.disable_monitor()  # before detach: libzmq blocks on a monitor nobody reads
             watch.detach(handle)
-            router.disable_monitor()
             router.close(linger=0)
             watch.stop()
             ctx.destroy(linger=0)
