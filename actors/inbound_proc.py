@@ -76,7 +76,8 @@ _EVENTS_MAX = 1024
 MONITOR_EVENTS_MAX = 256
 # Monitor events read and not yet taken by the broker (its loop may be seconds behind a
 # connection flood): past this the monitors are not read (their proxies' queues and the
-# monitors' high-water marks hold the rest), so every connection up to it is watched
+# monitors' high-water marks hold the rest, ~200,000 more; past those libzmq would
+# block its I/O thread on the next event), so every connection up to it is watched
 # whether or not the loop keeps up.
 EVENTS_QUEUED_MAX = 65_536
 # Every arrival of data wakes the socket's waiters, this epoll among them, but epoll

@@ -121,7 +121,9 @@ class _Proxy:
     """Forwards a listening socket's monitor (inproc) to the watcher's ipc endpoint in a
     libzmq proxy, which holds no GIL: accepts reach the watcher whatever this
     interpreter does. While the watcher does not read, events wait in the proxy's
-    queues (high-water marks), then in the monitor's, which drops past them."""
+    queues (100,000 each way), then in the monitor's; past those libzmq's I/O thread
+    would block on the next event (it sends monitor events blocking), which is why the
+    watcher reads up to `inbound_proc.EVENTS_QUEUED_MAX` events ahead of the loop."""
 
     def __init__(self, ctx: zmq.Context[Any], monitor_endpoint: str, ipc_endpoint: str) -> None:
         self._control_endpoint = f"inproc://inbound-proxy-{id(self):x}"
