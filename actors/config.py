@@ -197,10 +197,10 @@ class LimitsSection:
     connect_timeout_ms: int = 10_000
     # Bytes ZeroMQ has read from one connection (client or admin port) and not
     # yet handed to the broker: an unfinished multipart message, or whole
-    # messages the broker has not caught up with. Checked by a thread of its
-    # own every 5 ms on the connections that received data (the kernel's count
-    # of bytes received against the bytes handed); a connection over it is
-    # disconnected. More than frame_bytes_max. Default 64 MiB.
+    # messages the broker has not caught up with. Checked by a watcher process
+    # (the broker's child) every 5 ms on the connections that received data
+    # (the kernel's count of bytes received against the bytes handed); a
+    # connection over it is disconnected. More than frame_bytes_max. Default 64 MiB.
     inbound_bytes_per_connection_max: int = 64 * MIB
     # The same summed over all connections of both ports; past it the
     # connections holding the most are disconnected until the sum is under it.

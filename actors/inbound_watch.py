@@ -1,141 +1,91 @@
-"""The inbound watcher: one thread per broker holding what libzmq buffers of its
-connections' input (client and admin ports) to byte budgets.
+"""The inbound watcher, broker side: holds what libzmq buffers of the broker's
+connections' input (client and admin ports) to byte budgets, through a process of its
+own (`actors/inbound_proc.py`, which says how).
 
 libzmq reads a peer as fast as it can and holds a multipart message until its last
-part (`actors/peers.py` says how what it holds is measured). Checked on a timer of the
-event loop, what a flooding peer gains between two checks is its rate times the
-interval plus however late the loop is, tens of ms on a busy broker: at loopback rates
-that is hundreds of MiB. So the check runs here, in a thread whose only business it
-is: the kernel wakes it (epoll, edge-triggered on libzmq's own descriptors: every
-arrival of data is an event, see `_EDGES`; the descriptor is never read here) and it
-gets the GIL within the interpreter's switch interval (5 ms), whatever the loop does.
+part (`actors/peers.py` says how what it holds is measured), so what a flooding peer
+gains past its budget is its rate (~1 GB/s on loopback) times how late the check is.
+Checked on the event loop's timer that was hundreds of MiB; in a thread of the broker
+(woken by the kernel, every 5 ms) it was tens of MiB now and then, because the thread
+needs the GIL: measured under load b on 2 cores shared with other work, its 5 ms sleeps
+returned 12 ms late at p99 and 70 ms at worst (the GIL's holder descheduled), and a
+peer gained up to ~135 MiB past a 64 MiB budget. The watcher process takes no GIL of
+ours; what reaches it without the GIL too:
 
-    loop thread (gateways)                          watcher thread
-      PeerGuard: attach(monitor)  -- SimpleQueue + eventfd -->  reads the socket monitors:
-                                                                  accepted fd: epoll IN|OUT|ET
-      _take_events(batch)  <-- call_soon_threadsafe --          (`_EDGES`); at a close: base
-      read a frame: handed[fd] += bytes                         = handed[fd]. Every round, the fds
-                    (array, single writer, never reset)         that received data: held =
-      on_cut(fd, address)  <-- call_soon_threadsafe --          received - unread - (handed - base)
+- the accepted connections: each listening socket's monitor (inproc) is forwarded to
+  the watcher's ipc endpoint by a libzmq proxy (`zmq.proxy_steerable` runs in C
+  without the GIL, in a thread of its own per listening socket); the watcher copies
+  each accepted descriptor from this process (pidfd_getfd);
+- what the broker was handed per descriptor (`hand`, on the loop for every frame):
+  shared memory, one 8-byte slot per descriptor number;
+- its counters, back (shared memory; `statistics()` and the gauges read them).
 
-The watcher reads the gateways' socket monitors itself, so a connection is watched the
-moment libzmq reports it accepted (on the loop that waited behind the loop's other work,
-seconds under a flood of connections, while a peer may flood as soon as it is accepted);
-the events go on to the peer guard in batches. Each round checks only the connections
-that received data since the last one (at most `FDS_PER_ROUND_MAX`; the rest wait for
-the next round), and those that still had bytes in the kernel (libzmq reads them with
-no new event: `RECHECK_S_MAX`), so an idle broker costs nothing and a busy one a few
-microseconds per active connection. A connection holding more than
-`connection_bytes_max` is shut down (`shutdown_peer`, which checks the address against
-descriptor reuse). The sum held over all connections is kept from the last value seen
-of each; when it (with what the kernel still holds) passes `broker_bytes_max`, every
-connection holding any is measured again and the largest holders are cut until the sum
-is under it (`choose_cuts`).
+What the watcher sends back (the monitor events, and the cuts, both on the loop's turn:
+it cut the connection already) comes over a socketpair the loop reads (`_read_reports`,
+bounded batches). Its messages are `inbound_proc.encode`'s.
 
-The owner and the thread share no mutable Python structure but the `handed` array,
-written only by the loop thread and read only by this one (an 8-byte item store is
-atomic under the GIL). What the thread reads may lag what the owner was handed by a
-few frames: the order of the reads (kernel count first, `handed` last) makes every
-error an understatement, never a false cut.
+    loop thread                 proxy threads (no GIL)          watcher process
+      PeerGuard: attach  --->   inproc monitor -> ipc  ----->   accepted: pidfd_getfd, epoll
+      hand: handed[fd] += n  ----------- shared memory ------>  held = received - unread - handed
+      _read_reports  <------------------ socketpair ---------   events; cuts (shut down already)
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
-import errno
-import heapq
+import ctypes
+import itertools
 import logging
+import mmap
 import os
-import queue
 import resource
-import select
-import struct
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.peers import (
-    INBOUND_SLACK_BYTES,
-    Address,
-    inbound_held,
-    peer_address,
-    shutdown_peer,
-    unread_bytes,
+from danube_zmq.actors import inbound_proc
+from danube_zmq.actors.inbound_proc import (
+    CUT,
+    EVENTS,
+    FAILED,
+    READY,
+    STAT_BROKER_CUTS,
+    STAT_CONNECTION_CUTS,
+    STAT_CONNECTIONS,
+    STAT_HELD,
+    STAT_HELD_AT_CUT_MAX,
+    STAT_HELD_PEAK,
+    STAT_ROUNDS,
+    STAT_SLOTS,
+    address_of,
+    choose_cuts,
+    decode,
+    encode,
 )
+from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.peers import INBOUND_SLACK_BYTES, Address
+
+__all__ = ["InboundStatistics", "InboundWatch", "MonitorEvent", "choose_cuts"]
 
 log = logging.getLogger("danube_zmq.inbound")
 
-# One round every ROUND_MS while data arrives: what a peer gains beyond its budget is
-# its rate times this (plus the GIL switch interval), ~8 MiB at 800 MB/s.
-ROUND_MS = 5
-FDS_PER_ROUND_MAX = 512
-# A connection with bytes left in the kernel is measured again (libzmq reads them with
-# no new event), after ROUND_MS while libzmq reads on, backing off to this while it
-# does not (the broker pushes back on a peer whose messages it does not take).
-RECHECK_S_MAX = 1.0
-_EVENTS_MAX = 1024
-MONITOR_EVENTS_MAX = 256
-# Monitor events passed to the loop and not taken there yet: past this the watcher
-# leaves them in the monitor sockets (bounded by their RCVHWM) until the loop catches
-# up, so a loop seconds behind a connection flood holds a bounded backlog, not one
-# callback per batch read.
-MONITOR_EVENTS_WAITING_MAX = 4096
-# Every arrival of data wakes the socket's waiters, this epoll among them, but epoll
-# reports an event only if the descriptor is still ready when it is collected, and
-# libzmq may have read it all by then: with EPOLLIN alone a connection whose bytes
-# libzmq drains at once (any that is not flooding) would go unseen. EPOLLOUT makes the
-# descriptor ready whenever its send buffer has room (almost always), so each arrival
-# is reported; edge-triggered, once per arrival (or per freed send buffer of a full one).
-_EDGES = select.EPOLLIN | select.EPOLLOUT | select.EPOLLET
+ROUND_MS = inbound_proc.ROUND_MS
+# Reports taken per loop turn (the rest wait in the socketpair for the next turn).
+REPORTS_PER_TURN_MAX = 64
+START_TIMEOUT_S = 30.0
 
 # (fd, address, port name, bytes held, "connection" or "broker") -> None, on the loop.
 CutNotice = Callable[[int, "Address | None", str, int, str], None]
-
-
-def choose_cuts(held: Mapping[int, int], budget: int) -> list[int]:
-    """The connections to cut so that the bytes `held` over all of them are at most
-    `budget`: the largest holders first (the fewest cuts that get under it), largest
-    first; none if the sum is within it."""
-    total = sum(held.values())
-    cuts: list[int] = []
-    for fd, size in sorted(held.items(), key=lambda item: item[1], reverse=True):
-        if total <= budget:
-            break
-        cuts.append(fd)
-        total -= size
-    return cuts
-
-
-@dataclass(slots=True)
-class _Watched:
-    address: Address | None
-    port: str
-    on_cut: CutNotice
-    base: int = 0  # handed[fd] when the last connection on this descriptor ended (counts never reset)
-    held: int = 0
-    unread: int = 0  # in the kernel at the last measure: libzmq may read it with no new event
-    recheck_at: float = 0.0  # when to measure again for the unread bytes (0: not scheduled)
-    recheck_s: float = 0.0  # the delay that led there (doubled while libzmq reads nothing)
-
-
 # (event, fd, peer address) of a socket monitor, as the watcher read them.
 MonitorEvent = tuple[int, int, "Address | None"]
-
-
-@dataclass(slots=True)
-class _Monitor:
-    """A listening socket's monitor, read by the watcher (it alone touches the socket)."""
-
-    socket: zmq.Socket[Any]
-    port: str
-    on_events: Callable[[list[MonitorEvent]], None]
-    on_cut: CutNotice
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,324 +99,281 @@ class InboundStatistics:
     rounds: int
 
 
-class InboundWatch:
-    """The watcher thread and its owner-side handles; `start()` on the event loop that
-    owns the gateways, `stop()` after they stopped."""
+@dataclass(slots=True)
+class _Port:
+    name: str
+    on_events: Callable[[list[MonitorEvent]], None] | None
+    on_cut: CutNotice
+    proxy: _Proxy | None = None
 
-    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS,
-                 events_waiting_max: int = MONITOR_EVENTS_WAITING_MAX) -> None:
-        self.connection_bytes_max = connection_bytes_max
-        self.broker_bytes_max = broker_bytes_max
-        self.round_s = round_ms / 1000
-        self.events_waiting_max = max(events_waiting_max, MONITOR_EVENTS_MAX)
-        # Monitor events passed to the loop (written by the watcher) and taken there
-        # (written by the loop): one writer each, their difference is what waits.
-        self._events_sent = 0
-        self._events_taken = 0
-        # Bytes handed to the owner per descriptor, ZMTP framing included; descriptors
-        # are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
-        # Written by the loop thread only (`hand`), read by the watcher.
-        self.handed = array.array("q", bytes(8 * resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
-        self._ended = array.array("q", bytes(8 * len(self.handed)))  # the watcher's: handed[fd] at a close
-        self._commands: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._epoll = select.epoll()
-        self._epoll.register(self._wake, select.EPOLLIN)
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # The watcher's own state (only its thread touches it after start()).
-        self._watched: dict[int, _Watched] = {}
-        self._monitors: dict[int, _Monitor] = {}  # by ZMQ_FD
-        self._monitors_due: dict[int, None] = {}  # events may wait
-        self._due: dict[int, None] = {}  # received data, not checked yet (in arrival order)
-        self._rechecks: list[tuple[float, int]] = []  # (when, fd), a heap; stale entries skipped
-        self._held_total = 0
-        self._unread_total = 0
-        # Single-writer counters (the watcher), read by `statistics()`.
-        self.held_peak = 0
-        self.held_at_cut_max = 0
-        self.connection_cuts = 0
-        self.broker_cuts = 0
-        self.rounds = 0
 
-    # ------------------------------------------------------------- owner side
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="danube-inbound", daemon=True)
+_PR_SET_PTRACER = 0x59616D61
+
+
+def _allow_ptracer(pid: int) -> None:
+    """Let the watcher copy our descriptors under Yama `ptrace_scope` 1, which allows
+    ptrace access (pidfd_getfd needs it) to descendants only, and the watcher is our
+    child, not our ancestor. Without Yama the call fails and nothing is needed."""
+    ctypes.CDLL(None).prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0)
+
+
+class _Proxy:
+    """Forwards a listening socket's monitor (inproc) to the watcher's ipc endpoint in a
+    libzmq proxy, which holds no GIL: accepts reach the watcher whatever this
+    interpreter does. While the watcher does not read, events wait in the proxy's
+    queues (100,000 each way), then in the monitor's; past those libzmq's I/O thread
+    would block on the next event (it sends monitor events blocking), which is why the
+    watcher reads up to `inbound_proc.EVENTS_QUEUED_MAX` events ahead of the loop."""
+
+    def __init__(self, ctx: zmq.Context[Any], monitor_endpoint: str, ipc_endpoint: str) -> None:
+        self._control_endpoint = f"inproc://inbound-proxy-{id(self):x}"
+        # Plain sockets on the same libzmq context (inproc reaches the monitor): the
+        # owner's may be asyncio sockets, which must not be used off the loop's thread.
+        ctx = zmq.Context.shadow(ctx.underlying)
+        front = ctx.socket(zmq.PAIR)
+        front.setsockopt(zmq.LINGER, 0)
+        front.setsockopt(zmq.RCVHWM, 100_000)
+        front.connect(monitor_endpoint)
+        back = ctx.socket(zmq.PAIR)
+        back.setsockopt(zmq.LINGER, 0)
+        back.setsockopt(zmq.SNDHWM, 100_000)
+        back.bind(ipc_endpoint)
+        control = ctx.socket(zmq.PAIR)
+        control.setsockopt(zmq.LINGER, 0)
+        control.bind(self._control_endpoint)
+        self._steer = ctx.socket(zmq.PAIR)
+        self._steer.setsockopt(zmq.LINGER, 0)
+        self._steer.connect(self._control_endpoint)
+        self._thread = threading.Thread(target=self._run, args=(front, back, control), name="danube-inbound-proxy",
+                                        daemon=True)
         self._thread.start()
 
+    @staticmethod
+    def _run(front: zmq.Socket[Any], back: zmq.Socket[Any], control: zmq.Socket[Any]) -> None:
+        # An accept reaches the watcher through this thread: a flood that starts at the
+        # accept is unwatched until it runs, so it runs ahead of normal threads when
+        # allowed (as the watcher does, `inbound_proc.raise_priority`; this thread only).
+        inbound_proc.raise_priority()
+        try:
+            zmq.proxy_steerable(front, back, None, control)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for sock in (front, back, control):
+                sock.close(linger=0)
+
     def stop(self) -> None:
-        if self._thread is not None:
-            self._send("stop", -1, None)
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._epoll.close()
-        os.close(self._wake)
+        self._steer.send(b"TERMINATE")
+        self._thread.join(5)
+        self._steer.close(linger=0)
 
-    def attach(self, monitor: zmq.Socket[Any], port: str, on_events: Callable[[list[MonitorEvent]], None],
-               on_cut: CutNotice) -> None:
-        """Read the socket monitor of a listening socket from now on (the caller no longer
-        touches it): each accepted connection is watched as soon as the watcher reads its
-        event, not when the loop gets to it (a flood of connections queues thousands of
-        events, and a peer may flood as soon as it is accepted). The events are passed on
-        to `on_events` on the loop; `on_cut` is called there for a connection cut."""
-        self._send("attach", -1, _Monitor(monitor, port, on_events, on_cut))
 
-    def detach(self, monitor: zmq.Socket[Any]) -> None:
-        """Stop reading `monitor` and watching its connections; the caller may close it
-        once this returns."""
-        done = threading.Event()
-        self._send("detach", -1, (monitor, done))
-        if self._thread is not None and self._thread.is_alive():
-            done.wait(5)
+class InboundWatch:
+    """The watcher process and the broker's handles on it; `start()` on the event loop
+    that owns the gateways (the watcher dies with that thread), `stop()` after they
+    stopped."""
+
+    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS) -> None:
+        self.connection_bytes_max = connection_bytes_max
+        self.broker_bytes_max = broker_bytes_max
+        self.round_ms = round_ms
+        # Descriptors are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
+        self._slots = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._memory: mmap.mmap | None = None
+        self._stats: memoryview | None = None
+        self.handed: memoryview | None = None  # written by the loop thread only (`hand`)
+        self._control: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dir: str | None = None
+        self._ports: dict[int, _Port] = {}
+        self._idents = itertools.count(1)
+        self._final: InboundStatistics | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        size = 8 * (STAT_SLOTS + self._slots)
+        memory_fd = os.memfd_create("danube-inbound", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(memory_fd, size)
+            self._memory = mmap.mmap(memory_fd, size)
+            shared = memoryview(self._memory).cast("q")
+            self._stats, self.handed = shared[:STAT_SLOTS], shared[STAT_SLOTS:]
+            self._dir = tempfile.mkdtemp(prefix="danube-inbound-")  # 0700: the monitors' ipc endpoints
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            with theirs:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-I", inbound_proc.__file__, str(os.getpid()), str(ours.fileno()),
+                     str(theirs.fileno()),
+                     str(memory_fd), str(self._slots), str(self.connection_bytes_max + INBOUND_SLACK_BYTES),
+                     str(self.broker_bytes_max), str(self.round_ms)],
+                    pass_fds=(theirs.fileno(), memory_fd), stdin=subprocess.DEVNULL)
+            _allow_ptracer(self._process.pid)
+        finally:
+            os.close(memory_fd)
+        self._control = ours
+        # Blocking, once, at start: the watcher must be up before the first connection.
+        ours.settimeout(START_TIMEOUT_S)
+        try:
+            data = ours.recv(65536)
+        except TimeoutError:
+            data = encode(FAILED, f"the inbound watcher did not start within {START_TIMEOUT_S:g} s")
+        tag, fields = decode(data) if data else (FAILED, ["the inbound watcher exited at start"])
+        if tag != READY:
+            self.stop()
+            raise RuntimeError(f"{fields[0]}: inbound bytes cannot be bounded, the broker does not start")
+        priority = fields[0]
+        if priority == "normal":
+            log.warning("the inbound watcher runs at normal priority (no CAP_SYS_NICE, RLIMIT_RTPRIO or"
+                        " RLIMIT_NICE): on busy CPUs its checks may be late, and a flooding connection gains"
+                        " its rate times that lateness past inbound_bytes_per_connection_max")
+        else:
+            log.info("inbound watcher started (pid %d, %s)", self._process.pid if self._process else 0, priority)
+        ours.setblocking(False)
+        self._loop.add_reader(ours.fileno(), self._read_reports)
+        stats = self._stats
+        METRICS.inbound_held_bytes.set_function(lambda: stats[STAT_HELD])
+        METRICS.inbound_held_bytes_peak.set_function(lambda: stats[STAT_HELD_PEAK])
+        METRICS.inbound_held_bytes_at_cut_max.set_function(lambda: stats[STAT_HELD_AT_CUT_MAX])
+
+    def stop(self) -> None:
+        for ident in list(self._ports):
+            self.detach(ident)
+        if self._control is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._control.fileno())
+            self._control.close()  # the watcher sees the end and exits
+            self._control = None
+        if self._process is not None:
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(5)
+            self._process = None
+        if self._stats is not None:
+            final = self._final = self.statistics()
+            METRICS.inbound_held_bytes.set_function(lambda: final.held_bytes)
+            METRICS.inbound_held_bytes_peak.set_function(lambda: final.held_bytes_peak)
+            METRICS.inbound_held_bytes_at_cut_max.set_function(lambda: final.held_bytes_at_cut_max)
+            assert self.handed is not None and self._memory is not None
+            self._stats.release()
+            self.handed.release()
+            self._stats = self.handed = None
+            self._memory.close()
+            self._memory = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    @property
+    def pid(self) -> int | None:
+        """The watcher process's id (None before start and after stop)."""
+        return None if self._process is None else self._process.pid
+
+    # ------------------------------------------------------------- owner side
+    def attach(self, ctx: zmq.Context[Any], monitor_endpoint: str, port: str,
+               on_events: Callable[[list[MonitorEvent]], None], on_cut: CutNotice, *,
+               listen_port: int | None = None) -> int:
+        """Have the watcher read the socket monitor bound at `monitor_endpoint` (inproc,
+        in `ctx`) from now on: each accepted connection is watched as soon as the watcher
+        reads its event, whatever the loop does. The events are passed on to `on_events`
+        on the loop; `on_cut` is called there for a connection cut. `listen_port` (the
+        socket's TCP port) tells its connections from another port's that reused a
+        descriptor number. Returns the handle for `detach`."""
+        assert self._dir is not None, "start() first"
+        ident = next(self._idents)
+        ipc_endpoint = f"ipc://{self._dir}/{ident}"
+        self._ports[ident] = _Port(port, on_events, on_cut, _Proxy(ctx, monitor_endpoint, ipc_endpoint))
+        self._send(encode(inbound_proc.ATTACH, ident, ipc_endpoint, listen_port))
+        return ident
+
+    def detach(self, ident: int) -> None:
+        """Stop watching the connections of `attach`'s monitor `ident`. Disable the
+        monitor first: libzmq sends monitor events blocking, so once nothing reads
+        them its I/O thread would stop at the next event."""
+        entry = self._ports.pop(ident, None)
+        if entry is None:
+            return
+        if entry.proxy is not None:
+            entry.proxy.stop()
+        self._send(encode(inbound_proc.DETACH, ident))
 
     def watch(self, fd: int, address: Address | None, port: str, on_cut: CutNotice) -> None:
         """Hold the connection on `fd` to the budgets (one no monitor reports: tests);
         `on_cut` is called on the loop if it is cut."""
-        self._send("watch", fd, _Watched(address, port, on_cut))
+        ident = next(self._idents)
+        self._ports[ident] = _Port(port, None, on_cut)
+        self._send(encode(inbound_proc.WATCH, fd, address, ident))
 
     def hand(self, fd: int, size: int) -> None:
         """The owner was handed `size` bytes (ZMTP framing included) read from `fd`
         (-1 when a frame came on no TCP connection: inproc, ipc)."""
-        if 0 <= fd < len(self.handed):
-            self.handed[fd] += size
+        handed = self.handed
+        if handed is not None and 0 <= fd < len(handed):
+            handed[fd] += size
 
     def statistics(self) -> InboundStatistics:
-        return InboundStatistics(connections=len(self._watched), held_bytes=self._held_total,
-                                 held_bytes_peak=self.held_peak, held_bytes_at_cut_max=self.held_at_cut_max,
-                                 connection_cuts=self.connection_cuts,
-                                 broker_cuts=self.broker_cuts, rounds=self.rounds)
+        stats = self._stats
+        if stats is None:
+            return self._final or InboundStatistics(0, 0, 0, 0, 0, 0, 0)
+        return InboundStatistics(connections=stats[STAT_CONNECTIONS], held_bytes=stats[STAT_HELD],
+                                 held_bytes_peak=stats[STAT_HELD_PEAK],
+                                 held_bytes_at_cut_max=stats[STAT_HELD_AT_CUT_MAX],
+                                 connection_cuts=stats[STAT_CONNECTION_CUTS], broker_cuts=stats[STAT_BROKER_CUTS],
+                                 rounds=stats[STAT_ROUNDS])
 
-    def _send(self, command: str, fd: int, payload: Any) -> None:
-        self._commands.put((command, fd, payload))
-        os.eventfd_write(self._wake, 1)
-
-    # ------------------------------------------------------------- watcher thread
-    def _run(self) -> None:
-        epoll, wake = self._epoll, self._wake
+    def _send(self, message: bytes) -> None:
+        if self._control is None:
+            return
+        # Commands are rare (an attach, a detach): a full socketpair would mean a stuck
+        # watcher, so wait for room rather than drop one.
+        self._control.setblocking(True)
         try:
-            while True:
-                rechecks = self._rechecks
-                monitors_ready = bool(self._monitors_due) and self._room_for_events()
-                if self._due or monitors_ready:
-                    timeout = 0.0
-                elif self._monitors_due:  # the loop has not taken what it was passed: wait for it
-                    timeout = self.round_s
-                else:
-                    timeout = max(0.0, rechecks[0][0] - time.monotonic()) if rechecks else -1
-                for fd, _events in epoll.poll(timeout, _EVENTS_MAX):
-                    if fd == wake:
-                        if not self._take_commands():
-                            return
-                    elif fd in self._watched:
-                        self._due[fd] = None
-                    elif fd in self._monitors:
-                        self._monitors_due[fd] = None
-                if self._monitors_due and self._room_for_events():
-                    self._read_monitors()
-                if self._due or (rechecks and rechecks[0][0] <= time.monotonic()):
-                    self._round()
-                    # Let edges gather: at most one round per ROUND_MS, whatever the rate.
-                    time.sleep(self.round_s)
-        except Exception:  # a bug here must not pass silently: the budgets would be off
-            log.exception("the inbound watcher failed: inbound bytes are no longer bounded")
-            raise
-
-    def _take_commands(self) -> bool:
-        """Apply the owner's commands in order; False on stop."""
-        try:
-            os.eventfd_read(self._wake)
-        except BlockingIOError:
+            self._control.sendall(message)
+        except OSError:  # the watcher is gone: nothing to tell
             pass
-        while True:
+        finally:
+            self._control.setblocking(False)
+
+    # ------------------------------------------------------------- on the loop
+    def _read_reports(self) -> None:
+        """Take a bounded batch of the watcher's reports: monitor events for their
+        owners, cuts (already done) to count, log and tell."""
+        control = self._control
+        assert control is not None
+        for _ in range(REPORTS_PER_TURN_MAX):
             try:
-                command, fd, payload = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-            if command == "stop":
-                return False
-            if command == "watch":
-                self._add(fd, payload)
-            elif command == "attach":
-                monitor_fd = payload.socket.getsockopt(zmq.FD)
-                self._epoll.register(monitor_fd, select.EPOLLIN)
-                self._monitors[monitor_fd] = payload
-                self._monitors_due[monitor_fd] = None  # events queued before
-            elif command == "detach":
-                sock, done = payload
-                for monitor_fd, monitor in list(self._monitors.items()):
-                    if monitor.socket is sock:
-                        self._epoll.unregister(monitor_fd)
-                        del self._monitors[monitor_fd]
-                        self._monitors_due.pop(monitor_fd, None)
-                        for fd in [fd for fd, w in self._watched.items() if w.port == monitor.port]:
-                            self._drop(fd)
-                            self._ended[fd] = self.handed[fd]  # its socket is closed next
-                done.set()
-
-    def _add(self, fd: int, watched: _Watched) -> None:
-        self._drop(fd)
-        if not 0 <= fd < len(self.handed):
-            log.error("descriptor %d is beyond RLIMIT_NOFILE at start: its inbound bytes are not bounded", fd)
-            return
-        try:
-            self._epoll.register(fd, _EDGES)
-        except FileExistsError:  # the registration of a closed descriptor's predecessor
-            self._epoll.modify(fd, _EDGES)
-        except OSError as exc:
-            if exc.errno != errno.EBADF:  # closed already
-                raise
-            return
-        # What the owner was handed from this descriptor number before the last
-        # connection on it ended belongs to the connections it led to before (the counts
-        # are never reset: a reset by the owner could land after the new connection's
-        # first frames). Taken at the end, not now: the owner may already have read the
-        # new connection's first frames. A frame of the old connection read later counts
-        # against the new one, which only understates it.
-        watched.base = self._ended[fd]
-        self._watched[fd] = watched
-        self._due[fd] = None  # data that came before the registration
-
-    def _read_monitors(self) -> None:
-        """Watch the connections the monitors report accepted at once, forget closed
-        ones, and pass the events on to their owners (at most MONITOR_EVENTS_MAX per
-        monitor per round, so that the loop takes them in bounded batches)."""
-        for monitor_fd in list(self._monitors_due):
-            monitor = self._monitors[monitor_fd]
-            events: list[MonitorEvent] = []
-            for _ in range(MONITOR_EVENTS_MAX):
-                try:
-                    frames = monitor.socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    del self._monitors_due[monitor_fd]
-                    break
-                event, fd = struct.unpack("=hi", frames[0][:6])  # ZMTP monitor event: 16-bit event, 32-bit value
-                if event == zmq.EVENT_ACCEPTED:
-                    address = peer_address(fd)
-                    self._add(fd, _Watched(address, monitor.port, monitor.on_cut))
-                    events.append((event, fd, address))
-                else:
-                    watched = self._watched.get(fd)
-                    if watched is not None and watched.port == monitor.port:  # not a reuse by the other port
-                        self._drop(fd)
-                    if 0 <= fd < len(self._ended):
-                        self._ended[fd] = self.handed[fd]
-                    events.append((event, fd, None))
-            if events:
-                self._events_sent += len(events)
-                self._notify(self._pass_events, monitor.on_events, events)
-            if not self._room_for_events():
+                data = control.recv(65536)
+            except BlockingIOError:
                 return
+            if not data:
+                log.error("the inbound watcher exited: inbound bytes are no longer bounded")
+                assert self._loop is not None
+                self._loop.remove_reader(control.fileno())
+                return
+            tag, fields = decode(data)
+            if tag == EVENTS:
+                ident, events = fields
+                entry = self._ports.get(ident)
+                if entry is not None and entry.on_events is not None:
+                    entry.on_events([(event, fd, address_of(address)) for event, fd, address in events])
+            elif tag == CUT:
+                fd, address, ident, held, budget = fields
+                entry = self._ports.get(ident)
+                if entry is not None:
+                    self._cut(fd, address_of(address), entry, held, budget)
 
-    def _room_for_events(self) -> bool:
-        return self._events_sent - self._events_taken + MONITOR_EVENTS_MAX <= self.events_waiting_max
-
-    def _pass_events(self, on_events: Callable[[list[MonitorEvent]], None], events: list[MonitorEvent]) -> None:
-        """On the loop: hand a batch of monitor events to their owner."""
-        self._events_taken += len(events)
-        on_events(events)
-
-    def _notify(self, callback: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop is closed: the broker is stopping
-            pass
-
-    def _drop(self, fd: int) -> None:
-        watched = self._watched.pop(fd, None)
-        self._due.pop(fd, None)
-        if watched is not None:
-            self._held_total -= watched.held
-            self._unread_total -= watched.unread
-
-    def _measure(self, fd: int, watched: _Watched) -> bool:
-        """Measure what libzmq holds of `fd`'s input now, and what the kernel has not
-        handed to libzmq yet; False if `fd` is no longer a TCP socket. The kernel's
-        counts are read before `handed`, so that a race only understates it."""
-        received = inbound_held(fd, 0)
-        if received is None:
-            self._drop(fd)
-            return False
-        unread = unread_bytes(fd)
-        held = max(0, received - unread - (self.handed[fd] - watched.base))
-        self._held_total += held - watched.held
-        self._unread_total += unread - watched.unread
-        watched.held, watched.unread = held, unread
-        return True
-
-    def _round(self) -> None:
-        """Check the connections that received data, and those due a recheck; cut those
-        over a budget."""
-        self.rounds += 1
-        due, watched_fds, rechecks = self._due, self._watched, self._rechecks
-        now = time.monotonic()
-        while rechecks and rechecks[0][0] <= now:
-            at, fd = heapq.heappop(rechecks)
-            watched = watched_fds.get(fd)
-            if watched is not None and watched.recheck_at == at:
-                watched.recheck_at = 0.0
-                due[fd] = None
-        budget = self.connection_bytes_max + INBOUND_SLACK_BYTES  # the greeting and commands are never handed
-        for _ in range(min(len(due), FDS_PER_ROUND_MAX)):
-            fd = next(iter(due))
-            del due[fd]
-            watched = watched_fds[fd]
-            unread_before = watched.unread
-            if not self._measure(fd, watched):
-                continue
-            if watched.held > budget:
-                self._cut(fd, watched, watched.held, "connection")
-            elif watched.unread:
-                # Soon while libzmq reads on or the bytes could pass the budget; later
-                # and later while it reads nothing.
-                progress = watched.unread != unread_before or watched.held + watched.unread > budget
-                self._recheck(fd, watched, now, self.round_s if progress else min(
-                    RECHECK_S_MAX, 2 * max(watched.recheck_s, self.round_s)))
-        if self._held_total + self._unread_total > self.broker_bytes_max:
-            # Values not measured this round only overstate held bytes (the owner reads
-            # on) but may understate unread ones: measure every connection holding any.
-            for fd, watched in list(watched_fds.items()):
-                if watched.held or watched.unread:
-                    self._measure(fd, watched)
-            for fd in choose_cuts({fd: w.held for fd, w in watched_fds.items() if w.held}, self.broker_bytes_max):
-                self._cut(fd, watched_fds[fd], watched_fds[fd].held, "broker")
-            for fd, watched in watched_fds.items():
-                if watched.unread:
-                    self._recheck(fd, watched, now, self.round_s)
-        total = self._held_total
-        if total > self.held_peak:
-            self.held_peak = total
-            METRICS.inbound_held_bytes_peak.set(total)
-        METRICS.inbound_held_bytes.set(total)
-
-    def _recheck(self, fd: int, watched: _Watched, now: float, delay_s: float) -> None:
-        """Measure `fd` again after `delay_s` (unless it is due sooner already)."""
-        at = now + delay_s
-        if watched.recheck_at and watched.recheck_at <= at:
-            return
-        watched.recheck_at, watched.recheck_s = at, delay_s
-        heapq.heappush(self._rechecks, (at, fd))
-
-    def _cut(self, fd: int, watched: _Watched, held: int, budget: str) -> None:
-        self._drop(fd)  # cut or gone: either way no longer watched (a reused fd is watched anew)
-        if not shutdown_peer(fd, watched.address):
-            return
+    def _cut(self, fd: int, address: Address | None, entry: _Port, held: int, budget: str) -> None:
         if budget == "connection":
-            self.connection_cuts += 1
-            METRICS.inbound_overrun_cut.labels(watched.port).inc()
-        else:
-            self.broker_cuts += 1
-            METRICS.inbound_budget_cut.labels(watched.port).inc()
-        if held > self.held_at_cut_max:
-            self.held_at_cut_max = held
-            METRICS.inbound_held_bytes_at_cut_max.set(held)
-        if budget == "connection":
+            METRICS.inbound_overrun_cut.labels(entry.name).inc()
             log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed (an"
                         " unfinished multipart message?), over inbound_bytes_per_connection_max (%d):"
-                        " disconnected", watched.address, watched.port, held, self.connection_bytes_max)
+                        " disconnected", address, entry.name, held, self.connection_bytes_max)
         else:
+            METRICS.inbound_budget_cut.labels(entry.name).inc()
             log.warning("connection from %s to the %s port holds %d bytes the broker has not been handed, the"
                         " most of all connections, which together hold over inbound_bytes_max (%d):"
-                        " disconnected", watched.address, watched.port, held, self.broker_bytes_max)
-        self._notify(watched.on_cut, fd, watched.address, watched.port, held, budget)
+                        " disconnected", address, entry.name, held, self.broker_bytes_max)
+        entry.on_cut(fd, address, entry.name, held, budget)

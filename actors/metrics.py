@@ -93,7 +93,7 @@ METRICS = _Metrics(
     inbound_overrun_cut=Counter("danube_broker_inbound_overrun_connections_total",
                                 "Connections disconnected because ZeroMQ held more of their input than"
                                 " inbound_bytes_per_connection_max (an unfinished multipart message)", ["port"]),
-    # Set by the inbound watcher's thread (actors/inbound_watch.py).
+    # From the inbound watcher process's reports (actors/inbound_watch.py).
     inbound_budget_cut=Counter("danube_broker_inbound_budget_connections_total",
                                "Connections disconnected as the largest holders when ZeroMQ held more of all"
                                " connections' input than inbound_bytes_max", ["port"]),

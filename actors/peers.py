@@ -17,9 +17,10 @@ received on each connection (TCP_INFO `tcpi_bytes_received`), so the guard compa
 that, less what is still unread in the kernel (FIONREAD), with the bytes the owner
 was actually handed from that descriptor (ZMQ_SRCFD, ZMTP framing included): the
 difference is what libzmq holds for the peer. A connection holding more than
-`inbound_bytes_per_connection_max` is shut down by the inbound watcher, a thread
-woken by the kernel when data arrives (`actors/inbound_watch.py`), never per message
-and never on the event loop's timer (which may be late by tens of ms).
+`inbound_bytes_per_connection_max` is shut down by the inbound watcher, a process of
+its own woken by the kernel when data arrives (`actors/inbound_watch.py`), never per
+message, never on the event loop's timer (late by tens of ms) and never needing the
+broker's GIL.
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ class PeerGuard:
         self.evicted = 0
         self.expired = 0
         self.inbound_cut = 0
-        # Accepted connections are held to the inbound budgets by the watcher thread;
+        # Accepted connections are held to the inbound budgets by the watcher process;
         # `on_inbound_cut(fd, address)` tells the owner one was cut (on the loop).
         self.inbound = inbound
         self.on_inbound_cut = on_inbound_cut
@@ -271,6 +272,20 @@ class PeerGuard:
         self._log_at_ms = 0
         endpoint = f"inproc://monitor-{name}-{id(self):x}"
         sock.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        self._sock = sock
+        # With an inbound watcher, the watcher process reads the monitor (it watches a
+        # connection the moment it is accepted) and passes the events on (`_take_events`,
+        # on the loop, with `now_ms`); without one, the owner drains it on the loop (`drain`).
+        self.monitor_on_loop = inbound is None
+        self._inbound_handle = 0
+        if inbound is not None:
+            assert now_ms is not None
+            self._now_ms = now_ms
+            bound = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+            listen_port = int(bound.rsplit(":", 1)[1]) if bound.startswith("tcp://") else None
+            self._inbound_handle = inbound.attach(ctx, endpoint, name, self._take_events, self._inbound_cut,
+                                                  listen_port=listen_port)
+            return
         monitor = ctx.socket(zmq.PAIR)
         monitor.setsockopt(zmq.LINGER, 0)
         # Events are dropped when this queue is full; it holds small frames only.
@@ -278,22 +293,17 @@ class PeerGuard:
         monitor.connect(endpoint)
         self.monitor = monitor
         self._monitor_sync = zmq.Socket.shadow(monitor.underlying)
-        self._sock = sock
-        # With an inbound watcher, the watcher reads the monitor (it watches a connection
-        # the moment it is accepted) and passes the events on (`_take_events`, on the
-        # loop, with `now_ms`); without one, the owner drains it on the loop (`drain`).
-        self.monitor_on_loop = inbound is None
-        if inbound is not None:
-            assert now_ms is not None
-            self._now_ms = now_ms
-            inbound.attach(self._monitor_sync, name, self._take_events, self._inbound_cut)
 
     def close(self) -> None:
-        if self.inbound is not None:
-            self.inbound.detach(self._monitor_sync)
+        # The monitor first: libzmq's I/O thread sends monitor events blocking, so a
+        # monitor left enabled with no reader (the watcher detached) would stop it, and
+        # `disable_monitor` would then wait for it forever.
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
-        self.monitor.close(linger=0)
+        if self.inbound is not None:
+            self.inbound.detach(self._inbound_handle)
+        if self.monitor_on_loop:
+            self.monitor.close(linger=0)
 
     def drain(self, now_ms: int, events_max: int = 128) -> None:
         """Take up to `events_max` of the monitor's events (the rest wait for the next

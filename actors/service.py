@@ -11,8 +11,8 @@
             +-- LoadManagerActor   assigns topics to brokers while this peer leads
             +-- Gateway        client ROUTER (broker.listen) + outbox
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
-      +-- InboundWatch   a thread holding what libzmq buffers of both ports' input to
-                         limits.inbound_bytes_per_connection_max and inbound_bytes_max
+      +-- InboundWatch   a child process holding what libzmq buffers of both ports' input
+                         to limits.inbound_bytes_per_connection_max and inbound_bytes_max
 
 `start()` opens the metadata store, then binds everything (and the Prometheus endpoint);
 `stop()` stops the actors in reverse order, then the metadata store, and closes the

@@ -19,8 +19,9 @@ Loads (hand-built where the danube client never misbehaves so):
      messages, 64 in flight), refusals counted and sent again.
 
 Throughout each load, the broker's RSS (psutil) is sampled every 0.5 s (start, max,
-final reported), and a probe client in its own process sends one 100-byte message to
-a reliable topic every 10 ms and awaits its ack: p50/p99/max latency and errors.
+final reported; its child processes', the inbound watcher, apart), and a probe
+client in its own process sends one 100-byte message to a reliable topic every 10 ms
+and awaits its ack: p50/p99/max latency and errors.
 The broker configuration is `CONFIG` below (environment variables), printed with the
 table; every run is appended to benchmarks/results/bounds.jsonl.
 """
@@ -33,6 +34,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import select
 import shutil
@@ -96,7 +98,8 @@ class Broker:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url,
                  "--admin-listen", self.admin_url, "--metrics-port", "0", "--data-dir", str(self.work_dir / "data")],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CONFIG})
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **CONFIG, "COLUMNS": "400"})  # log lines unwrapped: `_held_at_cuts` reads them
         asyncio.run(self._ready())
         return self
 
@@ -379,13 +382,35 @@ LOADS = {
     "a": ("a: consumers never read, 1 MiB messages", load_a, "url",
           "outbound 32 MiB/connection, 128 MiB/broker; pending 16 MiB/subscription x 20"),
     "b": ("b: raw ZMTP, endless MORE parts + 1,000-part messages", load_b, "port",
-          "inbound 64 MiB/connection + one 5 ms watcher round (~10 MiB at 1 GB/s) x 2 connections"
+          "inbound 64 MiB/connection + up to 30 MiB arriving while the watcher checks, x 2 connections"
           " (inbound_bytes_max 256 MiB); frame_bytes_max 16 MiB"),
     "c": ("c: TCP connections never sending Connect", load_c, "port",
           "connections_pending_max 1000, connect_timeout_ms 10000"),
     "d": ("d: reliable topic, consumer never acks", load_d, "url",
           "backlog_quota_bytes_max 256 MiB (producer_exception), cache 16 MiB"),
 }
+
+
+def _held_at_cuts(log: Path) -> dict[str, Any]:
+    """What the inbound watcher's cuts found held (its WARNING lines): how late it was."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    held = sorted(int(n) for n in re.findall(r"holds (\d+) bytes the broker has not been handed", text))
+    if not held:
+        return {}
+    return {"inbound_cuts": len(held), "held_at_cut_p50_mib": round(held[len(held) // 2] / MIB, 1),
+            "held_at_cut_p99_mib": round(held[min(len(held) - 1, int(0.99 * len(held)))] / MIB, 1),
+            "held_at_cut_max_mib": round(held[-1] / MIB, 1)}
+
+
+def _children_rss(process: psutil.Process) -> int:
+    total = 0
+    for child in process.children():
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return total
 
 
 def one_load(key: str, seconds: float) -> dict[str, Any]:
@@ -406,10 +431,12 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
                                                         load_out), daemon=True)
             load.start()
             samples = [rss_start]
+            children_samples = [0]  # the broker's own children: the inbound watcher process
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 time.sleep(SAMPLE_S)
                 samples.append(process.memory_info().rss)
+                children_samples.append(_children_rss(process))
             stop.set()
             result: dict[str, Any] = {}
             for queue, name in ((load_out, "load"), (probe_out, "probe")):
@@ -421,6 +448,7 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
                 child.join(10)
                 if child.is_alive():
                     child.kill()
+            held_at_cuts = _held_at_cuts(work / "broker.log")
             wal = work / "data"
             wal_bytes = sum(f.stat().st_size for f in wal.rglob("*.wal")) if wal.exists() else 0
             alive = broker.process.poll() is None
@@ -429,6 +457,8 @@ def one_load(key: str, seconds: float) -> dict[str, Any]:
     return {"load_key": key, "title": title, "seconds": seconds, "budget": budget,
             "rss_start_mib": round(rss_start / MIB, 1), "rss_max_mib": round(max(samples) / MIB, 1),
             "rss_final_mib": round(samples[-1] / MIB, 1), "wal_mib": round(wal_bytes / MIB, 1),
+            "children_rss_max_mib": round(max(children_samples) / MIB, 1), "load_average": os.getloadavg(),
+            **held_at_cuts,
             "broker_alive": alive, **result}
 
 

@@ -1,11 +1,12 @@
 """What libzmq holds of connections' input is held to the inbound budgets by the
-inbound watcher thread (`actors/inbound_watch.py`), against real broker processes fed
+inbound watcher process (`actors/inbound_watch.py`), against real broker processes fed
 by hand-built ZMTP peers (plain TCP sockets) and by the danube client."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_endless_multipart_message_is_cut_close_to_its_budget(tmp_path: Path, br
     """A peer sending 1 MiB parts with the MORE flag that never end, nine times over
     (a new connection after each, flooding at once), is cut holding, in the median
     cut, at most its 4 MiB budget plus 24 MiB: what arrives at loopback rates (1-3
-    GB/s) in a round of the watcher thread (5 ms, plus the GIL's switch interval);
+    GB/s) in a round of the watcher (5 ms, plus how late its process is woken);
     1-15 MiB over were seen in 60 cuts, and an outlier (a round late behind the GIL)
     does not move the median. A check on the event loop's 125 ms timer lets 125-375
     MiB more arrive at those rates (median 315 MiB over was seen) and cannot meet it;
@@ -163,3 +164,30 @@ def test_client_sending_big_messages_at_full_speed_is_not_cut(tmp_path: Path, br
     assert metric(metrics_port, "danube_broker_inbound_budget_connections_total", port="client") == 0
     assert metric(metrics_port, "danube_broker_inbound_held_bytes_peak") > 0
 
+
+
+def watcher_of(broker_pid: int) -> psutil.Process:
+    """The broker's inbound watcher process (its child running inbound_proc.py)."""
+    children = [child for child in psutil.Process(broker_pid).children()
+                if any(part.endswith("inbound_proc.py") for part in child.cmdline())]
+    assert len(children) == 1, f"the broker's children: {[c.cmdline() for c in psutil.Process(broker_pid).children()]}"
+    return children[0]
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_watcher_process_dies_with_its_broker(tmp_path: Path, broker_factory: Any) -> None:
+    """The inbound watcher is a child process of the broker; killed with SIGKILL (no
+    cleanup runs), the broker leaves no watcher behind: the kernel ends it
+    (PR_SET_PDEATHSIG), and it also exits when its socketpair to the broker ends."""
+    broker = broker_factory()
+    served(broker.url)
+    watcher = watcher_of(broker.process.pid)
+    assert not gone(watcher)
+    broker.stop(signal.SIGKILL)
+    wait_for(lambda: gone(watcher), 30, "the watcher to end with its broker")

@@ -264,48 +264,114 @@ def test_a_peer_guard_watches_its_socket_again_after_a_restart() -> None:
     asyncio.run(run())
 
 
-def test_monitor_events_waiting_for_a_late_loop_are_bounded_and_none_is_lost() -> None:
+def test_connections_are_watched_while_the_loop_is_blocked_and_no_accept_is_lost() -> None:
     """While the loop is blocked, a flood of 1,200 connections is accepted: the watcher
-    passes at most `events_waiting_max` monitor events on to the loop (the rest wait in
-    the monitor socket, bounded by its RCVHWM), and once the loop runs again every
-    accept reaches the owner."""
+    (a process, fed by a libzmq proxy that needs no GIL) watches every one of them
+    before the loop runs again, and once it does every accept reaches the owner, once."""
     async def run() -> None:
         ctx = zmq.asyncio.Context()
-        watch = InboundWatch(connection_bytes_max=64 * MIB, broker_bytes_max=64 * MIB, events_waiting_max=512)
+        watch = InboundWatch(connection_bytes_max=64 * MIB, broker_bytes_max=64 * MIB)
         watch.start()
-        loop = asyncio.get_running_loop()
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         port = router.bind_to_random_port("tcp://127.0.0.1")
         endpoint = "inproc://monitor-test-waiting"
         router.monitor(endpoint, zmq.EVENT_ACCEPTED)
-        monitor = ctx.socket(zmq.PAIR)
-        monitor.setsockopt(zmq.LINGER, 0)
-        monitor.setsockopt(zmq.RCVHWM, 100_000)
-        monitor.connect(endpoint)
         accepted: list[int] = []
-        watched_monitor = zmq.Socket.shadow(monitor.underlying)  # the watcher's thread reads it: no asyncio socket
-        watch.attach(watched_monitor, "client", lambda events: accepted.extend(fd for _, fd, _ in events),
-                     lambda *_: None)
+        handle = watch.attach(ctx, endpoint, "client", lambda events: accepted.extend(fd for _, fd, _ in events),
+                              lambda *_: None)
         peers: list[socket.socket] = []
         try:
             for _ in range(1200):  # the loop is blocked meanwhile
                 peers.append(socket.create_connection(("127.0.0.1", port)))
-            time.sleep(1.0)  # the watcher had every chance to pass on more
             deadline = time.monotonic() + 60
-            before_loop: list[int] = []
-            loop.call_soon(lambda: before_loop.append(len(accepted)))  # runs after what was queued so far
-            await asyncio.sleep(0)
-            assert before_loop and 256 <= before_loop[0] <= 512
+            while watch.statistics().connections < 1200 and time.monotonic() < deadline:
+                time.sleep(0.05)  # blocking: the loop stays blocked
+            assert watch.statistics().connections == 1200 and not accepted
             while len(accepted) < 1200 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert sorted(set(accepted)) == sorted(accepted) and len(accepted) == 1200
         finally:
             for peer in peers:
                 peer.close()
-            watch.detach(watched_monitor)
-            router.disable_monitor()
-            monitor.close(linger=0)
+            router.disable_monitor()  # before detach: libzmq blocks on a monitor nobody reads
+            watch.detach(handle)
+            router.close(linger=0)
+            watch.stop()
+            ctx.destroy(linger=0)
+
+    asyncio.run(run())
+
+
+def flood(port: int, bytes_max: int) -> None:
+    """A raw ZMTP peer (its own process: it needs no GIL of the test's) sending 1 MiB
+    parts with the MORE flag, never a last one, until cut or `bytes_max` are sent."""
+    from tests.integration.test_bounds import zmtp_dealer, zmtp_frame
+
+    part = zmtp_frame(b"m" * MIB, more=True)
+    sock = zmtp_dealer(f"tcp://127.0.0.1:{port}")
+    sent = 0
+    try:
+        while sent < bytes_max:
+            sock.sendall(part)
+            sent += len(part)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def test_a_flood_is_cut_within_its_budget_while_the_gil_is_held() -> None:
+    """A ROUTER's libzmq reads a peer flooding 1 MiB parts that never end (256 MiB in
+    all) while this interpreter's main thread holds the GIL (a busy loop, with a switch
+    interval longer than it) until the watcher reports a cut, 60 s at most: no other
+    Python thread runs meanwhile, so a watcher that needs the GIL cuts only afterwards,
+    holding all 256 MiB. The watcher process cuts the connection while the GIL is still
+    held, holding at most its 4 MiB budget plus what arrives in a few rounds (64 MiB at
+    most, ~5 MiB per 5 ms round at 1 GB/s)."""
+    import multiprocessing as mp
+    import sys
+
+    budget = 4 * MIB
+
+    async def run() -> None:
+        ctx = zmq.asyncio.Context()
+        watch = InboundWatch(connection_bytes_max=budget, broker_bytes_max=1024 * MIB)
+        watch.start()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = "inproc://monitor-test-gil"
+        router.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        cuts: list[tuple[int, str]] = []
+        handle = watch.attach(ctx, endpoint, "client", lambda _events: None,
+                              lambda _fd, _address, _port, held, reason: cuts.append((held, reason)))
+        flooder = mp.get_context("spawn").Process(target=flood, args=(port, 256 * MIB), daemon=True)
+        try:
+            flooder.start()
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(120.0)
+            try:
+                cut_during_block = False
+                end = time.monotonic() + 60.0
+                while time.monotonic() < end and not cut_during_block:  # holds the GIL: no other thread runs
+                    cut_during_block = watch.statistics().connection_cuts > 0
+            finally:
+                sys.setswitchinterval(switch)
+            deadline = time.monotonic() + 60
+            while not cuts and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert cuts, "the flooding connection was never cut"
+            held, reason = cuts[0]
+            assert reason == "connection"
+            assert cut_during_block, "the cut waited for the GIL"
+            assert held <= budget + 64 * MIB, f"cut holding {held / MIB:.0f} MiB"
+        finally:
+            flooder.join(30)
+            if flooder.is_alive():
+                flooder.kill()
+            router.disable_monitor()  # before detach: libzmq blocks on a monitor nobody reads
+            watch.detach(handle)
             router.close(linger=0)
             watch.stop()
             ctx.destroy(linger=0)
