@@ -173,8 +173,13 @@ class InboundWatch:
     that owns the gateways (the watcher dies with that thread), `stop()` after they
     stopped."""
 
-    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS) -> None:
+    def __init__(self, *, connection_bytes_max: int, broker_bytes_max: int, round_ms: int = ROUND_MS,
+                 on_exit: Callable[[str], None] | None = None) -> None:
         self.connection_bytes_max = connection_bytes_max
+        # Called (on the loop) when the watcher exits before `stop()`: nothing bounds
+        # inbound bytes any more, and libzmq's monitor events pile up behind the dead
+        # proxies, so the owner ends the broker (BrokerService: fatal, exit 70).
+        self.on_exit = on_exit
         self.broker_bytes_max = broker_bytes_max
         self.round_ms = round_ms
         # Descriptors are below RLIMIT_NOFILE (the broker never raises it), so one slot each.
@@ -352,6 +357,8 @@ class InboundWatch:
                 log.error("the inbound watcher exited: inbound bytes are no longer bounded")
                 assert self._loop is not None
                 self._loop.remove_reader(control.fileno())
+                if self.on_exit is not None:
+                    self.on_exit("the inbound watcher exited: inbound bytes are no longer bounded")
                 return
             tag, fields = decode(data)
             if tag == EVENTS:

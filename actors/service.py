@@ -104,7 +104,7 @@ class BrokerService:
             # request arrives, so they start first and the broker learns their URLs.
             inbound = self._inbound = InboundWatch(
                 connection_bytes_max=config.limits.inbound_bytes_per_connection_max,
-                broker_bytes_max=config.limits.inbound_bytes_max)
+                broker_bytes_max=config.limits.inbound_bytes_max, on_exit=self._fatal)
             inbound.start()
             system.gateway_endpoint = await system.spawn(
                 lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas, inbound=inbound),

@@ -8,6 +8,7 @@ import asyncio
 import re
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,19 @@ def test_the_watcher_process_dies_with_its_broker(tmp_path: Path, broker_factory
     assert not gone(watcher)
     broker.stop(signal.SIGKILL)
     wait_for(lambda: gone(watcher), 30, "the watcher to end with its broker")
+
+
+def test_a_broker_whose_watcher_dies_stops_loudly_for_its_supervisor(tmp_path: Path, broker_factory: Any) -> None:
+    """Without its watcher nothing bounds what libzmq holds of a connection (and its
+    monitor events pile up in libzmq), so a broker whose watcher dies is a failed
+    broker: it logs CRITICAL and exits 70 (EXIT_FATAL) for its supervisor to start it
+    again, instead of serving on unbounded."""
+    broker = broker_factory()
+    served(broker.url)
+    watcher_of(broker.process.pid).kill()
+    try:
+        code = broker.process.wait(60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the broker kept running without its watcher:\n{broker.log()}") from None
+    assert code == 70, broker.log()
+    assert "inbound watcher" in broker.log()
