@@ -30,6 +30,7 @@ from danube_zmq.transport.internal_protocol import (
     PersistCursor,
     ReserveOffsets,
 )
+from tests.waiting import until
 
 TOPIC = "/default/flushed"
 SUB_TYPE = int(cp.SubType.SHARED)
@@ -81,13 +82,6 @@ def _stored_cursor(store: RaftMetadataStore, subscription: str = "s") -> int | N
     value = store.local_get(subscription_key(TOPIC, subscription))
     return None if value is None else cr.decode_cursor(value.value).cursor
 
-
-async def _until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(3_000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def _run(tmp_path: Path, body, *, interval_ms: int = NEVER_MS) -> None:  # type: ignore[no-untyped-def]
@@ -191,9 +185,9 @@ def test_what_the_store_refused_is_written_at_the_next_timer(tmp_path: Path) -> 
         except Unavailable:
             pass
         system.tell(flusher, _cursor(12))
-        await _until(lambda: FlakyStore.transactions >= 3, "the timer tried again")
+        await until(lambda: FlakyStore.transactions >= 3, "the timer tried again")
         assert _stored_cursor(store) is None
         FlakyStore.refusing = False
-        await _until(lambda: _stored_cursor(store) == 12, "the newest cursor written at a next timer")
+        await until(lambda: _stored_cursor(store) == 12, "the newest cursor written at a next timer")
 
     _run(tmp_path, body)

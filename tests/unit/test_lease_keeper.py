@@ -16,6 +16,7 @@ from danube_zmq.consensus.metadata_store import embedded_store
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport.internal_protocol import LeaseChanged
+from tests.waiting import until
 
 TTL_MS = 600
 KEY = "/cluster/register/7"
@@ -30,13 +31,6 @@ class BrokerProbe(Actor):
     def handle_LeaseChanged(self, msg: LeaseChanged) -> None:
         self.told.append(msg)
 
-
-async def _until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(3_000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def test_the_keeper_holds_the_lease_then_fences_when_renewals_fail(tmp_path: Path) -> None:
@@ -57,12 +51,12 @@ def test_the_keeper_holds_the_lease_then_fences_when_renewals_fail(tmp_path: Pat
             await system.spawn(lambda: LeaseKeeper(metadata=store, broker_endpoint=broker, broker_id=7, key=KEY,
                                                    registration=b"me", ttl_ms=TTL_MS), name="lease keeper",
                                parent=broker)
-            await _until(lambda: len(told) >= 2, "two renewals told")
+            await until(lambda: len(told) >= 2, "two renewals told")
             assert all(t.held for t in told) and told[0].until_ms > 0 and told[1].until_ms > told[0].until_ms
             value = store.local_get(KEY)
             assert value is not None and value.value == b"me" and value.ttl_ms == TTL_MS
             await store.stop()
-            await _until(lambda: not told[-1].held, "the lease lost")
+            await until(lambda: not told[-1].held, "the lease lost")
             last_until = max(t.until_ms for t in told if t.held)
             assert clock.monotonic_ms() >= last_until  # served up to the lease it held, not cut short
             count = len(told)

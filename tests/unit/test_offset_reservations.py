@@ -16,6 +16,7 @@ from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.internal_protocol import OffsetsReserved, ReserveOffsetsFor, TopicReleased
+from tests.waiting import until
 
 BROKER_ID = 7
 
@@ -39,13 +40,6 @@ class CountingStore(RaftMetadataStore):
         CountingStore.transactions += 1
         return await super().transaction(expect, puts, deletes)
 
-
-async def _until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(2_000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def _run(tmp_path: Path, body) -> None:  # type: ignore[no-untyped-def]
@@ -83,7 +77,7 @@ def test_asks_queued_together_are_written_in_one_transaction_and_each_topic_answ
         CountingStore.transactions = 0
         for ask in asks:
             assert system.tell(writer, ask)
-        await _until(lambda: all(answers.values()), "every topic answered")
+        await until(lambda: all(answers.values()), "every topic answered")
         assert CountingStore.transactions == 1
         for n in range(20):
             topic = f"/default/t{n}"
@@ -103,7 +97,7 @@ def test_no_reservation_is_written_once_the_lease_has_ended(tmp_path: Path) -> N
         probe = await system.spawn(lambda: TopicProbe(answers), name="topic")
         assert system.tell(writer, ReserveOffsetsFor(topic="/default/t", until=50, endpoint=probe,
                                                      lease_until_ms=system.clock.monotonic_ms() - 1))
-        await _until(lambda: answers, "the topic answered")
+        await until(lambda: answers, "the topic answered")
         assert answers[0].until == 0 and "no lease" in (answers[0].error or "")
         assert store.local_get(cr.topic_state_key("/default/t")) is None
 
@@ -126,7 +120,7 @@ def test_a_released_topic_s_pending_reservation_is_not_written(tmp_path: Path) -
         assert system.tell(writer, ReserveOffsetsFor(topic="/default/kept", until=9, endpoint=second,
                                                      lease_until_ms=lease))
         assert system.tell(writer, TopicReleased(topic="/default/gone"))
-        await _until(lambda: kept, "the kept topic answered")
+        await until(lambda: kept, "the kept topic answered")
         assert gone == [] and store.local_get(cr.topic_state_key("/default/gone")) is None
 
     _run(tmp_path, body)
