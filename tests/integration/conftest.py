@@ -29,19 +29,26 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 _EPHEMERAL = _ephemeral_range()
+_PORTS_RNG = random.Random()  # seeded from the OS, whatever a test does to `random`
+_PORTS_GIVEN: set[int] = set()
 
 
 def free_port() -> int:
     """A free port outside the kernel's ephemeral range: a port picked now and bound a
     moment later (a broker's, a cluster node's chosen up front) cannot be taken in
-    between by the outgoing connections of the brokers already running."""
+    between by the outgoing connections of the brokers already running. Never the same
+    port twice in one test process (two picked before either is bound would clash), and
+    from a generator of its own (a test may seed the global `random`)."""
     for _ in range(200):
-        port = random.randint(10_000, _EPHEMERAL[0] - 1)
+        port = _PORTS_RNG.randint(10_000, _EPHEMERAL[0] - 1)
+        if port in _PORTS_GIVEN:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _PORTS_GIVEN.add(port)
             return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -34,6 +34,11 @@ from danube_zmq.transport.errors import ErrorCode
 
 TOPIC = "/default/names"
 MAILBOX_MAX = 8
+# The gateway tells a round's Sends for one topic as one message, so a burst of Sends
+# fills the topic's mailbox by bytes: one Send of BURST_PAYLOAD is over this bound (an
+# empty mailbox takes it), and nothing else gets in until it is handled.
+MAILBOX_BYTES_MAX = 512
+BURST_PAYLOAD = b"x" * 1024
 _listeners = itertools.count(1)
 
 
@@ -62,7 +67,8 @@ async def broker() -> AsyncIterator[Broker]:
     and Subscribe (finding the topic's actor) is played by pointing the system's broker
     endpoint at the one topic."""
     context = zmq.asyncio.Context()
-    system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=MAILBOX_MAX)
+    system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=MAILBOX_MAX,
+                         mailbox_bytes_max=MAILBOX_BYTES_MAX)
     url = f"inproc://name-release-{next(_listeners)}"
     config = BrokerConfig(broker=BrokerSection(listen=url))
     system.gateway_endpoint = await system.spawn(lambda: Gateway(config=config, broker_id=1), name="gateway")
@@ -133,8 +139,9 @@ async def _subscribe(client: RawClient, consumer_name: str) -> Message:
 
 async def _reconnect_behind_a_burst(client: RawClient, burst: list[Message]) -> None:
     """Send `burst` and then `Connect`, all before the gateway runs: the burst fills the
-    actor's mailbox and the new `Connect` ends the session, whose release notice finds
-    that mailbox full."""
+    actor's mailbox (by count, or by bytes for Sends, which the gateway groups per
+    topic) and the new `Connect` ends the session, whose release notice finds that
+    mailbox full."""
     assert len(burst) > MAILBOX_MAX
     for msg in burst:
         client.send_now(msg)
@@ -151,7 +158,8 @@ async def test_a_producer_name_whose_release_notice_was_lost_goes_to_the_next_co
     holder = await _connected(broker, b"holder")
     created = await _create_producer(holder, "writer")
     assert isinstance(created, cp.ProducerCreated), created
-    sends = [cp.Send(request_id=1000 + i, producer_id=created.producer_id, payloads=[b"x"], publish_times=[0])
+    sends = [cp.Send(request_id=1000 + i, producer_id=created.producer_id, payloads=[BURST_PAYLOAD],
+                     publish_times=[0])
              for i in range(MAILBOX_MAX + 4)]
     await _reconnect_behind_a_burst(holder, sends)
     holder.close()
