@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -27,6 +28,7 @@ from danube_zmq.client.admin import AdminClient
 from danube_zmq.report.backlog import BacklogReport, compute_backlog
 from danube_zmq.report.spark import spark_session
 from danube_zmq.snapshots.store import SnapshotStore
+from danube_zmq.transport.errors import Unavailable
 from tests.integration.conftest import start_broker
 from tests.integration.test_snapshots import SMALL_SEGMENTS, produce_known_traffic
 from tests.spark_cluster import SparkCluster
@@ -212,8 +214,17 @@ def test_published_backlog_weighs_in_the_load_manager(traffic: Traffic, tmp_path
     broker = start_broker(traffic.root, env={**SMALL_SEGMENTS, "DANUBE_LOAD_MANAGER__REPORT_INTERVAL_MS": "3600000"})
     try:
         async def balance() -> float:
+            # Just started, the broker may not know yet that it leads (UNAVAILABLE,
+            # "retry"): retried as a user would.
+            deadline = time.monotonic() + 60
             async with AdminClient(broker.admin_url) as admin:
-                return (await admin.cluster_balance()).mean_load
+                while True:
+                    try:
+                        return (await admin.cluster_balance()).mean_load
+                    except Unavailable:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
 
         before = asyncio.run(balance())
         done = danube_report("--snapshots", traffic.url, "--master", "local[2]", "--format", "json",
