@@ -271,7 +271,7 @@ class Gateway(Actor):
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
                                             message=f"a message holds at most {parts_max} requests"
                                                     f" (requests_per_message_max), got {count}"))
-                requests += count
+                requests += 1  # one answer, whatever the parts: a hostile count costs no rounds
                 continue
             self.frames_in += count
             requests += count

@@ -109,3 +109,19 @@ async def test_batches_past_a_topics_mailbox_bytes_are_refused_as_retriable(clie
     _send_now(sock, batch(refused[0]))
     again = (await _answers(sock, {refused[0]}))[refused[0]]
     assert isinstance(again, cp.SendReceipt), again
+
+
+async def test_a_refused_oversized_message_costs_the_read_budget_one_request_not_its_parts(client) -> None:
+    """A message of more parts than requests_per_message_max is refused whole with one
+    answer: it must cost the gateway's read budget one request, not its part count (a
+    hostile client sending 100,000 empty parts would otherwise put the gateway ~200
+    rounds in debt, reading nobody's requests meanwhile). The round is run here, before
+    the event loop runs the gateway's task (inproc delivers at once)."""
+    system, sock = client
+    zmq.Socket.shadow(sock.underlying).send_multipart([b""] * 100_000)
+    gateway = system.actor(system.gateway_endpoint)
+    gateway._read_router(lambda fd, received: None)  # type: ignore[attr-defined]
+    parts_max = gateway.config.limits.requests_per_message_max  # type: ignore[attr-defined]
+    assert gateway._read_carry >= -parts_max, gateway._read_carry  # type: ignore[attr-defined]
+    answer = (await _answers(sock, {0}))[0]
+    assert isinstance(answer, Error) and answer.code == ErrorCode.INVALID_ARGUMENT, answer
