@@ -47,6 +47,7 @@ __all__ = [
     "DispatchSection",
     "LimitsSection",
     "PoliciesSection",
+    "SecuritySection",
     "env_var_name",
     "load_config",
 ]
@@ -709,6 +710,67 @@ class SnapshotsSection:
         _check_range("snapshots.pin_ms", self.pin_ms, 1000, 86_400_000)
 
 
+SECURITY_MODES = ("none", "curve")
+JWT_ALGORITHMS = ("HS256", "RS256", "EdDSA")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecuritySection:
+    """Who may reach this broker and what they may do (`docs/security.md`)."""
+
+    SECTION: ClassVar[str] = "security"
+
+    # "none": no encryption, no authentication, every request allowed; for a
+    # standalone broker on loopback. "curve": CurveZMQ on every socket (client,
+    # admin, Raft, broker to broker), JWT tokens and RBAC. Default none.
+    mode: str = "none"
+    # This broker's CURVE key pair: the secret key file as `danube security keys
+    # generate` (zmq.auth.create_certificates) writes it. Required with curve.
+    broker_key_file: str | None = None
+    # Directory of the cluster's broker public key files (*.key): only these keys
+    # may speak Raft and broker to broker, as `broker` principals. Required with curve.
+    broker_public_keys_dir: str | None = None
+    # How tokens are signed: HS256 (a shared secret), RS256 or EdDSA (a key
+    # pair; brokers hold only the public key). Default HS256.
+    jwt_algorithm: str = "HS256"
+    # HS256: file holding the shared secret (at least 32 bytes). Default null.
+    jwt_secret_file: str | None = None
+    # RS256 / EdDSA: PEM file of the public key that checks tokens. Default null.
+    jwt_public_key_file: str | None = None
+    # Every token must name this issuer (`iss`) and this audience (`aud`).
+    jwt_issuer: str = "danube"
+    jwt_audience: str = "danube"
+    # Clock skew allowed when checking `exp`, `iat` and `nbf`, ms. Default 30000.
+    jwt_leeway_ms: int = 30_000
+    # Subjects (`sub` of a token or a key principal's name) that hold every
+    # permission everywhere. Default [].
+    super_admins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.super_admins, list):
+            object.__setattr__(self, "super_admins", tuple(self.super_admins))
+        _check_types(self)
+        if self.mode not in SECURITY_MODES:
+            raise _error("security.mode", f"must be one of {', '.join(SECURITY_MODES)}, got {self.mode!r}")
+        if self.jwt_algorithm not in JWT_ALGORITHMS:
+            raise _error("security.jwt_algorithm",
+                         f"must be one of {', '.join(JWT_ALGORITHMS)}, got {self.jwt_algorithm!r}")
+        _check_range("security.jwt_leeway_ms", self.jwt_leeway_ms, 0, 3_600_000)
+        for key in ("jwt_issuer", "jwt_audience"):
+            if not getattr(self, key):
+                raise _error(f"security.{key}", "must not be empty")
+        if self.mode == "curve":
+            for key in ("broker_key_file", "broker_public_keys_dir"):
+                if not getattr(self, key):
+                    raise _error(f"security.{key}", "is required with security.mode curve", "security.mode")
+        if self.jwt_algorithm == "HS256" and self.jwt_public_key_file is not None:
+            raise _error("security.jwt_public_key_file", "is for RS256 and EdDSA; HS256 takes jwt_secret_file",
+                         "security.jwt_algorithm")
+        if self.jwt_algorithm != "HS256" and self.jwt_secret_file is not None:
+            raise _error("security.jwt_secret_file",
+                         f"is for HS256; {self.jwt_algorithm} takes jwt_public_key_file", "security.jwt_algorithm")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
     """The whole broker configuration: one field per section, plus top-level keys."""
@@ -724,6 +786,7 @@ class BrokerConfig:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     load_manager: LoadManagerSection = field(default_factory=LoadManagerSection)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
@@ -795,6 +858,7 @@ _SECTIONS: tuple[type, ...] = (
     ClusterSection,
     LoadManagerSection,
     SnapshotsSection,
+    SecuritySection,
 )
 
 

@@ -499,3 +499,29 @@ def test_broker_inbound_budget_is_at_least_one_connections() -> None:
     with pytest.raises(ConfigError, match=r"limits\.inbound_bytes_max"):
         LimitsSection(inbound_bytes_per_connection_max=32 * MIB, inbound_bytes_max=32 * MIB - 1)
     LimitsSection(inbound_bytes_per_connection_max=32 * MIB, inbound_bytes_max=32 * MIB)
+
+
+def test_curve_mode_requires_the_broker_keys(tmp_path: Path) -> None:
+    """security.mode curve without the broker's key pair or the cluster's public keys is refused
+    at load, naming the missing key; the default mode needs neither."""
+    assert load_config(None).security.mode == "none"
+    with pytest.raises(ConfigError, match=r"security.broker_key_file.*required with security.mode curve"):
+        load_config(write(tmp_path, "security:\n  mode: curve\n"))
+    text = "security:\n  mode: curve\n  broker_key_file: b.key_secret\n"
+    with pytest.raises(ConfigError, match=r"security.broker_public_keys_dir"):
+        load_config(write(tmp_path, text))
+    config = load_config(write(tmp_path, text + "  broker_public_keys_dir: keys\n  super_admins: [ops]\n"))
+    assert config.security.mode == "curve" and config.security.super_admins == ("ops",)
+
+
+def test_security_refuses_unknown_modes_and_mismatched_jwt_keys(tmp_path: Path) -> None:
+    """A misspelt mode, an unknown algorithm, or a token key of the wrong kind for the algorithm
+    is a ConfigError naming the key."""
+    with pytest.raises(ConfigError, match=r"security.mode.*none, curve"):
+        load_config(write(tmp_path, "security:\n  mode: tls\n"))
+    with pytest.raises(ConfigError, match=r"security.jwt_algorithm"):
+        load_config(write(tmp_path, "security:\n  jwt_algorithm: none\n"))
+    with pytest.raises(ConfigError, match=r"security.jwt_public_key_file.*HS256 takes jwt_secret_file"):
+        load_config(write(tmp_path, "security:\n  jwt_public_key_file: pub.pem\n"))
+    with pytest.raises(ConfigError, match=r"security.jwt_secret_file.*RS256 takes jwt_public_key_file"):
+        load_config(write(tmp_path, "security:\n  jwt_algorithm: RS256\n  jwt_secret_file: s\n"))

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("clock",),                      # danube_zmq/clock.py: time as a dependency, no imports
     ("transport",),                  # protocols, codec, errors, topic names
+    ("security",),                   # CURVE keys, JWT tokens, RBAC decisions
     ("storage",),                    # WAL, durable segments, catalog
     ("consensus", "snapshots"),      # Raft metadata store; WAL snapshots
     ("schemas", "report"),           # schema registry; Spark reports of snapshots
@@ -130,7 +131,8 @@ def test_a_planted_upward_import_is_named_with_its_file_and_line(tmp_path: Path)
     (tmp_path / "storage" / "wal.py").write_text(
         '"""A WAL."""\n\n\ndef f():\n    from danube_zmq.actors.broker import Broker\n    return Broker\n')
     assert violations(tmp_path) == [
-        "storage/wal.py:5: storage (layer 2) imports danube_zmq.actors.broker (actors, layer 7):"
+        f"storage/wal.py:5: storage (layer {RANK['storage']}) imports danube_zmq.actors.broker"
+        f" (actors, layer {RANK['actors']}):"
         " a layer imports only layers below it"]
 
 
