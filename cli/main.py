@@ -35,6 +35,7 @@ from danube_zmq.cli.output import stderr_console
 from danube_zmq.cli.produce import produce
 from danube_zmq.cli.report import report
 from danube_zmq.cli.schemas import schemas
+from danube_zmq.cli.security import security
 from danube_zmq.transport.errors import DanubeError
 
 __all__ = ["CliError", "cli", "main"]
@@ -142,6 +143,7 @@ admin.add_command(metadata)
 admin.add_command(snapshots)
 cli.add_command(report)
 cli.add_command(bench)
+cli.add_command(security)
 
 
 def main() -> None:

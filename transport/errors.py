@@ -25,6 +25,7 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 10
     PRODUCER_BUSY = 11
     CONSUMER_BUSY = 12
+    UNAUTHENTICATED = 13
 
 
 class DanubeError(Exception):
@@ -113,6 +114,14 @@ class ConsumerBusy(DanubeError):
     code = ErrorCode.CONSUMER_BUSY
 
 
+class Unauthenticated(DanubeError):
+    """No valid credentials: no token, or one expired, revoked, badly signed, or for another
+    issuer or audience. Not retriable as is: the same request succeeds only after the client
+    takes a new token (a client with a token provider renews it and retries)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
 class ConfigError(InvalidArgument):
     """Bad broker configuration; the message names the key at fault."""
 
@@ -128,6 +137,7 @@ _BY_CODE: dict[ErrorCode, type[DanubeError]] = {
     ErrorCode.INTERNAL: InternalError,
     ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
     ErrorCode.TIMEOUT: Timeout,
+    ErrorCode.UNAUTHENTICATED: Unauthenticated,
     ErrorCode.PRODUCER_BUSY: ProducerBusy,
     ErrorCode.CONSUMER_BUSY: ConsumerBusy,
 }

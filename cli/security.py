@@ -1,0 +1,13 @@
+"""`danube security`: CURVE keys, JWT tokens, roles and bindings (docs/security.md).
+
+Each family of commands lives in its own module and is added to this group below.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def security() -> None:
+    """Keys, tokens, roles and bindings of a secured cluster (security.mode curve)."""
