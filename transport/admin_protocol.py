@@ -899,6 +899,195 @@ class RemoveNamespaceLimits(Message):
     namespace: str
 
 
+# ---- security: roles, bindings, revoked tokens, client keys (issue 21), tags 210-229 ----
+# Answered by the admin gateway from the metadata store (actors/security_admin.py); the
+# records are in transport/cluster_records.py, under /security/.
+
+
+@wire
+class RoleInfo(Struct):
+    name: str
+    permissions: list[str]  # Danube's names: Lookup, Produce, Consume, ManageTopic, ...
+
+
+@wire
+class CreateRole(Message):
+    """A role: a named set of permissions. INVALID_ARGUMENT for an unknown permission or
+    a bad name, ALREADY_EXISTS when the name is taken. Answered `Ok`."""
+
+    TAG = 210
+    request_id: int
+    name: str
+    permissions: list[str]
+
+
+@wire
+class ListRoles(Message):
+    """Answered by `RoleList`, sorted by name."""
+
+    TAG = 211
+    request_id: int
+
+
+@wire
+class RoleList(Message):
+    TAG = 212
+    request_id: int
+    roles: list[RoleInfo]
+
+
+@wire
+class DeleteRole(Message):
+    """Answered `Ok`; NOT_FOUND for an unknown role. Bindings naming it stay and grant
+    nothing through it (until a role of that name is created again)."""
+
+    TAG = 213
+    request_id: int
+    name: str
+
+
+@wire
+class BindingInfo(Struct):
+    binding_id: str
+    principal: str
+    principal_type: str  # user, service_account
+    roles: list[str]
+    scope: str  # cluster, namespace:NS, topic:/ns/t
+
+
+@wire
+class CreateBinding(Message):
+    """Give `roles` (existing roles) to a principal at `scope`. One binding per principal
+    and scope: its id is derived from the three (ALREADY_EXISTS: delete it first to
+    change its roles). Answered by `BindingCreated`."""
+
+    TAG = 214
+    request_id: int
+    principal: str
+    principal_type: str
+    roles: list[str]
+    scope: str
+
+
+@wire
+class BindingCreated(Message):
+    TAG = 215
+    request_id: int
+    binding: BindingInfo
+
+
+@wire
+class ListBindings(Message):
+    """Answered by `BindingList`, sorted by principal, type and scope."""
+
+    TAG = 216
+    request_id: int
+
+
+@wire
+class BindingList(Message):
+    TAG = 217
+    request_id: int
+    bindings: list[BindingInfo]
+
+
+@wire
+class DeleteBinding(Message):
+    """Answered `Ok`; NOT_FOUND for an unknown id."""
+
+    TAG = 218
+    request_id: int
+    binding_id: str
+
+
+@wire
+class RevokedTokenInfo(Struct):
+    jti: str
+    expires_at_ms: int
+
+
+@wire
+class RevokeToken(Message):
+    """Refuse the token whose `jti` claim is `jti` from now on, until it expires at
+    `expires_at_ms` (ms since the epoch, its `exp`): the entry is kept that long plus
+    `security.jwt_leeway_ms`, then dropped by the store. INVALID_ARGUMENT when already
+    past; ALREADY_EXISTS when revoked already. Answered `Ok`."""
+
+    TAG = 219
+    request_id: int
+    jti: str
+    expires_at_ms: int
+
+
+@wire
+class ListRevokedTokens(Message):
+    """Answered by `RevokedTokenList`, sorted by jti."""
+
+    TAG = 220
+    request_id: int
+
+
+@wire
+class RevokedTokenList(Message):
+    TAG = 221
+    request_id: int
+    tokens: list[RevokedTokenInfo]
+
+
+@wire
+class ClientKeyInfo(Struct):
+    public_key: str  # Z85, 40 characters
+    principal: str
+    principal_type: str  # user, service_account
+
+
+@wire
+class AddClientKey(Message):
+    """Allow the CURVE client key `public_key` (Z85) and bind it to a principal (never a
+    broker: brokers are the keys of `security.broker_public_keys_dir`). INVALID_ARGUMENT
+    for a key that is not 40 Z85 characters; ALREADY_EXISTS when allowed already.
+    Answered `Ok`."""
+
+    TAG = 222
+    request_id: int
+    public_key: str
+    principal: str
+    principal_type: str
+
+
+@wire
+class ListClientKeys(Message):
+    """Answered by `ClientKeyList`, sorted by key."""
+
+    TAG = 223
+    request_id: int
+
+
+@wire
+class ClientKeyList(Message):
+    TAG = 224
+    request_id: int
+    keys: list[ClientKeyInfo]
+
+
+@wire
+class RemoveClientKey(Message):
+    """Answered `Ok`; NOT_FOUND for a key not on the allow-list."""
+
+    TAG = 225
+    request_id: int
+    public_key: str
+
+
+SECURITY_REQUESTS = (
+    CreateRole, ListRoles, DeleteRole, CreateBinding, ListBindings, DeleteBinding,
+    RevokeToken, ListRevokedTokens, AddClientKey, ListClientKeys, RemoveClientKey,
+)
+"""Admin requests the admin gateway answers from the security state in the metadata store."""
+
+SECURITY_MESSAGES = SECURITY_REQUESTS + (RoleList, BindingCreated, BindingList, RevokedTokenList, ClientKeyList)
+
+
 HANDOVER_REQUESTS = (BeginHandOver, HandOverChunk, CommitHandOver, AbortHandOver)
 """Sent by brokers to brokers on the admin port (a later issue limits them to broker principals)."""
 
@@ -934,5 +1123,6 @@ ADMIN_PROTOCOL = Protocol(
         BeginHandOver, HandOverProgress, HandOverChunk, CommitHandOver, AbortHandOver,
         ReassignTopic, TopicReassignment,
         SetNamespaceLimits, GetNamespaceLimits, NamespaceLimitsInfo, RemoveNamespaceLimits,
-    ),
+    )
+    + SECURITY_MESSAGES,
 )

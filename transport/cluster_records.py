@@ -21,6 +21,10 @@ others: declared once, msgpack arrays checked field by field on decode.
     /policies/backlog-quota/{ns}          BacklogQuotaRecord  a namespace's backlog quota (set-backlog-quota)
     /policies/backlog-quota/{ns}/{topic}  BacklogQuotaRecord  a topic's, over its namespace's
     /policies/namespace-limits/{ns}       NamespaceLimitsRecord  a namespace's topic and partition limits
+    /security/roles/{name}                RoleRecord          a role: its permissions
+    /security/bindings/{id}               BindingRecord       roles given to a principal at a scope
+    /security/revoked/{jti}               RevokedTokenRecord  a revoked token (TTL: until it expires)
+    /security/client_keys/{z85}           ClientKeyRecord     an allowed CURVE client key and its principal
 
 Policies live under one prefix of their own so each broker follows them with one
 watch (the topics' prefix also carries every cursor write); they go with their topic
@@ -58,6 +62,11 @@ DAMAGED = "/cluster/damaged/"
 POLICIES = "/policies/"
 BACKLOG_QUOTAS = "/policies/backlog-quota/"
 NAMESPACE_LIMITS = "/policies/namespace-limits/"
+SECURITY = "/security/"
+ROLES = "/security/roles/"
+BINDINGS = "/security/bindings/"
+REVOKED = "/security/revoked/"
+CLIENT_KEYS = "/security/client_keys/"
 
 
 def namespace_key(namespace: str) -> str:
@@ -353,10 +362,72 @@ class CursorRecord(Message):
     max_unacked_messages: int | None = None
 
 
+# The security state (issue 21), tags 250-253: past every tag of every protocol, as 244.
+
+
+@wire
+class RoleRecord(Message):
+    """A role: `permissions` by Danube's names (security/rbac.py `Permission`)."""
+
+    TAG = 250
+    name: str
+    permissions: list[str]
+
+
+@wire
+class BindingRecord(Message):
+    """`roles` given to the principal (`principal_type`: user or service_account) at
+    `scope` (`cluster`, `namespace:NS`, `topic:/ns/t`)."""
+
+    TAG = 251
+    binding_id: str
+    principal: str
+    principal_type: str
+    roles: list[str]
+    scope: str
+
+
+@wire
+class RevokedTokenRecord(Message):
+    """A token refused from its revocation on; stored with a TTL that ends after the
+    token's own expiry (plus the accepted clock skew), when it needs no deny-list."""
+
+    TAG = 252
+    jti: str
+    expires_at_ms: int
+
+
+@wire
+class ClientKeyRecord(Message):
+    """A CURVE client public key (Z85) allowed to connect, and the principal it is."""
+
+    TAG = 253
+    public_key: str
+    principal: str
+    principal_type: str
+
+
+def role_key(name: str) -> str:
+    return f"{ROLES}{name}"
+
+
+def binding_key(binding_id: str) -> str:
+    return f"{BINDINGS}{binding_id}"
+
+
+def revoked_key(jti: str) -> str:
+    return f"{REVOKED}{jti}"
+
+
+def client_key_key(public_key: str) -> str:
+    return f"{CLIENT_KEYS}{public_key}"
+
+
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
     LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord, WalDamageRecord,
     NamespaceLimitsRecord, CursorRecord,
+    RoleRecord, BindingRecord, RevokedTokenRecord, ClientKeyRecord,
 ])
 
 
