@@ -1,0 +1,221 @@
+"""The permission table: what every request of the client and admin protocols needs.
+
+One entry per request type (`REQUIREMENTS`); every other message of the two protocols
+is an answer or a push (`ANSWERS`) and is never accepted from a peer. A message in
+neither is refused by `authorize` (no bypass by omission), and a test fails CI for
+any message type of either protocol left out of both.
+
+A requirement is a permission and where to find the resource the request acts on:
+
+- `CLUSTER`: the cluster itself;
+- `Field(name, kind)`: a topic, namespace or schema subject named in a field (a
+  partition is checked as its base topic);
+- `ById(kind, field)`: a producer or consumer id of the caller's session: the topic
+  it is attached to, which the enforcement resolves from the session (`Resolver`);
+- `SchemaById(field)`: a schema id: the subject it belongs to, from the registry;
+- `FirstOf(...)`: the first of these whose field is set (a request naming a namespace
+  or a topic, a schema by subject or by id); none set: the cluster.
+
+`BROKER_ONLY` requests (the WAL hand-over of a move) are accepted only from a broker
+principal: no permission, binding or super admin grants them. `NOTHING`: the session
+handshake and health checks of the caller's own clients.
+
+Choices that differ from Danube's (docs/security.md has the table):
+- Flow, Ack, Nack, Seek, Unsubscribe and CloseConsumer need Consume on the consumer's
+  topic (Danube checks them at cluster scope, so a consumer bound at topic or
+  namespace scope can subscribe but not receive or ack).
+- Schema reads need Lookup, writes ManageSchema (Danube has no read permission, so a
+  consumer that decodes by schema id needs ManageSchema there).
+- Raw metadata reads and writes, membership, snapshots, and the security admin
+  requests need ManageCluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from danube_zmq.security.rbac import Decision, Permission, Policy, Principal, PrincipalType, Resource, ResourceKind
+from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import common
+from danube_zmq.transport.codec import Message
+
+__all__ = [
+    "ANSWERS", "BROKER_ONLY", "CLUSTER", "NOTHING", "REQUIREMENTS", "ById", "Cluster", "Field", "FirstOf",
+    "Requirement", "Resolver", "SchemaById", "authorize", "resource_of",
+]
+
+
+class Resolver(Protocol):
+    """What the enforcement knows of the caller's session and the registry. Each method
+    raises a DanubeError (NotFound) for an id it does not know."""
+
+    def topic_of_producer(self, producer_id: int) -> str: ...
+
+    def topic_of_consumer(self, consumer_id: int) -> str: ...
+
+    def subject_of_schema(self, schema_id: int) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    kind: ResourceKind
+
+
+@dataclass(frozen=True, slots=True)
+class ById:
+    kind: Literal["producer", "consumer"]
+    field: str
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaById:
+    field: str
+
+
+@dataclass(frozen=True, slots=True)
+class FirstOf:
+    choices: tuple[Field | SchemaById, ...]
+
+
+Locator = Cluster | Field | ById | SchemaById | FirstOf
+CLUSTER = Cluster()
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """`permission` on `resource`; None: nothing (`NOTHING`) or, with `broker_only`, a
+    broker principal. `instead_when` (field, permission): when that boolean field of
+    the request is true it needs that permission instead (`GetPartitions(create)`
+    creates the topic as a producer does: Produce, not Lookup)."""
+
+    permission: Permission | None
+    resource: Locator = CLUSTER
+    broker_only: bool = False
+    instead_when: tuple[str, Permission] | None = None
+
+
+NOTHING = Requirement(None)
+BROKER_ONLY = Requirement(None, broker_only=True)
+
+_TOPIC = Field("topic", ResourceKind.TOPIC)
+_NAMESPACE = Field("namespace", ResourceKind.NAMESPACE)
+_SUBJECT = Field("subject", ResourceKind.SUBJECT)
+_PRODUCER = ById("producer", "producer_id")
+_CONSUMER = ById("consumer", "consumer_id")
+
+P = Permission
+
+
+def _each(permission: Permission, resource: Locator, *types: type[Message]) -> dict[type[Message], Requirement]:
+    requirement = Requirement(permission, resource)
+    return {t: requirement for t in types}
+
+
+REQUIREMENTS: dict[type[Message], Requirement] = {
+    # ---- both ports: the handshake
+    common.Connect: NOTHING,
+    common.Ping: NOTHING,
+    # ---- client port
+    cp.HealthCheck: NOTHING,  # about the caller's own producer or consumer
+    cp.Lookup: Requirement(P.LOOKUP, _TOPIC),
+    cp.GetPartitions: Requirement(P.LOOKUP, _TOPIC, instead_when=("create", P.PRODUCE)),
+    cp.CreateProducer: Requirement(P.PRODUCE, _TOPIC),
+    **_each(P.PRODUCE, _PRODUCER, cp.Send, cp.CloseProducer),
+    cp.Subscribe: Requirement(P.CONSUME, _TOPIC),
+    **_each(P.CONSUME, _CONSUMER, cp.Flow, cp.Ack, cp.Nack, cp.Seek, cp.Unsubscribe, cp.CloseConsumer),
+    # the schema registry (client port)
+    **_each(P.MANAGE_SCHEMA, _SUBJECT, cp.RegisterSchema, cp.SetCompatibility, cp.DeleteSchemaVersion),
+    **_each(P.LOOKUP, _SUBJECT, cp.ListSchemaVersions, cp.GetCompatibility, cp.CheckSchema),
+    cp.GetSchema: Requirement(P.LOOKUP, FirstOf((_SUBJECT, SchemaById("schema_id")))),
+    cp.ListSubjects: Requirement(P.LOOKUP, CLUSTER),
+    # ---- admin port: namespaces and their policies
+    ap.ListNamespaces: Requirement(P.MANAGE_NAMESPACE, CLUSTER),
+    **_each(P.MANAGE_NAMESPACE, _NAMESPACE, ap.CreateNamespace, ap.DeleteNamespace, ap.SetNamespaceLimits,
+            ap.GetNamespaceLimits, ap.RemoveNamespaceLimits),
+    **_each(P.MANAGE_NAMESPACE, FirstOf((_TOPIC, _NAMESPACE)), ap.SetBacklogQuota, ap.GetBacklogQuota,
+            ap.RemoveBacklogQuota),
+    # topics and subscriptions
+    ap.ListTopics: Requirement(P.MANAGE_TOPIC, _NAMESPACE),
+    **_each(P.MANAGE_TOPIC, _TOPIC, ap.CreateTopic, ap.DeleteTopic, ap.DescribeTopic, ap.ListSubscriptions,
+            ap.Unsubscribe, ap.SeekSubscription, ap.SetFailurePolicy, ap.GetFailurePolicy, ap.SetDispatchConfig,
+            ap.GetDispatchConfig, ap.UnloadTopic, ap.RepairTopic, ap.ReassignTopic),
+    ap.ConfigureTopicSchema: Requirement(P.MANAGE_SCHEMA, _TOPIC),
+    ap.GetTopicSchemaConfig: Requirement(P.LOOKUP, _TOPIC),
+    # brokers and the cluster
+    **_each(P.MANAGE_BROKER, CLUSTER, ap.ListBrokers, ap.GetClusterBalance, ap.UnloadBroker, ap.ActivateBroker,
+            ap.ClusterStatus),
+    **_each(P.MANAGE_CLUSTER, CLUSTER, ap.RebalanceCluster, ap.AddClusterNode, ap.PromoteClusterNode,
+            ap.RemoveClusterNode),
+    **_each(P.MANAGE_CLUSTER, CLUSTER, ap.MetadataGet, ap.MetadataList, ap.MetadataPut, ap.MetadataCompareAndSwap,
+            ap.MetadataDelete),
+    **_each(P.MANAGE_CLUSTER, CLUSTER, ap.CreateSnapshot, ap.ListSnapshots, ap.DescribeSnapshot, ap.DeleteSnapshot),
+    **_each(P.MANAGE_CLUSTER, CLUSTER, *ap.SECURITY_REQUESTS),
+    # broker to broker: a move's WAL hand-over
+    **{t: BROKER_ONLY for t in ap.HANDOVER_REQUESTS},
+}
+
+ANSWERS: frozenset[type[Message]] = frozenset({
+    common.Connected, common.Error, common.Ok, common.Pong,
+    cp.LookupResult, cp.Partitions, cp.ProducerCreated, cp.SendReceipt, cp.Subscribed, cp.Deliver, cp.HealthStatus,
+    cp.ProducerClosed, cp.ConsumerClosed, cp.SeekReset, cp.SchemaRegistered, cp.SchemaInfo, cp.SchemaVersions,
+    cp.SchemaCheck, cp.CompatibilityInfo, cp.SubjectList,
+    ap.NamespaceList, ap.TopicList, ap.TopicDescription, ap.SubscriptionList, ap.BrokerList, ap.FailurePolicyInfo,
+    ap.DispatchConfigInfo, ap.ClusterStatusInfo, ap.MetadataEntries, ap.MetadataWritten, ap.TopicSchemaConfigInfo,
+    ap.SnapshotCreated, ap.SnapshotList, ap.SnapshotDescription, ap.ClusterBalance, ap.Rebalanced,
+    ap.TopicRepaired, ap.BacklogQuotaInfo, ap.HandOverProgress, ap.TopicReassignment, ap.NamespaceLimitsInfo,
+    ap.RoleList, ap.BindingCreated, ap.BindingList, ap.RevokedTokenList, ap.ClientKeyList,
+})
+"""Sent by brokers only (answers and pushes): refused when a peer sends one."""
+
+
+def resource_of(locator: Locator, msg: Any, resolver: Resolver) -> Resource:
+    """The resource `msg` acts on (InvalidArgument for a bad name in it)."""
+    match locator:
+        case Cluster():
+            return Resource.cluster()
+        case Field(name=name, kind=kind):
+            value = getattr(msg, name)
+            if kind is ResourceKind.TOPIC:
+                return Resource.topic(value)
+            if kind is ResourceKind.NAMESPACE:
+                return Resource.namespace(value)
+            return Resource.subject(value)
+        case ById(kind="producer", field=name):
+            return Resource.topic(resolver.topic_of_producer(getattr(msg, name)))
+        case ById(field=name):
+            return Resource.topic(resolver.topic_of_consumer(getattr(msg, name)))
+        case SchemaById(field=name):
+            return Resource.subject(resolver.subject_of_schema(getattr(msg, name)))
+        case FirstOf(choices=choices):
+            for choice in choices:
+                if getattr(msg, choice.field if isinstance(choice, SchemaById) else choice.name) is not None:
+                    return resource_of(choice, msg, resolver)
+            return Resource.cluster()
+    raise AssertionError(f"unknown locator {locator!r}")
+
+
+def authorize(policy: Policy, principal: Principal, msg: Message, resolver: Resolver) -> Decision:
+    """The one check of one request: allowed, or refused with a reason naming the
+    permission and the resource. Raises InvalidArgument (a bad name in the request)
+    and what the resolver raises (an id the session does not hold)."""
+    requirement = REQUIREMENTS.get(type(msg))
+    if requirement is None:
+        return Decision(False, f"{type(msg).__name__} is not a request")
+    if requirement.broker_only:
+        if principal.type is PrincipalType.BROKER:
+            return Decision(True)
+        return Decision(False, f"{principal} may not send {type(msg).__name__}: only brokers do")
+    permission = requirement.permission
+    if permission is None:
+        return Decision(True)
+    if requirement.instead_when is not None and getattr(msg, requirement.instead_when[0]):
+        permission = requirement.instead_when[1]
+    return policy.decide(principal, permission, resource_of(requirement.resource, msg, resolver))
