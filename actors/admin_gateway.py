@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors import cluster_admin
+from danube_zmq.actors import cluster_admin, security_admin
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.inbound_watch import InboundWatch
@@ -42,7 +42,13 @@ from danube_zmq.runtime.actor import ADMIN_OUTBOX, Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.transport import admin_protocol as ap
-from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS, CLUSTER_REQUESTS, SNAPSHOT_REQUESTS
+from danube_zmq.transport.admin_protocol import (
+    ADMIN_PROTOCOL,
+    ADMIN_REQUESTS,
+    CLUSTER_REQUESTS,
+    SECURITY_REQUESTS,
+    SNAPSHOT_REQUESTS,
+)
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, ResourceExhausted, Unavailable
@@ -216,7 +222,7 @@ class AdminGateway(Actor):
             self._reply(identity, Pong(request_id=msg.request_id))
             return True
         request_id = getattr(msg, "request_id", 0)
-        if type(msg) in CLUSTER_REQUESTS:  # answered here, by this actor's handlers below
+        if type(msg) in CLUSTER_REQUESTS or type(msg) in SECURITY_REQUESTS:  # answered here, by the handlers below
             return await self.system.handle_in_place(self.endpoint, AdminRequest(identity=identity, frame=frame))
         if type(msg) in SNAPSHOT_REQUESTS:
             if not self.system.tell(self.system.snapshot_endpoint, AdminRequest(identity=identity, frame=frame)):
@@ -265,6 +271,46 @@ class AdminGateway(Actor):
 
     def handle_GetTopicSchemaConfig(self, msg: ap.GetTopicSchemaConfig, origin: Origin) -> None:
         self._answer_cluster_in_task(msg, origin, cluster_admin.get_topic_schema_config)
+
+    # Security requests (roles, bindings, revocations, client keys): from the store too.
+    def handle_CreateRole(self, msg: ap.CreateRole, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_ListRoles(self, msg: ap.ListRoles, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_DeleteRole(self, msg: ap.DeleteRole, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_CreateBinding(self, msg: ap.CreateBinding, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_ListBindings(self, msg: ap.ListBindings, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_DeleteBinding(self, msg: ap.DeleteBinding, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_RevokeToken(self, msg: ap.RevokeToken, origin: Origin) -> None:
+        now_ms, leeway_ms = self.system.clock.now_ms(), self.config.security.jwt_leeway_ms
+        self._answer_cluster_in_task(msg, origin, lambda store, _, m: security_admin.revoke_token(
+            store, m, now_ms=now_ms, leeway_ms=leeway_ms))
+
+    def handle_ListRevokedTokens(self, msg: ap.ListRevokedTokens, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_AddClientKey(self, msg: ap.AddClientKey, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_ListClientKeys(self, msg: ap.ListClientKeys, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def handle_RemoveClientKey(self, msg: ap.RemoveClientKey, origin: Origin) -> None:
+        self._answer_security(msg, origin)
+
+    def _answer_security(self, msg: Message, origin: Origin) -> None:
+        answer = security_admin.ANSWERS[type(msg)]
+        self._answer_cluster_in_task(msg, origin, lambda store, _, m: answer(store, m))
 
     def _answer_cluster_in_task(self, msg: Message, origin: Origin, answer: cluster_admin.Answer) -> None:
         if self.metadata is None or self.schemas is None:

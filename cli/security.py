@@ -11,3 +11,9 @@ import click
 @click.group()
 def security() -> None:
     """Keys, tokens, roles and bindings of a secured cluster (security.mode curve)."""
+
+
+from danube_zmq.cli.security_rbac import bindings, client_keys, revocations, roles  # noqa: E402
+
+for _family in (roles, bindings, revocations, client_keys):
+    security.add_command(_family)

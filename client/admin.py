@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from danube_zmq.client.rpc import RequestClient, check_endpoint
+from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
     ActivateBroker,
@@ -475,6 +476,50 @@ class AdminClient(RequestClient):
         """How many keys were deleted."""
         reply = await self._call(lambda rid: MetadataDelete(request_id=rid, key=key, prefix=prefix), MetadataWritten)
         return reply.deleted
+
+    # ---- security: roles, bindings, revoked tokens, client keys (docs/security.md)
+
+    async def create_role(self, name: str, permissions: list[str]) -> None:
+        """A role of `permissions` (Danube's names: Lookup, Produce, Consume, ManageTopic ...)."""
+        await self._call(lambda rid: ap.CreateRole(request_id=rid, name=name, permissions=list(permissions)), Ok)
+
+    async def list_roles(self) -> list[ap.RoleInfo]:
+        return (await self._call(lambda rid: ap.ListRoles(request_id=rid), ap.RoleList)).roles
+
+    async def delete_role(self, name: str) -> None:
+        await self._call(lambda rid: ap.DeleteRole(request_id=rid, name=name), Ok)
+
+    async def create_binding(self, principal: str, principal_type: str, roles: list[str],
+                             scope: str) -> ap.BindingInfo:
+        """Give `roles` to a principal at `scope` (`cluster`, `namespace:NS`, `topic:/ns/t`)."""
+        reply = await self._call(lambda rid: ap.CreateBinding(request_id=rid, principal=principal,
+                                                              principal_type=principal_type, roles=list(roles),
+                                                              scope=scope), ap.BindingCreated)
+        return reply.binding
+
+    async def list_bindings(self) -> list[ap.BindingInfo]:
+        return (await self._call(lambda rid: ap.ListBindings(request_id=rid), ap.BindingList)).bindings
+
+    async def delete_binding(self, binding_id: str) -> None:
+        await self._call(lambda rid: ap.DeleteBinding(request_id=rid, binding_id=binding_id), Ok)
+
+    async def revoke_token(self, jti: str, expires_at_ms: int) -> None:
+        """Refuse the token with this `jti` until it expires (`expires_at_ms`, its `exp`)."""
+        await self._call(lambda rid: ap.RevokeToken(request_id=rid, jti=jti, expires_at_ms=expires_at_ms), Ok)
+
+    async def list_revoked_tokens(self) -> list[ap.RevokedTokenInfo]:
+        return (await self._call(lambda rid: ap.ListRevokedTokens(request_id=rid), ap.RevokedTokenList)).tokens
+
+    async def add_client_key(self, public_key: str, principal: str, principal_type: str) -> None:
+        """Allow the CURVE client key `public_key` (Z85) as `principal`."""
+        await self._call(lambda rid: ap.AddClientKey(request_id=rid, public_key=public_key, principal=principal,
+                                                     principal_type=principal_type), Ok)
+
+    async def list_client_keys(self) -> list[ap.ClientKeyInfo]:
+        return (await self._call(lambda rid: ap.ListClientKeys(request_id=rid), ap.ClientKeyList)).keys
+
+    async def remove_client_key(self, public_key: str) -> None:
+        await self._call(lambda rid: ap.RemoveClientKey(request_id=rid, public_key=public_key), Ok)
 
 
 V = TypeVar("V")
