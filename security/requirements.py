@@ -219,3 +219,37 @@ def authorize(policy: Policy, principal: Principal, msg: Message, resolver: Reso
     if requirement.instead_when is not None and getattr(msg, requirement.instead_when[0]):
         permission = requirement.instead_when[1]
     return policy.decide(principal, permission, resource_of(requirement.resource, msg, resolver))
+
+
+def table_rows() -> list[tuple[str, str, str, str]]:
+    """(request, port, needs, resource) of every entry, in protocol tag order: the table
+    in docs/security.md (a test checks the two agree)."""
+    rows = []
+    for port, protocol in (("client", cp.CLIENT_PROTOCOL), ("admin", ap.ADMIN_PROTOCOL)):
+        for message in protocol.message_types():
+            requirement = REQUIREMENTS.get(message)
+            if requirement is None or (port == "admin" and message in (common.Connect, common.Ping)):
+                continue
+            needs = "broker principal" if requirement.broker_only else \
+                "nothing" if requirement.permission is None else requirement.permission.value
+            if requirement.instead_when is not None:
+                needs += f" ({requirement.instead_when[1].value} with {requirement.instead_when[0]})"
+            where = "" if requirement.permission is None else _describe(requirement.resource)
+            rows.append((message.__name__, "both" if message in (common.Connect, common.Ping) else port, needs,
+                         where))
+    return rows
+
+
+def _describe(locator: Locator) -> str:
+    match locator:
+        case Cluster():
+            return "cluster"
+        case Field(name=name, kind=kind):
+            return kind.value if name == kind.value else f"{kind.value} ({name})"
+        case ById(kind=kind):
+            return f"topic of the {kind}"
+        case SchemaById():
+            return "subject of the schema id"
+        case FirstOf(choices=choices):
+            return " or ".join(_describe(c) for c in choices)
+    raise AssertionError(f"unknown locator {locator!r}")

@@ -176,3 +176,17 @@ def test_a_bad_name_in_a_request_is_invalid_argument():
     """The resource of a request with a malformed topic is refused as InvalidArgument."""
     with pytest.raises(InvalidArgument, match="invalid topic name"):
         authorize(Policy(), ALICE, cp.Lookup(request_id=1, topic="no-slash"), Session())
+
+
+def test_the_docs_table_is_the_permission_table():
+    """docs/security.md shows exactly the rows `table_rows()` makes of REQUIREMENTS:
+    a change to either without the other fails here."""
+    from pathlib import Path
+
+    from danube_zmq.security.requirements import table_rows
+
+    text = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    block = text.split("<!-- permission-table:begin -->")[1].split("<!-- permission-table:end -->")[0]
+    shown = [tuple(cell.strip() for cell in line.strip().strip("|").split("|"))
+             for line in block.strip().splitlines()[2:]]
+    assert shown == table_rows()
