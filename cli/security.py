@@ -11,3 +11,8 @@ import click
 @click.group()
 def security() -> None:
     """Keys, tokens, roles and bindings of a secured cluster (security.mode curve)."""
+
+
+from danube_zmq.cli.security_tokens import tokens  # noqa: E402  (each family registers itself below the group)
+
+security.add_command(tokens)
