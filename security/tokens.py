@@ -69,6 +69,7 @@ class TokenSettings(Protocol):
     jwt_issuer: str
     jwt_audience: str
     jwt_leeway_ms: int
+    jwt_token_bytes_max: int
 
 
 def _shown(value: object) -> str:
@@ -178,9 +179,8 @@ class TokenVerifier:
             if section.jwt_public_key_file is None:
                 return None
             key = read_public_key(section.jwt_public_key_file, algorithm, "security.jwt_public_key_file")
-        token_bytes_max = getattr(section, "jwt_token_bytes_max", TOKEN_BYTES_MAX_DEFAULT)
         return cls(algorithm, key, section.jwt_issuer, section.jwt_audience, section.jwt_leeway_ms / 1000, now_s,
-                   token_bytes_max=token_bytes_max)
+                   token_bytes_max=section.jwt_token_bytes_max)
 
     def verify(self, token: str, *, revoked: Callable[[str], bool]) -> Claims:
         """The token's claims, or `Unauthenticated` naming the first thing wrong with it."""

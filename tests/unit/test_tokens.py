@@ -411,7 +411,7 @@ def test_signer_refuses_bad_arguments() -> None:
 
 def settings_of(**fields: Any) -> SimpleNamespace:
     base = {"jwt_algorithm": "HS256", "jwt_secret_file": None, "jwt_public_key_file": None, "jwt_issuer": "danube",
-            "jwt_audience": "danube", "jwt_leeway_ms": 30_000}
+            "jwt_audience": "danube", "jwt_leeway_ms": 30_000, "jwt_token_bytes_max": 8192}
     return SimpleNamespace(**{**base, **fields})
 
 
