@@ -16,3 +16,7 @@ def security() -> None:
 from danube_zmq.cli.security_tokens import tokens  # noqa: E402  (each family registers itself below the group)
 
 security.add_command(tokens)
+
+from danube_zmq.cli.security_metrics import metrics  # noqa: E402
+
+security.add_command(metrics)

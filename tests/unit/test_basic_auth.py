@@ -61,3 +61,20 @@ def test_missing_empty_or_duplicate_files_are_refused(tmp_path: Path) -> None:
     line = f"prom:{hash_password('a', iterations=ITERATIONS_MIN)}"
     with pytest.raises(ConfigError, match="line 2: user 'prom' is listed twice"):
         BasicAuth.from_file(password_file(tmp_path, line, line))
+
+
+def test_cli_password_line_is_accepted_by_the_endpoint(tmp_path: Path) -> None:
+    """`danube security metrics password` prints a line the endpoint's file reader takes and
+    that checks the password given on stdin (and never prints the password)."""
+    from click.testing import CliRunner
+
+    from danube_zmq.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["security", "metrics", "password", "--user", "prom", "--password-stdin",
+                                      "--iterations", str(ITERATIONS_MIN)], input="hunter2-long\n")
+    assert result.exit_code == 0, result.output
+    assert "hunter2" not in result.stdout
+    auth = BasicAuth.from_file(password_file(tmp_path, result.stdout.strip()))
+    assert auth.check(header("prom", "hunter2-long")) and not auth.check(header("prom", "hunter2"))
+    bad = CliRunner().invoke(cli, ["security", "metrics", "password", "--user", "a:b", "--password-stdin"], input="x\n")
+    assert bad.exit_code == 2 and "no ':'" in bad.stderr
