@@ -94,8 +94,8 @@ class BrokerSection:
     # bound address is not reachable as written (0.0.0.0, NAT, containers).
     # Default None: the same as listen (see `advertised`).
     advertised_url: str | None = None
-    # TCP port of the Prometheus metrics HTTP endpoint, 1..65535; 0 disables
-    # metrics. Default 9040 (Danube's prometheus port).
+    # TCP port of the Prometheus metrics HTTP endpoint (on metrics_host),
+    # 1..65535; 0 disables metrics. Default 9040 (Danube's prometheus port).
     metrics_port: int = 9040
     # Directory for everything the broker keeps on disk (WAL, metadata),
     # relative to the working directory. Default ./danube-data.
@@ -109,6 +109,13 @@ class BrokerSection:
     # The asyncio event loop: "uvloop" (libuv; used when installed, else the
     # standard loop) or "asyncio" (the standard library's). Default uvloop.
     event_loop: str = "uvloop"
+    # Interface the metrics endpoint binds: an IPv4 or IPv6 address or a host name.
+    # Default 127.0.0.1 (loopback: only this host can scrape); 0.0.0.0 for every
+    # interface, best with TLS and basic auth (security.metrics_*).
+    metrics_host: str = "127.0.0.1"
+    # Metrics requests served at once, one thread each; one more connection is
+    # closed at once. 1..1024, default 16.
+    metrics_connections_max: int = 16
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -136,6 +143,9 @@ class BrokerSection:
                 "broker.listen",
             )
         _check_range("broker.metrics_port", self.metrics_port, 0, _PORT_MAX)
+        if not self.metrics_host or any(c.isspace() or c in "/[]" for c in self.metrics_host):
+            raise _error("broker.metrics_host", f"must be an address or host name, got {self.metrics_host!r}")
+        _check_range("broker.metrics_connections_max", self.metrics_connections_max, 1, 1024)
         if not self.data_dir:
             raise _error("broker.data_dir", "must not be empty")
 
@@ -745,6 +755,18 @@ class SecuritySection:
     # Subjects (`sub` of a token or a key principal's name) that hold every
     # permission everywhere. Default [].
     super_admins: tuple[str, ...] = ()
+    # Longest token accepted in a Connect, bytes; a longer one is refused unread.
+    # 256..65536, default 8192 (a token is a few hundred bytes).
+    jwt_token_bytes_max: int = 8192
+    # PEM certificate (chain) and private key of the metrics endpoint: with both set
+    # it serves HTTPS only (TLS 1.2+). Default null: plain HTTP.
+    metrics_tls_cert_file: str | None = None
+    metrics_tls_key_file: str | None = None
+    # Password file of the metrics endpoint's HTTP basic auth, one
+    # `user:pbkdf2_sha256$<iterations>$<salt>$<hash>` line per user (`danube security
+    # metrics password`); requests without a listed user and password get 401.
+    # Default null: no authentication.
+    metrics_basic_auth_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.super_admins, list):
@@ -769,6 +791,10 @@ class SecuritySection:
         if self.jwt_algorithm != "HS256" and self.jwt_secret_file is not None:
             raise _error("security.jwt_secret_file",
                          f"is for HS256; {self.jwt_algorithm} takes jwt_public_key_file", "security.jwt_algorithm")
+        _check_range("security.jwt_token_bytes_max", self.jwt_token_bytes_max, 256, 65536)
+        if (self.metrics_tls_cert_file is None) != (self.metrics_tls_key_file is None):
+            raise _error("security.metrics_tls_key_file", "and security.metrics_tls_cert_file go together: set both"
+                         " (HTTPS) or neither (HTTP)", "security.metrics_tls_cert_file")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

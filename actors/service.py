@@ -31,7 +31,7 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY
 
 from danube_zmq.actors.admin_gateway import AdminGateway
 from danube_zmq.actors.broker import BrokerActor
@@ -40,6 +40,7 @@ from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.load_manager import LoadManagerActor
 from danube_zmq.actors.metrics import RaftCollector
+from danube_zmq.actors.metrics_endpoint import MetricsServer, start_metrics_server
 from danube_zmq.actors.snapshot_actor import SnapshotActor
 from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
@@ -68,7 +69,7 @@ class BrokerService:
         self.schemas: SchemaRegistry | None = None
         self._raft_collector: RaftCollector | None = None
         self._mailbox_collector: MailboxCollector | None = None
-        self._metrics_server: object | None = None
+        self._metrics_server: MetricsServer | None = None
         self._stopped = asyncio.Event()
         # Why the service cannot go on (a top-level actor exhausted its restarts); the
         # process running it exits non-zero (`cli/broker.py`).
@@ -97,9 +98,13 @@ class BrokerService:
             self._raft_collector = RaftCollector(self.metadata.peer)
             REGISTRY.register(self._raft_collector)
             if config.broker.metrics_port:
-                host = _listen_host(config.broker.listen)
-                self._metrics_server = start_http_server(config.broker.metrics_port, addr=host)
-                self.metrics_url = f"http://{host}:{config.broker.metrics_port}/metrics"
+                security = config.security
+                self._metrics_server = start_metrics_server(
+                    config.broker.metrics_host, config.broker.metrics_port,
+                    tls_cert_file=security.metrics_tls_cert_file, tls_key_file=security.metrics_tls_key_file,
+                    basic_auth_file=security.metrics_basic_auth_file,
+                    connections_max=config.broker.metrics_connections_max)
+                self.metrics_url = self._metrics_server.url
             # The gateways find the broker actor through `system.broker_endpoint` when a
             # request arrives, so they start first and the broker learns their URLs.
             inbound = self._inbound = InboundWatch(
@@ -192,10 +197,7 @@ class BrokerService:
             self.metadata = None
         self._executor.shutdown(wait=True)
         if self._metrics_server is not None:
-            server, thread = self._metrics_server  # type: ignore[misc]
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=2)
+            self._metrics_server.close()
             self._metrics_server = None
         if self._context is not None:
             # destroy(): close whatever a failed start left open instead of waiting on it.
@@ -222,11 +224,3 @@ class BrokerService:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def _listen_host(endpoint: str) -> str:
-    """The interface the metrics endpoint shares with the client listener."""
-    if endpoint.startswith("tcp://"):
-        host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
-        return "0.0.0.0" if host in ("*", "") else host.strip("[]")
-    return "127.0.0.1"

@@ -525,3 +525,30 @@ def test_security_refuses_unknown_modes_and_mismatched_jwt_keys(tmp_path: Path) 
         load_config(write(tmp_path, "security:\n  jwt_public_key_file: pub.pem\n"))
     with pytest.raises(ConfigError, match=r"security.jwt_secret_file.*RS256 takes jwt_public_key_file"):
         load_config(write(tmp_path, "security:\n  jwt_algorithm: RS256\n  jwt_secret_file: s\n"))
+
+
+def test_metrics_endpoint_is_loopback_by_default_and_its_security_is_checked(tmp_path: Path) -> None:
+    """broker.metrics_host defaults to 127.0.0.1; metrics_connections_max and jwt_token_bytes_max
+    are range-checked; a TLS certificate without its key (or the reverse) is refused at load,
+    naming both keys; env overrides reach the new fields."""
+    config = load_config(None)
+    assert config.broker.metrics_host == "127.0.0.1" and config.broker.metrics_connections_max == 16
+    assert config.security.metrics_tls_cert_file is None and config.security.metrics_basic_auth_file is None
+    assert config.security.jwt_token_bytes_max == 8192
+    with pytest.raises(ConfigError, match=r"broker.metrics_host.*must be an address"):
+        load_config(write(tmp_path, "broker:\n  metrics_host: ''\n"))
+    with pytest.raises(ConfigError, match=r"broker.metrics_connections_max"):
+        load_config(write(tmp_path, "broker:\n  metrics_connections_max: 0\n"))
+    with pytest.raises(ConfigError, match=r"security.jwt_token_bytes_max"):
+        load_config(write(tmp_path, "security:\n  jwt_token_bytes_max: 100\n"))
+    with pytest.raises(ConfigError, match=r"security.metrics_tls_key_file.*metrics_tls_cert_file go together"):
+        load_config(write(tmp_path, "security:\n  metrics_tls_cert_file: cert.pem\n"))
+    with pytest.raises(ConfigError, match=r"security.metrics_tls_key_file"):
+        load_config(write(tmp_path, "security:\n  metrics_tls_key_file: key.pem\n"))
+    config = load_config(None, env={"DANUBE_BROKER__METRICS_HOST": "0.0.0.0",
+                                    "DANUBE_SECURITY__METRICS_TLS_CERT_FILE": "c.pem",
+                                    "DANUBE_SECURITY__METRICS_TLS_KEY_FILE": "k.pem",
+                                    "DANUBE_SECURITY__METRICS_BASIC_AUTH_FILE": "passwd"})
+    assert config.broker.metrics_host == "0.0.0.0"
+    assert (config.security.metrics_tls_cert_file, config.security.metrics_tls_key_file,
+            config.security.metrics_basic_auth_file) == ("c.pem", "k.pem", "passwd")
