@@ -11,3 +11,8 @@ import click
 @click.group()
 def security() -> None:
     """Keys, tokens, roles and bindings of a secured cluster (security.mode curve)."""
+
+
+from danube_zmq.cli.security_keys import keys  # noqa: E402  (each family registers here, after the group)
+
+security.add_command(keys)
