@@ -25,6 +25,7 @@ and replaced on that one loop, so the allow-list changes without a lock or a res
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +33,9 @@ from typing import Any
 import zmq
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from danube_zmq.security.keys import KeyPair
+from danube_zmq.security.keys import KeyPair, load_key_pair, load_public_key, public_key_from_text
 from danube_zmq.security.principal import BROKER, Principal
+from danube_zmq.transport.errors import InvalidArgument
 
 __all__ = [
     "ZAP_ADMIN",
@@ -45,6 +47,7 @@ __all__ = [
     "Credentials",
     "CredentialsStatistics",
     "ZapService",
+    "client_curve",
     "key_of_frame",
 ]
 
@@ -55,6 +58,11 @@ ZAP_ADMIN = "admin"
 ZAP_RAFT = "raft"
 ZAP_DOMAINS = (ZAP_CLIENT, ZAP_ADMIN, ZAP_RAFT)
 _ANY_KEY_DOMAINS = frozenset((ZAP_CLIENT, ZAP_ADMIN))
+ENV_SERVER_KEY = "DANUBE_SERVER_KEY"  # the broker's public key: a .key file or its Z85 text
+ENV_CLIENT_KEYS = "DANUBE_CLIENT_KEYS"  # the client's .key_secret file
+
+ServerKey = str | bytes | os.PathLike[str]
+ClientKeys = str | os.PathLike[str] | tuple[str | bytes, str | bytes] | KeyPair
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,45 @@ class ClientCurve:
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public_key)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret)
+
+
+def client_curve(server_public_key: ServerKey | None = None, client_keys: ClientKeys | None = None, *,
+                 env: Mapping[str, str] | None = None) -> ClientCurve | None:
+    """A client's CURVE, or None (plaintext) without a server key. Each argument left None
+    is taken from `env` (DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS) when given. The server key:
+    Z85 text or bytes, or a `.key` file; the client keys: a `.key_secret` file or a
+    (public, secret) Z85 pair; none: a fresh pair for this client (`zmq.curve_keypair`),
+    enough when the principal comes from a token."""
+    if env is not None:
+        server_public_key = server_public_key if server_public_key is not None else env.get(ENV_SERVER_KEY) or None
+        client_keys = client_keys if client_keys is not None else env.get(ENV_CLIENT_KEYS) or None
+    if server_public_key is None:
+        if client_keys is not None:
+            raise InvalidArgument("client_keys (DANUBE_CLIENT_KEYS) need the broker's server_public_key"
+                                  " (DANUBE_SERVER_KEY): CURVE authenticates both ends")
+        return None
+    if isinstance(server_public_key, bytes):
+        server = public_key_from_text(server_public_key.decode("ascii", "replace"))
+    else:
+        server = load_public_key(server_public_key)
+    return ClientCurve(server_public_key=server, keys=_client_pair(client_keys))
+
+
+def _client_pair(client_keys: ClientKeys | None) -> KeyPair:
+    if client_keys is None:
+        public, secret = zmq.curve_keypair()
+        return KeyPair(public=public, secret=secret)
+    if isinstance(client_keys, KeyPair):
+        return client_keys
+    if isinstance(client_keys, tuple):
+        if len(client_keys) != 2:
+            raise InvalidArgument("client_keys: give a .key_secret file or a (public, secret) pair of Z85 keys")
+        public, secret = (public_key_from_text(k.decode("ascii", "replace") if isinstance(k, bytes) else k)
+                          for k in client_keys)
+        if zmq.curve_public(secret) != public:
+            raise InvalidArgument("client_keys: the public key is not the secret key's")
+        return KeyPair(public=public, secret=secret)
+    return load_key_pair(client_keys)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,10 @@ monitor is closed: nothing is watched on the path of messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -19,7 +21,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 from danube_zmq.transport.errors import DanubeError, Unauthenticated
 
-__all__ = ["HandshakeWatch"]
+__all__ = ["HandshakeWatch", "race_handshake"]
+
+T = TypeVar("T")
 
 _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -52,16 +56,22 @@ class HandshakeWatch:
         raise AssertionError("unreachable")
 
     def _error(self, kind: int, value: int) -> DanubeError:
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            if self.curve:
-                return Unauthenticated(f"the broker at {self.url} does not use CURVE (security.mode none):"
-                                       " connect without server_public_key / DANUBE_SERVER_KEY")
+        # Which end sees the mismatch first is a race: the side that reads the other's
+        # greeting reports MECHANISM_MISMATCH, the other sees its connection dropped
+        # mid-handshake (NO_DETAIL). A CURVE server that cannot open a client's HELLO (a
+        # wrong server key) drops it silently too.
+        mismatch = kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+        if not self.curve and (mismatch or kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
             return Unauthenticated(f"the broker at {self.url} requires CURVE:"
                                    " give server_public_key / DANUBE_SERVER_KEY")
+        if mismatch:
+            return Unauthenticated(f"the broker at {self.url} does not use CURVE (security.mode none):"
+                                   " connect without server_public_key / DANUBE_SERVER_KEY")
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return Unauthenticated(f"the broker at {self.url} refused this client's CURVE key (ZAP status {value})")
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self.curve:
-            return Unauthenticated(f"CURVE handshake with {self.url} failed: wrong server key?")
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            return Unauthenticated(f"CURVE handshake with {self.url} failed: wrong server key?"
+                                   " (or the broker does not use CURVE)")
         try:
             name = zmq.Event(value).name if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL else str(value)
         except ValueError:
@@ -80,3 +90,24 @@ class HandshakeWatch:
         if self._monitor is not None:
             self._monitor.close(linger=0)
             self._monitor = None
+
+
+async def race_handshake(watch: HandshakeWatch, connect: Awaitable[T]) -> T:
+    """`connect`'s result, or the handshake's failure raised as soon as libzmq reports it
+    (`connect` is then cancelled). The watch is closed either way."""
+    work = asyncio.ensure_future(connect)
+    failed = asyncio.ensure_future(watch.failure())
+    try:
+        await asyncio.wait({work, failed}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            raise failed.result()
+        return work.result()
+    finally:
+        for task in (work, failed):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await failed
+        watch.close()
