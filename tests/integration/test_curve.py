@@ -26,6 +26,7 @@ from danube_zmq.actors.service import BrokerService
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.security.keys import load_key_pair
 from danube_zmq.security.principal import Principal
+from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import ConfigError, Unauthenticated
 from danube_zmq.transport.internal_protocol import AdminRequest
 from tests.integration.conftest import BrokerProcess, CurveKeys, free_port, make_curve_keys, start_broker
@@ -294,3 +295,40 @@ async def test_a_broker_key_dir_without_the_cluster_key_is_refused_at_start(tmp_
     with pytest.raises(ConfigError, match=r"security\.broker_public_keys_dir.*does not hold the public key"):
         async with BrokerService(config):
             pass
+
+
+@pytest.mark.cluster
+def test_a_curve_cluster_forms_and_hands_a_reliable_topic_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             curve_keys: CurveKeys) -> None:
+    """Three brokers in mode curve (one cluster key pair): Raft forms over CURVE (a leader
+    agreed, every broker registered), and unloading a reliable topic hands its WAL to
+    another broker over the brokers' own CURVE admin clients: every acknowledged message
+    is consumed after the move, with offsets continuing. The test's clients take the
+    keys from DANUBE_SERVER_KEY / DANUBE_CLIENT_KEYS."""
+    from tests.integration.test_cluster import _owners, running_cluster
+
+    for name, value in curve_keys.client_env().items():
+        monkeypatch.setenv(name, value)
+    topic = "/default/secured-move"
+
+    async def run(nodes: list[Any]) -> None:
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        before = (await _owners(nodes[0], [topic]))[topic]
+        async with DanubeClient(nodes[1].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            offsets = [(await producer.send(f"m{i}".encode())).offset for i in range(30)]
+            async with AdminClient(nodes[0].admin_url) as admin:
+                await admin.unload_topic(topic)
+            deadline = time.monotonic() + 30
+            while (await _owners(nodes[0], [topic]))[topic] == before:
+                assert time.monotonic() < deadline, "the topic did not move"
+                await asyncio.sleep(0.05)
+            offsets += [(await producer.send(f"m{i}".encode())).offset for i in range(30, 60)]
+            consumer = await client.subscribe(topic, "audit", initial_position="earliest")
+            got = await drain(consumer, 60, timeout_s=60)
+        assert offsets == list(range(60))
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(60)]
+
+    with running_cluster(tmp_path, env=curve_keys.broker_env()) as nodes:
+        asyncio.run(run(nodes))
