@@ -13,6 +13,8 @@
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
       +-- InboundWatch   a child process holding what libzmq buffers of both ports' input
                          to limits.inbound_bytes_per_connection_max and inbound_bytes_max
+      +-- ZapService     security.mode curve: the context's ZAP handler, started before any
+                         socket binds (`security/curve.py`, `actors/broker_curve.py`)
 
 `start()` opens the metadata store, then binds everything (and the Prometheus endpoint);
 `stop()` stops the actors in reverse order, then the metadata store, and closes the
