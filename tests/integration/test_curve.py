@@ -54,6 +54,18 @@ async def test_produce_and_consume_over_curve(curve_broker: BrokerProcess, curve
     assert [m.payload for m in got] == [f"m{i}".encode() for i in range(50)]
 
 
+def test_the_sync_client_takes_the_same_keys(curve_broker: BrokerProcess, curve_keys: CurveKeys) -> None:
+    """SyncClient passes server_public_key and client_keys to the client it wraps: a
+    message goes and comes back over CURVE."""
+    from danube_zmq import SyncClient
+
+    with SyncClient(curve_broker.url, **_client_keys(curve_keys)) as client:
+        producer = client.create_producer("/default/sync")
+        consumer = client.subscribe("/default/sync", "s")
+        producer.send(b"sync")
+        assert consumer.receive(timeout=30).payload == b"sync"
+
+
 async def test_a_client_without_client_keys_gets_a_fresh_pair(curve_broker: BrokerProcess,
                                                               curve_keys: CurveKeys) -> None:
     """Only the server key given: the client dials with a pair of its own and is served
