@@ -41,6 +41,7 @@ from danube_zmq.consensus.peer import NotLeader
 from danube_zmq.runtime.actor import ADMIN_OUTBOX, Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.schemas.registry import SchemaRegistry
+from danube_zmq.security.curve import ZAP_ADMIN, ClusterCurve, key_of_frame
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
@@ -67,9 +68,10 @@ _TICK_MS = 250  # pending connections and outbound budgets
 class AdminGateway(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str,
                  metadata: RaftMetadataStore | None = None, schemas: SchemaRegistry | None = None,
-                 inbound: InboundWatch | None = None) -> None:
+                 inbound: InboundWatch | None = None, curve: ClusterCurve | None = None) -> None:
         self.config = config
         self.inbound = inbound
+        self.curve = curve  # security.mode curve: the port is a CURVE server (ZAP domain "admin")
         self.metadata = metadata
         self.schemas = schemas
         self._cluster_tasks = RequestTasks(_CLUSTER_TASKS_MAX)
@@ -98,6 +100,8 @@ class AdminGateway(Actor):
         router.setsockopt(zmq.SNDHWM, limits.outbound_frames_max)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
+        if self.curve is not None:
+            self.curve.serve(router, ZAP_ADMIN)
         await bind_or_close(router, self.config.broker.admin_listen, "admin")
         self.peers = PeerGuard(ctx, router, "admin", self._busy_fds, pending_max=limits.connections_pending_max,
                                timeout_ms=limits.connect_timeout_ms, inbound=self.inbound,
@@ -161,7 +165,8 @@ class AdminGateway(Actor):
                 self._reply(identity, Error(request_id=0, code=ErrorCode.INVALID_ARGUMENT,
                                             message=f"expected one frame per message, got {parts}"))
                 continue
-            if not await self._on_frame(identity, body.bytes):
+            key = key_of_frame(body) if self.curve is not None else None
+            if not await self._on_frame(identity, body.bytes, key):
                 return  # this instance failed and was replaced: its sockets are closed
 
     def _request_started(self, identity: bytes, fd: int) -> None:
@@ -197,8 +202,9 @@ class AdminGateway(Actor):
                 return
             self._send_out(frames)
 
-    async def _on_frame(self, identity: bytes, frame: bytes) -> bool:
-        """Answer or forward one admin frame; False when handling it failed this actor."""
+    async def _on_frame(self, identity: bytes, frame: bytes, key: bytes | None = None) -> bool:
+        """Answer or forward one admin frame; False when handling it failed this actor.
+        `key`: the CURVE key ZAP authenticated for its connection, carried with the request."""
         try:
             msg = ADMIN_PROTOCOL.decode(frame)
         except InvalidArgument as exc:
@@ -223,9 +229,10 @@ class AdminGateway(Actor):
             return True
         request_id = getattr(msg, "request_id", 0)
         if type(msg) in CLUSTER_REQUESTS or type(msg) in SECURITY_REQUESTS:  # answered here, by the handlers below
-            return await self.system.handle_in_place(self.endpoint, AdminRequest(identity=identity, frame=frame))
+            return await self.system.handle_in_place(self.endpoint, AdminRequest(identity=identity, frame=frame,
+                                                                                 public_key=key))
         if type(msg) in SNAPSHOT_REQUESTS:
-            if not self.system.tell(self.system.snapshot_endpoint, AdminRequest(identity=identity, frame=frame)):
+            if not self.system.tell(self.system.snapshot_endpoint, AdminRequest(identity=identity, frame=frame, public_key=key)):
                 self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                             message="snapshot requests queued to the limit; retry"))
             return True
@@ -233,7 +240,7 @@ class AdminGateway(Actor):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.INVALID_ARGUMENT,
                                         message=f"{type(msg).__name__} is not an admin request"))
             return True
-        if not self.system.tell(self.system.broker_endpoint, AdminRequest(identity=identity, frame=frame)):
+        if not self.system.tell(self.system.broker_endpoint, AdminRequest(identity=identity, frame=frame, public_key=key)):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="broker busy; retry"))
         return True

@@ -84,6 +84,7 @@ from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import WatchEvent
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
+from danube_zmq.security.curve import ClusterCurve
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor
 from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
 from danube_zmq.storage.paths import resolve_inside
@@ -174,8 +175,9 @@ _RESYNC_SLICE = 256
 class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamespaceLimits, Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
-                 metadata: RaftMetadataStore) -> None:
+                 metadata: RaftMetadataStore, curve: ClusterCurve | None = None) -> None:
         self.config = config
+        self.curve = curve  # security.mode curve: how this broker dials the others (hand-overs, remote admin)
         self.executor = executor
         self.metadata = metadata
         self.data_dir = Path(config.broker.data_dir)

@@ -201,8 +201,9 @@ class BrokerAdmin:
         endpoint = self.remote_admins.get(msg.admin_url)
         if endpoint is None or not self.system.is_alive(endpoint):
             url, timeout_ms, name = msg.admin_url, self.config.cluster.request_timeout_ms, f"broker-{self.broker_id}"
+            curve = self.curve
             endpoint = await self.system.spawn(
-                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name),
+                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name, curve=curve),
                 name=f"remote admin {url}", parent=self.endpoint)
             self.remote_admins[url] = endpoint
         return ip.RemoteAdminAt(endpoint=endpoint)

@@ -112,10 +112,11 @@ class BrokerHandOver:
                                marker: cr.Unassigned | None, done: asyncio.Future[DanubeError | None] | None) -> None:
         config, metadata, broker_id, broker = self.config, self.metadata, self.broker_id, self.endpoint
         flusher, wal_dir, handover_id = self.flusher_endpoint, self._wal_dir(parse_topic(topic)), self.rng.getrandbits(63)
+        curve = self.curve
         await self.system.spawn(lambda: HandOver(
             topic=topic, target=target, refusal=refusal, marker=marker, handover_id=handover_id, broker_id=broker_id,
             broker_endpoint=broker, flusher_endpoint=flusher, metadata=metadata, config=config, wal_dir=wal_dir,
-            done=done), name=f"hand-over {topic}", parent=broker)
+            done=done, curve=curve), name=f"hand-over {topic}", parent=broker)
 
     def _move_target(self, topic: str) -> cr.BrokerRegistration:
         """The live ACTIVE broker other than this one with the fewest topics."""

@@ -63,6 +63,7 @@ from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
+from danube_zmq.security.curve import ZAP_CLIENT, ClusterCurve, key_of_frame
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message, peek_ints, peek_request_id
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
@@ -120,13 +121,18 @@ class Session:
     consumers: dict[int, str] = field(default_factory=dict)  # consumer_id -> subscription actor
     fd: int | None = None  # the TCP connection it came on (ZMQ_SRCFD), to disconnect it
     address: Address | None = None
+    # security.mode curve: the Z85 CURVE key ZAP authenticated for the connection that
+    # sent Connect (the frame's User-Id, never the payload); who it is:
+    # `Credentials.principal_of_key`. Every later request must come with the same key.
+    public_key: bytes | None = None
 
 
 class Gateway(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, schemas: SchemaRegistry | None = None,
-                 inbound: InboundWatch | None = None) -> None:
+                 inbound: InboundWatch | None = None, curve: ClusterCurve | None = None) -> None:
         self.config = config
         self.inbound = inbound
+        self.curve = curve  # security.mode curve: the port is a CURVE server (ZAP domain "client")
         self.broker_id = broker_id
         self.schemas = schemas
         self._schema_tasks = RequestTasks(_SCHEMA_TASKS_MAX)
@@ -169,6 +175,8 @@ class Gateway(Actor):
         # A peer that does not finish the ZMTP handshake in time is dropped by libzmq;
         # one that does but sends no Connect is dropped by the peer guard.
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
+        if self.curve is not None:
+            self.curve.serve(router, ZAP_CLIENT)
         await bind_or_close(router, self.config.broker.listen, "client")
         self.peers = PeerGuard(ctx, router, "client", self._session_fds, pending_max=limits.connections_pending_max,
                                timeout_ms=limits.connect_timeout_ms, inbound=self.inbound,
@@ -397,6 +405,8 @@ class Gateway(Actor):
             session = self.sessions.get(identity)
             endpoint = session.producers.get(ids[1]) if session is not None else None
             if endpoint is not None:
+                if self.curve is not None and self._foreign_key(identity, session, ids[0]):
+                    return
                 session.last_seen_ms = self.system.clock.monotonic_ms()
                 self._hold_send(endpoint, identity, frame, ids[0])
                 return
@@ -420,6 +430,8 @@ class Gateway(Actor):
                     self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNAVAILABLE,
                                                 message="connection not established: send Connect first"))
                 return
+            if self.curve is not None and self._foreign_key(identity, session, getattr(msg, "request_id", None)):
+                return
             session.last_seen_ms = self.system.clock.monotonic_ms()
         # The runtime's failure rule, in place: a DanubeError is the answer, anything else
         # fails this actor (raised out of the socket's drain).
@@ -429,6 +441,19 @@ class Gateway(Actor):
         except DanubeError as exc:
             if hasattr(msg, "request_id"):
                 self._reply(identity, Error(request_id=msg.request_id, code=exc.code, message=exc.message))
+
+    def _foreign_key(self, identity: bytes, session: Session, request_id: int | None) -> bool:
+        """Whether the frame being handled came with another CURVE key than the session's
+        Connect (a connection that took over the session's identity): refused, answered
+        UNAUTHENTICATED, the session untouched."""
+        if key_of_frame(self._frame) == session.public_key:
+            return False
+        self.bad_frames += 1
+        if request_id is not None:
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAUTHENTICATED,
+                                        message="this connection's CURVE key is not the key its session connected"
+                                                " with: send Connect"))
+        return True
 
     def _session(self, origin: Origin) -> Session:
         """The request's session (`_on_client_frame` checked there is one)."""
@@ -448,7 +473,8 @@ class Gateway(Actor):
         fd = _source_fd(self._frame)
         session = self.sessions[identity] = Session(
             client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
-            fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None)
+            fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None,
+            public_key=key_of_frame(self._frame) if self.curve is not None else None)
         if session.fd is not None:
             self._session_fds[session.fd] = session.address
             if self.peers is not None:

@@ -33,9 +33,11 @@ from typing import Any
 
 import crc32c
 
+from danube_zmq.actors.broker_curve import admin_client_curve
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
+from danube_zmq.security.curve import ClusterCurve
 from danube_zmq.storage.wal.handover import Offer, offered_files, read_chunk
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
@@ -63,8 +65,9 @@ class HandOver(Actor):
     def __init__(self, *, topic: str, target: cr.BrokerRegistration | None, refusal: str | None,
                  marker: cr.Unassigned | None, handover_id: int, broker_id: int, broker_endpoint: str,
                  flusher_endpoint: str, metadata: RaftMetadataStore, config: BrokerConfig, wal_dir: Path,
-                 done: asyncio.Future[DanubeError | None] | None) -> None:
+                 done: asyncio.Future[DanubeError | None] | None, curve: ClusterCurve | None = None) -> None:
         self.topic = topic
+        self.curve = curve  # security.mode curve: the receiver's admin port is dialed with the cluster pair
         self.target = target
         self.refusal = refusal  # no receiver could be chosen: refused at the first step
         self.marker = marker  # the load manager's unsealed marker; None: an unload asked here
@@ -196,7 +199,8 @@ class HandOver(Actor):
         try:
             if client is None:
                 client = self.client = AdminClient(self.target.admin_url, timeout_ms=request_ms,
-                                                   client_name=f"broker-{self.broker_id}")
+                                                   client_name=f"broker-{self.broker_id}",
+                                                   **admin_client_curve(self.curve))
                 await client.connect()
             return await client._call(build, Message, timeout_ms=timeout_ms)
         except DanubeError as exc:

@@ -15,7 +15,9 @@ import dataclasses
 import logging
 from typing import Any
 
+from danube_zmq.actors.broker_curve import admin_client_curve
 from danube_zmq.runtime.actor import Actor
+from danube_zmq.security.curve import ClusterCurve
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import DanubeError, Unavailable
@@ -27,8 +29,10 @@ log = logging.getLogger("danube_zmq.broker")
 
 
 class RemoteAdmin(Actor):
-    def __init__(self, *, admin_url: str, timeout_ms: int, client_name: str) -> None:
+    def __init__(self, *, admin_url: str, timeout_ms: int, client_name: str,
+                 curve: ClusterCurve | None = None) -> None:
         self.admin_url = admin_url
+        self.curve = curve  # security.mode curve: the peer's admin port is dialed with the cluster pair
         self.timeout_ms = timeout_ms
         self.client_name = client_name
         self.client: Any = None  # the `AdminClient` while connected
@@ -41,7 +45,7 @@ class RemoteAdmin(Actor):
         try:
             if client is None:
                 client = self.client = AdminClient(self.admin_url, timeout_ms=self.timeout_ms,
-                                                   client_name=self.client_name)
+                                                   client_name=self.client_name, **admin_client_curve(self.curve))
                 await client.connect()
             answer = await client._call(lambda rid: dataclasses.replace(request, request_id=rid), Message,
                                         timeout_ms=msg.timeout_ms)

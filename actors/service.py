@@ -13,6 +13,8 @@
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
       +-- InboundWatch   a child process holding what libzmq buffers of both ports' input
                          to limits.inbound_bytes_per_connection_max and inbound_bytes_max
+      +-- ZapService     security.mode curve: the context's ZAP handler, started before any
+                         socket binds (`security/curve.py`, `actors/broker_curve.py`)
 
 `start()` opens the metadata store, then binds everything (and the Prometheus endpoint);
 `stop()` stops the actors in reverse order, then the metadata store, and closes the
@@ -35,6 +37,7 @@ from prometheus_client import REGISTRY
 
 from danube_zmq.actors.admin_gateway import AdminGateway
 from danube_zmq.actors.broker import BrokerActor
+from danube_zmq.actors.broker_curve import load_cluster_curve
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.inbound_watch import InboundWatch
@@ -49,6 +52,7 @@ from danube_zmq.consensus.raft import RaftConfig
 from danube_zmq.runtime.metrics import MailboxCollector
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas.registry import SchemaRegistry
+from danube_zmq.security.curve import ClusterCurve, Credentials, ZapService
 from danube_zmq.transport.errors import InvalidArgument
 
 log = logging.getLogger("danube_zmq.service")
@@ -78,13 +82,24 @@ class BrokerService:
         # threads let topics on one disk overlap their fsyncs.
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danube-wal")
         self._inbound: InboundWatch | None = None
+        # security.mode curve: the cluster key pair every socket uses, the ZAP credentials
+        # (who a key is), and the context's one ZAP handler (`security/curve.py`).
+        self.curve: ClusterCurve | None = None
+        self.credentials: Credentials | None = None
+        self._zap: ZapService | None = None
 
     async def start(self) -> None:
         config = self.config
+        loaded = load_cluster_curve(config.security)  # a bad key file stops the start before any bind
+        if loaded is not None:
+            self.curve, self.credentials = loaded
         self._context = zmq.asyncio.Context()
         # Each actor mailbox and cached sender is a socket: lift libzmq's default of 1023.
         self._context.setsockopt(zmq.LINGER, 0)
         self._context.set(zmq.MAX_SOCKETS, 65_536)
+        if self.credentials is not None:  # before any socket binds: a CURVE server without it admits any key
+            self._zap = ZapService(self._context, self.credentials)
+            self._zap.start()
         system = ActorSystem(self._context, clock=self.clock, mailbox_messages_max=config.limits.mailbox_messages_max,
                              mailbox_bytes_max=config.limits.mailbox_bytes_max)
         system.on_fatal = self._fatal
@@ -112,14 +127,16 @@ class BrokerService:
                 broker_bytes_max=config.limits.inbound_bytes_max, on_exit=self._fatal)
             inbound.start()
             system.gateway_endpoint = await system.spawn(
-                lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas, inbound=inbound),
+                lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas, inbound=inbound,
+                                curve=self.curve),
                 name="gateway")
             gateway = system.actor(system.gateway_endpoint)
             assert isinstance(gateway, Gateway)
             self.client_url = gateway.bound_url
             admin_endpoint = await system.spawn(
                 lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url,
-                                     metadata=self.metadata, schemas=self.schemas, inbound=inbound),
+                                     metadata=self.metadata, schemas=self.schemas, inbound=inbound,
+                                     curve=self.curve),
                 name="admin-gateway")
             admin = system.actor(admin_endpoint)
             assert isinstance(admin, AdminGateway)
@@ -145,7 +162,7 @@ class BrokerService:
         peer = RaftPeer(cluster.node_id, Path(self.config.broker.data_dir) / "metadata", cluster.raft_listen,
                         cluster.peer_addresses(), raft, cluster.tick_ms, advertised=cluster.raft_advertised,
                         bootstrap_cluster=not cluster.join, request_timeout_s=cluster.request_timeout_ms / 1000,
-                        context=context, clock=self.clock)
+                        context=context, clock=self.clock, curve=self.curve)
         # Standalone (no socket): the single voter leads at once, so waiting costs nothing.
         return RaftMetadataStore(peer, owns_peer=True, wait_for_leader=cluster.raft_listen is None)
 
@@ -153,7 +170,7 @@ class BrokerService:
         return BrokerActor(config=self.config, broker_id=self.broker_id, broker_url=self.advertised_url,
                            admin_url=self.admin_url,
                            metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)),
-                           executor=self._executor, metadata=self.metadata)
+                           executor=self._executor, metadata=self.metadata, curve=self.curve)
 
     def _stored_broker_id(self) -> int:
         """The id this data directory's broker had before (its topics are assigned to
@@ -196,6 +213,9 @@ class BrokerService:
             await self.metadata.stop()
             self.metadata = None
         self._executor.shutdown(wait=True)
+        if self._zap is not None:  # after every socket of the context closed
+            self._zap.stop()
+            self._zap = None
         if self._metrics_server is not None:
             self._metrics_server.close()
             self._metrics_server = None

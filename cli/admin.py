@@ -19,7 +19,7 @@ import click
 
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
 from danube_zmq.actors.dispatch.tracker import BACKOFFS, POISON_POLICIES
-from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic
+from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic, curve_options
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.admin_protocol import (
@@ -130,6 +130,7 @@ def _record(value: Any) -> Any:
     show_default=True,
     help="Give up when the broker does not answer within this time.",
 )
+@curve_options
 @click.pass_context
 def admin(ctx: click.Context, endpoint: str, timeout_ms: int) -> None:
     """Manage namespaces, topics, subscriptions; list brokers.

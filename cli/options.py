@@ -9,6 +9,7 @@ raise `InvalidArgument`, as the broker would, and end as one `error:` line
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ __all__ = [
     "attributes_callback",
     "check_topic",
     "connect_timeout_option",
+    "curve_options",
     "load_client",
     "parse_attributes",
     "partition_of",
@@ -97,6 +99,7 @@ def partition_of(topic: str) -> int | None:
 
 
 def service_url_option(command: F) -> F:
+    command = curve_options(command)  # every command that dials a client port may need CURVE
     return click.option(
         "-s",
         "--service-url",
@@ -108,6 +111,39 @@ def service_url_option(command: F) -> F:
         show_default=True,
         metavar="URL",
         help="Broker client endpoint.",
+    )(command)
+
+
+def _export_to_env(name: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        # Into the environment, where every client reads it (DanubeClient, AdminClient,
+        # SchemaRegistryClient): every client a command opens, in this process and in
+        # the worker processes of `danube bench`, dials with the same keys.
+        if value:
+            os.environ[name] = value
+
+    return callback
+
+
+def curve_options(command: F) -> F:
+    """--server-key and --client-keys (security.mode curve; docs/security.md)."""
+    command = click.option(
+        "--client-keys",
+        envvar="DANUBE_CLIENT_KEYS",
+        show_envvar=True,
+        metavar="FILE",
+        expose_value=False,
+        callback=_export_to_env("DANUBE_CLIENT_KEYS"),
+        help="This client's CURVE key pair (a .key_secret file); default: a fresh pair per run.",
+    )(command)
+    return click.option(
+        "--server-key",
+        envvar="DANUBE_SERVER_KEY",
+        show_envvar=True,
+        metavar="KEY|FILE",
+        expose_value=False,
+        callback=_export_to_env("DANUBE_SERVER_KEY"),
+        help="The cluster's CURVE public key (Z85 or a .key file): connect over CURVE.",
     )(command)
 
 

@@ -19,7 +19,7 @@ map: the caller awaits each reply before sending the next request.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from danube_zmq.client.rpc import RequestClient, check_endpoint
 from danube_zmq.transport import admin_protocol as ap
@@ -108,8 +108,10 @@ class AdminClient(RequestClient):
     PROTOCOL = ADMIN_PROTOCOL
     WHAT = "admin endpoint"
 
-    def __init__(self, endpoint: str, *, timeout_ms: int = 5000, client_name: str = "danube-admin") -> None:
-        super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name)
+    def __init__(self, endpoint: str, *, timeout_ms: int = 5000, client_name: str = "danube-admin",
+                 **curve: Any) -> None:
+        """`curve`: server_public_key, client_keys, use_env, as `RequestClient`."""
+        super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name, **curve)
 
     # -- namespaces ------------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from danube_zmq.client.producer import BatchCallback, Producer
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.schema_cache import SchemaCache, reader_definition
 from danube_zmq.clock import Clock, SystemClock
+from danube_zmq.security.curve import ClientCurve, ClientKeys, ServerKey, client_curve
 from danube_zmq.transport.client_protocol import (
     DispatchStrategy,
     GetPartitions,
@@ -118,6 +120,11 @@ class DanubeClient:
     `write_linger_us` (default 1,000) is how long a connection's write round waits for
     more requests while one of an earlier round still awaits its reply (0: every round
     leaves at the end of the event loop's turn); a lone request never waits.
+    `server_public_key` (the cluster's public key: Z85 text or a `.key` file) makes every
+    connection CURVE; `client_keys` (a `.key_secret` file or a (public, secret) Z85 pair)
+    are this client's, a fresh pair when left out; both default to the environment
+    (DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS). A broker that refuses the handshake fails
+    the connect at once with the cause (docs/security.md).
     `clock` and `rng` are injectable for tests.
     """
 
@@ -135,6 +142,8 @@ class DanubeClient:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         write_linger_us: int = WRITE_LINGER_US_DEFAULT,
+        server_public_key: ServerKey | None = None,
+        client_keys: ClientKeys | None = None,
     ) -> None:
         _check_name("service_url", service_url)
         if type(write_linger_us) is not int or not 0 <= write_linger_us <= 1_000_000:
@@ -159,6 +168,9 @@ class DanubeClient:
         self.connections_max = connections_max
         self.socket_hwm_messages = socket_hwm_messages
         self.write_linger_us = write_linger_us
+        # CURVE to every broker (one cluster server key); left None, from DANUBE_SERVER_KEY
+        # and DANUBE_CLIENT_KEYS; without client keys, one fresh pair for this client.
+        self.curve: ClientCurve | None = client_curve(server_public_key, client_keys, env=os.environ)
         self._context: zmq.asyncio.Context | None = None
         self._connections: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()
@@ -468,6 +480,7 @@ class DanubeClient:
                 clock=self._clock,
                 rng=self._rng,
                 write_linger_us=self.write_linger_us,
+                curve=self.curve,
             )
             await connection.start()
             self._connections[url] = connection

@@ -30,6 +30,8 @@ from danube_zmq.client.budget import Budget
 from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, copy_error
 from danube_zmq.client.retry import BACKOFF_MS_MAX, BACKOFF_MS_MIN, backoff_ms
 from danube_zmq.clock import Clock
+from danube_zmq.security.curve import ClientCurve
+from danube_zmq.security.handshake import HandshakeWatch, race_handshake
 from danube_zmq.transport.client_protocol import (
     CLIENT_PROTOCOL,
     ConsumerClosed,
@@ -163,6 +165,7 @@ class Connection:
         clock: Clock,
         rng: random.Random,
         write_linger_us: int = WRITE_LINGER_US_DEFAULT,
+        curve: ClientCurve | None = None,
     ) -> None:
         assert request_timeout_ms > 0 and pending_requests_max > 0 and reconnect_attempts_max > 0
         assert write_linger_us >= 0
@@ -175,6 +178,7 @@ class Connection:
         self._socket_hwm_messages = socket_hwm_messages
         self._clock = clock
         self._rng = rng
+        self._curve = curve  # None: plaintext (the broker's security.mode none)
 
         self._socket: zmq.Socket | None = None
         # The socket's ZMQ_FD is watched by the event loop (`_on_socket_event`): it wakes
@@ -236,16 +240,22 @@ class Connection:
         # zmq's own TCP reconnect follows the same 100 ms -> 5 s curve as our handshakes.
         sock.setsockopt(zmq.RECONNECT_IVL, BACKOFF_MS_MIN)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, BACKOFF_MS_MAX)
+        if self._curve is not None:
+            self._curve.apply(sock)
+        # Watched until the first handshake: a refused one (CURVE against plaintext, a wrong
+        # server key) fails start() at once with its cause; later ones are not watched.
+        watch = HandshakeWatch(sock, self._context, url=self.url, curve=self._curve is not None)
         try:
             sock.connect(self.url)
         except zmq.ZMQError as exc:
+            watch.close()
             sock.close(linger=0)
             self._state = "closed"
             raise InvalidArgument(f"cannot connect to {self.url!r}: {exc}") from None
         self._socket = sock
         self._spawn(self._receive_loop(), "receive")
         try:
-            await self._handshake()
+            await race_handshake(watch, self._handshake())
         except BaseException as exc:
             error = exc if isinstance(exc, DanubeError) else AlreadyClosed("connection start cancelled")
             await self._shutdown(error)

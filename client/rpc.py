@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import ClassVar, Self, TypeVar
@@ -20,6 +21,8 @@ from typing import ClassVar, Self, TypeVar
 import zmq
 import zmq.asyncio
 
+from danube_zmq.security.curve import ClientCurve, ClientKeys, ServerKey, client_curve
+from danube_zmq.security.handshake import HandshakeWatch, race_handshake
 from danube_zmq.transport.codec import Message, Protocol
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
 from danube_zmq.transport.errors import InternalError, InvalidArgument, Unavailable, UnsupportedVersion, error_from_code
@@ -69,12 +72,21 @@ class RequestClient:
         *,
         timeout_ms: int = 5000,
         client_name: str = "danube-client",
+        server_public_key: ServerKey | None = None,
+        client_keys: ClientKeys | None = None,
+        use_env: bool = True,
     ) -> None:
+        """`server_public_key` (Z85 or a `.key` file) makes the connection CURVE; `client_keys`
+        (a `.key_secret` file or a (public, secret) pair; default a fresh pair) are this
+        client's. Left None, they come from DANUBE_SERVER_KEY and DANUBE_CLIENT_KEYS unless
+        `use_env` is False (a broker's own clients, configured by the broker alone)."""
         if timeout_ms <= 0:
             raise InvalidArgument(f"timeout_ms must be > 0, got {timeout_ms}")
         self.endpoint = check_endpoint(endpoint, self.WHAT)
         self.timeout_ms = timeout_ms
         self.client_name = client_name
+        self.curve: ClientCurve | None = client_curve(server_public_key, client_keys,
+                                                      env=os.environ if use_env else None)
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._next_request_id = 1
@@ -109,21 +121,27 @@ class RequestClient:
         sock.setsockopt(zmq.SNDHWM, _QUEUE_MESSAGES_MAX)
         sock.setsockopt(zmq.RCVHWM, _QUEUE_MESSAGES_MAX)
         sock.setsockopt(zmq.MAXMSGSIZE, _REPLY_BYTES_MAX)
+        if self.curve is not None:
+            self.curve.apply(sock)
         self._socket = sock
+        # A refused handshake (CURVE against plaintext, a wrong server key) fails Connect
+        # at once with its cause, instead of a timeout.
+        watch = HandshakeWatch(sock, self._context, url=self.endpoint, curve=self.curve is not None)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as err:
+            watch.close()
             raise InvalidArgument(
                 f"invalid {self.WHAT} {self.endpoint!r}: {err.strerror}"
             ) from None
-        reply = await self._request(
+        reply = await race_handshake(watch, self._request(
             lambda rid: Connect(
                 request_id=rid,
                 protocol_version=PROTOCOL_VERSION,
                 client_name=self.client_name,
             ),
             Connected,
-        )
+        ))
         if reply.protocol_version != PROTOCOL_VERSION:
             raise UnsupportedVersion(
                 f"the broker at {self.endpoint} speaks protocol version "

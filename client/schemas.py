@@ -12,6 +12,8 @@ unknown subject, id or version.
 
 from __future__ import annotations
 
+from typing import Any
+
 from danube_zmq.client.rpc import RequestClient
 from danube_zmq.schemas.types import parse_compatibility_mode, parse_schema_type
 from danube_zmq.transport import client_protocol as cp
@@ -25,8 +27,10 @@ class SchemaRegistryClient(RequestClient):
     PROTOCOL = cp.CLIENT_PROTOCOL
     WHAT = "broker endpoint"
 
-    def __init__(self, endpoint: str, *, timeout_ms: int = 5000, client_name: str = "danube-schemas") -> None:
-        super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name)
+    def __init__(self, endpoint: str, *, timeout_ms: int = 5000, client_name: str = "danube-schemas",
+                 **curve: Any) -> None:
+        """`curve`: server_public_key, client_keys, use_env, as `RequestClient`."""
+        super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name, **curve)
 
     async def register(self, subject: str, schema_type: str, definition: bytes, *,
                        description: str = "") -> cp.SchemaRegistered:

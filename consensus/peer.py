@@ -114,6 +114,7 @@ from danube_zmq.consensus.state_machine import (
     encode_command,
 )
 from danube_zmq.consensus.types import EntryKind, HardState, Membership
+from danube_zmq.security.curve import ZAP_RAFT, ClusterCurve
 from danube_zmq.transport.codec import Message, Protocol, wire
 from danube_zmq.transport.errors import (
     DanubeError,
@@ -313,6 +314,7 @@ class RaftPeer:
         state_machine_factory: Callable[[], MetadataStateMachine] = MetadataStateMachine,
         context: zmq.asyncio.Context | None = None,
         clock: Clock | None = None,
+        curve: ClusterCurve | None = None,
     ) -> None:
         if config.node_id != node_id:
             raise InvalidArgument(f"raft: config.node_id {config.node_id} != node_id {node_id}")
@@ -339,6 +341,9 @@ class RaftPeer:
         self._ttl_check_interval_s = ttl_check_interval_s
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._sync_ctx = zmq.Context.shadow(self._ctx.underlying)
+        # security.mode curve: the ROUTER admits only broker keys (ZAP domain "raft", served by
+        # the context's ZAP handler), and every DEALER dials with the cluster key pair.
+        self._curve = curve
 
         self.state = state_machine_factory()
         self._node = RaftNode(config, random.Random())
@@ -469,6 +474,8 @@ class RaftPeer:
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.RCVHWM, self._send_hwm)
             router.setsockopt(zmq.MAXMSGSIZE, self._frame_bytes_max)
+            if self._curve is not None:
+                self._curve.serve(router, ZAP_RAFT)
             router.bind(self.listen)
             self._router = router
         for peer_id, address in self.addresses.items():
@@ -485,6 +492,8 @@ class RaftPeer:
         dealer.setsockopt(zmq.RECONNECT_IVL, 50)
         dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         dealer.setsockopt(zmq.IDENTITY, str(self.node_id).encode())
+        if self._curve is not None:
+            self._curve.dial(dealer)
         try:
             dealer.connect(address)
         except zmq.ZMQError as exc:  # a bad address in the book must not stop the peer

@@ -92,6 +92,9 @@ class AdminRequest(Message):
     TAG = 17
     identity: bytes
     frame: bytes
+    # security.mode curve: the Z85 CURVE key ZAP authenticated for the connection (the
+    # frame's User-Id, read by the admin gateway), for the permission check; else None.
+    public_key: bytes | None = None
 
 
 @wire

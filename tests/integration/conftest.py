@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from danube_zmq.security.keys import generate_key_pair, load_key_pair
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect
 
@@ -80,9 +81,13 @@ class BrokerProcess:
         return self.process.returncode
 
 
-def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    """Poll the admin socket with Connect until the broker answers."""
+def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: float = 20.0,
+               env: dict[str, str] | None = None) -> None:
+    """Poll the admin socket with Connect until the broker answers (over CURVE when the
+    broker's `env` sets security.mode curve: dialed with its own cluster key pair)."""
     ctx = zmq.Context.instance()
+    cluster_key_file = (env or {}).get("DANUBE_SECURITY__BROKER_KEY_FILE") \
+        if (env or {}).get("DANUBE_SECURITY__MODE") == "curve" else None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -90,6 +95,9 @@ def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: floa
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVTIMEO, 300)
+        if cluster_key_file is not None:
+            pair = load_key_pair(cluster_key_file)
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = pair.public, pair.public, pair.secret
         sock.connect(admin_url)
         try:
             sock.send(ADMIN_PROTOCOL.encode(Connect(request_id=1, protocol_version=PROTOCOL_VERSION, client_name="t")))
@@ -116,7 +124,7 @@ def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
             stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     broker = BrokerProcess(url=url, admin_url=admin_url, process=process, log_path=log_path)
     try:
-        wait_ready(admin_url, process)
+        wait_ready(admin_url, process, env=env)
     except Exception:
         broker.stop(signal.SIGKILL)
         raise RuntimeError(f"broker failed to start:\n{broker.log()}") from None
@@ -144,3 +152,44 @@ def broker_factory(tmp_path: Path) -> Iterator[object]:
     yield make
     for process in started:
         process.stop(signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """Keys for a CURVE cluster in a tmp dir: the cluster pair (every broker's
+    broker_key_file), the broker public keys dir, and one client pair."""
+
+    cluster_secret_file: Path
+    broker_keys_dir: Path
+    server_public_key: str
+    client_secret_file: Path
+    client_public_key: str
+
+    def broker_env(self) -> dict[str, str]:
+        return {"DANUBE_SECURITY__MODE": "curve", "DANUBE_SECURITY__BROKER_KEY_FILE": str(self.cluster_secret_file),
+                "DANUBE_SECURITY__BROKER_PUBLIC_KEYS_DIR": str(self.broker_keys_dir)}
+
+    def client_env(self) -> dict[str, str]:
+        return {"DANUBE_SERVER_KEY": self.server_public_key, "DANUBE_CLIENT_KEYS": str(self.client_secret_file)}
+
+
+def make_curve_keys(directory: Path) -> CurveKeys:
+    cluster = generate_key_pair(directory / "broker-keys", "cluster")
+    client = generate_key_pair(directory / "client-keys", "alice")
+    return CurveKeys(cluster_secret_file=cluster.secret_file, broker_keys_dir=cluster.public_file.parent,
+                     server_public_key=cluster.public_key, client_secret_file=client.secret_file,
+                     client_public_key=client.public_key)
+
+
+@pytest.fixture
+def curve_keys(tmp_path: Path) -> CurveKeys:
+    return make_curve_keys(tmp_path / "keys")
+
+
+@pytest.fixture
+def curve_broker(tmp_path: Path, curve_keys: CurveKeys) -> Iterator[BrokerProcess]:
+    """A standalone broker in security.mode curve (keys: the `curve_keys` fixture)."""
+    process = start_broker(tmp_path, env=curve_keys.broker_env())
+    yield process
+    code = process.stop()
+    assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"
