@@ -30,6 +30,13 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import cluster_admin, security_admin
+from danube_zmq.actors.broker_enforcement import (
+    AdminPrincipals,
+    Refusals,
+    make_enforcer,
+    spawn_security_watch,
+    who,
+)
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import bind_or_close
 from danube_zmq.actors.inbound_watch import InboundWatch
@@ -41,7 +48,8 @@ from danube_zmq.consensus.peer import NotLeader
 from danube_zmq.runtime.actor import ADMIN_OUTBOX, Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.schemas.registry import SchemaRegistry
-from danube_zmq.security.curve import ZAP_ADMIN, ClusterCurve, key_of_frame
+from danube_zmq.security.curve import ZAP_ADMIN, ClusterCurve, Credentials, key_of_frame
+from danube_zmq.security.enforcement import Enforcer, SessionAuth
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
@@ -53,7 +61,7 @@ from danube_zmq.transport.admin_protocol import (
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, ResourceExhausted, Unavailable
-from danube_zmq.transport.internal_protocol import AdminRequest, Tick
+from danube_zmq.transport.internal_protocol import AdminRequest, SecurityChanged, SecurityResync, Tick
 
 if TYPE_CHECKING:
     from danube_zmq.runtime.system import ActorSystem
@@ -68,10 +76,18 @@ _TICK_MS = 250  # pending connections and outbound budgets
 class AdminGateway(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str,
                  metadata: RaftMetadataStore | None = None, schemas: SchemaRegistry | None = None,
-                 inbound: InboundWatch | None = None, curve: ClusterCurve | None = None) -> None:
+                 inbound: InboundWatch | None = None, curve: ClusterCurve | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.config = config
         self.inbound = inbound
         self.curve = curve  # security.mode curve: the port is a CURVE server (ZAP domain "admin")
+        # security.mode curve: who a key is, the one check per request (its state
+        # watched by a child), and the keys whose Connect brought a token.
+        self.credentials = credentials
+        self.enforcer: Enforcer | None = None
+        self.refusals: Refusals | None = None
+        self.principals = AdminPrincipals(entries_max=config.limits.admin_principals_max,
+                                          bytes_max=config.limits.admin_principals_bytes_max)
         self.metadata = metadata
         self.schemas = schemas
         self._cluster_tasks = RequestTasks(_CLUSTER_TASKS_MAX)
@@ -115,6 +131,11 @@ class AdminGateway(Actor):
         self._router_sync = zmq.Socket.shadow(router.underlying)
         self._outbox_sync = zmq.Socket.shadow(outbox.underlying)
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
+        self.enforcer = make_enforcer(self.config, self.credentials, self.system.clock)
+        if self.enforcer is not None:
+            self.refusals = Refusals("admin", self.system.clock)
+            if self.metadata is not None:
+                await spawn_security_watch(self.system, self.metadata, self.endpoint, "admin")
 
     async def on_stop(self) -> None:
         await self._cluster_tasks.cancel_all()
@@ -217,6 +238,8 @@ class AdminGateway(Actor):
                                             message=f"protocol version {msg.protocol_version} is not supported;"
                                             f" this broker speaks {PROTOCOL_VERSION}"))
                 return True
+            if self.enforcer is not None and not self._bind_principal(identity, msg, key):
+                return True
             broker = self.config.broker
             self._reply(identity, Connected(
                 request_id=msg.request_id, protocol_version=PROTOCOL_VERSION, broker_id=self.broker_id,
@@ -228,6 +251,8 @@ class AdminGateway(Actor):
             self._reply(identity, Pong(request_id=msg.request_id))
             return True
         request_id = getattr(msg, "request_id", 0)
+        if self.enforcer is not None and not self._permitted(identity, msg, key):
+            return True
         if type(msg) in CLUSTER_REQUESTS or type(msg) in SECURITY_REQUESTS:  # answered here, by the handlers below
             return await self.system.handle_in_place(self.endpoint, AdminRequest(identity=identity, frame=frame,
                                                                                  public_key=key))
@@ -244,6 +269,49 @@ class AdminGateway(Actor):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
                                         message="broker busy; retry"))
         return True
+
+    def _bind_principal(self, identity: bytes, msg: Connect, key: bytes | None) -> bool:
+        """A Connect on the admin port: its token (verified) is the principal of the
+        key's later requests; without one, the key is. A bad token is refused and
+        changes nothing."""
+        assert self.enforcer is not None
+        try:
+            auth = self.enforcer.connect(msg.auth_token, key)
+        except DanubeError as exc:
+            self._refuse(identity, SessionAuth(key=key), exc, "Connect", msg.request_id)
+            return False
+        if key is not None:
+            if auth.claims is not None:
+                self.principals.bind(key, auth)
+            else:
+                self.principals.forget(key)
+        return True
+
+    def _permitted(self, identity: bytes, msg: Message, key: bytes | None) -> bool:
+        """The one check of an admin request, before it is answered or forwarded."""
+        assert self.enforcer is not None
+        auth = self.principals.get(key)
+        try:
+            self.enforcer.check(auth, msg, _NO_SESSION)
+        except DanubeError as exc:
+            self._refuse(identity, auth, exc, type(msg).__name__, getattr(msg, "request_id", 0))
+            return False
+        return True
+
+    def _refuse(self, identity: bytes, auth: SessionAuth, exc: DanubeError, request: str, request_id: int) -> None:
+        assert self.refusals is not None and self.enforcer is not None
+        if self.refusals.is_refusal(exc):
+            self.refusals.count(exc, who(self.enforcer, auth), request)
+        self._reply(identity, Error(request_id=request_id, code=exc.code, message=exc.message))
+
+    # security.mode curve: the /security/ entries, from this gateway's watch.
+    def handle_SecurityResync(self, msg: SecurityResync) -> None:
+        assert self.enforcer is not None
+        self.enforcer.resync(zip(msg.keys, msg.values, strict=True))
+
+    def handle_SecurityChanged(self, msg: SecurityChanged) -> None:
+        assert self.enforcer is not None
+        self.enforcer.apply(msg.key, msg.value)
 
     # Metadata-cluster requests: each answered in a task (`cluster_admin`), as they wait on Raft.
     def handle_ClusterStatus(self, msg: ap.ClusterStatus, origin: Origin) -> None:
@@ -384,6 +452,23 @@ class AdminGateway(Actor):
 
     def _reply(self, identity: bytes, msg: Message) -> None:
         self._send_out([identity, ADMIN_PROTOCOL.encode(msg)])
+
+
+class _NoSession:
+    """The admin port's resolver: admin requests name their resources, never a
+    producer, consumer or schema id of a session."""
+
+    def topic_of_producer(self, producer_id: int) -> str:
+        raise InvalidArgument("an admin request names no producer")
+
+    def topic_of_consumer(self, consumer_id: int) -> str:
+        raise InvalidArgument("an admin request names no consumer")
+
+    def subject_of_schema(self, schema_id: int) -> str:
+        raise InvalidArgument("an admin request names no schema id")
+
+
+_NO_SESSION = _NoSession()
 
 
 def reply_admin(system: ActorSystem, identity: bytes, msg: Message) -> bool:

@@ -222,6 +222,14 @@ class LimitsSection:
     # message); a message with more parts is refused whole with
     # INVALID_ARGUMENT. 64..65536 (a client may always send 64). Default 1024.
     requests_per_message_max: int = 1024
+    # security.mode curve: admin-port CURVE keys whose Connect carried a token,
+    # remembered with its principal (key -> principal, token expiry) for the
+    # key's later admin requests; past it the oldest is forgotten (its client
+    # connects again when refused). 1..2**31-1, default 4096.
+    admin_principals_max: int = 4096
+    # The same map's bytes (each entry: its key, principal name and token id,
+    # plus 128); the oldest go first past it. At least 65536, default 4 MiB.
+    admin_principals_bytes_max: int = 4 * MIB
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -248,6 +256,8 @@ class LimitsSection:
         _check_range("limits.inbound_bytes_max", self.inbound_bytes_max, self.inbound_bytes_per_connection_max,
                      _INT_MAX)
         _check_range("limits.requests_per_message_max", self.requests_per_message_max, 64, 65536)
+        _check_range("limits.admin_principals_max", self.admin_principals_max, 1, _INT_MAX)
+        _check_range("limits.admin_principals_bytes_max", self.admin_principals_bytes_max, 65536, _INT_MAX)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

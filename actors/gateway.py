@@ -51,20 +51,24 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors import schema_service
+from danube_zmq.actors.broker_enforcement import Refusals, make_enforcer, spawn_security_watch, who
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer, zmtp_frame_bytes
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted, WatchEvent
 from danube_zmq.runtime.actor import CLIENT_OUTBOX, Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
-from danube_zmq.security.curve import ZAP_CLIENT, ClusterCurve, key_of_frame
+from danube_zmq.security.curve import ZAP_CLIENT, ClusterCurve, Credentials, key_of_frame
+from danube_zmq.security.enforcement import Enforcer, SessionAuth
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message, peek_ints, peek_request_id
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import (
@@ -91,6 +95,8 @@ from danube_zmq.transport.internal_protocol import (
     HolderLives,
     ProducerAttached,
     ProducerDetached,
+    SecurityChanged,
+    SecurityResync,
     Tick,
     TopicSchemaChanged,
 )
@@ -125,14 +131,58 @@ class Session:
     # sent Connect (the frame's User-Id, never the payload); who it is:
     # `Credentials.principal_of_key`. Every later request must come with the same key.
     public_key: bytes | None = None
+    # security.mode curve: what its Connect authenticated (token claims, key), and the
+    # topics of its producers and consumers (the resources of their requests).
+    auth: SessionAuth | None = None
+    producer_topics: dict[int, str] = field(default_factory=dict)
+    consumer_topics: dict[int, str] = field(default_factory=dict)
+
+    # The permission check's `Resolver`: ids are the session's own, never another's.
+    def topic_of_producer(self, producer_id: int) -> str:
+        topic = self.producer_topics.get(producer_id)
+        if topic is None:
+            raise NotFound(f"producer {producer_id} is not attached on this connection")
+        return topic
+
+    def topic_of_consumer(self, consumer_id: int) -> str:
+        topic = self.consumer_topics.get(consumer_id)
+        if topic is None:
+            raise NotFound(f"consumer {consumer_id} is not attached on this connection")
+        return topic
+
+    def subject_of_schema(self, schema_id: int) -> str:
+        # GetSchema by id is checked in its task, once the registry named the subject.
+        raise AssertionError("a schema id is resolved by the registry, not the session")
+
+
+class _SubjectOf:
+    """The resolver of a GetSchema by id: the subject the registry found for it."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+
+    def topic_of_producer(self, producer_id: int) -> str:
+        raise NotFound(f"producer {producer_id} is not attached on this connection")
+
+    topic_of_consumer = topic_of_producer
+
+    def subject_of_schema(self, schema_id: int) -> str:
+        return self.subject
 
 
 class Gateway(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, schemas: SchemaRegistry | None = None,
-                 inbound: InboundWatch | None = None, curve: ClusterCurve | None = None) -> None:
+                 inbound: InboundWatch | None = None, curve: ClusterCurve | None = None,
+                 credentials: Credentials | None = None, metadata: RaftMetadataStore | None = None) -> None:
         self.config = config
         self.inbound = inbound
         self.curve = curve  # security.mode curve: the port is a CURVE server (ZAP domain "client")
+        # security.mode curve: who a key is (ZAP's credentials, fed the allow-list from
+        # here), the one check per request, and the store its state is watched in.
+        self.credentials = credentials
+        self.metadata = metadata
+        self.enforcer: Enforcer | None = None
+        self.refusals: Refusals | None = None
         self.broker_id = broker_id
         self.schemas = schemas
         self._schema_tasks = RequestTasks(_SCHEMA_TASKS_MAX)
@@ -190,6 +240,11 @@ class Gateway(Actor):
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
         if self.schemas is not None:
             self._binding_watch = asyncio.get_running_loop().create_task(self._watch_bindings(self.schemas))
+        self.enforcer = make_enforcer(self.config, self.credentials, self.system.clock)
+        if self.enforcer is not None:
+            self.refusals = Refusals("client", self.system.clock)
+            if self.metadata is not None:
+                await spawn_security_watch(self.system, self.metadata, self.endpoint, "client")
 
     async def on_stop(self) -> None:
         if self._binding_watch is not None:
@@ -405,7 +460,8 @@ class Gateway(Actor):
             session = self.sessions.get(identity)
             endpoint = session.producers.get(ids[1]) if session is not None else None
             if endpoint is not None:
-                if self.curve is not None and self._foreign_key(identity, session, ids[0]):
+                if self.curve is not None and (self._foreign_key(identity, session, ids[0])
+                                               or not self._send_permitted(identity, session, ids)):
                     return
                 session.last_seen_ms = self.system.clock.monotonic_ms()
                 self._hold_send(endpoint, identity, frame, ids[0])
@@ -423,14 +479,17 @@ class Gateway(Actor):
             self._reply(identity, Error(request_id=getattr(msg, "request_id", 0), code=ErrorCode.INVALID_ARGUMENT,
                                         message=f"{name} is not a request a client may send"))
             return
-        if type(msg) not in _SESSIONLESS:
+        # security.mode curve: schema requests too need the session, whose Connect
+        # says who sends them.
+        if type(msg) not in _SESSIONLESS or (self.curve is not None and type(msg) is not Connect):
             session = self.sessions.get(identity)
             if session is None:
                 if hasattr(msg, "request_id"):
                     self._reply(identity, Error(request_id=msg.request_id, code=ErrorCode.UNAVAILABLE,
                                                 message="connection not established: send Connect first"))
                 return
-            if self.curve is not None and self._foreign_key(identity, session, getattr(msg, "request_id", None)):
+            if self.curve is not None and (self._foreign_key(identity, session, getattr(msg, "request_id", None))
+                                           or not self._permitted(identity, session, msg)):
                 return
             session.last_seen_ms = self.system.clock.monotonic_ms()
         # The runtime's failure rule, in place: a DanubeError is the answer, anything else
@@ -455,6 +514,41 @@ class Gateway(Actor):
                                                 " with: send Connect"))
         return True
 
+    def _send_permitted(self, identity: bytes, session: Session, ids: tuple[int, int]) -> bool:
+        """The check of a batch routed undecoded: Produce on its producer's topic."""
+        enforcer = self.enforcer
+        assert enforcer is not None
+        try:
+            enforcer.check_send(session.auth, session.topic_of_producer(ids[1]))
+        except DanubeError as exc:
+            self._refuse(identity, session.auth, exc, "Send", ids[0])
+            return False
+        return True
+
+    def _permitted(self, identity: bytes, session: Session, msg: Message) -> bool:
+        """The one check of a decoded request, before its handler: False when refused
+        (answered here, nothing forwarded)."""
+        enforcer = self.enforcer
+        assert enforcer is not None
+        if type(msg) is cp.GetSchema and msg.subject is None and msg.schema_id is not None:
+            return True  # checked in its task, once the registry named the subject (`handle_GetSchema`)
+        try:
+            enforcer.check(session.auth, msg, session)
+        except DanubeError as exc:
+            self._refuse(identity, session.auth, exc, type(msg).__name__, getattr(msg, "request_id", None))
+            return False
+        return True
+
+    def _refuse(self, identity: bytes, auth: SessionAuth | None, exc: DanubeError, request: str,
+                request_id: int | None) -> None:
+        """Count and log a refusal (UNAUTHENTICATED, PERMISSION_DENIED) and answer it."""
+        refusals, enforcer = self.refusals, self.enforcer
+        assert refusals is not None and enforcer is not None
+        if refusals.is_refusal(exc):
+            refusals.count(exc, who(enforcer, auth), request)
+        if request_id is not None:
+            self._reply(identity, Error(request_id=request_id, code=exc.code, message=exc.message))
+
     def _session(self, origin: Origin) -> Session:
         """The request's session (`_on_client_frame` checked there is one)."""
         return self.sessions[origin.identity]
@@ -465,6 +559,15 @@ class Gateway(Actor):
         if msg.protocol_version != PROTOCOL_VERSION:
             raise UnsupportedVersion(f"protocol version {msg.protocol_version} is not supported;"
                                      f" this broker speaks {PROTOCOL_VERSION}")
+        auth = None
+        if self.enforcer is not None:
+            # A bad token refuses the Connect and changes nothing; a good one (or none:
+            # the key's principal) is bound to the new session.
+            try:
+                auth = self.enforcer.connect(msg.auth_token, key_of_frame(self._frame))
+            except DanubeError as exc:
+                self._refuse(identity, SessionAuth(key=key_of_frame(self._frame)), exc, "Connect", None)
+                raise
         session = self.sessions.get(identity)
         if session is not None:
             self._close_session(identity, session)  # a reconnect starts from scratch
@@ -474,7 +577,7 @@ class Gateway(Actor):
         session = self.sessions[identity] = Session(
             client_name=msg.client_name, last_seen_ms=self.system.clock.monotonic_ms(),
             fd=fd if fd >= 0 else None, address=peer_address(fd) if fd >= 0 else None,
-            public_key=key_of_frame(self._frame) if self.curve is not None else None)
+            public_key=key_of_frame(self._frame) if self.curve is not None else None, auth=auth)
         if session.fd is not None:
             self._session_fds[session.fd] = session.address
             if self.peers is not None:
@@ -629,7 +732,24 @@ class Gateway(Actor):
         self._answer_schema_in_task(origin, msg, schema_service.register_schema)
 
     def handle_GetSchema(self, msg: cp.GetSchema, origin: Origin) -> None:
+        if self.enforcer is not None and msg.subject is None and msg.schema_id is not None:
+            session = self._session(origin)
+            self._answer_schema_in_task(origin, msg, lambda registry, m: self._get_schema_checked(
+                registry, m, origin.identity, session))
+            return
         self._answer_schema_in_task(origin, msg, schema_service.get_schema)
+
+    async def _get_schema_checked(self, registry: SchemaRegistry, msg: cp.GetSchema, identity: bytes,
+                                  session: Session) -> Message:
+        """GetSchema by id: Lookup on the subject the id belongs to, then the answer."""
+        assert self.enforcer is not None and msg.schema_id is not None
+        subject = await registry.subject_of(msg.schema_id)
+        try:
+            self.enforcer.check(session.auth, msg, _SubjectOf(subject))
+        except DanubeError as exc:
+            self._refuse(identity, session.auth, exc, "GetSchema", None)
+            raise
+        return await schema_service.get_schema(registry, msg)
 
     def handle_ListSchemaVersions(self, msg: cp.ListSchemaVersions, origin: Origin) -> None:
         self._answer_schema_in_task(origin, msg, schema_service.list_schema_versions)
@@ -705,6 +825,8 @@ class Gateway(Actor):
             self.system.tell(msg.endpoint, DetachProducer(producer_id=msg.producer_id, identity=msg.identity))
             return
         session.producers[msg.producer_id] = msg.endpoint
+        if self.enforcer is not None:
+            session.producer_topics[msg.producer_id] = msg.topic
         self._send_out([msg.identity, msg.reply])
 
     def handle_ProducerDetached(self, msg: ProducerDetached) -> None:
@@ -712,6 +834,7 @@ class Gateway(Actor):
         if session is None:
             return
         session.producers.pop(msg.producer_id, None)
+        session.producer_topics.pop(msg.producer_id, None)
         if msg.reply is not None:
             self._send_out([msg.identity, msg.reply])
         if msg.reason is not None:
@@ -724,6 +847,8 @@ class Gateway(Actor):
             self.system.tell(msg.endpoint, DetachConsumer(consumer_id=msg.consumer_id, identity=msg.identity))
             return
         session.consumers[msg.consumer_id] = msg.endpoint
+        if self.enforcer is not None:
+            session.consumer_topics[msg.consumer_id] = msg.topic
         if self.outbound.is_paused(msg.identity):
             self.system.post(msg.endpoint, ConsumerPaused(identity=msg.identity, consumer_id=msg.consumer_id,
                                                           paused=True))
@@ -734,11 +859,29 @@ class Gateway(Actor):
         if session is None:
             return
         session.consumers.pop(msg.consumer_id, None)
+        session.consumer_topics.pop(msg.consumer_id, None)
         if msg.reply is not None:
             self._send_out([msg.identity, msg.reply])
         if msg.reason is not None:
             self._reply(msg.identity, cp.ConsumerClosed(consumer_id=msg.consumer_id, reason=msg.reason,
                                                                reattach=msg.reattach))
+
+    # security.mode curve: the /security/ entries, from this gateway's watch.
+    def handle_SecurityResync(self, msg: SecurityResync) -> None:
+        assert self.enforcer is not None
+        self.enforcer.resync(zip(msg.keys, msg.values, strict=True))
+        self._feed_credentials()
+
+    def handle_SecurityChanged(self, msg: SecurityChanged) -> None:
+        assert self.enforcer is not None
+        self.enforcer.apply(msg.key, msg.value)
+        if msg.key.startswith(cr.CLIENT_KEYS):
+            self._feed_credentials()
+
+    def _feed_credentials(self) -> None:
+        """The allow-list to ZAP's credentials (their statistics, `principal_of_key`)."""
+        if self.credentials is not None and self.enforcer is not None:
+            self.credentials.replace_client_keys(self.enforcer.client_keys())
 
     def handle_HolderLives(self, msg: HolderLives) -> HolderLiveness:
         # The attach notice (`ProducerAttached`/`ConsumerAttached`) was told before the

@@ -48,6 +48,7 @@ class _Metrics:
     inbound_held_bytes: Gauge
     inbound_held_bytes_peak: Gauge
     inbound_held_bytes_at_cut_max: Gauge
+    requests_refused: Counter
 
 
 METRICS = _Metrics(
@@ -105,6 +106,9 @@ METRICS = _Metrics(
     inbound_held_bytes_at_cut_max=Gauge("danube_broker_inbound_held_bytes_at_cut_max",
                                         "The most bytes one connection held when it was cut for an inbound budget"
                                         " (the budget plus what arrived before the watcher saw it)"),
+    requests_refused=Counter("danube_requests_refused_total",
+                             "Requests refused by the permission check (security.mode curve), by port (client,"
+                             " admin) and code (UNAUTHENTICATED, PERMISSION_DENIED)", ["port", "code"]),
 )
 
 

@@ -128,7 +128,7 @@ class BrokerService:
             inbound.start()
             system.gateway_endpoint = await system.spawn(
                 lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas, inbound=inbound,
-                                curve=self.curve),
+                                curve=self.curve, credentials=self.credentials, metadata=self.metadata),
                 name="gateway")
             gateway = system.actor(system.gateway_endpoint)
             assert isinstance(gateway, Gateway)
@@ -136,7 +136,7 @@ class BrokerService:
             admin_endpoint = await system.spawn(
                 lambda: AdminGateway(config=config, broker_id=self.broker_id, broker_url=self.advertised_url,
                                      metadata=self.metadata, schemas=self.schemas, inbound=inbound,
-                                     curve=self.curve),
+                                     curve=self.curve, credentials=self.credentials),
                 name="admin-gateway")
             admin = system.actor(admin_endpoint)
             assert isinstance(admin, AdminGateway)

@@ -106,6 +106,9 @@ class ProducerAttached(Message):
     producer_id: int
     endpoint: str
     reply: bytes
+    # The (partition) topic it is attached to: the resource of its Send and
+    # CloseProducer in the permission check (security.mode curve).
+    topic: str = ""
 
 
 @wire
@@ -127,6 +130,9 @@ class ConsumerAttached(Message):
     consumer_id: int
     endpoint: str
     reply: bytes
+    # The (partition) topic of its subscription: the resource of its Flow, Ack,
+    # Nack, Seek, Unsubscribe and CloseConsumer in the permission check.
+    topic: str = ""
 
 
 @wire
@@ -1120,3 +1126,23 @@ INTERNAL_PROTOCOL = Protocol(
         ClientRequests,
     ),
 )
+
+
+@wire
+class SecurityResync(Message):
+    """A gateway's security watch -> the gateway: every entry under `/security/` as of
+    now (at the watch's start and after a gap), for its `Enforcer`."""
+
+    TAG = 340
+    keys: list[str]
+    values: list[bytes]
+
+
+@wire
+class SecurityChanged(Message):
+    """A gateway's security watch -> the gateway: one entry under `/security/` was put
+    (`value`) or deleted (None)."""
+
+    TAG = 341
+    key: str
+    value: bytes | None = None

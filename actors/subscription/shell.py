@@ -170,7 +170,7 @@ class SubscriptionActor(Actor):
                                    consumer_name=consumer.name, topic=self.topic)
         self.system.tell(self.system.gateway_endpoint, ConsumerAttached(
             identity=msg.identity, consumer_id=consumer.consumer_id, endpoint=self.endpoint,
-            reply=cp.CLIENT_PROTOCOL.encode(subscribed)))
+            reply=cp.CLIENT_PROTOCOL.encode(subscribed), topic=self.topic))
         self._report_count()
 
     def _detach(self, consumer_id: int, *, reason: str | None = None, reply: bytes | None = None) -> None:

@@ -256,7 +256,7 @@ class TopicActor(Actor):
                                      schema_version=schema.version if schema else None)
         self.system.tell(self._gateway, ProducerAttached(
             identity=req.identity, producer_id=producer_id, endpoint=self.endpoint,
-            reply=cp.CLIENT_PROTOCOL.encode(created)))
+            reply=cp.CLIENT_PROTOCOL.encode(created), topic=self.topic))
         return None
 
     def schema_of(self, producer: _Producer, msg: cp.Send) -> tuple[int | None, int | None]:

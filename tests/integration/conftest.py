@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -166,8 +167,17 @@ class CurveKeys:
     client_public_key: str
 
     def broker_env(self) -> dict[str, str]:
+        """Mode curve, with `alice` (the client key's principal once `allow_client_key`
+        registered it) a super admin."""
         return {"DANUBE_SECURITY__MODE": "curve", "DANUBE_SECURITY__BROKER_KEY_FILE": str(self.cluster_secret_file),
-                "DANUBE_SECURITY__BROKER_PUBLIC_KEYS_DIR": str(self.broker_keys_dir)}
+                "DANUBE_SECURITY__BROKER_PUBLIC_KEYS_DIR": str(self.broker_keys_dir),
+                "DANUBE_SECURITY__SUPER_ADMINS": "alice"}
+
+    def cluster_admin(self) -> dict[str, object]:
+        """AdminClient arguments dialing with the cluster key pair: the `broker`
+        principal, which holds ManageCluster (so it may write the allow-list)."""
+        pair = load_key_pair(self.cluster_secret_file)
+        return {"server_public_key": pair.public, "client_keys": pair, "use_env": False}
 
     def client_env(self) -> dict[str, str]:
         return {"DANUBE_SERVER_KEY": self.server_public_key, "DANUBE_CLIENT_KEYS": str(self.client_secret_file)}
@@ -181,6 +191,40 @@ def make_curve_keys(directory: Path) -> CurveKeys:
                      client_public_key=client.public_key)
 
 
+async def allow_client_key_async(brokers: list[BrokerProcess] | list[object], keys: CurveKeys,
+                                 principal: str = "alice", timeout_s: float = 30.0) -> None:
+    """Register the client key of `keys` as `principal` (user) on the allow-list (with
+    the cluster key pair), then wait until every broker's client and admin ports serve
+    it: its watches of /security/ have the entry."""
+    from danube_zmq import DanubeClient
+    from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.errors import NotFound, Unauthenticated, Unavailable
+
+    async with AdminClient(brokers[0].admin_url, **keys.cluster_admin()) as admin:  # type: ignore[union-attr]
+        await admin.add_client_key(keys.client_public_key, principal, "user")
+    as_client = {"server_public_key": keys.server_public_key, "client_keys": str(keys.client_secret_file)}
+    deadline = time.monotonic() + timeout_s
+    for broker in brokers:
+        while True:
+            try:
+                async with AdminClient(broker.admin_url, use_env=False, **as_client) as admin:  # type: ignore[union-attr]
+                    await admin.list_namespaces()
+                async with DanubeClient(broker.url, **as_client) as client:  # type: ignore[union-attr]
+                    try:
+                        await client.lookup("/default/allow-probe")
+                    except NotFound:
+                        pass
+                break
+            except (Unauthenticated, Unavailable):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+
+def allow_client_key(brokers: list[BrokerProcess] | list[object], keys: CurveKeys, principal: str = "alice") -> None:
+    asyncio.run(allow_client_key_async(brokers, keys, principal))
+
+
 @pytest.fixture
 def curve_keys(tmp_path: Path) -> CurveKeys:
     return make_curve_keys(tmp_path / "keys")
@@ -190,6 +234,11 @@ def curve_keys(tmp_path: Path) -> CurveKeys:
 def curve_broker(tmp_path: Path, curve_keys: CurveKeys) -> Iterator[BrokerProcess]:
     """A standalone broker in security.mode curve (keys: the `curve_keys` fixture)."""
     process = start_broker(tmp_path, env=curve_keys.broker_env())
+    try:
+        allow_client_key([process], curve_keys)
+    except BaseException:
+        process.stop()
+        raise
     yield process
     code = process.stop()
     assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"

@@ -29,7 +29,15 @@ from danube_zmq.security.rbac import Principal, PrincipalType
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import ConfigError, Unauthenticated
 from danube_zmq.transport.internal_protocol import AdminRequest
-from tests.integration.conftest import BrokerProcess, CurveKeys, free_port, make_curve_keys, start_broker
+from tests.integration.conftest import (
+    BrokerProcess,
+    CurveKeys,
+    allow_client_key,
+    allow_client_key_async,
+    free_port,
+    make_curve_keys,
+    start_broker,
+)
 from tests.integration.test_subscriptions import drain
 
 MARKER = b"curve-marker-7f3a9c-not-in-clear"
@@ -66,13 +74,14 @@ def test_the_sync_client_takes_the_same_keys(curve_broker: BrokerProcess, curve_
         assert consumer.receive(timeout=30).payload == b"sync"
 
 
-async def test_a_client_without_client_keys_gets_a_fresh_pair(curve_broker: BrokerProcess,
-                                                              curve_keys: CurveKeys) -> None:
-    """Only the server key given: the client dials with a pair of its own and is served
-    (the client and admin ports admit any key; who it is is decided after)."""
+async def test_a_client_without_client_keys_connects_with_a_fresh_pair_and_holds_no_rights(
+        curve_broker: BrokerProcess, curve_keys: CurveKeys) -> None:
+    """Only the server key given: the client dials with a pair of its own and its Connect
+    is served (the client port admits any key), but that key is on no allow-list and no
+    token came with it: producing is UNAUTHENTICATED, naming both cures."""
     async with DanubeClient(curve_broker.url, server_public_key=curve_keys.server_public_key) as client:
-        producer = await client.create_producer("/default/fresh")
-        assert (await producer.send(b"x")).offset == 0
+        with pytest.raises(Unauthenticated, match="not on the client-key allow-list and its Connect carried no"):
+            await client.create_producer("/default/fresh")
 
 
 async def test_admin_requests_over_curve_from_the_library_and_the_cli(curve_broker: BrokerProcess,
@@ -186,6 +195,8 @@ async def test_payloads_are_not_in_clear_on_the_wire_with_curve(tmp_path: Path, 
     broker = start_broker(tmp_path, env=keys.broker_env() if mode == "curve" else None)
     recorder = _Recorder(int(broker.url.rsplit(":", 1)[1]))
     try:
+        if mode == "curve":
+            await allow_client_key_async([broker], keys)
         url = await recorder.start()
         options = _client_keys(keys) if mode == "curve" else {}
         async with DanubeClient(url, **options) as client:
@@ -213,7 +224,7 @@ def _curve_config(tmp_path: Path, keys: CurveKeys, **cluster: Any) -> BrokerConf
                              data_dir=str(tmp_path / "data")),
         cluster=ClusterSection(**cluster),
         security=SecuritySection(mode="curve", broker_key_file=str(keys.cluster_secret_file),
-                                 broker_public_keys_dir=str(keys.broker_keys_dir)))
+                                 broker_public_keys_dir=str(keys.broker_keys_dir), super_admins=("alice",)))
 
 
 async def test_the_gateway_binds_the_authenticated_key_of_each_session_and_admin_request(
@@ -221,10 +232,17 @@ async def test_the_gateway_binds_the_authenticated_key_of_each_session_and_admin
     """The key ZAP authenticated (the frame's User-Id) is the client's public key: on its
     gateway session after Connect, and on each AdminRequest the admin gateway forwards.
     The cluster key is a `broker` principal; the client key is nobody until the allow-list
-    names it (`replace_client_keys`), and never a broker even if listed as one."""
+    in the store names it (the gateway's watch feeds `replace_client_keys`), and never a
+    broker even if listed as one."""
     async with BrokerService(_curve_config(tmp_path, curve_keys)) as service:
         system, credentials = service._system, service.credentials
         assert system is not None and credentials is not None
+        client_key = curve_keys.client_public_key.encode()
+        assert credentials.principal_of_key(client_key) is None
+        process = BrokerProcess(url=service.client_url, admin_url=service.admin_url, process=None,  # type: ignore[arg-type]
+                                log_path=tmp_path / "none")
+        await allow_client_key_async([process], curve_keys)
+        assert credentials.principal_of_key(client_key) == Principal(name="alice", type=PrincipalType.USER)
         forwarded: list[AdminRequest] = []
         tell = system.tell
 
@@ -234,17 +252,15 @@ async def test_the_gateway_binds_the_authenticated_key_of_each_session_and_admin
             return tell(endpoint, msg)
 
         system.tell = spy  # type: ignore[method-assign]
-        client_key = curve_keys.client_public_key.encode()
         async with DanubeClient(service.client_url, **_client_keys(curve_keys)):
             gateway = system.actor(system.gateway_endpoint)
             assert isinstance(gateway, Gateway)
-            assert [s.public_key for s in gateway.sessions.values()] == [client_key]
+            assert {s.public_key for s in gateway.sessions.values()} == {client_key}
         async with AdminClient(service.admin_url, **_client_keys(curve_keys)) as admin:
             await admin.list_namespaces()
         assert [r.public_key for r in forwarded] == [client_key]
         cluster_key = load_key_pair(curve_keys.cluster_secret_file).public
         assert credentials.principal_of_key(cluster_key) == Principal(name="broker", type=PrincipalType.BROKER)
-        assert credentials.principal_of_key(client_key) is None
         credentials.replace_client_keys({client_key: Principal(name="alice", type=PrincipalType.USER),
                                          cluster_key: Principal(name="mallory", type=PrincipalType.USER)})
         assert credentials.principal_of_key(client_key) == Principal(name="alice", type=PrincipalType.USER)
@@ -319,8 +335,10 @@ def test_a_curve_cluster_forms_and_hands_a_reliable_topic_over(tmp_path: Path, m
     keys from DANUBE_SERVER_KEY / DANUBE_CLIENT_KEYS."""
     from tests.integration.test_cluster import _owners, running_cluster
 
-    for name, value in curve_keys.client_env().items():
-        monkeypatch.setenv(name, value)
+    # Until alice's key is on the allow-list the readiness polls dial as the cluster key
+    # (the broker principal: cluster status and brokers are within its rights).
+    monkeypatch.setenv("DANUBE_SERVER_KEY", curve_keys.server_public_key)
+    monkeypatch.setenv("DANUBE_CLIENT_KEYS", str(curve_keys.cluster_secret_file))
     topic = "/default/secured-move"
 
     async def run(nodes: list[Any]) -> None:
@@ -343,4 +361,7 @@ def test_a_curve_cluster_forms_and_hands_a_reliable_topic_over(tmp_path: Path, m
         assert [m.payload for m in got] == [f"m{i}".encode() for i in range(60)]
 
     with running_cluster(tmp_path, env=curve_keys.broker_env()) as nodes:
+        allow_client_key(nodes, curve_keys)
+        for name, value in curve_keys.client_env().items():
+            monkeypatch.setenv(name, value)
         asyncio.run(run(nodes))

@@ -292,6 +292,8 @@ def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
         ("broker.broker_id", 2**63, "must be between 0 and 9223372036854775807"),
         ("broker.data_dir", "", "must not be empty"),
         ("broker.event_loop", "trio", "must be one of uvloop, asyncio, got 'trio'"),
+        ("limits.admin_principals_max", 0, "must be >= 1, got 0"),
+        ("limits.admin_principals_bytes_max", 1000, "must be >= 65536, got 1000"),
     ],
 )
 def test_out_of_range(key: str, value: object, expected: str) -> None:
