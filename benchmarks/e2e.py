@@ -43,10 +43,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _ready(admin_url: str) -> None:
+async def _ready(admin_url: str, **client_options: object) -> None:
+    """Until the broker answers on its admin port; `client_options` (server_public_key,
+    token, ...) as `AdminClient` takes them, for a secured broker."""
     for _ in range(100):
         try:
-            async with AdminClient(admin_url, timeout_ms=300) as admin:
+            async with AdminClient(admin_url, timeout_ms=300, **client_options) as admin:  # type: ignore[arg-type]
                 await admin.list_namespaces()
                 return
         except DanubeError:

@@ -62,13 +62,18 @@ def parse_brokers(values: list[str] | None) -> dict[str, str]:
 
 class Danube:
     """Our broker, `danube broker start` on free loopback ports, data in `work_dir`,
-    run by `python` (default: `broker_python()`)."""
+    run by `python` (default: `broker_python()`). `config`: a broker YAML (`--config`);
+    `client_env`: the environment its clients need (DANUBE_SERVER_KEY, DANUBE_TOKEN for
+    a secured broker), given to `danube bench` and to the readiness check."""
 
-    def __init__(self, work_dir: Path, python: str | None = None) -> None:
+    def __init__(self, work_dir: Path, python: str | None = None, *, config: Path | None = None,
+                 client_env: dict[str, str] | None = None) -> None:
         self.work_dir = work_dir
         self.python = python or broker_python()
         self.url = f"tcp://127.0.0.1:{free_port()}"
         self.admin_url = f"tcp://127.0.0.1:{free_port()}"
+        self.config = config
+        self.client_env = dict(client_env or {})
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Danube:
@@ -76,9 +81,12 @@ class Danube:
         log = open(self.work_dir / "broker.log", "wb")
         self._process = subprocess.Popen(
             [self.python, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url, "--admin-listen",
-             self.admin_url, "--metrics-port", "0", "--data-dir", str(self.work_dir / "data")],
+             self.admin_url, "--metrics-port", "0", "--data-dir", str(self.work_dir / "data"),
+             *(["--config", str(self.config)] if self.config is not None else [])],
             stdout=log, stderr=subprocess.STDOUT)
-        asyncio.run(_ready(self.admin_url))
+        options = {"server_public_key": self.client_env.get("DANUBE_SERVER_KEY"),
+                   "token": self.client_env.get("DANUBE_TOKEN")}
+        asyncio.run(_ready(self.admin_url, **{k: v for k, v in options.items() if v}))
         return self
 
     @property
@@ -98,7 +106,8 @@ class Danube:
     def bench(self, mode: str, topic: str, *args: str) -> dict[str, Any]:
         """`danube bench MODE -t TOPIC ARGS --json` against this broker: its JSON result."""
         done = subprocess.run([bench_python(self.python), "-m", "danube_zmq.cli.main", "bench", mode, "-s", self.url,
-                               "-t", topic, *args, "--json"], capture_output=True, text=True, timeout=_BENCH_TIMEOUT_S)
+                               "-t", topic, *args, "--json"], capture_output=True, text=True, timeout=_BENCH_TIMEOUT_S,
+                              env={**os.environ, **self.client_env})
         if done.returncode != 0:
             raise SystemExit(f"danube bench {mode} failed:\n{done.stderr}")
         return json.loads(done.stdout)

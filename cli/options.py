@@ -32,6 +32,7 @@ __all__ = [
     "parse_attributes",
     "partition_of",
     "service_url_option",
+    "token_options",
     "within",
 ]
 
@@ -126,7 +127,9 @@ def _export_to_env(name: str) -> Callable[[click.Context, click.Parameter, str |
 
 
 def curve_options(command: F) -> F:
-    """--server-key and --client-keys (security.mode curve; docs/security.md)."""
+    """--server-key and --client-keys (security.mode curve; docs/security.md), and the
+    token options: every command that dials a broker may need both."""
+    command = token_options(command)
     command = click.option(
         "--client-keys",
         envvar="DANUBE_CLIENT_KEYS",
@@ -144,6 +147,55 @@ def curve_options(command: F) -> F:
         expose_value=False,
         callback=_export_to_env("DANUBE_SERVER_KEY"),
         help="The cluster's CURVE public key (Z85 or a .key file): connect over CURVE.",
+    )(command)
+
+
+def _token_to_env(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--token or --token-file into DANUBE_TOKEN. A flag beats the environment (a file
+    named on purpose wins over a DANUBE_TOKEN left in the shell); both flags is an error."""
+    if not value:
+        return
+    from danube_zmq.client.tokens import ENV_TOKEN, read_token_file
+
+    from_flag = ctx.get_parameter_source(param.name or "") == click.core.ParameterSource.COMMANDLINE
+    rank = (2 if from_flag else 0) + (1 if param.name == "token_file" else 0)
+    taken = ctx.meta.get("danube.token")
+    if taken is not None:
+        if from_flag and taken[1] >= 2:
+            raise click.UsageError("give --token or --token-file, not both", ctx=ctx)
+        if taken[1] > rank:
+            return
+    if param.name == "token_file":
+        try:
+            value = read_token_file(value)
+        except InvalidArgument as err:
+            raise click.BadParameter(str(err), ctx=ctx, param=param) from None
+    ctx.meta["danube.token"] = (param.name, rank)
+    os.environ[ENV_TOKEN] = value
+
+
+def token_options(command: F) -> F:
+    """--token and --token-file: the JWT every client of the command sends in its
+    `Connect` (docs/security.md, "Clients"), through DANUBE_TOKEN like the keys."""
+    command = click.option(
+        "--token-file",
+        "token_file",
+        envvar="DANUBE_TOKEN_FILE",
+        show_envvar=True,
+        metavar="FILE",
+        expose_value=False,
+        callback=_token_to_env,
+        help="Read the token from FILE, so that it is not on the command line.",
+    )(command)
+    return click.option(
+        "--token",
+        "token",
+        envvar="DANUBE_TOKEN",
+        show_envvar=True,
+        metavar="JWT",
+        expose_value=False,
+        callback=_token_to_env,
+        help="The JWT to connect with (`danube security tokens create`); `ps` shows it: prefer --token-file.",
     )(command)
 
 

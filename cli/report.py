@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from danube_zmq.cli.options import curve_options
 from danube_zmq.cli.output import emit_line, status, stderr_console, stderr_is_terminal
 from danube_zmq.transport.errors import DanubeError, InternalError
 
@@ -72,6 +73,7 @@ def report() -> None:
 @click.option("--publish", "admin_url", metavar="ADMIN_URL",
               help="Also publish each topic's backlog into the cluster's metadata (a broker's admin endpoint), where"
                    " the load manager weighs it.")
+@curve_options
 def backlog(url: str, master: str, from_text: str | None, to_text: str | None, topic: str | None, top: int, fmt: str,
             out_path: Path | None, admin_url: str | None) -> None:
     """Which subscriptions fall behind, by how much, since when, and how fast each

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT
+from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, curve_options
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.security.rbac import Permission
@@ -31,6 +31,7 @@ _TYPES = click.Choice(["user", "service_account"])
 
 
 def _admin_options(command: F) -> F:
+    command = curve_options(command)  # --server-key, --client-keys, --token, --token-file
     command = click.option("--json", "as_json", is_flag=True, help="One JSON document for programs.")(command)
     command = click.option("--timeout-ms", envvar="DANUBE_ADMIN_TIMEOUT_MS", show_envvar=True, default=10_000,
                            show_default=True, type=click.IntRange(min=1), help="Per-request timeout.")(command)

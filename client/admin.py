@@ -110,7 +110,7 @@ class AdminClient(RequestClient):
 
     def __init__(self, endpoint: str, *, timeout_ms: int = 5000, client_name: str = "danube-admin",
                  **curve: Any) -> None:
-        """`curve`: server_public_key, client_keys, use_env, as `RequestClient`."""
+        """`curve`: server_public_key, client_keys, token, token_provider, use_env, as `RequestClient`."""
         super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name, **curve)
 
     # -- namespaces ------------------------------------------------------

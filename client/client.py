@@ -35,6 +35,7 @@ from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.producer import BatchCallback, Producer
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.schema_cache import SchemaCache, reader_definition
+from danube_zmq.client.tokens import TokenProvider, TokenSource, token_source
 from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.security.curve import ClientCurve, ClientKeys, ServerKey, client_curve
 from danube_zmq.transport.client_protocol import (
@@ -125,6 +126,12 @@ class DanubeClient:
     are this client's, a fresh pair when left out; both default to the environment
     (DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS). A broker that refuses the handshake fails
     the connect at once with the cause (docs/security.md).
+    `token` (a JWT) goes in every connection's `Connect`; or `token_provider`, a callable
+    (sync or async) returning one, asked at every `Connect` and again when the broker
+    answers UNAUTHENTICATED (the token expired or was revoked): the session is opened
+    again with the new token, producers and consumers re-attach, and the refused request
+    is retried. With a fixed token UNAUTHENTICATED is raised, with the broker's reason.
+    Neither given: DANUBE_TOKEN, if set. A token is never logged nor shown by `repr`.
     `clock` and `rng` are injectable for tests.
     """
 
@@ -144,6 +151,8 @@ class DanubeClient:
         write_linger_us: int = WRITE_LINGER_US_DEFAULT,
         server_public_key: ServerKey | None = None,
         client_keys: ClientKeys | None = None,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
     ) -> None:
         _check_name("service_url", service_url)
         if type(write_linger_us) is not int or not 0 <= write_linger_us <= 1_000_000:
@@ -171,6 +180,7 @@ class DanubeClient:
         # CURVE to every broker (one cluster server key); left None, from DANUBE_SERVER_KEY
         # and DANUBE_CLIENT_KEYS; without client keys, one fresh pair for this client.
         self.curve: ClientCurve | None = client_curve(server_public_key, client_keys, env=os.environ)
+        self._tokens: TokenSource | None = token_source(token, token_provider, env=os.environ)
         self._context: zmq.asyncio.Context | None = None
         self._connections: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()
@@ -481,6 +491,7 @@ class DanubeClient:
                 rng=self._rng,
                 write_linger_us=self.write_linger_us,
                 curve=self.curve,
+                tokens=self._tokens,
             )
             await connection.start()
             self._connections[url] = connection

@@ -29,6 +29,7 @@ import zmq.asyncio
 from danube_zmq.client.budget import Budget
 from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, copy_error
 from danube_zmq.client.retry import BACKOFF_MS_MAX, BACKOFF_MS_MIN, backoff_ms
+from danube_zmq.client.tokens import TokenSource
 from danube_zmq.clock import Clock
 from danube_zmq.security.curve import ClientCurve
 from danube_zmq.security.handshake import HandshakeWatch, race_handshake
@@ -127,6 +128,7 @@ class ConnectionStatistics:
     pushes_unroutable: int
     replies_late: int
     rounds_sent: int = 0  # ZeroMQ messages sent, each one write round (or a part of one)
+    token_renewals: int = 0  # sessions opened again with a provider's new token after UNAUTHENTICATED
 
 
 class ConnectionListener(Protocol):
@@ -166,6 +168,7 @@ class Connection:
         rng: random.Random,
         write_linger_us: int = WRITE_LINGER_US_DEFAULT,
         curve: ClientCurve | None = None,
+        tokens: TokenSource | None = None,
     ) -> None:
         assert request_timeout_ms > 0 and pending_requests_max > 0 and reconnect_attempts_max > 0
         assert write_linger_us >= 0
@@ -179,6 +182,8 @@ class Connection:
         self._clock = clock
         self._rng = rng
         self._curve = curve  # None: plaintext (the broker's security.mode none)
+        self._tokens = tokens  # None: Connect carries no token
+        self._token_renewals = 0
 
         self._socket: zmq.Socket | None = None
         # The socket's ZMQ_FD is watched by the event loop (`_on_socket_event`): it wakes
@@ -326,6 +331,7 @@ class Connection:
             pushes_unroutable=self._pushes_unroutable,
             replies_late=self._replies_late,
             rounds_sent=self._rounds_sent,
+            token_renewals=self._token_renewals,
         )
 
     # ---------------------------------------------------------------- registration
@@ -627,9 +633,12 @@ class Connection:
         timeout_ms = timeout_ms or self._request_timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
+                # A provider is asked at every Connect: a reconnect may come after expiry.
+                token = await self._tokens.get() if self._tokens is not None else None
                 await self._send_frame(
                     CLIENT_PROTOCOL.encode(
-                        Connect(request_id=request_id, protocol_version=PROTOCOL_VERSION, client_name=self.client_name)
+                        Connect(request_id=request_id, protocol_version=PROTOCOL_VERSION, client_name=self.client_name,
+                                auth_token=token)
                     )
                 )
                 reply = await future
@@ -824,6 +833,22 @@ class Connection:
             and request_id > self._session_request_id
         ):
             self._lose(ConnectionLost(f"broker at {self.url} has no session for us: {msg.message}"))
+            return
+        if (
+            isinstance(msg, Error)
+            and msg.code == ErrorCode.UNAUTHENTICATED
+            and self._tokens is not None
+            and self._tokens.renewable
+            and self._state == "ready"
+            and request_id > self._session_request_id
+        ):
+            # The session's token expired or was revoked: open the session again with a
+            # new one, as after a reconnect (what was pending fails ConnectionLost, so it is
+            # retried; producers and consumers re-attach). Without a provider the refusal
+            # is the caller's, with the broker's reason.
+            self._token_renewals += 1
+            self._lose(ConnectionLost(f"broker at {self.url} refused the session's token: {msg.message};"
+                                      " asking the token provider for a new one"))
             return
         waiter = self._pending.get(request_id)
         if waiter is None or waiter.done():

@@ -7,6 +7,14 @@ reply with the same id (or `Error`, raised as its `DanubeError`), a bounded wait
 A late reply to a request that already timed out is recognised by its id and dropped.
 Requests go one at a time (control traffic is low-rate), so there is no pending map:
 the caller awaits each reply before sending the next request.
+
+With a token (`token`, `token_provider` or DANUBE_TOKEN) the broker knows the caller by
+the token its `Connect` carried on this TCP connection. libzmq reconnects a DEALER
+silently (a broker restart, a dropped link), so the socket's handshakes are watched (a
+socket monitor) and `Connect` is sent again before the first request after one. A
+request answered UNAUTHENTICATED is sent once more after a new `Connect` when a reconnect
+raced it or a provider can give a new token; with a fixed token the refusal is raised.
+Without a token nothing is watched and `Connect` is sent once, as before.
 """
 
 from __future__ import annotations
@@ -21,11 +29,19 @@ from typing import ClassVar, Self, TypeVar
 import zmq
 import zmq.asyncio
 
+from danube_zmq.client.tokens import TokenProvider, TokenSource, token_source
 from danube_zmq.security.curve import ClientCurve, ClientKeys, ServerKey, client_curve
 from danube_zmq.security.handshake import HandshakeWatch, race_handshake
 from danube_zmq.transport.codec import Message, Protocol
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
-from danube_zmq.transport.errors import InternalError, InvalidArgument, Unavailable, UnsupportedVersion, error_from_code
+from danube_zmq.transport.errors import (
+    InternalError,
+    InvalidArgument,
+    Unauthenticated,
+    Unavailable,
+    UnsupportedVersion,
+    error_from_code,
+)
 
 __all__ = ["RequestClient", "check_endpoint"]
 
@@ -74,11 +90,15 @@ class RequestClient:
         client_name: str = "danube-client",
         server_public_key: ServerKey | None = None,
         client_keys: ClientKeys | None = None,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
         use_env: bool = True,
     ) -> None:
         """`server_public_key` (Z85 or a `.key` file) makes the connection CURVE; `client_keys`
         (a `.key_secret` file or a (public, secret) pair; default a fresh pair) are this
-        client's. Left None, they come from DANUBE_SERVER_KEY and DANUBE_CLIENT_KEYS unless
+        client's. `token` (a JWT) or `token_provider` (a callable, sync or async, returning
+        one; asked at every `Connect` and after UNAUTHENTICATED) goes in `Connect`. Left
+        None, they come from DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS and DANUBE_TOKEN unless
         `use_env` is False (a broker's own clients, configured by the broker alone)."""
         if timeout_ms <= 0:
             raise InvalidArgument(f"timeout_ms must be > 0, got {timeout_ms}")
@@ -87,6 +107,10 @@ class RequestClient:
         self.client_name = client_name
         self.curve: ClientCurve | None = client_curve(server_public_key, client_keys,
                                                       env=os.environ if use_env else None)
+        self._tokens: TokenSource | None = token_source(token, token_provider, env=os.environ if use_env else None)
+        self._reconnects: _Reconnects | None = None  # watched only when Connect carries a token
+        self.sessions_opened = 0
+        """`Connect`s answered: 1 after `connect()`, one more per reconnect or renewal."""
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._next_request_id = 1
@@ -134,24 +158,37 @@ class RequestClient:
             raise InvalidArgument(
                 f"invalid {self.WHAT} {self.endpoint!r}: {err.strerror}"
             ) from None
-        reply = await race_handshake(watch, self._request(
+        reply = await race_handshake(watch, self._open_session())
+        if self._tokens is not None:
+            self._reconnects = _Reconnects(sock, self._context)
+        return reply
+
+    async def _open_session(self) -> Connected:
+        """One `Connect` round trip, with the token (a provider's is asked anew)."""
+        token = await self._tokens.get() if self._tokens is not None else None
+        reply = await self._request(
             lambda rid: Connect(
                 request_id=rid,
                 protocol_version=PROTOCOL_VERSION,
                 client_name=self.client_name,
+                auth_token=token,
             ),
             Connected,
-        ))
+        )
         if reply.protocol_version != PROTOCOL_VERSION:
             raise UnsupportedVersion(
                 f"the broker at {self.endpoint} speaks protocol version "
                 f"{reply.protocol_version}, this client {PROTOCOL_VERSION}"
             )
         self.connected = reply
+        self.sessions_opened += 1
         return reply
 
     def close(self) -> None:
         """Close the socket and its context; idempotent."""
+        if self._reconnects is not None:
+            self._reconnects.close(self._socket)
+            self._reconnects = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
@@ -165,6 +202,20 @@ class RequestClient:
     async def _call(self, build: _Builder, expected: type[R], *, timeout_ms: int | None = None) -> R:
         if self.connected is None:
             raise InternalError(f"{type(self).__name__} is not connected; use `async with {type(self).__name__}(...)`")
+        reconnects = self._reconnects
+        if reconnects is None:
+            return await self._request(build, expected, timeout_ms=timeout_ms)
+        if reconnects.seen():
+            await self._open_session()  # a new TCP connection: the broker has no token for it
+        try:
+            return await self._request(build, expected, timeout_ms=timeout_ms)
+        except Unauthenticated:
+            # A reconnect that raced the request, or an expired token a provider renews:
+            # a new Connect, then the request once more. Otherwise the refusal stands.
+            assert self._tokens is not None
+            if not (reconnects.seen() or self._tokens.renewable):
+                raise
+        await self._open_session()
         return await self._request(build, expected, timeout_ms=timeout_ms)
 
     async def _request(self, build: _Builder, expected: type[R], *, timeout_ms: int | None = None) -> R:
@@ -207,3 +258,36 @@ class RequestClient:
             f"{self.timeout_ms / 1000:g} s; is it running?"
         )
 
+
+
+class _Reconnects:
+    """Whether a socket completed a new ZMTP handshake (libzmq reconnected it) since it
+    was last asked: a socket monitor of handshakes, read without waiting."""
+
+    def __init__(self, sock: zmq.Socket, context: zmq.asyncio.Context) -> None:
+        address = f"inproc://danube-rpc-reconnects-{id(self):x}"
+        sock.monitor(address, zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # A plain socket on the same context: read with NOBLOCK only, never awaited.
+        self._monitor: zmq.Socket | None = zmq.Context.shadow(context.underlying).socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        self._monitor.connect(address)
+
+    def seen(self) -> bool:
+        seen = False
+        while self._monitor is not None:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            seen = True
+        return seen
+
+    def close(self, sock: zmq.Socket | None) -> None:
+        if sock is not None and not sock.closed:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None

@@ -7,6 +7,7 @@ messages from 16 up.
 from __future__ import annotations
 
 import enum
+from dataclasses import field
 
 from danube_zmq.transport.codec import Message, wire
 
@@ -27,7 +28,7 @@ class Connect(Message):
     request_id: int
     protocol_version: int
     client_name: str
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)  # a bearer secret: never in a repr or log
     curve_public_key: bytes | None = None
 
 
