@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,7 +41,9 @@ from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.security.rbac import Permission
 from danube_zmq.security.tokens import TokenSigner
+from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.client_protocol import DispatchStrategy
+from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, PermissionDenied, Unauthenticated
 from tests.integration.conftest import BrokerProcess, CurveKeys, allow_client_key, make_curve_keys, start_broker
 
@@ -79,6 +83,7 @@ class Matrix:
     keys: CurveKeys
     secret: bytes
     node_id: int  # the broker's own Raft node (adding it again reaches Raft and is refused there)
+    data_dir: Path
 
     def signer(self, *, issuer: str = "danube", audience: str = "danube", secret: bytes | None = None,
                now_s: Callable[[], float] = time.time) -> TokenSigner:
@@ -195,7 +200,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     try:
         allow_client_key([broker], keys)
         node_id = asyncio.run(_setup(broker, keys, secret))
-        yield Matrix(broker, keys, secret, node_id)
+        yield Matrix(broker, keys, secret, node_id, tmp_path / "data")
     finally:
         code = broker.stop()
         assert code == 0, f"broker did not stop cleanly (exit {code}):\n{broker.log()}"
@@ -311,3 +316,69 @@ async def test_each_credential_gets_exactly_its_outcome_for_each_request(matrix:
         await cell
     assert type(raised.value) is error and words in raised.value.message, (type(raised.value), raised.value.message)
     await _unchanged(matrix)
+
+
+# ------------------------------------------------------------------ spoofing
+# The third spoof, a client key dialing the Raft port, is refused by ZAP before any
+# message: test_curve.py::test_a_client_key_dialing_the_raft_port_is_refused_before_any_message.
+
+HANDOVER_ID = 7
+
+
+def _hand_over_requests(rid: int) -> list[Message]:
+    data = b"\x00" * 16
+    return [
+        ap.BeginHandOver(request_id=rid, topic=TOPIC, handover_id=HANDOVER_ID,
+                         files=[ap.HandOverFile(name=f"{0:020d}.wal", size_bytes=len(data))], next_offset=1),
+        ap.HandOverChunk(request_id=rid, topic=TOPIC, handover_id=HANDOVER_ID, file_index=0, position=0, data=data,
+                         crc32c=zlib.crc32(data)),
+        ap.CommitHandOver(request_id=rid, topic=TOPIC, handover_id=HANDOVER_ID),
+        ap.AbortHandOver(request_id=rid, topic=TOPIC, handover_id=HANDOVER_ID),
+    ]
+
+
+async def test_a_client_key_cannot_send_the_brokers_hand_over_requests(matrix: Matrix) -> None:
+    """Alice (a super admin) by her client key, and by her key with a valid token of
+    hers, sends BeginHandOver, HandOverChunk, CommitHandOver and AbortHandOver as a
+    moving broker does (AdminClient._call, hand_over.py's path): each is PERMISSION_DENIED
+    'only brokers do', no staging directory appears and the topic's log goes on at the
+    next offset. The cluster key (a broker) sending the same BeginHandOver reaches the
+    handler (FailedPrecondition: the topic is served here), so the refusal is the check."""
+    token = matrix.signer().create("alice", "user", 600)
+
+    async def produced() -> int:
+        async with DanubeClient(matrix.broker.url, request_timeout_ms=TIMEOUT_MS, **matrix.alice()) as client:
+            producer = await client.create_producer(TOPIC, dispatch="reliable")
+            return (await producer.send(b"spoof probe")).offset
+
+    before = await produced()
+    for creds in (matrix.alice(), {**matrix.alice(), "token": token}):
+        async with AdminClient(matrix.broker.admin_url, timeout_ms=TIMEOUT_MS, use_env=False, **creds) as admin:
+            for index, request in enumerate(_hand_over_requests(0)):
+                with pytest.raises(PermissionDenied) as refused:
+                    await admin._call(lambda rid, i=index: _hand_over_requests(rid)[i], Message)
+                assert refused.value.message == f"user 'alice' may not send {type(request).__name__}: only brokers do"
+    assert not (matrix.data_dir / "handover").exists()
+    assert await produced() == before + 1
+    async with AdminClient(matrix.broker.admin_url, timeout_ms=TIMEOUT_MS, **matrix.keys.cluster_admin()) as broker:
+        with pytest.raises(FailedPrecondition, match=f"topic {TOPIC} is served by broker"):
+            await broker._call(lambda rid: _hand_over_requests(rid)[0], Message)
+
+
+@pytest.mark.parametrize("port", ["client", "admin", "schema"])
+async def test_a_token_of_principal_type_broker_is_refused_at_connect(matrix: Matrix, port: str) -> None:
+    """A correctly signed token claiming principal_type broker makes no broker: the
+    client's Connect is UNAUTHENTICATED 'a token cannot make a broker' on the client
+    port (DanubeClient, SchemaRegistryClient) and the admin port (AdminClient)."""
+    creds = {"server_public_key": matrix.keys.server_public_key,
+             "token": matrix.signer().create("broker", "broker", 600)}
+    with pytest.raises(Unauthenticated, match="a token cannot make a broker: brokers authenticate by their CURVE key"):
+        if port == "client":
+            async with DanubeClient(matrix.broker.url, request_timeout_ms=TIMEOUT_MS, **creds) as client:
+                await client.lookup(TOPIC)
+        elif port == "admin":
+            async with AdminClient(matrix.broker.admin_url, timeout_ms=TIMEOUT_MS, use_env=False, **creds):
+                pass
+        else:
+            async with SchemaRegistryClient(matrix.broker.url, timeout_ms=TIMEOUT_MS, use_env=False, **creds):
+                pass
