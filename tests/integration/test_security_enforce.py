@@ -3,10 +3,12 @@
 One broker for the module (`secured`): CURVE, an HS256 secret, no clock-skew leeway
 (so a token's expiry is seen at once), and `alice` a super admin whose client key is on
 the allow-list; she sets roles and bindings through AdminClient or the CLI. Tokens are
-minted with `TokenSigner` and sent in `Connect.auth_token` by a raw DEALER speaking the
-protocol (`Raw`), on the client or the admin port; each test uses principals and topics
-of its own. A decision that a change in the store must alter is polled for with a
-generous deadline (the broker's watch applies it within a round).
+minted with `TokenSigner` and given to the client API (`token=`, `token_provider=`); one
+test speaks the wire itself (`Raw`, a DEALER sending frames), where the point is what a
+refused `Send` batch does in the broker. Each test uses principals and topics of its
+own. A decision that a change in the store must alter is polled for with a generous
+deadline (the broker's watch applies it within a round). The full matrix of credentials
+x requests is test_security_matrix.py.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import zmq
@@ -29,12 +31,11 @@ import zmq
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.security.tokens import TokenSigner
-from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.codec import Message
-from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping
-from danube_zmq.transport.errors import ErrorCode
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
+from danube_zmq.transport.errors import DanubeError, ErrorCode, PermissionDenied, Timeout, Unauthenticated
 from tests.integration.conftest import (
     BrokerProcess,
     CurveKeys,
@@ -45,6 +46,8 @@ from tests.integration.conftest import (
 )
 
 DEADLINE_S = 30.0
+TIMEOUT_MS = 60_000  # refusals come at once: a slow machine must not turn one into a Timeout
+T = TypeVar("T")
 _NAMES = iter(range(1, 1 << 30))  # producer names unique across the module's tests (one broker)
 
 
@@ -92,17 +95,16 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
 
 class Raw:
     """A DEALER over CURVE (a fresh key pair: nobody without its token) speaking the
-    client or admin protocol frame by frame."""
+    client protocol frame by frame."""
 
-    def __init__(self, secured: Secured, *, admin: bool = False) -> None:
-        self.protocol = ap.ADMIN_PROTOCOL if admin else cp.CLIENT_PROTOCOL
+    def __init__(self, secured: Secured) -> None:
+        self.protocol = cp.CLIENT_PROTOCOL
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.curve_serverkey = secured.keys.server_public_key.encode()
         self.sock.curve_publickey, self.sock.curve_secretkey = zmq.curve_keypair()
-        self.sock.connect(secured.broker.admin_url if admin else secured.broker.url)
+        self.sock.connect(secured.broker.url)
         self.next_id = 1
-        self.pushed: list[Message] = []
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -118,30 +120,11 @@ class Raw:
                 msg = self.protocol.decode(part)
                 if getattr(msg, "request_id", None) == request_id:
                     return msg
-                self.pushed.append(msg)
         raise AssertionError(f"no answer to request {request_id} within {DEADLINE_S} s")
-
-    def idle_until(self, moment: float) -> None:
-        """Ping until the wall clock passes `moment` (the session would time out silent)."""
-        while time.time() < moment:
-            self.request(lambda rid: Ping(request_id=rid))
-            time.sleep(0.2)
-
-    def tell(self, msg: Message) -> None:
-        self.sock.send(self.protocol.encode(msg))
 
     def connect(self, token: str | None) -> Message:
         return self.request(lambda rid: Connect(request_id=rid, protocol_version=PROTOCOL_VERSION, client_name="raw",
                                                 auth_token=token))
-
-    def delivered(self, count: int) -> list[cp.Deliver]:
-        """The first `count` messages pushed to this connection's consumers."""
-        deadline = time.monotonic() + DEADLINE_S
-        while sum(len(d.payloads) for d in self.pushed if isinstance(d, cp.Deliver)) < count:
-            assert time.monotonic() < deadline, f"{count} deliveries expected, got {self.pushed}"
-            if self.sock.poll(200):
-                self.pushed += [self.protocol.decode(p) for p in self.sock.recv_multipart()]
-        return [d for d in self.pushed if isinstance(d, cp.Deliver)]
 
 
 def refused(answer: Message, code: ErrorCode, *words: str) -> bool:
@@ -153,6 +136,19 @@ def until(check: Callable[[], bool], what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"{what} not within {DEADLINE_S} s"
         time.sleep(0.05)
+
+
+async def until_async(attempt: Callable[[], Awaitable[T]], what: str,
+                      retry_on: tuple[type[DanubeError], ...] = (PermissionDenied,)) -> T:
+    """`attempt()`'s result once it stops raising `retry_on` (a change in the store
+    reaches the broker's check within a watch round)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            return await attempt()
+        except retry_on:
+            assert time.monotonic() < deadline, f"{what} not within {DEADLINE_S} s"
+            await asyncio.sleep(0.05)
 
 
 def admin(secured: Secured, operation: Callable[[AdminClient], Any]) -> Any:
@@ -173,169 +169,202 @@ def send(raw: Raw, producer_id: int, payload: bytes = b"x") -> Message:
                                            publish_times=[0]))
 
 
-def test_produce_is_allowed_or_denied_by_binding_at_topic_and_namespace_scope(secured: Secured) -> None:
+@pytest.fixture(autouse=True)
+def _no_client_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DanubeClient reads DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS and DANUBE_TOKEN: each test
+    says its own."""
+    for name in ("DANUBE_SERVER_KEY", "DANUBE_CLIENT_KEYS", "DANUBE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def client(secured: Secured, **token: Any) -> DanubeClient:
+    """A DanubeClient with a fresh key pair of its own (nobody without its token)."""
+    return DanubeClient(secured.broker.url, request_timeout_ms=TIMEOUT_MS,
+                        server_public_key=secured.keys.server_public_key, **token)
+
+
+def admin_client(secured: Secured, **token: Any) -> AdminClient:
+    return AdminClient(secured.broker.admin_url, timeout_ms=TIMEOUT_MS, use_env=False,
+                       server_public_key=secured.keys.server_public_key, **token)
+
+
+async def test_produce_is_allowed_or_denied_by_binding_at_topic_and_namespace_scope(secured: Secured) -> None:
     """A token bound to a Produce role at topic scope produces on that topic only (another
     topic: PERMISSION_DENIED naming Produce and the topic); one bound at namespace scope
     produces on any topic of it; one with no binding on none."""
-    admin(secured, lambda a: a.create_namespace("enf1"))
-    admin(secured, lambda a: a.create_role("producer", ["Produce"]))
-    admin(secured, lambda a: a.create_binding("t-scope", "user", ["producer"], "topic:/enf1/a"))
-    admin(secured, lambda a: a.create_binding("ns-scope", "user", ["producer"], "namespace:enf1"))
-    probe = Raw(secured)
-    try:  # the watch applies the store's events in order: the last one seen, all are
-        assert isinstance(probe.connect(secured.token("ns-scope")), Connected)
-        until(lambda: isinstance(create_producer(probe, "/enf1/b"), cp.ProducerCreated), "the bindings")
-    finally:
-        probe.close()
+    async with AdminClient(secured.broker.admin_url, use_env=False, **secured.alice()) as alice:
+        await alice.create_namespace("enf1")
+        await alice.create_role("producer", ["Produce"])
+        await alice.create_binding("t-scope", "user", ["producer"], "topic:/enf1/a")
+        await alice.create_binding("ns-scope", "user", ["producer"], "namespace:enf1")
+    async with client(secured, token=secured.token("ns-scope")) as probe:
+        # The watch applies the store's events in order: the last one seen, all are.
+        await until_async(lambda: probe.create_producer("/enf1/b"), "the bindings")
     for subject, allowed in (("t-scope", {"/enf1/a"}), ("ns-scope", {"/enf1/a", "/enf1/b"}), ("nobody", set())):
-        raw = Raw(secured)
-        try:
-            assert isinstance(raw.connect(secured.token(subject)), Connected)
+        async with client(secured, token=secured.token(subject)) as session:
             for topic in ("/enf1/a", "/enf1/b"):
-                answer = create_producer(raw, topic)
                 if topic in allowed:
-                    assert isinstance(answer, cp.ProducerCreated), answer
-                    assert isinstance(send(raw, answer.producer_id), cp.SendReceipt)
+                    producer = await session.create_producer(topic)
+                    assert (await producer.send(b"x")).topic == topic
                 else:
-                    assert refused(answer, ErrorCode.PERMISSION_DENIED, f"user '{subject}' lacks Produce on topic"
-                                   f" {topic}"), answer
-        finally:
-            raw.close()
+                    with pytest.raises(PermissionDenied) as denied:
+                        await session.create_producer(topic)
+                    assert denied.value.message == f"user '{subject}' lacks Produce on topic {topic}"
 
 
-def test_a_consumer_bound_at_topic_scope_subscribes_receives_acks_nacks_and_seeks(secured: Secured) -> None:
-    """Consume at topic scope (Danube would deny such a consumer its acks): the token's
-    session subscribes, gets Flow'ed deliveries, and its Ack, Nack and Seek are answered,
-    not refused; a Subscribe on another topic is PERMISSION_DENIED."""
+async def test_a_consumer_bound_at_topic_scope_subscribes_receives_acks_nacks_and_seeks(secured: Secured) -> None:
+    """Lookup and Consume at topic scope (Danube would deny such a consumer its acks): the
+    token's consumer subscribes, receives, acks (sent, none failed), nacks (redelivered)
+    and seeks (delivered again from the offset); subscribing to another topic is
+    PERMISSION_DENIED naming it."""
     topic = "/default/enf-consume"
-    admin(secured, lambda a: a.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE))
-    admin(secured, lambda a: a.create_role("consumer", ["Consume"]))
-    admin(secured, lambda a: a.create_binding("reader", "user", ["consumer"], f"topic:{topic}"))
-    raw = Raw(secured)
-    try:
-        assert isinstance(raw.connect(secured.token("reader")), Connected)
-        answers: list[Message] = []
-        until(lambda: isinstance(answers.append(raw.request(lambda rid: cp.Subscribe(
-            request_id=rid, topic=topic, subscription="s", consumer_name="c", initial_position=0)))
-            or answers[-1], cp.Subscribed), "the binding")
-        subscribed = answers[-1]
-        assert isinstance(subscribed, cp.Subscribed), subscribed
-        cid = subscribed.consumer_id
-
-        async def produce() -> None:
-            async with DanubeClient(secured.broker.url, **secured.alice()) as client:
-                producer = await client.create_producer(topic, dispatch="reliable")
-                for i in range(3):
-                    await producer.send(f"m{i}".encode())
-        asyncio.run(produce())
-        raw.tell(cp.Flow(consumer_id=cid, permits=10))
-        got = raw.delivered(3)
-        offsets = [o for d in got for o in (d.offsets or range(d.base_offset, d.base_offset + len(d.payloads)))]
-        assert [p for d in got for p in d.payloads] == [b"m0", b"m1", b"m2"]
-        for answer in (raw.request(lambda rid: cp.Ack(request_id=rid, consumer_id=cid, offsets=offsets[:2])),
-                       raw.request(lambda rid: cp.Nack(request_id=rid, consumer_id=cid, offsets=offsets[2:])),
-                       raw.request(lambda rid: cp.Seek(request_id=rid, consumer_id=cid, offset=0))):
-            assert not isinstance(answer, Error), answer
-        other = raw.request(lambda rid: cp.Subscribe(request_id=rid, topic="/default/enf-other", subscription="s",
-                                                     consumer_name="c"))
-        assert refused(other, ErrorCode.PERMISSION_DENIED, "lacks Consume on topic /default/enf-other"), other
-    finally:
-        raw.close()
+    async with AdminClient(secured.broker.admin_url, use_env=False, **secured.alice()) as alice:
+        await alice.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        await alice.create_role("consumer", ["Lookup", "Consume"])
+        await alice.create_binding("reader", "user", ["consumer"], f"topic:{topic}")
+    async with client(secured, token=secured.token("reader")) as reader:
+        consumer = await until_async(lambda: reader.subscribe(topic, "s"), "the binding")
+        async with DanubeClient(secured.broker.url, **secured.alice()) as writer:
+            producer = await writer.create_producer(topic, dispatch="reliable")
+            offsets = [(await producer.send(f"m{i}".encode())).offset for i in range(3)]
+        got = [await consumer.receive(timeout=DEADLINE_S) for _ in range(3)]
+        assert [(m.payload, m.offset) for m in got] == [(f"m{i}".encode(), offsets[i]) for i in range(3)]
+        await consumer.ack(got[:2])
+        await consumer.flush_acks()
+        assert (consumer.statistics().acks_sent, consumer.statistics().acks_failed) == (2, 0)
+        await consumer.nack(got[2], delay_ms=0)
+        again = await consumer.receive(timeout=DEADLINE_S)
+        assert (again.offset, again.redelivery_count) == (offsets[2], 1)
+        await consumer.seek(offset=offsets[0])
+        assert (await consumer.receive(timeout=DEADLINE_S)).offset == offsets[0]
+        with pytest.raises(PermissionDenied, match="user 'reader' lacks Lookup on topic /default/enf-other"):
+            await reader.subscribe("/default/enf-other", "s")
 
 
-def test_an_expired_token_is_unauthenticated_at_the_next_request_until_a_new_connect(secured: Secured) -> None:
-    """A super admin's token valid for 3 s: its producer sends, then after `exp` the next
-    batch is UNAUTHENTICATED 'token expired'; a Connect with a new token restores the
-    rights (the producer is created again: a re-Connect starts a new session)."""
-    raw = Raw(secured)
-    try:
-        assert isinstance(raw.connect(secured.token("alice", ttl_s=3)), Connected)
-        created = create_producer(raw, "/default/enf-expiry")
-        assert isinstance(created, cp.ProducerCreated), created
+async def test_an_expired_token_is_unauthenticated_at_the_next_request_until_a_new_connect(secured: Secured) -> None:
+    """A super admin's fixed token valid for 3 s: its producer sends, then after `exp` the
+    next send and the next create_producer raise UNAUTHENTICATED 'token expired' (a fixed
+    token is not renewed); a client with a new token has the rights again."""
+    topic = "/default/enf-expiry"
+    async with client(secured, token=secured.token("alice", ttl_s=3)) as session:
         expires_at = time.time() + 3
-        assert isinstance(send(raw, created.producer_id), cp.SendReceipt)
-        raw.idle_until(expires_at + 0.5)
-        assert refused(send(raw, created.producer_id), ErrorCode.UNAUTHENTICATED, "token expired")
-        assert refused(create_producer(raw, "/default/enf-expiry"), ErrorCode.UNAUTHENTICATED, "token expired")
-        assert isinstance(raw.connect(secured.token("alice")), Connected)
-        created = create_producer(raw, "/default/enf-expiry")
-        assert isinstance(created, cp.ProducerCreated), created
-        assert isinstance(send(raw, created.producer_id), cp.SendReceipt)
-    finally:
-        raw.close()
+        producer = await session.create_producer(topic)
+        await producer.send(b"before")
+        await asyncio.sleep(max(0.0, expires_at + 0.5 - time.time()))
+        with pytest.raises(Unauthenticated, match="token expired: send Connect with a new token"):
+            await producer.send(b"after")
+        with pytest.raises(Unauthenticated, match="token expired"):
+            await session.create_producer(topic)
+    async with client(secured, token=secured.token("alice")) as session:
+        producer = await session.create_producer(topic)
+        await producer.send(b"renewed")
 
 
-def test_a_token_revoked_with_the_cli_is_unauthenticated_at_the_next_request(secured: Secured) -> None:
+async def test_a_token_revoked_with_the_cli_is_unauthenticated_at_the_next_request(secured: Secured) -> None:
     """`danube security revocations add JTI` (as alice, keys from the environment): the
-    session's next request is UNAUTHENTICATED 'token revoked' within a watch round, and a
-    Connect with that token is refused."""
+    session's next send is UNAUTHENTICATED 'token revoked' within a watch round, and a new
+    client with that token is refused at Connect."""
     token = secured.token("alice", jti="enf-revoked")
-    raw = Raw(secured)
-    try:
-        assert isinstance(raw.connect(token), Connected)
-        created = create_producer(raw, "/default/enf-revoke")
-        assert isinstance(created, cp.ProducerCreated), created
+    async with client(secured, token=token) as session:
+        producer = await session.create_producer("/default/enf-revoke")
+        await producer.send(b"before")
         env = {**os.environ, **secured.keys.client_env()}
         done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "security", "revocations", "add",
                                "enf-revoked", "--expires-at", str(int(time.time()) + 3600), "--endpoint",
                                secured.broker.admin_url], capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr
-        until(lambda: refused(send(raw, created.producer_id), ErrorCode.UNAUTHENTICATED, "token revoked"),
-              "the revocation")
-        assert refused(raw.connect(token), ErrorCode.UNAUTHENTICATED, "token revoked")
-    finally:
-        raw.close()
+        deadline = time.monotonic() + DEADLINE_S
+        with pytest.raises(Unauthenticated, match="token revoked"):
+            while time.monotonic() < deadline:
+                await producer.send(b"until refused")
+                await asyncio.sleep(0.05)
+    with pytest.raises(Unauthenticated, match="token revoked"):
+        async with client(secured, token=token) as session:
+            await session.lookup("/default/enf-revoke")
 
 
 @pytest.mark.parametrize("port", ["client", "admin"])
-def test_bad_tokens_are_refused_at_connect_naming_why(secured: Secured, port: str) -> None:
-    """Wrong issuer, wrong audience, another secret, a `broker` principal type: Connect is
-    UNAUTHENTICATED naming the reason, on both ports; a good token is Connected."""
+async def test_bad_tokens_are_refused_at_connect_naming_why(secured: Secured, port: str) -> None:
+    """Wrong issuer, wrong audience, another secret, a `broker` principal type: the
+    client's Connect is UNAUTHENTICATED naming the reason, on both ports; a good token
+    connects."""
     bad = {
         "issuer": secured.signer(issuer="someone-else").create("alice", "user", 600),
         "audience": secured.signer(audience="someone-else").create("alice", "user", 600),
         "signature": secured.signer(secret=secrets.token_bytes(32)).create("alice", "user", 600),
         "cannot make a broker": secured.signer().create("alice", "broker", 600),
     }
-    raw = Raw(secured, admin=port == "admin")
-    try:
-        for reason, token in bad.items():
-            answer = raw.connect(token)
-            assert refused(answer, ErrorCode.UNAUTHENTICATED, reason), (reason, answer)
-        assert isinstance(raw.connect(secured.token("alice")), Connected)
-    finally:
-        raw.close()
+
+    async def connect(token: str) -> None:
+        if port == "admin":
+            async with admin_client(secured, token=token) as session:
+                assert session.connected is not None
+        else:
+            async with client(secured, token=token) as session:
+                await session.start()
+
+    for reason, token in bad.items():
+        with pytest.raises(Unauthenticated, match=reason):
+            await connect(token)
+    await connect(secured.token("alice"))
 
 
-def test_admin_requests_need_their_permission(secured: Secured) -> None:
+async def test_admin_requests_need_their_permission(secured: Secured) -> None:
     """On the admin port, a token without ManageTopic cannot create a topic
     (PERMISSION_DENIED naming ManageTopic); bound to a role holding it at namespace scope,
     it can, within a watch round; a metadata put needs ManageCluster, which it lacks; the
     super admin (alice's key) may put; a fresh key with no token is UNAUTHENTICATED."""
-    admin(secured, lambda a: a.create_namespace("enf2"))
-    raw = Raw(secured, admin=True)
-    try:
-        assert isinstance(raw.connect(secured.token("topic-admin")), Connected)
+    async with AdminClient(secured.broker.admin_url, use_env=False, **secured.alice()) as alice:
+        await alice.create_namespace("enf2")
+        async with admin_client(secured, token=secured.token("topic-admin")) as session:
+            with pytest.raises(PermissionDenied, match="user 'topic-admin' lacks ManageTopic on topic /enf2/made"):
+                await session.create_topic("/enf2/made")
+            await alice.create_role("topic-admin", ["ManageTopic"])
+            await alice.create_binding("topic-admin", "user", ["topic-admin"], "namespace:enf2")
+            await until_async(lambda: session.create_topic("/enf2/made"), "the binding")
+            with pytest.raises(PermissionDenied, match="lacks ManageCluster on the cluster"):
+                await session.metadata_put("/enf/x", b"1")
+        assert (await alice.metadata_put("/enf/x", b"1")).value == b"1"
+    async with admin_client(secured) as nobody:
+        with pytest.raises(Unauthenticated, match="not on the client-key allow-list"):
+            await nobody.list_namespaces()
 
-        def create() -> Message:
-            return raw.request(lambda rid: ap.CreateTopic(request_id=rid, topic="/enf2/made"))
 
-        assert refused(create(), ErrorCode.PERMISSION_DENIED, "lacks ManageTopic on topic /enf2/made")
-        admin(secured, lambda a: a.create_role("topic-admin", ["ManageTopic"]))
-        admin(secured, lambda a: a.create_binding("topic-admin", "user", ["topic-admin"], "namespace:enf2"))
-        until(lambda: not isinstance(create(), Error), "the binding")
-        put = raw.request(lambda rid: ap.MetadataPut(request_id=rid, key="/enf/x", value=b"1"))
-        assert refused(put, ErrorCode.PERMISSION_DENIED, "lacks ManageCluster on the cluster"), put
-    finally:
-        raw.close()
-    written = admin(secured, lambda a: a.metadata_put("/enf/x", b"1"))
-    assert written is not None
-    nobody = Raw(secured, admin=True)
-    try:
-        answer = nobody.request(lambda rid: ap.ListNamespaces(request_id=rid))
-        assert refused(answer, ErrorCode.UNAUTHENTICATED, "not on the client-key allow-list"), answer
-    finally:
-        nobody.close()
+async def test_a_token_provider_renews_an_expired_token_and_nothing_acknowledged_is_lost(secured: Secured) -> None:
+    """A producer whose `token_provider` first gives a token valid for 3 s (leeway 0)
+    keeps sending across its expiry: the broker refuses one request UNAUTHENTICATED, the
+    client asks the provider once more, opens the session again and re-attaches, and
+    every message whose send returned is consumed, in order, exactly once."""
+    topic = "/default/enf-renew"
+    issued: list[int] = []
+
+    def provider() -> str:
+        issued.append(3 if not issued else 600)
+        return secured.token("alice", ttl_s=issued[-1])
+
+    refused_before = secured.metric("client", "UNAUTHENTICATED")
+    acknowledged: list[bytes] = []
+    async with DanubeClient(secured.broker.url, request_timeout_ms=TIMEOUT_MS, token_provider=provider,
+                            server_public_key=secured.keys.server_public_key) as session:
+        producer = await session.create_producer(topic, dispatch="reliable")
+        deadline = time.monotonic() + DEADLINE_S
+        after_renewal = 0
+        while after_renewal < 10:  # until ten messages went out on the renewed session
+            assert time.monotonic() < deadline, f"no renewal within {DEADLINE_S} s: {issued}"
+            payload = f"m{len(acknowledged)}".encode()
+            await producer.send(payload)
+            acknowledged.append(payload)
+            after_renewal += len(issued) > 1
+            await asyncio.sleep(0.05)
+        renewals = sum(c.token_renewals for c in session.statistics().connections)
+    assert issued == [3, 600] and renewals == 1
+    assert secured.metric("client", "UNAUTHENTICATED") == refused_before + 1
+    async with DanubeClient(secured.broker.url, **secured.alice()) as alice:
+        consumer = await alice.subscribe(topic, "all", initial_position="earliest")
+        got = [(await consumer.receive(timeout=DEADLINE_S)).payload for _ in acknowledged]
+        assert got == acknowledged
+        with pytest.raises(Timeout):
+            await consumer.receive(timeout=1.0)
 
 
 def test_a_refused_send_appends_nothing_and_is_counted_and_logged_once(secured: Secured) -> None:
