@@ -261,9 +261,20 @@ class Policy:
                 continue
             for name in binding.roles:
                 role = self.roles.get(name)
-                if role is not None and permission in role.permissions:
+                if role is None:
+                    continue
+                if permission in role.permissions:
+                    return _ALLOWED
+                if permission is Permission.LOOKUP and resource.kind is ResourceKind.TOPIC \
+                        and not _LOOKUP_IMPLIED.isdisjoint(role.permissions):
                     return _ALLOWED
         return Decision(False, f"{principal} lacks {permission.value} on {resource}")
+
+
+# Pulsar's rule (canLookup = canProduce || canConsume): whoever may produce to or consume
+# a topic may find the broker that serves it; a consumer's or producer's role then needs
+# no Lookup besides.
+_LOOKUP_IMPLIED = frozenset({Permission.PRODUCE, Permission.CONSUME})
 
 
 _ALLOWED = Decision(True)

@@ -14,7 +14,8 @@ that a refused request changed nothing. Principals:
 - `mx-valid`: Lookup, Produce, Consume, ManageSchema on topic /mx/t (which covers the
   subject `t`), ManageTopic on namespace mx, ManageNamespace on namespace mxv,
   ManageCluster on the cluster: each right at the narrowest scope its cell needs;
-- `mx-lacks-<Permission>`: every permission but that one, at cluster scope;
+- `mx-lacks-<Permission>`: every permission but that one (but Lookup, Produce and Consume for
+  Lookup, which the other two imply on a topic), at cluster scope;
 - `mx-elsewhere`: every permission, on namespace `elsewhere` and topic /elsewhere/u.
 
 Rows without a token: `no key` is a plaintext client (it fails before any request);
@@ -158,7 +159,9 @@ async def _setup(broker: BrokerProcess, keys: CurveKeys, secret: bytes) -> int:
         await cluster.create_binding("mx-elsewhere", "user", ["mx-everything"], "namespace:elsewhere")
         await cluster.create_binding("mx-elsewhere", "user", ["mx-everything"], "topic:/elsewhere/u")
         for lacking in ALL:
-            await cluster.create_role(f"mx-all-but-{lacking.value}", [p.value for p in ALL if p is not lacking])
+            # Produce or Consume on a topic let one look it up (Pulsar's rule): lacking Lookup, lack those too.
+            without = {lacking, Permission.PRODUCE, Permission.CONSUME} if lacking is Permission.LOOKUP else {lacking}
+            await cluster.create_role(f"mx-all-but-{lacking.value}", [p.value for p in ALL if p not in without])
             await cluster.create_binding(f"mx-lacks-{lacking.value}", "user", [f"mx-all-but-{lacking.value}"],
                                          "cluster")
         await cluster.revoke_token(REVOKED_JTI, int(time.time() * 1000) + 3_600_000)

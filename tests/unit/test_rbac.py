@@ -186,3 +186,17 @@ def test_permissions_and_types_are_parsed_by_their_names():
     assert parse_principal_type("service_account") is PrincipalType.SERVICE_ACCOUNT
     with pytest.raises(InvalidArgument, match="bad principal type 'broker'"):
         parse_principal_type("broker")
+
+
+@pytest.mark.parametrize("held", [Permission.PRODUCE, Permission.CONSUME])
+@pytest.mark.parametrize("scope", ["topic:/orders/eu", "namespace:orders", "cluster"])
+def test_who_may_produce_or_consume_a_topic_may_look_it_up(held, scope):
+    """Pulsar's rule (canLookup = canProduce || canConsume): a consumer or producer bound
+    with that one permission can find the topic's broker, at any scope covering it; it
+    looks up nothing else, and Lookup of a namespace or subject is not implied."""
+    alice = Principal("alice", PrincipalType.USER)
+    policy = Policy.of([Role("one", frozenset({held}))], [Binding("b1", alice, ("one",), parse_scope(scope))])
+    assert policy.decide(alice, Permission.LOOKUP, Resource.topic("/orders/eu-part-3")).allowed
+    assert policy.decide(alice, Permission.LOOKUP, Resource.topic("/billing/x")).allowed == (scope == "cluster")
+    assert not policy.decide(alice, Permission.LOOKUP, Resource.subject("eu")).allowed
+    assert not policy.decide(alice, Permission.LOOKUP, Resource.namespace("orders")).allowed
