@@ -116,6 +116,11 @@ class BrokerSection:
     # Metrics requests served at once, one thread each; one more connection is
     # closed at once. 1..1024, default 16.
     metrics_connections_max: int = 16
+    # libzmq I/O threads of the broker's ZeroMQ context: they move every byte of every
+    # socket, and with security.mode curve they also encrypt and decrypt it, so on a
+    # secured broker with spare cores a second one takes that work off the first.
+    # 1..16, default 1 (docs/performance.md "Security overhead" has the measurement).
+    io_threads: int = 1
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -146,6 +151,7 @@ class BrokerSection:
         if not self.metrics_host or any(c.isspace() or c in "/[]" for c in self.metrics_host):
             raise _error("broker.metrics_host", f"must be an address or host name, got {self.metrics_host!r}")
         _check_range("broker.metrics_connections_max", self.metrics_connections_max, 1, 1024)
+        _check_range("broker.io_threads", self.io_threads, 1, 16)
         if not self.data_dir:
             raise _error("broker.data_dir", "must not be empty")
 

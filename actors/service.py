@@ -93,7 +93,7 @@ class BrokerService:
         loaded = load_cluster_curve(config.security)  # a bad key file stops the start before any bind
         if loaded is not None:
             self.curve, self.credentials = loaded
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.asyncio.Context(io_threads=config.broker.io_threads)
         # Each actor mailbox and cached sender is a socket: lift libzmq's default of 1023.
         self._context.setsockopt(zmq.LINGER, 0)
         self._context.set(zmq.MAX_SOCKETS, 65_536)

@@ -3,6 +3,8 @@ plaintext broker, side by side in one run (issue 21; goal: secured >= 80% of pla
 
     .venv/bin/python benchmarks/security.py --repeat 3
     .venv/bin/python benchmarks/security.py --repeat 5 --count 200000 --sizes 100
+    .venv/bin/python benchmarks/security.py --sizes 1024 --dispatch reliable --io-threads 2
+    .venv/bin/python benchmarks/security.py --sizes 1024 --dispatch reliable --bench-args '--max-inflight-batches 16'
 
 Starts two brokers on loopback from this checkout: one in mode none, one in mode curve
 (a cluster key pair, an HS256 secret and a token for a subject named in
@@ -16,7 +18,9 @@ the cluster's public key (DANUBE_SERVER_KEY) and a fresh client pair, and send t
 in every Connect (DANUBE_TOKEN).
 
 Prints the medians with their ranges, the ratio secured / plaintext and the broker's
-CPU (% of a core, median) per cell, and appends every run to
+CPU (% of a core, median) per cell, then where the CPU goes: the producer's and the
+consumer's CPU, and the share of the broker's CPU spent in libzmq's I/O threads (read
+per thread from /proc: where CURVE encrypts and decrypts), and appends every run to
 benchmarks/results/security.jsonl. Throughput is messages received per second: a
 non-reliable topic drops what a consumer cannot take (1 KiB flat out loses about half
 on one machine, in both modes alike).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -46,13 +51,14 @@ GOAL_RATIO = 0.8
 _PLAINTEXT_ENV = {"DANUBE_SERVER_KEY": "", "DANUBE_CLIENT_KEYS": "", "DANUBE_TOKEN": ""}
 
 
-def secured_broker(work_dir: Path) -> Danube:
+def secured_broker(work_dir: Path, io_threads: int) -> Danube:
     """A broker in mode curve: keys, secret, config and the client environment in `work_dir`."""
     cluster = generate_key_pair(work_dir / "broker-keys", "cluster")
     secret_file = work_dir / "jwt.secret"
     write_new_file(secret_file, new_secret(), 0o600)
     config = work_dir / "broker.yml"
     config.write_text(
+        f"broker:\n  io_threads: {io_threads}\n"
         "security:\n"
         "  mode: curve\n"
         f"  broker_key_file: {json.dumps(str(cluster.secret_file))}\n"
@@ -68,18 +74,46 @@ def secured_broker(work_dir: Path) -> Danube:
                               "DANUBE_TOKEN": token})
 
 
-def run_once(broker: Danube, reliable: bool, size: int, count: int) -> dict[str, Any]:
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the broker process's threads by kind: `zmq_io`
+    (libzmq's I/O threads, named ZMQbg/IO/N: where CURVE encrypts and decrypts) and
+    `other` (the event loop and everything else)."""
+    out = {"zmq_io": 0.0, "other": 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        out["zmq_io" if name.startswith("ZMQbg/IO") else "other"] += ticks * _TICK_S
+    return out
+
+
+def run_once(broker: Danube, reliable: bool, size: int, count: int, bench_args: list[str]) -> dict[str, Any]:
     topic = f"/default/sec-{'r' if reliable else 'n'}-{size}-{time.monotonic_ns()}"
+    before, started = thread_cpu_s(broker.pid), time.monotonic()
     result = broker.bench("e2e", topic, "--size", str(size), "--count", str(count),
-                          *(["--reliable"] if reliable else []))
-    keep = ("msg_s", "received", "lost", "latency_ms", "broker")
-    return {key: result[key] for key in keep if key in result}
+                          *(["--reliable"] if reliable else []), *bench_args)
+    after, wall = thread_cpu_s(broker.pid), time.monotonic() - started
+    keep = ("msg_s", "received", "lost", "latency_ms", "broker", "clients")
+    # Over the whole bench command (its start and setup included): read as the I/O
+    # threads' share of the broker's CPU, not as a rate.
+    threads = {kind: round(after[kind] - before[kind], 3) for kind in after}
+    return {**{key: result[key] for key in keep if key in result}, "broker_threads_cpu_s": threads,
+            "bench_wall_s": round(wall, 3)}
 
 
-def measure(*, repeat: int, count: int, sizes: list[int]) -> list[dict[str, Any]]:
+def measure(*, repeat: int, count: int, sizes: list[int], io_threads: int, bench_args: list[str],
+            dispatches: list[str]) -> list[dict[str, Any]]:
     work_dir = Path(tempfile.mkdtemp(prefix="danube-security-bench-"))
-    plaintext = Danube(work_dir / "plaintext", client_env=_PLAINTEXT_ENV)
-    secured = secured_broker(work_dir / "secured")
+    plain_config = work_dir / "plaintext.yml"
+    plain_config.write_text(f"broker:\n  io_threads: {io_threads}\n")
+    plaintext = Danube(work_dir / "plaintext", config=plain_config, client_env=_PLAINTEXT_ENV)
+    secured = secured_broker(work_dir / "secured", io_threads)
     runs: list[dict[str, Any]] = []
     stamp = now_utc()
     plaintext.start()
@@ -88,13 +122,15 @@ def measure(*, repeat: int, count: int, sizes: list[int]) -> list[dict[str, Any]
         try:
             for r in range(repeat):
                 for size in sizes:
-                    for reliable in (False, True):
+                    for reliable in [d == "reliable" for d in dispatches]:
                         pair = [("plaintext", plaintext), ("curve+jwt", secured)]
                         for mode, broker in (pair if r % 2 == 0 else pair[::-1]):
-                            result = run_once(broker, reliable, size, count)
+                            result = run_once(broker, reliable, size, count, bench_args)
                             runs.append({"workload": WORKLOAD, "mode": mode, "size": size,
                                          "dispatch": "reliable" if reliable else "non_reliable",
-                                         "count": count, "repeat": r, "at": stamp, **result})
+                                         "count": count, "repeat": r, "at": stamp, "io_threads": io_threads,
+                                         "bench_args": " ".join(bench_args),
+                                         "load_1m": round(os.getloadavg()[0], 2), **result})
                             print(json.dumps(runs[-1]), file=sys.stderr)
         finally:
             secured.stop()
@@ -113,11 +149,20 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         plain, secure = by_mode.get("plaintext", []), by_mode.get("curve+jwt", [])
         plain_median = statistics.median(plain) if plain else None
         secure_median = statistics.median(secure) if secure else None
-        cpu = {mode: statistics.median(run["broker"]["cpu_percent"] for run in runs
-                                       if (run["size"], run["dispatch"], run["mode"]) == (size, dispatch, mode))
-               for mode in by_mode}
+        def median_of(mode: str, pick: Any, cell: tuple[int, str] = (size, dispatch)) -> float:
+            return statistics.median(pick(run) for run in runs if (run["size"], run["dispatch"], run["mode"])
+                                     == (*cell, mode))
+
+        cpu = {mode: median_of(mode, lambda run: run["broker"]["cpu_percent"]) for mode in by_mode}
+        producer = {mode: median_of(mode, lambda run: sum(run["clients"]["producer_cpu_percent"]))
+                    for mode in by_mode}
+        consumer = {mode: median_of(mode, lambda run: run["clients"]["consumer_cpu_percent"] or 0.0)
+                    for mode in by_mode}
+        io_share = {mode: median_of(mode, lambda run: run["broker_threads_cpu_s"]["zmq_io"]
+                                    / max(sum(run["broker_threads_cpu_s"].values()), 1e-9)) for mode in by_mode}
         out.append({"size": size, "dispatch": dispatch, "runs": min(len(plain), len(secure)),
                     "plaintext_cpu": cpu.get("plaintext"), "secured_cpu": cpu.get("curve+jwt"),
+                    "producer_cpu": producer, "consumer_cpu": consumer, "broker_io_share": io_share,
                     "plaintext": plain_median, "plaintext_range": (min(plain), max(plain)) if plain else None,
                     "secured": secure_median, "secured_range": (min(secure), max(secure)) if secure else None,
                     "ratio": secure_median / plain_median if plain_median and secure_median else None})
@@ -139,6 +184,14 @@ def report(runs: list[dict[str, Any]]) -> None:
         print(f"{row['size']:>5}  {row['dispatch']:<13} {rate(row['plaintext'], row['plaintext_range']):>28}  "
               f"{rate(row['secured'], row['secured_range']):>28}  {ratio}{verdict}"
               f"  {row['plaintext_cpu']:.0f} / {row['secured_cpu']:.0f}")
+    print("\nCPU % of a core, medians (plaintext / secured): producer, consumer, and the share of the"
+          " broker's CPU spent in libzmq's I/O threads")
+    for row in table:
+        def pair(values: dict[str, float], scale: float = 1.0) -> str:
+            return f"{values.get('plaintext', 0) * scale:.0f} / {values.get('curve+jwt', 0) * scale:.0f}"
+
+        print(f"{row['size']:>5}  {row['dispatch']:<13} producer {pair(row['producer_cpu'])}"
+              f"  consumer {pair(row['consumer_cpu'])}  broker I/O threads {pair(row['broker_io_share'], 100)}%")
 
 
 def main() -> None:
@@ -146,8 +199,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--count", type=int, default=100_000, help="messages per run")
     parser.add_argument("--sizes", default="100,1024", help="message sizes in bytes")
+    parser.add_argument("--dispatch", default="non_reliable,reliable", help="non_reliable, reliable or both")
+    parser.add_argument("--io-threads", type=int, default=1, help="broker.io_threads of both brokers")
+    parser.add_argument("--bench-args", default="", help="more `danube bench e2e` options, e.g."
+                                                         " '--max-inflight-batches 16'")
     args = parser.parse_args()
-    runs = measure(repeat=args.repeat, count=args.count, sizes=[int(s) for s in split_list(args.sizes)])
+    runs = measure(repeat=args.repeat, count=args.count, sizes=[int(s) for s in split_list(args.sizes)],
+                   io_threads=args.io_threads, bench_args=args.bench_args.split(),
+                   dispatches=split_list(args.dispatch))
     report(runs)
     path = append(WORKLOAD, runs)
     print(f"  ({len(runs)} runs appended to {path.relative_to(path.parent.parent.parent)})")

@@ -111,15 +111,25 @@ def cluster_group() -> None:
 @click.option("--place", metavar="NAME=ADDRESS,...",
               help="Spread the brokers over these hosts (joined with `danube cluster join`, or this one), in turn;"
                    " each broker listens on its host's address.")
+@click.option("--security-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Secure the cluster (security.mode curve, HS256 tokens): the cluster key pair, the JWT secret"
+                   " and a token of the super admin `admin` (admin.jwt) in this directory, made when missing.")
+@click.option("--admin-token-ttl", type=click.IntRange(60, 365 * 86_400), default=86_400, show_default=True,
+              metavar="SECONDS", help="Lifetime of the admin.jwt that --security-dir writes at each `up`.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_port: int, admin_port: int,
        raft_port: int, supervisor_port: int, convention: str | None, first_node_id: int, peers: str | None,
-       host_name: str | None, place: str | None, output: str) -> None:
-    """Start COUNT brokers forming one cluster, supervised, and print their endpoints."""
+       host_name: str | None, place: str | None, security_dir: Path | None, admin_token_ttl: int,
+       output: str) -> None:
+    """Start COUNT brokers forming one cluster, supervised, and print their endpoints.
+
+    With --security-dir every port of every broker uses CURVE and every request is
+    checked: clients need DANUBE_SERVER_KEY and a token (the lines printed at the end)."""
     from danube_zmq.cli.host_supervisor import BrokerSpec, StartBrokers, Status
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    security = _secure(security_dir, config_path, admin_token_ttl) if security_dir is not None else None
     hosts = _placement(place) if place else [(None, bind)]
     brokers = []
     for i in range(count):
@@ -137,10 +147,12 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
         if config_path is not None:
             argv += ["--config", str(config_path.resolve())]
         env = {"DANUBE_CLUSTER__NODE_ID": str(b["node_id"]), "DANUBE_CLUSTER__RAFT_LISTEN": b["raft"],
-               "DANUBE_CLUSTER__PEERS": peers}
+               "DANUBE_CLUSTER__PEERS": peers, **(security[1] if security else {})}
         specs.append(BrokerSpec(name=b["name"], node_id=b["node_id"], argv=argv, env=env, data_dir=b["data_dir"],
                                 log_path=b["log"], host=b["host"]))
-    layout = {"bind": bind, "supervisor_port": supervisor_port, "brokers": brokers}
+    layout: dict[str, Any] = {"bind": bind, "supervisor_port": supervisor_port, "brokers": brokers}
+    if security is not None:
+        layout["security"] = security[0].describe()
     (data_dir / LAYOUT).write_text(json.dumps(layout, indent=2) + "\n")
     _start_system(bind, supervisor_port, convention, data_dir / "supervisor.log", host_name)
     system = _actor_system(bind, supervisor_port)
@@ -148,7 +160,7 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
     answer = system.ask(_supervisor(system), StartBrokers(specs=specs), _ASK_TIMEOUT_S)
     if not isinstance(answer, Status):
         raise Unavailable(f"the supervisor on port {supervisor_port} did not answer (got {answer!r})")
-    leader = asyncio.run(_wait_for_leader(brokers))
+    leader = asyncio.run(_wait_for_leader(brokers, _admin_options(layout)))
     if output == "json":
         emit_json({**layout, "leader_node_id": leader})
         return
@@ -156,6 +168,35 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
                [[b["name"], b["node_id"], b["url"], b["admin_url"], b["raft"], b["log"]] for b in brokers])
     emit_line(f"cluster up: {count} brokers, Raft leader node {leader}; supervisor on {bind}:{supervisor_port};"
               f" `danube cluster status --data-dir {data_dir}`")
+    if security is not None:
+        described = security[0].describe()
+        emit_line(f"secured (security.mode curve, HS256 tokens; super admin `admin`), keys in {described['dir']}:")
+        emit_line(f"  export DANUBE_SERVER_KEY={described['server_key_file']}"
+                  f" DANUBE_TOKEN_FILE={described['admin_token_file']}"
+                  f" DANUBE_ADMIN_ENDPOINT={brokers[0]['admin_url']}")
+
+
+def _secure(directory: Path, config_path: Path | None, admin_token_ttl_s: int) -> tuple[Any, dict[str, str]]:
+    """The security directory made ready, and the environment every broker gets: the
+    config's own super admins are kept, `admin` is added."""
+    from danube_zmq.actors.config import load_config
+    from danube_zmq.cli.cluster_security import prepare
+
+    configured = load_config(config_path).security
+    security = prepare(directory, admin_token_ttl_s=admin_token_ttl_s, issuer=configured.jwt_issuer,
+                       audience=configured.jwt_audience)
+    return security, security.broker_env(list(configured.super_admins))
+
+
+def _admin_options(layout: dict[str, Any]) -> dict[str, Any]:
+    """AdminClient arguments for this command's calls: the environment's (DANUBE_SERVER_KEY,
+    DANUBE_TOKEN ...) for a cluster `up` did not secure, a short admin token of its own
+    over CURVE for one it did."""
+    if "security" not in layout:
+        return {}
+    from danube_zmq.cli.cluster_security import ClusterSecurity
+
+    return ClusterSecurity.from_description(layout["security"]).admin_client_options()
 
 
 def _placement(text: str) -> list[tuple[str | None, str]]:
@@ -184,7 +225,7 @@ def _wait_for_hosts(system: Any, names: set[str]) -> None:
                       f" (run `danube cluster join` there); joined: {sorted(known)}")
 
 
-async def _wait_for_leader(brokers: list[dict[str, Any]]) -> int:
+async def _wait_for_leader(brokers: list[dict[str, Any]], options: dict[str, Any]) -> int:
     from danube_zmq.client.admin import AdminClient
 
     deadline = time.monotonic() + _UP_TIMEOUT_S
@@ -194,7 +235,7 @@ async def _wait_for_leader(brokers: list[dict[str, Any]]) -> int:
         registered = 0
         try:
             for b in brokers:
-                async with AdminClient(b["admin_url"], timeout_ms=1000) as admin:
+                async with AdminClient(b["admin_url"], timeout_ms=1000, **options) as admin:
                     leaders.add((await admin.cluster_status()).leader_id)
                     registered = len(await admin.list_brokers())
             if len(leaders) == 1 and None not in leaders and registered >= len(brokers):
@@ -219,7 +260,7 @@ def status(data_dir: Path, output: str) -> None:
     processes = system.ask(_supervisor(system), GetStatus(), _ASK_TIMEOUT_S)
     if not isinstance(processes, Status):
         raise Unavailable(f"the supervisor on port {layout['supervisor_port']} did not answer")
-    info = asyncio.run(_cluster_info(layout["brokers"]))
+    info = asyncio.run(_cluster_info(layout["brokers"], _admin_options(layout)))
     by_name = {p.name: p for p in processes.brokers}
     rows = []
     for b in layout["brokers"]:
@@ -240,14 +281,14 @@ def status(data_dir: Path, output: str) -> None:
     emit_line(f"Raft leader: node {info['leader']} (term {info['term']}); load CV {info['cv']:.2f}")
 
 
-async def _cluster_info(brokers: list[dict[str, Any]]) -> dict[str, Any]:
+async def _cluster_info(brokers: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
     from danube_zmq.client.admin import AdminClient
 
     out: dict[str, Any] = {"leader": None, "term": None, "cv": 0.0, "brokers": {}}
     registered: dict[int, str] = {}
     for b in brokers:
         try:
-            async with AdminClient(b["admin_url"], timeout_ms=2000) as admin:
+            async with AdminClient(b["admin_url"], timeout_ms=2000, **options) as admin:
                 raft = await admin.cluster_status()
                 out["brokers"].setdefault(b["url"], {})["raft_role"] = raft.role.lower()
                 out["leader"], out["term"] = raft.leader_id, raft.term

@@ -8,6 +8,7 @@ to a session, the Raft peer's message count) run a real `BrokerService` in this 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -365,3 +366,15 @@ def test_a_curve_cluster_forms_and_hands_a_reliable_topic_over(tmp_path: Path, m
         for name, value in curve_keys.client_env().items():
             monkeypatch.setenv(name, value)
         asyncio.run(run(nodes))
+
+
+async def test_broker_io_threads_sets_the_zeromq_context_every_socket_uses(tmp_path: Path,
+                                                                        curve_keys: CurveKeys) -> None:
+    """broker.io_threads reaches the one ZeroMQ context of a CURVE broker (where libzmq
+    encrypts and decrypts), and the broker serves on it: Connect over CURVE is answered."""
+    config = _curve_config(tmp_path, curve_keys)
+    config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, io_threads=2))
+    async with BrokerService(config) as service:
+        assert service._context is not None and service._context.get(zmq.IO_THREADS) == 2
+        async with AdminClient(service.admin_url, **curve_keys.cluster_admin()) as admin:  # type: ignore[arg-type]
+            await admin.list_brokers()

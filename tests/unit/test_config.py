@@ -554,3 +554,14 @@ def test_metrics_endpoint_is_loopback_by_default_and_its_security_is_checked(tmp
     assert config.broker.metrics_host == "0.0.0.0"
     assert (config.security.metrics_tls_cert_file, config.security.metrics_tls_key_file,
             config.security.metrics_basic_auth_file) == ("c.pem", "k.pem", "passwd")
+
+
+def test_broker_io_threads_defaults_to_one_and_is_range_checked(tmp_path: Path) -> None:
+    """broker.io_threads (libzmq's I/O threads of the broker's context) is 1 by default,
+    read from the file and the environment, and refused outside 1..16 naming the key."""
+    assert load_config(None).broker.io_threads == 1
+    assert load_config(write(tmp_path, "broker:\n  io_threads: 2\n")).broker.io_threads == 2
+    assert load_config(None, env={"DANUBE_BROKER__IO_THREADS": "3"}).broker.io_threads == 3
+    for bad in ("0", "17"):
+        with pytest.raises(ConfigError, match=r"broker.io_threads"):
+            load_config(write(tmp_path, f"broker:\n  io_threads: {bad}\n"))
