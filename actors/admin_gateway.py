@@ -45,7 +45,7 @@ from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, shutdown_peer, zmtp_frame_bytes
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import NotLeader
-from danube_zmq.runtime.actor import ADMIN_OUTBOX, Actor, Origin
+from danube_zmq.runtime.actor import ADMIN_OUTBOX, Actor, Origin, Watched
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.security.curve import ZAP_ADMIN, ClusterCurve, Credentials, key_of_frame
@@ -145,11 +145,11 @@ class AdminGateway(Actor):
             if sock is not None:
                 sock.close(linger=0)
 
-    def extra_sockets(self) -> list[tuple[Any, Any]]:
+    def extra_sockets(self) -> list[Watched]:
         assert self.peers is not None
-        sockets = [(self.router, self._drain_router), (self.outbox, self._drain_outbox)]
+        sockets = [Watched(self.router, self._drain_router), Watched(self.outbox, self._drain_outbox)]
         if self.peers.monitor_on_loop:  # else the inbound watcher reads it
-            sockets.append((self.peers.monitor, self._drain_peers))
+            sockets.append(Watched(self.peers.monitor, self._drain_peers))
         return sockets
 
     async def _drain_peers(self) -> None:

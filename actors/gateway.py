@@ -60,7 +60,7 @@ from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_p
 from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import Compacted, WatchEvent
-from danube_zmq.runtime.actor import CLIENT_OUTBOX, Actor, Origin
+from danube_zmq.runtime.actor import CLIENT_OUTBOX, Actor, Origin, Watched
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas import topic_binding
@@ -259,11 +259,11 @@ class Gateway(Actor):
         if self.router is not None:
             self.router.close(linger=0)
 
-    def extra_sockets(self) -> list[tuple[Any, Any]]:
+    def extra_sockets(self) -> list[Watched]:
         assert self.peers is not None
-        sockets = [(self.router, self._drain_router)]
+        sockets = [Watched(self.router, self._drain_router, reads_dry=True)]
         if self.peers.monitor_on_loop:  # else the inbound watcher reads it
-            sockets.append((self.peers.monitor, self._drain_peers))
+            sockets.append(Watched(self.peers.monitor, self._drain_peers))
         return sockets
 
     async def _drain_peers(self) -> None:
@@ -275,29 +275,33 @@ class Gateway(Actor):
         return self.config.broker.advertised_url or self.bound_url
 
     # ------------------------------------------------------------- socket side
-    async def _drain_router(self) -> None:
+    async def _drain_router(self) -> bool:
+        """True when the ROUTER was read until EAGAIN (`Watched.reads_dry`): what follows
+        the last read (telling the held batches) does not touch the socket."""
         assert self.peers is not None
         try:
-            self._read_router(self.peers.hand)
+            return self._read_router(self.peers.hand)
         finally:
             self._release_held()
 
-    def _read_router(self, hand: Any) -> None:
+    def _read_router(self, hand: Any) -> bool:
         """Read and handle about `_DRAIN_MAX` requests a round, on average: requests, not
         messages, since a message may hold many, and the answers of a round (receipts,
         deliveries) go through the outbox lane, which `drain_lane` empties `_DRAIN_MAX`
         frames a round. A message read whole past the round's budget is taken from the
-        next rounds' (`_read_carry`), so reading never outruns the lane's drain."""
+        next rounds' (`_read_carry`), so reading never outruns the lane's drain. True when it read the socket dry."""
         parts_max = self.config.limits.requests_per_message_max
         budget = _DRAIN_MAX + self._read_carry
         if budget <= 0:
             self._read_carry = budget
-            return
-        self._read_carry = min(0, budget - self._read_requests(hand, parts_max, budget))
+            return False
+        requests, dry = self._read_requests(hand, parts_max, budget)
+        self._read_carry = min(0, budget - requests)
+        return dry
 
-    def _read_requests(self, hand: Any, parts_max: int, budget: int) -> int:
+    def _read_requests(self, hand: Any, parts_max: int, budget: int) -> tuple[int, bool]:
         """The requests read: `budget` or more (the last message is read whole), or fewer
-        when the socket has no more."""
+        when the socket has no more; and whether it had no more (EAGAIN)."""
         requests = 0
         while requests < budget:
             try:
@@ -305,7 +309,7 @@ class Gateway(Actor):
                 # allocation that faults its pages in (runtime/system.py, _drain_mailbox).
                 head = self._router_sync.recv(_NOBLOCK, copy=False)
             except zmq.Again:
-                return requests
+                return requests, True
             body = self._router_sync.recv(copy=False)
             identity = head.bytes
             fd = _source_fd(body)  # -1 on inproc (the in-process tests): not counted
@@ -341,7 +345,7 @@ class Gateway(Actor):
             for part in parts:
                 self._frame = part
                 self._on_client_frame(identity, part.buffer)
-        return requests
+        return requests, False
 
     def drain_lane(self, frames: deque[list[Any]]) -> None:
         """Relay what actors sent to clients (the outbox lane) to the ROUTER: what one

@@ -28,9 +28,9 @@ to clients, spawning children.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
 from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL
@@ -87,6 +87,22 @@ _CLASHING = clashing_names(INTERNAL_PROTOCOL, (CLIENT_PROTOCOL, ADMIN_PROTOCOL))
 _ENVELOPES = frozenset(t.__name__ for t in REQUEST_PORTS)
 
 
+class Watched(NamedTuple):
+    """A socket an actor's task polls besides its mailbox, and the coroutine function
+    that drains it.
+
+    libzmq's ZMQ_FD signals only when its command queue fills, and any call on the socket
+    may empty that queue, so the runtime asks ZMQ_EVENTS before a drain and after a
+    round, a syscall each. A drain that `reads_dry` is called without asking first (it
+    reads what is there, as the question would), and when it returns True it read until
+    libzmq said EAGAIN and touched the socket no more: that answer is as fresh as
+    ZMQ_EVENTS, so the round ends without asking either."""
+
+    socket: Any
+    drain: Callable[[], Awaitable[bool | None]]
+    reads_dry: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class ActorStatistics:
     name: str
@@ -134,7 +150,7 @@ class Actor:
                 table[name] = (fn, inspect.iscoroutinefunction(fn))
         cls._handlers = table
 
-    def extra_sockets(self) -> list[tuple[Any, Callable[[], Any]]]:
+    def extra_sockets(self) -> list[Watched]:
         """Sockets besides the mailbox that this actor's one task polls, each with the
         coroutine function that drains it (the gateway's ROUTER, for one)."""
         return []

@@ -96,11 +96,14 @@ _POLLIN = int(zmq.POLLIN)
 _CURRENT_TASKS: dict[Any, asyncio.Task[Any]] | None = getattr(asyncio.tasks, "_current_tasks", None)
 
 
-def _current_task_of(get_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.get_running_loop,
+def _current_task_on(loop: asyncio.AbstractEventLoop | None,
                      tasks: dict[Any, asyncio.Task[Any]] | None = _CURRENT_TASKS) -> asyncio.Task[Any] | None:
-    """`asyncio.current_task()`, a third of its cost: on Python 3.11 that is Python code
-    around this dict lookup (the C one came in 3.12), and `_try_push` asks it per tell."""
-    return tasks.get(get_loop()) if tasks is not None else asyncio.current_task()
+    """`asyncio.current_task()` on the actors' `loop`, a fraction of its cost: on Python 3.11
+    that is Python code around this dict lookup (the C one came in 3.12), and its
+    `get_running_loop()` asks the kernel for the pid each call. `_try_push` asks per tell."""
+    if tasks is None or loop is None:
+        return asyncio.current_task()
+    return tasks.get(loop)
 
 
 @dataclass(slots=True)
@@ -193,6 +196,7 @@ class ActorSystem:
         self.snapshot_endpoint = ""
         self.load_manager_endpoint = ""
         self._cells: dict[str, _Cell] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one the actors run on, once one runs
         self._lanes: Lanes[_Cell] = Lanes(self._sync_context, push_hwm=mailbox_messages_max, wake=self._wake)
         self._ids = itertools.count(1)
         self._correlation = itertools.count(1)
@@ -319,7 +323,7 @@ class ActorSystem:
         """Queue `frame` for `cell` if its mailbox has room; `size`: its bytes, when the
         caller measured them already (`message_bytes`, once per message)."""
         group = cell.group
-        if group.guests is not None and group.task is not None and group.task is _current_task_of():
+        if group.guests is not None and group.task is not None and group.task is _current_task_on(self._loop):
             # Within the group: the local lane, drained before the next outside frame.
             group.mailbox.push_local(cell, frame)
             return True
@@ -488,13 +492,14 @@ class ActorSystem:
         # socket the actor owns is watched by the event loop directly: a wake-up costs a
         # callback and a future, where a `zmq.asyncio.Poller` round builds futures and
         # registers every socket again (on the gateway that was a fifth of the broker's
-        # loop at 5k msg/s). ZMQ_FD is edge-triggered, so the loop reads ZMQ_EVENTS
-        # before every wait.
-        loop = asyncio.get_running_loop()
+        # loop at 5k msg/s). ZMQ_FD is edge-triggered, so a round ends by reading ZMQ_EVENTS
+        # of every socket not read dry in it (`Watched`) before the task waits; a wake-up
+        # goes straight to a round (a drain finding nothing costs what asking would).
+        loop = self._loop = asyncio.get_running_loop()
         instance: Actor | None = None
-        extra: list[tuple[zmq.Socket, Callable[[], Awaitable[object]]]] = []
+        extra: list[tuple[zmq.Socket, Callable[[], Awaitable[bool | None]], bool]] = []
         fds: list[int] = []
-        idle = False  # `_ready` said so at the end of the last round: no need to ask again
+        idle = False  # the last round ended with nothing left: wait for a wake-up
         try:
             while True:
                 if cell.instance is not instance:
@@ -502,11 +507,12 @@ class ActorSystem:
                     idle = False
                     for fd in fds:
                         loop.remove_reader(fd)
-                    extra = [(zmq.Socket.shadow(sock.underlying), drain) for sock, drain in instance.extra_sockets()]
-                    fds = [sock.FD for sock, _ in extra]
+                    extra = [(zmq.Socket.shadow(sock.underlying), drain, reads_dry)
+                             for sock, drain, reads_dry in instance.extra_sockets()]
+                    fds = [sock.FD for sock, _, _ in extra]
                     for fd in fds:
                         loop.add_reader(fd, self._wake, cell)
-                if idle or not self._ready(cell, extra):
+                if idle:
                     cell.waiter = loop.create_future()
                     try:
                         await cell.waiter
@@ -522,19 +528,24 @@ class ActorSystem:
                     except Exception as exc:
                         if not await self._on_failure(cell, "lane", exc):
                             return
-                for sock, drain in extra:
+                more = False  # a socket may hold more
+                for sock, drain, reads_dry in extra:
                     if cell.instance is not instance:
                         break
-                    if sock.getsockopt(_EVENTS) & _POLLIN:
+                    if reads_dry or sock.getsockopt(_EVENTS) & _POLLIN:
                         try:
-                            await drain()
+                            dry = await drain()
                         except asyncio.CancelledError:
                             raise
                         except Exception as exc:
                             if not await self._on_failure(cell, "socket", exc):
                                 return
+                            continue  # restarted: the loop's head watches the new instance's sockets
+                        if reads_dry and dry is True:
+                            continue
+                    more = more or bool(sock.getsockopt(_EVENTS) & _POLLIN)
                 if cell.instance is instance:
-                    if self._ready(cell, extra):
+                    if more or cell.mailbox or cell.lane:
                         await asyncio.sleep(0)  # frames left after full drains: let the other actors run
                     else:
                         idle = True
@@ -547,12 +558,6 @@ class ActorSystem:
         waiter = cell.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    @staticmethod
-    def _ready(cell: _Cell, extra: list[tuple[zmq.Socket, Any]]) -> bool:
-        if cell.mailbox or cell.lane:
-            return True
-        return any(sock.getsockopt(_EVENTS) & _POLLIN for sock, _ in extra)
 
     async def _drain_mailbox(self, cell: _Cell) -> bool:
         """Handle up to `_DRAIN_MAX` queued frames, the group's lane first; False when

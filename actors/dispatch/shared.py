@@ -20,6 +20,9 @@ from collections.abc import Mapping, Sequence
 
 from .rule import EMPTY, Assignment, Slice, check_batch
 
+_ONE = range(1)
+_NONE_LEFT = range(1, 1)
+
 
 class SharedRule:
     """Round-robin across consumers, within their permits."""
@@ -62,6 +65,26 @@ class SharedRule:
         n = len(self._consumer_ids)
         if n == 0 or count == 0:
             return Assignment(slices=(), leftover=range(count), skipped=EMPTY)
+        if count == 1:
+            return self._assign_one(permits)
+        return self._assign_dealt(count, permits)
+
+    def _assign_one(self, permits: Mapping[int, int]) -> Assignment:
+        """The deal of `_assign_dealt` for a batch of one message, in one pass: the common
+        batch of many small producers (tests/unit/test_dispatch_rules.py checks both agree)."""
+        ids = self._consumer_ids
+        n = len(ids)
+        start = self._cursor % n
+        for step in range(n):
+            position = (start + step) % n
+            consumer_id = ids[position]
+            if permits.get(consumer_id, 0):
+                self._cursor = (position + 1) % n
+                return Assignment(slices=(Slice(consumer_id, _ONE),), leftover=_NONE_LEFT, skipped=EMPTY)
+        return Assignment(slices=(), leftover=_ONE, skipped=EMPTY)
+
+    def _assign_dealt(self, count: int, permits: Mapping[int, int]) -> Assignment:
+        n = len(self._consumer_ids)
         start = self._cursor % n
         rotation = self._consumer_ids[start:] + self._consumer_ids[:start]
         shares = _deal(count, [(c, permits.get(c, 0)) for c in rotation])

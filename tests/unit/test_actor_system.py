@@ -8,7 +8,7 @@ import pytest
 import zmq.asyncio
 
 from danube_zmq.clock import SystemClock
-from danube_zmq.runtime.actor import Actor
+from danube_zmq.runtime.actor import Actor, Watched
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport.errors import NotFound
 from danube_zmq.transport.internal_protocol import (
@@ -337,8 +337,8 @@ class Listener(Actor):
         assert self.sock is not None
         self.sock.close(linger=0)
 
-    def extra_sockets(self) -> list[tuple[object, object]]:
-        return [(self.sock, self._drain)]
+    def extra_sockets(self) -> list[Watched]:
+        return [Watched(self.sock, self._drain)]
 
     async def _drain(self) -> None:
         assert self.sock is not None

@@ -437,3 +437,20 @@ def test_key_shared_ring_is_stable_across_processes() -> None:
         check=True,
     )
     assert out.stdout.strip() == str([ring_hash(f"k{n}") for n in range(20)])
+
+
+@FAST
+@given(
+    consumers=st.lists(st.integers(1, 6), min_size=1, max_size=6, unique=True),
+    rounds=st.lists(st.dictionaries(st.integers(1, 6), st.integers(0, 2)), max_size=30),
+)
+def test_shared_single_message_batches_take_the_dealt_turns(consumers: list[int], rounds: list[dict[int, int]]) -> None:
+    """A batch of one message (the one-pass path) goes where dealing it would, and leaves the
+    cursor where dealing would: two rules fed the same permits, one through each path, agree."""
+    fast, dealt = SharedRule(), SharedRule()
+    for consumer_id in consumers:
+        fast.add_consumer(consumer_id, f"c{consumer_id}")
+        dealt.add_consumer(consumer_id, f"c{consumer_id}")
+    for permits in rounds:
+        assert fast.assign(1, None, "p", permits) == dealt._assign_dealt(1, permits)
+        assert fast._cursor == dealt._cursor
