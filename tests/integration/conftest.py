@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -189,6 +190,16 @@ def make_curve_keys(directory: Path) -> CurveKeys:
     return CurveKeys(cluster_secret_file=cluster.secret_file, broker_keys_dir=cluster.public_file.parent,
                      server_public_key=cluster.public_key, client_secret_file=client.secret_file,
                      client_public_key=client.public_key)
+
+
+def write_jwt_secret(directory: Path) -> tuple[bytes, dict[str, str]]:
+    """A fresh HS256 secret in `directory/jwt.secret` (mode 0600, as a user keeps it) and
+    the broker environment that names it."""
+    secret = secrets.token_bytes(32)
+    secret_file = directory / "jwt.secret"
+    secret_file.write_bytes(secret)
+    secret_file.chmod(0o600)
+    return secret, {"DANUBE_SECURITY__JWT_SECRET_FILE": str(secret_file)}
 
 
 async def allow_client_key_async(brokers: list[BrokerProcess] | list[object], keys: CurveKeys,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from danube_zmq.security.tokens import TokenSigner
 from danube_zmq.storage.catalog import SegmentDescriptor, segments_prefix
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import DanubeError, PermissionDenied, Unauthenticated
-from tests.integration.conftest import make_curve_keys
+from tests.integration.conftest import make_curve_keys, write_jwt_secret
 from tests.integration.test_cluster import running_cluster
 from tests.integration.test_metadata_cluster import Node
 
@@ -92,13 +91,10 @@ def test_a_secured_cluster_produces_consumes_moves_and_fails_over_without_loss(
     holding every acknowledged offset: what a dead disk loses before that is the window
     `test_failover_loses_at_most_the_uploads_in_flight` measures, not this test's."""
     keys = make_curve_keys(tmp_path / "keys")
-    secret = secrets.token_bytes(32)
-    secret_file = tmp_path / "jwt.secret"
-    secret_file.write_bytes(secret)
-    secret_file.chmod(0o600)
+    secret, secret_env = write_jwt_secret(tmp_path)
     tokens = Tokens(secret)
     server_key = keys.server_public_key
-    env = {**keys.broker_env(), "DANUBE_SECURITY__JWT_SECRET_FILE": str(secret_file),
+    env = {**keys.broker_env(), **secret_env,
            "DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared"),
            "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true", "DANUBE_STORAGE__LOCAL_RETENTION_MS": "0"}
     # The readiness polls of running_cluster and the scenario's admin calls: alice's

@@ -43,6 +43,7 @@ from tests.integration.conftest import (
     free_port,
     make_curve_keys,
     start_broker,
+    write_jwt_secret,
 )
 
 DEADLINE_S = 30.0
@@ -78,12 +79,8 @@ class Secured:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     tmp_path = tmp_path_factory.mktemp("secured")
     keys = make_curve_keys(tmp_path / "keys")
-    secret = secrets.token_bytes(32)
-    secret_file = tmp_path / "jwt.secret"
-    secret_file.write_bytes(secret)
-    secret_file.chmod(0o600)
-    env = {**keys.broker_env(), "DANUBE_SECURITY__JWT_SECRET_FILE": str(secret_file),
-           "DANUBE_SECURITY__JWT_LEEWAY_MS": "0"}
+    secret, secret_env = write_jwt_secret(tmp_path)
+    env = {**keys.broker_env(), **secret_env, "DANUBE_SECURITY__JWT_LEEWAY_MS": "0"}
     broker = start_broker(tmp_path, "--metrics-port", str(free_port()), env=env)
     try:
         allow_client_key([broker], keys)

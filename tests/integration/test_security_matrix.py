@@ -46,7 +46,14 @@ from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, PermissionDenied, Unauthenticated
-from tests.integration.conftest import BrokerProcess, CurveKeys, allow_client_key, make_curve_keys, start_broker
+from tests.integration.conftest import (
+    BrokerProcess,
+    CurveKeys,
+    allow_client_key,
+    make_curve_keys,
+    start_broker,
+    write_jwt_secret,
+)
 
 DEADLINE_S = 30.0
 TIMEOUT_MS = 60_000  # no cell may fail on a slow machine by a Timeout: refusals come at once
@@ -193,12 +200,8 @@ async def _setup(broker: BrokerProcess, keys: CurveKeys, secret: bytes) -> int:
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     tmp_path = tmp_path_factory.mktemp("matrix")
     keys = make_curve_keys(tmp_path / "keys")
-    secret = secrets.token_bytes(32)
-    secret_file = tmp_path / "jwt.secret"
-    secret_file.write_bytes(secret)
-    secret_file.chmod(0o600)
-    env = {**keys.broker_env(), "DANUBE_SECURITY__JWT_SECRET_FILE": str(secret_file),
-           "DANUBE_SECURITY__JWT_LEEWAY_MS": "0"}
+    secret, secret_env = write_jwt_secret(tmp_path)
+    env = {**keys.broker_env(), **secret_env, "DANUBE_SECURITY__JWT_LEEWAY_MS": "0"}
     broker = start_broker(tmp_path, env=env)
     try:
         allow_client_key([broker], keys)
