@@ -169,3 +169,41 @@ def test_peek_send_is_none_for_other_messages_and_garbage() -> None:
     # A Send in an array16 header (more than 15 fields' worth is legal msgpack).
     assert peek_send(b"\xdc\x00\x04" + msgpack.packb(Send.TAG) + msgpack.packb(300) + msgpack.packb(7) + b"\x90") \
         == (300, 7)
+
+
+def test_a_wire_message_refuses_checks_that_decoding_would_skip() -> None:
+    """Decoding fills a message's slots directly, so a `__post_init__` or a field the
+    constructor does not set would be skipped on the wire: `wire` refuses both."""
+    from danube_zmq.transport.codec import Message, wire
+
+    with pytest.raises(TypeError, match="__post_init__"):
+        @wire
+        class Checked(Message):
+            TAG = 900
+            n: int
+
+            def __post_init__(self) -> None:
+                pass
+
+    with pytest.raises(TypeError, match="set by its constructor"):
+        @wire
+        class Hidden(Message):
+            TAG = 901
+            n: int = dataclasses.field(default=0, init=False)
+
+
+def test_the_constructor_keeps_the_declared_signature_and_defaults() -> None:
+    """The compiled constructor takes keywords only, fills defaults, refuses unknown or
+    missing fields, and the message stays frozen."""
+    send = Send(request_id=1, producer_id=2, payloads=[b"a"], publish_times=[3])
+    assert (send.keys, send.attributes, send.sequence) == (None, None, None)
+    with pytest.raises(TypeError):
+        Send(1, 2, [b"a"], [3])  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Send(request_id=1, producer_id=2, payloads=[b"a"])  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Send(request_id=1, producer_id=2, payloads=[b"a"], publish_times=[3], colour=1)  # type: ignore[call-arg]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        send.request_id = 5  # type: ignore[misc]
+    assert dataclasses.replace(send, sequence=4) == Send(request_id=1, producer_id=2, payloads=[b"a"],
+                                                         publish_times=[3], sequence=4)
