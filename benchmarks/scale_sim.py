@@ -371,9 +371,9 @@ def cursors_per_topic(scale: Scale, work: Workload, assignments: dict[str, int],
     keys: dict[int, int] = {}
     sizes: dict[int, int] = {}
     for i, topic in enumerate(work.topics):
-        if rng.random() < changed_probability(work.rates[i], interval_ms):
-            value = msgpack.packb([[f"sub-{s:03d}", cursor_record(rng)] for s in range(work.subscriptions[i])],
-                                  use_bin_type=True)
+        reliable = [s for s in range(work.subscriptions[i]) if rng.random() < scale.reliable_fraction]
+        if reliable and rng.random() < changed_probability(work.rates[i], interval_ms):
+            value = msgpack.packb([[f"sub-{s:03d}", cursor_record(rng)] for s in reliable], use_bin_type=True)
             b = assignments[topic]
             keys[b] = keys.get(b, 0) + 1
             sizes[b] = sizes.get(b, 0) + len(f"{topic_key(topic)}/cursors") + len(value) + 8
