@@ -10,7 +10,8 @@ here, not by the rate of acks.
 
 1. A `Tick` timer message every `storage.cursor_flush_interval_ms` (scheduled again
    after each flush, so at most one waits in the mailbox) writes the damage records,
-   then the cursors and producer records in one transaction. One mailbox serializes the
+   then the cursors and producer records in transactions of at most the store's
+   `batch_keys_max` keys. One mailbox serializes the
    flushes: a newer cursor is never overwritten by an older one, and what the store
    refused is kept (under anything newer told meanwhile) for the next timer.
 2. `FlushCursors` (an ask) writes everything told so far now: the broker asks before a
@@ -125,13 +126,24 @@ class CursorFlusher(Actor):
             return
         cursors, self.cursors = self.cursors, {}
         producers, self.producers = self.producers, {}
-        writes = {**cursors, **producers}
+        writes = list({**cursors, **producers}.items())
+        # In transactions of at most batch_keys_max keys: a busy broker moves more cursors
+        # in one interval than the store takes at once, and a larger batch is refused whole
+        # (every flush after it too). Each record stands alone, so no atomicity is lost.
+        step = max(1, self.metadata.batch_keys_max)
+        written = 0
         try:
-            await self.metadata.transaction({}, {k: v for k, v in writes.items() if v is not None},
-                                            [k for k, v in writes.items() if v is None])
+            for start in range(0, len(writes), step):
+                chunk = writes[start:start + step]
+                await self.metadata.transaction({}, {k: v for k, v in chunk if v is not None},
+                                                [k for k, v in chunk if v is None])
+                written = start + len(chunk)
         except BaseException:  # refused or cancelled (a shutdown): kept for the next flush
+            done = {k for k, _ in writes[:written]}
+            cursors = {k: v for k, v in cursors.items() if k not in done}
             cursors.update(self.cursors)  # told while the write was on its way: newer
             self.cursors = cursors
+            producers = {k: v for k, v in producers.items() if k not in done}
             producers.update(self.producers)
             self.producers = producers
             raise

@@ -191,3 +191,22 @@ def test_what_the_store_refused_is_written_at_the_next_timer(tmp_path: Path) -> 
         await until(lambda: _stored_cursor(store) == 12, "the newest cursor written at a next timer")
 
     _run(tmp_path, body)
+
+
+def test_a_flush_of_more_cursors_than_a_batch_holds_writes_them_all(tmp_path: Path) -> None:
+    """A broker whose subscriptions moved more cursors in one interval than the store
+    takes in one transaction (`batch_keys_max`, 4,096: 5,965 at 100 brokers and 1M
+    subscriptions in benchmarks/scale_sim.py) writes them in several: every cursor is
+    stored, none refused as a whole."""
+    count = 4_096 + 904
+
+    async def body(system: ActorSystem, store: FlakyStore, executor: ThreadPoolExecutor) -> None:
+        flusher = await system.spawn(lambda: CursorFlusher(metadata=store, broker_id=1, interval_ms=NEVER_MS),
+                                     name="cursor flusher")
+        for n in range(count):  # sent, not told: the mailbox holds 1,000
+            await system.send(flusher, _cursor(1_000 + n, f"s{n}"), timeout_ms=60_000)
+        await system.ask(flusher, FlushCursors(), timeout_ms=60_000)
+        assert [_stored_cursor(store, f"s{n}") for n in range(count)] == [1_000 + n for n in range(count)]
+        assert FlakyStore.transactions == 2
+
+    _run(tmp_path, body)
