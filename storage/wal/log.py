@@ -20,13 +20,12 @@ fsync propagates unchanged (the caller maps ENOSPC to RESOURCE_EXHAUSTED).
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
 from danube_zmq.clock import Clock
+from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
 from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged
@@ -545,7 +544,7 @@ def _set_aside(paths: list[Path], directory: Path) -> list[Path]:
     (directory / QUARANTINE_DIR).mkdir(exist_ok=True)
     for path in paths:
         target = directory / QUARANTINE_DIR / path.name
-        os.replace(path, target)
+        wal_files.current.replace(path, target)
         moved.append(target)
     return moved
 
@@ -558,15 +557,11 @@ def _quarantine(path: Path, position: int) -> Path:
     target = directory / f"{path.name}.{position}"
     if not target.exists():
         temporary = target.with_name(target.name + ".tmp")
-        shutil.copyfile(path, temporary)
-        os.replace(temporary, target)
+        wal_files.current.copy_file(path, temporary)
+        wal_files.current.replace(temporary, target)
     return target
 
 
 def _fsync_directory(directory: Path) -> None:
     """fsync a directory so that file creations and deletions in it survive a crash."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    wal_files.current.fsync_directory(directory)
