@@ -311,11 +311,15 @@ class WalLog:
                           acknowledged_offset=acknowledged, quarantined=quarantined)
 
     def close(self) -> None:
-        """Sync what was appended, then close every segment. Idempotent."""
+        """Sync what was appended, then close every segment. Idempotent. A log whose
+        failed write could not be cut back (not `writable`) is closed without a sync:
+        its segment's end is unknown, and a sync would raise the acknowledged frontier
+        over records the cut may have removed; the next open recovers what is there."""
         if self._closed:
             return
         try:
-            self.sync()
+            if self.writable:
+                self.sync()
             if self._frontier is not None:
                 self._frontier.sync()
         finally:

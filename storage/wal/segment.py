@@ -321,6 +321,8 @@ class Segment:
         """fsync if anything was written since the last sync; True if it did."""
         if not self._unsynced:
             return False
+        if self._broken:  # the end is unknown after a failed cut-back: claim nothing
+            raise InternalError(f"WAL segment {self.path} is unusable after a failed write and truncate")
         assert self._write_fd is not None
         end = self._end
         wal_files.current.fsync(self._write_fd)
