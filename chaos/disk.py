@@ -203,7 +203,9 @@ class _Armed:
 @dataclass(slots=True)
 class _Control:
     path: Path
-    mtime_ns: int = -1
+    # (inode, mtime): a control file replaced by a rename is a new inode, even when the
+    # coarse file clock gives two quick writes the same mtime.
+    version: tuple[int, int] = (-1, -1)
 
 
 class FaultyFiles(wal_files.FileLayer):
@@ -244,11 +246,12 @@ class FaultyFiles(wal_files.FileLayer):
         control = self._control
         assert control is not None
         try:
-            mtime_ns = control.path.stat().st_mtime_ns
+            stat = control.path.stat()
         except FileNotFoundError:
             return
-        if mtime_ns != control.mtime_ns:
-            control.mtime_ns = mtime_ns
+        version = (stat.st_ino, stat.st_mtime_ns)
+        if version != control.version:
+            control.version = version
             data = json.loads(control.path.read_text())
             self.arm(Rule.from_json(rule) for rule in data.get("rules", []))
 
@@ -374,6 +377,22 @@ class FaultyFiles(wal_files.FileLayer):
             except OSError:
                 pass
         return crash(self.ledger, self.rng, torn_tail=torn_tail)
+
+
+def write_control(control: Path, *, seed: int, journal: Path, rules: Iterable[Rule] = ()) -> None:
+    """Write (or rewrite, arming new rules in a running broker) a launcher's control
+    file: a temporary file renamed over it, so the broker never reads half of one."""
+    data = {"seed": seed, "journal": str(journal),
+            "rules": [{name: getattr(rule, name) for name in Rule.__dataclass_fields__} for rule in rules]}
+    temporary = control.with_name(control.name + ".tmp")
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, control)
+
+
+def launcher(control: Path) -> tuple[str, ...]:
+    """The interpreter arguments that run `danube ...` under the faulty layer
+    (`sys.executable, *launcher(control), "broker", "start", ...`)."""
+    return ("-m", "danube_zmq.chaos.disk", "broker", "--control", str(control), "--")
 
 
 def main(argv: list[str] | None = None) -> None:
