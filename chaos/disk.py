@@ -45,11 +45,15 @@ import random
 import shutil
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from danube_zmq.storage.wal import files as wal_files
+
+StrPath = str | os.PathLike[str]
+Buffer = bytes | bytearray | memoryview
 
 OPS = ("open", "write", "fsync", "fsync_dir", "truncate", "rename")
 SHORT = "short"  # Rule.error for a short write: fewer bytes than asked, no error
@@ -78,8 +82,8 @@ class Rule:
             raise ValueError(f"rule {self}: skip and times >= 0, probability in [0, 1]")
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> Rule:
-        return cls(**data)  # type: ignore[arg-type]
+    def from_json(cls, data: dict[str, Any]) -> Rule:
+        return cls(**data)
 
 
 @dataclass(slots=True)
@@ -118,25 +122,25 @@ class Ledger:
                 ledger._apply(event[0], *event[1:])
         return ledger
 
-    def event(self, kind: str, *args: object) -> None:
+    def event(self, kind: str, *args: Any) -> None:
         with self._lock:
             self._apply(kind, *args)
             if self._journal_fd >= 0:
                 os.write(self._journal_fd, (json.dumps([kind, *args]) + "\n").encode())
 
-    def _apply(self, kind: str, *args: object) -> None:
+    def _apply(self, kind: str, *args: Any) -> None:
         files = self.files
         if kind == "created":
             files[str(args[0])] = FileState(durable_bytes=0, entry_durable=False)
         elif kind == "known":  # a file that was there before we saw it: durable as found
-            files.setdefault(str(args[0]), FileState(durable_bytes=int(args[1]), entry_durable=True))  # type: ignore[call-overload]
+            files.setdefault(str(args[0]), FileState(durable_bytes=int(args[1]), entry_durable=True))
         elif kind == "synced":
             state = files.setdefault(str(args[0]), FileState(durable_bytes=0, entry_durable=True))
-            state.durable_bytes = int(args[1])  # type: ignore[call-overload]
+            state.durable_bytes = int(args[1])
         elif kind == "truncated":
             state = files.get(str(args[0]))
             if state is not None:
-                state.durable_bytes = min(state.durable_bytes, int(args[1]))  # type: ignore[call-overload]
+                state.durable_bytes = min(state.durable_bytes, int(args[1]))
         elif kind == "dir_synced":
             directory = str(args[0])
             for path, state in files.items():
@@ -283,9 +287,9 @@ class FaultyFiles(wal_files.FileLayer):
 
     # -- the file layer --------------------------------------------------------------
 
-    def open(self, path: object, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:  # type: ignore[override]
+    def open(self, path: StrPath, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
         assert dir_fd is None, "the WAL opens by path"
-        name = os.path.abspath(os.fspath(path))  # type: ignore[call-overload]
+        name = os.path.abspath(os.fspath(path))
         error = self._fault("open", name)
         if error is not None:
             self._raise(error, "open", name)
@@ -300,18 +304,18 @@ class FaultyFiles(wal_files.FileLayer):
             self._paths[fd] = (name, is_directory)
         return fd
 
-    def pwrite(self, fd: int, data: object, position: int) -> int:  # type: ignore[override]
+    def pwrite(self, fd: int, data: Buffer, position: int) -> int:
         name = self._path(fd)
         error = self._fault("write", name)
         if error == SHORT:
-            view = memoryview(data)  # type: ignore[arg-type]
+            view = memoryview(data)
             if len(view) > 1:
                 return os.pwrite(fd, view[: self.rng.randrange(1, len(view))], position)
         elif error is not None:
             self._raise(error, "write", name)
-        return os.pwrite(fd, data, position)  # type: ignore[arg-type]
+        return os.pwrite(fd, data, position)
 
-    def fsync(self, fd: int) -> None:  # type: ignore[override]
+    def fsync(self, fd: int) -> None:
         name, is_directory = self._paths.get(fd, ("", False))
         op = "fsync_dir" if is_directory else "fsync"
         error = self._fault(op, name)
@@ -325,7 +329,7 @@ class FaultyFiles(wal_files.FileLayer):
         elif name:
             self.ledger.event("synced", name, os.fstat(fd).st_size)
 
-    def ftruncate(self, fd: int, length: int) -> None:  # type: ignore[override]
+    def ftruncate(self, fd: int, length: int) -> None:
         name = self._path(fd)
         error = self._fault("truncate", name)
         if error is not None:
@@ -334,41 +338,41 @@ class FaultyFiles(wal_files.FileLayer):
         if name:
             self.ledger.event("truncated", name, length)
 
-    def close(self, fd: int) -> None:  # type: ignore[override]
+    def close(self, fd: int) -> None:
         with self._lock:
             self._paths.pop(fd, None)
         os.close(fd)
 
-    def replace(self, source: object, target: object) -> None:  # type: ignore[override]
+    def replace(self, source: StrPath, target: StrPath) -> None:
         self._move(os.replace, source, target)
 
-    def rename(self, source: object, target: object) -> None:  # type: ignore[override]
+    def rename(self, source: StrPath, target: StrPath) -> None:
         self._move(os.rename, source, target)
 
-    def _move(self, call, source: object, target: object) -> None:  # type: ignore[no-untyped-def]
-        src = os.path.abspath(os.fspath(source))  # type: ignore[call-overload]
-        dst = os.path.abspath(os.fspath(target))  # type: ignore[call-overload]
+    def _move(self, call: Callable[[str, str], None], source: StrPath, target: StrPath) -> None:
+        src = os.path.abspath(os.fspath(source))
+        dst = os.path.abspath(os.fspath(target))
         error = self._fault("rename", src)
         if error is not None:
             self._raise(error, "rename", src)
         call(src, dst)
         self.ledger.event("renamed", src, dst)
 
-    def unlink(self, path: object) -> None:  # type: ignore[override]
-        name = os.path.abspath(os.fspath(path))  # type: ignore[call-overload]
+    def unlink(self, path: StrPath) -> None:
+        name = os.path.abspath(os.fspath(path))
         os.unlink(name)
         self.ledger.event("unlinked", name)
 
-    def copy_file(self, source: object, target: object) -> object:  # type: ignore[override]
-        dst = os.path.abspath(os.fspath(target))  # type: ignore[call-overload]
+    def copy_file(self, source: StrPath, target: StrPath) -> str:
+        dst = os.path.abspath(os.fspath(target))
         self.ledger.event("created", dst)
-        return shutil.copyfile(source, dst)  # type: ignore[arg-type]
+        return shutil.copyfile(source, dst)
 
     # -- power loss ------------------------------------------------------------------
 
     def crash(self, *, torn_tail: bool = False) -> CrashReport:
         """Power loss now, in this process: every descriptor opened through this layer
-        is closed (what held it is dead: drop it without closing), then `crash`."""
+        is closed (whatever held it is dead from now on), then `crash`."""
         with self._lock:
             fds, self._paths = list(self._paths), {}
         for fd in fds:
