@@ -30,6 +30,8 @@ from pathlib import Path
 
 import crc32c
 
+from danube_zmq.storage.wal import files as wal_files
+
 FRONTIER_FILE = "frontier"
 _SLOT = struct.Struct(">QII")
 _VALUE = struct.Struct(">Q")
@@ -63,24 +65,24 @@ class FrontierFile:
     def __init__(self, directory: Path) -> None:
         path = directory / FRONTIER_FILE
         self.value = read(directory)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd = wal_files.current.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._slot = 0
         self._unsynced = False
 
     def advance(self, offset: int) -> None:
         if self.value is not None and offset <= self.value:
             return
-        os.pwrite(self._fd, _slot(offset), self._slot * _SLOT.size)
+        wal_files.current.pwrite(self._fd, _slot(offset), self._slot * _SLOT.size)
         self._slot ^= 1
         self.value = offset
         self._unsynced = True
 
     def sync(self) -> None:
         if self._unsynced:
-            os.fsync(self._fd)
+            wal_files.current.fsync(self._fd)
             self._unsynced = False
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            wal_files.current.close(self._fd)
             self._fd = -1

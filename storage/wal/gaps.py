@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgpack
 
+from danube_zmq.storage.wal import files as wal_files
+
 GAPS_FILE = "gaps"
 
 
@@ -26,14 +28,16 @@ def read(directory: Path) -> frozenset[tuple[int, int]]:
 
 
 def write(directory: Path, gaps: frozenset[tuple[int, int]]) -> None:
+    layer = wal_files.current
     temporary = directory / f"{GAPS_FILE}.tmp"
-    with open(temporary, "wb") as file:
-        file.write(msgpack.packb(sorted(gaps), use_bin_type=True))
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, directory / GAPS_FILE)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    data = msgpack.packb(sorted(gaps), use_bin_type=True)
+    fd = layer.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.fsync(fd)
+        written = 0
+        while written < len(data):
+            written += layer.pwrite(fd, data[written:], written)
+        layer.fsync(fd)
     finally:
-        os.close(fd)
+        layer.close(fd)
+    layer.replace(temporary, directory / GAPS_FILE)
+    layer.fsync_directory(directory)

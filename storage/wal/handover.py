@@ -25,6 +25,7 @@ from pathlib import Path
 import crc32c
 
 from danube_zmq.clock import Clock
+from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.storage.wal.segment import Segment, parse_segment_file_name
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument
@@ -96,9 +97,10 @@ class Incoming:
             path = self.directory / name
             have = path.stat().st_size if path.exists() else 0
             if have > size:  # not this offer's file: start it again
-                path.unlink()
+                wal_files.current.unlink(path)
                 have = 0
-            path.touch()  # an empty segment (no record yet) gets no chunk but is installed
+            # An empty segment (no record yet) gets no chunk but is installed.
+            wal_files.current.close(wal_files.current.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
             held.append(have)
         return held
 
@@ -114,11 +116,11 @@ class Incoming:
             raise FailedPrecondition(f"chunk of {name} at byte {position}: this broker holds {have} bytes of it")
         if position + len(data) > size:
             raise InvalidArgument(f"chunk of {name} ends at byte {position + len(data)}, past its {size} bytes")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = wal_files.current.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            os.pwrite(fd, data, position)
+            wal_files.current.pwrite(fd, data, position)
         finally:
-            os.close(fd)
+            wal_files.current.close(fd)
 
     def verify_and_install(self, wal_dir: Path, *, clock: Clock) -> int:
         """fsync, scan every record, then swap in for `wal_dir`; the next offset."""
@@ -128,11 +130,11 @@ class Incoming:
             have = path.stat().st_size if path.exists() else 0
             if have != size:
                 raise FailedPrecondition(f"handed-over {name} has {have} of its {size} bytes")
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = wal_files.current.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                os.fsync(fd)
+                wal_files.current.fsync(fd)
             finally:
-                os.close(fd)
+                wal_files.current.close(fd)
             segment = Segment.open(path, clock=clock, writable=False)
             try:
                 fault = segment.recover()
@@ -151,8 +153,8 @@ class Incoming:
         shutil.rmtree(aside, ignore_errors=True)
         wal_dir.parent.mkdir(parents=True, exist_ok=True)
         if wal_dir.exists():
-            wal_dir.rename(aside)  # an earlier turn's WAL here: the offer supersedes it
-        self.directory.rename(wal_dir)
+            wal_files.current.rename(wal_dir, aside)  # an earlier turn's WAL here: the offer supersedes it
+        wal_files.current.rename(self.directory, wal_dir)
         _fsync_dir(wal_dir.parent)
         shutil.rmtree(aside, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -163,8 +165,4 @@ class Incoming:
 
 
 def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    wal_files.current.fsync_directory(directory)

@@ -20,13 +20,12 @@ fsync propagates unchanged (the caller maps ENOSPC to RESOURCE_EXHAUSTED).
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
 from danube_zmq.clock import Clock
+from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
 from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged
@@ -312,11 +311,15 @@ class WalLog:
                           acknowledged_offset=acknowledged, quarantined=quarantined)
 
     def close(self) -> None:
-        """Sync what was appended, then close every segment. Idempotent."""
+        """Sync what was appended, then close every segment. Idempotent. A log whose
+        failed write could not be cut back (not `writable`) is closed without a sync:
+        its segment's end is unknown, and a sync would raise the acknowledged frontier
+        over records the cut may have removed; the next open recovers what is there."""
         if self._closed:
             return
         try:
-            self.sync()
+            if self.writable:
+                self.sync()
             if self._frontier is not None:
                 self._frontier.sync()
         finally:
@@ -545,7 +548,7 @@ def _set_aside(paths: list[Path], directory: Path) -> list[Path]:
     (directory / QUARANTINE_DIR).mkdir(exist_ok=True)
     for path in paths:
         target = directory / QUARANTINE_DIR / path.name
-        os.replace(path, target)
+        wal_files.current.replace(path, target)
         moved.append(target)
     return moved
 
@@ -558,15 +561,11 @@ def _quarantine(path: Path, position: int) -> Path:
     target = directory / f"{path.name}.{position}"
     if not target.exists():
         temporary = target.with_name(target.name + ".tmp")
-        shutil.copyfile(path, temporary)
-        os.replace(temporary, target)
+        wal_files.current.copy_file(path, temporary)
+        wal_files.current.replace(temporary, target)
     return target
 
 
 def _fsync_directory(directory: Path) -> None:
     """fsync a directory so that file creations and deletions in it survive a crash."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    wal_files.current.fsync_directory(directory)

@@ -28,6 +28,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from danube_zmq.clock import Clock
+from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal.errors import CorruptRecord
 from danube_zmq.storage.wal.format import (
     HEADER,
@@ -128,11 +129,11 @@ class Segment:
     ) -> Segment:
         """A new, empty, writable segment file (`O_EXCL`: never reuse a file)."""
         path = directory / segment_file_name(base_offset)
-        write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        write_fd = wal_files.current.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            read_fd = wal_files.current.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except BaseException:
-            os.close(write_fd)
+            wal_files.current.close(write_fd)
             raise
         return cls(
             path,
@@ -158,13 +159,13 @@ class Segment:
         base_offset = parse_segment_file_name(path.name)
         if base_offset is None:
             raise CorruptRecord(path, 0, "segment file name is not a 20-digit offset followed by .wal")
-        read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        read_fd = wal_files.current.open(path, os.O_RDONLY | os.O_CLOEXEC)
         write_fd = None
         if writable:
             try:
-                write_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                write_fd = wal_files.current.open(path, os.O_WRONLY | os.O_CLOEXEC)
             except BaseException:
-                os.close(read_fd)
+                wal_files.current.close(read_fd)
                 raise
         return cls(
             path,
@@ -179,17 +180,20 @@ class Segment:
     def close(self) -> None:
         """Close both descriptors without syncing (`WalLog.close` syncs first)."""
         if self._write_fd is not None:
-            os.close(self._write_fd)
+            wal_files.current.close(self._write_fd)
             self._write_fd = None
         with self._read_lock:
             if self._read_fd is not None:
-                os.close(self._read_fd)
+                wal_files.current.close(self._read_fd)
                 self._read_fd = None
 
     def delete(self) -> None:
         """Close and unlink. A read running now finishes first; later ones raise SegmentDeleted."""
         self.close()
-        self.path.unlink(missing_ok=True)
+        try:
+            wal_files.current.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
     # -- state ----------------------------------------------------------------------
 
@@ -275,8 +279,8 @@ class Segment:
         size_bytes = self.size_bytes
         dropped = self._file_bytes - size_bytes
         if dropped > 0:
-            os.ftruncate(self._write_fd, size_bytes)
-            os.fsync(self._write_fd)
+            wal_files.current.ftruncate(self._write_fd, size_bytes)
+            wal_files.current.fsync(self._write_fd)
             self._file_bytes = size_bytes
         return dropped
 
@@ -298,13 +302,13 @@ class Segment:
         written = 0
         try:
             while written < len(view):
-                n = os.pwrite(fd, view[written:], size_bytes + written)
+                n = wal_files.current.pwrite(fd, view[written:], size_bytes + written)
                 if n <= 0:
                     raise OSError(errno.EIO, f"pwrite wrote nothing to {self.path}")
                 written += n
         except OSError:
             try:
-                os.ftruncate(fd, size_bytes)
+                wal_files.current.ftruncate(fd, size_bytes)
             except OSError:
                 self._broken = True
             raise
@@ -317,9 +321,11 @@ class Segment:
         """fsync if anything was written since the last sync; True if it did."""
         if not self._unsynced:
             return False
+        if self._broken:  # the end is unknown after a failed cut-back: claim nothing
+            raise InternalError(f"WAL segment {self.path} is unusable after a failed write and truncate")
         assert self._write_fd is not None
         end = self._end
-        os.fsync(self._write_fd)
+        wal_files.current.fsync(self._write_fd)
         self._unsynced = False
         self._synced_end = end
         return True
@@ -332,7 +338,7 @@ class Segment:
         """At open: fsync what recovery kept (it may have been in the page cache only,
         after a crash of the process), making it the synced end."""
         assert self._write_fd is not None
-        os.fsync(self._write_fd)
+        wal_files.current.fsync(self._write_fd)
         self._synced_end = self._end
 
     def truncate_to_synced(self) -> int:
@@ -343,8 +349,8 @@ class Segment:
         assert self._write_fd is not None, "only the writable (active) segment is truncated"
         next_offset, size_bytes = self._synced_end
         try:
-            os.ftruncate(self._write_fd, size_bytes)
-            os.fsync(self._write_fd)
+            wal_files.current.ftruncate(self._write_fd, size_bytes)
+            wal_files.current.fsync(self._write_fd)
         except OSError:
             self._broken = True
             raise
@@ -359,7 +365,7 @@ class Segment:
         self.sync()
         assert self._write_fd is not None
         fd, self._write_fd = self._write_fd, None
-        os.close(fd)
+        wal_files.current.close(fd)
 
     # -- reader side (any thread) ---------------------------------------------------
 

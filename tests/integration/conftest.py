@@ -113,7 +113,10 @@ def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: floa
 
 
 def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
-                 url: str | None = None, admin_url: str | None = None) -> BrokerProcess:
+                 url: str | None = None, admin_url: str | None = None,
+                 launcher: tuple[str, ...] = ("-m", "danube_zmq.cli.main")) -> BrokerProcess:
+    """A broker on free loopback ports with its data in `tmp_path/data`, ready. `launcher`:
+    what runs `danube broker start ...` (the chaos harness's fault-injecting wrapper)."""
     url = url or f"tcp://127.0.0.1:{free_port()}"
     admin_url = admin_url or f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp_path / f"broker-{time.monotonic_ns()}.log"
@@ -121,7 +124,7 @@ def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
                 "DANUBE_BROKER__HEARTBEAT_INTERVAL_MS": "300", **(env or {})}
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
+            [sys.executable, *launcher, "broker", "start", "--listen", url,
              "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(tmp_path / "data"), *extra],
             stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     broker = BrokerProcess(url=url, admin_url=admin_url, process=process, log_path=log_path)

@@ -17,6 +17,11 @@ The faults are real, made by the kernel for a real broker process, not mocked:
   (`prlimit(2)`), so a write past the limit fails with EFBIG. The kernel also sends
   SIGXFSZ, which CPython ignores from startup (SIG_IGN), so the write just fails.
 
+The chaos smoke's disk-full run (W6, marked `chaos_smoke`) runs the broker under the
+chaos disk launcher (`danube_zmq.chaos.disk`), so that after the full disk a power loss
+(WAL files cut to their last fsync) proves no acknowledgement was given without durable
+data.
+
 Reads come from the WAL files (`storage.cache_bytes_max: 0`), so they prove the log the
 topic reopened after the failure serves readers.
 """
@@ -26,18 +31,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from danube_zmq import DanubeClient, SubType
+from danube_zmq.chaos.disk import crash_journal, launcher, write_control
 from danube_zmq.transport.errors import DanubeError, InternalError, ResourceExhausted, Timeout
 from tests.integration.conftest import BrokerProcess, start_broker
 from tests.integration.test_reliable import describe_subscription
@@ -229,3 +237,68 @@ async def test_write_error_fails_sends_with_internal_error_and_recovers(tmp_path
         stop(broker)
     finally:
         broker.stop(signal.SIGKILL)
+
+
+@pytest.mark.chaos_smoke
+async def test_disk_full_acks_only_durable_messages_and_resumes(tmp_path: Path) -> None:
+    """W6 (reliability.md 4.2), the chaos smoke's disk-full run: a broker under the chaos
+    disk launcher on a 2 MiB tmpfs is filled while a reliable producer sends. The first
+    failing send gets a retriable RESOURCE_EXHAUSTED; every acknowledged message stays
+    readable; after the filler is deleted sends are acknowledged again. Then a power
+    loss (kill -9, WAL files cut to their last fsync) and a restart: every message ever
+    acknowledged, before and after the full disk, is still consumed, so no ack was given
+    for data that was not durable. Figures (error latency, time to the first ack after
+    space returns) are printed for docs/reliability.md, never asserted on."""
+    control, journal = tmp_path / "control.json", tmp_path / "journal"
+    write_control(control, seed=0, journal=journal)
+    with small_filesystem(tmp_path) as disk:
+        start = functools.partial(start_broker, tmp_path, "--data-dir", str(disk / "data"), env=NO_CACHE,
+                                  launcher=launcher(control))
+        broker = start()
+        try:
+            async with no_retry_client(broker) as client:
+                producer = await start_producing(client)
+                acked = list(range(10))
+                filler = fill(disk, room_bytes=48 * 1024)
+                more, error = await send_until_failure(producer)
+                acked += more
+                started = time.monotonic()
+                with pytest.raises(ResourceExhausted) as refused:
+                    await producer.send(PAYLOAD)
+                error_s = time.monotonic() - started
+                assert isinstance(error, ResourceExhausted) and error.retriable and refused.value.retriable
+                consumer, got = await receive_everything(client)
+                assert set(acked) <= {m.message_id.offset for m in got}  # reads go on
+                await consumer.close()
+
+                filler.unlink()
+                freed = time.monotonic()
+                for _ in range(200):  # bounded: 200 tries, 0.1 s apart
+                    try:
+                        acked.append((await producer.send(b"after")).offset)
+                        break
+                    except ResourceExhausted:
+                        await asyncio.sleep(0.1)
+                resumed_s = time.monotonic() - freed
+                acked += [(await producer.send(b"after")).offset for _ in range(20)]
+
+            broker.stop(signal.SIGKILL)
+            report = crash_journal(journal, seed=0)
+            broker = start(url=broker.url, admin_url=broker.admin_url)
+            async with no_retry_client(broker) as client:
+                consumer = await client.subscribe(TOPIC, "after-crash", sub_type=SubType.EXCLUSIVE,
+                                                  initial_position="earliest")
+                offsets = []
+                while True:
+                    try:
+                        offsets.append((await consumer.receive(timeout=3)).message_id.offset)
+                    except Timeout:
+                        break
+            lost = sorted(set(acked) - set(offsets))
+            assert not lost, f"acknowledged offsets lost after the power loss: {lost[:10]}\n{broker.log()[-3000:]}"
+            assert offsets == list(range(len(offsets)))
+            print(f"disk full run {{\"acked\": {len(acked)}, \"consumed_after_crash\": {len(offsets)}, "
+                  f"\"refused_send_s\": {error_s:.3f}, \"first_ack_after_free_s\": {resumed_s:.3f}, "
+                  f"\"crash_bytes_dropped\": {report.bytes_dropped}}}")
+        finally:
+            broker.stop(signal.SIGKILL)

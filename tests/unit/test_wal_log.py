@@ -27,6 +27,7 @@ from danube_zmq.storage.wal import (
     encode_batch,
     segment_file_name,
 )
+from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.transport.errors import FailedPrecondition
 
 
@@ -34,7 +35,7 @@ from danube_zmq.transport.errors import FailedPrecondition
 def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     """fsync as a no-op, for tests of logic that open, roll and close hundreds of times:
     on a busy disk each real fsync can take milliseconds, and no crash is simulated."""
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    monkeypatch.setattr(wal_files.current, "fsync", lambda fd: None)
 
 
 def open_log(directory: Path, clock: ManualClock | None = None, **options: object) -> WalLog:
@@ -485,11 +486,11 @@ def test_write_error_propagates_unchanged_and_leaves_no_partial_batch(tmp_path: 
             return real_pwrite(fd, bytes(data[:10]), position)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    monkeypatch.setattr(wal_files.current, "pwrite", failing_pwrite)
     with pytest.raises(OSError) as caught:
         append_payloads(wal, [b"lost" * 10])
     assert caught.value.errno == errno.ENOSPC
-    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    monkeypatch.setattr(wal_files.current, "pwrite", real_pwrite)
     assert wal.next_offset == 1
     assert append_payloads(wal, [b"next"]) == 1
     wal.close()
@@ -506,7 +507,7 @@ def test_sync_fsyncs_the_directory_after_a_new_segment(tmp_path: Path, monkeypat
         synced.append(os.fstat(fd).st_mode)
         real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(wal_files.current, "fsync", recording_fsync)
     with open_log(tmp_path, segment_bytes_max=50) as wal:
         wal.sync()
         assert any(stat.S_ISDIR(mode) for mode in synced)  # the first segment's creation

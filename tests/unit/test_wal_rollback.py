@@ -11,6 +11,7 @@ import pytest
 
 from danube_zmq.clock import SystemClock
 from danube_zmq.storage.wal import WalLog, encode_batch
+from danube_zmq.storage.wal import files as wal_files
 
 
 def batch(log: WalLog, n: int, tag: bytes) -> bytes:
@@ -30,10 +31,10 @@ def test_failed_fsync_rolls_back_to_the_last_synced_record(tmp_path: Path, monke
     def failing_fsync(fd: int) -> None:
         raise OSError(errno.EIO, "injected fsync failure")
 
-    monkeypatch.setattr(os, "fsync", failing_fsync)
+    monkeypatch.setattr(wal_files.current, "fsync", failing_fsync)
     with pytest.raises(OSError):
         log.sync()
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.setattr(wal_files.current, "fsync", real_fsync)
     assert log.rollback_unsynced() == 3 and log.next_offset == 3 and log.writable
     assert (tmp_path / "00000000000000000000.wal").stat().st_size == size_synced
     log.append(batch(log, 2, b"c"), 2)
@@ -54,8 +55,8 @@ def test_rollback_that_fails_leaves_the_log_unwritable(tmp_path: Path, monkeypat
     def failing(*args: object) -> None:
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(os, "fsync", failing)
-    monkeypatch.setattr(os, "ftruncate", failing)
+    monkeypatch.setattr(wal_files.current, "fsync", failing)
+    monkeypatch.setattr(wal_files.current, "ftruncate", failing)
     with pytest.raises(OSError):
         log.rollback_unsynced()
     assert not log.writable

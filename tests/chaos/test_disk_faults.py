@@ -1,0 +1,229 @@
+"""Disk faults on a real broker process: power loss (B6-style) and a failing fsync (W5),
+through the chaos launcher (`python -m danube_zmq.chaos.disk broker ...`), which runs
+`danube broker start` with the fault-injecting WAL file layer and a journal of what
+each fsync made durable.
+
+Power loss = kill -9, then `crash_journal` cuts every WAL file to what was fsynced
+(half the seeds keep a random part of the unsynced tail), then a restart on the same
+data dir. With `storage.wal_sync: always` (the default) nothing is acknowledged before
+its fsync, so the check is Jepsen's queue checker: every acknowledged message is
+consumed (lost = 0), nothing never sent is consumed (unexpected = 0), first deliveries
+in send order, offsets continuous; duplicates are counted and reported.
+
+The metadata store, catalog and cursors are not on the faulty layer: they live through
+the crash as through a kill -9 (chaos/README.md, "Disk faults")."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import random
+import signal
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from danube_zmq import DanubeClient, SubType
+from danube_zmq.chaos.disk import Rule, crash_journal, launcher, write_control
+from danube_zmq.transport.errors import DanubeError, Timeout
+from tests.integration.conftest import BrokerProcess, start_broker
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the chaos harness runs on Linux")
+
+TOPIC = "/default/power"
+# Small segments, so crashes land around rolls and new files too.
+ENV = {"DANUBE_STORAGE__WAL_SEGMENT_BYTES_MAX": str(64 * 1024), "DANUBE_STORAGE__WAL_SYNC": "always"}
+PADDING = b"p" * 92  # 100-byte messages: the sequence number, then padding
+DEADLINE_S = 120.0  # every wait is bounded; generous, never a timing assertion
+
+
+def encode(seq: int) -> bytes:
+    return struct.pack(">Q", seq) + PADDING
+
+
+@dataclass
+class Outcome:
+    acked: set[int] = field(default_factory=set)
+    failed: dict[int, str] = field(default_factory=dict)  # seq -> error text
+
+
+class DiskChaos:
+    """One broker under the launcher, restartable on the same ports and data dir."""
+
+    def __init__(self, tmp_path: Path, seed: int, *, extra: tuple[str, ...] = ()) -> None:
+        self.tmp_path = tmp_path
+        self.seed = seed
+        self.control = tmp_path / "control.json"
+        self.journal = tmp_path / "journal"
+        self.extra = extra
+        write_control(self.control, seed=seed, journal=self.journal)
+        self.broker = self._start()
+        self.crashes: list[dict[str, int]] = []
+
+    def _start(self, **ports: str) -> BrokerProcess:
+        return start_broker(self.tmp_path, *self.extra, env=ENV, launcher=launcher(self.control), **ports)
+
+    def arm(self, *rules: Rule) -> None:
+        write_control(self.control, seed=self.seed, journal=self.journal, rules=rules)
+
+    def power_loss(self, *, torn_tail: bool) -> None:
+        """kill -9, cut the WAL files to what was fsynced, restart (blocking: run in a thread)."""
+        self.broker.stop(signal.SIGKILL)
+        report = crash_journal(self.journal, seed=self.seed, torn_tail=torn_tail)
+        self.crashes.append({"bytes_dropped": report.bytes_dropped, "files_cut": report.files_cut,
+                             "files_removed": len(report.files_removed)})
+        self.broker = self._start(url=self.broker.url, admin_url=self.broker.admin_url)
+
+    def stop(self) -> None:
+        self.broker.stop(signal.SIGKILL)
+
+
+async def stream(producer, messages: int, outcome: Outcome, *, chunk: int | None = None) -> None:
+    """Send seq 0..messages-1 without waiting for each receipt; callbacks sort them.
+    With `chunk`, wait for the receipts after each `chunk` sends (many small flushes)."""
+    def on_done(seq: int):
+        def record(error: BaseException | None, message_id: object) -> None:
+            if error is None:
+                outcome.acked.add(seq)
+            else:
+                outcome.failed[seq] = f"{type(error).__name__}: {error}"
+        return record
+
+    deadline = time.monotonic() + DEADLINE_S
+    for seq in range(messages):
+        while True:
+            try:
+                producer.send_nowait(encode(seq), callback=on_done(seq))
+                break
+            except DanubeError:  # the pending queue is full: wait for room
+                assert time.monotonic() < deadline, f"no room to send seq {seq} in {DEADLINE_S} s"
+                await asyncio.sleep(0.005)
+        if chunk is not None and seq % chunk == chunk - 1:
+            await producer.flush(timeout=DEADLINE_S)
+    try:
+        await producer.flush()
+    except DanubeError:
+        pass
+
+
+async def wait_acked(outcome: Outcome, count: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(outcome.acked) < count:
+        assert time.monotonic() < deadline, f"only {len(outcome.acked)} of {count} acks in {DEADLINE_S} s"
+        await asyncio.sleep(0.005)
+
+
+async def settle(outcome: Outcome, messages: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(outcome.acked) + len(outcome.failed) < messages and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def consume_all(client: DanubeClient, name: str) -> list[tuple[int, int]]:
+    """(offset, seq) of everything from the earliest offset, until 3 s idle."""
+    consumer = await client.subscribe(TOPIC, name, sub_type=SubType.EXCLUSIVE, initial_position="earliest",
+                                      receiver_queue_size=5000)
+    received: list[tuple[int, int]] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            message = await consumer.receive(timeout=3)
+        except Timeout:
+            break
+        received.append((message.message_id.offset, struct.unpack(">Q", message.payload[:8])[0]))
+        await consumer.ack(message)
+    return received
+
+
+def check_queue(seed: int, outcome: Outcome, received: list[tuple[int, int]], messages: int,
+                chaos: DiskChaos) -> dict[str, object]:
+    """Jepsen's queue checker on one run; the figures for the report."""
+    seqs = [seq for _, seq in received]
+    seen = set(seqs)
+    lost = outcome.acked - seen
+    unexpected = seen - set(range(messages))
+    log_tail = chaos.broker.log()[-3000:]
+    assert not lost, f"seed {seed}: {len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:10]}\n{log_tail}"
+    assert not unexpected, f"seed {seed}: never sent: {sorted(unexpected)[:10]}"
+    firsts = list(dict.fromkeys(seqs))
+    assert firsts == sorted(firsts), f"seed {seed}: first deliveries out of send order"
+    offsets = [offset for offset, _ in received]
+    assert offsets == list(range(len(offsets))), f"seed {seed}: offsets not continuous from 0"
+    report = {"seed": seed, "acked": len(outcome.acked), "failed": len(outcome.failed), "stored": len(received),
+              "lost": 0, "unexpected": 0, "duplicates": len(seqs) - len(seen), "crashes": chaos.crashes}
+    print(f"disk chaos run {json.dumps(report)}")
+    return report
+
+
+async def power_loss_run(tmp_path: Path, seed: int, messages: int) -> dict[str, object]:
+    """Stream `messages` reliable sends; at a seeded point between 20% and 80% of the
+    acks, power loss and restart; then consume everything and check."""
+    rng = random.Random(seed)
+    chaos = DiskChaos(tmp_path, seed)
+    outcome = Outcome()
+    try:
+        async with DanubeClient(chaos.broker.url, request_timeout_ms=3000) as client:
+            producer = await client.create_producer(TOPIC, dispatch="reliable", name="streamer")
+
+            async def fault() -> None:
+                await wait_acked(outcome, rng.randrange(messages // 5, messages * 4 // 5))
+                torn_tail = rng.random() < 0.5
+                await asyncio.get_running_loop().run_in_executor(
+                    None, functools.partial(chaos.power_loss, torn_tail=torn_tail))
+
+            await asyncio.gather(stream(producer, messages, outcome), fault())
+            await settle(outcome, messages)
+            received = await consume_all(client, f"check-{seed}")
+        return check_queue(seed, outcome, received, messages, chaos)
+    finally:
+        chaos.stop()
+
+
+@pytest.mark.chaos_smoke
+async def test_acked_messages_survive_power_loss(tmp_path: Path) -> None:
+    """B6 on one broker (CI smoke, one seed): kill -9 and every WAL file cut to its
+    last fsync mid-stream, restart: lost = 0, unexpected = 0, send order and continuous
+    offsets kept."""
+    report = await power_loss_run(tmp_path, seed=1, messages=5_000)
+    assert report["acked"] > 0
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", range(100, 110))
+async def test_acked_messages_survive_power_loss_10_seeds(tmp_path: Path, seed: int) -> None:
+    """B6 at the table's size for one broker: 10 seeds of 20k messages each."""
+    report = await power_loss_run(tmp_path, seed=seed, messages=20_000)
+    assert report["acked"] > 0
+
+
+@pytest.mark.chaos
+async def test_fsync_eio_fails_the_flush_and_loses_nothing_acked(tmp_path: Path) -> None:
+    """W5 on a broker process: a segment fsync fails with EIO once mid-stream. The sends
+    of that flush fail (INTERNAL, "write failed", the injected error named), none of
+    them acknowledged; the stream goes on; after a power loss and restart every
+    acknowledged message is consumed."""
+    seed, messages = 5, 5_000
+    chaos = DiskChaos(tmp_path, seed)
+    outcome = Outcome()
+    try:
+        async with DanubeClient(chaos.broker.url, request_timeout_ms=3000, operation_retries_max=0) as client:
+            producer = await client.create_producer(TOPIC, dispatch="reliable", name="streamer")
+            # 50 flushes of 100 messages at least: the 20th segment fsync from now fails.
+            chaos.arm(Rule(op="fsync", error="EIO", match=".wal", skip=19, times=1))
+            await stream(producer, messages, outcome, chunk=100)
+            await settle(outcome, messages)
+            assert outcome.failed, "the injected fsync failure must fail some sends"
+            text = next(iter(outcome.failed.values()))
+            assert "write failed" in text and "injected by chaos.disk" in text, text
+            assert not set(outcome.failed) & outcome.acked
+            await asyncio.get_running_loop().run_in_executor(None, functools.partial(chaos.power_loss,
+                                                                                     torn_tail=True))
+            received = await consume_all(client, "check")
+        check_queue(seed, outcome, received, messages, chaos)
+    finally:
+        chaos.stop()
