@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
@@ -20,16 +20,66 @@ if TYPE_CHECKING:
     from danube_zmq.consensus.peer import RaftPeer
 
 
+class Tally:
+    """One label set's count: a plain integer the loop's thread adds to, read whole by
+    the scrape thread (one attribute read under the GIL, no lock on either side)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+
+class ScrapeCounter:
+    """A labelled counter for the per-message paths, exported at scrape time.
+
+    prometheus_client's `Counter.inc` takes a lock for every increment, about a
+    microsecond a batch over a topic's and a subscription's counters; here an increment
+    is an integer add and the scrape reads the tallies. Only the event loop's thread
+    increments; a label set's tally lives as long as the process, as a `Counter`
+    child does, so a topic that moves away and back keeps counting up."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
+        self.name = name.removesuffix("_total")
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._tallies: dict[tuple[str, ...], Tally] = {}
+        REGISTRY.register(self)
+
+    def labels(self, **labels: str) -> Tally:
+        key = tuple(labels[name] for name in self.labelnames)
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = Tally()
+        return tally
+
+    def value(self, **labels: str) -> int:
+        tally = self._tallies.get(tuple(labels[name] for name in self.labelnames))
+        return 0 if tally is None else tally.value
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, tally in list(self._tallies.items()):  # one C call: the loop may add a label set meanwhile
+            family.add_metric(key, tally.value)
+        yield family
+
+
 @dataclass(frozen=True, slots=True)
 class _Metrics:
     connections: Gauge
     bad_frames: Counter
     frames_dropped: Counter
     topics: Gauge
-    messages_in: Counter
-    bytes_in: Counter
-    messages_out: Counter
-    messages_dropped: Counter
+    messages_in: ScrapeCounter
+    bytes_in: ScrapeCounter
+    messages_out: ScrapeCounter
+    messages_dropped: ScrapeCounter
     actor_failures: Counter
     wal_flushes: Counter
     wal_records: Counter
@@ -56,11 +106,11 @@ METRICS = _Metrics(
     bad_frames=RUNTIME_METRICS.bad_frames,
     frames_dropped=RUNTIME_METRICS.frames_dropped,
     topics=Gauge("danube_broker_topics_owned", "Topics (partitions) served by this broker"),
-    messages_in=Counter("danube_topic_messages_in_total", "Messages published", ["topic"]),
-    bytes_in=Counter("danube_topic_bytes_in_total", "Payload bytes published", ["topic"]),
-    messages_out=Counter("danube_subscription_messages_out_total", "Messages delivered to consumers",
+    messages_in=ScrapeCounter("danube_topic_messages_in_total", "Messages published", ["topic"]),
+    bytes_in=ScrapeCounter("danube_topic_bytes_in_total", "Payload bytes published", ["topic"]),
+    messages_out=ScrapeCounter("danube_subscription_messages_out_total", "Messages delivered to consumers",
                          ["topic", "subscription"]),
-    messages_dropped=Counter("danube_subscription_messages_dropped_total",
+    messages_dropped=ScrapeCounter("danube_subscription_messages_dropped_total",
                              "Non-reliable messages dropped because the subscription's pending bound was reached",
                              ["topic", "subscription"]),
     actor_failures=RUNTIME_METRICS.actor_failures,
