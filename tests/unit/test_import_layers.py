@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("actors", "loadgen"),           # the broker's actors; the load behind `danube bench`
     ("cli",),                        # the `danube` command
     ("",),                           # danube_zmq/__init__.py: the public facade
+    ("chaos",),                      # the chaos harness: may use everything, nothing uses it
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

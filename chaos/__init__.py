@@ -1,0 +1,4 @@
+"""The chaos harness (issue 22): hosts in network namespaces, faults, the client
+workload that records histories, and the Jepsen-style checkers that judge them.
+
+Nothing in the product imports this package; it may import any of the product's."""
