@@ -41,7 +41,7 @@ What each promises, and why:
   nor delivered) is therefore a warning when a send failed or went unknown, or a fault
   was injected, between the two acknowledged sends around it, and an error otherwise.
 - **Availability**: for each fault, the time from its heal to the first acknowledged
-  send and to the first delivery after it.
+  write (a send, or a metadata put/cas/delete) and to the first delivery after it.
 - **Raft**: at most one leader per term among (node, term, role) observations; the
   metadata operations are linearizable (consensus/linearizability.py, per key).
 """
@@ -58,9 +58,24 @@ from typing import Any
 from danube_zmq.chaos.history import Op, pair_ops
 from danube_zmq.consensus.linearizability import CheckResult, Operation, check
 
-__all__ = ["AvailabilityResult", "Fault", "OffsetResult", "OrderResult", "QueueResult", "RaftResult", "Report",
-           "check_availability", "check_leaders", "check_offsets", "check_order", "check_queue", "check_run",
-           "metadata_operations"]
+__all__ = [
+    "AvailabilityResult",
+    "Fault",
+    "OffsetResult",
+    "OrderResult",
+    "QueueResult",
+    "RaftResult",
+    "Report",
+    "check_availability",
+    "check_leaders",
+    "check_offsets",
+    "check_order",
+    "check_queue",
+    "check_raft",
+    "check_run",
+    "leader_observations",
+    "metadata_operations",
+]
 
 # How many example findings a result keeps (the counts are always whole).
 EXAMPLES_MAX = 20
@@ -304,10 +319,15 @@ def _base_topic(topic: str) -> str:
     return base if sep and index.isdigit() else topic
 
 
+# What counts as an acknowledged write for availability: a send, or a metadata write.
+WRITE_FS = ("send", "put", "cas", "delete")
+
+
 @dataclass(frozen=True, slots=True)
 class AvailabilityResult:
     """Per fault (in the order given): nanoseconds from its heal to the first
-    acknowledged send and to the first delivery completed after it (None: none came)."""
+    acknowledged write (a send's receipt, or a metadata put/cas/delete answered) and to
+    the first delivery after it (None: none came)."""
 
     faults: tuple[str, ...]
     ack_after_heal_ns: tuple[int | None, ...]
@@ -319,7 +339,7 @@ class AvailabilityResult:
 
 
 def check_availability(ops: Sequence[Op], faults: Sequence[Fault]) -> AvailabilityResult:
-    acks = sorted(op.time_ns for op in ops if op.f == "send" and op.type == "ok")
+    acks = sorted(op.time_ns for op in ops if op.f in WRITE_FS and op.type == "ok")
     deliveries = sorted(op.time_ns for op in ops if op.f == "deliver" and op.type == "ok")
     return AvailabilityResult(
         faults=tuple(f.name for f in faults),
@@ -355,6 +375,13 @@ def check_leaders(observations: Iterable[tuple[int, int, str]]) -> tuple[int, tu
             leaders[term].add(node)
     split = tuple((term, tuple(sorted(nodes))) for term, nodes in sorted(leaders.items()) if len(nodes) > 1)
     return len(terms), split
+
+
+def leader_observations(ops: Iterable[Op]) -> list[tuple[int, int, str]]:
+    """(node, term, role) from the `status` records of an observer process
+    (chaos/workload.py observe)."""
+    return [(int(op.value["node"]), int(op.value["term"]), str(op.value["role"]))
+            for op in ops if op.f == "status" and op.type == "ok"]
 
 
 METADATA_FS = ("put", "get", "cas", "delete")
@@ -490,14 +517,17 @@ def _p50_max(values: Sequence[float]) -> str:
 
 
 def check_run(scenario: str, ops: Sequence[Op], faults: Sequence[Fault] = (), *,
-              leader_observations: Iterable[tuple[int, int, str]] = (), check_linearizable: bool = False) -> Report:
-    """Every checker over one run's history; the findings name what failed."""
+              observations: Iterable[tuple[int, int, str]] = (), check_linearizable: bool = True) -> Report:
+    """Every checker over one run's history; the findings name what failed. Leader
+    observations are the history's `status` records plus `observations`; the metadata
+    operations, if any, are checked for linearizability unless told not to."""
+    leaders = [*leader_observations(ops), *observations]
     queue = check_queue(ops)
     order = check_order(ops)
     offsets = check_offsets(ops, faults)
     availability = check_availability(ops, faults)
-    raft = check_raft(ops, leader_observations) if check_linearizable else \
-        RaftResult(*check_leaders(leader_observations), linearizable=None, explanation="not checked")
+    raft = check_raft(ops, leaders) if check_linearizable else \
+        RaftResult(*check_leaders(leaders), linearizable=None, explanation="not checked")
     findings: list[str] = []
     if queue.lost:
         findings.append(f"{queue.lost} acknowledged messages lost, e.g. {list(queue.lost_examples[:5])}")

@@ -41,19 +41,21 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from danube_zmq.chaos.history import HistoryWriter
+from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.client.errors import ProducerQueueFull
 from danube_zmq.client.message import MessageId
 from danube_zmq.transport.client_protocol import DispatchStrategy, InitialPosition, SubType
-from danube_zmq.transport.errors import DanubeError, InvalidArgument, NotFound, Timeout
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, NotFound, PermissionDenied, Timeout
 
 __all__ = ["command", "decode_payload", "encode_payload", "main"]
 
@@ -80,17 +82,18 @@ def decode_payload(payload: bytes) -> tuple[str, int] | None:
         return None
 
 
-def command(kind: str, *, url: str, topic: str, name: str, history_dir: Path | str, **options: Any) -> list[str]:
-    """The argv that runs one workload process (`kind`: produce or consume); options
-    are the long flags with `_` for `-` (True adds a bare flag, False/None leaves it out)."""
-    argv = [sys.executable, "-m", "danube_zmq.chaos.workload", kind, "--url", url, "--topic", topic,
-            "--name", name, "--history-dir", str(history_dir)]
+def command(kind: str, *, name: str, history_dir: Path | str, **options: Any) -> list[str]:
+    """The argv that runs one workload process (`kind`: produce, consume, metadata,
+    observe); options are the long flags with `_` for `-` (True adds a bare flag,
+    False/None leaves it out, a list repeats the flag)."""
+    argv = [sys.executable, "-m", "danube_zmq.chaos.workload", kind, "--name", name, "--history-dir", str(history_dir)]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (False, None):
-            argv += [flag, str(value)]
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if item is True:
+                argv.append(flag)
+            elif item not in (False, None):
+                argv += [flag, str(item)]
     return argv
 
 
@@ -226,6 +229,127 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
     return counts
 
 
+async def metadata(args: argparse.Namespace) -> dict[str, Any]:
+    """Register operations on `keys` metadata keys through the admin API, one at a time,
+    each sent to one of the `admin_url`s picked by the seeded generator: put (a value
+    unique to this process), a linearizable get, or a get then a compare-and-swap on the
+    version it read. Values are unique and never deleted, so "version is n" is "value is
+    the one read at version n": the cas is recorded with that value as `expected`."""
+    stop = _stop_event()
+    rng = random.Random(args.seed)
+    writer = HistoryWriter(Path(args.history_dir), args.name, records_max=args.ops * 2 + 10)
+    counts = {"ok": 0, "info": 0, "fail": 0}
+    keys = [f"{args.key_prefix}/k{i}" for i in range(args.keys)]
+    admins = [AdminClient(url, timeout_ms=args.request_timeout_ms, client_name=args.name) for url in args.admin_url]
+
+    async def call(f: str, value: dict[str, Any], operation: Coroutine[Any, Any, dict[str, Any]]) -> None:
+        writer.append("invoke", f, value, _now())
+        writer.flush()
+        try:
+            result = await operation
+        except (InvalidArgument, PermissionDenied) as exc:  # refused as asked: never applied
+            writer.append("fail", f, {"error": exc.code.name}, _now())
+            counts["fail"] += 1
+        except DanubeError as exc:  # a timeout, a lost leader: it may have been applied
+            writer.append("info", f, {"error": exc.code.name}, _now())
+            counts["info"] += 1
+        else:
+            writer.append("ok", f, result, _now())
+            counts["ok"] += 1
+        writer.flush()
+
+    try:
+        for admin in admins:
+            await _connect(admin, stop)
+        started = time.monotonic()
+        for n in range(args.ops):
+            if stop.is_set() or time.monotonic() - started > args.duration_s:
+                break
+            admin = rng.choice(admins)
+            key = rng.choice(keys)
+            value = f"{args.name}-{n}"
+            choice = rng.random()
+            if choice < 0.5:
+                await call("put", {"key": key, "value": value}, _put(admin, key, value))
+            elif choice < 0.8:
+                await call("get", {"key": key}, _get(admin, key))
+            else:
+                try:
+                    current = await admin.metadata_get(key)
+                except DanubeError:
+                    continue  # nothing done yet: no operation to record
+                await call("cas", {"key": key, "value": value, "expected": current.value.decode() if current else None},
+                           _cas(admin, key, current.version if current else 0, value))
+            if args.pause_ms:
+                await asyncio.sleep(args.pause_ms / 1000)
+    finally:
+        for admin in admins:
+            admin.close()
+        writer.close()
+    return counts
+
+
+async def _connect(admin: AdminClient, stop: asyncio.Event) -> None:
+    """The `Connect` handshake, retried for ATTACH_DEADLINE_S (a node still starting);
+    later requests ride libzmq's own reconnects across a node's restart."""
+    async def attempt() -> object:
+        try:
+            return await admin.connect()
+        except DanubeError:
+            admin.close()  # so that the next attempt opens a fresh socket
+            raise
+
+    await _attach(f"connect {admin.endpoint}", attempt, stop)
+
+
+async def _put(admin: AdminClient, key: str, value: str) -> dict[str, Any]:
+    await admin.metadata_put(key, value.encode())
+    return {}
+
+
+async def _get(admin: AdminClient, key: str) -> dict[str, Any]:
+    entry = await admin.metadata_get(key)
+    return {"result": None if entry is None else entry.value.decode()}
+
+
+async def _cas(admin: AdminClient, key: str, expected_version: int, value: str) -> dict[str, Any]:
+    written = await admin.metadata_cas(key, expected_version, value.encode())
+    return {"result": written.succeeded}
+
+
+async def observe(args: argparse.Namespace) -> dict[str, Any]:
+    """Every `interval_ms`, each node's own view (`cluster_status`): `status` records
+    {node, term, role, leader} for Election Safety (checkers.leader_observations). An
+    unreachable node is skipped, not recorded."""
+    stop = _stop_event()
+    writer = HistoryWriter(Path(args.history_dir), args.name, records_max=args.records_max)
+    admins = [AdminClient(url, timeout_ms=args.request_timeout_ms, client_name=args.name) for url in args.admin_url]
+    counts = {"observations": 0, "unreachable": 0}
+    try:
+        for admin in admins:
+            await _connect(admin, stop)
+        started = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < args.duration_s \
+                and writer.records + len(admins) <= args.records_max:
+            for admin in admins:
+                try:
+                    status = await admin.cluster_status()
+                except DanubeError:
+                    counts["unreachable"] += 1
+                    continue
+                writer.append("ok", "status", {"node": status.node_id, "term": status.term, "role": status.role,
+                                               "leader": status.leader_id}, _now())
+                counts["observations"] += 1
+            writer.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.interval_ms / 1000)
+    finally:
+        for admin in admins:
+            admin.close()
+        writer.close()
+    return counts
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m danube_zmq.chaos.workload", description=__doc__.split("\n")[0])
     kinds = parser.add_subparsers(dest="kind", required=True)
@@ -237,6 +361,21 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--history-dir", required=True)
         sub.add_argument("--duration-s", type=float, default=300.0, help="stop after this long at most")
         sub.add_argument("--request-timeout-ms", type=int, default=5_000)
+    metadata_ = kinds.add_parser("metadata")
+    observe_ = kinds.add_parser("observe")
+    for sub in (metadata_, observe_):
+        sub.add_argument("--admin-url", action="append", required=True, help="a node's admin URL (repeatable)")
+        sub.add_argument("--name", required=True, help="the process name: history file, client name")
+        sub.add_argument("--history-dir", required=True)
+        sub.add_argument("--duration-s", type=float, default=300.0, help="stop after this long at most")
+        sub.add_argument("--request-timeout-ms", type=int, default=3_000)
+    metadata_.add_argument("--ops", type=int, default=1_000, help="operations at most")
+    metadata_.add_argument("--keys", type=int, default=10, help="how many keys the operations spread over")
+    metadata_.add_argument("--key-prefix", default="/chaos/registers")
+    metadata_.add_argument("--seed", type=int, default=0, help="picks node, key and operation; replays exactly")
+    metadata_.add_argument("--pause-ms", type=float, default=0.0, help="between operations")
+    observe_.add_argument("--interval-ms", type=float, default=200.0)
+    observe_.add_argument("--records-max", type=int, default=100_000)
     produce_ = kinds.choices["produce"]
     produce_.add_argument("--reliable", action="store_true", help="a reliable (WAL) producer")
     produce_.add_argument("--count", type=int, default=10_000, help="messages to send at most")
@@ -257,11 +396,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    for name in ("duration_s", "rate", "count", "inflight_max", "deliveries_max"):
+    for name in ("duration_s", "rate", "count", "inflight_max", "deliveries_max", "ops", "keys", "interval_ms"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be positive")
     Path(args.history_dir).mkdir(parents=True, exist_ok=True)
-    run = produce if args.kind == "produce" else consume
+    run = {"produce": produce, "consume": consume, "metadata": metadata, "observe": observe}[args.kind]
     counts = asyncio.run(run(args))
     print(json.dumps({"name": args.name, **counts}), flush=True)
     return 0

@@ -486,3 +486,20 @@ def test_invocations_pair_with_their_own_completions_when_many_are_in_flight() -
                                op("fail", 0, 5), op("ok", 7, 6)], "send", "seq")
     assert [(i.value["seq"], d.type if d else None) for i, d in pairs] == [(0, "fail"), (1, None), (2, "ok")]
     assert [o.value["seq"] for o in orphans] == [7]
+
+
+def test_an_observers_status_records_reach_the_leader_check() -> None:
+    """`status` records of an observer process are Election Safety observations in
+    check_run: node 2 seen leading term 5 after node 1 did is one split term; a run's
+    metadata operations are checked for linearizability there too."""
+    def status(node: int, term: int, role: str, t: int) -> Op:
+        return Op(type="ok", process="observer", f="status", time_ns=t,
+                  value={"node": node, "term": term, "role": role, "leader": node if role == "LEADER" else None})
+
+    calm = [status(1, 5, "LEADER", 1), status(2, 5, "FOLLOWER", 2), status(2, 6, "LEADER", 3)]
+    assert check_run("R1", calm).valid
+    split = check_run("R1", [*calm, status(2, 5, "LEADER", 4)])
+    assert split.split_terms == 1 and not split.valid
+    stale = _metadata([("a0", "put", "ok", {"key": "a", "value": "1"}, None, 0, 10),
+                       ("a1", "get", "ok", {"key": "a"}, {"result": None}, 20, 30)])
+    assert check_run("R1", stale).not_linearizable == 1
