@@ -107,6 +107,49 @@ def test_no_acknowledged_message_is_lost_when_the_broker_is_killed_mid_run(
     assert len(report.recovery_ack_ms) == 1  # an acknowledged send after the restart
 
 
+def test_sigterm_stops_the_workload_and_records_sends_in_flight_as_unknown(broker_factory, tmp_path: Path) -> None:  # noqa: F811
+    """With the broker paused (SIGSTOP) under a producer, SIGTERM makes the producer
+    exit 0 within its grace time, every invocation completed in the history and those
+    never answered recorded `info` ("in flight at stop"); a consumer stops on SIGTERM
+    too, and what it recorded is neither unexpected nor out of order."""
+    history = tmp_path / "history"
+    broker = broker_factory()
+    topic = "/default/chaos-sigterm"
+    producer = subprocess.Popen(command("produce", url=broker.url, topic=topic, name="producer-0",
+                                        history_dir=history, reliable=True, count=100_000, rate=300, grace_s=1,
+                                        duration_s=DEADLINE_S), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    consumer = subprocess.Popen(command("consume", url=broker.url, topic=topic, name="consumer-0",
+                                        history_dir=history, subscription="s", sub_type="exclusive",
+                                        duration_s=DEADLINE_S), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: _acked(history, "producer-0") >= 100, "sends acknowledged")
+        broker.process.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # sends keep being invoked while nothing answers
+        producer.send_signal(signal.SIGTERM)
+        out, _ = producer.communicate(timeout=DEADLINE_S)
+        assert producer.returncode == 0, out.decode()
+        broker.process.send_signal(signal.SIGCONT)
+        consumer.send_signal(signal.SIGTERM)
+        out, _ = consumer.communicate(timeout=DEADLINE_S)
+        assert consumer.returncode == 0, out.decode()
+    finally:
+        broker.process.send_signal(signal.SIGCONT)
+        for process in (producer, consumer):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    ops = load_history(history)
+    sends = [op for op in ops if op.f == "send"]
+    invoked = {op.value["seq"] for op in sends if op.type == "invoke"}
+    completed = [op.value["seq"] for op in sends if op.type != "invoke"]
+    assert sorted(completed) == sorted(invoked)  # each exactly once
+    in_flight = [op for op in sends if op.type == "info" and op.value["error"] == "in flight at stop"]
+    assert in_flight, "the broker was paused: some sends were in flight at the stop"
+    report = check_run("sigterm", ops)
+    assert report.unexpected == 0 and report.nonmonotonic == 0
+
+
 @pytest.mark.cluster
 async def test_metadata_history_stays_linearizable_through_a_leader_kill(tmp_path: Path) -> None:
     """Three metadata processes (`workload metadata`, seeded) put, get and cas 5 keys
