@@ -1,3 +1,5 @@
-"""The chaos harness: faults on real processes (hosts, network, disk) and the checkers
-that judge their histories. It may import any danube_zmq package; nothing in the
-product imports it. See README.md."""
+"""The chaos harness (issue 22): hosts in network namespaces, faults on real processes
+(network, process, disk), the client workload that records histories, and the
+Jepsen-style checkers that judge them. See README.md.
+
+Nothing in the product imports this package; it may import any of the product's."""
