@@ -211,11 +211,12 @@ class Faults:
         table = f"dzfault{fault_id}"
         # netdev ingress and egress of the host's interface: a dropped packet is silent
         # to its sender (an output-chain drop would fail its send with EPERM instead).
+        # IP only: lost ARP would stall whole bursts in the neighbour queue instead.
         _nft(host, f"""table netdev {table} {{
   chain in {{ type filter hook ingress device "eth0" priority 0; policy accept;
-    numgen random mod 100 <= {percent - 1} drop; }}
+    meta protocol ip numgen random mod 100 <= {percent - 1} drop; }}
   chain out {{ type filter hook egress device "eth0" priority 0; policy accept;
-    numgen random mod 100 <= {percent - 1} drop; }}
+    meta protocol ip numgen random mod 100 <= {percent - 1} drop; }}
 }}
 """)
         fault = Fault(id=fault_id, kind="loss", targets=(host.name,), description=f"{percent}% loss on {host.name}",

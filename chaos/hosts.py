@@ -187,7 +187,8 @@ def _remove(plan: _Plan) -> list[str]:
     for link in [*(plan.veth(i) for i in range(1, plan.count + 1)), plan.bridge]:
         if _ip("link", "show", link, check=False).returncode == 0:
             done = _ip("link", "del", link, check=False)
-            if done.returncode != 0:
+            # A veth goes away with its peer's namespace, possibly between show and del.
+            if done.returncode != 0 and _ip("link", "show", link, check=False).returncode == 0:
                 errors.append(f"ip link del {link}: {done.stderr.strip()}")
     if not errors:
         with contextlib.suppress(FileNotFoundError):
