@@ -195,18 +195,26 @@ class Cluster:
         async with DanubeClient(self.brokers[0].url) as client:
             return self.broker(await client.lookup(topic))
 
-    def down(self) -> None:
-        """Stop every broker, then every supervisor (each step tolerates what a fault or a
-        failed start left; Hosts' removal kills any process still in a namespace)."""
+    def down(self) -> list[str]:
+        """Stop every broker, then every supervisor; the steps that failed (each step
+        runs whatever a fault or a failed start left; Hosts' removal kills any process
+        still in a namespace)."""
         if not self._started:
-            return
+            return []
         self._started = False
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.leader_host.run(danube_argv("cluster", "down", "--data-dir", str(self.data_dir)), timeout=90)
-        for host in self.hosts[1:]:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                host.run(danube_argv("cluster", "leave", "--bind", host.address,
-                                     "--supervisor-port", str(SUPERVISOR_PORT)), timeout=30)
+        steps = [(self.leader_host, danube_argv("cluster", "down", "--data-dir", str(self.data_dir)), 90)]
+        steps += [(host, danube_argv("cluster", "leave", "--bind", host.address,
+                                     "--supervisor-port", str(SUPERVISOR_PORT)), 30) for host in self.hosts[1:]]
+        problems = []
+        for host, argv, timeout in steps:
+            try:
+                done = host.run(argv, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                problems.append(f"{' '.join(argv[3:5])} on {host.name}: no answer in {timeout} s")
+                continue
+            if done.returncode != 0:
+                problems.append(f"{' '.join(argv[3:5])} on {host.name}: {(done.stderr or done.stdout).strip()[-300:]}")
+        return problems
 
     def __enter__(self) -> Cluster:
         try:

@@ -57,6 +57,11 @@ class Fault:
     def active(self) -> bool:
         return self.healed_at is None
 
+    def record(self) -> dict[str, object]:
+        """The fault as JSON-able data, for histories and the availability checker."""
+        return {"id": self.id, "kind": self.kind, "targets": list(self.targets), "description": self.description,
+                "started_at": self.started_at, "healed_at": self.healed_at}
+
 
 def _nft(host: Host, script: str) -> None:
     done = host.run(["nft", "-f", "-"], input=script, timeout=_NFT_TIMEOUT_S)
@@ -102,6 +107,9 @@ class Faults:
                 fault._undo()
             fault.healed_at = self.clock()
         return fault
+
+    def records(self) -> list[dict[str, object]]:
+        return [fault.record() for fault in self.history]
 
     def heal_all(self) -> None:
         """Heal every active fault, newest first; raise the first failure after trying all."""

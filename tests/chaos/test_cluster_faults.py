@@ -8,6 +8,7 @@ whose three brokers agree on a leader and leaves every fault healed."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -25,8 +26,16 @@ pytestmark = [pytest.mark.chaos_smoke, pytest.mark.timeout(300)]
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     require_hosts()
     install_tools()
-    with Hosts(3) as hosts, Cluster(hosts, tmp_path_factory.mktemp("chaos") / "cluster") as made:
-        yield made
+    with Hosts(3) as hosts:
+        with Cluster(hosts, tmp_path_factory.mktemp("chaos") / "cluster") as made:
+            yield made
+            # `cluster down` and `cluster leave` stop everything they started on every
+            # host, before the Hosts' removal would kill what is left.
+            assert made.down() == []
+        deadline = time.monotonic() + 30
+        while any(h.pids() for h in hosts) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert {h.name: h.pids() for h in hosts} == {h.name: [] for h in hosts}
 
 
 @pytest.fixture
@@ -65,6 +74,8 @@ def test_cluster_across_hosts_elects_a_leader_and_serves_clients(healthy: Cluste
             return received
 
     assert sorted(asyncio.run(produce_consume())) == sorted(f"m{i}".encode() for i in range(20))
+    owner = asyncio.run(cluster.owner("/default/across-hosts"))
+    assert owner in cluster.brokers and owner.url.startswith(f"tcp://{owner.host.address}:")
 
 
 def test_isolated_leader_is_replaced_by_the_majority_and_rejoins_after_heal(healthy: Cluster) -> None:
@@ -85,6 +96,9 @@ def test_isolated_leader_is_replaced_by_the_majority_and_rejoins_after_heal(heal
     views = asyncio.run(cluster.raft_views())
     assert views[old.node_id].term > old_term, views  # the old leader took the majority's newer term
     assert fault.healed_at is not None and fault.healed_at > fault.started_at
+    assert faults.records() == [{"id": 1, "kind": "partition", "targets": ["h1", "h2", "h3"],
+                                 "description": fault.description, "started_at": fault.started_at,
+                                 "healed_at": fault.healed_at}]
 
 
 def test_kill9_broker_is_restarted_by_its_own_hosts_supervisor(healthy: Cluster) -> None:
