@@ -15,6 +15,10 @@ from danube_zmq.chaos.faults import Faults, FaultUnavailable, netem_available
 from danube_zmq.chaos.hosts import Host, Hosts
 from tests.chaos.conftest import tcp_reachable
 
+# With the smoke: these need nft, which the harness installs (scripts/install-chaos.sh),
+# and that is the chaos envs' business, not the main env's.
+pytestmark = pytest.mark.chaos_smoke
+
 PORT = 9000
 UDP_PORT = 9001
 
