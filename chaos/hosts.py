@@ -196,15 +196,38 @@ def _remove(plan: _Plan) -> list[str]:
     return errors
 
 
+_OUR_NAME = re.compile(rf"^{PREFIX}([0-9a-z]{{4}})(?:h|v|p)([1-9])$|^{PREFIX}([0-9a-z]{{4}})br$")
+
+
 def sweep_stale() -> list[str]:
-    """Remove what runs whose process is gone left behind; the runs swept."""
+    """Remove what runs whose process is gone left behind; the runs swept. A run's
+    state file is written (under the lock held here) before anything is made, so
+    names of our shape that no state file claims are leftovers too (a state file lost
+    with its run's removal half done)."""
     swept = []
     with _state_lock():
+        live = set()
         for path in sorted(STATE_DIR.glob("*.json")):
             plan = _Plan.load(path)
-            if plan is not None and not plan.owner_alive():
+            if plan is None:
+                continue
+            if plan.owner_alive():
+                live.add(plan.run)
+            else:
                 _remove(plan)
                 swept.append(plan.run)
+        names = _ip("netns", "list", check=False).stdout.split() + [
+            line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", check=False).stdout.splitlines()]
+        orphans: dict[str, int] = {}
+        for name in names:
+            match = _OUR_NAME.match(name)
+            if match is not None:
+                run = match.group(1) or match.group(3)
+                if run not in live and run not in swept:
+                    orphans[run] = max(orphans.get(run, 1), int(match.group(2) or 1))
+        for run, count in sorted(orphans.items()):
+            _remove(_Plan(run=run, net=0, owner_pid=0, owner_started=0.0, count=count))
+            swept.append(run)
     return swept
 
 

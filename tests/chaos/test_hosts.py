@@ -85,3 +85,22 @@ def test_sweeper_removes_what_a_killed_run_left() -> None:
             assert live[0].netns in namespaces()  # a live run is not swept
     finally:
         orphan.kill()
+
+
+def test_sweeper_removes_our_names_no_state_file_claims() -> None:
+    """A namespace and a bridge of our naming shape with no state file (a removal that
+    stopped half way after deleting it) are removed by the sweeper; a name of another
+    shape is left alone."""
+    require_hosts()
+    made = ["dzq9zzh2", "dzq9zzbr", "dzq9zz-not-ours"]
+    subprocess.run(["ip", "netns", "add", made[0]], check=True)
+    subprocess.run(["ip", "link", "add", made[1], "type", "bridge"], check=True)
+    subprocess.run(["ip", "netns", "add", made[2]], check=True)
+    try:
+        assert "q9zz" in sweep_stale()
+        assert made[0] not in namespaces() and made[1] not in links()
+        assert made[2] in namespaces()
+    finally:
+        for ns in (made[0], made[2]):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", made[1]], capture_output=True)
