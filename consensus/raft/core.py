@@ -876,7 +876,10 @@ class RaftNode:
     def _append(self, kind: int, data: bytes) -> Entry:
         entry = Entry(index=self.last_index + 1, term=self.term, kind=kind, data=data)
         self.log.append(entry)
-        background = self.config.leader_persist_async
+        # A sole member has nobody to replicate to while it syncs: a foreground write
+        # commits in the same step (a standalone broker starts with its state applied).
+        members = self.membership
+        background = self.config.leader_persist_async and len(members.voters) + len(members.learners) > 1
         self._fx.append(PersistEntries(entries=[entry], truncate_from=None, background=background))
         if not background:
             self.durable_index = entry.index
