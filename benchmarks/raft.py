@@ -55,7 +55,8 @@ class Node:
         self.admin_url = f"tcp://127.0.0.1:{free_port()}"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, nodes: list[Node]) -> None:
+    def start(self, nodes: list[Node], python: str | None = None) -> None:
+        """`python`: another venv's interpreter runs its checkout's broker (an A/B)."""
         env = {
             **os.environ,
             "DANUBE_CLUSTER__NODE_ID": str(self.node_id),
@@ -63,7 +64,7 @@ class Node:
             "DANUBE_CLUSTER__PEERS": ",".join(f"{n.node_id}={n.raft}" for n in nodes),
         }
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url, "--admin-listen",
+            [python or sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", self.url, "--admin-listen",
              self.admin_url, "--metrics-port", "0", "--data-dir", self.data_dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 

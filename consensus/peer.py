@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
@@ -76,6 +77,7 @@ from danube_zmq.consensus.raft import (
     ConfigChange,
     Effect,
     Event,
+    LogPersisted,
     PersistEntries,
     PersistHardState,
     PromoteVoter,
@@ -259,6 +261,14 @@ class RaftPeerStatistics:
 
 
 _STOP = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteFailed:
+    """The background writer's append failed: the loop stops the peer (as for any write)."""
+
+    error: BaseException
+
 _WAKE = object()  # no event: only wakes the loop (to see a stop)
 _EVENTS_MAX = 10_000  # events waiting for the loop; past it clients get RESOURCE_EXHAUSTED, peers wait
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
@@ -332,6 +342,8 @@ class RaftPeer:
         if self.advertised is not None:
             self.addresses[node_id] = self.advertised
         self._book: dict[int, str] = {}  # the replicated `/cluster/nodes/` entries, last seen
+        # This shell runs a leader's own appends in the background (see `_run_segment`).
+        config = dataclasses.replace(config, leader_persist_async=True)
         self.config = config
         self.tick_s = tick_ms / 1000
         self.bootstrap_cluster = bootstrap_cluster
@@ -362,6 +374,11 @@ class RaftPeer:
         # keys): one stuck behind them can reach the leader after its lease ran out.
         self._renewals: collections.deque[Any] = collections.deque()
         self._own_snapshot = False  # the step in progress is our own SnapshotTaken
+        # A leader's own appends waiting for, or in, the background writer (one at a time,
+        # in order; every other write waits until they are on disk).
+        self._writes: list[PersistEntries] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._write_failed: BaseException | None = None
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
 
         self._ids = itertools.count(1)
@@ -428,6 +445,8 @@ class RaftPeer:
                 self._events.put_nowait(_WAKE)
             await self._loop_task
             self._loop_task = None
+        with contextlib.suppress(Exception):
+            await self._drain_writes()  # the store closes below; a failed append stopped us already
         self._close_sockets()
         gone = Unavailable(f"raft peer {self.node_id} stopped")
         pending: list[asyncio.Future[Any]] = [*self._proposals.values(), *self._reads.values(), *self._forwarded.values()]
@@ -542,6 +561,10 @@ class RaftPeer:
                 event = self._own.popleft()
                 if event is _STOP:
                     return
+                if type(event) is _WriteFailed:
+                    log.error("raft peer %d: log append failed; stopping the peer", self.node_id, exc_info=event.error)
+                    self._halt()
+                    return
                 batch = [event]  # a SnapshotTaken steps alone (SaveSnapshot knows it is ours)
             else:
                 # Step every event already queued before running any effect: the
@@ -566,10 +589,13 @@ class RaftPeer:
                 # A failed persistence call: the node's memory is ahead of the disk. Stop
                 # serving rather than answer from a state that may not survive a restart.
                 log.exception("raft peer %d: step failed; stopping the peer", self.node_id)
-                self._running = False
-                for task in self._tasks:
-                    task.cancel()
+                self._halt()
                 return
+
+    def _halt(self) -> None:
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -655,6 +681,7 @@ class RaftPeer:
             if type(effect) in (SaveSnapshot, CompactLog):
                 await self._run_segment(store, segment)
                 segment = []
+                await self._drain_writes()
                 await self._execute(effect)
             else:
                 segment.append(effect)
@@ -662,13 +689,57 @@ class RaftPeer:
 
     async def _run_segment(self, store: RaftLogStore, effects: list[Effect]) -> None:
         persists = [e for e in effects if type(e) in (PersistEntries, PersistHardState)]
-        i = 0
-        while i < len(persists):
-            entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
-            await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+        if persists and all(type(e) is PersistEntries and e.background for e in persists):
+            # A leader's own appends only: the AppendEntries go out now, while the writer
+            # fsyncs (thesis 10.2.1); the core counts them once it steps LogPersisted.
+            self._writes.extend(persists)  # type: ignore[arg-type]
+            if self._writer is None:
+                self._writer = asyncio.create_task(self._write_background(store), name=f"raft-{self.node_id} append")
+        elif persists:
+            await self._drain_writes()  # writes reach the disk in effect order
+            i = 0
+            while i < len(persists):
+                entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
+                await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+            background = [e for e in persists if type(e) is PersistEntries and e.background]
+            if background:
+                self._persisted(background[-1])
         for effect in effects:
             if type(effect) not in (PersistEntries, PersistHardState):
                 await self._execute(effect)
+
+    async def _write_background(self, store: RaftLogStore) -> None:
+        """Append what queued up while the previous fsync ran as one synced batch (group
+        commit), until nothing waits; then tell the core, through the loop."""
+        try:
+            while self._writes:
+                writes, self._writes = self._writes, []
+                i = 0
+                while i < len(writes):
+                    entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
+                    await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+                self._persisted(writes[-1])
+        except Exception as exc:
+            self._writes = []
+            self._write_failed = exc
+            self._own.append(_WriteFailed(exc))
+            with contextlib.suppress(asyncio.QueueFull):
+                self._events.put_nowait(_WAKE)
+        finally:
+            self._writer = None
+
+    def _persisted(self, write: PersistEntries) -> None:
+        last = write.entries[-1]
+        self._own.append(LogPersisted(index=last.index, term=last.term))
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+            self._events.put_nowait(_WAKE)
+
+    async def _drain_writes(self) -> None:
+        """Until the background writer has put every queued append on disk."""
+        while self._writer is not None:
+            await asyncio.shield(self._writer)
+        if self._write_failed is not None:
+            raise self._write_failed  # nothing more is written after a failed append
 
     def _merge_persists(self, effects: list[Effect], i: int) -> tuple[list[Any], int | None, HardState | None, int]:
         """Persist* effects from `i` as one atomic append: entries that continue each

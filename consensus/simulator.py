@@ -58,6 +58,7 @@ from danube_zmq.consensus.raft.events import (
     ApplySnapshot,
     CompactLog,
     Event,
+    LogPersisted,
     PersistEntries,
     PersistHardState,
     PromoteVoter,
@@ -255,6 +256,11 @@ class Peer:
         self.down_until = 0
         self.paused_until = 0  # no ticks, and messages wait, until this tick
         self.marker: tuple[int, int] | None = None  # liveness: (index, term) of the marker entry
+        # A leader's background appends: (tick due, write) not on the disk yet, in order;
+        # a crash loses them (or a prefix reached the disk first). `persisted` holds the
+        # LogPersisted events of writes that completed, stepped at the next tick.
+        self.writes: list[tuple[int, PersistEntries]] = []
+        self.persisted: list[LogPersisted] = []
 
 
 @dataclass(slots=True)
@@ -366,6 +372,7 @@ class Simulation:
             "reads_pending_max": r.choice([2, 1024]),
             "pre_vote": r.random() < 0.9,
             "check_quorum": r.random() < 0.9,
+            "leader_persist_async": r.random() < 0.5,
         }
 
     # ------------------------------------------------------------------ running
@@ -485,6 +492,11 @@ class Simulation:
                     self._start(peer)
                 continue
             if self.chaos and (peer.paused_until > self.now or (f.skip_tick_rate and rng.random() < f.skip_tick_rate)):
+                continue
+            self._complete_writes(peer, upto_tick=self.now)
+            while peer.persisted and peer.node is not None:
+                self._step(peer, peer.persisted.pop(0))
+            if peer.node is None:
                 continue
             self._step(peer, Tick())
         self._clients_act()
@@ -663,6 +675,11 @@ class Simulation:
     def _crash(self, peer: Peer, down_ticks: int) -> None:
         """The process dies: memory is gone, the disk stays."""
         self.stats.crashes += 1
+        # Background writes in flight: a prefix of them may have reached the disk.
+        reached = self.rng.randint(0, len(peer.writes))
+        for _, write in peer.writes[:reached]:
+            self._write(peer, write)
+        peer.writes, peer.persisted = [], []
         peer.node = None
         peer.down_until = self.now + down_ticks
         for op, _term in peer.proposals.values():
@@ -705,12 +722,30 @@ class Simulation:
         assert e.message.from_id == peer.id
         self._send(e.message)
 
+    def _complete_writes(self, peer: Peer, upto_tick: int | None = None) -> None:
+        """Background writes due by `upto_tick` (all of them: None) reach the disk, in order."""
+        while peer.writes and (upto_tick is None or peer.writes[0][0] <= upto_tick):
+            _, write = peer.writes.pop(0)
+            self._write(peer, write)
+            last = write.entries[-1]
+            peer.persisted.append(LogPersisted(index=last.index, term=last.term))
+
     def _do_persist_hard_state(self, peer: Peer, e: PersistHardState) -> None:
+        self._complete_writes(peer)  # a foreground write waits for the background ones
         if e.hard_state.term < peer.disk.hard_state.term:
             raise InvariantViolation(f"peer {peer.id} persisted term {e.hard_state.term} after {peer.disk.hard_state.term}")
         peer.disk.hard_state = e.hard_state
 
     def _do_persist_entries(self, peer: Peer, e: PersistEntries) -> None:
+        if e.background:
+            assert e.truncate_from is None and e.entries, e
+            # Sends and the rest of the step go on; the write lands 0-4 ticks later.
+            peer.writes.append((self.now + self.rng.randint(0, 4), e))
+            return
+        self._complete_writes(peer)
+        self._write(peer, e)
+
+    def _write(self, peer: Peer, e: PersistEntries) -> None:
         disk = peer.disk
         removed: list[Entry] = []
         if e.truncate_from is not None:
@@ -725,6 +760,7 @@ class Simulation:
             self._check_durable(entry.index)
 
     def _do_save_snapshot(self, peer: Peer, e: SaveSnapshot) -> None:
+        self._complete_writes(peer)
         known = self.committed.get(e.meta.last_index)
         if known is not None and known[0] != e.meta.last_term:
             raise InvariantViolation(f"peer {peer.id} saved a snapshot at {e.meta.last_index} of term {e.meta.last_term}")
@@ -732,6 +768,7 @@ class Simulation:
         peer.disk.snapshot_data = e.data
 
     def _do_compact(self, peer: Peer, e: CompactLog) -> None:
+        self._complete_writes(peer)
         peer.disk.compact(e.upto_index)
 
     def _do_apply(self, peer: Peer, e: Apply) -> None:
@@ -957,7 +994,10 @@ class Simulation:
             node = peer.node
             assert node is not None
             prev = node.snapshot.last_term
+            writing = peer.writes[0][1].entries[0].index if peer.writes else None  # checked once written
             for entry in node.log:
+                if writing is not None and entry.index >= writing:
+                    break
                 shape = self.entry_shape.get((entry.index, entry.term))
                 if shape is None or shape != (prev, entry.data):
                     raise InvariantViolation(f"peer {peer.id}: entry {entry.index} was never persisted as it is")

@@ -18,3 +18,12 @@ for binary in "${!PACKAGES[@]}"; do
     echo "could not install $package (apt-get failed)" >&2
   fi
 done
+# etcd 3.4 for benchmarks/raft_vs_etcd.py (Raft writes side by side); `etcd` is its binary.
+if ! command -v etcd >/dev/null 2>&1; then
+  if [ "$updated" = 0 ]; then $SUDO apt-get update -qq || true; updated=1; fi
+  if DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null; then
+    echo "installed etcd-server"
+  else
+    echo "could not install etcd-server (apt-get failed)" >&2
+  fi
+fi

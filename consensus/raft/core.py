@@ -47,6 +47,7 @@ from danube_zmq.consensus.raft.events import (
     CompactLog,
     Effect,
     Event,
+    LogPersisted,
     PersistEntries,
     PersistHardState,
     PromoteVoter,
@@ -107,6 +108,10 @@ class RaftConfig:
     reads_pending_max: int = 1024  # ReadIndex requests waiting for confirmation
     pre_vote: bool = True
     check_quorum: bool = True
+    # A leader's own appends as `PersistEntries(background=True)`: it replicates while its
+    # fsync runs and counts itself toward a commit only after `LogPersisted` (thesis
+    # 10.2.1). Off for a shell that runs every persist before what follows it.
+    leader_persist_async: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_ticks < self.election_ticks_min < self.election_ticks_max:
@@ -217,6 +222,9 @@ class RaftNode:
         self.leader_id: int | None = None
         self.commit_index = 0
         self.applied_index = 0
+        # Our log is on disk up to here (entries after it may be a leader's background
+        # writes in flight); the leader counts this, not last_index, as its own match.
+        self.durable_index = 0
         self.membership = _EMPTY_MEMBERSHIP
         self.config_index = 0  # index of the entry (or snapshot) that defines `membership`
         self.election_elapsed = 0
@@ -318,6 +326,7 @@ class RaftNode:
         self.commit_index = max(hs.commit_index, snap.last_index)
         assert self.commit_index <= self.last_index, "persisted commit index beyond the log"
         self.applied_index = snap.last_index
+        self.durable_index = self.last_index
         self._reload_membership()
         self._reset_election_timer()
         if snap.last_index > 0:
@@ -487,6 +496,18 @@ class RaftNode:
         self.snapshot_data = ev.data
         self.snapshot_suggested_elapsed = None
 
+    def _on_log_persisted(self, ev: LogPersisted) -> None:
+        # Same (index, term) means the same entry and the same log before it (Log
+        # Matching); otherwise the write was overtaken by a truncation, which was
+        # itself a foreground write that already moved durable_index.
+        if ev.index <= self.durable_index or ev.index > self.last_index:
+            return
+        if ev.index > self.snapshot.last_index and self.term_at(ev.index) != ev.term:
+            return
+        self.durable_index = ev.index
+        if self.role is Role.LEADER:
+            self._maybe_commit()
+
     def _on_transfer(self, ev: TransferLeadership) -> None:
         target = ev.target_id
         if self.role is not Role.LEADER or target == self.id or target not in self.membership.voters:
@@ -616,6 +637,7 @@ class RaftNode:
             self.log.extend(new)
         if truncate_from is not None or new:
             self._fx.append(PersistEntries(entries=list(new), truncate_from=truncate_from))
+            self.durable_index = self.last_index  # a foreground write: durable before what follows
             config = next((e for e in reversed(new) if e.kind == EntryKind.CONFIG), None)
             if config is not None:
                 self._set_membership(decode_membership(config.data), config.index)
@@ -672,6 +694,7 @@ class RaftNode:
         self.snapshot_data = m.data
         self.commit_index = meta.last_index
         self.applied_index = meta.last_index
+        self.durable_index = self.last_index
         self._reload_membership()
         self._fx.append(ApplySnapshot(meta=meta, data=m.data))
         self._send(InstallSnapshotResponse(from_id=self.id, to_id=m.from_id, term=self.term, match_index=meta.last_index))
@@ -853,7 +876,13 @@ class RaftNode:
     def _append(self, kind: int, data: bytes) -> Entry:
         entry = Entry(index=self.last_index + 1, term=self.term, kind=kind, data=data)
         self.log.append(entry)
-        self._fx.append(PersistEntries(entries=[entry], truncate_from=None))
+        # A sole member has nobody to replicate to while it syncs: a foreground write
+        # commits in the same step (a standalone broker starts with its state applied).
+        members = self.membership
+        background = self.config.leader_persist_async and len(members.voters) + len(members.learners) > 1
+        self._fx.append(PersistEntries(entries=[entry], truncate_from=None, background=background))
+        if not background:
+            self.durable_index = entry.index
         if kind == EntryKind.CONFIG:
             self._set_membership(decode_membership(data), entry.index)
         return entry
@@ -867,7 +896,7 @@ class RaftNode:
         if not voters:
             return
         matches = sorted(
-            (self.last_index if v == self.id else self.progress[v].match for v in voters), reverse=True
+            (self.durable_index if v == self.id else self.progress[v].match for v in voters), reverse=True
         )
         candidate = matches[quorum(voters) - 1]
         if candidate <= self.commit_index or self.term_at(candidate) != self.term:
@@ -1096,6 +1125,7 @@ class RaftNode:
             self.last_index,
         )
         assert not self.log or self.log[0].index == self.snapshot.last_index + 1
+        assert self.durable_index <= self.last_index, (self.durable_index, self.last_index)
         assert self.role is not Role.LEADER or self.voted_for == self.id
 
 
@@ -1109,6 +1139,7 @@ _HANDLERS = {
     ReadIndex: RaftNode._on_read_index,
     SnapshotTaken: RaftNode._on_snapshot_taken,
     TransferLeadership: RaftNode._on_transfer,
+    LogPersisted: RaftNode._on_log_persisted,
 }
 
 _MESSAGE_HANDLERS = {

@@ -137,8 +137,26 @@ class TransferLeadership:
     target_id: int
 
 
+@_frozen
+class LogPersisted:
+    """A `PersistEntries(background=True)` whose last entry is (`index`, `term`) is on
+    disk (fsynced). Only then does a leader count those entries as its own copy."""
+
+    index: int
+    term: int
+
+
 Event = (
-    Restore | Tick | Receive | Propose | ProposeBatch | ProposeConfig | ReadIndex | SnapshotTaken | TransferLeadership
+    Restore
+    | Tick
+    | Receive
+    | Propose
+    | ProposeBatch
+    | ProposeConfig
+    | ReadIndex
+    | SnapshotTaken
+    | TransferLeadership
+    | LogPersisted
 )
 
 
@@ -161,10 +179,18 @@ class PersistHardState:
 @_frozen
 class PersistEntries:
     """Delete every entry with index >= `truncate_from` (when not None), then append
-    `entries` (contiguous, may be empty), then fsync."""
+    `entries` (contiguous, may be empty), then fsync.
+
+    `background` (a leader's own appends, with `RaftConfig.leader_persist_async`): the
+    effects after it need not wait for this write (the leader sends AppendEntries while
+    its own fsync runs, Raft thesis 10.2.1); the shell steps `LogPersisted` once it is
+    durable, and the core does not count these entries as the leader's copy before.
+    Writes still reach the disk in effect order: a later foreground persist, snapshot
+    or compaction waits for every background write before it."""
 
     entries: list[Entry]
     truncate_from: int | None = None
+    background: bool = False
 
 
 @_frozen

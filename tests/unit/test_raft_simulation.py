@@ -138,3 +138,28 @@ def test_a_survivor_recovered_as_a_new_cluster_serves_alone():
     failures = [r.failure for r in (run_disaster_seed(s, peers, chaos_ticks=300) for peers in (3, 5) for s in range(25))
                 if r.failure]
     assert not failures, failures[0]
+
+
+def test_a_leader_counts_only_its_fsynced_entries_toward_a_commit(monkeypatch):
+    """A leader's background appends (sent to followers while its own fsync runs) count
+    as its copy only after LogPersisted: with the rule, seeds with leader_persist_async
+    stay safe; counting last_index instead (the entry only in memory) makes the
+    simulator find a committed entry durable on too few voters, so the check can fail."""
+    async_seeds = [s for s in range(400) if simulator.Simulation(s, 3).config_base["leader_persist_async"]][:40]
+    assert len(async_seeds) == 40
+    for seed in async_seeds:
+        result = run_seed(seed, 3, chaos_ticks=300)
+        assert result.failure is None, result.failure
+
+    def counts_memory(self: core.RaftNode) -> None:
+        saved = self.durable_index
+        self.durable_index = self.last_index  # the bug: the leader's unsynced entries count
+        try:
+            real_maybe_commit(self)
+        finally:
+            self.durable_index = saved
+
+    real_maybe_commit = core.RaftNode._maybe_commit
+    monkeypatch.setattr(core.RaftNode, "_maybe_commit", counts_memory)
+    failures = [run_seed(seed, 3, chaos_ticks=300).failure for seed in async_seeds]
+    assert any(f is not None and "durable on too few voters" in f for f in failures), failures
