@@ -109,6 +109,20 @@ _DRAIN_MAX = 512
 # (5% of the broker's main thread at 5k batches/s).
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+
+# pyzmq's `Socket.send` (Python) checks its keyword arguments and, with copy=False, wraps
+# a small part in a Frame only to copy it anyway (below `copy_threshold`): 0.77 µs a part
+# against 0.19 for the compiled send of a copy, four parts a message delivered.
+_COPY_BELOW = zmq.COPY_THRESHOLD
+_send_copy = zmq.backend.Socket.send
+
+
+def _send(router: zmq.Socket, part: Any, flags: int) -> None:
+    if type(part) is bytes and len(part) < _COPY_BELOW:
+        _send_copy(router, part, flags)
+    else:
+        router.send(part, flags, copy=False)  # a Frame (tracked), or big enough to send without a copy
+
 _SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (each waits on metadata-store rounds)
 _WATCH_RETRY_S = 1.0
 _TICK_MS = 125
@@ -409,15 +423,15 @@ class Gateway(Actor):
         try:
             # Part by part, not send_multipart (which checks each part and ORs enum
             # flags): once the identity part is taken, a ROUTER takes the rest.
-            router.send(parts[0], _NOBLOCK_MORE, copy=False)
+            _send(router, parts[0], _NOBLOCK_MORE)
         except zmq.ZMQError:
             # EAGAIN: the client's queue is full; EHOSTUNREACH: it is gone.
             self.frames_dropped += frames
             METRICS.frames_dropped.inc(frames)
             return
         for body in parts[1:-1]:
-            router.send(body, _NOBLOCK_MORE, copy=False)
-        router.send(parts[-1], _NOBLOCK, copy=False)
+            _send(router, body, _NOBLOCK_MORE)
+        _send(router, parts[-1], _NOBLOCK)
         self.frames_out += frames
         if self.outbound.should_pause(identity, now):
             self._pause(identity, True)

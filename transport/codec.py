@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import struct
+import threading
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -215,16 +216,11 @@ def _compile_builder(cls: type[Struct], hints: dict[str, Any], fields: tuple[dat
         optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
         if optional:
             (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        indent = "    "
+        # A field the sender left out takes its default, unchecked (as the constructor would).
+        indent = "        " if i >= cls._required else "    "
         if i >= cls._required:
-            if f.default is not dataclasses.MISSING:
-                env[f"_default{i}"] = f.default
-                lines.append(f"    v = items[{i}] if n > {i} else _default{i}")
-            else:
-                env[f"_factory{i}"] = f.default_factory
-                lines.append(f"    v = items[{i}] if n > {i} else _factory{i}()")
-        else:
-            lines.append(f"    v = items[{i}]")
+            lines.append(f"    if n > {i}:")
+        lines.append(f"{indent}v = items[{i}]")
         if tp in _INLINE:
             test = f"type(v) is not {tp.__name__}"
             if optional:
@@ -237,7 +233,14 @@ def _compile_builder(cls: type[Struct], hints: dict[str, Any], fields: tuple[dat
         else:
             env[f"_check{i}"] = cls._checks[i]
             lines.append(f"{indent}v = _check{i}(v, {place})")
-        lines.append(f"{indent}_set{i}(o, v)")
+        if i >= cls._required:
+            if f.default is not dataclasses.MISSING:
+                env[f"_default{i}"] = f.default
+                lines += ["    else:", f"        v = _default{i}"]
+            else:
+                env[f"_factory{i}"] = f.default_factory
+                lines += ["    else:", f"        v = _factory{i}()"]
+        lines.append(f"    _set{i}(o, v)")
     lines.append("    return o")
     exec("\n".join(lines), env)  # code written from the class's own annotations, as dataclasses does
     cls._from_items = staticmethod(env["_from_items"])
@@ -329,7 +332,7 @@ class Protocol:
 
     def encode(self, msg: Message) -> bytes:
         assert type(msg).TAG in self._by_tag, f"{type(msg).__name__} is not in {self.name}"
-        return msgpack.packb(msg.to_wire(), use_bin_type=True)
+        return _PACKERS.pack(msg.to_wire())
 
     def decode(self, frame: bytes) -> Message:
         """Decode one frame; any fault is an `InvalidArgument` with a clear message."""
@@ -343,6 +346,17 @@ class Protocol:
         if cls is None:
             raise InvalidArgument(f"unknown message tag {tag} for the {self.name} protocol")
         return _build(cls, items[1:], cls.__name__)
+
+
+class _Packers(threading.local):
+    """One msgpack `Packer` per thread, kept: `packb` builds one per call (half of a
+    small message's encode), and a Packer's buffer is not safe across threads."""
+
+    def __init__(self) -> None:
+        self.pack = msgpack.Packer(use_bin_type=True).pack
+
+
+_PACKERS = _Packers()
 
 
 def unpack(frame: bytes) -> Any:

@@ -207,3 +207,15 @@ def test_the_constructor_keeps_the_declared_signature_and_defaults() -> None:
         send.request_id = 5  # type: ignore[misc]
     assert dataclasses.replace(send, sequence=4) == Send(request_id=1, producer_id=2, payloads=[b"a"],
                                                          publish_times=[3], sequence=4)
+
+
+def test_an_omitted_trailing_field_takes_its_default_unchecked() -> None:
+    """A sender that leaves out a trailing field gets the declared default, even one the
+    field's wire check would refuse (an IntEnum default of an int field): defaults are
+    the receiver's, not the sender's, so they are not checked (a raw client's
+    GetPartitions without its dispatch strategy was refused)."""
+    from danube_zmq.transport.client_protocol import DispatchStrategy, GetPartitions
+
+    frame = msgpack.packb([GetPartitions.TAG, 1, "/default/t"])
+    decoded = CLIENT_PROTOCOL.decode(frame)
+    assert decoded.dispatch_strategy is DispatchStrategy.NON_RELIABLE
