@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import signal
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +132,11 @@ class Run:
         wanted = max(1, int(self.scenario.messages * fraction))
         self.wait(lambda: self.acked("producer-0") >= wanted, f"{wanted} sends acknowledged")
 
+    def sent_seconds(self, seconds: float) -> None:
+        """Wait until `seconds` worth of sends (at the scenario's rate) are acknowledged."""
+        wanted = max(1, int(self.scenario.rate * seconds))
+        self.wait(lambda: self.acked("producer-0") >= wanted, f"{wanted} sends acknowledged")
+
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes[name]
         if process.poll() is None:
@@ -184,7 +191,7 @@ def _owner_kill(run: Run) -> None:
 def _hard_bounce(run: Run) -> None:
     """B2 (Kafka's hard bounce): kill -9 whichever broker owns the topic, 5 times, 5 s
     apart (each after the previous one has been restarted)."""
-    run.sent_fraction(0.05)
+    run.sent_seconds(run.rng.uniform(2.0, 5.0))
     for i in range(5):
         victim = run.owner()
         run.notes.setdefault("victims", []).append(victim.name)
@@ -198,7 +205,7 @@ def _owner_pause(run: Run) -> None:
     Its lease runs out meanwhile: another broker takes the topic over and the resumed
     one must not append (an append of the old owner would show as an offset naming two
     messages, or a lost acknowledged message)."""
-    run.sent_fraction(run.rng.uniform(0.1, 0.3))
+    run.sent_seconds(run.rng.uniform(2.0, 6.0))
     fault = run.faults.pause(run.owner())
     time.sleep(15)
     run.faults.heal(fault)
@@ -208,7 +215,7 @@ def _owner_isolate(run: Run) -> None:
     """B4: isolate the owner's host from the other brokers for 30 s, then heal. The
     clients (on the bridge) still reach it: it must stop acknowledging once its lease
     is gone, and the majority's new owner serves the topic."""
-    run.sent_fraction(run.rng.uniform(0.1, 0.3))
+    run.sent_seconds(run.rng.uniform(2.0, 6.0))
     owner = run.owner()
     fault = run.faults.isolate(owner.host)
     time.sleep(30)
@@ -264,7 +271,12 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
             run.kill_all()
     records = faults.history
     ops = load_history(history)
-    report = check_run(f"{name} {scenario.description}", ops, [_checker_fault(f) for f in records])
+    metadata = scenario.kind == "metadata"
+    report = check_run(f"{name} {scenario.description}", ops, [_checker_fault(f) for f in records],
+                       check_linearizable=False)
+    raft = checkers.check_raft(ops, checkers.leader_observations(ops)) if metadata else None
+    if raft is not None and raft.linearizable is False:
+        report = dataclasses.replace(report, not_linearizable=1, findings=(*report.findings, raft.explanation))
     row = {"scenario": name, "seed": seed, "valid": report.valid, "faults": [f.description for f in records],
            **{k: getattr(report, k) for k in ("attempted", "acked", "failed", "info", "deliveries", "lost",
                                                "unexpected", "duplicates", "redeliveries", "recovered",
@@ -274,6 +286,10 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
            "recovery_ack_ms": [round(t) for t in report.recovery_ack_ms],
            "recovery_delivery_ms": [round(t) for t in report.recovery_delivery_ms],
            "notes": run.notes, "findings": list(report.findings)}
+    if raft is not None:
+        row["metadata_ops"] = dict(Counter(f"{op.f} {op.type}" for op in ops if op.f in checkers.METADATA_FS
+                                           and op.type != "invoke"))
+        row.update(linearizable=raft.linearizable, terms=raft.terms, linearizability=raft.explanation)
     return report, row
 
 
