@@ -1,0 +1,390 @@
+"""The chaos scenarios on namespace hosts (docs/reliability.md 4.2: B1-B4, R-leader):
+a 3-broker cluster (chaos/cluster.py), the recording workload (chaos/workload.py), one
+fault schedule drawn from a seed (chaos/faults.py), heal, a final drain, and the
+checkers (chaos/checkers.py) -> a `Report`.
+
+    python -m danube_zmq.chaos.scenarios run B1 --seed 7 [--runs 3] [--messages N] [--rate R]
+
+runs seeds 7, 8, 9 and prints one JSON line per run and the merged row; the exit
+status is 1 when a run is not valid. A run replays from its seed: the seed draws the
+fault's timing, which broker the clients enter by, and the metadata operations (the
+cluster's own elections are not in the seed: which broker is leader or owner is
+looked up, and the fault follows it).
+
+One run:
+
+    Hosts(3) -> Cluster (broker-1..3 on h1..h3) -> workload processes in the root
+    namespace, reaching the brokers over the bridge (which faults never cut):
+      B*: consumers on Exclusive, Shared (x2) and Failover subscriptions, then one
+          reliable producer ((producer, seq) payloads) entering by a seeded broker
+      R-leader: three metadata processes (put / get / cas through all admin ports)
+          and an observer of each node's (term, role)
+    -> the fault schedule, against the broker the cluster says owns the topic (or
+       leads Raft) at that moment
+    -> the producer finishes its count (or is stopped `tail_s` after the last heal)
+    -> SIGUSR1 to the consumers: each exits once nothing came for its drain time
+    -> check_run(history, faults) -> Report
+
+Every wait has a deadline; every process, fault and namespace is removed on the way
+out (the `with` blocks), a failure included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from danube_zmq.chaos import checkers
+from danube_zmq.chaos.checkers import Report, check_run
+from danube_zmq.chaos.cluster import Broker, Cluster
+from danube_zmq.chaos.faults import Fault, Faults
+from danube_zmq.chaos.history import load_history
+from danube_zmq.chaos.hosts import Hosts, install_tools
+from danube_zmq.chaos.workload import command
+
+__all__ = ["SCENARIOS", "Scenario", "ScenarioError", "main", "run_scenario"]
+
+TOPIC = "/default/chaos-scenario"
+DEADLINE_S = 180.0  # any one wait of a run; a run fails naming what never came
+CONSUMERS = (("consumer-ex", "ex", "exclusive"), ("consumer-sh-0", "sh", "shared"),
+             ("consumer-sh-1", "sh", "shared"), ("consumer-fo", "fo", "failover"))
+METADATA_PROCESSES = 3
+
+
+class ScenarioError(AssertionError):
+    """A run could not be carried out (a process failed, a wait ran out): not a
+    checker finding, which is in the Report."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    schedule: Callable[[Run], None]
+    kind: str = "queue"  # queue: producer + consumers; metadata: Raft registers + observer
+    messages: int = 3_000  # producer count (queue) at most
+    rate: float = 300.0  # messages per second
+    tail_s: float = 8.0  # after the last heal, the workload goes on this long at least
+
+
+@dataclass
+class Run:
+    """One run in progress: what a schedule needs to act on the cluster."""
+
+    scenario: Scenario
+    seed: int
+    rng: random.Random
+    cluster: Cluster
+    faults: Faults
+    history: Path
+    logs: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    # -- processes ---------------------------------------------------------------------
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.processes[name] = process
+        return process
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+    def acked(self, name: str) -> int:
+        """Acknowledged operations in `name`'s history so far."""
+        path = self.history / f"{name}.jsonl"
+        return path.read_text().count('"type":"ok"') if path.exists() else 0
+
+    def has(self, name: str, text: str) -> bool:
+        path = self.history / f"{name}.jsonl"
+        return path.exists() and text in path.read_text()
+
+    def wait(self, condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
+        deadline = time.monotonic() + deadline_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise ScenarioError(f"not within {deadline_s:g} s: {what} (seed {self.seed})")
+            for name, process in self.processes.items():
+                if process.poll() not in (None, 0):
+                    raise ScenarioError(f"{name} exited {process.returncode} while waiting for {what}"
+                                        f" (seed {self.seed}):\n{self.log(name)}")
+            time.sleep(0.05)
+
+    def sent_fraction(self, fraction: float) -> None:
+        """Wait until `fraction` of the producer's count is acknowledged."""
+        wanted = max(1, int(self.scenario.messages * fraction))
+        self.wait(lambda: self.acked("producer-0") >= wanted, f"{wanted} sends acknowledged")
+
+    def sent_seconds(self, seconds: float) -> None:
+        """Wait until `seconds` worth of sends (at the scenario's rate) are acknowledged."""
+        wanted = max(1, int(self.scenario.rate * seconds))
+        self.wait(lambda: self.acked("producer-0") >= wanted, f"{wanted} sends acknowledged")
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        process = self.processes[name]
+        if process.poll() is None:
+            process.send_signal(sig)
+
+    def kill_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+
+    # -- the cluster -------------------------------------------------------------------
+
+    def owner(self) -> Broker:
+        """The broker that owns the topic now, as the first broker answering a lookup says."""
+        return asyncio.run(_owner(self.cluster, TOPIC, self.seed))
+
+    def leader(self, **kwargs: Any) -> Broker:
+        return asyncio.run(self.cluster.wait_leader(**kwargs))
+
+
+async def _owner(cluster: Cluster, topic: str, seed: int) -> Broker:
+    from danube_zmq import DanubeClient
+    from danube_zmq.transport.errors import DanubeError
+
+    deadline = time.monotonic() + DEADLINE_S
+    last: object = None
+    while time.monotonic() < deadline:
+        for broker in cluster.brokers:
+            try:
+                async with DanubeClient(broker.url, request_timeout_ms=2_000, operation_retries_max=1) as client:
+                    return cluster.broker(await asyncio.wait_for(client.lookup(topic), 5))
+            except (DanubeError, OSError, TimeoutError, StopIteration) as exc:
+                last = exc
+        await asyncio.sleep(0.2)
+    raise ScenarioError(f"no broker named the owner of {topic} within {DEADLINE_S:g} s (last: {last!r}; seed {seed})")
+
+
+# -- fault schedules -------------------------------------------------------------------
+
+def _owner_kill(run: Run) -> None:
+    """B1: kill -9 the topic's owner once 20-80% of the sends are acknowledged; its
+    host's supervisor restarts it (Faults.kill9 returns then: the heal)."""
+    at = run.rng.uniform(0.2, 0.8)
+    run.notes["kill_at"] = round(at, 3)
+    run.sent_fraction(at)
+    run.faults.kill9(run.owner())
+
+
+def _hard_bounce(run: Run) -> None:
+    """B2 (Kafka's hard bounce): kill -9 whichever broker owns the topic, 5 times, 5 s
+    apart (each after the previous one has been restarted)."""
+    run.sent_seconds(run.rng.uniform(2.0, 5.0))
+    for i in range(5):
+        victim = run.owner()
+        run.notes.setdefault("victims", []).append(victim.name)
+        run.faults.kill9(victim)
+        if i < 4:
+            time.sleep(5)
+
+
+def _owner_pause(run: Run) -> None:
+    """B3: SIGSTOP the owner for 15 s while the producer keeps sending, then SIGCONT.
+    Its lease runs out meanwhile: another broker takes the topic over and the resumed
+    one must not append (an append of the old owner would show as an offset naming two
+    messages, or a lost acknowledged message)."""
+    run.sent_seconds(run.rng.uniform(2.0, 6.0))
+    fault = run.faults.pause(run.owner())
+    time.sleep(15)
+    run.faults.heal(fault)
+
+
+def _owner_isolate(run: Run) -> None:
+    """B4: isolate the owner's host from the other brokers for 30 s, then heal. The
+    clients (on the bridge) still reach it: it must stop acknowledging once its lease
+    is gone, and the majority's new owner serves the topic."""
+    run.sent_seconds(run.rng.uniform(2.0, 6.0))
+    owner = run.owner()
+    fault = run.faults.isolate(owner.host)
+    time.sleep(30)
+    run.faults.heal(fault)
+
+
+def _leader_isolate(run: Run, partition_s: float) -> None:
+    """R-leader: isolate the Raft leader's host while the metadata workload runs; the
+    majority elects another leader (asserted); heal after `partition_s`."""
+    writers = [f"admin-{i}" for i in range(METADATA_PROCESSES)]
+    run.wait(lambda: all(run.acked(w) >= 20 for w in writers), "metadata writes before the partition")
+    time.sleep(run.rng.uniform(0.0, 2.0))
+    old = run.leader()
+    fault = run.faults.isolate(old.host)
+    new = run.leader(among=[b for b in run.cluster.brokers if b is not old], exclude=old.node_id)
+    run.notes["leaders"] = [old.name, new.name]
+    time.sleep(max(0.0, partition_s - (run.faults.clock() - fault.started_at)))
+    run.faults.heal(fault)
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("B1", "owner kill -9 mid-stream", _owner_kill, messages=3_000, rate=300),
+    Scenario("B2", "hard bounce: owner kill -9 x5, 5 s apart", _hard_bounce, messages=100_000, rate=300),
+    Scenario("B3", "SIGSTOP of the owner for 15 s", _owner_pause, messages=100_000, rate=300),
+    Scenario("B4", "owner isolated from the other brokers for 30 s", _owner_isolate, messages=100_000, rate=300),
+    Scenario("R-leader", "Raft leader isolated for 10 s under metadata writes",
+             lambda run: _leader_isolate(run, 10.0), kind="metadata", tail_s=6.0),
+)}
+
+
+# -- one run ---------------------------------------------------------------------------
+
+def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tuple[Report, dict[str, Any]]:
+    """One run of scenario `name` from `seed` in `work_dir` (histories, logs, broker
+    data): its Report and the row to print (JSON-able: seed, faults, counts, notes).
+    `overrides` replace Scenario fields (messages, rate, tail_s)."""
+    base = SCENARIOS[name]
+    scenario = Scenario(**{**base.__dict__, **overrides})
+    work_dir.mkdir(parents=True, exist_ok=True)
+    history, logs = work_dir / "history", work_dir / "logs"
+    history.mkdir(exist_ok=True)
+    logs.mkdir(exist_ok=True)
+    install_tools()
+    with Hosts(3) as hosts, Cluster(hosts, work_dir / "cluster") as cluster, Faults(hosts) as faults:
+        run = Run(scenario=scenario, seed=seed, rng=random.Random(seed), cluster=cluster, faults=faults,
+                  history=history, logs=logs)
+        try:
+            cluster_ready = asyncio.run(cluster.wait_leader(deadline_s=DEADLINE_S))
+            run.notes["first_leader"] = cluster_ready.name
+            (_queue_run if scenario.kind == "queue" else _metadata_run)(run)
+        finally:
+            faults.heal_all()
+            run.kill_all()
+    records = faults.history
+    ops = load_history(history)
+    metadata = scenario.kind == "metadata"
+    report = check_run(f"{name} {scenario.description}", ops, [_checker_fault(f) for f in records],
+                       check_linearizable=False)
+    raft = checkers.check_raft(ops, checkers.leader_observations(ops)) if metadata else None
+    if raft is not None and raft.linearizable is False:
+        report = dataclasses.replace(report, not_linearizable=1, findings=(*report.findings, raft.explanation))
+    row = {"scenario": name, "seed": seed, "valid": report.valid, "faults": [f.description for f in records],
+           **{k: getattr(report, k) for k in ("attempted", "acked", "failed", "info", "deliveries", "lost",
+                                               "unexpected", "duplicates", "redeliveries", "recovered",
+                                               "nonmonotonic", "inconsistent_offsets", "offset_gaps_explained",
+                                               "offset_gaps_unexplained", "split_terms", "not_linearizable",
+                                               "never_recovered")},
+           "recovery_ack_ms": [round(t) for t in report.recovery_ack_ms],
+           "recovery_delivery_ms": [round(t) for t in report.recovery_delivery_ms],
+           "notes": run.notes, "findings": list(report.findings)}
+    if raft is not None:
+        row["metadata_ops"] = dict(Counter(f"{op.f} {op.type}" for op in ops if op.f in checkers.METADATA_FS
+                                           and op.type != "invoke"))
+        row.update(linearizable=raft.linearizable, terms=raft.terms, linearizability=raft.explanation)
+    return report, row
+
+
+def _checker_fault(fault: Fault) -> checkers.Fault:
+    healed = fault.healed_at if fault.healed_at is not None else fault.started_at
+    return checkers.Fault(fault.description, int(fault.started_at * 1e9), int(healed * 1e9))
+
+
+def _queue_run(run: Run) -> None:
+    scenario = run.scenario
+    entry = run.rng.choice(run.cluster.brokers)  # the producer enters by any broker: lookups redirect it
+    run.notes["producer_entry"] = entry.name
+    budget_s = scenario.messages / scenario.rate + DEADLINE_S
+    for name, sub, sub_type in CONSUMERS:
+        run.spawn(name, command("consume", url=run.rng.choice(run.cluster.brokers).url, topic=TOPIC, name=name,
+                                history_dir=run.history, subscription=sub, sub_type=sub_type,
+                                duration_s=budget_s + DEADLINE_S))
+    run.spawn("producer-0", command("produce", url=entry.url, topic=TOPIC, name="producer-0",
+                                    history_dir=run.history, reliable=True, count=scenario.messages,
+                                    rate=scenario.rate, duration_s=budget_s, grace_s=30))
+    run.wait(lambda: all(run.has(name, '"f":"subscribe"') for name, *_ in CONSUMERS), "every consumer subscribed")
+    scenario.schedule(run)
+    _finish_producer(run, ["producer-0"])
+    for name, *_ in CONSUMERS:
+        run.stop(name, signal.SIGUSR1)  # drain: exit once nothing more comes
+    run.wait(lambda: all(run.processes[name].poll() is not None for name, *_ in CONSUMERS), "the consumers drained")
+
+
+def _metadata_run(run: Run) -> None:
+    scenario = run.scenario
+    urls = [b.admin_url for b in run.cluster.brokers]
+    run.spawn("observer", command("observe", name="observer", history_dir=run.history, admin_url=urls,
+                                  interval_ms=100, request_timeout_ms=500, duration_s=DEADLINE_S * 2))
+    writers = [f"admin-{i}" for i in range(METADATA_PROCESSES)]
+    for i, name in enumerate(writers):
+        run.spawn(name, command("metadata", name=name, history_dir=run.history, admin_url=urls, ops=100_000,
+                                keys=10, seed=run.seed * 100 + i, pause_ms=20, request_timeout_ms=1_500,
+                                duration_s=DEADLINE_S * 2))
+    scenario.schedule(run)
+    _finish_producer(run, writers)
+    run.stop("observer")
+    run.wait(lambda: run.processes["observer"].poll() is not None, "the observer stopped")
+
+
+def _finish_producer(run: Run, names: list[str]) -> None:
+    """Let the writers go on until they finish their count, or until `tail_s` after
+    the last heal with a write acknowledged since; then SIGTERM (what is in flight is
+    recorded `info`)."""
+    healed = max((f.healed_at or f.started_at for f in run.faults.history), default=run.faults.clock())
+    counts = {name: run.acked(name) for name in names}
+    deadline = time.monotonic() + DEADLINE_S
+
+    def done() -> bool:
+        if all(run.processes[n].poll() is not None for n in names):
+            return True
+        settled = run.faults.clock() - healed >= run.scenario.tail_s
+        return (settled and all(run.acked(n) > counts[n] for n in names)) or time.monotonic() > deadline
+
+    run.wait(done, "the writers finished", DEADLINE_S + 10)
+    for name in names:
+        run.stop(name)
+    run.wait(lambda: all(run.processes[n].poll() is not None for n in names), "the writers stopped")
+
+
+# -- the command line ------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m danube_zmq.chaos.scenarios", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_ = commands.add_parser("run", help="run a scenario from a seed (and the next seeds with --runs)")
+    run_.add_argument("name", choices=sorted(SCENARIOS))
+    run_.add_argument("--seed", type=int, required=True)
+    run_.add_argument("--runs", type=int, default=1, help="seeds seed, seed+1, ...")
+    run_.add_argument("--messages", type=int, help="producer count (default: the scenario's)")
+    run_.add_argument("--rate", type=float, help="messages per second (default: the scenario's)")
+    run_.add_argument("--work-dir", type=Path, help="histories, logs and data (default: a new temporary dir)")
+    commands.add_parser("list", help="the scenarios")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for s in SCENARIOS.values():
+            print(f"{s.name}\t{s.description}")
+        return 0
+    if args.runs <= 0:
+        raise SystemExit("--runs must be positive")
+    overrides = {k: v for k, v in (("messages", args.messages), ("rate", args.rate)) if v is not None}
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{args.name}-"))
+    merged: Report | None = None
+    for seed in range(args.seed, args.seed + args.runs):
+        report, row = run_scenario(args.name, seed, work / f"seed-{seed}", **overrides)
+        print(json.dumps(row), flush=True)
+        merged = report if merged is None else merged.merge(report)
+    assert merged is not None
+    print(f"{Report.HEADER}\n{merged.row()}\n(histories and logs in {work})")
+    return 0 if merged.valid else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

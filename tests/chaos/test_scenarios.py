@@ -1,0 +1,141 @@
+"""The chaos scenarios (chaos/scenarios.py) on 3 namespace hosts: a real cluster under
+thespian supervisors, the recording workload processes, a seeded fault, heal, drain,
+and the checkers.
+
+`chaos_smoke` (CI): one run each of B1 (owner kill -9), R-leader (Raft leader
+partition) and B3 (SIGSTOP of the owner), small (3k messages at 300/s).
+`chaos` (`tox -e chaos`): the table, B1 x 20 seeds, the others x 5.
+
+Each run prints its JSON row (seed, faults, counts, recovery times) for
+docs/reliability.md; a failing seed replays with
+`python -m danube_zmq.chaos.scenarios run NAME --seed S`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from danube_zmq.chaos.checkers import Report
+from danube_zmq.chaos.scenarios import ScenarioError, run_scenario
+from tests.chaos.conftest import require_hosts
+
+SMOKE_SEED = 0
+
+
+def run(name: str, seed: int, tmp_path: Path, **overrides: Any) -> tuple[Report, dict[str, Any]]:
+    require_hosts()
+    report, row = run_scenario(name, seed, tmp_path / f"{name}-{seed}", **overrides)
+    print(f"\nchaos scenario row {json.dumps(row)}\n{Report.HEADER}\n{report.row()}")
+    return report, row
+
+
+def assert_queue_run(report: Report, row: dict[str, Any]) -> None:
+    """What every producer/consumer scenario must hold (docs/reliability.md 4.2)."""
+    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    assert report.faults >= 1, replay
+    assert report.lost == 0, (replay, report.findings)
+    assert report.unexpected == 0, (replay, report.findings)
+    assert report.nonmonotonic == 0, (replay, report.findings)  # Exclusive and Failover
+    assert report.inconsistent_offsets == 0 and report.offset_gaps_unexplained == 0, (replay, report.findings)
+    assert report.never_recovered == 0, (replay, report.findings)  # a send acknowledged after each heal
+    assert report.valid, (replay, report.findings)
+
+
+def assert_metadata_run(report: Report, row: dict[str, Any]) -> None:
+    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    assert row["linearizable"] is True, (replay, row["linearizability"])
+    assert report.split_terms == 0 and row["terms"] >= 2, (replay, report.findings)
+    assert report.never_recovered == 0, (replay, report.findings)  # commits resumed after heal
+    assert report.valid, (replay, report.findings)
+    assert row["notes"]["leaders"][0] != row["notes"]["leaders"][1]
+
+
+# -- CI smoke ---------------------------------------------------------------------------
+
+@pytest.mark.chaos_smoke
+@pytest.mark.timeout(600)
+def test_b1_owner_kill9_loses_no_acknowledged_message(tmp_path: Path) -> None:
+    """B1: the topic owner is killed with SIGKILL between 20% and 80% of a 3,000-message
+    reliable stream and its host's supervisor restarts it: every acknowledged message
+    is delivered on the Exclusive, Shared and Failover subscriptions, none unexpected,
+    first deliveries in send order on Exclusive and Failover, one message per offset,
+    and sends are acknowledged again after the restart."""
+    assert_queue_run(*run("B1", SMOKE_SEED, tmp_path))
+
+
+@pytest.mark.chaos_smoke
+@pytest.mark.timeout(600)
+def test_r_leader_partition_keeps_metadata_linearizable(tmp_path: Path) -> None:
+    """R-leader: the Raft leader's host is isolated for 10 s under three metadata
+    processes (put / get / cas on 10 keys through every node's admin port): the
+    majority elects another leader, the recorded history is linearizable, no term had
+    two leaders, and writes are acknowledged again after the heal."""
+    assert_metadata_run(*run("R-leader", SMOKE_SEED, tmp_path))
+
+
+# Found by this scenario (seed 0): after the paused owner's lease runs out, the new
+# owner's Shared subscription skips the offsets the old owner had reserved ("offsets
+# 1142..4095 are no longer in the log; skipped") and then crashes on every Flow with
+# KeyError in TrackedDelivery._send_records (actors/subscription/tracked_delivery.py:
+# a `due` offset of that skipped range has no buffered record); after repeated failures
+# it is stopped as "closed" (reattach=False) and the client fails its consumers.
+# strict: passes the day the bug is fixed, and then this mark must go.
+@pytest.mark.xfail(strict=True, raises=ScenarioError,
+                   reason="Shared subscription crashes (KeyError) on a takeover gap; see comment")
+@pytest.mark.chaos_smoke
+@pytest.mark.timeout(600)
+def test_b3_paused_owner_causes_no_split_brain(tmp_path: Path) -> None:
+    """B3: the topic owner is stopped (SIGSTOP) for 15 s while the producer keeps
+    sending, then resumed: no acknowledged message lost, no offset naming two messages
+    (the resumed old owner appended nothing beside its successor), order kept on
+    Exclusive and Failover, sends acknowledged after the resume."""
+    assert_queue_run(*run("B3", SMOKE_SEED, tmp_path))
+
+
+# -- the table (tox -e chaos) -------------------------------------------------------------
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_b1_owner_kill9_table(seed: int, tmp_path: Path) -> None:
+    """B1 x 20 seeds (kill point, entry broker): lost 0, unexpected 0, in order."""
+    assert_queue_run(*run("B1", seed, tmp_path))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", range(1, 6))
+def test_b2_hard_bounce_table(seed: int, tmp_path: Path) -> None:
+    """B2 x 5: whichever broker owns the topic killed 5 times, 5 s apart: lost 0,
+    unexpected 0, in order, a send acknowledged after each restart."""
+    assert_queue_run(*run("B2", seed, tmp_path))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", range(1, 6))
+def test_b3_owner_pause_table(seed: int, tmp_path: Path) -> None:
+    """B3 x 5: owner SIGSTOP 15 s: lost 0, no offset naming two messages."""
+    assert_queue_run(*run("B3", seed, tmp_path))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", range(1, 6))
+def test_b4_owner_partition_table(seed: int, tmp_path: Path) -> None:
+    """B4 x 5: owner isolated from the other brokers 30 s: lost 0, unexpected 0, in
+    order, sends acknowledged after the heal."""
+    assert_queue_run(*run("B4", seed, tmp_path))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", range(1, 6))
+def test_r_leader_partition_table(seed: int, tmp_path: Path) -> None:
+    """R-leader x 5: leader isolated 10 s: linearizable, one leader per term, commits
+    resume after heal."""
+    assert_metadata_run(*run("R-leader", seed, tmp_path))
