@@ -92,7 +92,11 @@ class Cluster:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "broker.yml"
-        config.write_text(f"storage:\n  mode: shared_fs\n  durable_url: {self.data_dir / 'durable'}\n" + self.config)
+        # seal_every_flush: a receipt means the batch is in the durable store, so a topic
+        # taken over from a dead or paused owner loses nothing acknowledged (without it
+        # the unsealed tail of the active segment is the documented loss window).
+        config.write_text(f"storage:\n  mode: shared_fs\n  durable_url: {self.data_dir / 'durable'}\n"
+                          "  seal_every_flush: true\n" + self.config)
         first = self.leader_host
         place = ",".join(f"{h.name}={h.address}" for h in self.hosts)
         up_log = self.data_dir / "up.log"

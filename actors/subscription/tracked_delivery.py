@@ -227,8 +227,9 @@ class TrackedDelivery:
         if not msg.frames and self.buffer_end < msg.log_start_offset:
             log.warning("%s:%s: offsets %d..%d are no longer in the log; skipped", self.topic, self.subscription,
                         self.buffer_end, msg.log_start_offset - 1)
-            gone = range(max(self.buffer_end, self.tracker.read_offset), msg.log_start_offset)
-            self.tracker.skip(gone, self.shell.system.clock.monotonic_ms())
+            # Everything of the range, also offsets below `read_offset` waiting since a
+            # resume: none of them can be read again.
+            self.tracker.forget(self.buffer_end, msg.log_start_offset, self.shell.system.clock.monotonic_ms())
             self.buffer_end = msg.log_start_offset
         elif not msg.frames and msg.gap_end > self.buffer_end:
             self.gap_end = msg.gap_end

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from danube_zmq.chaos.checkers import Report
-from danube_zmq.chaos.scenarios import ScenarioError, run_scenario
+from danube_zmq.chaos.scenarios import run_scenario
 from tests.chaos.conftest import require_hosts
 
 SMOKE_SEED = 0
@@ -77,15 +77,11 @@ def test_r_leader_partition_keeps_metadata_linearizable(tmp_path: Path) -> None:
     assert_metadata_run(*run("R-leader", SMOKE_SEED, tmp_path))
 
 
-# Found by this scenario (seed 0): after the paused owner's lease runs out, the new
-# owner's Shared subscription skips the offsets the old owner had reserved ("offsets
-# 1142..4095 are no longer in the log; skipped") and then crashes on every Flow with
-# KeyError in TrackedDelivery._send_records (actors/subscription/tracked_delivery.py:
-# a `due` offset of that skipped range has no buffered record); after repeated failures
-# it is stopped as "closed" (reattach=False) and the client fails its consumers.
-# strict: passes the day the bug is fixed, and then this mark must go.
-@pytest.mark.xfail(strict=True, raises=ScenarioError,
-                   reason="Shared subscription crashes (KeyError) on a takeover gap; see comment")
+# Found by this scenario (seed 0): after the paused owner's lease ran out, the new
+# owner's Shared subscription skipped the old owner's reserved offsets only from its
+# read offset, left the resumed holes below it waiting, and failed on every Flow
+# (KeyError in TrackedDelivery._send_records) until it was closed. Fixed by
+# DeliveryTracker.forget (tests/unit/test_delivery_tracker.py).
 @pytest.mark.chaos_smoke
 @pytest.mark.timeout(600)
 def test_b3_paused_owner_causes_no_split_brain(tmp_path: Path) -> None:

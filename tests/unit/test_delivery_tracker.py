@@ -756,3 +756,60 @@ def test_resuming_ignores_acked_offsets_at_or_below_the_cursor() -> None:
     assert (t.cursor, t.read_offset, t.acked_above) == (5, 9, frozenset({8}))
     assert sorted(r.offset for r in t.due(0, 10)) == [6, 7]
     t.check_invariants()
+
+
+def test_forget_settles_a_resumed_subscriptions_holes_the_log_no_longer_holds() -> None:
+    """A subscription resumed at cursor 1141 with 1145 and 1150 acked above it waits to
+    redeliver 1142..1149 (but those two); when the new owner's log starts at 4096 (the
+    old owner's reservation), forgetting 1142..4095 settles every one: nothing of the
+    range comes back from `due`, the cursor is 4095 and new deliveries start at 4096.
+    (Skipping only from `read_offset` left the holes waiting, and the subscription
+    failed on every Flow with a KeyError for a record it never read.)"""
+    t = DeliveryTracker(cursor=1141, acked_above=[1145, 1150], policy=FailurePolicy())
+    assert [r.offset for r in t.due(0, 100)] == [1142, 1143, 1144, 1146, 1147, 1148, 1149]
+    t.requeue([1142, 1143, 1144, 1146, 1147, 1148, 1149], 0)
+    assert t.forget(1142, 4096, SECOND) == (4096 - 1142) - 2
+    assert t.due(2 * SECOND, 100) == []
+    assert (t.cursor, t.read_offset, t.acked_above_count) == (4095, 4096, 0)
+    assert t.settled()
+
+
+def test_forget_settles_deliveries_in_flight_and_ignores_their_late_acks() -> None:
+    """Offsets in flight when the log loses them are settled (a late ack or nack is
+    ignored); offsets after the range are untouched."""
+    t = tracker()
+    t.delivered(A, [0, 1, 2, 3], 0)
+    assert t.forget(0, 3, SECOND) == 3
+    assert t.cursor == 2 and t.in_flight_count(A) == 1
+    t.ack(A, [0, 1])
+    t.nack(A, [2], SECOND)
+    assert t.due(60 * SECOND, 10) == []
+    assert t.ack(A, [3]) == 3
+
+
+@given(st.lists(st.tuples(st.sampled_from(["deliver", "ack", "nack"]), st.integers(0, 30)), max_size=40),
+       st.integers(0, 40), st.integers(0, 40))
+@settings(max_examples=300, deadline=None)
+def test_forget_leaves_nothing_of_its_range_to_deliver(ops: list[tuple[str, int]], start: int, span: int) -> None:
+    """Whatever was delivered, acked or nacked before, after forget(start, end) no offset
+    of the range is waiting or in flight or ever due, and offsets below `start` keep
+    their state: the cursor passes `end - 1` exactly when everything below was settled."""
+    t = tracker()
+    now = 0
+    for op, offset in ops:
+        now += 1
+        if op == "deliver" and offset >= t.read_offset and offset - t.cursor <= 100:
+            t.delivered(A, [offset], now)
+        elif op == "ack":
+            t.ack(A, [offset])
+        elif op == "nack":
+            t.nack(A, [offset], now)
+    end = start + span
+    below_settled = t.cursor >= start - 1 or all(
+        o in t.acked_above for o in range(t.cursor + 1, start))
+    t.forget(start, end, now)
+    due = {r.offset for r in t.due(now + 10**9, 10_000)}
+    assert not any(start <= o < end for o in due)
+    assert span == 0 or t.read_offset >= end
+    if below_settled and span:
+        assert t.cursor >= end - 1
