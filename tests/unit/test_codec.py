@@ -96,6 +96,9 @@ MALFORMED = {
     "map value not a string": msgpack.packb([Send.TAG, 1, 2, [b"x"], [1], None, [{"k": 1}]], use_bin_type=True),
     "extension type": msgpack.packb([6, msgpack.ExtType(5, b"xx")]),
     "invalid utf-8": b"\x92\x10\xa2\xff\xfe",
+    "huge declared array": b"\xdd\x7f\xff\xff\xff\x01",
+    "huge declared map": b"\xdf\x7f\xff\xff\xff\x01\x01",
+    "huge declared bin": b"\x92\x06\xc6\x7f\xff\xff\xffab",
 }
 
 
