@@ -6,7 +6,8 @@ straight to the gateway's outbox as `Deliver` frames, one per consumer per batch
 slice: payload lists are sliced, never copied message by message, unless Key-Shared
 picks messages out of a batch.
 
-1. Publish -> append to pending (over the bound: dropped, counted) -> dispatch. With no
+1. Publish -> append to pending (over the bound: dropped, counted) -> dispatch; with
+   nothing pending the batch goes to the rule directly, what is left of it queued. With no
    consumer attached nothing is kept (dropped, counted): delivery is fire-and-forget,
    as Danube's, so an abandoned subscription holds no memory however many there are;
    the last consumer leaving drops what was pending.
@@ -63,8 +64,28 @@ class RuleDelivery:
         pass
 
     def publish(self, msg: Publish) -> None:
-        self._enqueue(msg)
-        self.dispatch()
+        consumers = self.shell.consumers
+        if self.pending or not consumers:
+            self._enqueue(msg)
+            self.dispatch()
+            return
+        # Nothing waits: the batch goes to the rule as it is, as `dispatch` would take it
+        # from the head of the queue, without passing through the queue.
+        permits = {cid: c.permits for cid, c in consumers.items() if c.permits > 0 and not c.paused}
+        if not permits:
+            self._enqueue(msg)
+            return
+        assignment = self.rule.assign(len(msg.payloads), msg.keys, msg.producer_name, permits)
+        for part in assignment.slices:
+            self._deliver(consumers[part.consumer_id], msg, part.indices)
+        if assignment.skipped:
+            self.shell.dropped_messages += len(assignment.skipped)
+        rest = assignment.leftover
+        if rest:
+            size = sum(len(msg.payloads[i]) for i in rest)
+            self.pending.append(_Pending(msg, rest, len(rest), size))
+            self.pending_messages += len(rest)
+            self.pending_bytes += size
 
     def attached(self, replay: list[bytes]) -> None:
         for frame in replay:
