@@ -165,14 +165,3 @@ class Actor:
     async def on_stop(self) -> None:
         """Called when the actor stops or before it is replaced by a restart."""
 
-    async def dispatch(self, msg: Message, origin: Origin | None = None) -> Any:
-        """Call the handler of `msg` (with `origin` for a client or admin request) and
-        return what it returns; `Unrecognized` when there is none."""
-        entry = self._handlers.get(type(msg).__name__)
-        if entry is None:
-            raise Unrecognized(f"{self.name} has no handler for {type(msg).__name__}")
-        fn, is_async = entry
-        result = fn(self, msg) if origin is None else fn(self, msg, origin)
-        if is_async:
-            return await result
-        return result

@@ -649,8 +649,16 @@ class ActorSystem:
         raised, or INTERNAL for any other exception, given before the actor restarts.
         An unknown message is counted and answered with `Unrecognized`, never a restart.
         False when a failure stopped the actor."""
+        instance = cell.instance
         try:
-            result = await (cell.instance.dispatch(msg) if origin is None else cell.instance.dispatch(msg, origin))
+            # The handler table (`Actor._handlers`): a coroutine only for handlers that are one.
+            entry = instance._handlers.get(type(msg).__name__)
+            if entry is None:
+                raise Unrecognized(f"{instance.name} has no handler for {type(msg).__name__}")
+            fn, is_async = entry
+            result = fn(instance, msg) if origin is None else fn(instance, msg, origin)
+            if is_async:
+                result = await result
         except asyncio.CancelledError:
             raise
         except Unrecognized as exc:
