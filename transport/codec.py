@@ -217,12 +217,16 @@ def _compile_builder(cls: type[Struct], hints: dict[str, Any], fields: tuple[dat
             (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
         indent = "    "
         if i >= cls._required:
+            # Only a value that was sent is checked: a default need not be of the wire
+            # type (an IntEnum member is not `type(v) is int`).
             if f.default is not dataclasses.MISSING:
                 env[f"_default{i}"] = f.default
-                lines.append(f"    v = items[{i}] if n > {i} else _default{i}")
+                lines += [f"    if n <= {i}:", f"        v = _default{i}"]
             else:
                 env[f"_factory{i}"] = f.default_factory
-                lines.append(f"    v = items[{i}] if n > {i} else _factory{i}()")
+                lines += [f"    if n <= {i}:", f"        v = _factory{i}()"]
+            lines += ["    else:", f"        v = items[{i}]"]
+            indent = "        "
         else:
             lines.append(f"    v = items[{i}]")
         if tp in _INLINE:
@@ -237,7 +241,7 @@ def _compile_builder(cls: type[Struct], hints: dict[str, Any], fields: tuple[dat
         else:
             env[f"_check{i}"] = cls._checks[i]
             lines.append(f"{indent}v = _check{i}(v, {place})")
-        lines.append(f"{indent}_set{i}(o, v)")
+        lines.append(f"    _set{i}(o, v)")
     lines.append("    return o")
     exec("\n".join(lines), env)  # code written from the class's own annotations, as dataclasses does
     cls._from_items = staticmethod(env["_from_items"])
