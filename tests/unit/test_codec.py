@@ -143,6 +143,27 @@ def test_malformed_frames_are_clear_errors(frame: bytes) -> None:
     assert info.value.message
 
 
+DEEP = b"\x91" * 1020 + b"\xc0"  # arrays nested 1,020 deep: within msgpack's stack (1,024)
+BAD_DEEP_VALUES = {
+    "as a field": b"\x92\x06" + DEEP,  # [Ping tag, <deep>]
+    "as the tag": b"\x92" + DEEP + b"\x01",
+    "as a list item": msgpack.packb([Send.TAG, 1, 2, [b"x"], [1]], use_bin_type=True)[:-2] + b"\x91" + DEEP,
+    "huge list": msgpack.packb([6, list(range(1 << 20))]),
+}
+
+
+@pytest.mark.parametrize("frame", BAD_DEEP_VALUES.values(), ids=BAD_DEEP_VALUES.keys())
+def test_a_deep_or_huge_value_in_the_wrong_place_is_a_short_clear_error(frame: bytes) -> None:
+    """A value nested as deep as msgpack allows, or a million-item list, where another
+    type is expected is an InvalidArgument whose message stays short. Regression: the
+    error showed the value with repr(), which raised RecursionError on the deep one; the
+    gateway crashed on it and, after its restarts, the broker exited (found by
+    chaos/fuzz.py)."""
+    with pytest.raises(InvalidArgument) as error:
+        CLIENT_PROTOCOL.decode(frame)
+    assert len(str(error.value)) < 200
+
+
 def test_error_names_the_field_at_fault() -> None:
     """The message of a type error says which message and field were wrong."""
     frame = msgpack.packb([Send.TAG, 1, "two", [b"x"], [1]], use_bin_type=True)
