@@ -61,6 +61,7 @@ from danube_zmq.transport.common import PROTOCOL_VERSION
 MIB = 1 << 20
 ERROR_TAG = 3  # transport/common.py Error
 CONNECT_TAG, CONNECTED_TAG, PING_TAG, PONG_TAG = 1, 2, 5, 6
+RELIABLE = 1  # DispatchStrategy.RELIABLE
 
 # The broker's limits for a fuzz run (environment overrides of actors/config.py). Kept
 # small so that what the limits let a peer make the broker hold is well inside the
@@ -485,7 +486,8 @@ class _Bystander:
 
     def start(self) -> None:
         self.request(CONNECT_TAG, PROTOCOL_VERSION, "fuzz-bystander")
-        created = self.request(20, BYSTANDER_TOPIC, "fuzz-bystander")  # CreateProducer
+        # CreateProducer, reliable (the topic keeps what it acknowledged for the check).
+        created = self.request(20, BYSTANDER_TOPIC, "fuzz-bystander", RELIABLE)
         if created[0] != 21:
             raise RuntimeError(f"bystander could not attach: {created}")
         self.producer_id = created[2]
@@ -610,13 +612,14 @@ def _check(broker: FuzzBroker, report: Report, bystander: _Bystander, peers: lis
 async def _round_trip(broker: FuzzBroker, bystander: _Bystander, report: Report) -> None:
     """Through the real client: every acknowledged bystander message is consumed, a new
     one goes round, and the admin port lists the namespaces."""
-    from danube_zmq import DanubeClient, SubType
+    from danube_zmq import DanubeClient, DispatchStrategy, SubType
     from danube_zmq.client.admin import AdminClient
 
     async with DanubeClient(broker.url, client_name="fuzz-check") as client:
         consumer = await client.subscribe(BYSTANDER_TOPIC, "fuzz-check", sub_type=SubType.EXCLUSIVE,
                                           initial_position="earliest")
-        producer = await client.create_producer(BYSTANDER_TOPIC, name="fuzz-check-producer")
+        producer = await client.create_producer(BYSTANDER_TOPIC, name="fuzz-check-producer",
+                                                dispatch=DispatchStrategy.RELIABLE)
         final = await producer.send(b"after the fuzzing")
         expected = {**bystander.acked, final.offset: b"after the fuzzing"}
         seen: dict[int, bytes] = {}
