@@ -33,6 +33,7 @@ def _assert_passed(report: Report) -> None:
 
 
 @pytest.mark.chaos_smoke
+@pytest.mark.timeout(300)  # 60 s of fuzzing, a broker start and the checks (up to 30 s each)
 def test_sixty_seconds_of_bad_frames_leave_the_broker_serving_within_its_memory_budget() -> None:
     """60 s of generated frames (valid, mutated, truncated, wrong tags, msgpack bombs,
     oversize, too many parts) over 4 client and 2 admin connections, with a producer
@@ -44,6 +45,7 @@ def test_sixty_seconds_of_bad_frames_leave_the_broker_serving_within_its_memory_
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(900)
 def test_ten_minutes_of_bad_frames_leave_the_broker_serving_within_its_memory_budget() -> None:
     """The smoke's checks after 10 minutes of fuzzing (memory that grows slowly, rare
     frame shapes)."""
