@@ -963,7 +963,9 @@ class Gateway(Actor):
         for consumer_id, endpoint in session.consumers.items():
             self.system.tell(endpoint, DetachConsumer(consumer_id=consumer_id, identity=identity))
         del self.sessions[identity]
-        if session.fd is not None and self._session_fds.get(session.fd) == session.address:
+        # `in` first: an address may be None (the connection gone when its Connect was
+        # read), and another session on the same descriptor may have removed it.
+        if session.fd in self._session_fds and self._session_fds[session.fd] == session.address:
             del self._session_fds[session.fd]
             if self.peers is not None:
                 self.peers.session_ended(session.fd, self.system.clock.monotonic_ms())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import reprlib
 import struct
 import threading
 import types
@@ -78,8 +79,19 @@ def _to_wire(value: Any) -> Any:
     return value
 
 
+def _shown(value: Any) -> str:
+    """A short repr of a value a peer sent: reprlib stops at a depth and a count, where
+    repr() of arrays nested 1,000 deep (msgpack allows 1,023) raises RecursionError and
+    of a million-item list builds megabytes."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 4, 4, 60, 60
+
+
 def _fail(where: str, expected: str, value: Any) -> InvalidArgument:
-    shown = repr(value)
+    shown = _shown(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return InvalidArgument(f"bad field {where}: expected {expected}, got {shown}")
@@ -341,7 +353,7 @@ class Protocol:
             raise InvalidArgument("malformed frame: expected a non-empty msgpack array [tag, fields...]")
         tag = items[0]
         if type(tag) is not int:
-            raise InvalidArgument(f"malformed frame: the first element must be an integer tag, got {tag!r}")
+            raise InvalidArgument(f"malformed frame: the first element must be an integer tag, got {_shown(tag)}")
         cls = self._by_tag.get(tag)
         if cls is None:
             raise InvalidArgument(f"unknown message tag {tag} for the {self.name} protocol")
