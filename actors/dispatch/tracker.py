@@ -465,15 +465,14 @@ class DeliveryTracker:
         return True
 
     def forget(self, start: int, end: int, now_ms: int) -> int:
-        """Settle offsets `start`..`end - 1`, which the log no longer holds (retention
-        deleted them, or a new owner's log starts past them), whatever each one's state:
-        waiting holes (a resumed subscription's unacked offsets among them), deliveries in
-        flight (a late ack is ignored), new offsets; acked ones stay acked. Returns how
-        many were settled without an ack. Unlike `skip`, an offset may be below
-        `read_offset` and may have been delivered before."""
+        """Settle the offsets of `start`..`end - 1` below `read_offset` that the log no
+        longer holds (retention deleted them, or a new owner's log starts past them),
+        whatever each one's state: waiting holes (a resumed subscription's unacked offsets
+        among them) and deliveries in flight (a late ack is ignored); acked ones stay
+        acked. Returns how many were settled without an ack. What lies at or past
+        `read_offset` was never delivered: the caller settles it with `skip_gap`, which
+        keeps within the bound."""
         self._tick(now_ms)
-        if end <= start:
-            return 0
         settled = 0
         for consumer_id in list(self._in_flight):
             flight = self._in_flight[consumer_id]
@@ -488,19 +487,6 @@ class DeliveryTracker:
                 self._mark_acked(offset)
                 settled += 1
         assert not any(start <= o < end for o in self._handed_out), "forget between due and delivered/requeue"
-        new_start = max(start, self._read_offset)
-        if end > new_start:
-            settled += end - new_start
-            if self._cursor == new_start - 1:  # everything below is settled: one step, whatever the span
-                self._cursor = end - 1
-                self._read_offset = end
-                while self._cursor + 1 in self._acked_above:
-                    self._cursor += 1
-                    self._acked_above.remove(self._cursor)
-            else:
-                for offset in range(new_start, end):
-                    self._take_new(offset, now_ms, check_bound=False)
-                    self._mark_acked(offset)
         return settled
 
     def ack(self, consumer_id: int, offsets: Iterable[int]) -> int:

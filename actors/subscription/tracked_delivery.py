@@ -227,10 +227,15 @@ class TrackedDelivery:
         if not msg.frames and self.buffer_end < msg.log_start_offset:
             log.warning("%s:%s: offsets %d..%d are no longer in the log; skipped", self.topic, self.subscription,
                         self.buffer_end, msg.log_start_offset - 1)
-            # Everything of the range, also offsets below `read_offset` waiting since a
-            # resume: none of them can be read again.
+            # None of them can be read again: those already delivered or waiting since a
+            # resume (below `read_offset`) are settled now; the rest is crossed as a gap,
+            # once everything before it is delivered (`_cross_gap`, within the bound).
             self.tracker.forget(self.buffer_end, msg.log_start_offset, self.shell.system.clock.monotonic_ms())
-            self.buffer_end = msg.log_start_offset
+            gap_start = max(self.buffer_end, self.tracker.read_offset)
+            if msg.log_start_offset > gap_start:
+                self.buffer_end, self.gap_end = gap_start, msg.log_start_offset
+            else:
+                self.buffer_end = msg.log_start_offset
         elif not msg.frames and msg.gap_end > self.buffer_end:
             self.gap_end = msg.gap_end
         for frame in msg.frames:
@@ -276,8 +281,8 @@ class TrackedDelivery:
         if self.tracker.read_offset != self.buffer_end or not self.tracker.skip_gap(
                 self.buffer_end, self.gap_end, self.shell.system.clock.monotonic_ms()):
             return False
-        log.warning("%s:%s: offsets %d..%d were reserved by a broker that died before storing them; skipped",
-                    self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
+        log.warning("%s:%s: offsets %d..%d are not in the log (reserved by a broker that died before storing"
+                    " them, or deleted); skipped", self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
         self.buffer_end, self.gap_end = self.gap_end, 0
         self._persist()
         return True

@@ -760,15 +760,18 @@ def test_resuming_ignores_acked_offsets_at_or_below_the_cursor() -> None:
 
 def test_forget_settles_a_resumed_subscriptions_holes_the_log_no_longer_holds() -> None:
     """A subscription resumed at cursor 1141 with 1145 and 1150 acked above it waits to
-    redeliver 1142..1149 (but those two); when the new owner's log starts at 4096 (the
-    old owner's reservation), forgetting 1142..4095 settles every one: nothing of the
-    range comes back from `due`, the cursor is 4095 and new deliveries start at 4096.
-    (Skipping only from `read_offset` left the holes waiting, and the subscription
-    failed on every Flow with a KeyError for a record it never read.)"""
+    redeliver 1142..1149 (but 1145); when the new owner's log starts at 4096 (the old
+    owner's reservation), forgetting 1142..4095 settles those holes, and the rest, never
+    delivered, is crossed with `skip_gap`: nothing of the range comes back from `due`,
+    the cursor is 4095 and new deliveries start at 4096. (Skipping only from
+    `read_offset` left the holes waiting, and the subscription failed on every Flow with
+    a KeyError for a record it never read.)"""
     t = DeliveryTracker(cursor=1141, acked_above=[1145, 1150], policy=FailurePolicy())
     assert [r.offset for r in t.due(0, 100)] == [1142, 1143, 1144, 1146, 1147, 1148, 1149]
     t.requeue([1142, 1143, 1144, 1146, 1147, 1148, 1149], 0)
-    assert t.forget(1142, 4096, SECOND) == (4096 - 1142) - 2
+    assert t.forget(1142, 4096, SECOND) == 7
+    assert (t.cursor, t.read_offset) == (1150, 1151)
+    assert t.skip_gap(1151, 4096, SECOND)
     assert t.due(2 * SECOND, 100) == []
     assert (t.cursor, t.read_offset, t.acked_above_count) == (4095, 4096, 0)
     assert t.settled()
@@ -792,8 +795,8 @@ def test_forget_settles_deliveries_in_flight_and_ignores_their_late_acks() -> No
 @settings(max_examples=300, deadline=None)
 def test_forget_leaves_nothing_of_its_range_to_deliver(ops: list[tuple[str, int]], start: int, span: int) -> None:
     """Whatever was delivered, acked or nacked before, after forget(start, end) no offset
-    of the range is waiting or in flight or ever due, and offsets below `start` keep
-    their state: the cursor passes `end - 1` exactly when everything below was settled."""
+    of the range is waiting, in flight or ever due, nothing new is taken (`read_offset`
+    stays), and offsets outside the range keep their state."""
     t = tracker()
     now = 0
     for op, offset in ops:
@@ -805,11 +808,13 @@ def test_forget_leaves_nothing_of_its_range_to_deliver(ops: list[tuple[str, int]
         elif op == "nack":
             t.nack(A, [offset], now)
     end = start + span
-    below_settled = t.cursor >= start - 1 or all(
-        o in t.acked_above for o in range(t.cursor + 1, start))
-    t.forget(start, end, now)
+    read_offset, in_flight = t.read_offset, t.in_flight_count(A)
+    waiting = [r.offset for r in t.due(now, 10_000)]
+    t.requeue(waiting, now)
+    waiting_in_range = sum(1 for o in waiting if start <= o < end)
+    settled = t.forget(start, end, now)
+    assert t.read_offset == read_offset
     due = {r.offset for r in t.due(now + 10**9, 10_000)}
     assert not any(start <= o < end for o in due)
-    assert span == 0 or t.read_offset >= end
-    if below_settled and span:
-        assert t.cursor >= end - 1
+    assert {o for o in waiting if not start <= o < end} <= due
+    assert t.in_flight_count(A) == in_flight - (settled - waiting_in_range)
