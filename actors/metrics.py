@@ -56,10 +56,6 @@ class ScrapeCounter:
             tally = self._tallies[key] = Tally()
         return tally
 
-    def value(self, **labels: str) -> int:
-        tally = self._tallies.get(tuple(labels[name] for name in self.labelnames))
-        return 0 if tally is None else tally.value
-
     def describe(self) -> list[Metric]:
         return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
 

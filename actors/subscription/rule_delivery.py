@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.dispatch import make_rule
+from danube_zmq.actors.dispatch import Assignment, make_rule
 from danube_zmq.actors.gateway import OUTBOX
 from danube_zmq.actors.subscription.delivery import Consumer
 from danube_zmq.transport import client_protocol as cp
@@ -69,18 +69,13 @@ class RuleDelivery:
             self._enqueue(msg)
             self.dispatch()
             return
-        # Nothing waits: the batch goes to the rule as it is, as `dispatch` would take it
-        # from the head of the queue, without passing through the queue.
-        permits = {cid: c.permits for cid, c in consumers.items() if c.permits > 0 and not c.paused}
+        # Nothing waits: the batch is offered as it is, as `dispatch` would offer it from
+        # the head of the queue, without passing through the queue.
+        permits = self._permits()
         if not permits:
             self._enqueue(msg)
             return
-        assignment = self.rule.assign(len(msg.payloads), msg.keys, msg.producer_name, permits)
-        for part in assignment.slices:
-            self._deliver(consumers[part.consumer_id], msg, part.indices)
-        if assignment.skipped:
-            self.shell.dropped_messages += len(assignment.skipped)
-        rest = assignment.leftover
+        rest = self._offer(msg, None, len(msg.payloads), permits).leftover
         if rest:
             size = sum(len(msg.payloads[i]) for i in rest)
             self.pending.append(_Pending(msg, rest, len(rest), size))
@@ -146,26 +141,16 @@ class RuleDelivery:
         self.pending_bytes += size
 
     def dispatch(self) -> None:
-        consumers = self.shell.consumers
         while self.pending:
-            permits = {cid: c.permits for cid, c in consumers.items() if c.permits > 0 and not c.paused}
+            permits = self._permits()
             if not permits:
                 return
-            head = self.pending[0]
-            publish = head.publish
-            keys = publish.keys
-            if keys is not None and head.indices is not None:
-                keys = [keys[i] for i in head.indices]
-            assignment = self.rule.assign(head.count, keys, publish.producer_name, permits)
-            for part in assignment.slices:
-                indices = _compose(head.indices, part.indices)
-                self._deliver(consumers[part.consumer_id], publish, indices)
-            if assignment.skipped:
-                self.shell.dropped_messages += len(assignment.skipped)
-            self.pending.popleft()
+            head = self.pending.popleft()
             self.pending_messages -= head.count
             self.pending_bytes -= head.size
+            assignment = self._offer(head.publish, head.indices, head.count, permits)
             if assignment.leftover:
+                publish = head.publish
                 rest = _compose(head.indices, assignment.leftover)
                 size = sum(len(publish.payloads[i]) for i in rest)
                 self.pending.appendleft(_Pending(publish, rest, len(rest), size))
@@ -173,6 +158,24 @@ class RuleDelivery:
                 self.pending_bytes += size
                 if not assignment.slices:
                     return  # nobody can take the head now; wait for permits or consumers
+
+    def _permits(self) -> dict[int, int]:
+        return {cid: c.permits for cid, c in self.shell.consumers.items() if c.permits > 0 and not c.paused}
+
+    def _offer(self, publish: Publish, indices: Sequence[int] | None, count: int,
+               permits: dict[int, int]) -> Assignment:
+        """The rule splits `count` messages of `publish` (all, or `indices`) among
+        consumers with `permits`; each slice is delivered, what nobody will take dropped."""
+        keys = publish.keys
+        if keys is not None and indices is not None:
+            keys = [keys[i] for i in indices]
+        assignment = self.rule.assign(count, keys, publish.producer_name, permits)
+        consumers = self.shell.consumers
+        for part in assignment.slices:
+            self._deliver(consumers[part.consumer_id], publish, _compose(indices, part.indices))
+        if assignment.skipped:
+            self.shell.dropped_messages += len(assignment.skipped)
+        return assignment
 
     def _deliver(self, consumer: Consumer, publish: Publish, indices: Sequence[int]) -> None:
         count = len(indices)
