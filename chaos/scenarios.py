@@ -337,9 +337,9 @@ def _consumer_crash(run: Run) -> None:
     run.notes["crashed"] = [holder, "consumer-ex", active]
     time.sleep(SESSION_S)
     for name, fault in crashed:
-        run.spawn_consumer(f"{name}.1", run.consumer_options[name])
+        run.spawn_consumer(f"{name}-r1", run.consumer_options[name])
         run.faults.heal(fault)
-    run.wait(lambda: all(run.has(f"{name}.1", '"f":"subscribe"') for name, _ in crashed), "the restarted consumers subscribed")
+    run.wait(lambda: all(run.has(f"{name}-r1", '"f":"subscribe"') for name, _ in crashed), "the restarted consumers subscribed")
 
 
 def _raft_partition(run: Run, shape: str) -> None:
