@@ -13,6 +13,7 @@ start and heal times on its injected monotonic clock) for the availability check
               one_way(src, dst)    dst drops what src sends (dst's input only)
               loss(h, percent)     each packet in or out of h dropped at random
               delay(h, ms)         netem, only where the kernel has it
+    clock:    clock_jump(clocks, h, s)  h's wall clock stepped by s seconds (chaos/clock.py)
 
 Network faults are nftables rules inside the hosts' own namespaces (a table per fault
 per host, so faults compose and heal is deleting that table), dropping on input as
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from danube_zmq.chaos.clock import Clocks
 from danube_zmq.chaos.cluster import Broker
 from danube_zmq.chaos.hosts import Host, Hosts
 
@@ -161,6 +163,14 @@ class Faults:
                 os.kill(pid, signal.SIGCONT)
 
         return self._record("pause", [broker.name], f"SIGSTOP {broker.name} (pid {pid})", resume)
+
+    def clock_jump(self, clocks: Clocks, host: Host, seconds: float) -> Fault:
+        """Step the wall clock of every process on `host` by `seconds` (chaos/clock.py:
+        the processes must have been started with `clocks.env(host)`); heal sets it
+        back to real time, itself a step of -`seconds`."""
+        clocks.set(host, clocks.offset(host) + seconds)
+        return self._record("clock", [host.name], f"wall clock of {host.name} {seconds:+g} s",
+                            lambda: clocks.set(host, clocks.offset(host) - seconds))
 
     # -- network ---------------------------------------------------------------------
 
