@@ -164,6 +164,16 @@ class Faults:
 
         return self._record("pause", [broker.name], f"SIGSTOP {broker.name} (pid {pid})", resume)
 
+    def pause_process(self, pid: int, name: str) -> Fault:
+        """SIGSTOP any process (a workload consumer, P2); heal sends SIGCONT."""
+        os.kill(pid, signal.SIGSTOP)
+
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+        return self._record("pause", [name], f"SIGSTOP {name} (pid {pid})", resume)
+
     def clock_jump(self, clocks: Clocks, host: Host, seconds: float) -> Fault:
         """Step the wall clock of every process on `host` by `seconds` (chaos/clock.py:
         the processes must have been started with `clocks.env(host)`); heal sets it

@@ -205,8 +205,9 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
             if drain_from and now - max(last, drain_from[0]) > args.drain_idle_s:
                 break
             try:
+                batch = max(1, int(args.ack_rate)) if args.ack_rate and not drain_from else 1_000
                 messages = await consumer.batch_receive(
-                    min(1_000, args.deliveries_max - counts["delivered"]), timeout=0.2)
+                    min(batch, args.deliveries_max - counts["delivered"]), timeout=0.2)
             except Timeout:
                 continue
             last = time.monotonic()
@@ -220,6 +221,8 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
                     "topic": msg.topic, "offset": msg.offset, "redelivery": msg.redelivery_count}, _now())
             counts["delivered"] += len(messages)
             writer.flush()  # recorded before acknowledged
+            if args.ack_rate and not drain_from:  # a slow consumer (P1); the drain is at full speed
+                await asyncio.sleep(len(messages) / args.ack_rate)
             try:
                 await consumer.ack(messages)
             except DanubeError as exc:  # not acknowledged: it comes again, which the history shows
@@ -391,6 +394,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="after SIGUSR1, stop after this long with no delivery")
     consume_.add_argument("--deliveries-max", type=int, default=1_000_000, help="stop after this many deliveries")
     consume_.add_argument("--receiver-queue-size", type=int, default=1_000)
+    consume_.add_argument("--ack-rate", type=float, default=0.0,
+                          help="acknowledge at most this many messages per second until SIGUSR1 (0: no limit)")
     return parser
 
 
