@@ -418,7 +418,7 @@ def _producer_flood(run: Run, producers_n: int = 4) -> None:
     at the rate the owner stores, or RESOURCE_EXHAUSTED, which the client retries), and
     nothing acknowledged is lost."""
     consumers = ["consumer-ex"]
-    _consumer(run, "consumer-ex", "ex", "exclusive")
+    _consumer(run, "consumer-ex", "ex", "exclusive", deliveries_max=run.scenario.messages)
     producers = _producers(run, producers_n, inflight_max=5_000)
     figures, took, before, after = _under_pressure(run, producers, consumers,
                                                    lambda: time.sleep(run.scenario.hold_s))
@@ -447,7 +447,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              _stalled_consumer, kind="pressure", messages=1_000_000, rate=2_000, tail_s=2.0,
              config="reliable:\n  ack_timeout_ms: 5000\n"),
     Scenario("P3", "4 producers flooding one topic (1 KiB, 20,000 msg/s offered each)",
-             _producer_flood, kind="pressure", messages=10_000_000, rate=20_000, tail_s=2.0),
+             _producer_flood, kind="pressure", messages=10_000_000, rate=20_000, tail_s=2.0, hold_s=20.0),
 )}
 
 
