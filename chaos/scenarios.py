@@ -243,16 +243,20 @@ def _leader_isolate(run: Run, partition_s: float) -> None:
 
 
 def _clock_jumps(run: Run, cycles: int = 2) -> None:
-    """R4: step the wall clock of the Raft leader's host, then of the topic owner's, by
-    +30 s and by -30 s (each held 3-6 s, then set right), `cycles` times each, under
+    """R4: step the wall clock of the Raft leader's host, then of the topic owner's (a
+    seeded follower's when the leader owns the topic), by +30 s and by -30 s (each held
+    3-6 s, then set right), `cycles` times each, under
     metadata writes and a reliable stream. Raft, leases and fencing must run on the
     monotonic clock: no election beyond one, nothing lost, linearizable."""
     assert run.clocks is not None
     writers = [f"admin-{i}" for i in range(METADATA_PROCESSES)]
     run.wait(lambda: all(run.acked(w) >= 20 for w in writers), "metadata writes before the first jump")
     run.sent_seconds(run.rng.uniform(2.0, 4.0))
+    leader = run.leader()
     for role in ("leader", "owner"):
-        target = run.leader() if role == "leader" else run.owner()
+        target = leader if role == "leader" else run.owner()
+        if role == "owner" and target == leader:  # one host already had it: a follower's clock instead
+            role, target = "follower", run.rng.choice([b for b in run.cluster.brokers if b != leader])
         run.notes.setdefault("targets", []).append(f"{role} {target.name}")
         for _ in range(cycles):
             for step in (30.0, -30.0):
