@@ -8,7 +8,8 @@ actor (`shell.TopicActor`) calls it from its handlers; it has no mailbox of its 
    next flush with everything queued meanwhile, so one fsync covers many batches and
    producers. With `storage.wal_sync: always` nothing is acknowledged before its fsync;
    with `interval`, a flush writes without an fsync and a timer message of its own
-   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written.
+   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written (one that
+   comes while a flush runs is owed, and runs as soon as that flush is done).
 3. FlushDone -> `committed_offset` moves on -> `SendReceipt` to each producer ->
    one `Publish` per batch to every subscription (they deliver from it when caught
    up) -> the batch joins the in-memory cache of recent committed batches.
@@ -191,6 +192,9 @@ class WalStorage:
         self.cache: deque[tuple[int, int, bytes]] = deque()
         self.cache_bytes = 0
         self._sync_always = config.storage.wal_sync == "always"
+        # Interval mode: a `WalSyncDue` came while a flush held the WAL; the sync runs as
+        # soon as that flush is done, so under load it is late by one flush, never skipped.
+        self._sync_owed = False
         self.reserved_until = 0  # nothing at or above is committed before the broker reserves it
         self.reserving = 0  # the `until` asked for and not answered yet (0: none)
         self.reserve_block = _RESERVE_MIN
@@ -568,9 +572,16 @@ class WalStorage:
         future.add_done_callback(done)
 
     async def sync_due(self) -> None:
-        """Interval mode's periodic fsync (`WalSyncDue`). Skipped while a flush is
-        writing: the WAL belongs to the flush's thread until its `FlushDone`."""
-        if self.wal is not None and not self.flushing:
+        """Interval mode's periodic fsync (`WalSyncDue`). While a flush is writing (the
+        WAL belongs to the flush's thread until its `FlushDone`) it is owed, and runs
+        when that flush is done, before the next one starts: at full rate, when a flush
+        is nearly always running, the gap between fsyncs stays within the interval plus
+        one flush (skipping it let the gap grow to seconds)."""
+        if self.flushing:
+            self._sync_owed = True
+            return
+        self._sync_owed = False
+        if self.wal is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
             except OSError as exc:
@@ -587,6 +598,8 @@ class WalStorage:
         else:
             self._committed(batches)
             self._report_sealed()
+        if self._sync_owed and not self.flushing:
+            await self.sync_due()
         if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
             self._start_flush()
 
