@@ -119,20 +119,16 @@ class Attachment:
         # queue and fail by their own retries.
         self.reattaches += 1
         attempt = 0
-        failed_here = False  # the last try failed on the broker we were redirected to
         while True:
             try:
                 connection = self.connection
-                elsewhere = connection.url != self._client.service_url
-                if connection.closed or (elsewhere and (not connection.ready or failed_here)):
-                    # The broker we were redirected to is gone, or answers but does not
-                    # attach us (it lost the topic with its lease and has not heard of
-                    # the new owner: cut off from the metadata majority): look the topic
-                    # up again through the service URL, which redirects to its new broker.
-                    log.info("%s %s on %s: %s does not attach us; looking up again", self.kind, self.name,
-                             self.topic, connection.url)
+                if connection.closed or (not connection.ready and connection.url != self._client.service_url):
+                    # The broker we were redirected to is gone (or its connection gave up
+                    # reconnecting): look the topic up again through the service URL,
+                    # which redirects to its new broker.
+                    log.info("%s %s on %s: %s is unreachable; looking up again", self.kind, self.name, self.topic,
+                             connection.url)
                     self._move_to(await self._client._service_connection())
-                failed_here = False
                 await self.connection.wait_ready()
                 await self._attach_once()
                 return
@@ -144,7 +140,6 @@ class Attachment:
                 if not (exc.retriable or busy):
                     self._fail(exc)
                     return
-                failed_here = not busy
                 level = logging.WARNING if attempt == self._client.operation_retries_max else logging.INFO
                 log.log(level, "re-attaching %s %s to %s failed %d times (%s); still retrying", self.kind,
                         self.name, self.topic, attempt + 1, exc)
