@@ -23,15 +23,20 @@ from tests.integration.test_metadata_cluster import Node
 STARTS = 3
 START_S_MAX = 60.0
 POLL_MS = 20
+CONNECT_WAIT_S = 1.0  # a Connect unanswered this long is sent again
+REQUEST_WAIT_S = 10.0  # a request unanswered this long goes again on a new session
 
 
 class _EagerClient:
-    """A raw DEALER that sends `Connect` every `POLL_MS` until one is answered, then its
-    one request, and keeps the reply (nothing retried: the first answer counts)."""
+    """A raw DEALER that sends `Connect` as soon as the TCP connection is up (the
+    socket's IMMEDIATE: nothing queued before), then its one request on the session of
+    the latest `Connect` (each `Connect` starts a new session, dropping what the last
+    one had in flight), and keeps every answer to it."""
 
     def __init__(self, ctx: zmq.Context, url: str, protocol: Protocol, request: Message) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
         self.sock.setsockopt(zmq.ROUTING_ID, b"\x01" + os.urandom(15))
         self.sock.connect(url)
         self.protocol = protocol
@@ -41,23 +46,40 @@ class _EagerClient:
         self.replies: list[Message] = []  # every answer, when `again` resends after an error
         self.again = False
         self.next_connect = 0.0
+        self.connect_id = 100  # request ids of Connects: 101, 102, ...
+        self.sent_at = 0.0
+
+    def _send(self, message: Message) -> bool:
+        try:
+            self.sock.send(self.protocol.encode(message), zmq.NOBLOCK)
+        except zmq.Again:  # no connection up yet
+            return False
+        return True
 
     def step(self) -> None:
         now = time.monotonic()
+        if self.connected and self.sent_at and now - self.sent_at > REQUEST_WAIT_S:
+            self.connected = False
         if not self.connected and now >= self.next_connect:
-            self.sock.send(self.protocol.encode(Connect(request_id=1, protocol_version=PROTOCOL_VERSION,
-                                                        client_name="eager")))
-            self.next_connect = now + POLL_MS / 1000
+            if self._send(Connect(request_id=self.connect_id + 1, protocol_version=PROTOCOL_VERSION,
+                                  client_name="eager")):
+                self.connect_id += 1
+                self.next_connect = now + CONNECT_WAIT_S
+            else:
+                self.next_connect = now + POLL_MS / 1000
         while self.sock.poll(0):
             message = self.protocol.decode(self.sock.recv())
-            if isinstance(message, Connected) and not self.connected:
-                self.connected = True
-                self.sock.send(self.protocol.encode(self.request))
+            if isinstance(message, Connected):
+                if message.request_id == self.connect_id and not self.connected:
+                    self.connected = self._send(self.request)
+                    self.sent_at = time.monotonic()
             elif getattr(message, "request_id", None) == 2:
                 self.reply = self.reply or message
                 self.replies.append(message)
+                self.sent_at = 0.0
                 if self.again and isinstance(message, Error):
                     self.connected = False  # a new session (the last may have timed out), then again
+                    self.next_connect = 0.0
 
 
 def test_requests_from_the_first_moment_never_find_the_default_namespace_missing(tmp_path: Path) -> None:
@@ -103,7 +125,7 @@ def test_a_cluster_broker_answers_unavailable_not_not_found_before_it_joins(tmp_
     ask it, one request in flight, again after each error; node 2 starts, a leader is
     elected and a broker writes `default`. No answer in between is NOT_FOUND (the
     namespace is only not written yet: UNAVAILABLE, retriable), and the requests end
-    acknowledged."""
+    acknowledged (or redirected to node 2, when the topic went there)."""
     ctx = zmq.Context.instance()
     nodes = [Node(tmp_path, 1), Node(tmp_path, 2)]
     client = _EagerClient(ctx, nodes[0].url, CLIENT_PROTOCOL, CreateProducer(
@@ -137,4 +159,8 @@ def test_a_cluster_broker_answers_unavailable_not_not_found_before_it_joins(tmp_
 
 
 def _done(client: _EagerClient) -> bool:
-    return bool(client.replies) and not isinstance(client.replies[-1], Error)
+    """Answered for good: done, or redirected to the broker the topic was given to."""
+    if not client.replies:
+        return False
+    last = client.replies[-1]
+    return not isinstance(last, Error) or last.redirect_url is not None
