@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, CreateTopic
@@ -120,6 +121,7 @@ def test_requests_from_the_first_moment_never_find_the_default_namespace_missing
     print(answers)
 
 
+@pytest.mark.cluster
 def test_a_cluster_broker_answers_unavailable_not_not_found_before_it_joins(tmp_path: Path) -> None:
     """Two-node cluster: node 1 starts alone (no leader) while a raw client and admin
     ask it, one request in flight, again after each error; node 2 starts, a leader is
