@@ -417,8 +417,8 @@ class StorageSection:
     # Danube's faster, weaker mode: a broker crash (kill -9 is enough only if the OS
     # also fails; a power loss certainly) can lose acknowledged messages. Default always.
     wal_sync: str = "always"
-    # interval mode: the longest time written records wait for their fsync, ms.
-    # Default 1000.
+    # interval mode: the longest time written records wait for their fsync, ms (plus
+    # at most one flush, under any load). Default 1000.
     wal_sync_interval_ms: int = 1000
     # A WAL segment file is sealed and a new one started past this size, bytes.
     # Default 64 MiB.

@@ -8,7 +8,11 @@ actor (`shell.TopicActor`) calls it from its handlers; it has no mailbox of its 
    next flush with everything queued meanwhile, so one fsync covers many batches and
    producers. With `storage.wal_sync: always` nothing is acknowledged before its fsync;
    with `interval`, a flush writes without an fsync and a timer message of its own
-   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written.
+   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written (one that
+   comes while a flush runs is owed, and runs as soon as that flush is done); a flush
+   that starts when the interval has passed since the last sync fsyncs too, so under
+   load (a mailbox full of sends delays the timer) the gap stays within the interval
+   plus one flush.
 3. FlushDone -> `committed_offset` moves on -> `SendReceipt` to each producer ->
    one `Publish` per batch to every subscription (they deliver from it when caught
    up) -> the batch joins the in-memory cache of recent committed batches.
@@ -191,6 +195,14 @@ class WalStorage:
         self.cache: deque[tuple[int, int, bytes]] = deque()
         self.cache_bytes = 0
         self._sync_always = config.storage.wal_sync == "always"
+        # Interval mode: a `WalSyncDue` came while a flush held the WAL; the sync runs as
+        # soon as that flush is done, so under load it is late by one flush, never skipped.
+        self._sync_owed = False
+        # And a flush fsyncs itself once the interval has passed since the last sync: at
+        # full rate the topic's mailbox is full of sends, so the timer's message can come
+        # late or not at all (a periodic message finding the mailbox full is dropped).
+        self._synced_at_ms = 0
+        self._sync_interval_ms = config.storage.wal_sync_interval_ms
         self.reserved_until = 0  # nothing at or above is committed before the broker reserves it
         self.reserving = 0  # the `until` asked for and not answered yet (0: none)
         self.reserve_block = _RESERVE_MIN
@@ -231,6 +243,7 @@ class WalStorage:
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
             segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.shell.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
+        self._synced_at_ms = self.shell.system.clock.monotonic_ms()  # what recovery kept is synced
         self._reserve_ahead()
         for state in persisted.states:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
@@ -531,7 +544,7 @@ class WalStorage:
         assert not self.flushing and self.queued and self.wal is not None
         self.flushing, self.queued = self.queued, []
         self.flush_id += 1
-        flush_id, wal, sync = self.flush_id, self.wal, self._sync_always
+        flush_id, wal, sync = self.flush_id, self.wal, self._sync_always or self._sync_in_flush()
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
         system, endpoint = self.shell.system, self.shell.endpoint
@@ -568,9 +581,17 @@ class WalStorage:
         future.add_done_callback(done)
 
     async def sync_due(self) -> None:
-        """Interval mode's periodic fsync (`WalSyncDue`). Skipped while a flush is
-        writing: the WAL belongs to the flush's thread until its `FlushDone`."""
-        if self.wal is not None and not self.flushing:
+        """Interval mode's periodic fsync (`WalSyncDue`). While a flush is writing (the
+        WAL belongs to the flush's thread until its `FlushDone`) it is owed, and runs
+        when that flush is done, before the next one starts: at full rate, when a flush
+        is nearly always running, the gap between fsyncs stays within the interval plus
+        one flush (skipping it let the gap grow to seconds)."""
+        if self.flushing:
+            self._sync_owed = True
+            return
+        self._sync_owed = False
+        self._synced_at_ms = self.shell.system.clock.monotonic_ms()
+        if self.wal is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
             except OSError as exc:
@@ -578,6 +599,15 @@ class WalStorage:
                 # it documents. Say so loudly; the next flush retries the sync.
                 log.error("%s: periodic WAL fsync failed (%s); acknowledged records may not be durable",
                           self.topic, exc)
+
+    def _sync_in_flush(self) -> bool:
+        """Interval mode: whether the flush starting now fsyncs (the interval has passed
+        since the last sync)."""
+        now = self.shell.system.clock.monotonic_ms()
+        if now - self._synced_at_ms < self._sync_interval_ms:
+            return False
+        self._synced_at_ms = now
+        return True
 
     async def flush_done(self, msg: FlushDone) -> None:
         assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
@@ -587,6 +617,8 @@ class WalStorage:
         else:
             self._committed(batches)
             self._report_sealed()
+        if self._sync_owed and not self.flushing:
+            await self.sync_due()
         if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
             self._start_flush()
 
