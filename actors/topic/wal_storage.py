@@ -51,6 +51,7 @@ the active segment while the actor reads only committed offsets.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import errno
 import logging
@@ -158,6 +159,10 @@ class _Batch:
     sequence: int | None = None  # the producer's batch number (`Send.sequence`)
 
 
+def _base_offset(segment: DurableSegment) -> int:
+    return segment.base_offset
+
+
 class WalStorage:
     reliable = True
 
@@ -175,6 +180,14 @@ class WalStorage:
         # store): offsets continue from there, never below.
         self.start_offset = start_offset
         self.durable_mode = config.storage.mode != "local"
+        # seal_every_flush: a receipt waits until its flush's segment is in the durable
+        # store (uploaded, its descriptor committed by a Raft majority), so an owner cut
+        # off from the majority acknowledges nothing a successor could not read (chaos
+        # B4 lost receipts answered at the local fsync, during the partition).
+        self.ack_when_durable = self.durable_mode and config.storage.seal_every_flush
+        # Receipts waiting for that, in offset order: (first offset, last offset, identity,
+        # request id, producer id); at most `storage.receipts_held_max`, then sends are refused.
+        self.receipts_held: deque[tuple[int, int, bytes, int, int]] = deque()
         self.durable: list[DurableSegment] = sorted(durable or [], key=lambda s: s.base_offset)
         self.store = DurableStore(config.storage.durable_url) if self.durable_mode else None  # type: ignore[arg-type]
         self.cache_dir = cache_dir or wal_dir.parent / "durable-cache"
@@ -291,6 +304,9 @@ class WalStorage:
         refusal = self._disk_refusal()
         if refusal is not None:
             raise ResourceExhausted(refusal)
+        if len(self.receipts_held) >= self.config.storage.receipts_held_max:
+            raise ResourceExhausted(f"topic {self.topic}: {len(self.receipts_held)} receipts wait for their segments'"
+                                    " uploads (storage.receipts_held_max); retry")
         if self.held or self._over_quota():
             if self.quota_policy == "producer_exception":
                 raise ResourceExhausted(self._quota_text())
@@ -633,9 +649,13 @@ class WalStorage:
             if self.backlog_floor is not None:
                 self.backlog_bytes += len(batch.encoded)
             if batch.identity is not None:
-                reply_client(self.shell.system, batch.identity, cp.SendReceipt(
-                    request_id=batch.request_id, producer_id=publish.producer_id,
-                    offsets=list(range(publish.base_offset, publish.base_offset + count))))
+                if self.ack_when_durable:
+                    self.receipts_held.append((publish.base_offset, publish.base_offset + count - 1,
+                                               batch.identity, batch.request_id, publish.producer_id))
+                else:
+                    reply_client(self.shell.system, batch.identity, cp.SendReceipt(
+                        request_id=batch.request_id, producer_id=publish.producer_id,
+                        offsets=list(range(publish.base_offset, publish.base_offset + count))))
             frame = INTERNAL_PROTOCOL.encode(publish)
             for subscription in self.shell.subscriptions.values():
                 # A subscription that misses this notice reads the records from the log.
@@ -761,6 +781,20 @@ class WalStorage:
         if all(s.base_offset != msg.segment.base_offset for s in self.durable):
             self.durable.append(msg.segment)
             self.durable.sort(key=lambda s: s.base_offset)
+        self._release_receipts()
+
+    def _release_receipts(self) -> None:
+        """Answer the held receipts whose batches are in durable segments, in offset order
+        (a later segment uploaded first waits for the earlier one)."""
+        held = self.receipts_held
+        while held:
+            first, last, identity, request_id, producer_id = held[0]
+            index = bisect.bisect_right(self.durable, first, key=_base_offset) - 1
+            if index < 0 or self.durable[index].end_offset < last:
+                return
+            held.popleft()
+            reply_client(self.shell.system, identity, cp.SendReceipt(
+                request_id=request_id, producer_id=producer_id, offsets=list(range(first, last + 1))))
 
     def _fetch(self, segment: DurableSegment, request: ReadRequest) -> None:
         waiting = self.fetching.setdefault(segment.base_offset, [])
