@@ -400,7 +400,10 @@ class ActorSystem:
             await self.send(endpoint, Request(correlation_id=correlation_id, frame=INTERNAL_PROTOCOL.encode(msg)))
             timeout_s = (timeout_ms or self.ask_timeout_ms) / 1000
             try:
-                reply = await asyncio.wait_for(future, timeout_s)
+                # Not asyncio.wait_for: in 3.11 it returns an answer that came as the asker
+                # was stopped, swallowing the cancel (the stop then waits for ever).
+                async with asyncio.timeout(timeout_s):
+                    reply = await future
             except TimeoutError:
                 raise Timeout(f"no answer to {type(msg).__name__} within {timeout_s:.1f} s") from None
         finally:
