@@ -136,3 +136,25 @@ async def test_a_new_leader_gives_recent_renewals_a_whole_ttl(cluster: Cluster) 
     cluster.advance(TTL_MS)
     await cluster.wait_expired("/reg/quiet")
     await cluster.wait_expired("/reg/busy")
+
+
+async def test_every_peer_reckons_the_leaders_time_whatever_its_wall_clock(cluster: Cluster) -> None:
+    """What "renewed lately" is measured against (`cluster_now_ms`, the clock of
+    `expires_at_ms`): a follower whose wall clock stepped 30 s ahead, and one 30 s back,
+    each reckon the leader's time from the stamps they applied, and keep it as time
+    passes; a wall reading there would call every lease 30 s stale (or fresh)."""
+    leader = await cluster.leader()
+    for i, step in zip((i for i in cluster.stores if i != leader), (+STEP_MS, -STEP_MS), strict=True):
+        cluster.clocks[i].step_wall(step)
+    await cluster.put_with_ttl(leader, "/reg/leader")
+    stamped = cluster.stores[leader].local_get("/reg/leader")
+    assert stamped is not None and stamped.expires_at_ms is not None
+    deadline = time.monotonic() + 30
+    while any(s.local_get("/reg/leader") is None for s in cluster.stores.values()):
+        assert time.monotonic() < deadline, "the lease never reached every peer"
+        await asyncio.sleep(0.02)
+    renewed_at = stamped.expires_at_ms - TTL_MS
+    assert {i: s.cluster_now_ms() for i, s in cluster.stores.items()} == dict.fromkeys(cluster.stores, renewed_at)
+    cluster.advance(2_000)
+    assert {i: s.cluster_now_ms() for i, s in cluster.stores.items()} == dict.fromkeys(
+        cluster.stores, renewed_at + 2_000)
