@@ -2,7 +2,7 @@
 
 Pure (STYLE 5, 6): no I/O, no clock, no randomness. The Raft shell hands it committed
 entries in log order (`apply(index, command_bytes)`); everything that depends on time
-arrives inside the commands, stamped by the leader when it proposes them, so every
+arrives inside the commands, stamped by the leader as it appends them, so every
 replica that applies the same log reaches the same state, byte for byte
 (`snapshot()` is deterministic, which is how the simulator compares replicas).
 
