@@ -542,12 +542,8 @@ class ActorSystem:
                     continue
                 if cell.mailbox and not await self._drain_mailbox(cell):
                     return
-                if cell.lane and cell.instance is instance:
-                    try:
-                        instance.drain_lane(cell.lane)
-                    except Exception as exc:
-                        if not await self._on_failure(cell, "lane", exc):
-                            return
+                if cell.lane and cell.instance is instance and not await self._drain_lane(cell, instance):
+                    return
                 more = False  # a socket may hold more
                 for sock, drain, reads_dry in extra:
                     if cell.instance is not instance:
@@ -568,11 +564,8 @@ class ActorSystem:
                     # What the round's requests answered at once (`handle_now`) leaves with it.
                     # Sending touches the sockets after they were read: their edge-triggered
                     # FDs may have been reset by input that came meanwhile, so ask again.
-                    try:
-                        instance.drain_lane(cell.lane)
-                    except Exception as exc:
-                        if not await self._on_failure(cell, "lane", exc):
-                            return
+                    if not await self._drain_lane(cell, instance):
+                        return
                     for sock, _, _ in extra:
                         more = more or bool(sock.getsockopt(_EVENTS) & _POLLIN)
                 if cell.instance is instance:
@@ -583,6 +576,16 @@ class ActorSystem:
         finally:
             for fd in fds:
                 loop.remove_reader(fd)
+
+    async def _drain_lane(self, cell: _Cell, instance: Actor) -> bool:
+        """Hand the actor its lane's frames (`drain_lane`); False when its failure doing so
+        stopped it."""
+        assert cell.lane is not None
+        try:
+            instance.drain_lane(cell.lane)
+        except Exception as exc:
+            return await self._on_failure(cell, "lane", exc)
+        return True
 
     @staticmethod
     def _wake(cell: _Cell) -> None:
