@@ -122,10 +122,9 @@ class Attachment:
         while True:
             try:
                 connection = self.connection
-                if connection.closed or (not connection.ready and connection.url != self._client.service_url):
-                    # The broker we were redirected to is gone (or its connection gave up
-                    # reconnecting): look the topic up again through the service URL,
-                    # which redirects to its new broker.
+                if not connection.ready and connection.url != self._client.service_url:
+                    # The broker we were redirected to is gone: look the topic up again
+                    # through the service URL, which redirects to its new broker.
                     log.info("%s %s on %s: %s is unreachable; looking up again", self.kind, self.name, self.topic,
                              connection.url)
                     self._move_to(await self._client._service_connection())
@@ -198,12 +197,7 @@ class Attachment:
 
     def connection_closed(self, connection: Connection, error: DanubeError) -> None:
         if connection is self.connection:
-            if error.retriable and self._started:
-                # Gave up reconnecting to that broker: find the topic's broker afresh.
-                self._detach()
-                self._schedule_reattach()
-            else:
-                self._fail(error)
+            self._fail(error)
 
     def _broker_closed(self, reason: str, reattach: bool) -> None:
         """The broker closed our object (pushed): re-create it when the broker says it

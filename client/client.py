@@ -119,8 +119,7 @@ class DanubeClient:
     consumer keeps re-attaching, with capped backoff, for as long as failures are
     retriable); `pending_requests_max` bounds requests in flight per connection;
     `reconnect_attempts_max` bounds re-handshakes after a connection is lost (then
-    everything on it fails with `Unavailable`, and producers and consumers on it look
-    their topic up again).
+    everything on it fails with `Unavailable`).
     `write_linger_us` (default 1,000) is how long a connection's write round waits for
     more requests while one of an earlier round still awaits its reply (0: every round
     leaves at the end of the event loop's turn); a lone request never waits.
