@@ -252,7 +252,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         await self._remote_admin.cancel_all()  # the RemoteAdmin children closed their clients (stopped first)
         if self.uploader is not None:
             try:  # the segments topics sealed while stopping (told before this runs)
-                await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
+                async with asyncio.timeout(_UPLOADS_AT_STOP_S):
+                    await self.uploader.wait_idle()
             except (TimeoutError, DanubeError) as exc:
                 log.warning("uploads still pending at shutdown (%s); they resume at the next start", exc)
             await self.uploader.stop()
@@ -542,7 +543,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                         with contextlib.suppress(DanubeError):  # queued already
                             self.uploader.submit(segment)
                 try:
-                    await asyncio.wait_for(self.uploader.wait_idle(), _UPLOADS_AT_STOP_S)
+                    async with asyncio.timeout(_UPLOADS_AT_STOP_S):
+                        await self.uploader.wait_idle()
                 except TimeoutError:
                     raise Unavailable(f"uploads did not finish within {_UPLOADS_AT_STOP_S:g} s") from None
         if next_offset is not None:
@@ -861,7 +863,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             puts[key] = cr.encode(cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=now_ms,
                                                 reserved_until=next_offset))
         self.stopped_offsets.clear()
-        if puts and not await asyncio.wait_for(self.metadata.transaction(expect, puts), _RESERVE_RETRY_S):
+        if not puts:
+            return
+        async with asyncio.timeout(_RESERVE_RETRY_S):
+            ended = await self.metadata.transaction(expect, puts)
+        if not ended:
             log.warning("offset reservations changed meanwhile; not ended at shutdown")
 
     def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:

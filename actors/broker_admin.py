@@ -245,7 +245,8 @@ class BrokerAdmin:
         waiting.append(future)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(future, timeout_ms / 1000)
+                async with asyncio.timeout(timeout_ms / 1000):
+                    await future
         finally:
             if future in waiting:
                 waiting.remove(future)

@@ -79,8 +79,8 @@ class LeaseKeeper(Actor):
 
     async def _renew(self, sent_ms: int) -> None:
         try:
-            await asyncio.wait_for(self.metadata.put_with_ttl(self.key, self.registration, self.ttl_ms),
-                                   self.ttl_ms / 1000)
+            async with asyncio.timeout(self.ttl_ms / 1000):
+                await self.metadata.put_with_ttl(self.key, self.registration, self.ttl_ms)
             outcome = LeaseRenewed(sent_ms=sent_ms, renewed=True)
         except (DanubeError, TimeoutError) as exc:
             outcome = LeaseRenewed(sent_ms=sent_ms, renewed=False, error=str(exc) or "timeout")

@@ -150,7 +150,8 @@ async def _run(config: Any) -> None:
                 log.critical("broker %s failed: %s; exiting with %d", service.broker_id, service.fatal_reason,
                              EXIT_FATAL)
                 try:
-                    await asyncio.wait_for(service.stop(), _FATAL_STOP_S)
+                    async with asyncio.timeout(_FATAL_STOP_S):
+                        await service.stop()
                 except TimeoutError:
                     log.critical("the failed broker did not stop within %.0f s", _FATAL_STOP_S)
                 raise SystemExit(EXIT_FATAL)

@@ -228,7 +228,8 @@ def load_client() -> Any:
 async def within(awaitable: Awaitable[T], seconds: float, url: str) -> T:
     """Await `awaitable`, or raise Unavailable naming `url` after `seconds`."""
     try:
-        return await asyncio.wait_for(awaitable, timeout=seconds)
+        async with asyncio.timeout(seconds):
+            return await awaitable
     except TimeoutError:
         raise Unavailable(
             f"no answer from the broker at {url} within {seconds:g} s; is it running?"

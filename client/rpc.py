@@ -230,7 +230,8 @@ class RequestClient:
         deadline = loop.time() + (timeout_ms or self.timeout_ms) / 1000
         frame = self.PROTOCOL.encode(request)
         try:
-            await asyncio.wait_for(sock.send(frame), timeout=self.timeout_ms / 1000)
+            async with asyncio.timeout(self.timeout_ms / 1000):
+                await sock.send(frame)
         except TimeoutError:
             raise self._no_answer() from None
         for _ in range(_STALE_REPLIES_MAX):

@@ -1004,7 +1004,8 @@ class RaftPeer:
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait for the next apply or role change (or `timeout`)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
 
     async def wait_for_leader(self, timeout: float = 10.0) -> int:
         """The leader's id once one is known (raises `Timeout`)."""

@@ -515,7 +515,8 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
         ticker = _ticker(progress, lambda: f"received {sum(d.received for d in deliveries.values()):,}", start_ns)
         tasks = [asyncio.get_running_loop().create_task(receive(c, d)) for c, d in consumers]
         try:
-            await asyncio.wait_for(done.wait(), deadline)
+            async with asyncio.timeout(deadline):
+                await done.wait()
         except TimeoutError:
             pass
         finally:
