@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import logging
+import math
 import random
 import shutil
 from concurrent.futures import Executor
@@ -384,6 +385,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 await self._wake(topic)
             return
         self.lease_held = False
+        self._refuse_parked(math.inf)  # they would wait out their time for nothing (see `_serve`)
         if self.topics:
             log.error("broker %d lost its lease: unloading %d topics (another broker may take them)",
                       self.broker_id, len(self.topics))
@@ -736,9 +738,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 self._replay_deadline = None
 
     def handle_ParkedExpired(self, msg: ParkedExpired) -> None:
+        self._refuse_parked(self.system.clock.monotonic_ms())
+
+    def _refuse_parked(self, now: float) -> None:
+        """Answer UNAVAILABLE to every parked request whose deadline is at or before `now`."""
         if not self.parked:
             return
-        now = self.system.clock.monotonic_ms()
         for topic in list(self.parked):
             keep = []
             for req, deadline in self.parked[topic]:
@@ -968,6 +973,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         owner = self._elsewhere(topic)
         if owner is not None:
             raise Moved(f"topic {topic} is served by broker {owner.broker_id}", owner.broker_url)
+        if self.lease_until_ms and not self._lease_valid():
+            # Held once and lost: the store is likely out of reach and another broker may
+            # take the topic; a parked request would wait out request_timeout_ms again at
+            # every retry, while the client's own retry may find that broker.
+            raise Unavailable(f"topic {topic} is not served: broker {self.broker_id} lost its lease; retry")
         self._park(topic, req)
         return None
 
