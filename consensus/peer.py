@@ -312,6 +312,22 @@ def renews_ttl(data: bytes) -> bool:
     return data[:2] == _TTL_PUT_HEAD
 
 
+# After a partition heals, a connection that sat in TCP's retransmission backoff for
+# 30 s resumes only at its next retry, ~25 s later (chaos B4): the node stays cut off
+# that long. So a connection with data unacknowledged for _STALLED_MS, or silent to
+# ZMTP heartbeats, is dropped and dialled again (at most _DIAL_MS a try).
+_STALLED_MS = 3000
+_DIAL_MS = 1000
+_PING_MS = 1000
+
+
+def _liveness(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    sock.setsockopt(zmq.TCP_MAXRT, _STALLED_MS)
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, _DIAL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, _PING_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _STALLED_MS)
+
+
 class RaftPeer:
     """One Raft peer as an asyncio service; see the module docstring."""
 
@@ -503,6 +519,11 @@ class RaftPeer:
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.RCVHWM, self._send_hwm)
             router.setsockopt(zmq.MAXMSGSIZE, self._frame_bytes_max)
+            # A peer's DEALER that gave up a dead connection comes back with the same
+            # identity while this side may still hold the old one (it sends nothing, so
+            # TCP never tells it): the newcomer takes over, and stale ones time out.
+            router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            _liveness(router)
             if self._curve is not None:
                 self._curve.serve(router, ZAP_RAFT)
             router.bind(self.listen)
@@ -521,6 +542,7 @@ class RaftPeer:
         dealer.setsockopt(zmq.RECONNECT_IVL, 50)
         dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         dealer.setsockopt(zmq.IDENTITY, str(self.node_id).encode())
+        _liveness(dealer)
         if self._curve is not None:
             self._curve.dial(dealer)
         try:

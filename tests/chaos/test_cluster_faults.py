@@ -101,6 +101,29 @@ def test_isolated_leader_is_replaced_by_the_majority_and_rejoins_after_heal(heal
                                  "healed_at": fault.healed_at}]
 
 
+ISOLATED_S = 30.0  # B4's partition: long enough for TCP's retransmission backoff to reach ~25 s
+REJOIN_S = 15.0  # R2's liveness criterion is 5 s; a margin for a loaded machine, far below the backoff
+
+
+def test_a_follower_isolated_30_s_follows_again_soon_after_heal(healthy: Cluster) -> None:
+    """Found by B4: a host cut off for 30 s took ~25 s after the heal to hear the leader
+    again, because its Raft connections sat in TCP's retransmission backoff (each
+    retry twice as late as the last) and nothing made them reconnect; meanwhile it
+    could not renew its lease or answer anything needing the store. After the heal, the
+    isolated follower agrees on the leader (and its term) within REJOIN_S."""
+    cluster = healthy
+    leader = asyncio.run(cluster.wait_leader())
+    follower = next(b for b in cluster.brokers if b is not leader)
+    with Faults(cluster.hosts) as faults:
+        fault = faults.isolate(follower.host)
+        time.sleep(ISOLATED_S)
+        faults.heal(fault)
+        healed = time.monotonic()
+        asyncio.run(cluster.wait_leader(deadline_s=60.0))
+        took = time.monotonic() - healed
+    assert took < REJOIN_S, f"the isolated follower agreed on the leader {took:.1f} s after the heal"
+
+
 def test_kill9_broker_is_restarted_by_its_own_hosts_supervisor(healthy: Cluster) -> None:
     """kill -9 of a broker: its host's supervisor starts it again with a new pid inside
     the same namespace (Faults.kill9 waits for that), `cluster status` counts the
