@@ -56,7 +56,7 @@ from danube_zmq.chaos.cluster import CONFIG, Broker, Cluster
 from danube_zmq.chaos.faults import Fault, Faults
 from danube_zmq.chaos.history import Op, load_history
 from danube_zmq.chaos.hosts import Hosts, install_tools
-from danube_zmq.chaos.workload import command
+from danube_zmq.chaos.workload import RECEIVER_QUEUE_SIZE, command
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioError", "main", "run_scenario"]
 
@@ -96,6 +96,10 @@ class Scenario:
     config: str = ""  # broker YAML appended to chaos/cluster.py's CONFIG
     clocks: bool = False  # the brokers run under chaos/clock.py's wall-clock shim
     hold_s: float = 60.0  # P*: how long the pressure lasts
+    # B1/B2's criteria (reliability.md 4.2): the producer's first acknowledgement after each
+    # heal within this; duplicates at most what the consumers may hold unacknowledged per kill.
+    resume_within_s: float | None = None
+    duplicates_bounded: bool = False
 
 
 @dataclass
@@ -573,8 +577,10 @@ def _producer_flood(run: Run, producers_n: int = 4) -> None:
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("B1", "owner kill -9 mid-stream", _owner_kill, messages=3_000, rate=300),
-    Scenario("B2", "hard bounce: owner kill -9 x5, 5 s apart", _hard_bounce, messages=100_000, rate=300),
+    Scenario("B1", "owner kill -9 mid-stream", _owner_kill, messages=3_000, rate=300, resume_within_s=10.0,
+             duplicates_bounded=True),
+    Scenario("B2", "hard bounce: owner kill -9 x5, 5 s apart", _hard_bounce, messages=100_000, rate=300,
+             resume_within_s=10.0, duplicates_bounded=True),
     Scenario("B3", "SIGSTOP of the owner for 15 s", _owner_pause, messages=100_000, rate=300),
     Scenario("B4", "owner isolated from the other brokers for 30 s", _owner_isolate, messages=100_000, rate=300),
     Scenario("R-leader", "Raft leader isolated for 10 s under metadata writes",
@@ -639,6 +645,7 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     if raft is not None and raft.linearizable is False:
         report = dataclasses.replace(report, not_linearizable=1, findings=(*report.findings, raft.explanation))
     extra: dict[str, Any] = {}
+    report = _check_criteria(report, scenario, len(records))
     if scenario.holder is not None:
         report, extra = _check_held(report, ops, scenario.holder, records)
     if sum(sub_type == "failover" for *_, sub_type in scenario.consumers) > 1:
@@ -658,6 +665,29 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
         row.update(linearizable=raft.linearizable, terms=raft.terms, linearizability=raft.explanation)
         row["elections"] = max(0, raft.terms - 1)  # terms the observer saw begin after its first
     return report, row
+
+
+def _check_criteria(report: Report, scenario: Scenario, faults: int) -> Report:
+    """The scenario's own pass criteria beyond the checkers' (B1, B2): each fault's heal
+    followed by an acknowledged send within `resume_within_s`; duplicates at most the
+    messages the consumers may hold delivered and unacknowledged at each kill (their
+    receiver queues, `max_unacked` in the reference's words). A miss is a finding and
+    makes the run invalid."""
+    findings: list[str] = []
+    if scenario.resume_within_s is not None:
+        late = [ms for ms in report.recovery_ack_ms if ms > scenario.resume_within_s * 1000]
+        if late:
+            findings.append(f"the producer resumed {max(late):,.0f} ms after a heal"
+                            f" (criterion: within {scenario.resume_within_s:g} s)")
+    if scenario.duplicates_bounded:
+        bound = faults * len(scenario.consumers) * RECEIVER_QUEUE_SIZE
+        if report.duplicates > bound:
+            findings.append(f"{report.duplicates} duplicates, more than the {bound} the consumers could hold"
+                            f" unacknowledged at {faults} kills")
+    if not findings:
+        return report
+    return dataclasses.replace(report, criteria_failed=report.criteria_failed + len(findings),
+                               findings=(*report.findings, *findings))
 
 
 def _check_held(report: Report, ops: list[Op], holder: str, faults: list[Fault]) -> tuple[Report, dict[str, Any]]:

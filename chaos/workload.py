@@ -68,6 +68,7 @@ T = TypeVar("T")
 
 TICK_S = 0.01  # pacing: the sends due are made every tick
 ATTACH_DEADLINE_S = 60.0  # create_producer / subscribe retried this long (a broker restarting)
+RECEIVER_QUEUE_SIZE = 1_000  # a consumer's window: what it may hold delivered and unacknowledged
 SUB_TYPES = {"exclusive": SubType.EXCLUSIVE, "shared": SubType.SHARED, "failover": SubType.FAILOVER}
 
 
@@ -410,7 +411,7 @@ def _parser() -> argparse.ArgumentParser:
     consume_.add_argument("--drain-idle-s", type=float, default=6.0,
                           help="after SIGUSR1, stop after this long with no delivery")
     consume_.add_argument("--deliveries-max", type=int, default=1_000_000, help="stop after this many deliveries")
-    consume_.add_argument("--receiver-queue-size", type=int, default=1_000)
+    consume_.add_argument("--receiver-queue-size", type=int, default=RECEIVER_QUEUE_SIZE)
     consume_.add_argument("--hold", type=int, default=0,
                           help="once --hold-after deliveries are made, receive this many more without acknowledging"
                                " them (recorded with held: true), then receive nothing until stopped")

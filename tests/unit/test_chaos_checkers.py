@@ -12,6 +12,7 @@ offsets) and checks the checker names it and only it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -503,3 +504,25 @@ def test_an_observers_status_records_reach_the_leader_check() -> None:
     stale = _metadata([("a0", "put", "ok", {"key": "a", "value": "1"}, None, 0, 10),
                        ("a1", "get", "ok", {"key": "a"}, {"result": None}, 20, 30)])
     assert check_run("R1", stale).not_linearizable == 1
+
+
+def test_b1_criteria_fail_a_late_resume_and_too_many_duplicates() -> None:
+    """B1/B2's own criteria (reliability.md 4.2) turn a run the checkers passed invalid:
+    a first acknowledgement more than 10 s after a heal, or more duplicates than the
+    consumers could hold unacknowledged at the kills (kills x consumers x window); a run
+    within both stays valid and unchanged."""
+    from danube_zmq.chaos.scenarios import SCENARIOS, _check_criteria
+    from danube_zmq.chaos.workload import RECEIVER_QUEUE_SIZE
+
+    b1 = SCENARIOS["B1"]
+    bound = len(b1.consumers) * RECEIVER_QUEUE_SIZE
+    good = Report(scenario="B1", faults=1, acked=3000, duplicates=bound, recovery_ack_ms=(9_999.0,))
+    assert _check_criteria(good, b1, faults=1) == good and good.valid
+    late = _check_criteria(dataclasses.replace(good, recovery_ack_ms=(10_001.0,)), b1, faults=1)
+    assert not late.valid and late.criteria_failed == 1
+    assert "resumed 10,001 ms after a heal" in late.findings[-1]
+    doubled = _check_criteria(dataclasses.replace(good, duplicates=bound + 1), b1, faults=1)
+    assert not doubled.valid and "duplicates" in doubled.findings[-1]
+    assert _check_criteria(dataclasses.replace(good, duplicates=bound + 1), b1, faults=2).valid
+    # Scenarios without these criteria are left alone.
+    assert _check_criteria(dataclasses.replace(good, recovery_ack_ms=(60_000.0,)), SCENARIOS["B3"], faults=1).valid
