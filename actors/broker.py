@@ -819,7 +819,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         if value is None:
             return None
         if value.expires_at_ms is not None and value.ttl_ms is not None \
-                and self.system.clock.now_ms() - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+                and self.metadata.cluster_now_ms() - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
             return None
         return cr.decode(value.value, cr.BrokerRegistration)
 

@@ -122,7 +122,7 @@ class BrokerHandOver:
         """The live ACTIVE broker other than this one with the fewest topics."""
         store = self.metadata
         topics = Counter(_owner_id(value.value) for _, value in store.local_scan(cr.ASSIGNMENTS))
-        now_ms = self.system.clock.now_ms()
+        now_ms = store.cluster_now_ms()  # the clock of expires_at_ms, not this node's wall
         candidates = []
         for _, value in store.local_scan(cr.REGISTER):
             registration = cr.decode(value.value, cr.BrokerRegistration)

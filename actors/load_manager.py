@@ -249,7 +249,7 @@ class LoadManagerActor(Actor):
                 versions[key] = value.version
         brokers = {}
         suspect: set[int] = set()
-        now_ms = self._now()
+        now_ms = store.cluster_now_ms()  # the clock of expires_at_ms, not this node's wall
         for key, value in store.local_scan(cr.REGISTER):
             broker = cr.broker_of(key, cr.REGISTER)
             if broker is None:
