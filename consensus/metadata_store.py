@@ -211,6 +211,14 @@ class RaftMetadataStore:
         of it): what "renewed lately" is measured against, never a node's wall clock."""
         return self.peer.cluster_now_ms()
 
+    def stopped_renewing(self, key: str) -> bool:
+        """Whether `key` has a TTL and was not renewed for more than half of it: its owner
+        (a broker's registration) may be dead, though the key lives until its TTL ends."""
+        value = self.local_get(key)
+        if value is None or value.expires_at_ms is None or value.ttl_ms is None:
+            return False
+        return self.cluster_now_ms() - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2
+
     @property
     def revision(self) -> int:
         """The local peer's applied revision."""
