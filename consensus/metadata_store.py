@@ -213,11 +213,13 @@ class RaftMetadataStore:
 
     def stopped_renewing(self, key: str) -> bool:
         """Whether `key` has a TTL and was not renewed for more than half of it: its owner
-        (a broker's registration) may be dead, though the key lives until its TTL ends."""
+        (a broker's registration) may be dead, though the key lives until its TTL ends.
+        Judged on this node's own monotonic clock since the renewal reached it, not on
+        cluster time, which stands still through an election (consensus/renewals.py)."""
         value = self.local_get(key)
-        if value is None or value.expires_at_ms is None or value.ttl_ms is None:
+        if value is None or value.ttl_ms is None:
             return False
-        return self.cluster_now_ms() - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2
+        return self.peer.renewal_age_ms(key) > value.ttl_ms // 2
 
     @property
     def revision(self) -> int:

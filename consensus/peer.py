@@ -107,6 +107,7 @@ from danube_zmq.consensus.raft import (
     Tick,
     bootstrap,
 )
+from danube_zmq.consensus.renewals import Renewals
 from danube_zmq.consensus.state_machine import (
     RESULT_PROTOCOL,
     Command,
@@ -117,6 +118,7 @@ from danube_zmq.consensus.state_machine import (
     Put,
     PutWithTtl,
     Result,
+    Value,
     VersionedValue,
     decode_command,
     encode_command,
@@ -281,6 +283,7 @@ _EVENTS_MAX = 10_000  # events waiting for the loop; past it clients get RESOURC
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
 _STEP_BATCH_MAX = 256  # events stepped before their effects run (one synced append for all)
 _FORWARDS_MAX = 4096  # forwarded proposals a leader serves at once (Raft's own BUSY bound is the same)
+_RENEWED_KEYS_SLACK = 64  # keys gone from the state kept in Renewals before a sweep (amortized)
 _RENEWALS_MAX = 1024  # TTL puts waiting in their own lane (a few per broker; past it RESOURCE_EXHAUSTED)
 # An encoded `PutWithTtl`: msgpack fixarray of 5 (tag + 4 fields), then its tag as a fixint.
 _TTL_PUT_HEAD = bytes((0x95, PutWithTtl.TAG))
@@ -369,6 +372,7 @@ class RaftPeer:
         # or a test moves them as it moves everything else.
         self.clock: Clock = clock or SystemClock()
         self._cluster_time = ClusterTime()
+        self._renewed = Renewals()  # local: "renewed lately" on this node's own clock
         self.data_dir = Path(data_dir)
         self.listen = listen
         self.peers = dict(peers)  # the founding voters' addresses (self included or not)
@@ -721,6 +725,7 @@ class RaftPeer:
                 event = self._stamp(event)
             self._steps += 1
             effects.extend(self._node.step(event))
+        self._note_arrivals(effects)
         store = self._store
         assert store is not None
         # Persisting earlier never breaks "persist before what follows", and a send or an
@@ -737,6 +742,17 @@ class RaftPeer:
             else:
                 segment.append(effect)
         await self._run_segment(store, segment)
+
+    def _note_arrivals(self, effects: list[Effect]) -> None:
+        """TTL puts reaching this node's log now: a renewal counts from here (renewals.py)."""
+        now_ms: int | None = None
+        for effect in effects:
+            if type(effect) is PersistEntries:
+                for entry in effect.entries:
+                    if entry.kind == EntryKind.COMMAND and renews_ttl(entry.data):
+                        if now_ms is None:
+                            now_ms = self.clock.monotonic_ms()
+                        self._renewed.arrived(entry.index, now_ms)
 
     async def _run_segment(self, store: RaftLogStore, effects: list[Effect]) -> None:
         persists = [e for e in effects if type(e) in (PersistEntries, PersistHardState)]
@@ -842,6 +858,8 @@ class RaftPeer:
             case ApplySnapshot(data=data):
                 self.state.restore(data)
                 self._cluster_time.observe(self.state.ttl_clock_ms, self.clock.monotonic_ms())
+                self._renewed.restored(self.state.ttl_keys(), self.state.last_applied_index,
+                                        self.clock.monotonic_ms())
                 self._refresh_addresses()
                 for index in [i for i in self._by_index if i <= self.state.last_applied_index]:
                     _, rid, fut = self._by_index.pop(index)
@@ -923,9 +941,13 @@ class RaftPeer:
 
     def _apply(self, entries: list[Any]) -> None:
         sm = self.state
+        renewals = self._renewed
+        now_ms = self.clock.monotonic_ms()
         for entry in entries:
             if entry.kind == EntryKind.COMMAND:
                 result: Result | None = sm.apply(entry.index, entry.data)
+                if type(result) is Value and renews_ttl(entry.data):
+                    renewals.applied(entry.index, result.key, now_ms)
             elif entry.kind == EntryKind.NOOP:
                 sm.note_new_leader(entry.index)  # every TTL restarts (etcd's renew-on-election)
                 result = None
@@ -946,7 +968,10 @@ class RaftPeer:
             else:
                 self._failed += 1
                 fut.set_exception(Unavailable("proposal lost to a leader change; retry"))
-        self._cluster_time.observe(sm.ttl_clock_ms, self.clock.monotonic_ms())
+        self._cluster_time.observe(sm.ttl_clock_ms, now_ms)
+        renewals.applied_upto(sm.last_applied_index)
+        if len(renewals) > 2 * sm.ttl_key_count + _RENEWED_KEYS_SLACK:
+            renewals.retain(lambda key: (value := sm.get(key)) is not None and value.ttl_ms is not None)
         self._wake()
 
     def _on_proposal_result(self, e: ProposalResult) -> None:
@@ -1056,6 +1081,11 @@ class RaftPeer:
             return self._leader_now_ms()
         now = self._cluster_time.now_ms(self.clock.monotonic_ms())
         return self.clock.now_ms() if now is None else now
+
+    def renewal_age_ms(self, key: str) -> int:
+        """How long ago, on this node's monotonic clock, `key`'s last TTL renewal reached
+        this node (consensus/renewals.py); local, never replicated."""
+        return self._renewed.age_ms(key, self.clock.monotonic_ms())
 
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait for the next apply or role change (or `timeout`)."""

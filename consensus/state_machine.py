@@ -500,6 +500,14 @@ class MetadataStateMachine:
         `PutWithTtl` or `ExpireTtlKeys` applied (0: none yet)."""
         return self._ttl_clock_ms
 
+    def ttl_keys(self) -> list[str]:
+        """The keys that have a TTL, soonest expiry first."""
+        return [key for _, key in self._ttl_index]
+
+    @property
+    def ttl_key_count(self) -> int:
+        return len(self._ttl_index)
+
     def next_expiry_ms(self) -> int | None:
         """When the earliest TTL key expires (None: no key has a TTL)."""
         return self._ttl_index[0][0] if self._ttl_index else None

@@ -158,3 +158,27 @@ async def test_every_peer_reckons_the_leaders_time_whatever_its_wall_clock(clust
     cluster.advance(2_000)
     assert {i: s.cluster_now_ms() for i, s in cluster.stores.items()} == dict.fromkeys(
         cluster.stores, renewed_at + 2_000)
+
+
+async def test_a_dead_leaders_silence_is_judged_on_each_survivors_own_clock(cluster: Cluster) -> None:
+    """The leader renews its own lease and dies 1 s later. Every survivor, the new leader
+    included, judges that it stopped renewing once half its TTL has passed since the last
+    renewal reached it, on its own clock, whatever the election took. Before, the
+    judgement read cluster time, which stands still from the old leader's last stamp
+    until the new leader's first: the new leader called the dead one alive for as long
+    as the election took, and sent admin requests to it."""
+    old = await cluster.leader()
+    await cluster.put_with_ttl(old, "/reg/old")
+    deadline = time.monotonic() + 30
+    while not all(cluster.live("/reg/old").values()):
+        assert time.monotonic() < deadline, "the lease never reached every peer"
+        await asyncio.sleep(0.02)
+    cluster.advance(1_000)
+    await cluster.stop(old)
+    await cluster.leader()  # the election takes no time on these clocks: only its pause shows
+    cluster.advance(TTL_MS // 2 - 1_000)
+    assert {i: s.stopped_renewing("/reg/old") for i, s in cluster.stores.items()} == dict.fromkeys(
+        cluster.stores, False), "judged absent before half its TTL passed"
+    cluster.advance(1)
+    assert {i: s.stopped_renewing("/reg/old") for i, s in cluster.stores.items()} == dict.fromkeys(
+        cluster.stores, True), "still judged alive past half its TTL with no renewal"
