@@ -16,9 +16,11 @@ monotonic clock:
   counts a stamp below its time as its time).
 
 A follower keeps the same reckoning from the stamps it applies (a lease renewal every
-few seconds): `now_ms` is then an estimate of the leader's time, good for "did that
-broker renew lately" (the broker's checks), never used to expire anything. Before any
-stamp exists (a new cluster) the wall clock seeds it: nothing has a TTL yet.
+few seconds): `now_ms` is then an estimate of the leader's time, good for saying when a
+lease ends, never used to expire anything. "Did that broker renew lately" is not judged
+on cluster time (it stands still through an election): each node judges it on its own
+monotonic clock (consensus/renewals.py). Before any stamp exists (a new cluster) the
+wall clock seeds it: nothing has a TTL yet.
 
 Pure: the caller passes every reading of its injected clock.
 """

@@ -208,7 +208,8 @@ class RaftMetadataStore:
 
     def cluster_now_ms(self) -> int:
         """Cluster time, the clock of `expires_at_ms` (the leader's, or this peer's estimate
-        of it): what "renewed lately" is measured against, never a node's wall clock."""
+        of it), never a node's wall clock: when a lease ends, not whether it was renewed
+        lately (`stopped_renewing`)."""
         return self.peer.cluster_now_ms()
 
     def stopped_renewing(self, key: str) -> bool:

@@ -27,7 +27,9 @@ after an `ExpireTtlKeys` the leader queued while it was on its way.
 
 TTL time is cluster time (consensus/cluster_time.py), never a wall clock: the leader
 re-stamps every `PutWithTtl` and `ExpireTtlKeys` as it steps them into its log (a
-follower's stamp, forwarded, is replaced), from its monotonic clock.
+follower's stamp, forwarded, is replaced), from its monotonic clock. Whether a key was
+renewed lately is this node's own record (consensus/renewals.py): when each TTL put
+reached its log, on its monotonic clock.
 
 Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for a peer
 that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
