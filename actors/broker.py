@@ -820,11 +820,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         assignment = self._assignment(topic)
         if assignment is None or assignment.broker_id == self.broker_id:
             return None
-        value = self.metadata.local_get(cr.register_key(assignment.broker_id))
-        if value is None:
-            return None
-        if value.expires_at_ms is not None and value.ttl_ms is not None \
-                and self.system.clock.now_ms() - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+        key = cr.register_key(assignment.broker_id)
+        value = self.metadata.local_get(key)
+        if value is None or self.metadata.stopped_renewing(key):
             return None
         return cr.decode(value.value, cr.BrokerRegistration)
 

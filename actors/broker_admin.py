@@ -228,7 +228,7 @@ class BrokerAdmin:
             if assignment is not None and assignment.broker_id != self.broker_id:
                 lease = self.metadata.local_get(cr.register_key(assignment.broker_id))
                 ends = "" if lease is None or lease.expires_at_ms is None else \
-                    f" in {max(0, lease.expires_at_ms - self.system.clock.now_ms()) / 1000:.1f} s"
+                    f" in {max(0, lease.expires_at_ms - self.metadata.cluster_now_ms()) / 1000:.1f} s"
                 raise Unavailable(f"topic {partition}: its broker {assignment.broker_id} stopped renewing its lease;"
                                   f" another broker takes it over when the lease ends{ends}; retry then")
             left_ms = deadline_ms - self.system.clock.monotonic_ms()

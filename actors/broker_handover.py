@@ -122,16 +122,14 @@ class BrokerHandOver:
         """The live ACTIVE broker other than this one with the fewest topics."""
         store = self.metadata
         topics = Counter(_owner_id(value.value) for _, value in store.local_scan(cr.ASSIGNMENTS))
-        now_ms = self.system.clock.now_ms()
         candidates = []
-        for _, value in store.local_scan(cr.REGISTER):
+        for key, value in store.local_scan(cr.REGISTER):
             registration = cr.decode(value.value, cr.BrokerRegistration)
             mode = store.local_get(cr.state_key(registration.broker_id))
             if registration.broker_id == self.broker_id or (
                     mode is not None and cr.decode(mode.value, cr.BrokerStateRecord).mode != cr.BrokerMode.ACTIVE):
                 continue
-            if value.expires_at_ms is not None and value.ttl_ms is not None \
-                    and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+            if store.stopped_renewing(key):
                 continue  # missed its last renewal: may be dead
             candidates.append(registration)
         if not candidates:

@@ -249,16 +249,14 @@ class LoadManagerActor(Actor):
                 versions[key] = value.version
         brokers = {}
         suspect: set[int] = set()
-        now_ms = self._now()
-        for key, value in store.local_scan(cr.REGISTER):
+        for key, _value in store.local_scan(cr.REGISTER):
             broker = cr.broker_of(key, cr.REGISTER)
             if broker is None:
                 continue
             brokers[broker] = BrokerState(modes.get(broker, cr.BrokerMode.ACTIVE))
             # A broker that missed its last renewal may be dead: it keeps its topics until
             # its lease ends, but new ones go elsewhere.
-            if value.expires_at_ms is not None and value.ttl_ms is not None \
-                    and now_ms - (value.expires_at_ms - value.ttl_ms) > value.ttl_ms // 2:
+            if store.stopped_renewing(key):
                 suspect.add(broker)
         assignments = {}
         for n, (key, value, record) in enumerate(await self._assignments.read(store)):

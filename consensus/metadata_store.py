@@ -174,8 +174,8 @@ class RaftMetadataStore:
         return _value(await self._propose(Put(key=key, value=value)))
 
     async def put_with_ttl(self, key: str, value: bytes, ttl_ms: int) -> VersionedValue:
-        now_ms = self.peer.clock.now_ms()  # stamped here, on the leader (proposals are leader-only)
-        return _value(await self._propose(PutWithTtl(key=key, value=value, ttl_ms=ttl_ms, now_ms=now_ms)))
+        # The leader stamps it with cluster time as it appends it (consensus/cluster_time.py).
+        return _value(await self._propose(PutWithTtl(key=key, value=value, ttl_ms=ttl_ms, now_ms=0)))
 
     async def delete(self, key: str) -> bool:
         result = await self._propose(Delete(key=key))
@@ -205,6 +205,22 @@ class RaftMetadataStore:
         if type(result) is not AllocatedId:
             raise InternalError(f"allocate_id: unexpected result {result!r}")
         return result.id
+
+    def cluster_now_ms(self) -> int:
+        """Cluster time, the clock of `expires_at_ms` (the leader's, or this peer's estimate
+        of it), never a node's wall clock: when a lease ends, not whether it was renewed
+        lately (`stopped_renewing`)."""
+        return self.peer.cluster_now_ms()
+
+    def stopped_renewing(self, key: str) -> bool:
+        """Whether `key` has a TTL and was not renewed for more than half of it: its owner
+        (a broker's registration) may be dead, though the key lives until its TTL ends.
+        Judged on this node's own monotonic clock since the renewal reached it, not on
+        cluster time, which stands still through an election (consensus/renewals.py)."""
+        value = self.local_get(key)
+        if value is None or value.ttl_ms is None:
+            return False
+        return self.peer.renewal_age_ms(key) > value.ttl_ms // 2
 
     @property
     def revision(self) -> int:

@@ -25,6 +25,12 @@ their own (`_RENEWALS_MAX`) that the loop takes before the queue: a renewal is n
 refused for a queue full of bulk writes, nor appended after the ones queued before it, nor
 after an `ExpireTtlKeys` the leader queued while it was on its way.
 
+TTL time is cluster time (consensus/cluster_time.py), never a wall clock: the leader
+re-stamps every `PutWithTtl` and `ExpireTtlKeys` as it steps them into its log (a
+follower's stamp, forwarded, is replaced), from its monotonic clock. Whether a key was
+renewed lately is this node's own record (consensus/renewals.py): when each TTL put
+reached its log, on its monotonic clock.
+
 Sends are fire-and-forget: a DEALER per peer with IMMEDIATE (nothing queues for a peer
 that is down) and a bounded SNDHWM; a full or unconnected pipe drops the message and Raft
 retries (heartbeats, probes, election timers).
@@ -67,6 +73,7 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.clock import Clock, SystemClock
+from danube_zmq.consensus.cluster_time import ClusterTime
 from danube_zmq.consensus.log_store import APPEND_ENTRIES_MAX, LogStoreStatistics, RaftLogStore
 from danube_zmq.consensus.raft import (
     RAFT_PROTOCOL,
@@ -102,6 +109,7 @@ from danube_zmq.consensus.raft import (
     Tick,
     bootstrap,
 )
+from danube_zmq.consensus.renewals import Renewals
 from danube_zmq.consensus.state_machine import (
     RESULT_PROTOCOL,
     Command,
@@ -112,7 +120,9 @@ from danube_zmq.consensus.state_machine import (
     Put,
     PutWithTtl,
     Result,
+    Value,
     VersionedValue,
+    decode_command,
     encode_command,
 )
 from danube_zmq.consensus.types import EntryKind, HardState, Membership
@@ -275,9 +285,12 @@ _EVENTS_MAX = 10_000  # events waiting for the loop; past it clients get RESOURC
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
 _STEP_BATCH_MAX = 256  # events stepped before their effects run (one synced append for all)
 _FORWARDS_MAX = 4096  # forwarded proposals a leader serves at once (Raft's own BUSY bound is the same)
+_RENEWED_KEYS_SLACK = 64  # keys gone from the state kept in Renewals before a sweep (amortized)
 _RENEWALS_MAX = 1024  # TTL puts waiting in their own lane (a few per broker; past it RESOURCE_EXHAUSTED)
 # An encoded `PutWithTtl`: msgpack fixarray of 5 (tag + 4 fields), then its tag as a fixint.
 _TTL_PUT_HEAD = bytes((0x95, PutWithTtl.TAG))
+# An encoded `ExpireTtlKeys`: fixarray of 2 (tag + now_ms).
+_TTL_EXPIRE_HEAD = bytes((0x92, ExpireTtlKeys.TAG))
 _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] = {
     ChangeKind.ADD_LEARNER: AddLearner,
     ChangeKind.PROMOTE_VOTER: PromoteVoter,
@@ -328,6 +341,21 @@ def _liveness(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _STALLED_MS)
 
 
+def _stamped(data: bytes, now_ms: int) -> bytes:
+    """A TTL command (`PutWithTtl`, `ExpireTtlKeys`) with `now_ms` as its stamp; any
+    other command, or one that does not decode (the state machine rejects it), as it is."""
+    head = data[:2]
+    if head != _TTL_PUT_HEAD and head != _TTL_EXPIRE_HEAD:
+        return data
+    try:
+        command = decode_command(data)
+    except InvalidArgument:
+        return data
+    if type(command) is not PutWithTtl and type(command) is not ExpireTtlKeys:
+        return data
+    return encode_command(dataclasses.replace(command, now_ms=now_ms))
+
+
 class RaftPeer:
     """One Raft peer as an asyncio service; see the module docstring."""
 
@@ -357,9 +385,12 @@ class RaftPeer:
         if tick_ms < 1:
             raise InvalidArgument("raft: tick_ms must be at least 1")
         self.node_id = node_id
-        # Wall time of TTLs (leases, fencing): stamped and expired on the broker's clock,
-        # so a simulation or a test moves them as it moves everything else.
+        # TTLs (leases, fencing) run on cluster time, reckoned from this clock's monotonic
+        # reading (its wall reading only seeds a cluster's first stamp), so a simulation
+        # or a test moves them as it moves everything else.
         self.clock: Clock = clock or SystemClock()
+        self._cluster_time = ClusterTime()
+        self._renewed = Renewals()  # local: "renewed lately" on this node's own clock
         self.data_dir = Path(data_dir)
         self.listen = listen
         self.peers = dict(peers)  # the founding voters' addresses (self included or not)
@@ -679,15 +710,29 @@ class RaftPeer:
                 await self._events.put(Receive(message=msg))  # type: ignore[arg-type]
 
     async def _ttl_expirer(self) -> None:
-        """The leader proposes `ExpireTtlKeys(now)` when a key's TTL has run out (checked
-        every `ttl_check_interval_s`; a lease renewed in time never costs a proposal)."""
+        """The leader proposes `ExpireTtlKeys` when a key's TTL has run out in cluster time
+        (checked every `ttl_check_interval_s`; a lease renewed in time never costs a
+        proposal). The stamp is set again as the entry is appended."""
         while True:
             await asyncio.sleep(self._ttl_check_interval_s)
             due = self.state.next_expiry_ms()
-            now_ms = self.clock.now_ms()
-            if self.is_leader and due is not None and due <= now_ms:
+            if self.is_leader and due is not None and due <= (now_ms := self._leader_now_ms()):
                 with contextlib.suppress(Unavailable, Timeout, ResourceExhausted):
                     await self.propose(ExpireTtlKeys(now_ms=now_ms))
+
+    def _leader_now_ms(self) -> int:
+        return self._cluster_time.lead(
+            self._node.term, self.state.ttl_clock_ms, self.clock.monotonic_ms(), self.clock.now_ms()
+        )
+
+    def _stamp(self, event: Propose | ProposeBatch) -> Propose | ProposeBatch:
+        """The leader's TTL commands carry cluster time as of their append."""
+        proposals = (event,) if type(event) is Propose else event.proposals  # type: ignore[union-attr]
+        if not any(p.data[:2] in (_TTL_PUT_HEAD, _TTL_EXPIRE_HEAD) for p in proposals):
+            return event
+        now_ms = self._leader_now_ms()
+        stamped = tuple(dataclasses.replace(p, data=_stamped(p.data, now_ms)) for p in proposals)
+        return stamped[0] if type(event) is Propose else ProposeBatch(proposals=stamped)
 
     # ------------------------------------------------------------------ stepping
 
@@ -700,8 +745,11 @@ class RaftPeer:
         for event in _batch_proposals(events):
             if type(event) is Tick:
                 self._tick_queued = False
+            elif (type(event) is Propose or type(event) is ProposeBatch) and self._node.role is Role.LEADER:
+                event = self._stamp(event)
             self._steps += 1
             effects.extend(self._node.step(event))
+        self._note_arrivals(effects)
         store = self._store
         assert store is not None
         # Persisting earlier never breaks "persist before what follows", and a send or an
@@ -718,6 +766,17 @@ class RaftPeer:
             else:
                 segment.append(effect)
         await self._run_segment(store, segment)
+
+    def _note_arrivals(self, effects: list[Effect]) -> None:
+        """TTL puts reaching this node's log now: a renewal counts from here (renewals.py)."""
+        now_ms: int | None = None
+        for effect in effects:
+            if type(effect) is PersistEntries:
+                for entry in effect.entries:
+                    if entry.kind == EntryKind.COMMAND and renews_ttl(entry.data):
+                        if now_ms is None:
+                            now_ms = self.clock.monotonic_ms()
+                        self._renewed.arrived(entry.index, now_ms)
 
     async def _run_segment(self, store: RaftLogStore, effects: list[Effect]) -> None:
         persists = [e for e in effects if type(e) in (PersistEntries, PersistHardState)]
@@ -822,6 +881,9 @@ class RaftPeer:
                 self._refresh_addresses()
             case ApplySnapshot(data=data):
                 self.state.restore(data)
+                self._cluster_time.observe(self.state.ttl_clock_ms, self.clock.monotonic_ms())
+                self._renewed.restored(self.state.ttl_keys(), self.state.last_applied_index,
+                                        self.clock.monotonic_ms())
                 self._refresh_addresses()
                 for index in [i for i in self._by_index if i <= self.state.last_applied_index]:
                     _, rid, fut = self._by_index.pop(index)
@@ -838,6 +900,7 @@ class RaftPeer:
             case RoleChanged(role=role, term=term, leader_id=leader):
                 if role is Role.LEADER:
                     self._won += 1
+                    self._leader_now_ms()  # cluster time restarts at the log's time now
                     if self.advertised is not None:
                         self._spawn(self._publish_founders(), "publish addresses")
                 log.info("raft peer %d: %s term %d leader %s", self.node_id, role.name, term, leader)
@@ -902,9 +965,16 @@ class RaftPeer:
 
     def _apply(self, entries: list[Any]) -> None:
         sm = self.state
+        renewals = self._renewed
+        now_ms = self.clock.monotonic_ms()
         for entry in entries:
             if entry.kind == EntryKind.COMMAND:
                 result: Result | None = sm.apply(entry.index, entry.data)
+                if type(result) is Value and renews_ttl(entry.data):
+                    renewals.applied(entry.index, result.key, now_ms)
+            elif entry.kind == EntryKind.NOOP:
+                sm.note_new_leader(entry.index)  # every TTL restarts (etcd's renew-on-election)
+                result = None
             else:
                 sm.note_applied(entry.index)
                 # A membership change's proposer learns it applied (a NOOP has no proposer).
@@ -922,6 +992,10 @@ class RaftPeer:
             else:
                 self._failed += 1
                 fut.set_exception(Unavailable("proposal lost to a leader change; retry"))
+        self._cluster_time.observe(sm.ttl_clock_ms, now_ms)
+        renewals.applied_upto(sm.last_applied_index)
+        if len(renewals) > 2 * sm.ttl_key_count + _RENEWED_KEYS_SLACK:
+            renewals.retain(lambda key: (value := sm.get(key)) is not None and value.ttl_ms is not None)
         self._wake()
 
     def _on_proposal_result(self, e: ProposalResult) -> None:
@@ -1022,6 +1096,20 @@ class RaftPeer:
     @property
     def running(self) -> bool:
         return self._running
+
+    def cluster_now_ms(self) -> int:
+        """Cluster time, the clock TTL expiries (`expires_at_ms`) are on: the leader's own
+        reckoning, or this peer's estimate of it from the stamps it applied (the wall
+        clock before any)."""
+        if self.is_leader:
+            return self._leader_now_ms()
+        now = self._cluster_time.now_ms(self.clock.monotonic_ms())
+        return self.clock.now_ms() if now is None else now
+
+    def renewal_age_ms(self, key: str) -> int:
+        """How long ago, on this node's monotonic clock, `key`'s last TTL renewal reached
+        this node (consensus/renewals.py); local, never replicated."""
+        return self._renewed.age_ms(key, self.clock.monotonic_ms())
 
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait for the next apply or role change (or `timeout`)."""

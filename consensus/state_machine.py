@@ -2,7 +2,7 @@
 
 Pure (STYLE 5, 6): no I/O, no clock, no randomness. The Raft shell hands it committed
 entries in log order (`apply(index, command_bytes)`); everything that depends on time
-arrives inside the commands, stamped by the leader when it proposes them, so every
+arrives inside the commands, stamped by the leader as it appends them, so every
 replica that applies the same log reaches the same state, byte for byte
 (`snapshot()` is deterministic, which is how the simulator compares replicas).
 
@@ -15,8 +15,15 @@ deliberate differences:
 - `ExpireTtlKeys(now_ms)` carries the leader's time, not a list of keys: a key renewed
   after the leader proposed the expiry is then not deleted when the command applies.
   Nothing expires on a replica's own clock: until an `ExpireTtlKeys` applies, a key
-  past its `expires_at_ms` is still there for `get`, CAS and watches. A new leader
-  whose clock is ahead of the old one expires keys early, by the skew.
+  past its `expires_at_ms` is still there for `get`, CAS and watches.
+
+TTL time is cluster time, not any node's wall clock (etcd's leases work the same way):
+the leader stamps every `PutWithTtl` and `ExpireTtlKeys` as it appends them, from its
+monotonic clock (consensus/cluster_time.py). Here `ttl_clock_ms` is the highest stamp
+applied, and a stamp below it counts as it (the log's time never goes back, whatever
+a new leader's clock says). A new leader's no-op (`note_new_leader`) restarts every TTL
+from `ttl_clock_ms`, as etcd renews every lease on election: a change of leader only
+ever makes a TTL last longer, never shorter.
 - `Batch(puts, deletes, expect)`: an atomic multi-key write, the replicated form of
   `storage.catalog.Catalog.write`, which the broker uses today; with `expect` it is a
   transaction (etcd's Txn compare): it applies only if every listed key has the listed
@@ -57,7 +64,7 @@ import bisect
 import enum
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgpack
 
@@ -136,8 +143,9 @@ class Put(Message):
 
 @wire
 class PutWithTtl(Message):
-    """Set `key` to `value`; the key expires at `now_ms + ttl_ms` (the leader stamps
-    `now_ms` when it proposes). It is deleted by the first `ExpireTtlKeys` whose
+    """Set `key` to `value`; the key expires at `now_ms + ttl_ms` in cluster time (the
+    leader stamps `now_ms` as it appends; a stamp below the state machine's
+    `ttl_clock_ms` counts as it). It is deleted by the first `ExpireTtlKeys` whose
     `now_ms` is at or past that time; a later put renews or drops the TTL."""
 
     TAG = 17
@@ -187,7 +195,8 @@ class AllocateMonotonicId(Message):
 @wire
 class ExpireTtlKeys(Message):
     """Delete every key whose `expires_at_ms <= now_ms`. Proposed by the leader
-    periodically with its own clock; the only way a TTL takes effect."""
+    periodically, stamped with cluster time as it appends (never below `ttl_clock_ms`);
+    the only way a TTL takes effect."""
 
     TAG = 22
     now_ms: int
@@ -436,6 +445,7 @@ class MetadataStateMachine:
         self._sorted_keys: list[str] = []  # sorted(self._kv), kept by bisect for prefix ranges
         self._ttl_index: list[tuple[int, str]] = []  # sorted (expires_at_ms, key) of keys with a TTL
         self._counters: dict[str, int] = {}
+        self._ttl_clock_ms = 0  # the highest TTL stamp applied: cluster time, never back
         self._revision = 0
         self._last_applied_index = 0
         self._history: deque[WatchEvent] = deque()
@@ -484,6 +494,20 @@ class MetadataStateMachine:
         start = bisect.bisect_right(history, revision, key=_event_revision)
         return [history[i] for i in range(start, len(history)) if history[i].key.startswith(prefix)]
 
+    @property
+    def ttl_clock_ms(self) -> int:
+        """Cluster time as far as the log has carried it: the highest stamp of a
+        `PutWithTtl` or `ExpireTtlKeys` applied (0: none yet)."""
+        return self._ttl_clock_ms
+
+    def ttl_keys(self) -> list[str]:
+        """The keys that have a TTL, soonest expiry first."""
+        return [key for _, key in self._ttl_index]
+
+    @property
+    def ttl_key_count(self) -> int:
+        return len(self._ttl_index)
+
     def next_expiry_ms(self) -> int | None:
         """When the earliest TTL key expires (None: no key has a TTL)."""
         return self._ttl_index[0][0] if self._ttl_index else None
@@ -531,6 +555,29 @@ class MetadataStateMachine:
         )
         self._last_applied_index = index
 
+    def note_new_leader(self, index: int) -> None:
+        """Log entry `index` is a new leader's no-op: every TTL key's expiry becomes at
+        least `ttl_clock_ms + ttl_ms` (etcd renews every lease on election). The new
+        leader's time restarts at `ttl_clock_ms`, behind where the old leader's may have
+        run: an owner that renewed under the old leader keeps a whole TTL to renew with
+        the new one. Expiries move, values and revisions do not (no watch event)."""
+        self.note_applied(index)
+        floor = self._ttl_clock_ms
+        renewed = False
+        for _, key in self._ttl_index:
+            value = self._kv[key]
+            assert value.ttl_ms is not None and value.expires_at_ms is not None, (key, value)
+            if value.expires_at_ms < floor + value.ttl_ms:
+                self._kv[key] = replace(value, expires_at_ms=floor + value.ttl_ms)
+                renewed = True
+        if renewed:
+            self._ttl_index = sorted((v.expires_at_ms, k) for k, v in self._kv.items() if v.expires_at_ms is not None)
+
+    def _ttl_time(self, stamp_ms: int) -> int:
+        """A TTL command's stamp as it counts: never behind one applied before it."""
+        self._ttl_clock_ms = max(self._ttl_clock_ms, stamp_ms)
+        return self._ttl_clock_ms
+
     def _apply(self, cmd: Command) -> Result:
         match cmd:
             case Put(key=key, value=value):
@@ -544,7 +591,7 @@ class MetadataStateMachine:
                 self._check_number("ttl_ms", ttl_ms, 1, TIME_MS_MAX)
                 self._check_number("now_ms", now_ms, 0, TIME_MS_MAX)
                 self._check_room([key])
-                return self._put_one(key, value, ttl_ms, now_ms + ttl_ms)
+                return self._put_one(key, value, ttl_ms, self._ttl_time(now_ms) + ttl_ms)
             case Delete(key=key):
                 self._check_key(key)
                 return self._delete_keys([key] if key in self._kv else [])
@@ -571,6 +618,7 @@ class MetadataStateMachine:
                 return AllocatedId(id=last + 1)
             case ExpireTtlKeys(now_ms=now_ms):
                 self._check_number("now_ms", now_ms, 0, TIME_MS_MAX)
+                now_ms = self._ttl_time(now_ms)
                 # Every (expires_at_ms, key) with expires_at_ms <= now_ms sorts before (now_ms + 1, "").
                 end = bisect.bisect_left(self._ttl_index, (now_ms + 1, ""))
                 return self._delete_keys(sorted(key for _, key in self._ttl_index[:end]))
@@ -746,7 +794,9 @@ class MetadataStateMachine:
 
         Layout: [SNAPSHOT_FORMAT, revision, last_applied_index,
                  [[key, value, version, mod_revision, create_revision, ttl_ms, expires_at_ms], ...] by key,
-                 [[counter_key, last_id], ...] by key].
+                 [[counter_key, last_id], ...] by key, ttl_clock_ms].
+        (`ttl_clock_ms` came later: a snapshot without it restores the latest stamp its
+        keys show, `expires_at_ms - ttl_ms`, or 0.)
         Not included: the bounds (config) and the watch history (local).
         """
         entries = [
@@ -755,7 +805,7 @@ class MetadataStateMachine:
         ]
         counters = [[k, self._counters[k]] for k in sorted(self._counters)]
         return msgpack.packb(
-            [SNAPSHOT_FORMAT, self._revision, self._last_applied_index, entries, counters],
+            [SNAPSHOT_FORMAT, self._revision, self._last_applied_index, entries, counters, self._ttl_clock_ms],
             use_bin_type=True,
         )
 
@@ -763,8 +813,9 @@ class MetadataStateMachine:
         """Replace the whole state with a snapshot's (all or nothing: a bad snapshot
         raises `CorruptSnapshot` and leaves the state as it was). The watch history
         restarts empty at the snapshot's revision."""
-        kv, counters, revision, last_index = _parse_snapshot(data)
+        kv, counters, revision, last_index, ttl_clock_ms = _parse_snapshot(data)
         self._kv = kv
+        self._ttl_clock_ms = ttl_clock_ms
         self._sorted_keys = sorted(kv)
         self._ttl_index = sorted((v.expires_at_ms, k) for k, v in kv.items() if v.expires_at_ms is not None)
         self._counters = counters
@@ -787,7 +838,7 @@ class MetadataStateMachine:
         assert len(self._history) <= self.history_events_max
 
 
-def _parse_snapshot(data: bytes) -> tuple[dict[str, VersionedValue], dict[str, int], int, int]:
+def _parse_snapshot(data: bytes) -> tuple[dict[str, VersionedValue], dict[str, int], int, int, int]:
     def bad(why: str) -> CorruptSnapshot:
         return CorruptSnapshot(f"corrupt metadata snapshot: {why}")
 
@@ -807,9 +858,10 @@ def _parse_snapshot(data: bytes) -> tuple[dict[str, VersionedValue], dict[str, i
         )
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise bad(f"not msgpack ({type(exc).__name__})") from None
-    if type(top) is not list or len(top) != 5 or top[0] != SNAPSHOT_FORMAT:
+    if type(top) is not list or len(top) not in (5, 6) or top[0] != SNAPSHOT_FORMAT:
         raise bad("unknown layout or format version")
-    _, revision, last_index, entries, counter_rows = top
+    _, revision, last_index, entries, counter_rows = top[:5]
+    ttl_clock_ms = top[5] if len(top) == 6 else None
 
     def is_int(v: object, low: int, high: int) -> bool:
         return type(v) is int and low <= v <= high
@@ -856,4 +908,10 @@ def _parse_snapshot(data: bytes) -> tuple[dict[str, VersionedValue], dict[str, i
             raise bad(f"counters not strictly sorted at {row[0]!r}")
         previous_counter = row[0]
         counters[row[0]] = row[1]
-    return kv, counters, revision, last_index
+    if ttl_clock_ms is None:
+        ttl_clock_ms = max((v.expires_at_ms - v.ttl_ms for v in kv.values()
+                            if v.expires_at_ms is not None and v.ttl_ms is not None), default=0)
+        ttl_clock_ms = max(0, ttl_clock_ms)
+    elif not is_int(ttl_clock_ms, 0, TIME_MS_MAX):
+        raise bad("ttl_clock_ms is not a time")
+    return kv, counters, revision, last_index, ttl_clock_ms

@@ -76,6 +76,11 @@ class ManualClock:
     def now_ms(self) -> int:
         return self._monotonic_ms + self._wall_offset_ms
 
+    def step_wall(self, ms: int) -> None:
+        """Step the wall reading alone by `ms`, either way (an NTP step, a wrong date set
+        by hand); monotonic time and the timers do not move."""
+        self._wall_offset_ms += ms
+
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> TimerHandle:
         timer = _ManualTimer(callback)
         heapq.heappush(self._due, (self._monotonic_ms + max(0, delay_ms), next(self._order), timer))
