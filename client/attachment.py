@@ -115,7 +115,7 @@ class Attachment:
         # retriable, as Pulsar's clients do: an owner paused or cut off for longer than
         # `operation_retries_max` tries must not end a producer or a consumer (scenario
         # B4). The backoff is capped (retry.BACKOFF_MS_MAX), so this costs at most one
-        # lookup and one request per 5 s; sends meanwhile wait in the bounded pending
+        # lookup and one request a second; sends meanwhile wait in the bounded pending
         # queue and fail by their own retries.
         self.reattaches += 1
         attempt = 0

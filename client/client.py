@@ -12,7 +12,7 @@ With a registered schema, `create_producer(topic, schema_subject="orders")` enco
 
 The client keeps one `Connection` per broker URL (the service URL, plus any broker a
 redirect names) and retries operations that fail with a `retriable` error up to
-`operation_retries_max` times with exponential backoff (100 ms to 5 s).
+`operation_retries_max` times with exponential backoff (100 ms to 1 s).
 """
 
 from __future__ import annotations
