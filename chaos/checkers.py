@@ -475,6 +475,9 @@ class Report:
     split_terms: int = 0
     not_linearizable: int = 0
     never_recovered: int = 0  # faults after whose heal no send was acknowledged
+    # A scenario's own pass criteria that failed (B6's loss window, R3's Raft logs, R5's
+    # configuration: chaos/power.py, chaos/membership.py), each named in `findings`.
+    criteria_failed: int = 0
     recovery_ack_ms: tuple[float, ...] = ()
     recovery_delivery_ms: tuple[float, ...] = ()
     findings: tuple[str, ...] = field(default=(), compare=False)
@@ -483,7 +486,7 @@ class Report:
     def valid(self) -> bool:
         return not (self.lost or self.unexpected or self.nonmonotonic or self.inconsistent_offsets
                     or self.offset_gaps_unexplained or self.orphan_completions or self.split_terms
-                    or self.not_linearizable or self.never_recovered)
+                    or self.not_linearizable or self.never_recovered or self.criteria_failed)
 
     def merge(self, other: Report) -> Report:
         counts = {name: getattr(self, name) + getattr(other, name) for name in _SUMMED}
@@ -506,7 +509,7 @@ class Report:
 _SUMMED = ("runs", "faults", "attempted", "acked", "failed", "info", "deliveries", "lost", "unexpected",
            "duplicates", "redeliveries", "recovered", "failed_delivered", "nonmonotonic", "inconsistent_offsets",
            "acked_offsets_reused", "offset_gaps_explained", "offset_gaps_unexplained", "orphan_completions",
-           "split_terms", "not_linearizable", "never_recovered")
+           "split_terms", "not_linearizable", "never_recovered", "criteria_failed")
 
 
 def _p50_max(values: Sequence[float]) -> str:
