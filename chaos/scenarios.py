@@ -56,6 +56,7 @@ from danube_zmq.chaos.cluster import CONFIG, Broker, Cluster
 from danube_zmq.chaos.faults import Fault, Faults
 from danube_zmq.chaos.history import Op, load_history
 from danube_zmq.chaos.hosts import Host, Hosts, install_tools
+from danube_zmq.chaos.membership import judge_membership, membership_change
 from danube_zmq.chaos.power import (
     INTERVAL_ENV,
     Disks,
@@ -104,6 +105,7 @@ class Scenario:
     config: str = ""  # broker YAML appended to chaos/cluster.py's CONFIG
     clocks: bool = False  # the brokers run under chaos/clock.py's wall-clock shim
     hold_s: float = 60.0  # P*: how long the pressure lasts
+    hosts: int = 3  # namespace hosts; brokers start on the first 3 (R5: a 4th joins later)
     disks: bool = False  # every broker's WAL on chaos/disk.py's layer (B6: power loss)
     env: tuple[tuple[str, str], ...] = ()  # broker environment (DANUBE_STORAGE__WAL_SYNC ...), with `disks`
     # The scenario's own criteria, judged after the run (the cluster is down by then):
@@ -616,6 +618,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              messages=3_000, rate=300, disks=True, env=INTERVAL_ENV, judge=judge_loss_window),
     Scenario("R3", "Raft leader or follower loses power under metadata writes: its Raft log's last record torn",
              raft_torn, kind="metadata", tail_s=6.0, judge=judge_raft_logs),
+    Scenario("R5", "Raft membership: a 4th node added and promoted, a founder removed, the leader killed during"
+             " each change", membership_change, kind="metadata", tail_s=6.0, hosts=4, judge=judge_membership),
 )}
 
 
@@ -633,11 +637,11 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     logs.mkdir(exist_ok=True)
     install_tools()
     with contextlib.ExitStack() as stack:
-        hosts = stack.enter_context(Hosts(3))
+        hosts = stack.enter_context(Hosts(scenario.hosts))
         clocks = stack.enter_context(Clocks(hosts, work_dir / "clocks")) if scenario.clocks else None
         disks = Disks(work_dir / "disks", scenario.env) if scenario.disks else None
         cluster = stack.enter_context(Cluster(hosts, work_dir / "cluster", config=CONFIG + scenario.config,
-                                              host_env=_host_env(clocks, disks)))
+                                              host_env=_host_env(clocks, disks), members=3))
         faults = stack.enter_context(Faults(hosts))
         run = Run(scenario=scenario, seed=seed, rng=random.Random(seed), cluster=cluster, faults=faults,
                   history=history, logs=logs, clocks=clocks, disks=disks)
