@@ -183,10 +183,10 @@ def membership_change(run: Run) -> None:
                                     admin_url=[newcomer.broker.admin_url], interval_ms=100, request_timeout_ms=500,
                                     duration_s=600))
     try:
-        leader = run.leader()
-        via = run.rng.choice([b for b in founders if b != leader])
+        leader = run.leader(among=founders)  # node 4 knows no leader before it is added
+        run.notes["first_leader_r5"] = leader.name
         _change(run, "add-node 4", lambda admin: admin.add_node(NEWCOMER_ID, newcomer.broker.raft_url),
-                lambda view: NEWCOMER_ID in [m.node_id for m in view.members], lambda: [via])
+                lambda view: NEWCOMER_ID in [m.node_id for m in view.members], lambda: founders)
         _kill_leader_during(run, newcomer, lambda: _change(
             run, "promote-node 4", lambda admin: admin.promote_node(NEWCOMER_ID),
             lambda view: NEWCOMER_ID in _configuration(view)[0], lambda: _members(run, newcomer)), "promote-node 4")
