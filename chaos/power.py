@@ -108,7 +108,8 @@ def loss_window(report: Report, ops: list[Op], notes: dict[str, Any], window_ms:
     """B6 with `wal_sync: interval`: a message acknowledged but never delivered is
     excused (`lost_in_window`) only when it was acknowledged after the owner's last WAL
     fsync began and within `window_ms` before the power loss; every other one stays
-    lost. With `wal_sync: always` nothing is excused (call this only for interval)."""
+    lost. The owner's WAL unsynced for longer than `window_ms` at the power loss is a
+    failed criterion. With `wal_sync: always` nothing is excused (not called)."""
     outcomes, _ = checkers.send_outcomes(ops)
     acked_ns = {o.message: o.complete_ns for o in outcomes if o.result == "ok" and o.complete_ns is not None}
     delivered: dict[str, set[tuple[str, int]]] = {}
@@ -123,6 +124,11 @@ def loss_window(report: Report, ops: list[Op], notes: dict[str, Any], window_ms:
     excused = {(sub, m) for sub, seen in delivered.items() for m in acked_ns.keys() - seen if acked_ns[m] >= since}
     fields = {"lost_in_window": len(excused), "window_ms": window_ms,
               "unsynced_ms_at_loss": round((crash_ns - last_sync) / 1e6) if last_sync else None}
+    unsynced_ms = (crash_ns - last_sync) / 1e6 if last_sync else None
+    if unsynced_ms is not None and unsynced_ms > window_ms:
+        report = dataclasses.replace(report, criteria_failed=report.criteria_failed + 1, findings=(
+            *report.findings, f"the owner's WAL went {unsynced_ms:.0f} ms without an fsync before the power loss,"
+                              f" past the {window_ms:g} ms window"))
     if excused:
         lost = report.lost - len(excused)
         findings = tuple(f for f in report.findings if lost or "acknowledged messages lost" not in f)

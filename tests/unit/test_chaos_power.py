@@ -87,3 +87,16 @@ def test_the_loss_window_excuses_only_what_was_acked_after_the_last_fsync() -> N
     everything = sorted([*ops, _deliver(0, 80 * ms)], key=lambda op: op.time_ns)
     report, fields = loss_window(check_run("B6-interval", everything), everything, notes, window_ms=200)
     assert report.lost == 0 and fields["lost_in_window"] == 1
+
+
+def test_a_wal_unsynced_past_the_window_fails_the_run() -> None:
+    """B6-interval: when the owner's last fsync began longer than the window before the
+    power loss, the run fails a criterion even with nothing lost."""
+    ms = 1_000_000
+    ops = sorted([*_send(0, 1 * ms, 2 * ms), _deliver(0, 3 * ms)], key=lambda op: op.time_ns)
+    notes = {"owner": "broker-1", "last_fsync_ns": {"broker-1": 10 * ms}, "power_loss_ns": 1_500 * ms}
+    report, fields = loss_window(check_run("B6-interval", ops), ops, notes, window_ms=1_200)
+    assert report.criteria_failed == 1 and not report.valid and fields["unsynced_ms_at_loss"] == 1_490
+    notes["last_fsync_ns"]["broker-1"] = 400 * ms
+    report, _ = loss_window(check_run("B6-interval", ops), ops, notes, window_ms=1_200)
+    assert report.criteria_failed == 0 and report.valid
