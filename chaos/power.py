@@ -22,10 +22,12 @@ faults, rng, notes and waits.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import random
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +51,7 @@ SYNC_SLACK_MS = 1_000
 INTERVAL_ENV = (("DANUBE_STORAGE__WAL_SYNC", "interval"),
                 ("DANUBE_STORAGE__WAL_SYNC_INTERVAL_MS", str(INTERVAL_MS)))
 RAFT_STORE = "metadata"  # a broker's Raft store: DATA_DIR/metadata (consensus/log_store.py)
+REJOIN_DEADLINE_S = 60.0  # R3: the torn node applies what was committed when it came back
 
 
 class Disks:
@@ -185,8 +188,9 @@ def raft_torn(run: Run) -> None:
     """R3: under the metadata writes, the Raft leader or a follower (drawn from the
     seed) loses power: kill -9 with its supervisor held, the last record of its Raft
     log torn, restart. The cluster must go on (a new leader among the others when the
-    leader was hit) and the node rejoin; its log is compared with the others' after
-    the run (`raft_logs_agree`)."""
+    leader was hit) and the node rejoin: it applies, within REJOIN_DEADLINE_S, what
+    the cluster had committed once it was back (`rejoined` in the notes); its log is
+    compared with the others' after the run (`raft_logs_agree`)."""
     writers = [name for name in run.processes if name.startswith("admin-")]
     run.wait(lambda: all(run.acked(w) >= 20 for w in writers), "metadata writes before the power loss")
     leader = run.leader()
@@ -197,6 +201,20 @@ def raft_torn(run: Run) -> None:
         survivors = [b for b in run.cluster.brokers if b != victim]
         run.notes["leaders"] = [leader.name, run.leader(among=survivors).name]
     run.notes["leader_after_heal"] = run.leader().name
+    # Rejoined: the torn node applies what the cluster had committed once it was back.
+    target = max(v.commit_index for v in asyncio.run(run.cluster.raft_views()).values())
+    started = time.monotonic()
+    while True:
+        view = asyncio.run(run.cluster.raft_views()).get(victim.node_id)
+        if view is not None and view.applied_index >= target:
+            run.notes["rejoined"] = {"commit_index": target, "seconds": round(time.monotonic() - started, 1)}
+            return
+        if time.monotonic() - started > REJOIN_DEADLINE_S:
+            run.notes["rejoined"] = {"commit_index": target, "problem": f"{victim.name} applied"
+                                     f" {None if view is None else view.applied_index} of {target} after"
+                                     f" {REJOIN_DEADLINE_S:g} s"}
+            return
+        time.sleep(0.2)
 
 
 def raft_logs_agree(brokers: Sequence[Broker], victim: str) -> tuple[list[str], dict[str, Any]]:
@@ -253,6 +271,11 @@ def judge_loss_window(run: Run, report: Report, ops: list[Op]) -> tuple[Report, 
 def judge_raft_logs(run: Run, report: Report, ops: list[Op]) -> tuple[Report, dict[str, Any]]:
     """R3: `raft_logs_agree`; each problem is a failed criterion."""
     problems, figures = raft_logs_agree(run.cluster.brokers, run.notes["victim"])
+    rejoined = run.notes.get("rejoined", {"problem": "the schedule never checked the rejoin"})
+    if "problem" in rejoined:
+        problems.append(f"not rejoined: {rejoined['problem']}")
+    elif figures["last_index"].get(run.notes["victim"], 0) < rejoined["commit_index"]:
+        problems.append(f"{run.notes['victim']}'s log ends below index {rejoined['commit_index']}, which it had applied")
     if problems:
         report = dataclasses.replace(report, criteria_failed=report.criteria_failed + len(problems),
                                      findings=(*report.findings, *problems))

@@ -100,3 +100,21 @@ def test_a_wal_unsynced_past_the_window_fails_the_run() -> None:
     notes["last_fsync_ns"]["broker-1"] = 400 * ms
     report, _ = loss_window(check_run("B6-interval", ops), ops, notes, window_ms=1_200)
     assert report.criteria_failed == 0 and report.valid
+
+
+def test_a_raft_store_with_a_corrupt_record_before_its_tail_refuses_to_open(tmp_path: Path) -> None:
+    """R3's other half: a byte flipped inside an earlier record of the Raft store's
+    LevelDB log (not a torn tail: a write that was acknowledged) is corruption, and the
+    store refuses to open (paranoid checks), so the node cannot run, vote or campaign on
+    a log that silently lost acknowledged entries before it is repaired."""
+    from danube_zmq.consensus.log_store import LogStoreCorruption
+
+    _store_with(tmp_path, [1, 1, 1, 1], payload=100)
+    log = max((tmp_path / RAFT_STORE / "raft-log").glob("*.log"), key=lambda p: p.stat().st_size)
+    first = last_record(log)
+    assert first is not None
+    data = bytearray(log.read_bytes())
+    data[20] ^= 0xFF  # inside the first record's payload, far from the tail
+    log.write_bytes(bytes(data))
+    with pytest.raises(LogStoreCorruption):
+        RaftLogStore.open(tmp_path / RAFT_STORE).close()
