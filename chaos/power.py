@@ -4,7 +4,7 @@ hosts' supervisors, a power loss of every broker at once, a torn Raft log record
 the checks these add to `check_run`.
 
     Disks(dir, env)      per host: a control file and a journal; `env(host)` puts
-                         power_site/ (a sitecustomize) on the host's PYTHONPATH, so the
+                         DIR/site/ (SITECUSTOMIZE) on the host's PYTHONPATH, so the
                          supervisor's brokers (restarts too) journal their WAL fsyncs
     power_loss_all(run)  B6: faults.power_loss(every broker): each WAL cut to what was
                          fsynced (half the seeds keep a torn part of the rest), restart
@@ -42,7 +42,28 @@ from danube_zmq.chaos.hosts import Host
 if TYPE_CHECKING:
     from danube_zmq.chaos.scenarios import Run
 
-SITE_DIR = Path(__file__).resolve().parent / "power_site"
+# Written into each run's disks directory and put on the hosts' PYTHONPATH (as the clock
+# shim's source is written at run time: nothing outside the Python package to install).
+SITECUSTOMIZE = '''\
+"""Put on a namespace host's PYTHONPATH by chaos/power.py (B6): a broker its host's
+supervisor starts there (`-m danube_zmq.cli.main broker start ...`, a restart too) runs
+with chaos/disk.py's fault-injecting WAL file layer, journalling every fsync to the
+journal named in $DANUBE_CHAOS_DISK_CONTROL. Every other process is left alone."""
+
+import os
+import sys
+
+_control = os.environ.get("DANUBE_CHAOS_DISK_CONTROL")
+_argv = getattr(sys, "orig_argv", [])
+if _control and "danube_zmq.cli.main" in _argv \\
+        and _argv[_argv.index("danube_zmq.cli.main") + 1:][:2] == ["broker", "start"]:
+    from pathlib import Path
+
+    from danube_zmq.chaos.disk import FaultyFiles
+    from danube_zmq.storage.wal import files
+
+    files.install(FaultyFiles.from_control(Path(_control)))
+'''
 CONTROL_ENV = "DANUBE_CHAOS_DISK_CONTROL"
 INTERVAL_MS = 200  # B6-interval: storage.wal_sync_interval_ms
 # The interval plus one flush, and room for this loaded 2-core machine: the bound the
@@ -73,7 +94,11 @@ class Disks:
         control = self.control(host)
         if not control.exists():
             write_control(control, seed=0, journal=self.journal(host))
-        path = os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH", "")) if p)
+        site = self.directory / "site"
+        if not (site / "sitecustomize.py").exists():
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
         return {"PYTHONPATH": path, CONTROL_ENV: str(control), **self.extra}
 
 
@@ -104,6 +129,9 @@ def power_loss_all(run: Run) -> None:
 
     fault = run.faults.power_loss(run.cluster.brokers, cut)
     run.notes["last_fsync_ns"] = last_fsync
+    if last_fsync.get(run.notes["owner"]) is None:  # a power loss without the layer tests nothing
+        raise AssertionError(f"the owner {run.notes['owner']} journalled no WAL fsync: is the faulty layer"
+                             f" installed (see {disks.directory})? (seed {run.seed})")
     run.notes["power_loss_ns"] = int(fault.started_at * 1e9)
 
 
