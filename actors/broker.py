@@ -632,7 +632,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             segments = self.segment_catalog.list(name.full)
             if segments:
                 durable_end = segments[-1].end_offset + 1
-        start = reliable_start(me=self.broker_id, state=state, local_end=local_end, durable_end=durable_end)
+        start = reliable_start(me=self.broker_id, state=state, local_end=local_end, durable_end=durable_end,
+                               wal_exact=self.config.storage.wal_sync == "always")
         if start.damage is not None:
             assert state is not None and local_end is not None
             wal_dir = self._wal_dir(name)
@@ -643,6 +644,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             log.warning("topic %s: the local WAL ends at %s, the topic at %d (served elsewhere since): dropping it",
                         name.full, local_end, start.start_offset)
             await asyncio.to_thread(shutil.rmtree, self._wal_dir(name))
+        if start.continue_after_gap:
+            log.warning("topic %s: the local WAL ends at %s, below offsets this broker may have given out"
+                        " (wal_sync interval): it continues at %d, the offsets between given up",
+                        name.full, local_end, start.start_offset)
+            await asyncio.to_thread(WalLog.repair, self._wal_dir(name), resume_offset=start.start_offset,
+                                    clock=self.system.clock)
         return start.start_offset
 
     async def _mark_damaged(self, topic: str, damage: WalDamaged) -> None:

@@ -47,21 +47,29 @@ class Start:
     drop_local_wal: bool = False
     damage: str | None = None
     claimed_end: int = 0  # with `damage`: the offsets the log should hold, up to
+    # The local WAL is this broker's own and alone holds its records, but it may end below
+    # offsets this broker gave out (`wal_sync: interval`, then a power loss): keep it and
+    # continue at `start_offset`, the offsets between given up (`WalLog.repair`).
+    continue_after_gap: bool = False
 
 
-def reliable_start(*, me: int, state: TopicState | None, local_end: int | None, durable_end: int | None) -> Start:
+def reliable_start(*, me: int, state: TopicState | None, local_end: int | None, durable_end: int | None,
+                   wal_exact: bool = True) -> Start:
     """`state`: the topic's `TopicState` record; `local_end`: the next offset of the
     WAL on this broker's disk (None: none); `durable_end`: one past the last durable
-    segment's end (None: none).
+    segment's end (None: none); `wal_exact`: this broker's WAL holds every offset it
+    gave out (`wal_sync: always`: nothing is delivered or acknowledged before its fsync).
 
     It starts where its last owner stopped, past every offset another broker reserved
     (some may have been acknowledged) and past its durable segments. Offsets this broker
-    reserved itself are not skipped when its own WAL is here: the WAL says exactly where
-    it stopped."""
+    reserved itself are not skipped when its own WAL is here and exact: the WAL says
+    where it stopped. With `wal_sync: interval` a power loss cuts the WAL below records
+    already delivered and acknowledged, so its own reservation is skipped too: their
+    offsets never name other messages (a cursor past them would skip those)."""
     floors = []
     if state is not None:
         floors.append(state.next_offset)
-        if state.broker_id != me or local_end is None:
+        if state.broker_id != me or local_end is None or not wal_exact:
             floors.append(state.reserved_until)
     if durable_end is not None:
         floors.append(durable_end)
@@ -72,7 +80,11 @@ def reliable_start(*, me: int, state: TopicState | None, local_end: int | None, 
         return Start(start_offset=start, damage=(
             f"the log ends at offset {local_end}, below offset {state.next_offset} where this broker"
             f" recorded it at its last stop"), claimed_end=max(start, state.reserved_until))
-    return Start(start_offset=start, drop_local_wal=local_end is not None and local_end < start)
+    behind = local_end is not None and local_end < start
+    if behind and not wal_exact and state is not None and state.broker_id == me \
+            and (durable_end is None or durable_end <= local_end):
+        return Start(start_offset=start, continue_after_gap=True)
+    return Start(start_offset=start, drop_local_wal=behind)
 
 
 def damaged_wal_is_stale(*, me: int, state: TopicState | None, claimed_end: int) -> bool:

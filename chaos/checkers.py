@@ -475,7 +475,9 @@ class Report:
     split_terms: int = 0
     not_linearizable: int = 0
     never_recovered: int = 0  # faults after whose heal no send was acknowledged
-    criteria_failed: int = 0  # a scenario's own pass criteria (recovery time, duplicate bound) not met
+    # A scenario's own pass criteria that failed (B1/B2's recovery time and duplicate
+    # bound, B6's loss window, R3's Raft logs, R5's configuration), each named in `findings`.
+    criteria_failed: int = 0
     recovery_ack_ms: tuple[float, ...] = ()
     recovery_delivery_ms: tuple[float, ...] = ()
     findings: tuple[str, ...] = field(default=(), compare=False)

@@ -80,8 +80,11 @@ class Cluster:
     supervisor per host: `with Cluster(hosts, tmp_path) as cluster: ...`."""
 
     def __init__(self, hosts: Hosts, data_dir: Path, *, config: str = CONFIG,
-                 host_env: Callable[[Host], dict[str, str]] | None = None) -> None:
+                 host_env: Callable[[Host], dict[str, str]] | None = None, members: int | None = None) -> None:
         self.hosts = hosts
+        # The hosts that run a broker from the start: the first `members` (R5 keeps the
+        # last host for a broker that joins later).
+        self.members: list[Host] = list(hosts)[:members or len(hosts)]
         # Extra environment of each host's supervisor, which its brokers inherit (a
         # restarted broker too): chaos/clock.py's wall-clock shim.
         self.host_env = host_env
@@ -104,11 +107,11 @@ class Cluster:
         config.write_text(f"storage:\n  mode: shared_fs\n  durable_url: {self.data_dir / 'durable'}\n"
                           "  seal_every_flush: true\n" + self.config)
         first = self.leader_host
-        place = ",".join(f"{h.name}={h.address}" for h in self.hosts)
+        place = ",".join(f"{h.name}={h.address}" for h in self.members)
         up_log = self.data_dir / "up.log"
         self._started = True
         with open(up_log, "w") as err:
-            up = first.popen(danube_argv("cluster", "up", "--brokers", str(len(self.hosts)), "--config", str(config),
+            up = first.popen(danube_argv("cluster", "up", "--brokers", str(len(self.members)), "--config", str(config),
                                          "--data-dir", str(self.data_dir), "--bind", first.address,
                                          "--supervisor-port", str(SUPERVISOR_PORT), "--host-name", first.name,
                                          "--place", place, "--client-port", str(CLIENT_PORT),
@@ -117,7 +120,7 @@ class Cluster:
                              stdout=subprocess.PIPE, stderr=err, text=True, env=self._env(first))
         try:
             self._wait_listening(first.address, SUPERVISOR_PORT, up)
-            for host in self.hosts[1:]:
+            for host in self.members[1:]:
                 joined = host.run(danube_argv("cluster", "join", "--convention", f"{first.address}:{SUPERVISOR_PORT}",
                                               "--bind", host.address, "--supervisor-port", str(SUPERVISOR_PORT),
                                               "--host-name", host.name, "--data-dir", str(self.data_dir / host.name)),
@@ -218,7 +221,7 @@ class Cluster:
         self._started = False
         steps = [(self.leader_host, danube_argv("cluster", "down", "--data-dir", str(self.data_dir)), 90)]
         steps += [(host, danube_argv("cluster", "leave", "--bind", host.address,
-                                     "--supervisor-port", str(SUPERVISOR_PORT)), 30) for host in self.hosts[1:]]
+                                     "--supervisor-port", str(SUPERVISOR_PORT)), 30) for host in self.members[1:]]
         problems = []
         for host, argv, timeout in steps:
             try:

@@ -6,6 +6,8 @@ start and heal times on its injected monotonic clock) for the availability check
 
     process:  kill9(broker)        SIGKILL; healed when its host's supervisor has
                                    started it again (a new pid, in the same namespace)
+              power_loss(brokers, while_down)  SIGKILL of all at once with their
+                                   supervisors held, files changed while down, restart
               pause(broker)        SIGSTOP; heal is SIGCONT
     network:  partition(A, B)      nothing between the groups of hosts, both ways
               isolate(h)           h against every other host
@@ -151,6 +153,52 @@ class Faults:
         raise AssertionError(f"{broker.name} was not restarted on {broker.host.name} within {deadline_s:g} s"
                              f" after kill -9 (pid {pid}); see {broker.log_path}")
 
+    def power_loss(self, brokers: Sequence[Broker], while_down: Callable[[Broker], str], *,
+                   deadline_s: float = RESTART_DEADLINE_S) -> Fault:
+        """kill -9 `brokers` at once while every other process on their hosts (the
+        supervisors that would restart them at once) is stopped with SIGSTOP; once each
+        broker is dead, `while_down(broker)` does to its files what the power loss
+        leaves (cut to what was fsynced, a torn Raft record) and says what it did; then
+        the supervisors go on and restart them, which is the heal."""
+        hosts = {b.host.name: b.host for b in brokers}
+        pids = {b.name: b.pid() for b in brokers}
+        if None in pids.values():
+            raise RuntimeError(f"no pid file for some of {pids}: are they running?")
+        held = [pid for host in hosts.values() for pid in host.pids() if pid not in pids.values()]
+        done: list[str] = []
+        try:
+            for pid in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            fault = self._record("power_loss", [b.name for b in brokers],
+                                 "power loss of " + ", ".join(f"{b.name} (pid {pids[b.name]})" for b in brokers), None)
+            deadline = time.monotonic() + deadline_s
+            for pid in pids.values():
+                while _alive(pid):  # its files are closed only once it is dead (a zombie is)
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"pid {pid} still alive {deadline_s:g} s after SIGKILL")
+                    time.sleep(0.02)
+            done = [f"{b.name}: {while_down(b)}" for b in brokers]
+        finally:
+            for pid in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        fault.description += "; " + "; ".join(done)
+        for broker in brokers:
+            while True:
+                new = broker.pid()
+                if new is not None and new != pids[broker.name] and new in broker.host.pids():
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{broker.name} was not restarted on {broker.host.name} within"
+                                         f" {deadline_s:g} s after the power loss; see {broker.log_path}")
+                time.sleep(0.1)
+        fault.healed_at = self.clock()
+        return fault
+
     def pause(self, broker: Broker) -> Fault:
         """SIGSTOP `broker`; heal sends SIGCONT."""
         pid = broker.pid()
@@ -274,6 +322,15 @@ class Faults:
             host.run(["tc", "qdisc", "del", "dev", "eth0", "root"], timeout=_NFT_TIMEOUT_S)
 
         return self._record("delay", [host.name], f"{delay_ms}±{jitter_ms} ms delay out of {host.name}", undo)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it holds no file any more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def netem_available(host: Host) -> bool:

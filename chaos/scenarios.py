@@ -55,7 +55,16 @@ from danube_zmq.chaos.clock import Clocks
 from danube_zmq.chaos.cluster import CONFIG, Broker, Cluster
 from danube_zmq.chaos.faults import Fault, Faults
 from danube_zmq.chaos.history import Op, load_history
-from danube_zmq.chaos.hosts import Hosts, install_tools
+from danube_zmq.chaos.hosts import Host, Hosts, install_tools
+from danube_zmq.chaos.membership import judge_membership, membership_change
+from danube_zmq.chaos.power import (
+    INTERVAL_ENV,
+    Disks,
+    judge_loss_window,
+    judge_raft_logs,
+    power_loss_all,
+    raft_torn,
+)
 from danube_zmq.chaos.workload import RECEIVER_QUEUE_SIZE, command
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioError", "main", "run_scenario"]
@@ -100,6 +109,12 @@ class Scenario:
     # heal within this; duplicates at most what the consumers may hold unacknowledged per kill.
     resume_within_s: float | None = None
     duplicates_bounded: bool = False
+    hosts: int = 3  # namespace hosts; brokers start on the first 3 (R5: a 4th joins later)
+    disks: bool = False  # every broker's WAL on chaos/disk.py's layer (B6: power loss)
+    env: tuple[tuple[str, str], ...] = ()  # broker environment (DANUBE_STORAGE__WAL_SYNC ...), with `disks`
+    # The scenario's own criteria, judged after the run (the cluster is down by then):
+    # (run, report, ops) -> the report (criteria_failed, findings) and the row's fields.
+    judge: Callable[[Run, Report, list[Op]], tuple[Report, dict[str, Any]]] | None = None
 
 
 @dataclass
@@ -118,6 +133,7 @@ class Run:
     consumer_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> command() options
     notes: dict[str, Any] = field(default_factory=dict)
     clocks: Clocks | None = None
+    disks: Disks | None = None
 
     # -- processes ---------------------------------------------------------------------
 
@@ -602,6 +618,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              config="reliable:\n  ack_timeout_ms: 5000\n"),
     Scenario("P3", "4 producers flooding one topic (1 KiB, 20,000 msg/s offered each)",
              _producer_flood, kind="pressure", messages=10_000_000, rate=20_000, tail_s=2.0, hold_s=20.0),
+    Scenario("B6", "power loss of all 3 brokers at once (wal_sync always): WALs cut to what was fsynced",
+             power_loss_all, messages=3_000, rate=300, disks=True),
+    Scenario("B6-interval", "power loss of all 3 brokers at once (wal_sync interval, 200 ms)", power_loss_all,
+             messages=3_000, rate=300, disks=True, env=INTERVAL_ENV, judge=judge_loss_window),
+    Scenario("R3", "Raft leader or follower loses power under metadata writes: its Raft log's last record torn",
+             raft_torn, kind="metadata", tail_s=6.0, judge=judge_raft_logs),
+    Scenario("R5", "Raft membership: a 4th node added and promoted, a founder removed, the leader killed during"
+             " each change", membership_change, kind="metadata", tail_s=6.0, hosts=4, judge=judge_membership),
 )}
 
 
@@ -619,13 +643,14 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     logs.mkdir(exist_ok=True)
     install_tools()
     with contextlib.ExitStack() as stack:
-        hosts = stack.enter_context(Hosts(3))
+        hosts = stack.enter_context(Hosts(scenario.hosts))
         clocks = stack.enter_context(Clocks(hosts, work_dir / "clocks")) if scenario.clocks else None
+        disks = Disks(work_dir / "disks", scenario.env) if scenario.disks else None
         cluster = stack.enter_context(Cluster(hosts, work_dir / "cluster", config=CONFIG + scenario.config,
-                                              host_env=None if clocks is None else clocks.env))
+                                              host_env=_host_env(clocks, disks), members=3))
         faults = stack.enter_context(Faults(hosts))
         run = Run(scenario=scenario, seed=seed, rng=random.Random(seed), cluster=cluster, faults=faults,
-                  history=history, logs=logs, clocks=clocks)
+                  history=history, logs=logs, clocks=clocks, disks=disks)
         try:
             cluster_ready = asyncio.run(cluster.wait_leader(deadline_s=DEADLINE_S))
             run.notes["first_leader"] = cluster_ready.name
@@ -648,6 +673,9 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     report = _check_criteria(report, scenario, len(records))
     if scenario.holder is not None:
         report, extra = _check_held(report, ops, scenario.holder, records)
+    if scenario.judge is not None:
+        report, judged = scenario.judge(run, report, ops)
+        extra.update(judged)
     if sum(sub_type == "failover" for *_, sub_type in scenario.consumers) > 1:
         extra["failover_switches"] = _failover_switches(ops)
     row = {"scenario": name, "seed": seed, "valid": report.valid, "faults": [f.description for f in records],
@@ -655,7 +683,7 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
                                                "unexpected", "duplicates", "redeliveries", "recovered",
                                                "nonmonotonic", "inconsistent_offsets", "offset_gaps_explained",
                                                "offset_gaps_unexplained", "split_terms", "not_linearizable",
-                                               "never_recovered")},
+                                               "never_recovered", "criteria_failed")},
            "recovery_ack_ms": [round(t) for t in report.recovery_ack_ms],
            "recovery_delivery_ms": [round(t) for t in report.recovery_delivery_ms],
            **extra, "notes": run.notes, "findings": list(report.findings)}
@@ -745,6 +773,14 @@ def _check_shimmed(cluster: Cluster, clocks: Clocks, seed: int) -> None:
         maps = Path(f"/proc/{pid}/maps").read_text() if pid is not None else ""
         if str(clocks.library) not in maps:
             raise ScenarioError(f"{broker.name} (pid {pid}) runs without the clock shim {clocks.library} (seed {seed})")
+
+
+def _host_env(clocks: Clocks | None, disks: Disks | None) -> Callable[[Host], dict[str, str]] | None:
+    """The extra environment of each host's supervisor (its brokers inherit it): the
+    clock shim, the faulty WAL layer, or both."""
+    if clocks is None and disks is None:
+        return None
+    return lambda host: {**(clocks.env(host) if clocks else {}), **(disks.env(host) if disks else {})}
 
 
 def _checker_fault(fault: Fault) -> checkers.Fault:

@@ -4,7 +4,7 @@ and the checkers.
 
 `chaos_smoke` (CI): one run each of B1 (owner kill -9), R-leader (Raft leader
 partition) and B3 (SIGSTOP of the owner), small (3k messages at 300/s).
-`chaos` (`tox -e chaos`): the table, B1 x 20 seeds, the others x 5.
+`chaos` (`tox -e chaos`): the table, B1 x 20 seeds, B6 x 10, the others x 5.
 
 Each run prints its JSON row (seed, faults, counts, recovery times) for
 docs/reliability.md; a failing seed replays with
@@ -87,6 +87,39 @@ def assert_partition_run(report: Report, row: dict[str, Any]) -> None:
     assert report.valid, (replay, report.findings)
 
 
+def assert_power_loss_run(report: Report, row: dict[str, Any]) -> None:
+    """B6: the queue criteria (with `wal_sync: always`, lost 0) after a power loss of
+    all three brokers at once; with `interval` the judge has excused only what was
+    acknowledged after the owner's last fsync and within the interval window."""
+    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    assert_queue_run(report, row)  # B6-interval: criteria_failed 0, the WAL fsynced within the window
+    assert all(f"broker-{n}:" in row["faults"][0] for n in (1, 2, 3)), (replay, row["faults"])
+
+
+def assert_raft_crash_run(report: Report, row: dict[str, Any]) -> None:
+    """R3: linearizable, one leader per term, commits resumed, and the Raft logs read
+    back after the run agree (judge_raft_logs: log matching, committed entries on a
+    majority, the torn node caught up)."""
+    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    assert row["linearizable"] is True, (replay, row["linearizability"])
+    assert report.split_terms == 0 and report.never_recovered == 0, (replay, report.findings)
+    assert report.criteria_failed == 0, (replay, report.findings)
+    assert "torn at byte" in row["faults"][0], (replay, row["faults"])
+    assert report.valid, (replay, report.findings)
+
+
+def assert_membership_run(report: Report, row: dict[str, Any]) -> None:
+    """R5: linearizable, one leader per term (founders and the newcomer observed), and
+    every member agreed on the final configuration: voters the founders left and node 4."""
+    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    assert row["linearizable"] is True, (replay, row["linearizability"])
+    assert report.split_terms == 0, (replay, report.findings)
+    final = row["notes"]["final"]
+    assert final["agreed"] and 4 in final["expected_voters"] and len(final["expected_voters"]) == 3, (replay, final)
+    assert len(row["notes"]["killed_leaders"]) == 2, (replay, row["notes"])
+    assert report.valid, (replay, report.findings)
+
+
 # -- CI smoke ---------------------------------------------------------------------------
 
 @pytest.mark.chaos_smoke
@@ -140,6 +173,11 @@ def test_b3_paused_owner_causes_no_split_brain(tmp_path: Path) -> None:
 TABLE = [("B1", seed) for seed in range(1, 21)] + [
     (name, seed) for name in ("B2", "B3", "B4", "R-leader", "B5", "B7", "R2-bridge", "R2-one-way", "R2-follower",
                               "R2-minority-leader") for seed in range(1, 6)]
+# B6 x 10 seeds (power loss of all three brokers at once, wal_sync always: lost 0), B6-interval,
+# R3 (a torn Raft log record on the leader or a follower) and R5 (membership changes
+# under leader kills) x 5.
+TABLE += [("B6", seed) for seed in range(1, 11)] + [
+    (name, seed) for name in ("B6-interval", "R3", "R5") for seed in range(1, 6)]
 
 
 @pytest.mark.chaos
@@ -148,7 +186,13 @@ TABLE = [("B1", seed) for seed in range(1, 21)] + [
 def test_scenario_table(name: str, seed: int, tmp_path: Path) -> None:
     """One seeded run of one scenario of the table, judged by its checkers."""
     report, row = run(name, seed, tmp_path)
-    if name.startswith("R2"):
+    if name.startswith("B6"):
+        assert_power_loss_run(report, row)
+    elif name == "R3":
+        assert_raft_crash_run(report, row)
+    elif name == "R5":
+        assert_membership_run(report, row)
+    elif name.startswith("R2"):
         assert_partition_run(report, row)
     elif name.startswith("R"):
         assert_metadata_run(report, row)

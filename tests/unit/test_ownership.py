@@ -49,6 +49,26 @@ def test_a_reliable_topic_never_starts_below_an_offset_that_may_be_acknowledged(
 
 
 @given(topic_states(), offsets, st.one_of(st.none(), offsets))
+def test_a_wal_synced_on_an_interval_restarts_past_its_own_reservation_and_is_kept(
+        state: TopicState | None, local_end: int, durable_end: int | None) -> None:
+    """`wal_sync: interval` (found by the chaos scenario B6-interval): a power loss cuts
+    this broker's own WAL below records it already delivered (and acknowledged), so the
+    topic starts past its own reservation too, never giving those offsets to other
+    messages; and a WAL that alone holds its records (nothing durable past its end) is
+    kept and continued after the gap, never dropped."""
+    start = reliable_start(me=ME, state=state, local_end=local_end, durable_end=durable_end, wal_exact=False)
+    if state is None:
+        return
+    assert start.start_offset is not None and start.start_offset >= state.reserved_until
+    own = state.broker_id == ME and start.damage is None
+    if own and (durable_end is None or durable_end <= local_end):
+        assert not start.drop_local_wal
+        assert start.continue_after_gap == (local_end < start.start_offset)
+    else:
+        assert not start.continue_after_gap
+
+
+@given(topic_states(), offsets, st.one_of(st.none(), offsets))
 def test_a_local_wal_is_kept_dropped_or_damaged_by_the_record(state: TopicState | None, local_end: int,
                                                                  durable_end: int | None) -> None:
     """A local WAL ending below where this broker recorded the topic at its last stop
