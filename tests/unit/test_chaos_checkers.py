@@ -508,21 +508,33 @@ def test_an_observers_status_records_reach_the_leader_check() -> None:
 
 def test_b1_criteria_fail_a_late_resume_and_too_many_duplicates() -> None:
     """B1/B2's own criteria (reliability.md 4.2) turn a run the checkers passed invalid:
-    a first acknowledgement more than 10 s after a heal, or more duplicates than the
-    consumers could hold unacknowledged at the kills (kills x consumers x window); a run
-    within both stays valid and unchanged."""
+    a first acknowledgement more than 10 s after a heal (unless the next fault came
+    first: B2's kills are 5 s apart), or more duplicates than the consumers could hold
+    unacknowledged at the kills (kills x consumers x window); a run within both stays
+    valid and unchanged."""
+    from danube_zmq.chaos.faults import Fault
     from danube_zmq.chaos.scenarios import SCENARIOS, _check_criteria
     from danube_zmq.chaos.workload import RECEIVER_QUEUE_SIZE
+
+    def kills(*starts: float) -> list[Fault]:
+        return [Fault(id=i, kind="kill9", targets=("broker-1",), description="kill", started_at=t,
+                      healed_at=t + 0.2) for i, t in enumerate(starts)]
 
     b1 = SCENARIOS["B1"]
     bound = len(b1.consumers) * RECEIVER_QUEUE_SIZE
     good = Report(scenario="B1", faults=1, acked=3000, duplicates=bound, recovery_ack_ms=(9_999.0,))
-    assert _check_criteria(good, b1, faults=1) == good and good.valid
-    late = _check_criteria(dataclasses.replace(good, recovery_ack_ms=(10_001.0,)), b1, faults=1)
+    assert _check_criteria(good, b1, kills(10.0)) == good and good.valid
+    late = _check_criteria(dataclasses.replace(good, recovery_ack_ms=(10_001.0,)), b1, kills(10.0))
     assert not late.valid and late.criteria_failed == 1
     assert "resumed 10,001 ms after a heal" in late.findings[-1]
-    doubled = _check_criteria(dataclasses.replace(good, duplicates=bound + 1), b1, faults=1)
+    doubled = _check_criteria(dataclasses.replace(good, duplicates=bound + 1), b1, kills(10.0))
     assert not doubled.valid and "duplicates" in doubled.findings[-1]
-    assert _check_criteria(dataclasses.replace(good, duplicates=bound + 1), b1, faults=2).valid
+    assert _check_criteria(dataclasses.replace(good, duplicates=bound + 1), b1, kills(10.0, 20.0)).valid
+    # B2: the first kill's 12 s is cut short by the next kill 5 s later; the last one is judged.
+    b2 = SCENARIOS["B2"]
+    bounced = dataclasses.replace(good, recovery_ack_ms=(12_000.0, 7_000.0))
+    assert _check_criteria(bounced, b2, kills(10.0, 15.0)).valid
+    assert not _check_criteria(dataclasses.replace(bounced, recovery_ack_ms=(3_000.0, 12_000.0)), b2,
+                               kills(10.0, 15.0)).valid
     # Scenarios without these criteria are left alone.
-    assert _check_criteria(dataclasses.replace(good, recovery_ack_ms=(60_000.0,)), SCENARIOS["B3"], faults=1).valid
+    assert _check_criteria(dataclasses.replace(good, recovery_ack_ms=(60_000.0,)), SCENARIOS["B3"], kills(10.0)).valid
