@@ -299,12 +299,15 @@ _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] =
 
 
 async def _within(fut: asyncio.Future[_T], timeout: float) -> _T:
-    """`fut`'s result, or `TimeoutError` after `timeout` s (`fut` itself is not cancelled)."""
+    """`fut`'s result, or `TimeoutError` after `timeout` s (then `fut` is cancelled: every
+    future given here is the caller's own, and whatever resolves it checks `done()` first)."""
     # Not asyncio.wait_for: in Python 3.11 it returns the result of a future already done
     # when a cancel arrives, swallowing the cancel. A write that applied as its actor was
-    # stopped then ran on, and ActorSystem.stop waited for ever for its task.
+    # stopped then ran on, and ActorSystem.stop waited for ever for its task. Nor a
+    # shield: it costs the waiter one more loop round after the result is set, on every
+    # proposal's path.
     async with asyncio.timeout(timeout):
-        return await asyncio.shield(fut)
+        return await fut
 
 
 def _batch_proposals(events: list[Any]) -> list[Any]:
