@@ -63,6 +63,7 @@ import enum
 import itertools
 import logging
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -440,6 +441,7 @@ class RaftPeer:
         self._writer: asyncio.Task[None] | None = None
         self._write_failed: BaseException | None = None
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
+        self._send_lock = threading.Lock()  # the DEALERs, shared with the write thread
 
         self._ids = itertools.count(1)
         # A proposal's future resolves to (result, index of its entry).
@@ -791,16 +793,28 @@ class RaftPeer:
                 self._writer = asyncio.create_task(self._write_background(store), name=f"raft-{self.node_id} append")
         elif persists:
             await self._drain_writes()  # writes reach the disk in effect order
-            i = 0
-            while i < len(persists):
-                entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
-                await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+            # The segment's messages (a follower's acknowledgement, a vote) leave from the
+            # write thread as soon as the last append returns: the round trip back to this
+            # loop is not on the leader's commit path. Persist before send still holds;
+            # only their order against local effects (apply, results) changes.
+            outgoing = [self._frame(e.message) for e in effects if type(e) is Send]
+            await asyncio.to_thread(self._append_then_send, store, persists, outgoing)
             background = [e for e in persists if type(e) is PersistEntries and e.background]
             if background:
                 self._persisted(background[-1])
+            effects = [e for e in effects if type(e) is not Send]
         for effect in effects:
             if type(effect) not in (PersistEntries, PersistHardState):
                 await self._execute(effect)
+
+    def _append_then_send(self, store: RaftLogStore, persists: list[Effect], outgoing: list[tuple[int, bytes]]) -> None:
+        """In the write thread: the persists as few synced appends, then the frames."""
+        i = 0
+        while i < len(persists):
+            entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
+            store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
+        for to_id, frame in outgoing:
+            self._send_frame(to_id, frame)
 
     async def _write_background(self, store: RaftLogStore) -> None:
         """Append what queued up while the previous fsync ran as one synced batch (group
@@ -918,17 +932,28 @@ class RaftPeer:
         store.compact(upto, term)
 
     def _send(self, msg: Message) -> bool:
-        dealer = self._dealers.get(msg.to_id)  # type: ignore[attr-defined]
-        if dealer is None:
-            self._dropped += 1
-            return False
-        try:
-            dealer.send(PEER_PROTOCOL.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            self._dropped += 1
-            return False
-        self._sent += 1
-        return True
+        return self._send_frame(*self._frame(msg))
+
+    @staticmethod
+    def _frame(msg: Message) -> tuple[int, bytes]:
+        return msg.to_id, PEER_PROTOCOL.encode(msg)  # type: ignore[attr-defined]
+
+    def _send_frame(self, to_id: int, frame: bytes) -> bool:
+        # The write thread sends too (`_append_then_send`): a ZeroMQ socket is used by one
+        # thread at a time. The loop only adds or closes DEALERs from its own task, which
+        # waits for the write thread meanwhile.
+        with self._send_lock:
+            dealer = self._dealers.get(to_id)
+            if dealer is None:
+                self._dropped += 1
+                return False
+            try:
+                dealer.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                self._dropped += 1
+                return False
+            self._sent += 1
+            return True
 
     def _spawn(self, coro: Any, what: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"raft-{self.node_id} {what}")
