@@ -790,7 +790,12 @@ class RaftPeer:
             # fsyncs (thesis 10.2.1); the core counts them once it steps LogPersisted.
             self._writes.extend(persists)  # type: ignore[arg-type]
             if self._writer is None:
-                self._writer = asyncio.create_task(self._write_background(store), name=f"raft-{self.node_id} append")
+                # Handed to the write thread now, before the AppendEntries below go out
+                # (a task would first wait for a loop round: the fsync started late).
+                writes, self._writes = self._writes, []
+                first = asyncio.get_running_loop().run_in_executor(None, self._append_merged, store, writes)
+                self._writer = asyncio.create_task(self._write_background(store, writes, first),
+                                                   name=f"raft-{self.node_id} append")
         elif persists:
             await self._drain_writes()  # writes reach the disk in effect order
             # The segment's messages (a follower's acknowledgement, a vote) leave from the
@@ -816,16 +821,17 @@ class RaftPeer:
         for to_id, frame in outgoing:
             self._send_frame(to_id, frame)
 
-    async def _write_background(self, store: RaftLogStore) -> None:
-        """Append what queued up while the previous fsync ran as one synced batch (group
-        commit), until nothing waits; then tell the core, through the loop."""
+    async def _write_background(self, store: RaftLogStore, writes: list[PersistEntries],
+                                first: asyncio.Future[None]) -> None:
+        """After `first` (the append of `writes`, already in the write thread), append
+        what queued up while it ran as one synced batch (group commit), until nothing
+        waits; after each, tell the core, through the loop."""
         try:
+            await first
+            self._persisted(writes[-1])
             while self._writes:
                 writes, self._writes = self._writes, []
-                i = 0
-                while i < len(writes):
-                    entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
-                    await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+                await asyncio.to_thread(self._append_merged, store, writes)
                 self._persisted(writes[-1])
         except Exception as exc:
             self._writes = []
@@ -835,6 +841,12 @@ class RaftPeer:
                 self._events.put_nowait(_WAKE)
         finally:
             self._writer = None
+
+    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries]) -> None:
+        i = 0
+        while i < len(writes):
+            entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
+            store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
 
     def _persisted(self, write: PersistEntries) -> None:
         last = write.entries[-1]
