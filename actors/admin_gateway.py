@@ -9,7 +9,9 @@ Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, me
 get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, by
 this actor's `handle_<Type>` methods (reached through the runtime, `handle_in_place`,
 under its failure rule), each in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
-RESOURCE_EXHAUSTED), since they wait on Raft rounds. Snapshot requests
+RESOURCE_EXHAUSTED), since they wait on Raft rounds; a plain metadata put on the Raft
+leader is proposed at once and answered from its apply, with no task (the same bound).
+Snapshot requests
 (`SNAPSHOT_REQUESTS`) go to the snapshot actor.
 
 The port is bounded like the client port (`actors/peers.py`, `actors/outbound.py`):

@@ -15,7 +15,9 @@ one call at a time). It takes every event already queued (adjacent proposals bec
 the next events: first every persist, merged into one synced append (group commit;
 persisting earlier is always allowed), then the rest in order. A snapshot saved or a log
 compacted is a barrier the persists are not moved across. "Persist before anything that
-follows" (raft/README.md) holds by construction.
+follows" (raft/README.md) holds by construction. The messages of a segment with
+foreground persists (a follower's acknowledgement, a vote) are sent by the write thread
+right after the synced append, not a loop round later.
 
 The event queue is bounded (`events_max`): when it is full, client proposals and reads
 fail at once with RESOURCE_EXHAUSTED (retriable), and the receiver waits, so frames back
