@@ -9,7 +9,9 @@ Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, me
 get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, by
 this actor's `handle_<Type>` methods (reached through the runtime, `handle_in_place`,
 under its failure rule), each in a task of its own (bounded: beyond `_CLUSTER_TASKS_MAX` at once the answer is
-RESOURCE_EXHAUSTED), since they wait on Raft rounds. Snapshot requests
+RESOURCE_EXHAUSTED), since they wait on Raft rounds; a plain metadata put on the Raft
+leader is proposed at once and answered from its apply, with no task (the same bound).
+Snapshot requests
 (`SNAPSHOT_REQUESTS`) go to the snapshot actor.
 
 The port is bounded like the client port (`actors/peers.py`, `actors/outbound.py`):
@@ -91,6 +93,8 @@ class AdminGateway(Actor):
         self.metadata = metadata
         self.schemas = schemas
         self._cluster_tasks = RequestTasks(_CLUSTER_TASKS_MAX)
+        self._direct_puts = 0  # puts the leader answers from their apply, no task (same bound)
+        self._stopped = False  # an answer arriving after on_stop is dropped (the socket is closed)
         self.broker_id = broker_id
         self.broker_url = broker_url
         self.router: zmq.asyncio.Socket | None = None
@@ -138,6 +142,7 @@ class AdminGateway(Actor):
                 await spawn_security_watch(self.system, self.metadata, self.endpoint, "admin")
 
     async def on_stop(self) -> None:
+        self._stopped = True
         await self._cluster_tasks.cancel_all()
         if self.peers is not None:
             self.peers.close()
@@ -333,6 +338,17 @@ class AdminGateway(Actor):
         self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_list)
 
     def handle_MetadataPut(self, msg: ap.MetadataPut, origin: Origin) -> None:
+        if self.metadata is not None and self._direct_puts < _CLUSTER_TASKS_MAX:
+            identity = origin.identity
+
+            def answer(reply: Message | DanubeError) -> None:
+                self._direct_puts -= 1
+                if not self._stopped:
+                    self._reply(identity, self._error_reply(msg, reply) if isinstance(reply, DanubeError) else reply)
+
+            if cluster_admin.start_metadata_put(self.metadata, msg, answer):
+                self._direct_puts += 1
+                return
         self._answer_cluster_in_task(msg, origin, cluster_admin.metadata_put)
 
     def handle_MetadataCompareAndSwap(self, msg: ap.MetadataCompareAndSwap, origin: Origin) -> None:
@@ -399,15 +415,19 @@ class AdminGateway(Actor):
         try:
             reply = await answer(store, registry, msg)
         except DanubeError as exc:
-            text = exc.message
-            if isinstance(exc, NotLeader) and exc.redirect_url:
-                text += f" (raft peer at {exc.redirect_url})"
-            reply = Error(request_id=msg.request_id, code=exc.code, message=text)  # type: ignore[attr-defined]
+            reply = self._error_reply(msg, exc)
         except Exception as exc:  # a bug of ours, in a task: answered INTERNAL, no actor to restart
             log.exception("metadata request %s failed", type(msg).__name__)
             reply = Error(request_id=msg.request_id, code=ErrorCode.INTERNAL,  # type: ignore[attr-defined]
                           message=f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}")
         self._reply(identity, reply)
+
+    @staticmethod
+    def _error_reply(msg: Message, exc: DanubeError) -> Error:
+        text = exc.message
+        if isinstance(exc, NotLeader) and exc.redirect_url:
+            text += f" (raft peer at {exc.redirect_url})"
+        return Error(request_id=msg.request_id, code=exc.code, message=text)  # type: ignore[attr-defined]
 
     def _send_out(self, frames: list[Any]) -> None:
         head, body = frames

@@ -36,7 +36,7 @@ from danube_zmq.transport.admin_protocol import (
     TopicSchemaConfigInfo,
 )
 from danube_zmq.transport.codec import Message
-from danube_zmq.transport.errors import InvalidArgument, NotFound
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, NotFound
 
 _LIST_LIMIT_MAX = 100_000
 
@@ -104,6 +104,24 @@ async def metadata_put(store: RaftMetadataStore, registry: SchemaRegistry, msg: 
     else:
         written = await store.put_with_ttl(msg.key, msg.value, msg.ttl_ms)
     return MetadataWritten(request_id=msg.request_id, succeeded=True, entry=_entry(msg.key, written))
+
+
+def start_metadata_put(store: RaftMetadataStore, msg: MetadataPut,
+                       answer: Callable[[Message | DanubeError], None]) -> bool:
+    """A plain put on the leader, proposed at once and answered from its apply (no task,
+    no wake-ups between: the common write's path). False when this broker does not lead
+    or the put has a TTL: then `metadata_put` answers it."""
+    if msg.ttl_ms is not None:
+        return False
+    _check_key(msg.key)
+
+    def done(outcome: VersionedValue | DanubeError) -> None:
+        if isinstance(outcome, DanubeError):
+            answer(outcome)
+        else:
+            answer(MetadataWritten(request_id=msg.request_id, succeeded=True, entry=_entry(msg.key, outcome)))
+
+    return store.put_then(msg.key, msg.value, done)
 
 
 async def metadata_compare_and_swap(store: RaftMetadataStore, registry: SchemaRegistry,

@@ -162,6 +162,7 @@ class LoadManagerActor(Actor):
         self._moves = _Memo(cr.MOVES, lambda key, data: _decoded(key, data, cr.MoveRecord, None))
         self._last_round_revision = 0
         self._last_round_at = 0.0
+        self._checked_revision = 0  # events up to here were looked at and needed no round
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="load-manager")
@@ -178,12 +179,18 @@ class LoadManagerActor(Actor):
         store = self.metadata
         if asyncio.get_running_loop().time() - self._last_round_at >= _IDLE_ROUND_S:
             return True
+        # Only the events not looked at yet: rescanning all since the last round at every
+        # change cost the Raft leader quadratic time in a burst of writes that need no round.
+        revision = store.local_revision()
         try:
-            events = store.local_events_since("", self._last_round_revision)
+            events = store.local_events_since("", max(self._last_round_revision, self._checked_revision))
         except DanubeError:  # compacted: assume anything changed
             return True
-        return any(e.key.startswith(_TRIGGERS) or _topic_record(e.key)
-                   or (e.key.startswith(cr.REGISTER) and (e.value is None or e.prev_version == 0)) for e in events)
+        if any(e.key.startswith(_TRIGGERS) or _topic_record(e.key)
+               or (e.key.startswith(cr.REGISTER) and (e.value is None or e.prev_version == 0)) for e in events):
+            return True
+        self._checked_revision = revision
+        return False
 
     async def _run(self) -> None:
         store = self.metadata

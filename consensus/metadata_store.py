@@ -21,7 +21,7 @@ re-read with `list_prefix` and resume from the state's revision.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -48,7 +48,13 @@ from danube_zmq.consensus.state_machine import (
     VersionedValue,
     WatchEvent,
 )
-from danube_zmq.transport.errors import FailedPrecondition, InternalError, InvalidArgument, Unavailable
+from danube_zmq.transport.errors import (
+    DanubeError,
+    FailedPrecondition,
+    InternalError,
+    InvalidArgument,
+    Unavailable,
+)
 
 __all__ = ["CasResult", "MetadataStore", "RaftMetadataStore", "embedded_store"]
 
@@ -172,6 +178,22 @@ class RaftMetadataStore:
 
     async def put(self, key: str, value: bytes) -> VersionedValue:
         return _value(await self._propose(Put(key=key, value=value)))
+
+    def put_then(self, key: str, value: bytes, done: Callable[[VersionedValue | DanubeError], None]) -> bool:
+        """`put` without a task, on the leader only: `done` gets the value or the error from
+        the loop. False (and `done` never called) on a follower: use `put`."""
+
+        def finish(outcome: Result | DanubeError) -> None:
+            if isinstance(outcome, DanubeError):
+                done(outcome)
+            elif type(outcome) is Rejected:
+                done(outcome.to_error())
+            elif type(outcome) is Value:
+                done(outcome.value)
+            else:
+                done(InternalError(f"unexpected result {outcome!r}"))
+
+        return self.peer.propose_then(Put(key=key, value=value), finish)
 
     async def put_with_ttl(self, key: str, value: bytes, ttl_ms: int) -> VersionedValue:
         # The leader stamps it with cluster time as it appends it (consensus/cluster_time.py).

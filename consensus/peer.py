@@ -15,7 +15,9 @@ one call at a time). It takes every event already queued (adjacent proposals bec
 the next events: first every persist, merged into one synced append (group commit;
 persisting earlier is always allowed), then the rest in order. A snapshot saved or a log
 compacted is a barrier the persists are not moved across. "Persist before anything that
-follows" (raft/README.md) holds by construction.
+follows" (raft/README.md) holds by construction. The messages of a segment with
+foreground persists (a follower's acknowledgement, a vote) are sent by the write thread
+right after the synced append, not a loop round later.
 
 The event queue is bounded (`events_max`): when it is full, client proposals and reads
 fail at once with RESOURCE_EXHAUSTED (retriable), and the receiver waits, so frames back
@@ -63,6 +65,7 @@ import enum
 import itertools
 import logging
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,12 +302,15 @@ _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] =
 
 
 async def _within(fut: asyncio.Future[_T], timeout: float) -> _T:
-    """`fut`'s result, or `TimeoutError` after `timeout` s (`fut` itself is not cancelled)."""
+    """`fut`'s result, or `TimeoutError` after `timeout` s (then `fut` is cancelled: every
+    future given here is the caller's own, and whatever resolves it checks `done()` first)."""
     # Not asyncio.wait_for: in Python 3.11 it returns the result of a future already done
     # when a cancel arrives, swallowing the cancel. A write that applied as its actor was
-    # stopped then ran on, and ActorSystem.stop waited for ever for its task.
+    # stopped then ran on, and ActorSystem.stop waited for ever for its task. Nor a
+    # shield: it costs the waiter one more loop round after the result is set, on every
+    # proposal's path.
     async with asyncio.timeout(timeout):
-        return await asyncio.shield(fut)
+        return await fut
 
 
 def _batch_proposals(events: list[Any]) -> list[Any]:
@@ -437,6 +443,7 @@ class RaftPeer:
         self._writer: asyncio.Task[None] | None = None
         self._write_failed: BaseException | None = None
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
+        self._send_lock = threading.Lock()  # the DEALERs, shared with the write thread
 
         self._ids = itertools.count(1)
         # A proposal's future resolves to (result, index of its entry).
@@ -785,30 +792,48 @@ class RaftPeer:
             # fsyncs (thesis 10.2.1); the core counts them once it steps LogPersisted.
             self._writes.extend(persists)  # type: ignore[arg-type]
             if self._writer is None:
-                self._writer = asyncio.create_task(self._write_background(store), name=f"raft-{self.node_id} append")
+                # Handed to the write thread now, before the AppendEntries below go out
+                # (a task would first wait for a loop round: the fsync started late).
+                writes, self._writes = self._writes, []
+                first = asyncio.get_running_loop().run_in_executor(None, self._append_merged, store, writes)
+                self._writer = asyncio.create_task(self._write_background(store, writes, first),
+                                                   name=f"raft-{self.node_id} append")
         elif persists:
             await self._drain_writes()  # writes reach the disk in effect order
-            i = 0
-            while i < len(persists):
-                entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
-                await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+            # The segment's messages (a follower's acknowledgement, a vote) leave from the
+            # write thread as soon as the last append returns: the round trip back to this
+            # loop is not on the leader's commit path. Persist before send still holds;
+            # only their order against local effects (apply, results) changes.
+            outgoing = [self._frame(e.message) for e in effects if type(e) is Send]
+            await asyncio.to_thread(self._append_then_send, store, persists, outgoing)
             background = [e for e in persists if type(e) is PersistEntries and e.background]
             if background:
                 self._persisted(background[-1])
+            effects = [e for e in effects if type(e) is not Send]
         for effect in effects:
             if type(effect) not in (PersistEntries, PersistHardState):
                 await self._execute(effect)
 
-    async def _write_background(self, store: RaftLogStore) -> None:
-        """Append what queued up while the previous fsync ran as one synced batch (group
-        commit), until nothing waits; then tell the core, through the loop."""
+    def _append_then_send(self, store: RaftLogStore, persists: list[Effect], outgoing: list[tuple[int, bytes]]) -> None:
+        """In the write thread: the persists as few synced appends, then the frames."""
+        i = 0
+        while i < len(persists):
+            entries, truncate_from, hard_state, i = self._merge_persists(persists, i)
+            store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
+        for to_id, frame in outgoing:
+            self._send_frame(to_id, frame)
+
+    async def _write_background(self, store: RaftLogStore, writes: list[PersistEntries],
+                                first: asyncio.Future[None]) -> None:
+        """After `first` (the append of `writes`, already in the write thread), append
+        what queued up while it ran as one synced batch (group commit), until nothing
+        waits; after each, tell the core, through the loop."""
         try:
+            await first
+            self._persisted(writes[-1])
             while self._writes:
                 writes, self._writes = self._writes, []
-                i = 0
-                while i < len(writes):
-                    entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
-                    await asyncio.to_thread(store.append, entries, truncate_from=truncate_from, hard_state=hard_state)
+                await asyncio.to_thread(self._append_merged, store, writes)
                 self._persisted(writes[-1])
         except Exception as exc:
             self._writes = []
@@ -818,6 +843,12 @@ class RaftPeer:
                 self._events.put_nowait(_WAKE)
         finally:
             self._writer = None
+
+    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries]) -> None:
+        i = 0
+        while i < len(writes):
+            entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
+            store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
 
     def _persisted(self, write: PersistEntries) -> None:
         last = write.entries[-1]
@@ -915,17 +946,28 @@ class RaftPeer:
         store.compact(upto, term)
 
     def _send(self, msg: Message) -> bool:
-        dealer = self._dealers.get(msg.to_id)  # type: ignore[attr-defined]
-        if dealer is None:
-            self._dropped += 1
-            return False
-        try:
-            dealer.send(PEER_PROTOCOL.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            self._dropped += 1
-            return False
-        self._sent += 1
-        return True
+        return self._send_frame(*self._frame(msg))
+
+    @staticmethod
+    def _frame(msg: Message) -> tuple[int, bytes]:
+        return msg.to_id, PEER_PROTOCOL.encode(msg)  # type: ignore[attr-defined]
+
+    def _send_frame(self, to_id: int, frame: bytes) -> bool:
+        # The write thread sends too (`_append_then_send`): a ZeroMQ socket is used by one
+        # thread at a time. The loop only adds or closes DEALERs from its own task, which
+        # waits for the write thread meanwhile.
+        with self._send_lock:
+            dealer = self._dealers.get(to_id)
+            if dealer is None:
+                self._dropped += 1
+                return False
+            try:
+                dealer.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                self._dropped += 1
+                return False
+            self._sent += 1
+            return True
 
     def _spawn(self, coro: Any, what: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"raft-{self.node_id} {what}")
@@ -1136,6 +1178,57 @@ class RaftPeer:
         result, _ = await self._submit(EntryKind.COMMAND, encode_command(command), timeout)
         return result
 
+    def propose_then(
+        self, command: Command, done: Callable[[Result | DanubeError], None], timeout: float | None = None
+    ) -> bool:
+        """The leader's `propose` without a task: `done` gets the result (or the error,
+        `Timeout` included) from the loop once the entry is applied here. False (and
+        `done` never called) when this peer does not lead: `propose` forwards. A gateway
+        answering from `done` saves a task and its wake-ups on every write."""
+        if not self._running or self._node.role is not Role.LEADER:
+            return False
+        data = encode_command(command)
+        rid = next(self._ids)
+        event = self._proposal_event(rid, EntryKind.COMMAND, data)
+        if renews_ttl(data):
+            self._enqueue_renewal(event)
+        else:
+            self._enqueue(event)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[Result, int]] = loop.create_future()
+        self._proposals[rid] = fut
+        self._proposed += 1
+
+        def expire() -> None:
+            if not fut.done():
+                self._failed += 1
+                fut.set_exception(Timeout(f"raft peer {self.node_id}: proposal not committed in time; outcome unknown"))
+
+        timer = loop.call_later(timeout or self.request_timeout_s, expire)
+
+        def finish(_: asyncio.Future[tuple[Result, int]]) -> None:
+            timer.cancel()
+            self._forget(rid)
+            exc = fut.exception()
+            if exc is None:
+                done(fut.result()[0])
+            elif isinstance(exc, DanubeError):
+                done(exc)
+            else:
+                raise exc  # a bug of ours: the loop's exception handler reports it
+
+        fut.add_done_callback(finish)
+        return True
+
+    def _forget(self, rid: int) -> None:
+        """A proposal's bookkeeping, once its caller stopped waiting (answered or not)."""
+        self._proposals.pop(rid, None)
+        appended = self._appended.pop(rid, None)
+        if appended is not None:
+            pending = self._by_index.get(appended[0])
+            if pending is not None and pending[1] == rid:
+                del self._by_index[appended[0]]
+
     async def change_membership(self, change: ConfigChange, timeout: float | None = None) -> None:
         """Add a learner, promote a learner to voter, or remove a member (one at a time);
         returns once the change is applied here. Errors as `propose`, plus
@@ -1188,12 +1281,7 @@ class RaftPeer:
             self._failed += 1
             raise Timeout(f"raft peer {self.node_id}: proposal not committed in time; outcome unknown") from None
         finally:
-            self._proposals.pop(rid, None)
-            appended = self._appended.pop(rid, None)
-            if appended is not None:
-                pending = self._by_index.get(appended[0])
-                if pending is not None and pending[1] == rid:
-                    del self._by_index[appended[0]]
+            self._forget(rid)
 
     async def _forward(self, leader: int, kind: int, data: bytes, timeout: float) -> tuple[Result, int]:
         loop = asyncio.get_running_loop()
