@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,9 @@ from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
+from danube_zmq.storage.wal.checkpoints import newest_checkpoints
 from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged
-from danube_zmq.storage.wal.format import HEADER, HEADER_BYTES, RECORD_BODY_BYTES_MAX, RecordBatch
+from danube_zmq.storage.wal.format import HEADER, HEADER_BYTES, RECORD_BODY_BYTES_MAX, RecordBatch, encode_checkpoints
 from danube_zmq.storage.wal.frontier import FrontierFile
 from danube_zmq.storage.wal.recovery import judge
 from danube_zmq.storage.wal.segment import (
@@ -113,6 +115,10 @@ class WalLog:
         self._frontier: FrontierFile | None = None
         # (start, end) offset ranges between segments that a repair gave up (`gaps.py`).
         self._gaps: frozenset[tuple[int, int]] = frozenset()
+        # Each subscription's newest cursor checkpoint (state bytes): found at open,
+        # updated by `append_checkpoints`, written again at the start of each new
+        # segment so that deleting old segments never loses a cursor.
+        self._checkpoints: dict[str, bytes] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -288,6 +294,7 @@ class WalLog:
         self._segments = tuple(segments)
         self._gaps = gaps
         self._next_offset = segments[-1].next_offset
+        self._checkpoints = newest_checkpoints(c for segment in segments for c in segment.checkpoints)
         self._frontier.advance(self._next_offset)  # all of it is fsynced now
         self._recovery = RecoveryReport(
             segments=len(segments),
@@ -371,8 +378,10 @@ class WalLog:
         """Roll before this append? When the active segment is not empty and the append
         would take it above `segment_bytes_max`, or it is `segment_age_ms_max` old."""
         active = self._segments[-1]
-        if active.size_bytes == 0:
-            return False  # a lone batch larger than segment_bytes_max gets its own segment
+        if active.next_offset == active.base_offset:
+            # A lone batch larger than segment_bytes_max gets its own segment; one with
+            # checkpoints only keeps them (its successor would reuse its file name).
+            return False
         if active.size_bytes + incoming_bytes > self.segment_bytes_max:
             return True
         age_ms_max = self.segment_age_ms_max
@@ -392,6 +401,27 @@ class WalLog:
         self._next_offset = base_offset + count
         self._appends += 1
         return base_offset
+
+    def append_checkpoints(self, entries: Sequence[tuple[str, bytes | None]]) -> None:
+        """Append cursor checkpoints (subscription, state; None: deleted) after every
+        record appended so far: they are synced by the same `sync` as those records and
+        never cover records after them. Written, not synced."""
+        assert not self._closed, "append to a closed WAL"
+        if not entries:
+            return
+        encoded = encode_checkpoints(self._next_offset, entries)
+        if self.should_roll(len(encoded)):
+            self.roll()
+        self._segments[-1].append(encoded, 0)
+        for subscription, state in entries:
+            if state is None:
+                self._checkpoints.pop(subscription, None)
+            else:
+                self._checkpoints[subscription] = state
+
+    def checkpoints(self) -> dict[str, bytes]:
+        """Each subscription's newest cursor checkpoint in the log (state bytes)."""
+        return dict(self._checkpoints)
 
     def sync(self) -> None:
         """fsync the active segment, and the directory if a file was created or deleted."""
@@ -436,13 +466,19 @@ class WalLog:
     def roll(self) -> None:
         """Seal the active segment (fsync, close for writing) and start a new one at next_offset."""
         active = self._segments[-1]
-        assert active.size_bytes > 0, "rolling an empty segment would reuse its file name"
+        assert active.next_offset > active.base_offset, "rolling a segment without records would reuse its file name"
         # fsync first, then create: a failure of either leaves the log as it was.
         if active.sync():
             self._syncs += 1
         segment = self._create_segment(self._next_offset)
         active.seal()
         self._segments = (*self._segments, segment)
+        if self._checkpoints:
+            # The new segment starts with every cursor: the old ones may be deleted.
+            # Synced at once: retention may delete the old ones before the next sync.
+            segment.append(encode_checkpoints(self._next_offset, sorted(self._checkpoints.items())), 0)
+            if segment.sync():
+                self._syncs += 1
         assert self._frontier is not None
         self._frontier.advance(self._next_offset)  # the sealed segment was fsynced whole
 
@@ -450,7 +486,7 @@ class WalLog:
         """Make the active segment sealed and immutable (before upload or a move); None
         when it holds no records, as there is nothing to seal."""
         active = self._segments[-1]
-        if active.size_bytes == 0:
+        if active.next_offset == active.base_offset:
             return None
         self.roll()
         return active.info()

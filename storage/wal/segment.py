@@ -31,9 +31,11 @@ from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal.errors import CorruptRecord
 from danube_zmq.storage.wal.format import (
+    CHECKPOINT_FLAG,
     HEADER,
     HEADER_BYTES,
     RECORD_BODY_BYTES_MAX,
+    Checkpoint,
     Fault,
     FaultKind,
     RecordBatch,
@@ -110,6 +112,8 @@ class Segment:
         self._unsynced = False
         self._broken = False
         self._file_bytes = 0  # size found on disk at `recover`, torn tail included
+        # The cursor checkpoints `recover` found in the whole records, in file order.
+        self.checkpoints: list[Checkpoint] = []
         # The end the last successful fsync covered: where `truncate_to_synced` cuts back
         # to after a failed write or fsync. Records found at open count as synced once
         # `sync_recovered` has fsynced them.
@@ -229,6 +233,7 @@ class Segment:
         expected = self.base_offset
         index = [(self.base_offset, 0)]
         fault: Fault | None = None
+        checkpoints: list[Checkpoint] = []
         needed_bytes = 0  # a record larger than a window is read whole
         while position < file_bytes:
             if position > index[-1][1]:
@@ -237,6 +242,7 @@ class Segment:
             result = scan(buf, expected_offset=expected, decode=False, body_bytes_max=self._body_bytes_max)
             window_start = position
             position += result.valid_bytes
+            checkpoints += result.checkpoints
             assert result.next_offset is not None
             expected = result.next_offset
             needed_bytes = 0
@@ -249,11 +255,12 @@ class Segment:
                 # The window, not the file, ended inside this record: read on from it.
                 # A window is at least 16 bytes whenever the file goes on past it.
                 if result.valid_bytes == 0:
-                    needed_bytes = HEADER_BYTES + HEADER.unpack_from(buf, 0)[1]
+                    needed_bytes = HEADER_BYTES + (HEADER.unpack_from(buf, 0)[1] & ~CHECKPOINT_FLAG)
                 continue
             fault = result.fault.shifted(window_start)
             break
         self._index = index
+        self.checkpoints = checkpoints
         self._end = (expected, position)
         self._file_bytes = file_bytes
         return fault
@@ -293,7 +300,7 @@ class Segment:
         even that fails, the segment refuses further appends (its tail is unknown).
         """
         assert self._write_fd is not None, "append to a sealed segment"
-        assert count > 0
+        assert count >= 0  # 0: cursor checkpoints only
         if self._broken:
             raise InternalError(f"WAL segment {self.path} is unusable after a failed write and truncate")
         fd = self._write_fd
@@ -413,13 +420,19 @@ class Segment:
             fault = result.fault
             cut_by_read = position + len(buf) < size_bytes
             first_cut = fault is not None and fault.kind is FaultKind.TRUNCATED and cut_by_read
-            if result.record_count == 0 and min_one_record and first_cut:
-                # The first record is larger than max_bytes: read it whole.
-                want = HEADER_BYTES + HEADER.unpack_from(buf, 0)[1]
+            while result.record_count == 0 and min_one_record and first_cut:
+                # The first record is larger than max_bytes: read it whole (with the
+                # checkpoints before it). Each pass reads more, to the file's end at most.
+                assert fault is not None
+                want = fault.position + HEADER_BYTES
+                if len(buf) >= want:
+                    want += HEADER.unpack_from(buf, fault.position)[1] & ~CHECKPOINT_FLAG
+                want = min(max(want, len(buf) + 1), size_bytes - position)
                 buf = self._pread_exactly(fd, want, position)
                 result = scan(buf, expected_offset=start_offset, upto_offset=end_offset, body_bytes_max=self._body_bytes_max)
                 fault = result.fault
                 cut_by_read = position + len(buf) < size_bytes
+                first_cut = fault is not None and fault.kind is FaultKind.TRUNCATED and cut_by_read
         if fault is not None and not (fault.kind is FaultKind.TRUNCATED and cut_by_read):
             raise CorruptRecord(self.path, position + fault.position, f"{fault.kind}: {fault.reason}")
         return result.records, result.valid_bytes
