@@ -72,6 +72,7 @@ from danube_zmq.transport.internal_protocol import (
     HeldSendsDue,
     OffsetsReserved,
     PartitionStats,
+    PersistCursor,
     ProducerAttached,
     ProducerDetached,
     ProducerRegistry,
@@ -200,7 +201,9 @@ class TopicActor(Actor):
         """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
         each restart of the subscription too)."""
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
-        cursors = self.cursor_endpoint
+        # storage.mode local: cursors go to this topic's WAL (`WalStorage.persist_cursor`).
+        cursors = self.endpoint if isinstance(self.storage, WalStorage) and self.storage.cursors_in_wal \
+            else self.cursor_endpoint
         endpoint = await self.system.spawn(
             lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                       topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery(),
@@ -488,6 +491,10 @@ class TopicActor(Actor):
     def handle_ReadRequest(self, msg: ReadRequest) -> None:
         if (wal := self._wal(msg)) is not None:
             wal.read(msg)
+
+    def handle_PersistCursor(self, msg: PersistCursor) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.persist_cursor(msg)
 
     def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
         if (wal := self._wal(msg)) is not None:

@@ -67,6 +67,7 @@ from danube_zmq.storage.durable import DurableStore
 from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.admin_protocol import PartitionInfo, SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
@@ -91,6 +92,7 @@ from danube_zmq.transport.internal_protocol import (
     ForgetSubscription,
     HeldSendsDue,
     OffsetsReserved,
+    PersistCursor,
     PersistedSubscriptions,
     Publish,
     ReadRequest,
@@ -106,6 +108,7 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionCursor,
     SubscriptionCut,
     SubscriptionsOf,
+    SubscriptionState,
     TakeSnapshotCut,
     Tick,
     TopicStopped,
@@ -211,6 +214,17 @@ class WalStorage:
         self.evicted_to: dict[str, int] = {}
         self.disk_free_bytes: int | None = None
         self.disk_check_due_ms = 0
+        # storage.mode local: reliable cursors are checkpoints in this WAL, not Raft keys
+        # (docs/scaling.md). The metadata store keeps each subscription's record (type,
+        # policy, window), written when it is created, its settings change or its cursor
+        # goes back (a seek); its cursor there is a floor, never newer than the WAL's.
+        self.cursors_in_wal = not self.durable_mode
+        # Checkpoints to append at the next flush, coalesced per subscription (bounded
+        # by the topic's subscriptions): name -> encoded CursorRecord, None: deleted.
+        self.pending_checkpoints: dict[str, bytes | None] = {}
+        self.checkpointing: dict[str, bytes | None] = {}  # in the flush running now
+        # What the metadata store was last sent per subscription: (settings, cursor).
+        self.recorded: dict[str, tuple[tuple[object, ...], int]] = {}
 
     def bind(self, shell: TopicActor) -> None:
         self.shell = shell
@@ -232,13 +246,16 @@ class WalStorage:
             segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.shell.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
         self._reserve_ahead()
-        for state in persisted.states:
+        states = self._resume_from_checkpoints(persisted.states) if self.cursors_in_wal else persisted.states
+        for state in states:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
         if not self._sync_always:
             self.shell.system.schedule_periodic(self.shell.endpoint, storage.wal_sync_interval_ms, WalSyncDue())
         self.shell.system.schedule_periodic(self.shell.endpoint, storage.retention_check_interval_ms, Tick())
         self._report_sealed(again=True)
+        if self.pending_checkpoints and not self.flushing and not self.queued:
+            self._start_flush()
 
     async def stop(self) -> None:
         for _, mapped in self.fetched.values():
@@ -251,8 +268,20 @@ class WalStorage:
             self._report_sealed()
         if self.wal is not None:
             wal, self.wal = self.wal, None
+            last = sorted(self.pending_checkpoints.items())
+            self.pending_checkpoints = {}
+
+            def close() -> None:
+                if last and wal.writable:  # the cursors told since the last flush: synced by close
+                    try:
+                        wal.append_checkpoints(last)
+                    except OSError as exc:
+                        log.error("%s: last cursor checkpoints not written (%s): redelivery from older ones",
+                                  wal.directory, exc)
+                wal.close()
+
             # Let a flush in flight finish before the file is closed under it.
-            await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
+            await asyncio.get_running_loop().run_in_executor(self.executor, close)
             if not self.shell.restarting:
                 self.shell.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
@@ -528,18 +557,23 @@ class WalStorage:
                                                                 message=message))
 
     def _start_flush(self) -> None:
-        assert not self.flushing and self.queued and self.wal is not None
+        assert not self.flushing and not self.checkpointing and (self.queued or self.pending_checkpoints)
+        assert self.wal is not None
         self.flushing, self.queued = self.queued, []
+        self.checkpointing, self.pending_checkpoints = self.pending_checkpoints, {}
         self.flush_id += 1
         flush_id, wal, sync = self.flush_id, self.wal, self._sync_always
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
+        # After this flush's batches: a cursor is never durable before what it covers.
+        checkpoints = sorted(self.checkpointing.items())
         system, endpoint = self.shell.system, self.shell.endpoint
 
         def write() -> None:
             try:
                 for encoded, count in chunks:
                     wal.append(encoded, count)
+                wal.append_checkpoints(checkpoints)
                 if sync:
                     wal.sync()
                 if seal:  # each flush its own segment, uploaded at once: the dead-disk loss window
@@ -582,12 +616,17 @@ class WalStorage:
     async def flush_done(self, msg: FlushDone) -> None:
         assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
         batches, self.flushing = self.flushing, []
+        checkpoints, self.checkpointing = self.checkpointing, {}
         if msg.error_code is not None:
+            # Written again at the next flush, unless a newer one came meanwhile.
+            self.pending_checkpoints = {**checkpoints, **self.pending_checkpoints}
             await self._flush_failed(batches, msg)
         else:
             self._committed(batches)
             self._report_sealed()
         if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
+            self._start_flush()
+        elif self.pending_checkpoints and not self.flushing and not self.queued:
             self._start_flush()
 
     def _committed(self, batches: list[_Batch]) -> None:
@@ -977,6 +1016,56 @@ class WalStorage:
         self.evicted_to.pop(name, None)
         self._measure_backlog()
         self.shell.system.post(self.cursor_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
+        if self.cursors_in_wal:
+            self.recorded.pop(name, None)
+            self._checkpoint(name, None)
+
+    # ------------------------------------------------------------- cursors in the WAL
+    def persist_cursor(self, msg: PersistCursor) -> None:
+        """A subscription's cursor (storage.mode local): a checkpoint at the next flush;
+        its record in the metadata store only when that must change (see `recorded`)."""
+        if msg.subscription not in self.shell.subscriptions:
+            return  # deleted meanwhile
+        settings = (msg.sub_type, msg.policy, msg.max_unacked_messages)
+        recorded = self.recorded.get(msg.subscription)
+        if recorded is None or recorded[0] != settings or msg.cursor < recorded[1]:
+            self.shell.system.post(self.cursor_endpoint, msg)
+            self.recorded[msg.subscription] = (settings, msg.cursor)
+        self._checkpoint(msg.subscription, cr.encode(cr.CursorRecord(
+            sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
+            max_unacked_messages=msg.max_unacked_messages)))
+
+    def _checkpoint(self, name: str, state: bytes | None) -> None:
+        self.pending_checkpoints[name] = state
+        if self.wal is not None and not self.flushing and not self.checkpointing and not self.queued:
+            self._start_flush()
+
+    def _resume_from_checkpoints(self, states: list[SubscriptionState]) -> list[SubscriptionState]:
+        """Each subscription the metadata store lists, from its newest WAL checkpoint,
+        unless the store's cursor is ahead (written before cursors moved to the WAL, or
+        under another storage mode): the newer wins, so no cursor ever goes back past
+        what the store had. Every cursor is checkpointed at once (the migration: from
+        then on the WAL has each one)."""
+        assert self.wal is not None
+        found = self.wal.checkpoints()
+        resumed = []
+        for state in states:
+            self.recorded[state.name] = ((state.sub_type, state.policy, state.max_unacked_messages), state.cursor)
+            checkpoint = found.get(state.name)
+            if checkpoint is not None:
+                try:
+                    record = cr.decode_cursor(checkpoint)
+                except InvalidArgument as exc:
+                    log.error("%s:%s: WAL cursor checkpoint unreadable (%s); resuming from the metadata store's",
+                              self.topic, state.name, exc)
+                else:
+                    if record.cursor >= state.cursor:
+                        state = dataclasses.replace(state, cursor=record.cursor, acked_above=record.acked_above)
+            resumed.append(state)
+            self.pending_checkpoints[state.name] = cr.encode(cr.CursorRecord(
+                sub_type=state.sub_type, cursor=state.cursor, acked_above=state.acked_above, policy=state.policy,
+                max_unacked_messages=state.max_unacked_messages))
+        return resumed
 
 
 def _mtime_ms(path: Path) -> int:
