@@ -724,10 +724,17 @@ class Gateway(Actor):
             del self._held_bytes[endpoint]
         else:
             return
+        # An idle topic handles them at once on this task (`ActorSystem.handle_now`): its
+        # receipts and deliveries leave with this round, with no task switch either way.
+        handle_now = self.system.handle_now
         for target, (identities, frames, request_ids) in held.items():
             if len(frames) == 1:
-                self._forward(target, ClientRequest(identity=identities[0], frame=frames[0]), request_ids[0])
-            elif not self.system.tell(target, ClientRequests(identities=identities, frames=frames)):
+                envelope = ClientRequest(identity=identities[0], frame=frames[0])
+                if not handle_now(target, envelope):
+                    self._forward(target, envelope, request_ids[0])
+                continue
+            batches = ClientRequests(identities=identities, frames=frames)
+            if not handle_now(target, batches) and not self.system.tell(target, batches):
                 for identity, request_id in zip(identities, request_ids, strict=True):
                     self._reply_busy(identity, request_id)
 

@@ -162,6 +162,12 @@ class Faults:
 
         return self._record("pause", [broker.name], f"SIGSTOP {broker.name} (pid {pid})", resume)
 
+    def mark(self, kind: str, targets: Iterable[str], description: str) -> Fault:
+        """Record a disruption the caller carries out itself (a topic move through the
+        admin API, a client process killed), so the checkers see it; `heal(fault)` when
+        it is over records that time and undoes nothing."""
+        return self._record(kind, targets, description, None)
+
     # -- network ---------------------------------------------------------------------
 
     def _blocks(self, kind: str, pairs: Sequence[tuple[Host, Host]], description: str) -> Fault:

@@ -50,9 +50,9 @@ from typing import Any
 
 from danube_zmq.chaos import checkers
 from danube_zmq.chaos.checkers import Report, check_run
-from danube_zmq.chaos.cluster import Broker, Cluster
+from danube_zmq.chaos.cluster import CONFIG, Broker, Cluster
 from danube_zmq.chaos.faults import Fault, Faults
-from danube_zmq.chaos.history import load_history
+from danube_zmq.chaos.history import Op, load_history
 from danube_zmq.chaos.hosts import Hosts, install_tools
 from danube_zmq.chaos.workload import command
 
@@ -63,6 +63,14 @@ DEADLINE_S = 180.0  # any one wait of a run; a run fails naming what never came
 CONSUMERS = (("consumer-ex", "ex", "exclusive"), ("consumer-sh-0", "sh", "shared"),
              ("consumer-sh-1", "sh", "shared"), ("consumer-fo", "fo", "failover"))
 METADATA_PROCESSES = 3
+# B5, B7: a second Failover consumer, so that the subscription's active consumer can switch.
+FAILOVER_PAIR = (*CONSUMERS, ("consumer-fo-1", "fo", "failover"))
+HOLD = 10  # B7: unacknowledged messages the killed Shared consumer holds
+SESSION_S = 6.0  # B7: past the brokers' session timeout (5 s) before a killed consumer's successor starts
+# B7: redelivery after an unacknowledged delivery's timeout, shortened from the default
+# 30 s so the run shows it within its length.
+B7_CONFIG = "reliable:\n  ack_timeout_ms: 10000\n"
+B7_ACK_TIMEOUT_MS = 10_000
 
 
 class ScenarioError(AssertionError):
@@ -79,6 +87,11 @@ class Scenario:
     messages: int = 3_000  # producer count (queue) at most
     rate: float = 300.0  # messages per second
     tail_s: float = 8.0  # after the last heal, the workload goes on this long at least
+    consumers: tuple[tuple[str, str, str], ...] = CONSUMERS  # (process name, subscription, type)
+    holder: str | None = None  # B7: the consumer that stops acknowledging (`--hold`) and is killed
+    repeats: int = 10  # B5: topic moves
+    fault_s: tuple[float, float] = (10.0, 30.0)  # R2: partition length, drawn from the seed
+    config: str = ""  # broker YAML appended to chaos/cluster.py's CONFIG
 
 
 @dataclass
@@ -93,6 +106,8 @@ class Run:
     history: Path
     logs: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    killed: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # by kill_process: exit -9 expected
+    consumer_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> command() options
     notes: dict[str, Any] = field(default_factory=dict)
 
     # -- processes ---------------------------------------------------------------------
@@ -102,6 +117,26 @@ class Run:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.processes[name] = process
         return process
+
+    def spawn_consumer(self, name: str, options: dict[str, Any]) -> None:
+        self.consumer_options[name] = options
+        self.spawn(name, command("consume", name=name, **options))
+
+    def consumers(self) -> list[str]:
+        """The consumer processes started and not killed."""
+        return [name for name in self.consumer_options if name in self.processes]
+
+    def kill_process(self, name: str) -> Fault:
+        """kill -9 workload process `name` (recorded as a fault, healed by the caller)."""
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait(30)
+        self.killed[name] = process
+        return self.faults.mark("kill9_client", [name], f"kill -9 {name} (pid {process.pid})")
+
+    def count(self, name: str, text: str) -> int:
+        path = self.history / f"{name}.jsonl"
+        return path.read_text().count(text) if path.exists() else 0
 
     def log(self, name: str) -> str:
         path = self.logs / f"{name}.log"
@@ -143,7 +178,7 @@ class Run:
             process.send_signal(sig)
 
     def kill_all(self) -> None:
-        for process in self.processes.values():
+        for process in [*self.processes.values(), *self.killed.values()]:
             if process.poll() is None:
                 process.kill()
         for process in self.processes.values():
@@ -158,6 +193,27 @@ class Run:
 
     def leader(self, **kwargs: Any) -> Broker:
         return asyncio.run(self.cluster.wait_leader(**kwargs))
+
+    def unload(self, via: Broker) -> None:
+        """`danube admin topics unload TOPIC` through `via`'s admin port, again while the
+        topic is between brokers (FailedPrecondition / Unavailable say "retry")."""
+        asyncio.run(_unload(via, TOPIC, self.seed))
+
+
+async def _unload(via: Broker, topic: str, seed: int) -> None:
+    from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.errors import DanubeError, FailedPrecondition
+
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            async with AdminClient(via.admin_url, timeout_ms=10_000) as admin:
+                await admin.unload_topic(topic, timeout_ms=30_000)
+            return
+        except DanubeError as exc:
+            if not (exc.retriable or isinstance(exc, FailedPrecondition)) or time.monotonic() > deadline:
+                raise ScenarioError(f"unload of {topic} through {via.name} failed: {exc!r} (seed {seed})") from exc
+        await asyncio.sleep(0.5)
 
 
 async def _owner(cluster: Cluster, topic: str, seed: int) -> Broker:
@@ -236,6 +292,89 @@ def _leader_isolate(run: Run, partition_s: float) -> None:
     run.faults.heal(fault)
 
 
+def _topic_moves(run: Run) -> None:
+    """B5: while the producer sends, move the topic off its owner `repeats` times, a
+    few seconds apart (`topics unload` through a seeded broker's admin port: the owner
+    seals it and the load manager assigns it to another broker). Each move is a fault
+    from the unload to the moment a lookup names a new owner; the owners are in the
+    notes, and a move that leaves the topic where it was fails the run."""
+    run.sent_seconds(run.rng.uniform(2.0, 5.0))
+    owners = [run.owner().name]
+    for _ in range(run.scenario.repeats):
+        old = run.cluster.broker(owners[-1])
+        via = run.rng.choice(run.cluster.brokers)
+        fault = run.faults.mark("move", [old.name], f"topics unload {TOPIC} (owner {old.name}, via {via.name})")
+        run.unload(via)
+        deadline = time.monotonic() + DEADLINE_S / 3
+        while (new := run.owner()) is old:
+            if time.monotonic() > deadline:
+                raise ScenarioError(f"the owner of {TOPIC} is still {old.name} {DEADLINE_S / 3:g} s after its unload"
+                                    f" (owners so far {owners}; seed {run.seed})")
+            time.sleep(0.2)
+        run.faults.heal(fault)
+        fault.description += f"; now on {new.name}"
+        owners.append(new.name)
+        time.sleep(run.rng.uniform(2.0, 4.0))
+    run.notes["owners"] = owners
+
+
+def _consumer_crash(run: Run) -> None:
+    """B7: the holding Shared consumer is killed with SIGKILL once it has received HOLD
+    messages it never acknowledges (they must come to the other Shared consumer:
+    checked after the run, with the time they took); then the Exclusive and the active
+    Failover consumers are killed and, past the session timeout, started again as new
+    processes (the Failover standby takes over meanwhile): first deliveries stay in
+    send order on both subscriptions."""
+    holder = run.scenario.holder
+    assert holder is not None
+    run.wait(lambda: run.count(holder, '"held":true') >= HOLD, f"{holder} holding {HOLD} unacknowledged messages")
+    time.sleep(run.rng.uniform(0.0, 1.0))
+    run.faults.heal(run.kill_process(holder))  # nothing restarts it: its messages must move
+    time.sleep(run.rng.uniform(1.0, 3.0))
+    failover = [name for name, _, sub_type in run.scenario.consumers if sub_type == "failover"]
+    active = max(failover, key=lambda name: run.count(name, '"f":"deliver"'))
+    crashed = [("consumer-ex", run.kill_process("consumer-ex")), (active, run.kill_process(active))]
+    run.notes["crashed"] = [holder, "consumer-ex", active]
+    time.sleep(SESSION_S)
+    for name, fault in crashed:
+        run.spawn_consumer(f"{name}-r1", run.consumer_options[name])
+        run.faults.heal(fault)
+    run.wait(lambda: all(run.has(f"{name}-r1", '"f":"subscribe"') for name, _ in crashed), "the restarted consumers subscribed")
+
+
+def _raft_partition(run: Run, shape: str) -> None:
+    """R2: one partition shape for a seeded 10-30 s (`fault_s`) under the metadata
+    workload, around the Raft leader of that moment (L; the followers F1, F2 in a
+    seeded order):
+      bridge: L and F2 cannot talk, both reach F1 (the bridge node)
+      one_way: F1 and F2 drop what L sends; L still hears them
+      follower: F1 isolated from L and F2 (the majority keeps the leader)
+      minority_leader: L isolated (the majority F1, F2 must elect a leader: awaited)
+    then heal; the leader after the heal is in the notes."""
+    writers = [f"admin-{i}" for i in range(METADATA_PROCESSES)]
+    run.wait(lambda: all(run.acked(w) >= 20 for w in writers), "metadata writes before the partition")
+    time.sleep(run.rng.uniform(0.0, 2.0))
+    partition_s = run.rng.uniform(*run.scenario.fault_s)
+    leader = run.leader()
+    f1, f2 = run.rng.sample([b for b in run.cluster.brokers if b is not leader], 2)
+    run.notes.update(shape=shape, leader=leader.name, followers=[f1.name, f2.name], partition_s=round(partition_s, 1))
+    if shape == "bridge":
+        made = [run.faults.bridge(leader.host, f1.host, f2.host)]
+    elif shape == "one_way":
+        made = [run.faults.one_way(leader.host, f1.host), run.faults.one_way(leader.host, f2.host)]
+    elif shape == "follower":
+        made = [run.faults.isolate(f1.host)]
+    elif shape == "minority_leader":
+        made = [run.faults.isolate(leader.host)]
+        run.notes["majority_leader"] = run.leader(among=[f1, f2], exclude=leader.node_id).name
+    else:
+        raise ValueError(f"unknown partition shape {shape!r}")
+    time.sleep(max(0.0, partition_s - (run.faults.clock() - made[0].started_at)))
+    for fault in made:
+        run.faults.heal(fault)
+    run.notes["leader_after_heal"] = run.leader().name
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("B1", "owner kill -9 mid-stream", _owner_kill, messages=3_000, rate=300),
     Scenario("B2", "hard bounce: owner kill -9 x5, 5 s apart", _hard_bounce, messages=100_000, rate=300),
@@ -243,6 +382,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("B4", "owner isolated from the other brokers for 30 s", _owner_isolate, messages=100_000, rate=300),
     Scenario("R-leader", "Raft leader isolated for 10 s under metadata writes",
              lambda run: _leader_isolate(run, 10.0), kind="metadata", tail_s=6.0),
+    Scenario("B5", "topic moved between brokers 10 times under load", _topic_moves, messages=100_000, rate=300,
+             consumers=FAILOVER_PAIR),
+    Scenario("B7", "kill -9 of a Shared consumer holding 10 unacknowledged messages, then of the Exclusive and"
+             " the active Failover consumers (restarted)", _consumer_crash, messages=100_000, rate=300,
+             consumers=FAILOVER_PAIR, holder="consumer-sh-0", config=B7_CONFIG, tail_s=15.0),
+    *(Scenario(f"R2-{shape.replace('_', '-')}", f"Raft partition ({shape.replace('_', ' ')}) for 10-30 s under"
+               " metadata writes", lambda run, shape=shape: _raft_partition(run, shape), kind="metadata", tail_s=6.0)
+      for shape in ("bridge", "one_way", "follower", "minority_leader")),
 )}
 
 
@@ -259,7 +406,8 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     history.mkdir(exist_ok=True)
     logs.mkdir(exist_ok=True)
     install_tools()
-    with Hosts(3) as hosts, Cluster(hosts, work_dir / "cluster") as cluster, Faults(hosts) as faults:
+    with Hosts(3) as hosts, Cluster(hosts, work_dir / "cluster", config=CONFIG + scenario.config) as cluster, \
+            Faults(hosts) as faults:
         run = Run(scenario=scenario, seed=seed, rng=random.Random(seed), cluster=cluster, faults=faults,
                   history=history, logs=logs)
         try:
@@ -277,6 +425,11 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     raft = checkers.check_raft(ops, checkers.leader_observations(ops)) if metadata else None
     if raft is not None and raft.linearizable is False:
         report = dataclasses.replace(report, not_linearizable=1, findings=(*report.findings, raft.explanation))
+    extra: dict[str, Any] = {}
+    if scenario.holder is not None:
+        report, extra = _check_held(report, ops, scenario.holder, records)
+    if sum(sub_type == "failover" for *_, sub_type in scenario.consumers) > 1:
+        extra["failover_switches"] = _failover_switches(ops)
     row = {"scenario": name, "seed": seed, "valid": report.valid, "faults": [f.description for f in records],
            **{k: getattr(report, k) for k in ("attempted", "acked", "failed", "info", "deliveries", "lost",
                                                "unexpected", "duplicates", "redeliveries", "recovered",
@@ -285,12 +438,61 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
                                                "never_recovered")},
            "recovery_ack_ms": [round(t) for t in report.recovery_ack_ms],
            "recovery_delivery_ms": [round(t) for t in report.recovery_delivery_ms],
-           "notes": run.notes, "findings": list(report.findings)}
+           **extra, "notes": run.notes, "findings": list(report.findings)}
     if raft is not None:
         row["metadata_ops"] = dict(Counter(f"{op.f} {op.type}" for op in ops if op.f in checkers.METADATA_FS
                                            and op.type != "invoke"))
         row.update(linearizable=raft.linearizable, terms=raft.terms, linearizability=raft.explanation)
     return report, row
+
+
+def _check_held(report: Report, ops: list[Op], holder: str, faults: list[Fault]) -> tuple[Report, dict[str, Any]]:
+    """B7: each message `holder` received without acknowledging (`held`) must be
+    delivered again on its subscription by another consumer after `holder` was killed;
+    one that never is counts as lost (the queue checker alone would not see it: the
+    killed consumer's delivery is on the subscription's record). Returns the report and
+    the row's fields: held, redelivered, and the time from the kill to each one's first
+    delivery elsewhere (the pass criterion: within the ack timeout + 1 s)."""
+    kill = next(f for f in faults if f.targets == (holder,))
+    kill_ns = int(kill.started_at * 1e9)
+    held = {(op.value["producer"], op.value["seq"]): op.value["subscription"] for op in ops
+            if op.process == holder and op.f == "deliver" and op.value.get("held")}
+    first: dict[tuple[str, int], int] = {}
+    for op in ops:
+        if op.f == "deliver" and op.process != holder and op.time_ns >= kill_ns:
+            key = (op.value.get("producer"), op.value.get("seq"))
+            if held.get(key) == op.value.get("subscription"):
+                first.setdefault(key, op.time_ns)
+    missing = sorted(set(held) - set(first))
+    delays_ms = sorted((t - kill_ns) / 1e6 for t in first.values())
+    fields = {"held": len(held), "held_redelivered": len(first),
+              "held_redelivery_ms_max": round(delays_ms[-1]) if delays_ms else None}
+    if not held:
+        missing_text = f"{holder} held no message when it was killed: B7 tested nothing"
+        return dataclasses.replace(report, never_recovered=report.never_recovered + 1,
+                                   findings=(*report.findings, missing_text)), fields
+    if missing:
+        report = dataclasses.replace(report, lost=report.lost + len(missing), findings=(
+            *report.findings, f"{len(missing)} messages held by the killed {holder} never delivered to another"
+                              f" consumer of its subscription (e.g. {missing[:5]})"))
+    return report, fields
+
+
+def _failover_switches(ops: list[Op]) -> int:
+    """How often the process receiving first deliveries on the Failover subscription
+    changed: the takeovers the order checker judged."""
+    seen: set[tuple[str, int]] = set()
+    switches, last = 0, None
+    for op in ops:
+        if op.f != "deliver" or op.value.get("sub_type") != "failover":
+            continue
+        key = (op.value.get("producer"), op.value.get("seq"))
+        if key in seen:
+            continue
+        seen.add(key)
+        switches += last is not None and op.process != last
+        last = op.process
+    return switches
 
 
 def _checker_fault(fault: Fault) -> checkers.Fault:
@@ -303,19 +505,24 @@ def _queue_run(run: Run) -> None:
     entry = run.rng.choice(run.cluster.brokers)  # the producer enters by any broker: lookups redirect it
     run.notes["producer_entry"] = entry.name
     budget_s = scenario.messages / scenario.rate + DEADLINE_S
-    for name, sub, sub_type in CONSUMERS:
-        run.spawn(name, command("consume", url=run.rng.choice(run.cluster.brokers).url, topic=TOPIC, name=name,
-                                history_dir=run.history, subscription=sub, sub_type=sub_type,
-                                duration_s=budget_s + DEADLINE_S))
+    for name, sub, sub_type in scenario.consumers:
+        options: dict[str, Any] = dict(url=run.rng.choice(run.cluster.brokers).url, topic=TOPIC,
+                                       history_dir=run.history, subscription=sub, sub_type=sub_type,
+                                       duration_s=budget_s + DEADLINE_S)
+        if name == scenario.holder:
+            options.update(hold=HOLD, hold_after=run.rng.randint(300, 1_500))
+            run.notes["hold_after"] = options["hold_after"]
+        run.spawn_consumer(name, options)
     run.spawn("producer-0", command("produce", url=entry.url, topic=TOPIC, name="producer-0",
                                     history_dir=run.history, reliable=True, count=scenario.messages,
                                     rate=scenario.rate, duration_s=budget_s, grace_s=30))
-    run.wait(lambda: all(run.has(name, '"f":"subscribe"') for name, *_ in CONSUMERS), "every consumer subscribed")
+    run.wait(lambda: all(run.has(name, '"f":"subscribe"') for name, *_ in scenario.consumers),
+             "every consumer subscribed")
     scenario.schedule(run)
     _finish_producer(run, ["producer-0"])
-    for name, *_ in CONSUMERS:
+    for name in run.consumers():
         run.stop(name, signal.SIGUSR1)  # drain: exit once nothing more comes
-    run.wait(lambda: all(run.processes[name].poll() is not None for name, *_ in CONSUMERS), "the consumers drained")
+    run.wait(lambda: all(run.processes[name].poll() is not None for name in run.consumers()), "the consumers drained")
 
 
 def _metadata_run(run: Run) -> None:
@@ -365,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     run_.add_argument("--runs", type=int, default=1, help="seeds seed, seed+1, ...")
     run_.add_argument("--messages", type=int, help="producer count (default: the scenario's)")
     run_.add_argument("--rate", type=float, help="messages per second (default: the scenario's)")
+    run_.add_argument("--repeats", type=int, help="B5: topic moves (default 10)")
+    run_.add_argument("--fault-s", type=float, nargs=2, metavar=("MIN", "MAX"),
+                      help="R2: partition length range in seconds (default 10 30)")
     run_.add_argument("--work-dir", type=Path, help="histories, logs and data (default: a new temporary dir)")
     commands.add_parser("list", help="the scenarios")
     args = parser.parse_args(argv)
@@ -374,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.runs <= 0:
         raise SystemExit("--runs must be positive")
-    overrides = {k: v for k, v in (("messages", args.messages), ("rate", args.rate)) if v is not None}
+    overrides = {k: v for k, v in (("messages", args.messages), ("rate", args.rate), ("repeats", args.repeats),
+                                   ("fault_s", tuple(args.fault_s) if args.fault_s else None)) if v is not None}
     work = args.work_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{args.name}-"))
     merged: Report | None = None
     for seed in range(args.seed, args.seed + args.runs):

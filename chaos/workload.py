@@ -25,6 +25,11 @@ Consumer: subscribes from the earliest offset, records `subscribe`, then each de
 before it acknowledges them, so a consumer killed with SIGKILL has recorded every
 message it acknowledged.
 
+With `--hold N --hold-after M` a consumer acknowledges its first M deliveries (about:
+holding starts at the first batch received past M), then receives N more without
+acknowledging them (their `deliver` records say `held`), then nothing: B7 kills it
+holding them, and they must come to the subscription's other consumers.
+
 Both stop after `count` (producer) or `duration_s`, on SIGTERM or SIGINT; a consumer
 also after `idle_exit_s` without a delivery, and, once sent SIGUSR1 (the final drain:
 the producers are done), after `drain_idle_s` without one. The drain wait must outlast
@@ -188,7 +193,7 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
 async def consume(args: argparse.Namespace) -> dict[str, Any]:
     stop = _stop_event()
     writer = HistoryWriter(Path(args.history_dir), args.name, records_max=args.deliveries_max + 10)
-    counts = {"delivered": 0, "redelivered": 0, "unreadable": 0, "ack_errors": 0}
+    counts = {"delivered": 0, "redelivered": 0, "unreadable": 0, "ack_errors": 0, "held": 0}
     async with DanubeClient(args.url, client_name=args.name, request_timeout_ms=args.request_timeout_ms) as client:
         consumer = await _attach("subscribe", lambda: client.subscribe(
             args.topic, args.subscription, sub_type=SUB_TYPES[args.sub_type], consumer_name=args.name,
@@ -204,9 +209,16 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
                 break
             if drain_from and now - max(last, drain_from[0]) > args.drain_idle_s:
                 break
+            wanted = min(1_000, args.deliveries_max - counts["delivered"])
+            holding = bool(args.hold) and counts["delivered"] >= args.hold_after
+            if holding:  # B7: a consumer that stops acknowledging, to be killed holding them
+                wanted = min(wanted, args.hold - counts["held"])
+                if wanted <= 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.2)
+                    continue
             try:
-                messages = await consumer.batch_receive(
-                    min(1_000, args.deliveries_max - counts["delivered"]), timeout=0.2)
+                messages = await consumer.batch_receive(wanted, timeout=0.2)
             except Timeout:
                 continue
             last = time.monotonic()
@@ -217,9 +229,13 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
                 writer.append("ok", "deliver", {
                     "subscription": args.subscription, "sub_type": args.sub_type,
                     "producer": message[0] if message else None, "seq": message[1] if message else None,
-                    "topic": msg.topic, "offset": msg.offset, "redelivery": msg.redelivery_count}, _now())
+                    "topic": msg.topic, "offset": msg.offset, "redelivery": msg.redelivery_count,
+                    **({"held": True} if holding else {})}, _now())
             counts["delivered"] += len(messages)
             writer.flush()  # recorded before acknowledged
+            if holding:
+                counts["held"] += len(messages)
+                continue
             try:
                 await consumer.ack(messages)
             except DanubeError as exc:  # not acknowledged: it comes again, which the history shows
@@ -391,6 +407,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="after SIGUSR1, stop after this long with no delivery")
     consume_.add_argument("--deliveries-max", type=int, default=1_000_000, help="stop after this many deliveries")
     consume_.add_argument("--receiver-queue-size", type=int, default=1_000)
+    consume_.add_argument("--hold", type=int, default=0,
+                          help="once --hold-after deliveries are made, receive this many more without acknowledging"
+                               " them (recorded with held: true), then receive nothing until stopped")
+    consume_.add_argument("--hold-after", type=int, default=0, help="deliveries acknowledged before holding")
     return parser
 
 

@@ -309,10 +309,12 @@ class TrackedDelivery:
             return
         due = self.tracker.due(now, sum(capacity.values()))
         if due:
-            offsets = [d.offset for d in due]
+            # A resumed subscription's holes (unacked below acks it kept) are due at once,
+            # before the read-ahead holds them: they go out when their records come.
+            offsets = [d.offset for d in due if d.offset in self.records]
             counts = {d.offset: d.redelivery_count for d in due}
-            taken = self._assign(offsets, capacity, counts, now)
-            left = [o for o in offsets if o not in taken]
+            taken = self._assign(offsets, capacity, counts, now) if offsets else set()
+            left = [d.offset for d in due if d.offset not in taken]
             if left:
                 self.tracker.requeue(left, now)
         while capacity and self.tracker.may_deliver_new():
