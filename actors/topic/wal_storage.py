@@ -225,6 +225,13 @@ class WalStorage:
         self.checkpointing: dict[str, bytes | None] = {}  # in the flush running now
         # What the metadata store was last sent per subscription: (settings, cursor).
         self.recorded: dict[str, tuple[tuple[object, ...], int]] = {}
+        # Records for the metadata store (PersistCursor / ForgetSubscription), sent only
+        # once the flush carrying their checkpoints is done: the store never knows of a
+        # subscription, a deletion or a cursor the WAL does not hold first, so at load
+        # the WAL's word is the newest (`_resume_from_checkpoints`).
+        self.store_pending: list[PersistCursor | ForgetSubscription] = []
+        self.store_flushing: list[PersistCursor | ForgetSubscription] = []
+        self.settled: list[str] = []  # deletions the store was sent (`WalLog.settle_deletions`)
 
     def bind(self, shell: TopicActor) -> None:
         self.shell = shell
@@ -254,14 +261,14 @@ class WalStorage:
             self.shell.system.schedule_periodic(self.shell.endpoint, storage.wal_sync_interval_ms, WalSyncDue())
         self.shell.system.schedule_periodic(self.shell.endpoint, storage.retention_check_interval_ms, Tick())
         self._report_sealed(again=True)
-        if self.pending_checkpoints and not self.flushing and not self.queued:
+        if self.pending_checkpoints and not self._in_flight() and not self.queued:
             self._start_flush()
 
     async def stop(self) -> None:
         for _, mapped in self.fetched.values():
             mapped.close()
         self.fetched.clear()
-        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self.flushing:
+        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self._in_flight():
             # A clean stop seals the active segment so that all of the topic reaches the
             # durable store (the broker waits for its uploads before it stops).
             await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.seal_active)
@@ -270,18 +277,24 @@ class WalStorage:
             wal, self.wal = self.wal, None
             last = sorted(self.pending_checkpoints.items())
             self.pending_checkpoints = {}
+            store, self.store_pending = self.store_pending, []
 
-            def close() -> None:
+            def close() -> bool:
+                written = True
                 if last and wal.writable:  # the cursors told since the last flush: synced by close
                     try:
                         wal.append_checkpoints(last)
                     except OSError as exc:
+                        written = False
                         log.error("%s: last cursor checkpoints not written (%s): redelivery from older ones",
                                   wal.directory, exc)
                 wal.close()
+                return written and (wal.writable or not last)
 
             # Let a flush in flight finish before the file is closed under it.
-            await asyncio.get_running_loop().run_in_executor(self.executor, close)
+            if await asyncio.get_running_loop().run_in_executor(self.executor, close):
+                for record in store:  # the flusher stops after the topics: still written
+                    self.shell.system.post(self.cursor_endpoint, record)
             if not self.shell.restarting:
                 self.shell.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
@@ -508,7 +521,7 @@ class WalStorage:
         self.queued.append(_Batch(encoded, publish, identity, request_id, sequence))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
-        if start and not self.flushing and self.next_offset <= self.reserved_until:
+        if start and not self._in_flight() and self.next_offset <= self.reserved_until:
             self._start_flush()
 
     def _reserve_ahead(self) -> None:
@@ -535,7 +548,7 @@ class WalStorage:
                                                        f" metadata store ({msg.error}); send again")
             return
         self.reserved_until = max(self.reserved_until, msg.until)
-        if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
+        if self.queued and not self._in_flight() and self.next_offset <= self.reserved_until:
             self._start_flush()
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
@@ -556,17 +569,23 @@ class WalStorage:
                 reply_client(self.shell.system, batch.identity, Error(request_id=batch.request_id, code=code,
                                                                 message=message))
 
+    def _in_flight(self) -> bool:
+        """A flush (of batches, checkpoints or both) is running."""
+        return bool(self.flushing or self.checkpointing)
+
     def _start_flush(self) -> None:
         assert not self.flushing and not self.checkpointing and (self.queued or self.pending_checkpoints)
         assert self.wal is not None
         self.flushing, self.queued = self.queued, []
         self.checkpointing, self.pending_checkpoints = self.pending_checkpoints, {}
+        self.store_flushing, self.store_pending = self.store_pending, []
         self.flush_id += 1
         flush_id, wal, sync = self.flush_id, self.wal, self._sync_always
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
         # After this flush's batches: a cursor is never durable before what it covers.
         checkpoints = sorted(self.checkpointing.items())
+        settled, self.settled = self.settled, []
         system, endpoint = self.shell.system, self.shell.endpoint
 
         def write() -> None:
@@ -574,6 +593,7 @@ class WalStorage:
                 for encoded, count in chunks:
                     wal.append(encoded, count)
                 wal.append_checkpoints(checkpoints)
+                wal.settle_deletions(settled)
                 if sync:
                     wal.sync()
                 if seal:  # each flush its own segment, uploaded at once: the dead-disk loss window
@@ -604,7 +624,7 @@ class WalStorage:
     async def sync_due(self) -> None:
         """Interval mode's periodic fsync (`WalSyncDue`). Skipped while a flush is
         writing: the WAL belongs to the flush's thread until its `FlushDone`."""
-        if self.wal is not None and not self.flushing:
+        if self.wal is not None and not self._in_flight():
             try:
                 await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
             except OSError as exc:
@@ -617,11 +637,14 @@ class WalStorage:
         assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
         batches, self.flushing = self.flushing, []
         checkpoints, self.checkpointing = self.checkpointing, {}
+        store, self.store_flushing = self.store_flushing, []
         if msg.error_code is not None:
             # Written again at the next flush, unless a newer one came meanwhile.
             self.pending_checkpoints = {**checkpoints, **self.pending_checkpoints}
+            self.store_pending = store + self.store_pending
             await self._flush_failed(batches, msg)
         else:
+            self._to_store(store)
             self._committed(batches)
             self._report_sealed()
         if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
@@ -964,6 +987,9 @@ class WalStorage:
         else:
             start = self.committed_offset
         await self._spawn_reliable(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[])
+        if self.cursors_in_wal:  # its existence and start, durable with the next flush
+            self.persist_cursor(PersistCursor(topic=self.topic, subscription=msg.subscription, sub_type=msg.sub_type,
+                                              cursor=start - 1, acked_above=[]))
         return []
 
     async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
@@ -1015,10 +1041,13 @@ class WalStorage:
         self.cursors.pop(name, None)
         self.evicted_to.pop(name, None)
         self._measure_backlog()
-        self.shell.system.post(self.cursor_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
+        forget = ForgetSubscription(topic=self.topic, subscription=name)
         if self.cursors_in_wal:
             self.recorded.pop(name, None)
+            self.store_pending.append(forget)
             self._checkpoint(name, None)
+        else:
+            self.shell.system.post(self.cursor_endpoint, forget)
 
     # ------------------------------------------------------------- cursors in the WAL
     def persist_cursor(self, msg: PersistCursor) -> None:
@@ -1029,44 +1058,67 @@ class WalStorage:
         settings = (msg.sub_type, msg.policy, msg.max_unacked_messages)
         recorded = self.recorded.get(msg.subscription)
         if recorded is None or recorded[0] != settings or msg.cursor < recorded[1]:
-            self.shell.system.post(self.cursor_endpoint, msg)
+            self.store_pending.append(msg)
             self.recorded[msg.subscription] = (settings, msg.cursor)
         self._checkpoint(msg.subscription, cr.encode(cr.CursorRecord(
             sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
             max_unacked_messages=msg.max_unacked_messages)))
 
+    def _to_store(self, records: list[PersistCursor | ForgetSubscription]) -> None:
+        """Their checkpoints are in the WAL now: the metadata store may know them."""
+        # Their markers need not be carried into new segments any more: dropped by the
+        # next flush's thread (the log is the flushes' to change).
+        self.settled += [r.subscription for r in records if isinstance(r, ForgetSubscription)]
+        for record in records:
+            self.shell.system.post(self.cursor_endpoint, record)
+
     def _checkpoint(self, name: str, state: bytes | None) -> None:
         self.pending_checkpoints[name] = state
-        if self.wal is not None and not self.flushing and not self.checkpointing and not self.queued:
+        if self.wal is not None and not self._in_flight() and not self.queued:
             self._start_flush()
 
     def _resume_from_checkpoints(self, states: list[SubscriptionState]) -> list[SubscriptionState]:
-        """Each subscription the metadata store lists, from its newest WAL checkpoint,
-        unless the store's cursor is ahead (written before cursors moved to the WAL, or
-        under another storage mode): the newer wins, so no cursor ever goes back past
-        what the store had. Every cursor is checkpointed at once (the migration: from
-        then on the WAL has each one)."""
+        """The subscriptions to resume: the WAL's word first. The store is sent nothing
+        the WAL does not hold first (`store_pending`), so a subscription the WAL names
+        resumes from its newest checkpoint (one the store does not list yet too: killed
+        before the store heard of it), one whose newest checkpoint is a deletion stays
+        deleted (and is forgotten in the store again), and only one the WAL never named
+        (its cursor written before cursors moved to the WAL, or under another storage
+        mode) resumes from the store's record. Every cursor is checkpointed at once (the
+        migration: from then on the WAL has each one)."""
         assert self.wal is not None
-        found = self.wal.checkpoints()
-        resumed = []
+        from_wal: dict[str, SubscriptionState] = {}
+        for name, checkpoint in self.wal.checkpoints().items():
+            try:
+                record = cr.decode_cursor(checkpoint)
+            except InvalidArgument as exc:
+                log.error("%s:%s: WAL cursor checkpoint unreadable (%s); resuming from the metadata store's",
+                          self.topic, name, exc)
+                continue
+            from_wal[name] = SubscriptionState(
+                name=name, sub_type=record.sub_type, cursor=record.cursor, acked_above=record.acked_above,
+                policy=record.policy, max_unacked_messages=record.max_unacked_messages)
+        deleted = self.wal.deleted_subscriptions()
+        resumed = dict(from_wal)
         for state in states:
-            self.recorded[state.name] = ((state.sub_type, state.policy, state.max_unacked_messages), state.cursor)
-            checkpoint = found.get(state.name)
-            if checkpoint is not None:
-                try:
-                    record = cr.decode_cursor(checkpoint)
-                except InvalidArgument as exc:
-                    log.error("%s:%s: WAL cursor checkpoint unreadable (%s); resuming from the metadata store's",
-                              self.topic, state.name, exc)
-                else:
-                    if record.cursor >= state.cursor:
-                        state = dataclasses.replace(state, cursor=record.cursor, acked_above=record.acked_above)
-            resumed.append(state)
-            self.pending_checkpoints[state.name] = cr.encode(cr.CursorRecord(
+            if state.name in deleted:
+                self.store_pending.append(ForgetSubscription(topic=self.topic, subscription=state.name))
+            elif state.name not in resumed:
+                resumed[state.name] = state
+        listed = {state.name: state for state in states}
+        for name, state in sorted(resumed.items()):
+            settings = (state.sub_type, state.policy, state.max_unacked_messages)
+            stored = listed.get(name)
+            if stored is None or (stored.sub_type, stored.policy, stored.max_unacked_messages) != settings:
+                self.store_pending.append(PersistCursor(
+                    topic=self.topic, subscription=name, sub_type=state.sub_type, cursor=state.cursor,
+                    acked_above=list(state.acked_above), policy=state.policy,
+                    max_unacked_messages=state.max_unacked_messages))
+            self.recorded[name] = (settings, state.cursor if stored is None else stored.cursor)
+            self.pending_checkpoints[name] = cr.encode(cr.CursorRecord(
                 sub_type=state.sub_type, cursor=state.cursor, acked_above=state.acked_above, policy=state.policy,
                 max_unacked_messages=state.max_unacked_messages))
-        return resumed
-
+        return [resumed[name] for name in sorted(resumed)]
 
 def _mtime_ms(path: Path) -> int:
     try:

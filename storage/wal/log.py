@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,10 +115,11 @@ class WalLog:
         self._frontier: FrontierFile | None = None
         # (start, end) offset ranges between segments that a repair gave up (`gaps.py`).
         self._gaps: frozenset[tuple[int, int]] = frozenset()
-        # Each subscription's newest cursor checkpoint (state bytes): found at open,
-        # updated by `append_checkpoints`, written again at the start of each new
-        # segment so that deleting old segments never loses a cursor.
-        self._checkpoints: dict[str, bytes] = {}
+        # Each subscription's newest cursor checkpoint (state bytes; None: a deletion
+        # marker, kept until `settle_deletions`): found at open, updated by
+        # `append_checkpoints`, written again at the start of each new segment so that
+        # deleting old segments never loses a cursor or a deletion.
+        self._checkpoints: dict[str, bytes | None] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -414,14 +415,22 @@ class WalLog:
             self.roll()
         self._segments[-1].append(encoded, 0)
         for subscription, state in entries:
-            if state is None:
-                self._checkpoints.pop(subscription, None)
-            else:
-                self._checkpoints[subscription] = state
+            self._checkpoints[subscription] = state
 
     def checkpoints(self) -> dict[str, bytes]:
-        """Each subscription's newest cursor checkpoint in the log (state bytes)."""
-        return dict(self._checkpoints)
+        """Each live subscription's newest cursor checkpoint in the log (state bytes)."""
+        return {name: state for name, state in self._checkpoints.items() if state is not None}
+
+    def deleted_subscriptions(self) -> set[str]:
+        """Subscriptions whose newest checkpoint is a deletion marker not yet settled."""
+        return {name for name, state in self._checkpoints.items() if state is None}
+
+    def settle_deletions(self, names: Iterable[str]) -> None:
+        """These deletions are recorded elsewhere too (the metadata store): new segments
+        need not carry their markers (the set of markers stays bounded)."""
+        for name in names:
+            if name in self._checkpoints and self._checkpoints[name] is None:
+                del self._checkpoints[name]
 
     def sync(self) -> None:
         """fsync the active segment, and the directory if a file was created or deleted."""
