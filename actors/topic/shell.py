@@ -422,6 +422,8 @@ class TopicActor(Actor):
     async def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
         answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
         self.subscription_policies[msg.subscription] = msg.policy  # accepted
+        if isinstance(answer, PersistCursor) and isinstance(self.storage, WalStorage):
+            self.storage.settings_changed(answer)
         return answer
 
     async def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
@@ -430,6 +432,8 @@ class TopicActor(Actor):
     async def handle_SetSubscriptionDispatchConfig(self, msg: SetSubscriptionDispatchConfig) -> Message:
         answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
         self.subscription_windows[msg.subscription] = msg.max_unacked_messages  # accepted
+        if isinstance(answer, PersistCursor) and isinstance(self.storage, WalStorage):
+            self.storage.settings_changed(answer)
         return answer
 
     async def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:

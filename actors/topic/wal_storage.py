@@ -1064,6 +1064,15 @@ class WalStorage:
             sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
             max_unacked_messages=msg.max_unacked_messages)))
 
+    def settings_changed(self, record: PersistCursor) -> None:
+        """An admin changed a subscription's policy or window: its record goes to the
+        store at once (the broker flushes the store before answering), as settings come
+        from the store at load; the cursor in it is the subscription's now."""
+        if self.cursors_in_wal:
+            self.recorded[record.subscription] = ((record.sub_type, record.policy, record.max_unacked_messages),
+                                                  record.cursor)
+            self.shell.system.post(self.cursor_endpoint, record)
+
     def _to_store(self, records: list[PersistCursor | ForgetSubscription]) -> None:
         """Their checkpoints are in the WAL now: the metadata store may know them."""
         # Their markers need not be carried into new segments any more: dropped by the
@@ -1105,6 +1114,10 @@ class WalStorage:
                 self.store_pending.append(ForgetSubscription(topic=self.topic, subscription=state.name))
             elif state.name not in resumed:
                 resumed[state.name] = state
+            else:  # settings from the store: an admin's change is written there before its answer
+                resumed[state.name] = dataclasses.replace(
+                    resumed[state.name], sub_type=state.sub_type, policy=state.policy,
+                    max_unacked_messages=state.max_unacked_messages)
         listed = {state.name: state for state in states}
         for name, state in sorted(resumed.items()):
             settings = (state.sub_type, state.policy, state.max_unacked_messages)
