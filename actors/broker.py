@@ -789,7 +789,13 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         key = cr.namespace_key(namespace)
         if self.metadata.local_get(key) is not None:
             return True
-        return await self.metadata.get(key) is not None
+        if await self.metadata.get(key) is not None:
+            return True
+        if not self.joined and namespace in self.config.bootstrap_namespaces:
+            # Not written yet (this broker has not joined; in a cluster no broker may
+            # have): "does not exist" would be false a moment later, so retriable.
+            raise Unavailable(f"broker {self.broker_id} has not written its bootstrap namespaces yet; retry")
+        return False
 
     def _assignment(self, topic: str) -> cr.Assignment | None:
         value = self.metadata.local_get(cr.assignment_key(topic))

@@ -417,19 +417,24 @@ class StorageSection:
     # Danube's faster, weaker mode: a broker crash (kill -9 is enough only if the OS
     # also fails; a power loss certainly) can lose acknowledged messages. Default always.
     wal_sync: str = "always"
-    # interval mode: the longest time written records wait for their fsync, ms.
-    # Default 1000.
+    # interval mode: the longest time written records wait for their fsync, ms (plus
+    # at most one flush, under any load). Default 1000.
     wal_sync_interval_ms: int = 1000
     # A WAL segment file is sealed and a new one started past this size, bytes.
     # Default 64 MiB.
     wal_segment_bytes_max: int = 64 * MIB
     # ... or past this age, ms; null: no age limit. Default null.
     wal_segment_age_ms_max: int | None = None
-    # shared_fs / object_store: seal the WAL segment after every group commit, so each
-    # batch is uploaded as soon as it is acknowledged. Shrinks what a dead disk loses
-    # (the records not yet uploaded) to the uploads in flight, at the cost of one
-    # segment file and one upload per flush. Default false.
+    # shared_fs / object_store: seal the WAL segment after every group commit and answer
+    # its receipts only once it is in the durable store (uploaded, its descriptor
+    # committed by a Raft majority): nothing acknowledged lives only on this broker's
+    # disk, so neither a dead disk nor an owner cut off from the majority loses an
+    # acknowledged message. Costs a segment file, an upload and a metadata write per
+    # flush, and their latency per receipt. Default false.
     seal_every_flush: bool = False
+    # seal_every_flush: receipts a topic holds while its segments upload; past it, sends
+    # are refused RESOURCE_EXHAUSTED (retriable) until uploads catch up. Default 10,000.
+    receipts_held_max: int = 10_000
     # Recent committed batches a reliable topic keeps in memory to serve readers
     # without touching the WAL files, bytes. Default 16 MiB.
     cache_bytes_max: int = 16 * MIB
@@ -475,6 +480,7 @@ class StorageSection:
             raise _error("storage.wal_sync", f"must be always or interval, got {self.wal_sync!r}")
         _check_range("storage.wal_sync_interval_ms", self.wal_sync_interval_ms, 1, 3_600_000)
         _check_range("storage.wal_segment_bytes_max", self.wal_segment_bytes_max, 4096, _INT_MAX)
+        _check_range("storage.receipts_held_max", self.receipts_held_max, 1, 10_000_000)
         if self.wal_segment_age_ms_max is not None:
             _check_range("storage.wal_segment_age_ms_max", self.wal_segment_age_ms_max, 1000, _INT_MAX)
         _check_range("storage.cache_bytes_max", self.cache_bytes_max, 0, _INT_MAX)

@@ -16,7 +16,8 @@
       +-- ZapService     security.mode curve: the context's ZAP handler, started before any
                          socket binds (`security/curve.py`, `actors/broker_curve.py`)
 
-`start()` opens the metadata store, then binds everything (and the Prometheus endpoint);
+`start()` opens the metadata store (standalone: writes the bootstrap namespaces), then
+binds everything (and the Prometheus endpoint);
 `stop()` stops the actors in reverse order, then the metadata store, and closes the
 context. In a cluster the store starts without waiting for a leader (the other peers
 may not be up yet); standalone, its single voter leads at once. Use it as `async with BrokerService(cfg):`.
@@ -53,6 +54,7 @@ from danube_zmq.runtime.metrics import MailboxCollector
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.security.curve import ClusterCurve, Credentials, ZapService
+from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.errors import InvalidArgument
 
 log = logging.getLogger("danube_zmq.service")
@@ -109,6 +111,8 @@ class BrokerService:
         try:
             self.metadata = self._metadata_store(self._context)
             await self.metadata.start()
+            if config.cluster.raft_listen is None:
+                await self._bootstrap_namespaces()
             self.schemas = SchemaRegistry(self.metadata)
             self._raft_collector = RaftCollector(self.metadata.peer)
             REGISTRY.register(self._raft_collector)
@@ -153,6 +157,15 @@ class BrokerService:
             raise
         log.info("broker %d listening: clients %s, admin %s, metrics %s", self.broker_id, self.client_url,
                  self.admin_url, self.metrics_url or "off")
+
+    async def _bootstrap_namespaces(self) -> None:
+        """Standalone, the bootstrap namespaces are written before any port is bound, so
+        no client that connects at once finds `default` missing (the broker actor writes
+        them again when it joins: a no-op). A cluster cannot wait here (its peers may not
+        be up): there the broker answers UNAVAILABLE about them until it has joined."""
+        assert self.metadata is not None
+        for namespace in self.config.bootstrap_namespaces:
+            await self.metadata.compare_and_swap(cr.namespace_key(namespace), 0, b"")
 
     def _metadata_store(self, context: zmq.asyncio.Context) -> RaftMetadataStore:
         cluster = self.config.cluster

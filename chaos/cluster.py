@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +79,12 @@ class Cluster:
     """Three (or `len(hosts)`) brokers, one per namespace host, under one thespian
     supervisor per host: `with Cluster(hosts, tmp_path) as cluster: ...`."""
 
-    def __init__(self, hosts: Hosts, data_dir: Path, *, config: str = CONFIG) -> None:
+    def __init__(self, hosts: Hosts, data_dir: Path, *, config: str = CONFIG,
+                 host_env: Callable[[Host], dict[str, str]] | None = None) -> None:
         self.hosts = hosts
+        # Extra environment of each host's supervisor, which its brokers inherit (a
+        # restarted broker too): chaos/clock.py's wall-clock shim.
+        self.host_env = host_env
         self.data_dir = data_dir.resolve()
         self.config = config
         self.brokers: list[Broker] = []
@@ -108,13 +114,14 @@ class Cluster:
                                          "--place", place, "--client-port", str(CLIENT_PORT),
                                          "--admin-port", str(ADMIN_PORT), "--raft-port", str(RAFT_PORT),
                                          "--output", "json"),
-                             stdout=subprocess.PIPE, stderr=err, text=True)
+                             stdout=subprocess.PIPE, stderr=err, text=True, env=self._env(first))
         try:
             self._wait_listening(first.address, SUPERVISOR_PORT, up)
             for host in self.hosts[1:]:
                 joined = host.run(danube_argv("cluster", "join", "--convention", f"{first.address}:{SUPERVISOR_PORT}",
                                               "--bind", host.address, "--supervisor-port", str(SUPERVISOR_PORT),
-                                              "--host-name", host.name, "--data-dir", str(self.data_dir / host.name)))
+                                              "--host-name", host.name, "--data-dir", str(self.data_dir / host.name)),
+                                  env=self._env(host))
                 if joined.returncode != 0:
                     raise ClusterError(f"`cluster join` on {host.name} failed: {joined.stderr or joined.stdout}")
             out, _ = up.communicate(timeout=UP_TIMEOUT_S)
@@ -130,6 +137,9 @@ class Cluster:
                                admin_url=b["admin_url"], raft_url=b["raft"], data_dir=Path(b["data_dir"]),
                                log_path=Path(b["log"]))
                         for b in self.layout["brokers"]]
+
+    def _env(self, host: Host) -> dict[str, str] | None:
+        return None if self.host_env is None else {**os.environ, **self.host_env(host)}
 
     @staticmethod
     def _wait_listening(address: str, port: int, up: subprocess.Popen[str]) -> None:

@@ -45,6 +45,7 @@ import random
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,21 @@ def crash(ledger: Ledger, rng: random.Random, *, torn_tail: bool = False) -> Cra
     return CrashReport(files_removed=tuple(removed), bytes_dropped=dropped, files_cut=cut)
 
 
+def fsync_starts(journal: Path, suffix: str = ".wal") -> list[int]:
+    """When each fsync of a file ending in `suffix` began (`time.monotonic_ns()`), in
+    journal order."""
+    starts = []
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the kill
+            if event[0] == "synced" and len(event) > 3 and str(event[1]).endswith(suffix):
+                starts.append(int(event[3]))
+    return starts
+
+
 def crash_journal(journal: Path, *, seed: int, torn_tail: bool = False) -> CrashReport:
     """Power loss for a process that wrote `journal` and is dead now (kill -9 first).
     The journal is emptied: every file left is durable, as a restart finds it."""
@@ -322,12 +338,15 @@ class FaultyFiles(wal_files.FileLayer):
         if error is not None:
             # Nothing becomes durable; Linux may already have dropped the dirty pages.
             self._raise(error, op, name)
+        started_ns = time.monotonic_ns()
         if self._os_fsync:
             os.fsync(fd)
         if is_directory:
             self.ledger.event("dir_synced", name)
         elif name:
-            self.ledger.event("synced", name, os.fstat(fd).st_size)
+            # With when the fsync began (CLOCK_MONOTONIC, the same in every process): a
+            # test compares it with its acknowledgement times (`fsync_starts`).
+            self.ledger.event("synced", name, os.fstat(fd).st_size, started_ns)
 
     def ftruncate(self, fd: int, length: int) -> None:
         name = self._path(fd)

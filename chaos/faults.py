@@ -13,6 +13,7 @@ start and heal times on its injected monotonic clock) for the availability check
               one_way(src, dst)    dst drops what src sends (dst's input only)
               loss(h, percent)     each packet in or out of h dropped at random
               delay(h, ms)         netem, only where the kernel has it
+    clock:    clock_jump(clocks, h, s)  h's wall clock stepped by s seconds (chaos/clock.py)
 
 Network faults are nftables rules inside the hosts' own namespaces (a table per fault
 per host, so faults compose and heal is deleting that table), dropping on input as
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from danube_zmq.chaos.clock import Clocks
 from danube_zmq.chaos.cluster import Broker
 from danube_zmq.chaos.hosts import Host, Hosts
 
@@ -167,6 +169,24 @@ class Faults:
         admin API, a client process killed), so the checkers see it; `heal(fault)` when
         it is over records that time and undoes nothing."""
         return self._record(kind, targets, description, None)
+
+    def pause_process(self, pid: int, name: str) -> Fault:
+        """SIGSTOP any process (a workload consumer, P2); heal sends SIGCONT."""
+        os.kill(pid, signal.SIGSTOP)
+
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+        return self._record("pause", [name], f"SIGSTOP {name} (pid {pid})", resume)
+
+    def clock_jump(self, clocks: Clocks, host: Host, seconds: float) -> Fault:
+        """Step the wall clock of every process on `host` by `seconds` (chaos/clock.py:
+        the processes must have been started with `clocks.env(host)`); heal sets it
+        back to real time, itself a step of -`seconds`."""
+        clocks.set(host, clocks.offset(host) + seconds)
+        return self._record("clock", [host.name], f"wall clock of {host.name} {seconds:+g} s",
+                            lambda: clocks.set(host, clocks.offset(host) - seconds))
 
     # -- network ---------------------------------------------------------------------
 

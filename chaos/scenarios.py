@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from typing import Any
 
 from danube_zmq.chaos import checkers
 from danube_zmq.chaos.checkers import Report, check_run
+from danube_zmq.chaos.clock import Clocks
 from danube_zmq.chaos.cluster import CONFIG, Broker, Cluster
 from danube_zmq.chaos.faults import Fault, Faults
 from danube_zmq.chaos.history import Op, load_history
@@ -83,7 +85,7 @@ class Scenario:
     name: str
     description: str
     schedule: Callable[[Run], None]
-    kind: str = "queue"  # queue: producer + consumers; metadata: Raft registers + observer
+    kind: str = "queue"  # queue: producer + consumers; metadata: Raft registers + observer; mixed: both
     messages: int = 3_000  # producer count (queue) at most
     rate: float = 300.0  # messages per second
     tail_s: float = 8.0  # after the last heal, the workload goes on this long at least
@@ -92,6 +94,8 @@ class Scenario:
     repeats: int = 10  # B5: topic moves
     fault_s: tuple[float, float] = (10.0, 30.0)  # R2: partition length, drawn from the seed
     config: str = ""  # broker YAML appended to chaos/cluster.py's CONFIG
+    clocks: bool = False  # the brokers run under chaos/clock.py's wall-clock shim
+    hold_s: float = 60.0  # P*: how long the pressure lasts
 
 
 @dataclass
@@ -109,6 +113,7 @@ class Run:
     killed: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # by kill_process: exit -9 expected
     consumer_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> command() options
     notes: dict[str, Any] = field(default_factory=dict)
+    clocks: Clocks | None = None
 
     # -- processes ---------------------------------------------------------------------
 
@@ -373,6 +378,198 @@ def _raft_partition(run: Run, shape: str) -> None:
     for fault in made:
         run.faults.heal(fault)
     run.notes["leader_after_heal"] = run.leader().name
+def _clock_jumps(run: Run, cycles: int = 2) -> None:
+    """R4: step the wall clock of the Raft leader's host, then of the topic owner's (a
+    seeded follower's when the leader owns the topic), by +30 s and by -30 s (each held
+    3-6 s, then set right), `cycles` times each, under
+    metadata writes and a reliable stream. Raft, leases and fencing must run on the
+    monotonic clock: no election beyond one, nothing lost, linearizable."""
+    assert run.clocks is not None
+    writers = [f"admin-{i}" for i in range(METADATA_PROCESSES)]
+    run.wait(lambda: all(run.acked(w) >= 20 for w in writers), "metadata writes before the first jump")
+    run.sent_seconds(run.rng.uniform(2.0, 4.0))
+    leader = run.leader()
+    for role in ("leader", "owner"):
+        target = leader if role == "leader" else run.owner()
+        if role == "owner" and target == leader:  # one host already had it: a follower's clock instead
+            role, target = "follower", run.rng.choice([b for b in run.cluster.brokers if b != leader])
+        run.notes.setdefault("targets", []).append(f"{role} {target.name}")
+        for _ in range(cycles):
+            for step in (30.0, -30.0):
+                fault = run.faults.clock_jump(run.clocks, target.host, step)
+                time.sleep(run.rng.uniform(3.0, 6.0))
+                run.faults.heal(fault)
+                # a topic moved off a live broker would show here (a wall-clock lease expiry)
+                run.notes.setdefault("owners_after_steps", []).append(run.owner().name)
+
+
+# -- back-pressure (P1-P3): the owner's memory under a backlog, a stall, a flood ---------
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class RssSampler:
+    """The resident set of one process, sampled every `interval_s` in a thread:
+    `with RssSampler(pid) as rss: ...`, then `rss.figures()` (MiB: start, peak, end)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
+        self.pid, self.interval_s = pid, interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            value = _rss_mib(self.pid)
+            if value is not None:
+                self.samples.append(value)
+            self._stop.wait(self.interval_s)
+
+    def figures(self) -> dict[str, float]:
+        if not self.samples:
+            raise ScenarioError(f"no RSS sample of pid {self.pid}")
+        start, peak, end = self.samples[0], max(self.samples), self.samples[-1]
+        return {"rss_start_mib": round(start, 1), "rss_peak_mib": round(peak, 1), "rss_end_mib": round(end, 1),
+                "rss_growth_mib": round(peak - start, 1)}
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _count(run: Run, name: str, text: str) -> int:
+    path = run.history / f"{name}.jsonl"
+    return path.read_text().count(text) if path.exists() else 0
+
+
+def _consumer(run: Run, name: str, subscription: str, sub_type: str, **options: Any) -> None:
+    budget_s = run.scenario.messages / run.scenario.rate + 2 * DEADLINE_S
+    run.spawn(name, command("consume", url=run.rng.choice(run.cluster.brokers).url, topic=TOPIC, name=name,
+                            history_dir=run.history, subscription=subscription, sub_type=sub_type,
+                            duration_s=budget_s, **options))
+
+
+def _producers(run: Run, count: int, **options: Any) -> list[str]:
+    scenario = run.scenario
+    names = [f"producer-{i}" for i in range(count)]
+    for name in names:
+        run.spawn(name, command("produce", url=run.rng.choice(run.cluster.brokers).url, topic=TOPIC, name=name,
+                                history_dir=run.history, reliable=True, count=scenario.messages, rate=scenario.rate,
+                                pad_bytes=1024, duration_s=scenario.messages / scenario.rate + DEADLINE_S,
+                                grace_s=30, **options))
+    return names
+
+
+def _under_pressure(run: Run, producers: list[str], consumers: list[str],
+                    during: Callable[[], None]) -> tuple[dict[str, float], float, dict[str, int], dict[str, int]]:
+    """Wait for the consumers and 2 s of sends, then run `during` while sampling the
+    owner's RSS: its figures, the seconds it took, and the acknowledged sends and the
+    deliveries per consumer at its start and its end."""
+    run.wait(lambda: all(run.has(name, '"f":"subscribe"') for name in consumers), "every consumer subscribed")
+    run.wait(lambda: sum(run.acked(p) for p in producers) >= 2 * run.scenario.rate, "2 s of sends acknowledged")
+    owner = run.owner()
+    pid = owner.pid()
+    if pid is None:
+        raise ScenarioError(f"the owner {owner.name} has no pid (seed {run.seed})")
+    run.notes["owner"] = owner.name
+
+    def counts() -> dict[str, int]:
+        return {"acked": sum(run.acked(p) for p in producers),
+                **{c: _count(run, c, '"f":"deliver"') for c in consumers}}
+
+    with RssSampler(pid) as rss:
+        time.sleep(1.0)  # the start sample is taken under load, with the topic's buffers made
+        before, started = counts(), time.monotonic()
+        during()
+        after, took = counts(), time.monotonic() - started
+    return rss.figures(), took, before, after
+
+
+def _slow_consumer(run: Run) -> None:
+    """P1: a reliable 1 KiB stream; subscription `slow` acknowledges 10 msg/s, `fast`
+    keeps up. For `hold_s` the slow backlog grows in the WAL, not in the owner's memory,
+    and the fast subscription keeps pace with the producer; then the slow consumer
+    speeds up (the drain) and must get everything."""
+    consumers = ["consumer-fast", "consumer-slow"]
+    _consumer(run, "consumer-fast", "fast", "exclusive")
+    _consumer(run, "consumer-slow", "slow", "exclusive", ack_rate=10)
+    producers = _producers(run, 1)
+    figures, took, before, after = _under_pressure(run, producers, consumers,
+                                                   lambda: time.sleep(run.scenario.hold_s))
+    acked = after["acked"] - before["acked"]
+    fast = after["consumer-fast"] - before["consumer-fast"]
+    run.notes.update(figures, seconds=round(took, 1), acked_rate=round(acked / took), fast_rate=round(fast / took),
+                     fast_ratio=round(fast / max(1, acked), 3),
+                     slow_delivered=after["consumer-slow"], slow_backlog=after["acked"] - after["consumer-slow"])
+    _finish_producer(run, producers)
+    _drain_consumers(run, consumers)
+
+
+def _stalled_consumer(run: Run) -> None:
+    """P2: two consumers on a Shared subscription and an Exclusive one; one Shared
+    consumer's process is stopped (SIGSTOP) for `hold_s`: the owner's memory stays
+    bounded, and what it held unacknowledged is redelivered to the other Shared
+    consumer after the ack timeout (the cluster's `reliable.ack_timeout_ms`)."""
+    consumers = ["consumer-sh-0", "consumer-sh-1", "consumer-ex"]
+    _consumer(run, "consumer-sh-0", "sh", "shared")
+    _consumer(run, "consumer-sh-1", "sh", "shared")
+    _consumer(run, "consumer-ex", "ex", "exclusive")
+    producers = _producers(run, 1)
+
+    def stall() -> None:
+        fault = run.faults.pause_process(run.processes["consumer-sh-0"].pid, "consumer-sh-0")
+        time.sleep(run.scenario.hold_s)
+        run.faults.heal(fault)
+
+    figures, took, before, after = _under_pressure(run, producers, consumers, stall)
+    acked = after["acked"] - before["acked"]
+    run.notes.update(figures, seconds=round(took, 1), acked_rate=round(acked / took),
+                     sh1_rate=round((after["consumer-sh-1"] - before["consumer-sh-1"]) / took))
+    _finish_producer(run, producers)
+    _drain_consumers(run, consumers)
+    other = [json.loads(line) for line in (run.history / "consumer-sh-1.jsonl").read_text().splitlines()
+             if '"f":"deliver"' in line]
+    stalled = {(json.loads(line)["value"]["producer"], json.loads(line)["value"]["seq"])
+               for line in (run.history / "consumer-sh-0.jsonl").read_text().splitlines() if '"f":"deliver"' in line}
+    # What the stopped consumer held unacknowledged was mostly still in its client's
+    # queue (never recorded), so count every redelivery the other consumer got; of those,
+    # `..._recorded` the stopped one had recorded before it stopped.
+    redelivered = [d for d in other if d["value"]["redelivery"] > 0]
+    run.notes["redelivered_to_other"] = len(redelivered)
+    run.notes["redelivered_to_other_recorded"] = sum(
+        1 for d in redelivered if (d["value"]["producer"], d["value"]["seq"]) in stalled)
+
+
+def _producer_flood(run: Run, producers_n: int = 4) -> None:
+    """P3: `producers_n` reliable producers at far more than the owner can store (each
+    offering `rate` 1 KiB messages a second, 5,000 in flight), one Exclusive consumer:
+    the owner's memory stays bounded, the producers are held back (their receipts come
+    at the rate the owner stores, or RESOURCE_EXHAUSTED, which the client retries), and
+    nothing acknowledged is lost."""
+    consumers = ["consumer-ex"]
+    _consumer(run, "consumer-ex", "ex", "exclusive", deliveries_max=run.scenario.messages)
+    producers = _producers(run, producers_n, inflight_max=5_000)
+    figures, took, before, after = _under_pressure(run, producers, consumers,
+                                                   lambda: time.sleep(run.scenario.hold_s))
+    acked = after["acked"] - before["acked"]
+    run.notes.update(figures, seconds=round(took, 1), offered_rate=round(producers_n * run.scenario.rate),
+                     acked_rate=round(acked / took),
+                     resource_exhausted=sum(_count(run, p, "RESOURCE_EXHAUSTED") for p in producers))
+    for name in producers:
+        run.stop(name)
+    run.wait(lambda: all(run.processes[n].poll() is not None for n in producers), "the producers stopped")
+    _drain_consumers(run, consumers)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -390,6 +587,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     *(Scenario(f"R2-{shape.replace('_', '-')}", f"Raft partition ({shape.replace('_', ' ')}) for 10-30 s under"
                " metadata writes", lambda run, shape=shape: _raft_partition(run, shape), kind="metadata", tail_s=6.0)
       for shape in ("bridge", "one_way", "follower", "minority_leader")),
+    Scenario("R4", "wall clock of the Raft leader's, then the owner's host stepped +-30 s, twice each",
+             _clock_jumps, kind="mixed", messages=100_000, rate=200, tail_s=8.0, clocks=True),
+    Scenario("P1", "slow consumer (10 msg/s) beside a fast one under a 2,000 msg/s x 1 KiB stream",
+             _slow_consumer, kind="pressure", messages=1_000_000, rate=2_000, tail_s=2.0),
+    Scenario("P2", "a Shared consumer stopped (SIGSTOP) under a 2,000 msg/s x 1 KiB stream",
+             _stalled_consumer, kind="pressure", messages=1_000_000, rate=2_000, tail_s=2.0,
+             config="reliable:\n  ack_timeout_ms: 5000\n"),
+    Scenario("P3", "4 producers flooding one topic (1 KiB, 20,000 msg/s offered each)",
+             _producer_flood, kind="pressure", messages=10_000_000, rate=20_000, tail_s=2.0, hold_s=20.0),
 )}
 
 
@@ -406,20 +612,27 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
     history.mkdir(exist_ok=True)
     logs.mkdir(exist_ok=True)
     install_tools()
-    with Hosts(3) as hosts, Cluster(hosts, work_dir / "cluster", config=CONFIG + scenario.config) as cluster, \
-            Faults(hosts) as faults:
+    with contextlib.ExitStack() as stack:
+        hosts = stack.enter_context(Hosts(3))
+        clocks = stack.enter_context(Clocks(hosts, work_dir / "clocks")) if scenario.clocks else None
+        cluster = stack.enter_context(Cluster(hosts, work_dir / "cluster", config=CONFIG + scenario.config,
+                                              host_env=None if clocks is None else clocks.env))
+        faults = stack.enter_context(Faults(hosts))
         run = Run(scenario=scenario, seed=seed, rng=random.Random(seed), cluster=cluster, faults=faults,
-                  history=history, logs=logs)
+                  history=history, logs=logs, clocks=clocks)
         try:
             cluster_ready = asyncio.run(cluster.wait_leader(deadline_s=DEADLINE_S))
             run.notes["first_leader"] = cluster_ready.name
-            (_queue_run if scenario.kind == "queue" else _metadata_run)(run)
+            if clocks is not None:
+                _check_shimmed(cluster, clocks, seed)
+            {"queue": _queue_run, "metadata": _metadata_run, "mixed": _mixed_run,
+             "pressure": scenario.schedule}[scenario.kind](run)
         finally:
             faults.heal_all()
             run.kill_all()
     records = faults.history
     ops = load_history(history)
-    metadata = scenario.kind == "metadata"
+    metadata = scenario.kind in ("metadata", "mixed")
     report = check_run(f"{name} {scenario.description}", ops, [_checker_fault(f) for f in records],
                        check_linearizable=False)
     raft = checkers.check_raft(ops, checkers.leader_observations(ops)) if metadata else None
@@ -443,6 +656,7 @@ def run_scenario(name: str, seed: int, work_dir: Path, **overrides: Any) -> tupl
         row["metadata_ops"] = dict(Counter(f"{op.f} {op.type}" for op in ops if op.f in checkers.METADATA_FS
                                            and op.type != "invoke"))
         row.update(linearizable=raft.linearizable, terms=raft.terms, linearizability=raft.explanation)
+        row["elections"] = max(0, raft.terms - 1)  # terms the observer saw begin after its first
     return report, row
 
 
@@ -493,6 +707,14 @@ def _failover_switches(ops: list[Op]) -> int:
         switches += last is not None and op.process != last
         last = op.process
     return switches
+def _check_shimmed(cluster: Cluster, clocks: Clocks, seed: int) -> None:
+    """Every broker maps the wall-clock shim (a clock fault on a broker without it would
+    test nothing)."""
+    for broker in cluster.brokers:
+        pid = broker.pid()
+        maps = Path(f"/proc/{pid}/maps").read_text() if pid is not None else ""
+        if str(clocks.library) not in maps:
+            raise ScenarioError(f"{broker.name} (pid {pid}) runs without the clock shim {clocks.library} (seed {seed})")
 
 
 def _checker_fault(fault: Fault) -> checkers.Fault:
@@ -501,6 +723,20 @@ def _checker_fault(fault: Fault) -> checkers.Fault:
 
 
 def _queue_run(run: Run) -> None:
+    _start_queue(run)
+    run.scenario.schedule(run)
+    _finish_producer(run, ["producer-0"])
+    _drain_consumers(run)
+
+
+def _drain_consumers(run: Run, names: list[str] | None = None) -> None:
+    names = names or run.consumers()
+    for name in names:
+        run.stop(name, signal.SIGUSR1)  # drain: exit once nothing more comes
+    run.wait(lambda: all(run.processes[name].poll() is not None for name in names), "the consumers drained")
+
+
+def _start_queue(run: Run) -> None:
     scenario = run.scenario
     entry = run.rng.choice(run.cluster.brokers)  # the producer enters by any broker: lookups redirect it
     run.notes["producer_entry"] = entry.name
@@ -518,15 +754,29 @@ def _queue_run(run: Run) -> None:
                                     rate=scenario.rate, duration_s=budget_s, grace_s=30))
     run.wait(lambda: all(run.has(name, '"f":"subscribe"') for name, *_ in scenario.consumers),
              "every consumer subscribed")
-    scenario.schedule(run)
-    _finish_producer(run, ["producer-0"])
-    for name in run.consumers():
-        run.stop(name, signal.SIGUSR1)  # drain: exit once nothing more comes
-    run.wait(lambda: all(run.processes[name].poll() is not None for name in run.consumers()), "the consumers drained")
 
 
 def _metadata_run(run: Run) -> None:
     scenario = run.scenario
+    writers = _start_metadata(run)
+    scenario.schedule(run)
+    _finish_producer(run, writers)
+    run.stop("observer")
+    run.wait(lambda: run.processes["observer"].poll() is not None, "the observer stopped")
+
+
+def _mixed_run(run: Run) -> None:
+    """The metadata workload and the queue workload at once (R4)."""
+    writers = _start_metadata(run)
+    _start_queue(run)
+    run.scenario.schedule(run)
+    _finish_producer(run, ["producer-0", *writers])
+    _drain_consumers(run)
+    run.stop("observer")
+    run.wait(lambda: run.processes["observer"].poll() is not None, "the observer stopped")
+
+
+def _start_metadata(run: Run) -> list[str]:
     urls = [b.admin_url for b in run.cluster.brokers]
     run.spawn("observer", command("observe", name="observer", history_dir=run.history, admin_url=urls,
                                   interval_ms=100, request_timeout_ms=500, duration_s=DEADLINE_S * 2))
@@ -535,10 +785,7 @@ def _metadata_run(run: Run) -> None:
         run.spawn(name, command("metadata", name=name, history_dir=run.history, admin_url=urls, ops=100_000,
                                 keys=10, seed=run.seed * 100 + i, pause_ms=20, request_timeout_ms=1_500,
                                 duration_s=DEADLINE_S * 2))
-    scenario.schedule(run)
-    _finish_producer(run, writers)
-    run.stop("observer")
-    run.wait(lambda: run.processes["observer"].poll() is not None, "the observer stopped")
+    return writers
 
 
 def _finish_producer(run: Run, names: list[str]) -> None:
@@ -575,6 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     run_.add_argument("--repeats", type=int, help="B5: topic moves (default 10)")
     run_.add_argument("--fault-s", type=float, nargs=2, metavar=("MIN", "MAX"),
                       help="R2: partition length range in seconds (default 10 30)")
+    run_.add_argument("--hold-s", type=float, help="P*: how long the pressure lasts (default: the scenario's)")
     run_.add_argument("--work-dir", type=Path, help="histories, logs and data (default: a new temporary dir)")
     commands.add_parser("list", help="the scenarios")
     args = parser.parse_args(argv)
@@ -585,7 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs <= 0:
         raise SystemExit("--runs must be positive")
     overrides = {k: v for k, v in (("messages", args.messages), ("rate", args.rate), ("repeats", args.repeats),
-                                   ("fault_s", tuple(args.fault_s) if args.fault_s else None)) if v is not None}
+                                   ("fault_s", tuple(args.fault_s) if args.fault_s else None),
+                                   ("hold_s", args.hold_s)) if v is not None}
     work = args.work_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{args.name}-"))
     merged: Report | None = None
     for seed in range(args.seed, args.seed + args.runs):

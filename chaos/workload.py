@@ -218,6 +218,8 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.wait_for(stop.wait(), 0.2)
                     continue
             try:
+                if args.ack_rate and not drain_from:  # a slow consumer (P1): about a second's worth at a time
+                    wanted = min(wanted, max(1, int(args.ack_rate)))
                 messages = await consumer.batch_receive(wanted, timeout=0.2)
             except Timeout:
                 continue
@@ -236,6 +238,8 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
             if holding:
                 counts["held"] += len(messages)
                 continue
+            if args.ack_rate and not drain_from:  # a slow consumer (P1); the drain is at full speed
+                await asyncio.sleep(len(messages) / args.ack_rate)
             try:
                 await consumer.ack(messages)
             except DanubeError as exc:  # not acknowledged: it comes again, which the history shows
@@ -411,6 +415,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="once --hold-after deliveries are made, receive this many more without acknowledging"
                                " them (recorded with held: true), then receive nothing until stopped")
     consume_.add_argument("--hold-after", type=int, default=0, help="deliveries acknowledged before holding")
+    consume_.add_argument("--ack-rate", type=float, default=0.0,
+                          help="acknowledge at most this many messages per second until SIGUSR1 (0: no limit)")
     return parser
 
 

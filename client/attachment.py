@@ -3,7 +3,8 @@ attached: created once, re-created after the connection was lost and restored or
 broker closed it, following redirects to the broker that owns the topic.
 
 Subclasses say how to attach (`_attach_on`: `CreateProducer` or `Subscribe`) and how to
-forget the broker's id (`_forget_id`); `_on_failed` is told when re-attaching gave up.
+forget the broker's id (`_forget_id`); `_on_failed` is told when re-attaching met an error
+that is not retriable. Retriable failures are retried while the object is open.
 """
 
 from __future__ import annotations
@@ -110,15 +111,22 @@ class Attachment:
         )
 
     async def _reattach(self) -> None:
+        # While the object is open it is re-created for as long as the failures are
+        # retriable, as Pulsar's clients do: an owner paused or cut off for longer than
+        # `operation_retries_max` tries must not end a producer or a consumer (scenario
+        # B4). The backoff is capped (retry.BACKOFF_MS_MAX), so this costs at most one
+        # lookup and one request per 5 s; sends meanwhile wait in the bounded pending
+        # queue and fail by their own retries.
         self.reattaches += 1
         attempt = 0
         while True:
             try:
-                if not self.connection.ready and self.connection.url != self._client.service_url:
+                connection = self.connection
+                if not connection.ready and connection.url != self._client.service_url:
                     # The broker we were redirected to is gone: look the topic up again
                     # through the service URL, which redirects to its new broker.
                     log.info("%s %s on %s: %s is unreachable; looking up again", self.kind, self.name, self.topic,
-                             self.connection.url)
+                             connection.url)
                     self._move_to(await self._client._service_connection())
                 await self.connection.wait_ready()
                 await self._attach_once()
@@ -128,10 +136,12 @@ class Attachment:
                 # on another connection (a redirect, a connection given up), which the broker
                 # drops within its session timeout; a first attach reports BUSY at once.
                 busy = isinstance(exc, ProducerBusy | ConsumerBusy)
-                if not (exc.retriable or busy) or attempt >= self._client.operation_retries_max:
+                if not (exc.retriable or busy):
                     self._fail(exc)
                     return
-                log.info("re-attaching %s %s to %s failed (%s); retrying", self.kind, self.name, self.topic, exc)
+                level = logging.WARNING if attempt == self._client.operation_retries_max else logging.INFO
+                log.log(level, "re-attaching %s %s to %s failed %d times (%s); still retrying", self.kind,
+                        self.name, self.topic, attempt + 1, exc)
             await asyncio.sleep(backoff_ms(attempt, self._client._rng) / 1000)
             attempt += 1
 

@@ -115,9 +115,11 @@ class DanubeClient:
     """An asyncio client of a danube-zmq broker (or cluster, through redirects).
 
     `request_timeout_ms` bounds every request round trip; `operation_retries_max`
-    bounds retries of retriable failures; `pending_requests_max` bounds requests in
-    flight per connection; `reconnect_attempts_max` bounds re-handshakes after a
-    connection is lost (then everything on it fails with `Unavailable`).
+    bounds retries of retriable failures (of one request or batch: an open producer or
+    consumer keeps re-attaching, with capped backoff, for as long as failures are
+    retriable); `pending_requests_max` bounds requests in flight per connection;
+    `reconnect_attempts_max` bounds re-handshakes after a connection is lost (then
+    everything on it fails with `Unavailable`).
     `write_linger_us` (default 1,000) is how long a connection's write round waits for
     more requests while one of an earlier round still awaits its reply (0: every round
     leaves at the end of the event loop's turn); a lone request never waits.

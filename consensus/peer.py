@@ -60,7 +60,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import zmq
@@ -130,6 +130,7 @@ from danube_zmq.transport.errors import (
 )
 
 log = logging.getLogger("danube_zmq.raft.peer")
+_T = TypeVar("_T")
 
 __all__ = [
     "ADDRESS_PREFIX",
@@ -282,6 +283,15 @@ _CHANGES: dict[int, type[AddLearner] | type[PromoteVoter] | type[RemoveVoter]] =
     ChangeKind.PROMOTE_VOTER: PromoteVoter,
     ChangeKind.REMOVE_VOTER: RemoveVoter,
 }
+
+
+async def _within(fut: asyncio.Future[_T], timeout: float) -> _T:
+    """`fut`'s result, or `TimeoutError` after `timeout` s (`fut` itself is not cancelled)."""
+    # Not asyncio.wait_for: in Python 3.11 it returns the result of a future already done
+    # when a cancel arrives, swallowing the cancel. A write that applied as its actor was
+    # stopped then ran on, and ActorSystem.stop waited for ever for its task.
+    async with asyncio.timeout(timeout):
+        return await asyncio.shield(fut)
 
 
 def _batch_proposals(events: list[Any]) -> list[Any]:
@@ -1062,7 +1072,7 @@ class RaftPeer:
         self._proposals[rid] = fut
         self._proposed += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return await _within(fut, timeout)
         except TimeoutError:
             self._failed += 1
             raise Timeout(f"raft peer {self.node_id}: proposal not committed in time; outcome unknown") from None
@@ -1084,7 +1094,7 @@ class RaftPeer:
         try:
             if not self._send(ForwardProposal(from_id=self.node_id, to_id=leader, request_id=rid, kind=kind, data=data)):
                 raise Unavailable(f"raft peer {self.node_id}: leader {leader} unreachable; retry")
-            answer = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            answer = await _within(fut, timeout)
         except TimeoutError:
             self._failed += 1
             raise Timeout(f"raft peer {self.node_id}: leader {leader} did not answer in time; outcome unknown") from None
@@ -1148,7 +1158,7 @@ class RaftPeer:
             self._reads[rid] = fut
             self._send(ReadIndexRequest(from_id=self.node_id, to_id=leader, request_id=rid))
         try:
-            read_index = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            read_index = await _within(fut, timeout)
         except TimeoutError:
             raise Timeout(f"raft peer {self.node_id}: read index not confirmed in time") from None
         finally:

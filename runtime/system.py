@@ -400,7 +400,10 @@ class ActorSystem:
             await self.send(endpoint, Request(correlation_id=correlation_id, frame=INTERNAL_PROTOCOL.encode(msg)))
             timeout_s = (timeout_ms or self.ask_timeout_ms) / 1000
             try:
-                reply = await asyncio.wait_for(future, timeout_s)
+                # Not asyncio.wait_for: in 3.11 it returns an answer that came as the asker
+                # was stopped, swallowing the cancel (the stop then waits for ever).
+                async with asyncio.timeout(timeout_s):
+                    reply = await future
             except TimeoutError:
                 raise Timeout(f"no answer to {type(msg).__name__} within {timeout_s:.1f} s") from None
         finally:
@@ -539,12 +542,8 @@ class ActorSystem:
                     continue
                 if cell.mailbox and not await self._drain_mailbox(cell):
                     return
-                if cell.lane and cell.instance is instance:
-                    try:
-                        instance.drain_lane(cell.lane)
-                    except Exception as exc:
-                        if not await self._on_failure(cell, "lane", exc):
-                            return
+                if cell.lane and cell.instance is instance and not await self._drain_lane(cell, instance):
+                    return
                 more = False  # a socket may hold more
                 for sock, drain, reads_dry in extra:
                     if cell.instance is not instance:
@@ -565,11 +564,8 @@ class ActorSystem:
                     # What the round's requests answered at once (`handle_now`) leaves with it.
                     # Sending touches the sockets after they were read: their edge-triggered
                     # FDs may have been reset by input that came meanwhile, so ask again.
-                    try:
-                        instance.drain_lane(cell.lane)
-                    except Exception as exc:
-                        if not await self._on_failure(cell, "lane", exc):
-                            return
+                    if not await self._drain_lane(cell, instance):
+                        return
                     for sock, _, _ in extra:
                         more = more or bool(sock.getsockopt(_EVENTS) & _POLLIN)
                 if cell.instance is instance:
@@ -580,6 +576,16 @@ class ActorSystem:
         finally:
             for fd in fds:
                 loop.remove_reader(fd)
+
+    async def _drain_lane(self, cell: _Cell, instance: Actor) -> bool:
+        """Hand the actor its lane's frames (`drain_lane`); False when its failure doing so
+        stopped it."""
+        assert cell.lane is not None
+        try:
+            instance.drain_lane(cell.lane)
+        except Exception as exc:
+            return await self._on_failure(cell, "lane", exc)
+        return True
 
     @staticmethod
     def _wake(cell: _Cell) -> None:

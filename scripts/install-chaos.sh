@@ -2,14 +2,15 @@
 # Install the Debian packages the chaos harness (chaos/) needs, when missing:
 #   nftables  - `nft`: partitions and random loss inside the namespace hosts (chaos/faults.py)
 #   iptables  - the fallback for partitions where nft is unusable
-#   faketime  - libfaketime, for clock faults on whole processes
+#   faketime  - libfaketime (chaos/clock.py explains why its own shim is used instead)
+#   gcc       - builds chaos/clock.py's wall-clock shim (clock faults, scenario R4)
 # Idempotent and quiet: nothing is done when every command is present. Needs root (the
 # harness runs as root: network namespaces need it too). Waits for another apt run's lock
 # rather than failing (two chaos runs, or a helper's install, may overlap).
 # Usage: scripts/install-chaos.sh
 set -euo pipefail
 
-declare -A wanted=([nft]=nftables [iptables]=iptables [faketime]=faketime)
+declare -A wanted=([nft]=nftables [iptables]=iptables [faketime]=faketime [cc]=gcc)
 missing=()
 for command in "${!wanted[@]}"; do
     if ! command -v "$command" >/dev/null 2>&1 && [[ ! -x "/usr/sbin/$command" ]]; then

@@ -8,7 +8,11 @@ actor (`shell.TopicActor`) calls it from its handlers; it has no mailbox of its 
    next flush with everything queued meanwhile, so one fsync covers many batches and
    producers. With `storage.wal_sync: always` nothing is acknowledged before its fsync;
    with `interval`, a flush writes without an fsync and a timer message of its own
-   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written.
+   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written (one that
+   comes while a flush runs is owed, and runs as soon as that flush is done); a flush
+   that starts when the interval has passed since the last sync fsyncs too, so under
+   load (a mailbox full of sends delays the timer) the gap stays within the interval
+   plus one flush.
 3. FlushDone -> `committed_offset` moves on -> `SendReceipt` to each producer ->
    one `Publish` per batch to every subscription (they deliver from it when caught
    up) -> the batch joins the in-memory cache of recent committed batches.
@@ -47,8 +51,10 @@ the active segment while the actor reads only committed offsets.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -134,6 +140,10 @@ _RESERVE_AHEAD_S = 2.0
 _EVICT_TO = 0.9
 # producer_request_hold: how often held sends are checked for their deadline, ms at most.
 _HOLD_CHECK_MS_MAX = 200
+# Flush ids are unique in the process, rising: a `FlushDone` below this instance's first
+# id is for a flush of the instance a restart replaced (its stop waited for the write;
+# a subscription's creation checkpoint can be in flight then), not a broken count.
+_FLUSH_IDS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -157,6 +167,10 @@ class _Batch:
     sequence: int | None = None  # the producer's batch number (`Send.sequence`)
 
 
+def _base_offset(segment: DurableSegment) -> int:
+    return segment.base_offset
+
+
 class WalStorage:
     reliable = True
 
@@ -174,6 +188,14 @@ class WalStorage:
         # store): offsets continue from there, never below.
         self.start_offset = start_offset
         self.durable_mode = config.storage.mode != "local"
+        # seal_every_flush: a receipt waits until its flush's segment is in the durable
+        # store (uploaded, its descriptor committed by a Raft majority), so an owner cut
+        # off from the majority acknowledges nothing a successor could not read (chaos
+        # B4 lost receipts answered at the local fsync, during the partition).
+        self.ack_when_durable = self.durable_mode and config.storage.seal_every_flush
+        # Receipts waiting for that, in offset order: (first offset, last offset, identity,
+        # request id, producer id); at most `storage.receipts_held_max`, then sends are refused.
+        self.receipts_held: deque[tuple[int, int, bytes, int, int]] = deque()
         self.durable: list[DurableSegment] = sorted(durable or [], key=lambda s: s.base_offset)
         self.store = DurableStore(config.storage.durable_url) if self.durable_mode else None  # type: ignore[arg-type]
         self.cache_dir = cache_dir or wal_dir.parent / "durable-cache"
@@ -188,12 +210,20 @@ class WalStorage:
         self.committed_offset = 0  # every offset below is durable (or written, in interval mode)
         self.queued: list[_Batch] = []
         self.flushing: list[_Batch] = []
-        self.flush_id = 0
+        self.flush_id = self.first_flush_id = next(_FLUSH_IDS)
         self.failed_flushes = 0
         # Recent committed batches: (base offset, count, encoded Publish), oldest first.
         self.cache: deque[tuple[int, int, bytes]] = deque()
         self.cache_bytes = 0
         self._sync_always = config.storage.wal_sync == "always"
+        # Interval mode: a `WalSyncDue` came while a flush held the WAL; the sync runs as
+        # soon as that flush is done, so under load it is late by one flush, never skipped.
+        self._sync_owed = False
+        # And a flush fsyncs itself once the interval has passed since the last sync: at
+        # full rate the topic's mailbox is full of sends, so the timer's message can come
+        # late or not at all (a periodic message finding the mailbox full is dropped).
+        self._synced_at_ms = 0
+        self._sync_interval_ms = config.storage.wal_sync_interval_ms
         self.reserved_until = 0  # nothing at or above is committed before the broker reserves it
         self.reserving = 0  # the `until` asked for and not answered yet (0: none)
         self.reserve_block = _RESERVE_MIN
@@ -252,6 +282,7 @@ class WalStorage:
             WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
             segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.shell.system.clock, start_offset=start_offset)
         self.next_offset = self.committed_offset = self.wal.next_offset
+        self._synced_at_ms = self.shell.system.clock.monotonic_ms()  # what recovery kept is synced
         self._reserve_ahead()
         states = self._resume_from_checkpoints(persisted.states) if self.cursors_in_wal else persisted.states
         for state in states:
@@ -320,6 +351,9 @@ class WalStorage:
         refusal = self._disk_refusal()
         if refusal is not None:
             raise ResourceExhausted(refusal)
+        if len(self.receipts_held) >= self.config.storage.receipts_held_max:
+            raise ResourceExhausted(f"topic {self.topic}: {len(self.receipts_held)} receipts wait for their segments'"
+                                    " uploads (storage.receipts_held_max); retry")
         if self.held or self._over_quota():
             if self.quota_policy == "producer_exception":
                 raise ResourceExhausted(self._quota_text())
@@ -579,8 +613,8 @@ class WalStorage:
         self.flushing, self.queued = self.queued, []
         self.checkpointing, self.pending_checkpoints = self.pending_checkpoints, {}
         self.store_flushing, self.store_pending = self.store_pending, []
-        self.flush_id += 1
-        flush_id, wal, sync = self.flush_id, self.wal, self._sync_always
+        self.flush_id = next(_FLUSH_IDS)
+        flush_id, wal, sync = self.flush_id, self.wal, self._sync_always or self._sync_in_flush()
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
         # After this flush's batches: a cursor is never durable before what it covers.
@@ -622,9 +656,17 @@ class WalStorage:
         future.add_done_callback(done)
 
     async def sync_due(self) -> None:
-        """Interval mode's periodic fsync (`WalSyncDue`). Skipped while a flush is
-        writing: the WAL belongs to the flush's thread until its `FlushDone`."""
-        if self.wal is not None and not self._in_flight():
+        """Interval mode's periodic fsync (`WalSyncDue`). While a flush is writing (the
+        WAL belongs to the flush's thread until its `FlushDone`) it is owed, and runs
+        when that flush is done, before the next one starts: at full rate, when a flush
+        is nearly always running, the gap between fsyncs stays within the interval plus
+        one flush (skipping it let the gap grow to seconds)."""
+        if self._in_flight():
+            self._sync_owed = True
+            return
+        self._sync_owed = False
+        self._synced_at_ms = self.shell.system.clock.monotonic_ms()
+        if self.wal is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
             except OSError as exc:
@@ -633,8 +675,19 @@ class WalStorage:
                 log.error("%s: periodic WAL fsync failed (%s); acknowledged records may not be durable",
                           self.topic, exc)
 
+    def _sync_in_flush(self) -> bool:
+        """Interval mode: whether the flush starting now fsyncs (the interval has passed
+        since the last sync)."""
+        now = self.shell.system.clock.monotonic_ms()
+        if now - self._synced_at_ms < self._sync_interval_ms:
+            return False
+        self._synced_at_ms = now
+        return True
+
     async def flush_done(self, msg: FlushDone) -> None:
-        assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
+        if msg.flush_id < self.first_flush_id:
+            return  # the replaced instance's: what it wrote is in the WAL this one recovered
+        assert msg.flush_id == self.flush_id and self._in_flight(), (msg.flush_id, self.flush_id)
         batches, self.flushing = self.flushing, []
         checkpoints, self.checkpointing = self.checkpointing, {}
         store, self.store_flushing = self.store_flushing, []
@@ -647,9 +700,11 @@ class WalStorage:
             self._to_store(store)
             self._committed(batches)
             self._report_sealed()
-        if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
+        if self._sync_owed and not self._in_flight():
+            await self.sync_due()
+        if self.queued and not self._in_flight() and self.next_offset <= self.reserved_until:
             self._start_flush()
-        elif self.pending_checkpoints and not self.flushing and not self.queued:
+        elif self.pending_checkpoints and not self._in_flight() and not self.queued:
             self._start_flush()
 
     def _committed(self, batches: list[_Batch]) -> None:
@@ -663,9 +718,13 @@ class WalStorage:
             if self.backlog_floor is not None:
                 self.backlog_bytes += len(batch.encoded)
             if batch.identity is not None:
-                reply_client(self.shell.system, batch.identity, cp.SendReceipt(
-                    request_id=batch.request_id, producer_id=publish.producer_id,
-                    offsets=list(range(publish.base_offset, publish.base_offset + count))))
+                if self.ack_when_durable:
+                    self.receipts_held.append((publish.base_offset, publish.base_offset + count - 1,
+                                               batch.identity, batch.request_id, publish.producer_id))
+                else:
+                    reply_client(self.shell.system, batch.identity, cp.SendReceipt(
+                        request_id=batch.request_id, producer_id=publish.producer_id,
+                        offsets=list(range(publish.base_offset, publish.base_offset + count))))
             frame = INTERNAL_PROTOCOL.encode(publish)
             for subscription in self.shell.subscriptions.values():
                 # A subscription that misses this notice reads the records from the log.
@@ -791,6 +850,20 @@ class WalStorage:
         if all(s.base_offset != msg.segment.base_offset for s in self.durable):
             self.durable.append(msg.segment)
             self.durable.sort(key=lambda s: s.base_offset)
+        self._release_receipts()
+
+    def _release_receipts(self) -> None:
+        """Answer the held receipts whose batches are in durable segments, in offset order
+        (a later segment uploaded first waits for the earlier one)."""
+        held = self.receipts_held
+        while held:
+            first, last, identity, request_id, producer_id = held[0]
+            index = bisect.bisect_right(self.durable, first, key=_base_offset) - 1
+            if index < 0 or self.durable[index].end_offset < last:
+                return
+            held.popleft()
+            reply_client(self.shell.system, identity, cp.SendReceipt(
+                request_id=request_id, producer_id=producer_id, offsets=list(range(first, last + 1))))
 
     def _fetch(self, segment: DurableSegment, request: ReadRequest) -> None:
         waiting = self.fetching.setdefault(segment.base_offset, [])

@@ -123,6 +123,40 @@ async def test_a_lost_disk_after_kill_never_reuses_an_acknowledged_offset(broker
     assert {m.message_id.offset: m.payload for m in received} == {**acked, **after}
 
 
+async def test_with_seal_every_flush_a_receipt_waits_until_its_segment_is_durable(broker_factory, tmp_path) -> None:
+    """`seal_every_flush`: while the topic's uploads fail (its folder in the shared store
+    is a file), a send is written and sealed but not acknowledged; once uploads work
+    again it is, and after kill -9 with the local WAL lost, every acknowledged message is
+    read back from the durable store. (Chaos B4: an owner cut off from the metadata
+    majority answered receipts at the local fsync, and its successor never had them.)"""
+    shared = tmp_path / "shared"
+    env = {**broker_env("shared_fs", str(shared), {}), "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true"}
+    broker = broker_factory(env=env)
+    folder, aside = shared / "default" / "held", shared / "default" / "held.aside"
+    wal_dir = tmp_path / "data" / "wal" / "default" / "held"
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/held", dispatch="reliable")
+        first = await producer.send(b"first")
+        assert folder.is_dir()
+        folder.rename(aside)
+        folder.write_bytes(b"")  # an upload under it fails: not a directory
+        pending = asyncio.ensure_future(producer.send(b"held"))
+        await wait_until(lambda: "/default/held@" in broker.log() and "failed" in broker.log(), 60,
+                         "a failed upload of the held batch's segment")
+        assert not pending.done(), "acknowledged before its segment reached the durable store"
+        folder.unlink()
+        aside.rename(folder)
+        second = await asyncio.wait_for(pending, 120)
+    assert broker.stop(signal.SIGKILL) == -signal.SIGKILL
+    shutil.rmtree(wal_dir)
+    broker = broker_factory(env=env, url=broker.url, admin_url=broker.admin_url)
+    async with DanubeClient(broker.url) as client:
+        consumer = await client.subscribe("/default/held", "all", sub_type=SubType.EXCLUSIVE,
+                                          initial_position="earliest")
+        received = await drain(consumer, 2, timeout_s=30)
+    assert {m.message_id.offset: m.payload for m in received} == {first.offset: b"first", second.offset: b"held"}
+
+
 async def test_a_lost_disk_loses_what_was_not_uploaded_but_no_offset_is_reused(broker_factory, tmp_path) -> None:
     """Without `seal_every_flush` the acknowledged tail still in the active WAL segment is
     the documented dead-disk window; the broker's next offsets start past what it had

@@ -191,9 +191,10 @@ async def test_a_damaged_wal_is_not_recovered_from_durable_segments_with_a_hole(
                                                                                 tmp_path: Path) -> None:
     """shared_fs with `seal_every_flush`: the upload of one segment (offset 5) fails,
     the later ones succeed, so the last durable segment ends past everything the WAL
-    held. That record's local copy is then damaged: the durable store does not hold it,
-    so the topic must not quietly recover from it (which would lose offset 5): it stays
-    unserved, UNAVAILABLE naming it."""
+    held (the receipts from offset 5 on are held: a receipt waits for its segment and
+    those before it). That record's local copy is then damaged: the durable store does
+    not hold it, so the topic must not quietly recover from it (which would lose offset
+    5): it stays unserved, UNAVAILABLE naming it."""
     env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "shared"),
            "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true"}
     shared_dir = tmp_path / "shared" / "default" / "holed"
@@ -201,15 +202,25 @@ async def test_a_damaged_wal_is_not_recovered_from_durable_segments_with_a_hole(
     blocker.mkdir(parents=True)
     (blocker / "keep").write_bytes(b"")
     broker = broker_factory(env=env)
-    async with DanubeClient(broker.url, request_timeout_ms=10_000) as client:
-        producer = await client.create_producer("/default/holed", dispatch="reliable")
-        offsets = [(await producer.send(struct.pack(">Q", seq))).offset for seq in range(10)]
-    assert offsets == list(range(10))  # one flush, so one sealed segment, each
-    uploaded = {f"{base:020d}.seg" for base in range(10) if base != 5}
-    await wait_until(lambda: {p.name for p in shared_dir.glob("*.seg") if p.is_file()} >= uploaded, 60,
-                     "the uploads of every segment but offset 5's")
-    await asyncio.sleep(2)  # their descriptors: one metadata write each, right after the object
-    broker.stop(signal.SIGKILL)
+    async with DanubeClient(broker.url, request_timeout_ms=60_000) as client:
+        # A window past the five batches whose receipts will be held.
+        producer = await client.create_producer("/default/holed", dispatch="reliable", inflight_batches_max=8)
+        offsets = [(await producer.send(struct.pack(">Q", seq))).offset for seq in range(5)]
+        assert offsets == list(range(5))  # one flush, so one sealed segment, each
+        held = []
+        for seq in range(5, 10):  # one at a time, each its own flush and segment
+            held.append(asyncio.ensure_future(producer.send(struct.pack(">Q", seq))))
+            if seq == 5:
+                await wait_until(lambda: "/default/holed@5 " in broker.log() and "stays local" in broker.log(), 60,
+                                 "the upload of offset 5's segment given up")
+            else:
+                name = f"{seq:020d}.seg"
+                await wait_until(lambda name=name: (shared_dir / name).is_file(), 60, f"the upload of {name}")
+        await asyncio.sleep(2)  # their descriptors: one metadata write each, right after the object
+        assert not any(send.done() for send in held), "acknowledged behind a segment that never became durable"
+        broker.stop(signal.SIGKILL)
+        for send in held:
+            send.cancel()
     wal_dir = tmp_path / "data" / "wal" / "default" / "holed"
     flip_bit_in_record(wal_dir, 5)
 

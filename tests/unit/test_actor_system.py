@@ -431,3 +431,31 @@ async def test_a_told_message_reaches_its_handler_as_the_object_sent(system: Act
         assert system.tell(guest, msg)
     await wait_for(lambda: len(Keeper.got) == 3)
     assert all(got is msg for got, msg in zip(Keeper.got, sent, strict=True))
+
+
+class Asker(Actor):
+    """Asks `target` at each Tick; records the answers it went on with."""
+
+    answered: list[object] = []
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    async def handle_Tick(self, msg: Tick) -> None:
+        Asker.answered.append(await self.system.ask(self.target, DescribePartition()))
+
+
+async def test_an_actor_stopped_as_its_ask_is_answered_stops(system: ActorSystem) -> None:
+    """An actor waiting on an ask is stopped the moment the answer resolves its future
+    (its task not resumed yet): the stop cancels its handler and returns. Python 3.11's
+    `asyncio.wait_for` returned the answer instead, swallowing the cancel, and the
+    stop waited for ever on a task gone idle."""
+    Asker.answered = []
+    target = await system.spawn(Recorder, name="target")
+    asker = await system.spawn(lambda: Asker(target), name="asker")
+    system.tell(asker, Tick())
+    while not any(future.done() for future in system._asks.values()):
+        await asyncio.sleep(0)
+    async with asyncio.timeout(30):  # a hang, not a slow stop: the stop ends at once when right
+        await system.stop(asker)
+    assert not system.is_alive(asker) and Asker.answered == []
