@@ -405,7 +405,10 @@ class TopicActor(Actor):
     async def handle_SeekCursor(self, msg: SeekCursor) -> Message:
         subscription = self._reliable_subscription(msg.subscription)
         offset = await self._seek_offset(msg.offset, msg.publish_time)
-        return await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+        answer = await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+        if isinstance(answer, PersistCursor) and self._cursors_in_wal():
+            await self.storage.seek_durable(answer)  # type: ignore[union-attr]
+        return Done()
 
     async def handle_ResolveSeek(self, msg: ResolveSeek) -> None:
         """A consumer's `Seek`, from its subscription: resolved here, answered by the
@@ -413,7 +416,14 @@ class TopicActor(Actor):
         try:
             subscription = self._reliable_subscription(msg.subscription)
             offset = await self._seek_offset(msg.offset, msg.publish_time)
-            if not self.system.tell(subscription.endpoint, SeekTo(
+            if self._cursors_in_wal():
+                # Answered here once the seek's checkpoint is in the WAL: a seek answered
+                # before would be undone by a crash (the WAL's older cursor resumes).
+                answer = await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+                if isinstance(answer, PersistCursor):
+                    await self.storage.seek_durable(answer)  # type: ignore[union-attr]
+                reply_client(self.system, msg.identity, Ok(request_id=msg.request_id))
+            elif not self.system.tell(subscription.endpoint, SeekTo(
                     offset=offset, identity=msg.identity, request_id=msg.request_id)):
                 raise ResourceExhausted(f"subscription '{msg.subscription}' is busy (full mailbox); retry the seek")
         except DanubeError as exc:
@@ -438,6 +448,9 @@ class TopicActor(Actor):
 
     async def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:
         return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+
+    def _cursors_in_wal(self) -> bool:
+        return isinstance(self.storage, WalStorage) and self.storage.cursors_in_wal
 
     def _reliable_subscription(self, name: str) -> _Subscription:
         if not self.reliable:

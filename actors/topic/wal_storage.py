@@ -262,6 +262,10 @@ class WalStorage:
         self.store_pending: list[PersistCursor | ForgetSubscription] = []
         self.store_flushing: list[PersistCursor | ForgetSubscription] = []
         self.settled: list[str] = []  # deletions the store was sent (`WalLog.settle_deletions`)
+        # A seek's checkpoint is written and synced before it is answered (`seek_durable`);
+        # records a subscription sent before that seek (fewer `seeks`) are dropped after it.
+        self.seek_epochs: dict[str, int] = {}
+        self.flush_future: asyncio.Future[None] | None = None  # the write of the flush in flight
 
     def bind(self, shell: TopicActor) -> None:
         self.shell = shell
@@ -654,6 +658,7 @@ class WalStorage:
 
         future = asyncio.get_running_loop().run_in_executor(self.executor, write)
         future.add_done_callback(done)
+        self.flush_future = future
 
     async def sync_due(self) -> None:
         """Interval mode's periodic fsync (`WalSyncDue`). While a flush is writing (the
@@ -1106,12 +1111,14 @@ class WalStorage:
             return TrackedDelivery(
                 topic=self.topic, name=name, sub_type=sub_type, config=config, cursor=cursor, acked_above=acked_above,
                 committed_offset=self.committed_offset, policy=shell.subscription_policies.get(name, policy),
-                max_unacked_messages=shell.subscription_windows.get(name, max_unacked_messages))
+                max_unacked_messages=shell.subscription_windows.get(name, max_unacked_messages),
+                seeks=self.seek_epochs.get(name, 0))
 
         await shell.spawn_subscription(name, sub_type, delivery)
 
     def forget_subscription(self, name: str) -> None:
         self.cursors.pop(name, None)
+        self.seek_epochs.pop(name, None)
         self.evicted_to.pop(name, None)
         self._measure_backlog()
         forget = ForgetSubscription(topic=self.topic, subscription=name)
@@ -1128,14 +1135,52 @@ class WalStorage:
         its record in the metadata store only when that must change (see `recorded`)."""
         if msg.subscription not in self.shell.subscriptions:
             return  # deleted meanwhile
+        if msg.seeks < self.seek_epochs.get(msg.subscription, 0):
+            return  # sent before a seek whose checkpoint is newer
+        self._checkpoint(msg.subscription, self._recorded(msg))
+
+    def _recorded(self, msg: PersistCursor) -> bytes:
+        """`msg` as a checkpoint; queued for the metadata store when its record there
+        must change (created, new settings, or a cursor moved back)."""
         settings = (msg.sub_type, msg.policy, msg.max_unacked_messages)
         recorded = self.recorded.get(msg.subscription)
         if recorded is None or recorded[0] != settings or msg.cursor < recorded[1]:
             self.store_pending.append(msg)
             self.recorded[msg.subscription] = (settings, msg.cursor)
-        self._checkpoint(msg.subscription, cr.encode(cr.CursorRecord(
+        return cr.encode(cr.CursorRecord(
             sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
-            max_unacked_messages=msg.max_unacked_messages)))
+            max_unacked_messages=msg.max_unacked_messages))
+
+    async def seek_durable(self, record: PersistCursor) -> None:
+        """A subscription has just sought (`record` is its state as of the seek): its
+        checkpoint is written and synced now, before the seek is answered, so that no
+        crash undoes an answered seek. The topic waits for the flush in flight (the WAL
+        is its thread's until then) and writes this one checkpoint itself."""
+        name = record.subscription
+        if name not in self.shell.subscriptions or self.wal is None:
+            return  # deleted meanwhile, or stopping
+        self.seek_epochs[name] = record.seeks
+        encoded = self._recorded(record)  # the store's record too (a cursor moved back)
+        self.pending_checkpoints.pop(name, None)  # older
+        if self.flush_future is not None and not self.flush_future.done():
+            await asyncio.wait([self.flush_future])  # its outcome is its FlushDone's
+        # Not re-written from the flush that was in flight if that one failed: older.
+        self.checkpointing.pop(name, None)
+        wal = self.wal
+        if wal is None:
+            return
+
+        def write() -> None:
+            wal.append_checkpoints([(name, encoded)])
+            wal.sync()
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, write)
+        except OSError as exc:
+            self._checkpoint(name, encoded)  # tried again at the next flush
+            raise Unavailable(f"subscription '{name}' of {self.topic} moved, but its cursor could not be written"
+                              f" to the WAL ({exc}); a restart now resumes from the previous one: seek again") \
+                from exc
 
     def settings_changed(self, record: PersistCursor) -> None:
         """An admin changed a subscription's policy or window: its record goes to the
