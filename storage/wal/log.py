@@ -30,8 +30,15 @@ from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
 from danube_zmq.storage.wal.checkpoints import newest_checkpoints
-from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged
-from danube_zmq.storage.wal.format import HEADER, HEADER_BYTES, RECORD_BODY_BYTES_MAX, RecordBatch, encode_checkpoints
+from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange, WalDamaged
+from danube_zmq.storage.wal.format import (
+    HEADER,
+    HEADER_BYTES,
+    RECORD_BODY_BYTES_MAX,
+    Checkpoint,
+    RecordBatch,
+    encode_checkpoints,
+)
 from danube_zmq.storage.wal.frontier import FrontierFile
 from danube_zmq.storage.wal.recovery import judge
 from danube_zmq.storage.wal.segment import (
@@ -164,7 +171,10 @@ class WalLog:
 
         The first damaged segment is cut at its fault (a copy was kept in `quarantine/`);
         later segments move into `quarantine/`. The given-up range is recorded in `gaps`
-        (readers skip it) and a new active segment starts after it. Run on a closed log.
+        (readers skip it) and a new active segment starts after it. Cursor checkpoints
+        are not given up with the messages: the newest readable one of each subscription
+        (in the set-aside files too, up to their first fault) is written again at the
+        end of what is kept, so a repair never resets a subscription. Run on a closed log.
         """
         directory = Path(directory)
         paths = sorted(p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
@@ -173,12 +183,15 @@ class WalLog:
         kept: list[Segment] = []
         claimed_end = max(resume_offset, acknowledged or 0)
         quarantined: list[Path] = []
+        later_checkpoints: list[Checkpoint] = []  # readable in the files given up
+        created: Segment | None = None
         try:
             for number, path in enumerate(paths):
                 segment = Segment.open(path, clock=clock, writable=True, body_bytes_max=body_bytes_max)
                 if kept and segment.base_offset != kept[-1].next_offset \
                         and (kept[-1].next_offset, segment.base_offset) not in gaps:
                     segment.close()
+                    later_checkpoints = _readable_checkpoints(paths[number:], clock, body_bytes_max)
                     quarantined += _set_aside(paths[number:], directory)
                     break
                 kept.append(segment)
@@ -190,20 +203,27 @@ class WalLog:
                 segment.truncate_torn_tail()
                 for later in paths[number + 1:]:
                     claimed_end = max(claimed_end, _file_base_offset(later) or 0)
+                later_checkpoints = _readable_checkpoints(paths[number + 1:], clock, body_bytes_max)
                 quarantined += _set_aside(paths[number + 1:], directory)
                 break
             prefix_end = kept[-1].next_offset if kept else resume_offset
             resume = max(claimed_end, prefix_end)
             lost = (prefix_end, resume) if resume > prefix_end else None
+            cursors = newest_checkpoints([c for segment in kept for c in segment.checkpoints] + later_checkpoints)
             if lost is not None:
                 if kept and kept[-1].size_bytes == 0:
                     kept.pop().delete()  # an empty file cannot be sealed; nothing in it is lost
                 if kept:
                     gaps = gaps | {(kept[-1].next_offset, resume)}
                     wal_gaps.write(directory, gaps)
-                Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max).close()
+                created = Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max)
             elif not kept:
-                Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max).close()
+                created = Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max)
+            last = created or (kept[-1] if kept else None)
+            if later_checkpoints and cursors and last is not None:
+                # The log's last segment gets them all (as at a roll): it is read last at open.
+                last.append(encode_checkpoints(last.next_offset, sorted(cursors.items())), 0)
+                last.sync()
             for segment in kept:
                 if not segment.sealed:
                     segment.seal()
@@ -215,6 +235,8 @@ class WalLog:
         finally:
             for segment in kept:
                 segment.close()
+            if created is not None:
+                created.close()
         acknowledged_lost = None
         if lost is not None and acknowledged is not None and acknowledged > lost[0]:
             acknowledged_lost = (lost[0], min(acknowledged, lost[1]))
@@ -585,6 +607,23 @@ def _file_base_offset(path: Path) -> int | None:
 
 def _range_text(offsets: tuple[int, int] | None) -> str:
     return "none" if offsets is None else f"{offsets[0]}..{offsets[1] - 1}"
+
+
+def _readable_checkpoints(paths: list[Path], clock: Clock, body_bytes_max: int) -> list[Checkpoint]:
+    """The checkpoints in the whole records of `paths` (files a repair gives up), in
+    log order, each file up to its first fault; a file that cannot be read adds none."""
+    found: list[Checkpoint] = []
+    for path in paths:
+        try:
+            segment = Segment.open(path, clock=clock, writable=False, body_bytes_max=body_bytes_max)
+            try:
+                segment.recover()
+                found += segment.checkpoints
+            finally:
+                segment.close()
+        except (OSError, CorruptRecord) as exc:
+            log.error("WAL %s: set aside unread (%s): its cursor checkpoints are not kept", path, exc)
+    return found
 
 
 def _set_aside(paths: list[Path], directory: Path) -> list[Path]:

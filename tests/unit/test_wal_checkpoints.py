@@ -158,3 +158,30 @@ def test_the_recovered_cursor_is_the_newest_checkpoint_in_the_surviving_prefix(o
         assert batch.offsets == list(range(start, wal.next_offset))
         assert batch.payloads == [f"m{i}".encode() for i in batch.offsets]
         wal.close()
+
+
+def test_a_repair_keeps_the_newest_checkpoint_of_every_subscription_it_can_read(tmp_path: Path) -> None:
+    """Segment 0 holds messages 0..5 and `a`'s first checkpoint; the roll carries it into
+    segment 1, which then holds checkpoints only: `b` created, `a` moved on. Damage in
+    segment 0's last message makes an operator repair the log: segment 0 is cut there
+    and segment 1 is set aside (it starts after the fault). The repaired log still
+    resumes `a` from its newest checkpoint and still knows `b`: checkpoints are not
+    messages (they take no offset, none of them is lost with the given-up range), and
+    one lost with a set-aside segment would reset its subscription (`b` would be
+    created afresh, at the latest message, or `a` would redeliver from its older one)."""
+    wal = open_log(tmp_path)
+    append(wal, 3)
+    wal.append_checkpoints([("a", b"a-2")])
+    append(wal, 3)
+    wal.roll()
+    wal.append_checkpoints([("b", b"b-5"), ("a", b"a-5")])
+    wal.close()
+    first = tmp_path / "00000000000000000000.wal"
+    data = bytearray(first.read_bytes())
+    data[-3] ^= 0x10  # in message 5's body
+    first.write_bytes(bytes(data))
+    report = WalLog.repair(tmp_path, resume_offset=6, clock=ManualClock())
+    assert report.lost == (5, 6) and len(report.quarantined) == 2
+    wal = open_log(tmp_path)
+    assert wal.checkpoints() == {"a": b"a-5", "b": b"b-5"}
+    wal.close()
