@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 
 import crc32c
@@ -196,6 +196,10 @@ class Checkpoint:
     offset: int
     subscription: str
     state: bytes | None
+    # Where the record lies in the scanned buffer and its bytes (header included): the
+    # log's byte counts of messages leave checkpoints out (`Segment.checkpoint_bytes`).
+    position: int = field(default=0, compare=False)
+    size: int = field(default=0, compare=False)
 
 
 def encode_checkpoints(offset: int, checkpoints: Iterable[tuple[str, bytes | None]]) -> bytes:
@@ -213,7 +217,7 @@ def encode_checkpoints(offset: int, checkpoints: Iterable[tuple[str, bytes | Non
     return b"".join(out)
 
 
-def _decode_checkpoint(offset: int, body: memoryview) -> Checkpoint | None:
+def _decode_checkpoint(offset: int, body: memoryview, position: int = 0, size: int = 0) -> Checkpoint | None:
     try:
         row = msgpack.unpackb(body, raw=False, use_list=False, max_ext_len=0)
     except Exception:  # any msgpack error means damage, as in _decode_bodies
@@ -221,7 +225,7 @@ def _decode_checkpoint(offset: int, body: memoryview) -> Checkpoint | None:
     if (type(row) is not tuple or len(row) != 2 or type(row[0]) is not str
             or not (row[1] is None or type(row[1]) is bytes)):
         return None
-    return Checkpoint(offset=offset, subscription=row[0], state=row[1])
+    return Checkpoint(offset=offset, subscription=row[0], state=row[1], position=position, size=size)
 
 
 def encode_batch(
@@ -364,7 +368,7 @@ def scan(
             fault = Fault(kind=FaultKind.OFFSET_GAP, position=position, reason=reason, expected=expected, actual=offset)
             break
         if is_checkpoint:
-            checkpoint = _decode_checkpoint(offset, body)
+            checkpoint = _decode_checkpoint(offset, body, position, end - position)
             if checkpoint is None:
                 fault = Fault(kind=FaultKind.BAD_LENGTH, position=position,
                               reason="undecodable checkpoint: not a msgpack array [str, bin|nil]")

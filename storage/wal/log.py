@@ -473,14 +473,16 @@ class WalLog:
 
     def bytes_between(self, start_offset: int, end_offset: int) -> int:
         """Bytes the records [start_offset, end_offset) take in the WAL files (headers
-        included), for the part of the range the local WAL still holds."""
+        included, cursor checkpoints between them left out), for the part of the range
+        the local WAL still holds."""
         total = 0
         for segment in self._segments:
             low = max(start_offset, segment.base_offset)
             high = min(end_offset, segment.next_offset)
             if low < high:
                 try:
-                    total += segment.position_of(high) - segment.position_of(low)
+                    start, end = segment.position_of(low), segment.position_of(high)
+                    total += end - start - segment.checkpoint_bytes(start, end)
                 except SegmentDeleted:
                     continue
         return total

@@ -22,8 +22,8 @@ import errno
 import mmap
 import os
 import threading
-from bisect import bisect_right
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from pathlib import Path
 
@@ -49,6 +49,7 @@ SEGMENT_SUFFIX = ".wal"
 INDEX_INTERVAL_BYTES = 64 * 1024
 
 _index_offset = itemgetter(0)
+_run_start = itemgetter(0)
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -114,6 +115,10 @@ class Segment:
         self._file_bytes = 0  # size found on disk at `recover`, torn tail included
         # The cursor checkpoints `recover` found in the whole records, in file order.
         self.checkpoints: list[Checkpoint] = []
+        # Runs of checkpoint records: (start, end, checkpoint bytes from the file's start
+        # to end), by position; only ever appended to (or replaced whole by a cut), one
+        # per checkpoint append at most, so a reader's snapshot is always consistent.
+        self._checkpoint_runs: list[tuple[int, int, int]] = []
         # The end the last successful fsync covered: where `truncate_to_synced` cuts back
         # to after a failed write or fsync. Records found at open count as synced once
         # `sync_recovered` has fsynced them.
@@ -242,7 +247,7 @@ class Segment:
             result = scan(buf, expected_offset=expected, decode=False, body_bytes_max=self._body_bytes_max)
             window_start = position
             position += result.valid_bytes
-            checkpoints += result.checkpoints
+            checkpoints += [replace(c, position=window_start + c.position) for c in result.checkpoints]
             assert result.next_offset is not None
             expected = result.next_offset
             needed_bytes = 0
@@ -261,6 +266,15 @@ class Segment:
             break
         self._index = index
         self.checkpoints = checkpoints
+        runs: list[tuple[int, int, int]] = []
+        for checkpoint in checkpoints:
+            if runs and runs[-1][1] == checkpoint.position:
+                start, _, total = runs[-1]
+                runs[-1] = (start, checkpoint.position + checkpoint.size, total + checkpoint.size)
+            else:
+                runs.append((checkpoint.position, checkpoint.position + checkpoint.size,
+                             (runs[-1][2] if runs else 0) + checkpoint.size))
+        self._checkpoint_runs = runs
         self._end = (expected, position)
         self._file_bytes = file_bytes
         return fault
@@ -321,6 +335,9 @@ class Segment:
             raise
         if size_bytes - self._index[-1][1] >= self._index_interval_bytes:
             self._index.append((next_offset, size_bytes))
+        if count == 0:
+            runs = self._checkpoint_runs
+            runs.append((size_bytes, size_bytes + written, (runs[-1][2] if runs else 0) + written))
         self._unsynced = True
         self._end = (next_offset + count, size_bytes + written)
 
@@ -364,8 +381,19 @@ class Segment:
         self._end = self._synced_end
         self._file_bytes = size_bytes
         self._index = [entry for entry in self._index if entry[1] <= size_bytes]
+        self._checkpoint_runs = [run for run in self._checkpoint_runs if run[1] <= size_bytes]
         self._unsynced = False
         return next_offset
+
+    def checkpoint_bytes(self, start: int, end: int) -> int:
+        """Bytes of checkpoint records between byte positions `start` and `end` (record
+        boundaries): what a count of message bytes between them leaves out."""
+        runs = self._checkpoint_runs  # one snapshot
+        first = bisect_left(runs, start, key=_run_start)
+        last = bisect_left(runs, end, key=_run_start)
+        if last <= first:
+            return 0
+        return runs[last - 1][2] - (runs[first - 1][2] if first else 0)
 
     def seal(self) -> None:
         """fsync and close the writer's descriptor: the file is immutable from now on."""
