@@ -332,6 +332,9 @@ class PersistCursor(Message):
     acked_above: list[int]
     policy: FailurePolicyState | None = None
     max_unacked_messages: int | None = None
+    # How many seeks the subscription had made when it sent this (storage.mode local:
+    # the topic drops a record older than a seek it made durable, `WalStorage.seek_durable`).
+    seeks: int = 0
 
 
 @wire
@@ -471,9 +474,9 @@ class ResolveSeek(Message):
 
 @wire
 class SeekTo(Message):
-    """Topic -> subscription (told, or asked for the admin): restart at `offset`, a
-    checked offset of the log; then answer `Ok` to request `request_id` on `identity`
-    when given. Answered by `Done` when asked."""
+    """Topic -> subscription (told, or asked): restart at `offset`, a checked offset of
+    the log; then answer `Ok` to request `request_id` on `identity` when given. Answered
+    by the subscription's `PersistCursor` as of the seek when asked."""
 
     TAG = 62
     offset: int

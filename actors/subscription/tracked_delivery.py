@@ -54,7 +54,6 @@ from danube_zmq.transport.errors import DanubeError, InvalidArgument, ResourceEx
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
     DeadLetter,
-    Done,
     FailurePolicyState,
     PersistCursor,
     Publish,
@@ -134,7 +133,7 @@ def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tup
 class TrackedDelivery:
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, cursor: int,
                  acked_above: Sequence[int], committed_offset: int, policy: FailurePolicyState | None = None,
-                 max_unacked_messages: int | None = None) -> None:
+                 max_unacked_messages: int | None = None, seeks: int = 0) -> None:
         self.topic = topic
         self.subscription = name
         self.sub_type = sub_type
@@ -166,7 +165,7 @@ class TrackedDelivery:
             except InvalidArgument as exc:
                 log.error("%s:%s: the persisted dispatch window is invalid (%s); the broker's default applies",
                           topic, name, exc.message)
-        self.seeks = 0
+        self.seeks = seeks  # carried in its cursor records; from its topic at a restart
         self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
         self.records: dict[int, _Record] = {}
         # The next offset to add to `records`: from the cursor, so that unacknowledged holes
@@ -514,7 +513,7 @@ class TrackedDelivery:
             topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
             acked_above=list(state.acked_above),
             policy=failure_policy_state(self.policy) if self.policy_explicit else None,
-            max_unacked_messages=self.window if self.window_explicit else None)
+            max_unacked_messages=self.window if self.window_explicit else None, seeks=self.seeks)
 
     # ------------------------------------------------------------- seek
     def seek(self, consumer: Consumer, msg: cp.Seek) -> None:
@@ -554,7 +553,7 @@ class TrackedDelivery:
         self._persist(force=True)
         self._fill()
         self.dispatch()
-        return Done()
+        return self._cursor_record()
 
     # ------------------------------------------------------------- failure policy
     def set_policy(self, msg: SetSubscriptionPolicy) -> Message:

@@ -72,6 +72,7 @@ from danube_zmq.transport.internal_protocol import (
     HeldSendsDue,
     OffsetsReserved,
     PartitionStats,
+    PersistCursor,
     ProducerAttached,
     ProducerDetached,
     ProducerRegistry,
@@ -200,7 +201,9 @@ class TopicActor(Actor):
         """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
         each restart of the subscription too)."""
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
-        cursors = self.cursor_endpoint
+        # storage.mode local: cursors go to this topic's WAL (`WalStorage.persist_cursor`).
+        cursors = self.endpoint if isinstance(self.storage, WalStorage) and self.storage.cursors_in_wal \
+            else self.cursor_endpoint
         endpoint = await self.system.spawn(
             lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                       topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery(),
@@ -402,7 +405,10 @@ class TopicActor(Actor):
     async def handle_SeekCursor(self, msg: SeekCursor) -> Message:
         subscription = self._reliable_subscription(msg.subscription)
         offset = await self._seek_offset(msg.offset, msg.publish_time)
-        return await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+        answer = await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+        if isinstance(answer, PersistCursor) and self._cursors_in_wal():
+            await self.storage.seek_durable(answer)  # type: ignore[union-attr]
+        return Done()
 
     async def handle_ResolveSeek(self, msg: ResolveSeek) -> None:
         """A consumer's `Seek`, from its subscription: resolved here, answered by the
@@ -410,7 +416,14 @@ class TopicActor(Actor):
         try:
             subscription = self._reliable_subscription(msg.subscription)
             offset = await self._seek_offset(msg.offset, msg.publish_time)
-            if not self.system.tell(subscription.endpoint, SeekTo(
+            if self._cursors_in_wal():
+                # Answered here once the seek's checkpoint is in the WAL: a seek answered
+                # before would be undone by a crash (the WAL's older cursor resumes).
+                answer = await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
+                if isinstance(answer, PersistCursor):
+                    await self.storage.seek_durable(answer)  # type: ignore[union-attr]
+                reply_client(self.system, msg.identity, Ok(request_id=msg.request_id))
+            elif not self.system.tell(subscription.endpoint, SeekTo(
                     offset=offset, identity=msg.identity, request_id=msg.request_id)):
                 raise ResourceExhausted(f"subscription '{msg.subscription}' is busy (full mailbox); retry the seek")
         except DanubeError as exc:
@@ -419,6 +432,8 @@ class TopicActor(Actor):
     async def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
         answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
         self.subscription_policies[msg.subscription] = msg.policy  # accepted
+        if isinstance(answer, PersistCursor) and isinstance(self.storage, WalStorage):
+            self.storage.settings_changed(answer)
         return answer
 
     async def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
@@ -427,10 +442,15 @@ class TopicActor(Actor):
     async def handle_SetSubscriptionDispatchConfig(self, msg: SetSubscriptionDispatchConfig) -> Message:
         answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
         self.subscription_windows[msg.subscription] = msg.max_unacked_messages  # accepted
+        if isinstance(answer, PersistCursor) and isinstance(self.storage, WalStorage):
+            self.storage.settings_changed(answer)
         return answer
 
     async def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:
         return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
+
+    def _cursors_in_wal(self) -> bool:
+        return isinstance(self.storage, WalStorage) and self.storage.cursors_in_wal
 
     def _reliable_subscription(self, name: str) -> _Subscription:
         if not self.reliable:
@@ -488,6 +508,10 @@ class TopicActor(Actor):
     def handle_ReadRequest(self, msg: ReadRequest) -> None:
         if (wal := self._wal(msg)) is not None:
             wal.read(msg)
+
+    def handle_PersistCursor(self, msg: PersistCursor) -> None:
+        if (wal := self._wal(msg)) is not None:
+            wal.persist_cursor(msg)
 
     def handle_SubscriptionCursor(self, msg: SubscriptionCursor) -> None:
         if (wal := self._wal(msg)) is not None:

@@ -54,6 +54,7 @@ import asyncio
 import bisect
 import dataclasses
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -72,6 +73,7 @@ from danube_zmq.storage.durable import DurableStore
 from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.admin_protocol import PartitionInfo, SubscriptionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
@@ -96,6 +98,7 @@ from danube_zmq.transport.internal_protocol import (
     ForgetSubscription,
     HeldSendsDue,
     OffsetsReserved,
+    PersistCursor,
     PersistedSubscriptions,
     Publish,
     ReadRequest,
@@ -111,6 +114,7 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionCursor,
     SubscriptionCut,
     SubscriptionsOf,
+    SubscriptionState,
     TakeSnapshotCut,
     Tick,
     TopicStopped,
@@ -136,6 +140,10 @@ _RESERVE_AHEAD_S = 2.0
 _EVICT_TO = 0.9
 # producer_request_hold: how often held sends are checked for their deadline, ms at most.
 _HOLD_CHECK_MS_MAX = 200
+# Flush ids are unique in the process, rising: a `FlushDone` below this instance's first
+# id is for a flush of the instance a restart replaced (its stop waited for the write;
+# a subscription's creation checkpoint can be in flight then), not a broken count.
+_FLUSH_IDS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -202,7 +210,7 @@ class WalStorage:
         self.committed_offset = 0  # every offset below is durable (or written, in interval mode)
         self.queued: list[_Batch] = []
         self.flushing: list[_Batch] = []
-        self.flush_id = 0
+        self.flush_id = self.first_flush_id = next(_FLUSH_IDS)
         self.failed_flushes = 0
         # Recent committed batches: (base offset, count, encoded Publish), oldest first.
         self.cache: deque[tuple[int, int, bytes]] = deque()
@@ -236,6 +244,28 @@ class WalStorage:
         self.evicted_to: dict[str, int] = {}
         self.disk_free_bytes: int | None = None
         self.disk_check_due_ms = 0
+        # storage.mode local: reliable cursors are checkpoints in this WAL, not Raft keys
+        # (docs/scaling.md). The metadata store keeps each subscription's record (type,
+        # policy, window), written when it is created, its settings change or its cursor
+        # goes back (a seek); its cursor there is a floor, never newer than the WAL's.
+        self.cursors_in_wal = not self.durable_mode
+        # Checkpoints to append at the next flush, coalesced per subscription (bounded
+        # by the topic's subscriptions): name -> encoded CursorRecord, None: deleted.
+        self.pending_checkpoints: dict[str, bytes | None] = {}
+        self.checkpointing: dict[str, bytes | None] = {}  # in the flush running now
+        # What the metadata store was last sent per subscription: (settings, cursor).
+        self.recorded: dict[str, tuple[tuple[object, ...], int]] = {}
+        # Records for the metadata store (PersistCursor / ForgetSubscription), sent only
+        # once the flush carrying their checkpoints is done: the store never knows of a
+        # subscription, a deletion or a cursor the WAL does not hold first, so at load
+        # the WAL's word is the newest (`_resume_from_checkpoints`).
+        self.store_pending: list[PersistCursor | ForgetSubscription] = []
+        self.store_flushing: list[PersistCursor | ForgetSubscription] = []
+        self.settled: list[str] = []  # deletions the store was sent (`WalLog.settle_deletions`)
+        # A seek's checkpoint is written and synced before it is answered (`seek_durable`);
+        # records a subscription sent before that seek (fewer `seeks`) are dropped after it.
+        self.seek_epochs: dict[str, int] = {}
+        self.flush_future: asyncio.Future[None] | None = None  # the write of the flush in flight
 
     def bind(self, shell: TopicActor) -> None:
         self.shell = shell
@@ -258,27 +288,48 @@ class WalStorage:
         self.next_offset = self.committed_offset = self.wal.next_offset
         self._synced_at_ms = self.shell.system.clock.monotonic_ms()  # what recovery kept is synced
         self._reserve_ahead()
-        for state in persisted.states:
+        states = self._resume_from_checkpoints(persisted.states) if self.cursors_in_wal else persisted.states
+        for state in states:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
         if not self._sync_always:
             self.shell.system.schedule_periodic(self.shell.endpoint, storage.wal_sync_interval_ms, WalSyncDue())
         self.shell.system.schedule_periodic(self.shell.endpoint, storage.retention_check_interval_ms, Tick())
         self._report_sealed(again=True)
+        if self.pending_checkpoints and not self._in_flight() and not self.queued:
+            self._start_flush()
 
     async def stop(self) -> None:
         for _, mapped in self.fetched.values():
             mapped.close()
         self.fetched.clear()
-        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self.flushing:
+        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self._in_flight():
             # A clean stop seals the active segment so that all of the topic reaches the
             # durable store (the broker waits for its uploads before it stops).
             await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.seal_active)
             self._report_sealed()
         if self.wal is not None:
             wal, self.wal = self.wal, None
+            last = sorted(self.pending_checkpoints.items())
+            self.pending_checkpoints = {}
+            store, self.store_pending = self.store_pending, []
+
+            def close() -> bool:
+                written = True
+                if last and wal.writable:  # the cursors told since the last flush: synced by close
+                    try:
+                        wal.append_checkpoints(last)
+                    except OSError as exc:
+                        written = False
+                        log.error("%s: last cursor checkpoints not written (%s): redelivery from older ones",
+                                  wal.directory, exc)
+                wal.close()
+                return written and (wal.writable or not last)
+
             # Let a flush in flight finish before the file is closed under it.
-            await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
+            if await asyncio.get_running_loop().run_in_executor(self.executor, close):
+                for record in store:  # the flusher stops after the topics: still written
+                    self.shell.system.post(self.cursor_endpoint, record)
             if not self.shell.restarting:
                 self.shell.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
@@ -508,7 +559,7 @@ class WalStorage:
         self.queued.append(_Batch(encoded, publish, identity, request_id, sequence))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
-        if start and not self.flushing and self.next_offset <= self.reserved_until:
+        if start and not self._in_flight() and self.next_offset <= self.reserved_until:
             self._start_flush()
 
     def _reserve_ahead(self) -> None:
@@ -535,7 +586,7 @@ class WalStorage:
                                                        f" metadata store ({msg.error}); send again")
             return
         self.reserved_until = max(self.reserved_until, msg.until)
-        if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
+        if self.queued and not self._in_flight() and self.next_offset <= self.reserved_until:
             self._start_flush()
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
@@ -556,19 +607,31 @@ class WalStorage:
                 reply_client(self.shell.system, batch.identity, Error(request_id=batch.request_id, code=code,
                                                                 message=message))
 
+    def _in_flight(self) -> bool:
+        """A flush (of batches, checkpoints or both) is running."""
+        return bool(self.flushing or self.checkpointing)
+
     def _start_flush(self) -> None:
-        assert not self.flushing and self.queued and self.wal is not None
+        assert not self.flushing and not self.checkpointing and (self.queued or self.pending_checkpoints)
+        assert self.wal is not None
         self.flushing, self.queued = self.queued, []
-        self.flush_id += 1
+        self.checkpointing, self.pending_checkpoints = self.pending_checkpoints, {}
+        self.store_flushing, self.store_pending = self.store_pending, []
+        self.flush_id = next(_FLUSH_IDS)
         flush_id, wal, sync = self.flush_id, self.wal, self._sync_always or self._sync_in_flush()
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
+        # After this flush's batches: a cursor is never durable before what it covers.
+        checkpoints = sorted(self.checkpointing.items())
+        settled, self.settled = self.settled, []
         system, endpoint = self.shell.system, self.shell.endpoint
 
         def write() -> None:
             try:
                 for encoded, count in chunks:
                     wal.append(encoded, count)
+                wal.append_checkpoints(checkpoints)
+                wal.settle_deletions(settled)
                 if sync:
                     wal.sync()
                 if seal:  # each flush its own segment, uploaded at once: the dead-disk loss window
@@ -595,6 +658,7 @@ class WalStorage:
 
         future = asyncio.get_running_loop().run_in_executor(self.executor, write)
         future.add_done_callback(done)
+        self.flush_future = future
 
     async def sync_due(self) -> None:
         """Interval mode's periodic fsync (`WalSyncDue`). While a flush is writing (the
@@ -602,7 +666,7 @@ class WalStorage:
         when that flush is done, before the next one starts: at full rate, when a flush
         is nearly always running, the gap between fsyncs stays within the interval plus
         one flush (skipping it let the gap grow to seconds)."""
-        if self.flushing:
+        if self._in_flight():
             self._sync_owed = True
             return
         self._sync_owed = False
@@ -626,16 +690,26 @@ class WalStorage:
         return True
 
     async def flush_done(self, msg: FlushDone) -> None:
-        assert msg.flush_id == self.flush_id, (msg.flush_id, self.flush_id)
+        if msg.flush_id < self.first_flush_id:
+            return  # the replaced instance's: what it wrote is in the WAL this one recovered
+        assert msg.flush_id == self.flush_id and self._in_flight(), (msg.flush_id, self.flush_id)
         batches, self.flushing = self.flushing, []
+        checkpoints, self.checkpointing = self.checkpointing, {}
+        store, self.store_flushing = self.store_flushing, []
         if msg.error_code is not None:
+            # Written again at the next flush, unless a newer one came meanwhile.
+            self.pending_checkpoints = {**checkpoints, **self.pending_checkpoints}
+            self.store_pending = store + self.store_pending
             await self._flush_failed(batches, msg)
         else:
+            self._to_store(store)
             self._committed(batches)
             self._report_sealed()
-        if self._sync_owed and not self.flushing:
+        if self._sync_owed and not self._in_flight():
             await self.sync_due()
-        if self.queued and not self.flushing and self.next_offset <= self.reserved_until:
+        if self.queued and not self._in_flight() and self.next_offset <= self.reserved_until:
+            self._start_flush()
+        elif self.pending_checkpoints and not self._in_flight() and not self.queued:
             self._start_flush()
 
     def _committed(self, batches: list[_Batch]) -> None:
@@ -991,6 +1065,9 @@ class WalStorage:
         else:
             start = self.committed_offset
         await self._spawn_reliable(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[])
+        if self.cursors_in_wal:  # its existence and start, durable with the next flush
+            self.persist_cursor(PersistCursor(topic=self.topic, subscription=msg.subscription, sub_type=msg.sub_type,
+                                              cursor=start - 1, acked_above=[]))
         return []
 
     async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
@@ -1034,16 +1111,145 @@ class WalStorage:
             return TrackedDelivery(
                 topic=self.topic, name=name, sub_type=sub_type, config=config, cursor=cursor, acked_above=acked_above,
                 committed_offset=self.committed_offset, policy=shell.subscription_policies.get(name, policy),
-                max_unacked_messages=shell.subscription_windows.get(name, max_unacked_messages))
+                max_unacked_messages=shell.subscription_windows.get(name, max_unacked_messages),
+                seeks=self.seek_epochs.get(name, 0))
 
         await shell.spawn_subscription(name, sub_type, delivery)
 
     def forget_subscription(self, name: str) -> None:
         self.cursors.pop(name, None)
+        self.seek_epochs.pop(name, None)
         self.evicted_to.pop(name, None)
         self._measure_backlog()
-        self.shell.system.post(self.cursor_endpoint, ForgetSubscription(topic=self.topic, subscription=name))
+        forget = ForgetSubscription(topic=self.topic, subscription=name)
+        if self.cursors_in_wal:
+            self.recorded.pop(name, None)
+            self.store_pending.append(forget)
+            self._checkpoint(name, None)
+        else:
+            self.shell.system.post(self.cursor_endpoint, forget)
 
+    # ------------------------------------------------------------- cursors in the WAL
+    def persist_cursor(self, msg: PersistCursor) -> None:
+        """A subscription's cursor (storage.mode local): a checkpoint at the next flush;
+        its record in the metadata store only when that must change (see `recorded`)."""
+        if msg.subscription not in self.shell.subscriptions:
+            return  # deleted meanwhile
+        if msg.seeks < self.seek_epochs.get(msg.subscription, 0):
+            return  # sent before a seek whose checkpoint is newer
+        self._checkpoint(msg.subscription, self._recorded(msg))
+
+    def _recorded(self, msg: PersistCursor) -> bytes:
+        """`msg` as a checkpoint; queued for the metadata store when its record there
+        must change (created, new settings, or a cursor moved back)."""
+        settings = (msg.sub_type, msg.policy, msg.max_unacked_messages)
+        recorded = self.recorded.get(msg.subscription)
+        if recorded is None or recorded[0] != settings or msg.cursor < recorded[1]:
+            self.store_pending.append(msg)
+            self.recorded[msg.subscription] = (settings, msg.cursor)
+        return cr.encode(cr.CursorRecord(
+            sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
+            max_unacked_messages=msg.max_unacked_messages))
+
+    async def seek_durable(self, record: PersistCursor) -> None:
+        """A subscription has just sought (`record` is its state as of the seek): its
+        checkpoint is written and synced now, before the seek is answered, so that no
+        crash undoes an answered seek. The topic waits for the flush in flight (the WAL
+        is its thread's until then) and writes this one checkpoint itself."""
+        name = record.subscription
+        if name not in self.shell.subscriptions or self.wal is None:
+            return  # deleted meanwhile, or stopping
+        self.seek_epochs[name] = record.seeks
+        encoded = self._recorded(record)  # the store's record too (a cursor moved back)
+        self.pending_checkpoints.pop(name, None)  # older
+        if self.flush_future is not None and not self.flush_future.done():
+            await asyncio.wait([self.flush_future])  # its outcome is its FlushDone's
+        # Not re-written from the flush that was in flight if that one failed: older.
+        self.checkpointing.pop(name, None)
+        wal = self.wal
+        if wal is None:
+            return
+
+        def write() -> None:
+            wal.append_checkpoints([(name, encoded)])
+            wal.sync()
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, write)
+        except OSError as exc:
+            self._checkpoint(name, encoded)  # tried again at the next flush
+            raise Unavailable(f"subscription '{name}' of {self.topic} moved, but its cursor could not be written"
+                              f" to the WAL ({exc}); a restart now resumes from the previous one: seek again") \
+                from exc
+
+    def settings_changed(self, record: PersistCursor) -> None:
+        """An admin changed a subscription's policy or window: its record goes to the
+        store at once (the broker flushes the store before answering), as settings come
+        from the store at load; the cursor in it is the subscription's now."""
+        if self.cursors_in_wal:
+            self.recorded[record.subscription] = ((record.sub_type, record.policy, record.max_unacked_messages),
+                                                  record.cursor)
+            self.shell.system.post(self.cursor_endpoint, record)
+
+    def _to_store(self, records: list[PersistCursor | ForgetSubscription]) -> None:
+        """Their checkpoints are in the WAL now: the metadata store may know them."""
+        # Their markers need not be carried into new segments any more: dropped by the
+        # next flush's thread (the log is the flushes' to change).
+        self.settled += [r.subscription for r in records if isinstance(r, ForgetSubscription)]
+        for record in records:
+            self.shell.system.post(self.cursor_endpoint, record)
+
+    def _checkpoint(self, name: str, state: bytes | None) -> None:
+        self.pending_checkpoints[name] = state
+        if self.wal is not None and not self._in_flight() and not self.queued:
+            self._start_flush()
+
+    def _resume_from_checkpoints(self, states: list[SubscriptionState]) -> list[SubscriptionState]:
+        """The subscriptions to resume: the WAL's word first. The store is sent nothing
+        the WAL does not hold first (`store_pending`), so a subscription the WAL names
+        resumes from its newest checkpoint (one the store does not list yet too: killed
+        before the store heard of it), one whose newest checkpoint is a deletion stays
+        deleted (and is forgotten in the store again), and only one the WAL never named
+        (its cursor written before cursors moved to the WAL, or under another storage
+        mode) resumes from the store's record. Every cursor is checkpointed at once (the
+        migration: from then on the WAL has each one)."""
+        assert self.wal is not None
+        from_wal: dict[str, SubscriptionState] = {}
+        for name, checkpoint in self.wal.checkpoints().items():
+            try:
+                record = cr.decode_cursor(checkpoint)
+            except InvalidArgument as exc:
+                log.error("%s:%s: WAL cursor checkpoint unreadable (%s); resuming from the metadata store's",
+                          self.topic, name, exc)
+                continue
+            from_wal[name] = SubscriptionState(
+                name=name, sub_type=record.sub_type, cursor=record.cursor, acked_above=record.acked_above,
+                policy=record.policy, max_unacked_messages=record.max_unacked_messages)
+        deleted = self.wal.deleted_subscriptions()
+        resumed = dict(from_wal)
+        for state in states:
+            if state.name in deleted:
+                self.store_pending.append(ForgetSubscription(topic=self.topic, subscription=state.name))
+            elif state.name not in resumed:
+                resumed[state.name] = state
+            else:  # settings from the store: an admin's change is written there before its answer
+                resumed[state.name] = dataclasses.replace(
+                    resumed[state.name], sub_type=state.sub_type, policy=state.policy,
+                    max_unacked_messages=state.max_unacked_messages)
+        listed = {state.name: state for state in states}
+        for name, state in sorted(resumed.items()):
+            settings = (state.sub_type, state.policy, state.max_unacked_messages)
+            stored = listed.get(name)
+            if stored is None or (stored.sub_type, stored.policy, stored.max_unacked_messages) != settings:
+                self.store_pending.append(PersistCursor(
+                    topic=self.topic, subscription=name, sub_type=state.sub_type, cursor=state.cursor,
+                    acked_above=list(state.acked_above), policy=state.policy,
+                    max_unacked_messages=state.max_unacked_messages))
+            self.recorded[name] = (settings, state.cursor if stored is None else stored.cursor)
+            self.pending_checkpoints[name] = cr.encode(cr.CursorRecord(
+                sub_type=state.sub_type, cursor=state.cursor, acked_above=state.acked_above, policy=state.policy,
+                max_unacked_messages=state.max_unacked_messages))
+        return [resumed[name] for name in sorted(resumed)]
 
 def _mtime_ms(path: Path) -> int:
     try:

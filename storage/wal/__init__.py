@@ -9,11 +9,13 @@ from danube_zmq.storage.wal.format import (
     HEADER,
     HEADER_BYTES,
     RECORD_BODY_BYTES_MAX,
+    Checkpoint,
     Fault,
     FaultKind,
     RecordBatch,
     ScanResult,
     encode_batch,
+    encode_checkpoints,
     scan,
 )
 from danube_zmq.storage.wal.log import RecoveryReport, RepairReport, WalLog, WalStatistics
@@ -23,6 +25,7 @@ __all__ = [
     "HEADER",
     "HEADER_BYTES",
     "RECORD_BODY_BYTES_MAX",
+    "Checkpoint",
     "CorruptRecord",
     "Fault",
     "FaultKind",
@@ -36,6 +39,7 @@ __all__ = [
     "WalLog",
     "WalStatistics",
     "encode_batch",
+    "encode_checkpoints",
     "scan",
     "segment_file_name",
 ]

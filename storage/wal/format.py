@@ -17,6 +17,14 @@ A segment file holds records back to back, nothing else (no file header, no foot
   `[payload: bin, key: str|nil, attributes: map str->str|nil, publish_time: int ms,
   producer_id: int, producer_name: str, schema_id: int|nil, schema_version: int|nil]`.
 
+A second record kind, the cursor checkpoint, has bit 31 of `length` set
+(`CHECKPOINT_FLAG`; real lengths stay below 2**26) and the body `[subscription: str,
+state: bin|nil]` (`state` is opaque here: the topic's encoded cursor; nil: the
+subscription was deleted). It takes no offset: its `offset` field is the offset of the
+next message record (the end of the messages it follows), it is CRC'd like a message,
+and `scan` returns it apart (`ScanResult.checkpoints`) and never among the records, so
+readers for delivery never see it and offsets stay consecutive for every reader.
+
 `encode_batch` writes the records of one producer batch; `scan` is the pure recovery
 and read core: it decodes from the start of a buffer to its end or to the first fault
 and never raises on bad data. It reports the fault and how many bytes were whole, and
@@ -29,7 +37,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 
 import crc32c
@@ -44,6 +52,9 @@ CRC_PREFIX_BYTES = _CRC_PREFIX.size
 # Larger than any record a broker accepts (a frame is at most 16 MiB by default);
 # a bigger length field is damage, and believing it would make us read gigabytes.
 RECORD_BODY_BYTES_MAX = 64 * 1024 * 1024
+# Set in a header's length field: the record is a cursor checkpoint, not a message.
+CHECKPOINT_FLAG = 1 << 31
+_LENGTH_MASK = CHECKPOINT_FLAG - 1
 
 BODY_FIELDS = 8
 # Pieces of a record body as msgpack writes them (`encode_batch`): the fixarray header
@@ -173,6 +184,48 @@ class ScanResult:
     record_count: int
     # With `with_sizes`: each record's bytes in the log (header included), in order.
     sizes: list[int] | None = None
+    # The cursor checkpoints met, in order (also with `decode=False`).
+    checkpoints: tuple[Checkpoint, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """A cursor checkpoint record: `offset` is the end of the messages before it;
+    `state` None says the subscription was deleted."""
+
+    offset: int
+    subscription: str
+    state: bytes | None
+    # Where the record lies in the scanned buffer and its bytes (header included): the
+    # log's byte counts of messages leave checkpoints out (`Segment.checkpoint_bytes`).
+    position: int = field(default=0, compare=False)
+    size: int = field(default=0, compare=False)
+
+
+def encode_checkpoints(offset: int, checkpoints: Iterable[tuple[str, bytes | None]]) -> bytes:
+    """Checkpoint records (subscription, state) to append when the log's next offset is
+    `offset`; they take no offset."""
+    pack_prefix, pack_header, crc = _CRC_PREFIX.pack, HEADER.pack, crc32c.crc32c
+    out: list[bytes] = []
+    for subscription, state in checkpoints:
+        body = msgpack.packb([subscription, state], use_bin_type=True)
+        length = len(body)
+        assert length <= RECORD_BODY_BYTES_MAX, "checkpoint body above RECORD_BODY_BYTES_MAX"
+        flagged = length | CHECKPOINT_FLAG
+        out.append(pack_header(offset, flagged, crc(body, crc(pack_prefix(offset, flagged)))))
+        out.append(body)
+    return b"".join(out)
+
+
+def _decode_checkpoint(offset: int, body: memoryview, position: int = 0, size: int = 0) -> Checkpoint | None:
+    try:
+        row = msgpack.unpackb(body, raw=False, use_list=False, max_ext_len=0)
+    except Exception:  # any msgpack error means damage, as in _decode_bodies
+        return None
+    if (type(row) is not tuple or len(row) != 2 or type(row[0]) is not str
+            or not (row[1] is None or type(row[1]) is bytes)):
+        return None
+    return Checkpoint(offset=offset, subscription=row[0], state=row[1], position=position, size=size)
 
 
 def encode_batch(
@@ -277,6 +330,8 @@ def scan(
     position = 0
     bodies: list[memoryview] = []
     collect_body = bodies.append
+    checkpoints: list[Checkpoint] = []
+    checkpoint_counts: list[int] = []  # messages before each checkpoint
     count = 0
     fault: Fault | None = None
     # Pass 1 walks headers and checks CRCs and offsets; pass 2 decodes every body in
@@ -288,6 +343,9 @@ def scan(
                 fault = Fault(kind=FaultKind.TRUNCATED, position=position, reason=f"partial header: {remaining} of 16 bytes")
             break
         offset, length, stored_crc = unpack_header(view, position)
+        is_checkpoint = length & CHECKPOINT_FLAG
+        if is_checkpoint:
+            length &= _LENGTH_MASK
         if length > body_bytes_max:
             reason = f"record length {length} above the cap {body_bytes_max}"
             fault = Fault(kind=FaultKind.BAD_LENGTH, position=position, reason=reason)
@@ -309,6 +367,16 @@ def scan(
             reason = f"offset {offset} where {expected} was expected"
             fault = Fault(kind=FaultKind.OFFSET_GAP, position=position, reason=reason, expected=expected, actual=offset)
             break
+        if is_checkpoint:
+            checkpoint = _decode_checkpoint(offset, body, position, end - position)
+            if checkpoint is None:
+                fault = Fault(kind=FaultKind.BAD_LENGTH, position=position,
+                              reason="undecodable checkpoint: not a msgpack array [str, bin|nil]")
+                break
+            checkpoints.append(checkpoint)
+            checkpoint_counts.append(count)
+            position = end
+            continue  # takes no offset
         if decode:
             collect_body(body)
         count += 1
@@ -321,13 +389,14 @@ def scan(
     if not (decode and count):
         empty = RecordBatch.empty()
         return ScanResult(records=empty, valid_bytes=position, next_offset=next_offset, fault=fault, record_count=count,
-                          sizes=[] if with_sizes else None)
+                          sizes=[] if with_sizes else None, checkpoints=tuple(checkpoints))
     rows = _decode_bodies(bodies)
     if len(rows) < count:
         # A CRC-clean body msgpack cannot read (a writer's bug, or damage the CRC
         # missed): the scan ends before it, as for any other fault.
         count = len(rows)
         position = _position_of(view, count)
+        checkpoints = [c for n, c in zip(checkpoint_counts, checkpoints, strict=True) if n <= count]
         next_offset = None if offset_unknown and not count else first_offset + count
         fault = Fault(kind=FaultKind.BAD_LENGTH, position=position, reason="undecodable body: not a msgpack array of 8 fields")
     if count:
@@ -337,7 +406,7 @@ def scan(
         records = RecordBatch.empty()
     sizes = [HEADER_BYTES + len(body) for body in bodies[:count]] if with_sizes else None
     return ScanResult(records=records, valid_bytes=position, next_offset=next_offset, fault=fault, record_count=count,
-                      sizes=sizes)
+                      sizes=sizes, checkpoints=tuple(checkpoints))
 
 
 def _decode_bodies(bodies: list[memoryview]) -> Sequence[Sequence[object]]:
@@ -373,11 +442,17 @@ def _decode_bodies(bodies: list[memoryview]) -> Sequence[Sequence[object]]:
 
 
 def _position_of(view: memoryview, index: int) -> int:
-    """Byte position of the `index`-th record of a buffer whose headers were checked."""
+    """Byte position of the `index`-th message record of a buffer whose headers were
+    checked (checkpoints before it are hopped over, not counted)."""
     position = 0
-    for _ in range(index):
-        position += HEADER_BYTES + HEADER.unpack_from(view, position)[1]
-    return position
+    seen = 0
+    while True:
+        length = HEADER.unpack_from(view, position)[1]
+        if not length & CHECKPOINT_FLAG:
+            if seen == index:
+                return position
+            seen += 1
+        position += HEADER_BYTES + (length & _LENGTH_MASK)
 
 
 def skip_to(
@@ -400,8 +475,11 @@ def skip_to(
     position = 0
     while offset < start_offset and position + HEADER_BYTES <= size:
         record_offset, length, _ = unpack_header(buf, position)
+        is_checkpoint = length & CHECKPOINT_FLAG
+        length &= _LENGTH_MASK
         if record_offset != offset or length > body_bytes_max:
             break
         position += HEADER_BYTES + length
-        offset += 1
+        if not is_checkpoint:  # a checkpoint takes no offset
+            offset += 1
     return position, offset

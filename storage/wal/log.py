@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,16 @@ from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
-from danube_zmq.storage.wal.errors import OffsetOutOfRange, WalDamaged
-from danube_zmq.storage.wal.format import HEADER, HEADER_BYTES, RECORD_BODY_BYTES_MAX, RecordBatch
+from danube_zmq.storage.wal.checkpoints import newest_checkpoints
+from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange, WalDamaged
+from danube_zmq.storage.wal.format import (
+    HEADER,
+    HEADER_BYTES,
+    RECORD_BODY_BYTES_MAX,
+    Checkpoint,
+    RecordBatch,
+    encode_checkpoints,
+)
 from danube_zmq.storage.wal.frontier import FrontierFile
 from danube_zmq.storage.wal.recovery import judge
 from danube_zmq.storage.wal.segment import (
@@ -113,6 +122,11 @@ class WalLog:
         self._frontier: FrontierFile | None = None
         # (start, end) offset ranges between segments that a repair gave up (`gaps.py`).
         self._gaps: frozenset[tuple[int, int]] = frozenset()
+        # Each subscription's newest cursor checkpoint (state bytes; None: a deletion
+        # marker, kept until `settle_deletions`): found at open, updated by
+        # `append_checkpoints`, written again at the start of each new segment so that
+        # deleting old segments never loses a cursor or a deletion.
+        self._checkpoints: dict[str, bytes | None] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -157,7 +171,10 @@ class WalLog:
 
         The first damaged segment is cut at its fault (a copy was kept in `quarantine/`);
         later segments move into `quarantine/`. The given-up range is recorded in `gaps`
-        (readers skip it) and a new active segment starts after it. Run on a closed log.
+        (readers skip it) and a new active segment starts after it. Cursor checkpoints
+        are not given up with the messages: the newest readable one of each subscription
+        (in the set-aside files too, up to their first fault) is written again at the
+        end of what is kept, so a repair never resets a subscription. Run on a closed log.
         """
         directory = Path(directory)
         paths = sorted(p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
@@ -166,12 +183,15 @@ class WalLog:
         kept: list[Segment] = []
         claimed_end = max(resume_offset, acknowledged or 0)
         quarantined: list[Path] = []
+        later_checkpoints: list[Checkpoint] = []  # readable in the files given up
+        created: Segment | None = None
         try:
             for number, path in enumerate(paths):
                 segment = Segment.open(path, clock=clock, writable=True, body_bytes_max=body_bytes_max)
                 if kept and segment.base_offset != kept[-1].next_offset \
                         and (kept[-1].next_offset, segment.base_offset) not in gaps:
                     segment.close()
+                    later_checkpoints = _readable_checkpoints(paths[number:], clock, body_bytes_max)
                     quarantined += _set_aside(paths[number:], directory)
                     break
                 kept.append(segment)
@@ -183,20 +203,27 @@ class WalLog:
                 segment.truncate_torn_tail()
                 for later in paths[number + 1:]:
                     claimed_end = max(claimed_end, _file_base_offset(later) or 0)
+                later_checkpoints = _readable_checkpoints(paths[number + 1:], clock, body_bytes_max)
                 quarantined += _set_aside(paths[number + 1:], directory)
                 break
             prefix_end = kept[-1].next_offset if kept else resume_offset
             resume = max(claimed_end, prefix_end)
             lost = (prefix_end, resume) if resume > prefix_end else None
+            cursors = newest_checkpoints([c for segment in kept for c in segment.checkpoints] + later_checkpoints)
             if lost is not None:
                 if kept and kept[-1].size_bytes == 0:
                     kept.pop().delete()  # an empty file cannot be sealed; nothing in it is lost
                 if kept:
                     gaps = gaps | {(kept[-1].next_offset, resume)}
                     wal_gaps.write(directory, gaps)
-                Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max).close()
+                created = Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max)
             elif not kept:
-                Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max).close()
+                created = Segment.create(directory, resume, clock=clock, body_bytes_max=body_bytes_max)
+            last = created or (kept[-1] if kept else None)
+            if later_checkpoints and cursors and last is not None:
+                # The log's last segment gets them all (as at a roll): it is read last at open.
+                last.append(encode_checkpoints(last.next_offset, sorted(cursors.items())), 0)
+                last.sync()
             for segment in kept:
                 if not segment.sealed:
                     segment.seal()
@@ -208,6 +235,8 @@ class WalLog:
         finally:
             for segment in kept:
                 segment.close()
+            if created is not None:
+                created.close()
         acknowledged_lost = None
         if lost is not None and acknowledged is not None and acknowledged > lost[0]:
             acknowledged_lost = (lost[0], min(acknowledged, lost[1]))
@@ -288,6 +317,7 @@ class WalLog:
         self._segments = tuple(segments)
         self._gaps = gaps
         self._next_offset = segments[-1].next_offset
+        self._checkpoints = newest_checkpoints(c for segment in segments for c in segment.checkpoints)
         self._frontier.advance(self._next_offset)  # all of it is fsynced now
         self._recovery = RecoveryReport(
             segments=len(segments),
@@ -371,8 +401,10 @@ class WalLog:
         """Roll before this append? When the active segment is not empty and the append
         would take it above `segment_bytes_max`, or it is `segment_age_ms_max` old."""
         active = self._segments[-1]
-        if active.size_bytes == 0:
-            return False  # a lone batch larger than segment_bytes_max gets its own segment
+        if active.next_offset == active.base_offset:
+            # A lone batch larger than segment_bytes_max gets its own segment; one with
+            # checkpoints only keeps them (its successor would reuse its file name).
+            return False
         if active.size_bytes + incoming_bytes > self.segment_bytes_max:
             return True
         age_ms_max = self.segment_age_ms_max
@@ -393,6 +425,35 @@ class WalLog:
         self._appends += 1
         return base_offset
 
+    def append_checkpoints(self, entries: Sequence[tuple[str, bytes | None]]) -> None:
+        """Append cursor checkpoints (subscription, state; None: deleted) after every
+        record appended so far: they are synced by the same `sync` as those records and
+        never cover records after them. Written, not synced."""
+        assert not self._closed, "append to a closed WAL"
+        if not entries:
+            return
+        encoded = encode_checkpoints(self._next_offset, entries)
+        if self.should_roll(len(encoded)):
+            self.roll()
+        self._segments[-1].append(encoded, 0)
+        for subscription, state in entries:
+            self._checkpoints[subscription] = state
+
+    def checkpoints(self) -> dict[str, bytes]:
+        """Each live subscription's newest cursor checkpoint in the log (state bytes)."""
+        return {name: state for name, state in self._checkpoints.items() if state is not None}
+
+    def deleted_subscriptions(self) -> set[str]:
+        """Subscriptions whose newest checkpoint is a deletion marker not yet settled."""
+        return {name for name, state in self._checkpoints.items() if state is None}
+
+    def settle_deletions(self, names: Iterable[str]) -> None:
+        """These deletions are recorded elsewhere too (the metadata store): new segments
+        need not carry their markers (the set of markers stays bounded)."""
+        for name in names:
+            if name in self._checkpoints and self._checkpoints[name] is None:
+                del self._checkpoints[name]
+
     def sync(self) -> None:
         """fsync the active segment, and the directory if a file was created or deleted."""
         assert not self._closed, "sync of a closed WAL"
@@ -412,14 +473,16 @@ class WalLog:
 
     def bytes_between(self, start_offset: int, end_offset: int) -> int:
         """Bytes the records [start_offset, end_offset) take in the WAL files (headers
-        included), for the part of the range the local WAL still holds."""
+        included, cursor checkpoints between them left out), for the part of the range
+        the local WAL still holds."""
         total = 0
         for segment in self._segments:
             low = max(start_offset, segment.base_offset)
             high = min(end_offset, segment.next_offset)
             if low < high:
                 try:
-                    total += segment.position_of(high) - segment.position_of(low)
+                    start, end = segment.position_of(low), segment.position_of(high)
+                    total += end - start - segment.checkpoint_bytes(start, end)
                 except SegmentDeleted:
                     continue
         return total
@@ -436,13 +499,19 @@ class WalLog:
     def roll(self) -> None:
         """Seal the active segment (fsync, close for writing) and start a new one at next_offset."""
         active = self._segments[-1]
-        assert active.size_bytes > 0, "rolling an empty segment would reuse its file name"
+        assert active.next_offset > active.base_offset, "rolling a segment without records would reuse its file name"
         # fsync first, then create: a failure of either leaves the log as it was.
         if active.sync():
             self._syncs += 1
         segment = self._create_segment(self._next_offset)
         active.seal()
         self._segments = (*self._segments, segment)
+        if self._checkpoints:
+            # The new segment starts with every cursor: the old ones may be deleted.
+            # Synced at once: retention may delete the old ones before the next sync.
+            segment.append(encode_checkpoints(self._next_offset, sorted(self._checkpoints.items())), 0)
+            if segment.sync():
+                self._syncs += 1
         assert self._frontier is not None
         self._frontier.advance(self._next_offset)  # the sealed segment was fsynced whole
 
@@ -450,7 +519,7 @@ class WalLog:
         """Make the active segment sealed and immutable (before upload or a move); None
         when it holds no records, as there is nothing to seal."""
         active = self._segments[-1]
-        if active.size_bytes == 0:
+        if active.next_offset == active.base_offset:
             return None
         self.roll()
         return active.info()
@@ -540,6 +609,23 @@ def _file_base_offset(path: Path) -> int | None:
 
 def _range_text(offsets: tuple[int, int] | None) -> str:
     return "none" if offsets is None else f"{offsets[0]}..{offsets[1] - 1}"
+
+
+def _readable_checkpoints(paths: list[Path], clock: Clock, body_bytes_max: int) -> list[Checkpoint]:
+    """The checkpoints in the whole records of `paths` (files a repair gives up), in
+    log order, each file up to its first fault; a file that cannot be read adds none."""
+    found: list[Checkpoint] = []
+    for path in paths:
+        try:
+            segment = Segment.open(path, clock=clock, writable=False, body_bytes_max=body_bytes_max)
+            try:
+                segment.recover()
+                found += segment.checkpoints
+            finally:
+                segment.close()
+        except (OSError, CorruptRecord) as exc:
+            log.error("WAL %s: set aside unread (%s): its cursor checkpoints are not kept", path, exc)
+    return found
 
 
 def _set_aside(paths: list[Path], directory: Path) -> list[Path]:

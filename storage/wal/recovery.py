@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import crc32c
 
 from danube_zmq.storage.wal.format import (
+    CHECKPOINT_FLAG,
     CRC_PREFIX_BYTES,
     HEADER,
     HEADER_BYTES,
@@ -106,6 +107,7 @@ def resync(
                 position = max(position + 1, found.start() - HEADER_BYTES + 1)
                 continue
             offset, length, stored_crc = unpack_header(buf, position)
+            length &= ~CHECKPOINT_FLAG  # a checkpoint after a fault is a valid record too
             end = position + HEADER_BYTES + length
             if (expected_offset <= offset <= high_offset and length <= body_bytes_max and end <= size
                     and crc(view[position + HEADER_BYTES : end], crc(view[position : position + CRC_PREFIX_BYTES]))
@@ -134,7 +136,7 @@ def survey(
         first = first or found
         with memoryview(buf) as view:
             run = scan(view[found.position :], expected_offset=found.offset, decode=False, body_bytes_max=body_bytes_max)
-        assert run.record_count > 0 and run.next_offset is not None, "resync returned a record scan refuses"
+        assert run.valid_bytes > 0 and run.next_offset is not None, "resync returned a record scan refuses"
         end_offset = run.next_offset
         expected = run.next_offset
         position = found.position + max(run.valid_bytes, 1)

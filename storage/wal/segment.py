@@ -22,8 +22,8 @@ import errno
 import mmap
 import os
 import threading
-from bisect import bisect_right
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from pathlib import Path
 
@@ -31,9 +31,11 @@ from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal.errors import CorruptRecord
 from danube_zmq.storage.wal.format import (
+    CHECKPOINT_FLAG,
     HEADER,
     HEADER_BYTES,
     RECORD_BODY_BYTES_MAX,
+    Checkpoint,
     Fault,
     FaultKind,
     RecordBatch,
@@ -47,6 +49,7 @@ SEGMENT_SUFFIX = ".wal"
 INDEX_INTERVAL_BYTES = 64 * 1024
 
 _index_offset = itemgetter(0)
+_run_start = itemgetter(0)
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -110,6 +113,12 @@ class Segment:
         self._unsynced = False
         self._broken = False
         self._file_bytes = 0  # size found on disk at `recover`, torn tail included
+        # The cursor checkpoints `recover` found in the whole records, in file order.
+        self.checkpoints: list[Checkpoint] = []
+        # Runs of checkpoint records: (start, end, checkpoint bytes from the file's start
+        # to end), by position; only ever appended to (or replaced whole by a cut), one
+        # per checkpoint append at most, so a reader's snapshot is always consistent.
+        self._checkpoint_runs: list[tuple[int, int, int]] = []
         # The end the last successful fsync covered: where `truncate_to_synced` cuts back
         # to after a failed write or fsync. Records found at open count as synced once
         # `sync_recovered` has fsynced them.
@@ -229,6 +238,7 @@ class Segment:
         expected = self.base_offset
         index = [(self.base_offset, 0)]
         fault: Fault | None = None
+        checkpoints: list[Checkpoint] = []
         needed_bytes = 0  # a record larger than a window is read whole
         while position < file_bytes:
             if position > index[-1][1]:
@@ -237,6 +247,7 @@ class Segment:
             result = scan(buf, expected_offset=expected, decode=False, body_bytes_max=self._body_bytes_max)
             window_start = position
             position += result.valid_bytes
+            checkpoints += [replace(c, position=window_start + c.position) for c in result.checkpoints]
             assert result.next_offset is not None
             expected = result.next_offset
             needed_bytes = 0
@@ -249,11 +260,21 @@ class Segment:
                 # The window, not the file, ended inside this record: read on from it.
                 # A window is at least 16 bytes whenever the file goes on past it.
                 if result.valid_bytes == 0:
-                    needed_bytes = HEADER_BYTES + HEADER.unpack_from(buf, 0)[1]
+                    needed_bytes = HEADER_BYTES + (HEADER.unpack_from(buf, 0)[1] & ~CHECKPOINT_FLAG)
                 continue
             fault = result.fault.shifted(window_start)
             break
         self._index = index
+        self.checkpoints = checkpoints
+        runs: list[tuple[int, int, int]] = []
+        for checkpoint in checkpoints:
+            if runs and runs[-1][1] == checkpoint.position:
+                start, _, total = runs[-1]
+                runs[-1] = (start, checkpoint.position + checkpoint.size, total + checkpoint.size)
+            else:
+                runs.append((checkpoint.position, checkpoint.position + checkpoint.size,
+                             (runs[-1][2] if runs else 0) + checkpoint.size))
+        self._checkpoint_runs = runs
         self._end = (expected, position)
         self._file_bytes = file_bytes
         return fault
@@ -293,7 +314,7 @@ class Segment:
         even that fails, the segment refuses further appends (its tail is unknown).
         """
         assert self._write_fd is not None, "append to a sealed segment"
-        assert count > 0
+        assert count >= 0  # 0: cursor checkpoints only
         if self._broken:
             raise InternalError(f"WAL segment {self.path} is unusable after a failed write and truncate")
         fd = self._write_fd
@@ -314,6 +335,9 @@ class Segment:
             raise
         if size_bytes - self._index[-1][1] >= self._index_interval_bytes:
             self._index.append((next_offset, size_bytes))
+        if count == 0:
+            runs = self._checkpoint_runs
+            runs.append((size_bytes, size_bytes + written, (runs[-1][2] if runs else 0) + written))
         self._unsynced = True
         self._end = (next_offset + count, size_bytes + written)
 
@@ -357,8 +381,19 @@ class Segment:
         self._end = self._synced_end
         self._file_bytes = size_bytes
         self._index = [entry for entry in self._index if entry[1] <= size_bytes]
+        self._checkpoint_runs = [run for run in self._checkpoint_runs if run[1] <= size_bytes]
         self._unsynced = False
         return next_offset
+
+    def checkpoint_bytes(self, start: int, end: int) -> int:
+        """Bytes of checkpoint records between byte positions `start` and `end` (record
+        boundaries): what a count of message bytes between them leaves out."""
+        runs = self._checkpoint_runs  # one snapshot
+        first = bisect_left(runs, start, key=_run_start)
+        last = bisect_left(runs, end, key=_run_start)
+        if last <= first:
+            return 0
+        return runs[last - 1][2] - (runs[first - 1][2] if first else 0)
 
     def seal(self) -> None:
         """fsync and close the writer's descriptor: the file is immutable from now on."""
@@ -413,13 +448,19 @@ class Segment:
             fault = result.fault
             cut_by_read = position + len(buf) < size_bytes
             first_cut = fault is not None and fault.kind is FaultKind.TRUNCATED and cut_by_read
-            if result.record_count == 0 and min_one_record and first_cut:
-                # The first record is larger than max_bytes: read it whole.
-                want = HEADER_BYTES + HEADER.unpack_from(buf, 0)[1]
+            while result.record_count == 0 and min_one_record and first_cut:
+                # The first record is larger than max_bytes: read it whole (with the
+                # checkpoints before it). Each pass reads more, to the file's end at most.
+                assert fault is not None
+                want = fault.position + HEADER_BYTES
+                if len(buf) >= want:
+                    want += HEADER.unpack_from(buf, fault.position)[1] & ~CHECKPOINT_FLAG
+                want = min(max(want, len(buf) + 1), size_bytes - position)
                 buf = self._pread_exactly(fd, want, position)
                 result = scan(buf, expected_offset=start_offset, upto_offset=end_offset, body_bytes_max=self._body_bytes_max)
                 fault = result.fault
                 cut_by_read = position + len(buf) < size_bytes
+                first_cut = fault is not None and fault.kind is FaultKind.TRUNCATED and cut_by_read
         if fault is not None and not (fault.kind is FaultKind.TRUNCATED and cut_by_read):
             raise CorruptRecord(self.path, position + fault.position, f"{fault.kind}: {fault.reason}")
         return result.records, result.valid_bytes

@@ -45,3 +45,52 @@ async def test_a_clean_stop_writes_the_cursors_no_timer_flush_reached(broker_fac
         assert [m.payload for m in got] == [f"m{i}".encode() for i in range(5, 10)]
         with pytest.raises(Timeout):
             await consumer.receive(timeout=0.5)
+
+
+async def test_a_broker_killed_resumes_every_subscription_from_its_wal_checkpoint(broker_factory, tmp_path) -> None:
+    """storage.mode local, with the store's flush timer out of reach (60 s): three
+    subscriptions acknowledge 3, 7 and none of ten messages; once their cursors are
+    checkpoints in the topic's WAL (found by scanning its files) the broker is killed
+    with SIGKILL, so the metadata store never heard of them. After a restart each
+    resumes right after its own acknowledged prefix (the one that acknowledged nothing
+    from its start): the WAL alone told the topic they exist and where they are."""
+    import signal
+
+    from danube_zmq.storage.wal import scan
+    from danube_zmq.transport import cluster_records as cr
+
+    def checkpointed() -> dict[str, int]:
+        newest: dict[str, int] = {}
+        for path in sorted((tmp_path / "data").rglob("*.wal")):
+            base = int(path.name.split(".")[0])
+            for c in scan(path.read_bytes(), expected_offset=base, decode=False).checkpoints:
+                if c.state is not None:
+                    newest[c.subscription] = cr.decode_cursor(c.state).cursor
+        return newest
+
+    first = broker_factory(env=NO_TIMER_FLUSH)
+    acked = {"a": 3, "b": 7, "c": 0}
+    async with DanubeClient(first.url) as client:
+        producer = await client.create_producer("/default/walcursors", dispatch="reliable")
+        consumers = {name: await client.subscribe("/default/walcursors", name, sub_type=SubType.EXCLUSIVE,
+                                                  consumer_name=f"c{name}") for name in acked}
+        for i in range(10):
+            await producer.send(f"m{i}".encode())
+        for name, count in acked.items():
+            if count:
+                await drain(consumers[name], count)
+                await consumers[name].flush_acks()
+        for _ in range(600):
+            if checkpointed() == {name: count - 1 for name, count in acked.items()}:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"the cursors never reached the WAL: {checkpointed()}")
+    first.stop(signal.SIGKILL)
+    second = broker_factory(url=first.url, admin_url=first.admin_url)
+    async with DanubeClient(second.url) as client:
+        for name, count in acked.items():
+            consumer = await client.subscribe("/default/walcursors", name, sub_type=SubType.EXCLUSIVE,
+                                              consumer_name=f"c{name}")
+            got = await drain(consumer, 10 - count)
+            assert [m.payload for m in got] == [f"m{i}".encode() for i in range(count, 10)]

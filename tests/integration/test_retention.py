@@ -28,16 +28,17 @@ async def test_retention_waits_for_every_cursor(broker_factory, tmp_path) -> Non
         for i in range(1000):
             producer.send_nowait(f"{i:04d}".encode() + b"x" * 96)
         await producer.flush()
-        files_before = len(list(wal_dir.glob("*.wal")))
-        assert files_before > 4
+        files_before = set(wal_dir.glob("*.wal"))
+        assert len(files_before) > 4
         await drain(fast, 1000)
         await fast.flush_acks()
         await asyncio.sleep(1.0)
-        assert len(list(wal_dir.glob("*.wal"))) == files_before, "deleted while 'slow' still needs them"
+        # (Cursor checkpoints may roll a new file meanwhile: none of the old ones goes.)
+        assert files_before <= set(wal_dir.glob("*.wal")), "deleted while 'slow' still needs them"
         await drain(slow, 500)
         await slow.flush_acks()
         deadline = time.monotonic() + 10
-        while len(list(wal_dir.glob("*.wal"))) == files_before:
+        while files_before <= set(wal_dir.glob("*.wal")):
             assert time.monotonic() < deadline, "retention never deleted the consumed segments"
             await asyncio.sleep(0.1)
         late = await client.subscribe("/default/kept", "late", initial_position="earliest")

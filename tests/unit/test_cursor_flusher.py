@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.config import BrokerConfig, StorageSection
 from danube_zmq.actors.cursor_flusher import CursorFlusher, subscription_key
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.topic import make_topic
@@ -103,8 +103,8 @@ def _run(tmp_path: Path, body, *, interval_ms: int = NEVER_MS) -> None:  # type:
 
 
 async def _spawn_topic(system: ActorSystem, broker: str, flusher: str, executor: ThreadPoolExecutor,
-                       wal_dir: Path) -> str:
-    config = BrokerConfig()
+                       wal_dir: Path, config: BrokerConfig | None = None) -> str:
+    config = config or BrokerConfig()
     topic = await system.spawn(
         lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config,
                            rng=IdSource(1), broker_endpoint=broker, cursor_endpoint=flusher, wal_dir=wal_dir,
@@ -128,7 +128,9 @@ def test_a_topic_started_again_before_a_flush_resumes_from_the_unwritten_cursor(
     """The store holds a stale cursor (5) and the flusher a newer one it has not written
     (41: its timer is a minute away). A reliable topic spawned now (loaded again after an
     unload, as after a restart of its actor) resumes its subscription at 41, not at the
-    store's 5; stopped and started again after a newer unwritten cursor (77), at 77."""
+    store's 5; stopped and started again after a newer unwritten cursor (77), at 77.
+    In shared_fs mode, where cursors still go through the flusher (in local mode they are
+    checkpoints in the topic's WAL: tests/unit/test_wal_checkpoints.py)."""
 
     async def body(system: ActorSystem, store: FlakyStore, executor: ThreadPoolExecutor) -> None:
         await store.put(subscription_key(TOPIC, "s"), cr.encode(cr.CursorRecord(
@@ -137,13 +139,14 @@ def test_a_topic_started_again_before_a_flush_resumes_from_the_unwritten_cursor(
         flusher = await system.spawn(lambda: CursorFlusher(metadata=store, broker_id=1, interval_ms=NEVER_MS),
                                      name="cursor flusher", parent=broker)
         system.tell(flusher, _cursor(41))
-        topic = await _spawn_topic(system, broker, flusher, executor, tmp_path / "wal")
+        config = BrokerConfig(storage=StorageSection(mode="shared_fs", durable_url=str(tmp_path / "durable")))
+        topic = await _spawn_topic(system, broker, flusher, executor, tmp_path / "wal", config)
         assert await _subscription_cursor(system, topic) == 41
         assert _stored_cursor(store) == 5, "nothing was flushed: the cursor came from the flusher"
 
         await system.stop(topic)  # its subscription tells 41 again on its way out
         system.tell(flusher, _cursor(77))
-        topic = await _spawn_topic(system, broker, flusher, executor, tmp_path / "wal")
+        topic = await _spawn_topic(system, broker, flusher, executor, tmp_path / "wal", config)
         assert await _subscription_cursor(system, topic) == 77
         assert _stored_cursor(store) == 5 and FlakyStore.transactions == 0
 
