@@ -744,7 +744,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             finally:
                 self._replay_deadline = None
 
-    def handle_ParkedExpired(self, msg: ParkedExpired) -> None:
+    async def handle_ParkedExpired(self, msg: ParkedExpired) -> None:
+        # A request parked because its topic's owner missed a renewal (`_elsewhere`)
+        # waits for that owner to renew; no event says so, so each check looks.
+        for topic in [t for t in self.parked if self._elsewhere(t) is not None]:
+            await self._wake(topic)
         self._refuse_parked(self.system.clock.monotonic_ms())
 
     def _refuse_parked(self, now: float) -> None:
