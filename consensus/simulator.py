@@ -109,6 +109,11 @@ class Faults:
     skip_tick_rate: float = 0.0
     membership_rate: float = 0.0
     transfer_rate: float = 0.0
+    # Per crash: the disk also loses the last 1..3 log entries, synced or not (chaos/power.py
+    # `tear_raft_log`), when a quorum of the other voters still holds each of them (losing
+    # more is beyond what any replication of this degree survives). Never drawn: the
+    # torn-tail tests set it, so every other seed replays as before.
+    tear_rate: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random) -> Faults:
@@ -272,6 +277,7 @@ class Stats:
     messages_duplicated: int = 0
     partitions: int = 0
     crashes: int = 0
+    tears: int = 0
     pauses: int = 0
     restarts: int = 0
     elections: int = 0
@@ -680,6 +686,8 @@ class Simulation:
         for _, write in peer.writes[:reached]:
             self._write(peer, write)
         peer.writes, peer.persisted = [], []
+        if self.faults.tear_rate and self.rng.random() < self.faults.tear_rate:
+            self._tear(peer.disk, peer.id)
         peer.node = None
         peer.down_until = self.now + down_ticks
         for op, _term in peer.proposals.values():
@@ -690,6 +698,25 @@ class Simulation:
             self._complete(op, "info")
         peer.proposals, peer.reads, peer.ready_reads = {}, {}, []
         self.trace = hash((self.trace, self.now, -1, peer.id))
+
+    def _tear(self, disk: Disk, peer_id: int) -> None:
+        """Drop the tail of a crashed peer's log (and clamp its stored commit index to
+        what is left: in the real store a torn write batch loses both), if the other voters keep a quorum
+        of copies of every entry lost. The peer comes back having acknowledged entries it
+        no longer holds: the leader must notice and send them again."""
+        torn = disk.entries[max(0, len(disk.entries) - self.rng.randint(1, 3)) :]
+        voters = self.committed_membership.voters
+        for entry in torn:
+            holders = sum(1 for v in voters if v != peer_id and self.peers[v].disk.holds(entry.index, entry.term))
+            if holders < quorum(voters):
+                return
+        if not torn:
+            return
+        del disk.entries[len(disk.entries) - len(torn) :]
+        hs = disk.hard_state
+        if hs.commit_index > disk.last_index():
+            disk.hard_state = HardState(term=hs.term, voted_for=hs.voted_for, commit_index=disk.last_index())
+        self.stats.tears += 1
 
     def _step(self, peer: Peer, event: Event) -> None:
         node = peer.node

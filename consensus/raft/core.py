@@ -169,6 +169,7 @@ class Progress:
     __slots__ = (
         "acked_context",
         "commit_sent",
+        "incarnation",
         "inflight",
         "match",
         "next",
@@ -192,6 +193,7 @@ class Progress:
         self.stall_elapsed = 0  # replicate: ticks since match last advanced while behind
         self.acked_context = 0  # highest read-index round this follower confirmed
         self.commit_sent = 0  # highest commit index this follower was told (bounded by its match)
+        self.incarnation = 0  # the follower's incarnation in its latest answer (0: none yet)
 
 
 class _PendingRead:
@@ -211,6 +213,7 @@ class RaftNode:
         self.id = config.node_id
         self.rng = rng
         self.restored = False
+        self.incarnation = 0  # drawn at Restore: tells a leader this peer restarted
         # persistent (mirrored on disk through the Persist* effects)
         self.term = 0
         self.voted_for: int | None = None
@@ -293,6 +296,7 @@ class RaftNode:
     def _on_restore(self, ev: Restore) -> None:
         assert not self.restored, "Restore twice"
         self.restored = True
+        self.incarnation = self.rng.getrandbits(63) or 1
         hs = ev.hard_state
         self.term = hs.term
         self.voted_for = hs.voted_for
@@ -543,7 +547,7 @@ class RaftNode:
             if isinstance(m, (AppendEntries, Heartbeat, InstallSnapshot)):
                 # A stale leader: our term in the answer makes it step down. (A peer whose
                 # term ran ahead in a partition frees itself this way; pre-vote prevents that.)
-                self._send(HeartbeatResponse(from_id=self.id, to_id=m.from_id, term=self.term))
+                self._send(HeartbeatResponse(from_id=self.id, to_id=m.from_id, term=self.term, incarnation=self.incarnation))
             elif isinstance(m, PreVote):
                 self._send(PreVoteResponse(from_id=self.id, to_id=m.from_id, term=self.term, granted=False))
             elif isinstance(m, RequestVote):
@@ -664,13 +668,18 @@ class RaftNode:
                 conflict_term=conflict_term,
                 conflict_index=conflict_index,
                 context=m.context,
+                incarnation=self.incarnation,
             )
         )
 
     def _on_heartbeat(self, m: Heartbeat) -> None:
         self._follow(m.from_id)
         commit = min(m.leader_commit, self.last_index)
-        self._send(HeartbeatResponse(from_id=self.id, to_id=m.from_id, term=self.term, context=m.context))
+        self._send(
+            HeartbeatResponse(
+                from_id=self.id, to_id=m.from_id, term=self.term, context=m.context, incarnation=self.incarnation
+            )
+        )
         if commit > self.commit_index:
             self.commit_index = commit
             self._apply_committed()
@@ -679,7 +688,15 @@ class RaftNode:
         self._follow(m.from_id)
         meta = m.meta
         if meta.last_index <= self.commit_index:
-            self._send(InstallSnapshotResponse(from_id=self.id, to_id=m.from_id, term=self.term, match_index=self.commit_index))
+            self._send(
+                InstallSnapshotResponse(
+                    from_id=self.id,
+                    to_id=m.from_id,
+                    term=self.term,
+                    match_index=self.commit_index,
+                    incarnation=self.incarnation,
+                )
+            )
             return
         self._fx.append(SaveSnapshot(meta=meta, data=m.data))
         if self.term_at(meta.last_index) == meta.last_term:
@@ -697,14 +714,18 @@ class RaftNode:
         self.durable_index = self.last_index
         self._reload_membership()
         self._fx.append(ApplySnapshot(meta=meta, data=m.data))
-        self._send(InstallSnapshotResponse(from_id=self.id, to_id=m.from_id, term=self.term, match_index=meta.last_index))
+        self._send(
+            InstallSnapshotResponse(
+                from_id=self.id, to_id=m.from_id, term=self.term, match_index=meta.last_index, incarnation=self.incarnation
+            )
+        )
 
     def _on_timeout_now(self, m: TimeoutNow) -> None:
         if self.role is not Role.LEADER and self.is_voter():
             self._campaign(transfer=True)
 
     def _on_append_response(self, m: AppendEntriesResponse) -> None:
-        pr = self._leader_progress(m.from_id, m.context)
+        pr = self._leader_progress(m.from_id, m.context, m.incarnation)
         if pr is None:
             return
         if m.success:
@@ -735,7 +756,7 @@ class RaftNode:
         return m.conflict_index
 
     def _on_heartbeat_response(self, m: HeartbeatResponse) -> None:
-        pr = self._leader_progress(m.from_id, m.context)
+        pr = self._leader_progress(m.from_id, m.context, m.incarnation)
         if pr is None:
             return
         if pr.state == _REPLICATE and len(pr.inflight) >= self.config.inflight_appends_max:
@@ -746,7 +767,7 @@ class RaftNode:
                 self._send_append(m.from_id, pr, allow_empty=True)
 
     def _on_install_snapshot_response(self, m: InstallSnapshotResponse) -> None:
-        pr = self._leader_progress(m.from_id, 0)
+        pr = self._leader_progress(m.from_id, 0, m.incarnation)
         if pr is None:
             return
         if m.match_index > pr.match:
@@ -755,13 +776,23 @@ class RaftNode:
             self._become_probe(pr, pr.match + 1)
         self._send_more(m.from_id, pr)
 
-    def _leader_progress(self, peer: int, context: int) -> Progress | None:
+    def _leader_progress(self, peer: int, context: int, incarnation: int) -> Progress | None:
         if self.role is not Role.LEADER:
             return None
         pr = self.progress.get(peer)
         if pr is None:
             return None
         pr.recent_active = True
+        if incarnation and incarnation != pr.incarnation:
+            if pr.incarnation:
+                # It restarted, and a disk may drop even a synced write: what it acknowledged
+                # before may be gone, so forget its match (a commit never goes back, so this
+                # only delays the next one) and probe until the logs agree. Without this, its
+                # rejections at or below the old match look stale and it never catches up.
+                pr.match = 0
+                pr.commit_sent = 0
+                self._become_probe(pr, pr.next)
+            pr.incarnation = incarnation
         if context > pr.acked_context:
             pr.acked_context = context
             self._release_reads()

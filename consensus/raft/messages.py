@@ -5,6 +5,12 @@ Every message carries `from_id`, `to_id` and the sender's `term`. Tags start at 
 boundary). The leader's id is `from_id` of AppendEntries, Heartbeat and
 InstallSnapshot; there is no separate `leader_id` field.
 
+The three answers to a leader carry the follower's `incarnation`, drawn at random each
+time it starts (0 from a peer that predates the field: unknown). A leader that sees a
+follower's incarnation change knows it restarted, so it may have lost the tail of its
+log even after acknowledging it (a disk that dropped a synced write), and probes it
+again from scratch instead of trusting the match index it had.
+
 Also here: the encoding of a `Membership` as the data of a CONFIG log entry.
 """
 
@@ -99,6 +105,7 @@ class AppendEntriesResponse(Message):
     conflict_term: int = 0
     conflict_index: int = 0
     context: int = 0
+    incarnation: int = 0
 
 
 @wire
@@ -122,6 +129,7 @@ class HeartbeatResponse(Message):
     to_id: int
     term: int
     context: int = 0
+    incarnation: int = 0
 
 
 @wire
@@ -145,6 +153,7 @@ class InstallSnapshotResponse(Message):
     to_id: int
     term: int
     match_index: int
+    incarnation: int = 0
 
 
 @wire
