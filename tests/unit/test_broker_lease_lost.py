@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
 from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, ClusterSection
-from danube_zmq.clock import SystemClock
+from danube_zmq.actors.config import ClusterSection
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
-from danube_zmq.consensus.peer import RaftPeer
-from danube_zmq.consensus.raft import RaftConfig
 from danube_zmq.runtime.actor import CLIENT_OUTBOX
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
@@ -34,10 +29,9 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import Unavailable
 from danube_zmq.transport.internal_protocol import ClientRequest, LeaseChanged
+from tests.unit.joined_broker import BROKER_ID, DEADLINE_S, joined_broker
 
-BROKER_ID = 1
 TOPIC = "/default/leased"
-DEADLINE_S = 60.0  # generous: a loaded machine only makes the waits longer
 IDENTITY = b"client-connection"
 # A parked request is refused only after this: far past DEADLINE_S, so an answer within
 # the deadline can only be the broker's own.
@@ -71,41 +65,15 @@ class Joined:
 
 @contextlib.asynccontextmanager
 async def _joined(tmp_path: Path) -> AsyncIterator[Joined]:
-    ctx = zmq.asyncio.Context()
-    peer = RaftPeer(1, tmp_path / "raft", None, {}, RaftConfig(node_id=1), 10, ttl_check_interval_s=0.5,
-                    context=ctx)
-    store = RaftMetadataStore(peer, owns_peer=True)
-    await store.start()
-    system = ActorSystem(ctx, clock=SystemClock(), mailbox_messages_max=1_000)
-    outbox = ctx.socket(zmq.PULL)
-    outbox.setsockopt(zmq.LINGER, 0)
-    outbox.bind(CLIENT_OUTBOX)
-    executor = ThreadPoolExecutor(2)
-    try:
-        config = BrokerConfig(broker=BrokerSection(data_dir=str(tmp_path / "data")),
-                              cluster=ClusterSection(request_timeout_ms=PARKED_FOR_MS))
-        endpoint = await system.spawn(lambda: BrokerActor(
-            config=config, broker_id=BROKER_ID, broker_url="tcp://127.0.0.1:1", admin_url="tcp://127.0.0.1:2",
-            metrics_url=None, rng=random.Random(7), executor=executor, metadata=store), name="broker")
-        system.broker_endpoint = endpoint
-        broker = system.actor(endpoint)
-        assert isinstance(broker, BrokerActor)
+    async with joined_broker(tmp_path, CLIENT_OUTBOX, ClusterSection(request_timeout_ms=PARKED_FOR_MS)) as (
+            store, system, broker, outbox):
         joined = Joined(store, system, broker, outbox)
-        await joined.until(lambda: broker.joined and broker.lease_held, "the broker joined and held its lease")
-        await store.compare_and_swap(cr.namespace_key("default"), 0, b"")  # bootstrapped already, or now
         await store.put(cr.topic_record_key(TOPIC), cr.encode(cr.TopicRecord(
             dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE, partitions=0, created_ms=0)))
         await store.put(cr.assignment_key(TOPIC), cr.encode(cr.Assignment(broker_id=BROKER_ID, epoch=1,
                                                                           assigned_ms=0)))
         await joined.until(lambda: TOPIC in broker.topics, "the topic was loaded")
         yield joined
-    finally:
-        await system.shutdown()
-        await store.stop()
-        outbox.close()
-        executor.shutdown()
-        ctx.term()
-
 
 async def _lose_the_lease(joined: Joined) -> None:
     """What the lease keeper does when a renewal fails; the keeper is stopped first so

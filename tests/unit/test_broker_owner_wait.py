@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,11 +18,7 @@ import zmq.asyncio
 
 from danube_zmq.actors import broker_admin
 from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.config import BrokerConfig, BrokerSection
-from danube_zmq.clock import SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
-from danube_zmq.consensus.peer import RaftPeer
-from danube_zmq.consensus.raft import RaftConfig
 from danube_zmq.runtime.actor import ADMIN_OUTBOX
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import admin_protocol as ap
@@ -35,10 +29,9 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import Unavailable
 from danube_zmq.transport.internal_protocol import AdminRequest
+from tests.unit.joined_broker import BROKER_ID, DEADLINE_S, joined_broker
 
-BROKER_ID = 1
 TOPIC = "/default/waiting"
-DEADLINE_S = 60.0  # generous: a loaded machine only makes the waits longer
 IDENTITY = b"admin-client"
 
 
@@ -73,39 +66,10 @@ class Joined:
 
 @contextlib.asynccontextmanager
 async def _joined(tmp_path: Path) -> AsyncIterator[Joined]:
-    ctx = zmq.asyncio.Context()
-    peer = RaftPeer(1, tmp_path / "raft", None, {}, RaftConfig(node_id=1), 10, ttl_check_interval_s=0.5,
-                    context=ctx)
-    store = RaftMetadataStore(peer, owns_peer=True)
-    await store.start()
-    system = ActorSystem(ctx, clock=SystemClock(), mailbox_messages_max=1_000)
-    outbox = ctx.socket(zmq.PULL)
-    outbox.setsockopt(zmq.LINGER, 0)
-    outbox.bind(ADMIN_OUTBOX)
-    executor = ThreadPoolExecutor(2)
-    try:
-        config = BrokerConfig(broker=BrokerSection(data_dir=str(tmp_path / "data")))
-        endpoint = await system.spawn(lambda: BrokerActor(
-            config=config, broker_id=BROKER_ID, broker_url="tcp://127.0.0.1:1", admin_url="tcp://127.0.0.1:2",
-            metrics_url=None, rng=random.Random(7), executor=executor, metadata=store), name="broker")
-        system.broker_endpoint = endpoint
-        broker = system.actor(endpoint)
-        assert isinstance(broker, BrokerActor)
-        deadline = time.monotonic() + DEADLINE_S
-        while not (broker.joined and broker.lease_held):
-            assert time.monotonic() < deadline, "the broker never joined and held its lease"
-            await asyncio.sleep(0.01)
-        await store.compare_and_swap(cr.namespace_key("default"), 0, b"")  # bootstrapped already, or now
+    async with joined_broker(tmp_path, ADMIN_OUTBOX) as (store, system, broker, outbox):
         await store.put(cr.topic_record_key(TOPIC), cr.encode(cr.TopicRecord(
             dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE, partitions=0, created_ms=0)))
         yield Joined(store, system, broker, outbox)
-    finally:
-        await system.shutdown()
-        await store.stop()
-        outbox.close()
-        executor.shutdown()
-        ctx.term()
-
 
 async def test_a_request_for_a_topic_between_brokers_is_answered_when_its_assignment_arrives(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

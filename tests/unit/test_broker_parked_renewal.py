@@ -14,7 +14,8 @@ from pathlib import Path
 
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
-from tests.unit.test_broker_lease_lost import DEADLINE_S, _joined
+from tests.unit.joined_broker import DEADLINE_S
+from tests.unit.test_broker_lease_lost import _joined
 
 OWNER = 2
 OWNER_URL = "tcp://10.0.0.2:6650"
