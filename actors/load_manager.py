@@ -210,7 +210,7 @@ class LoadManagerActor(Actor):
                     await self.metadata.put(cr.LEADER, cr.encode(cr.LeaderRecord(broker_id=self.broker_id,
                                                                                  term=store.current_term)))
                     self.leading = True
-                    self.next_rebalance_ms = self._now() + self.policy.check_interval_s * 1000
+                    self.next_rebalance_ms = self._elapsed() + self.policy.check_interval_s * 1000
                     log.info("broker %d leads the cluster: load manager active", self.broker_id)
                 elif not self._round_needed():
                     continue
@@ -222,7 +222,13 @@ class LoadManagerActor(Actor):
                 await asyncio.sleep(_PERIOD_S)
 
     def _now(self) -> int:
+        """Wall time, for what is written to the store (stamps other nodes read)."""
         return self.system.clock.now_ms()
+
+    def _elapsed(self) -> int:
+        """Monotonic time, for what only this leader measures (absence grace, the
+        rebalancing interval): a wall-clock step must not shorten or lengthen them."""
+        return self.system.clock.monotonic_ms()
 
     async def _round(self) -> None:
         cluster = await self._read()
@@ -230,13 +236,13 @@ class LoadManagerActor(Actor):
         # round's copies, touched by nothing else) the event loop gets the GIL back
         # every switch interval instead of waiting for the whole plan.
         decided = await asyncio.to_thread(plan, cluster.placeable(), self.strategy, cluster.reports, cluster.loads(),
-                                          now_ms=self._now(), grace_ms=self.grace_ms, cursor=self.cursor)
+                                          now_ms=self._elapsed(), grace_ms=self.grace_ms, cursor=self.cursor)
         self.cursor = decided.cursor
         self.absent_since_ms = decided.absent_since_ms
         await self._carry_out(decided, cluster.versions)
         await self._finish_drains(cluster)
-        if self.config.load_manager.rebalancing and self._now() >= self.next_rebalance_ms:
-            self.next_rebalance_ms = self._now() + self.policy.check_interval_s * 1000
+        if self.config.load_manager.rebalancing and self._elapsed() >= self.next_rebalance_ms:
+            self.next_rebalance_ms = self._elapsed() + self.policy.check_interval_s * 1000
             await self._rebalance(cluster, max_moves=None, dry_run=False)
 
     # ------------------------------------------------------------- reading the store
