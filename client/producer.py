@@ -472,6 +472,9 @@ class _PartitionProducer(Attachment):
         # send, or again after a failure): only the lowest may be sent.
         self._unsent: set[int] = set()
         self._turns: list[asyncio.Future[None]] = []
+        # Numbers of the batches holding a slot of the window (sent or to be sent, no
+        # answer yet): the oldest is the one a re-attach tells the broker to expect.
+        self._outstanding: set[int] = set()
 
     async def _attach_on(self, connection: Connection) -> None:
         producer = self._producer
@@ -485,6 +488,7 @@ class _PartitionProducer(Attachment):
                 schema_subject=producer.schema_subject,
                 schema_version=pin,
                 schema_min_version=producer.schema_min_version if pin is None else None,
+                next_sequence=min(self._outstanding, default=self._sequence),
             )
         )
         if not isinstance(reply, ProducerCreated):
@@ -493,6 +497,10 @@ class _PartitionProducer(Attachment):
             await producer._schema_attached(reply)
         self.producer_id = reply.producer_id
         connection.register_producer(reply.producer_id, self)
+        # A batch still in flight on the previous attachment may yet fail and go again:
+        # every later batch waits for its answer (or its re-send on this attachment), so
+        # none is stored here before it. One acknowledged there is waited for no longer.
+        self._unsent.update(self._outstanding)
 
     def _forget_id(self) -> None:
         if self.producer_id is not None:
@@ -614,6 +622,7 @@ class _PartitionProducer(Attachment):
         self._in_flight += 1
         batch.sequence = sequence = self._sequence
         self._sequence += 1
+        self._outstanding.add(sequence)
         if not self._unsent and not self._closing and self._send_now(batch):
             self._fast[sequence] = batch
             return
@@ -685,6 +694,7 @@ class _PartitionProducer(Attachment):
             self._finished(batch, sent)
 
     def _finished(self, batch: _Batch, sent: bool) -> None:
+        self._outstanding.discard(batch.sequence)
         self._on_wire(batch.sequence)  # given up on (or done): later batches go on
         self._in_flight -= 1
         self._producer._batch_finished(batch, sent)
@@ -722,6 +732,8 @@ class _PartitionProducer(Attachment):
             try:
                 await self._my_turn(sequence)
                 connection = await self.wait_attached()
+                if min(self._unsent) < sequence:
+                    continue  # an attach meanwhile put earlier batches still in flight before it
                 producer_id = self.producer_id
                 assert producer_id is not None
                 reply = await connection.request(

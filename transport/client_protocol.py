@@ -98,7 +98,12 @@ class CreateProducer(Message):
     With `schema_subject` the producer writes that registered subject: version
     `schema_version` (pinned), the latest if it is at least `schema_min_version`, or the
     latest. The first producer naming a subject binds the topic to it; a producer naming
-    another subject is refused with FAILED_PRECONDITION."""
+    another subject is refused with FAILED_PRECONDITION.
+
+    `next_sequence`: the `Send.sequence` of the batch the producer sends next (its
+    oldest unacknowledged one); a reliable topic refuses later batches until that one
+    comes, so a batch that lost its answer on a previous attachment is not overtaken.
+    None (an older client): the topic takes whichever batch comes first."""
 
     TAG = 20
     request_id: int
@@ -109,6 +114,7 @@ class CreateProducer(Message):
     schema_subject: str | None = None
     schema_version: int | None = None
     schema_min_version: int | None = None
+    next_sequence: int | None = None
 
 
 @wire

@@ -110,7 +110,8 @@ class _Producer:
     identity: bytes
     access_mode: int = 0
     # Reliable topics: the highest batch `sequence` accepted + 1, moved back to a refused
-    # batch's number (later batches are refused until it comes again). None: any.
+    # batch's number (later batches are refused until it comes again); at attach, the one
+    # the client says it sends next (`CreateProducer.next_sequence`). None: any.
     next_sequence: int | None = None
     schema: SchemaVersionRef | None = None  # the schema version it writes, stamped on its messages
 
@@ -239,14 +240,15 @@ class TopicActor(Actor):
             # identity).
             producer = self.producers[producer_id]
             # The client re-attaches after a refusal and sends its unacknowledged batches
-            # again, in order (a batch it gave up on is not waited for).
-            producer.next_sequence = None
+            # again, in order from the one it names (a batch it gave up on is not waited for).
+            producer.next_sequence = msg.next_sequence
         else:
             limit = self.config.policies.max_producers_per_topic
             if limit and len(self.producers) >= limit:
                 raise ResourceExhausted(f"topic {self.topic} already has {limit} producers (max_producers_per_topic)")
             producer_id = self._new_id(self.producers)
-            self.producers[producer_id] = _Producer(producer_id, msg.producer_name, req.identity, msg.access_mode)
+            self.producers[producer_id] = _Producer(producer_id, msg.producer_name, req.identity, msg.access_mode,
+                                                    next_sequence=msg.next_sequence)
             self.producer_ids_by_name[msg.producer_name] = producer_id
             self._register(self.producers[producer_id], attached=True)
         schema = _version_of(context)

@@ -295,11 +295,12 @@ class FakeBroker:
         for producer in self.producers.values():
             if producer.topic == msg.topic and producer.name == msg.producer_name:
                 producer.identity = identity
-                producer.next_sequence = None
+                producer.next_sequence = msg.next_sequence
                 return ProducerCreated(request_id=msg.request_id, producer_id=producer.producer_id,
                                        producer_name=msg.producer_name, topic=msg.topic)
         producer_id = self._new_id()
-        self.producers[producer_id] = FakeProducer(producer_id, identity, msg.topic, msg.producer_name)
+        self.producers[producer_id] = FakeProducer(producer_id, identity, msg.topic, msg.producer_name,
+                                                   msg.next_sequence)
         return ProducerCreated(request_id=msg.request_id, producer_id=producer_id,
                                producer_name=msg.producer_name, topic=msg.topic)
 

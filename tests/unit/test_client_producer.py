@@ -12,7 +12,7 @@ from danube_zmq.client import BatchReceipt, DispatchStrategy, MessageId, Produce
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.routing import RoundRobin, fnv1a_64, partition_for_key
 from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL, CloseProducer, CreateProducer, GetPartitions, Send
-from danube_zmq.transport.common import Connect
+from danube_zmq.transport.common import Connect, Error
 from danube_zmq.transport.errors import (
     ErrorCode,
     FailedPrecondition,
@@ -507,3 +507,34 @@ async def test_a_failed_batch_fails_every_pending_send_and_callback() -> None:
             with pytest.raises(FailedPrecondition, match="refused"):
                 await handle
         assert [type(e) for e in errors] == [FailedPrecondition] * 3
+
+
+@pytest.mark.asyncio
+async def test_a_batch_still_in_flight_on_the_old_owner_is_stored_before_later_batches_on_the_new_one() -> None:
+    """The topic moves while batches a and b are in flight on the old owner: a is refused
+    at once (moved), b's answer comes late. The producer re-attaches on the new owner and
+    sends a again; c, sent meanwhile, must not be stored there before b: c waits for b's
+    outcome, and the new owner was told (`CreateProducer.next_sequence`) to expect a.
+    (Chaos B5 seed 2: c's batch was stored first.)"""
+    async with running_broker() as old, running_broker() as new, client_for(old) as client:
+        producer = await client.create_producer(TOPIC, batch_messages_max=1, inflight_batches_max=4)
+        await producer.send(b"warm")
+        old.hold(Send)
+        a, b = producer.send_nowait(b"a"), producer.send_nowait(b"b")
+        await eventually(lambda: len(old.held) == 2, what="a and b in flight")
+        (identity, send_a), (_, send_b) = old.held
+        old.held.clear()
+        old.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=new.url)
+        await old.push(identity, Error(request_id=send_a.request_id, code=ErrorCode.UNAVAILABLE,
+                                       message="topic moved before this batch was acknowledged"))
+        await a
+        c = producer.send_nowait(b"c")
+        # b's answer is late: c is not stored before it (the unfixed client stored c here
+        # within a backoff or two).
+        done, _ = await asyncio.wait({asyncio.ensure_future(c)}, timeout=1.5)
+        assert not done, "c was acknowledged while b, sent before it, was still unanswered"
+        await old.push(identity, Error(request_id=send_b.request_id, code=ErrorCode.UNAVAILABLE,
+                                       message="topic moved before this batch was acknowledged"))
+        await asyncio.gather(b, c)
+        assert [e.payload for e in new.logs[TOPIC]] == [b"a", b"b", b"c"]
+        assert new.of(CreateProducer)[-1].next_sequence is not None
