@@ -122,7 +122,7 @@ from danube_zmq.transport.internal_protocol import (
 )
 
 if TYPE_CHECKING:
-    from danube_zmq.actors.topic.shell import TopicActor
+    from danube_zmq.actors.topic.shell import TopicActor, _Producer
 
 log = logging.getLogger("danube_zmq.topic")
 
@@ -350,17 +350,19 @@ class WalStorage:
 
     # ------------------------------------------------------------- produce
     def send(self, req: ClientRequest, msg: cp.Send) -> None:
-        if self.shell.producers.get(msg.producer_id) is None:
+        producer = self.shell.producers.get(msg.producer_id)
+        if producer is None:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
         refusal = self._disk_refusal()
         if refusal is not None:
-            raise ResourceExhausted(refusal)
+            raise _refused_first(producer, msg, ResourceExhausted(refusal))
         if len(self.receipts_held) >= self.config.storage.receipts_held_max:
-            raise ResourceExhausted(f"topic {self.topic}: {len(self.receipts_held)} receipts wait for their segments'"
-                                    " uploads (storage.receipts_held_max); retry")
+            raise _refused_first(producer, msg, ResourceExhausted(
+                f"topic {self.topic}: {len(self.receipts_held)} receipts wait for their segments' uploads"
+                " (storage.receipts_held_max); retry"))
         if self.held or self._over_quota():
             if self.quota_policy == "producer_exception":
-                raise ResourceExhausted(self._quota_text())
+                raise _refused_first(producer, msg, ResourceExhausted(self._quota_text()))
             if self.quota_policy == "producer_request_hold":
                 self._hold(req, msg)
                 return
@@ -378,7 +380,7 @@ class WalStorage:
             expected = producer.next_sequence
             if expected is not None and sequence > expected:
                 raise Unavailable(f"topic {self.topic}: batch {sequence} of producer '{producer.name}' follows batch"
-                                  f" {expected}, which was refused; send from batch {expected} again")
+                                  f" {expected}, which was refused or has not come yet; send from batch {expected} again")
             producer.next_sequence = sequence + 1 if expected is None else max(expected, sequence + 1)
         schema_id, schema_version = self.shell.schema_of(producer, msg)
         self._enqueue(Publish(
@@ -1322,3 +1324,12 @@ def _publish_frames(topic: str, batch: RecordBatch) -> list[bytes]:
             schema_id=batch.schema_ids[start], schema_version=batch.schema_versions[start])))
         start = end
     return frames
+
+
+def _refused_first(producer: _Producer, msg: cp.Send, error: DanubeError) -> DanubeError:
+    """`error`, for a batch refused before the topic took it: the producer's later batches
+    are refused until it comes again, so one pipelined behind it is not stored first."""
+    if msg.sequence is not None:
+        expected = producer.next_sequence
+        producer.next_sequence = msg.sequence if expected is None else min(expected, msg.sequence)
+    return error

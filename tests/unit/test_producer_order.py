@@ -4,21 +4,67 @@ topic refuses a later batch until that one comes (a batch at or below it is a re
 and is accepted).
 
 The real gateway and a reliable topic run in one actor system, with a client on an
-inproc DEALER socket (the harness of test_wal_sync_timer.py).
+inproc DEALER socket (as in test_wal_sync_timer.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import zmq
 import zmq.asyncio
 
+from danube_zmq.actors.config import BrokerConfig, BrokerSection, StorageSection
+from danube_zmq.actors.gateway import Gateway
+from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
+from danube_zmq.clock import SystemClock
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.common import Error
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
 from danube_zmq.transport.errors import ErrorCode
-from tests.unit.test_wal_sync_timer import _ask, _interval_topic
+from tests.unit.test_wal_sync_timer import _ask, _Reserver
+
+TOPIC = "/default/order"
 
 _requests = iter(range(100, 10_000))
+
+
+@contextlib.asynccontextmanager
+async def _reliable_topic(tmp_path: Path, storage: StorageSection | None = None,
+                          ) -> AsyncIterator[tuple[WalStorage, zmq.asyncio.Socket]]:
+    """A reliable topic behind the real gateway, and a connected client socket."""
+    context = zmq.asyncio.Context()
+    system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=1024)
+    executor = ThreadPoolExecutor(1)
+    url = f"inproc://producer-order-{next(_requests)}"
+    config = BrokerConfig(broker=BrokerSection(listen=url), storage=storage or StorageSection())
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        system.gateway_endpoint = await system.spawn(lambda: Gateway(config=config, broker_id=1), name="gateway")
+        reserver = _Reserver()
+        broker_endpoint = await system.spawn(lambda: reserver, name="broker")
+        topic = await system.spawn(
+            lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config,
+                               rng=IdSource(3), broker_endpoint=broker_endpoint, wal_dir=tmp_path / "wal",
+                               executor=executor),
+            name=f"topic {TOPIC}")
+        reserver.topic_endpoint = system.broker_endpoint = topic
+        sock.connect(url)
+        assert isinstance(await _ask(sock, Connect(request_id=1, protocol_version=PROTOCOL_VERSION,
+                                                   client_name="t")), Connected)
+        actor = system.actor(topic)
+        assert isinstance(actor, TopicActor) and isinstance(actor.storage, WalStorage)
+        yield actor.storage, sock
+    finally:
+        sock.close(linger=0)
+        await system.shutdown()
+        executor.shutdown()
+        context.term()
 
 
 async def _send(sock: zmq.asyncio.Socket, producer_id: int, sequence: int) -> cp.SendReceipt | Error:
@@ -29,7 +75,7 @@ async def _send(sock: zmq.asyncio.Socket, producer_id: int, sequence: int) -> cp
 
 
 async def _attach(sock: zmq.asyncio.Socket, name: str, next_sequence: int | None) -> int:
-    created = await _ask(sock, cp.CreateProducer(request_id=next(_requests), topic="/default/interval",
+    created = await _ask(sock, cp.CreateProducer(request_id=next(_requests), topic=TOPIC,
                                                  producer_name=name, dispatch_strategy=cp.DispatchStrategy.RELIABLE,
                                                  next_sequence=next_sequence))
     assert isinstance(created, cp.ProducerCreated), created
@@ -40,7 +86,7 @@ async def test_a_producer_attached_with_next_sequence_has_later_batches_refused_
         tmp_path: Path) -> None:
     """A producer that attaches saying it sends batch 5 next (it moved here with 5 and 6
     unacknowledged) gets 6 refused (UNAVAILABLE) if 6 comes first; 5 is accepted, then 6."""
-    async with _interval_topic(tmp_path) as (_, _, sock, _):
+    async with _reliable_topic(tmp_path) as (_, sock):
         producer_id = await _attach(sock, "moved", 5)
         refused = await _send(sock, producer_id, 6)
         assert isinstance(refused, Error) and refused.code == ErrorCode.UNAVAILABLE, refused
@@ -52,7 +98,8 @@ async def test_a_producer_attached_with_next_sequence_has_later_batches_refused_
 async def test_re_attaching_with_next_sequence_sets_the_batch_expected(tmp_path: Path) -> None:
     """The same producer re-attaching on its connection says which batch it sends next:
     the topic expects that one (not any batch, as for a client that does not say)."""
-    async with _interval_topic(tmp_path) as (_, _, sock, producer_id):
+    async with _reliable_topic(tmp_path) as (_, sock):
+        producer_id = await _attach(sock, "p", None)
         assert isinstance(await _send(sock, producer_id, 0), cp.SendReceipt)
         assert await _attach(sock, "p", 1) == producer_id
         refused = await _send(sock, producer_id, 2)
@@ -60,3 +107,23 @@ async def test_re_attaching_with_next_sequence_sets_the_batch_expected(tmp_path:
         assert isinstance(await _send(sock, producer_id, 1), cp.SendReceipt)
         assert await _attach(sock, "p", None) == producer_id  # an older client: any batch
         assert isinstance(await _send(sock, producer_id, 7), cp.SendReceipt)
+
+
+async def test_a_batch_refused_before_it_is_accepted_is_not_overtaken_by_the_next(tmp_path: Path) -> None:
+    """A producer attached without `next_sequence` (an older client: any batch first)
+    has batch 1 refused for lack of disk space (RESOURCE_EXHAUSTED, before the topic
+    takes it); space is freed before batch 2, pipelined behind it, arrives: 2 is refused
+    (UNAVAILABLE) until 1 comes again, so 1 is stored first."""
+    storage_section = StorageSection(disk_free_bytes_min=1, disk_check_interval_ms=3_600_000)
+    async with _reliable_topic(tmp_path, storage_section) as (storage, sock):
+        producer_id = await _attach(sock, "p", None)
+        storage.disk_free_bytes = 0  # the filesystem as the last check found it
+        storage.disk_check_due_ms = 1 << 62  # and no check before the test says
+        refused = await _send(sock, producer_id, 1)
+        assert isinstance(refused, Error) and refused.code == ErrorCode.RESOURCE_EXHAUSTED, refused
+        storage.disk_free_bytes = 1 << 40
+        overtaking = await _send(sock, producer_id, 2)
+        assert isinstance(overtaking, Error) and overtaking.code == ErrorCode.UNAVAILABLE, overtaking
+        first, second = await _send(sock, producer_id, 1), await _send(sock, producer_id, 2)
+        assert isinstance(first, cp.SendReceipt) and isinstance(second, cp.SendReceipt)
+        assert first.offsets[0] < second.offsets[0]
