@@ -71,6 +71,7 @@ from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
     DanubeError,
+    ErrorCode,
     InternalError,
     ResourceExhausted,
     Timeout,
@@ -301,7 +302,41 @@ class ActorSystem:
             await cell.instance.on_stop()
         except Exception:
             log.exception("%s: on_stop failed", cell.name)
+        self._answer_left(cell)
         await self._discard(cell)
+
+    def _answer_left(self, cell: _Cell) -> None:
+        """Answer UNAVAILABLE the client and admin requests left in a stopped actor's
+        mailbox (told while it stopped, before its senders learned it): dropped with it,
+        their clients would wait out their request timeout (a batch sent to a topic as it
+        was unloaded: chaos B5)."""
+        if cell.host is not None:
+            return  # a guest's frames are in its host's mailbox, which goes on
+        while (item := cell.mailbox.pop()) is not None:
+            target, msg, _ = item
+            if target is not cell:
+                continue
+            if type(msg) is bytes or type(msg) is memoryview:
+                try:
+                    msg = INTERNAL_PROTOCOL.decode(msg)
+                except DanubeError:
+                    continue
+            envelopes = ([ClientRequest(identity=identity, frame=frame)
+                          for identity, frame in zip(msg.identities, msg.frames, strict=True)]
+                         if type(msg) is ClientRequests else [msg])
+            for envelope in envelopes:
+                port = REQUEST_PORTS.get(type(envelope))
+                if port is None:
+                    continue
+                try:
+                    request_id = getattr(port.protocol.decode(envelope.frame), "request_id", None)
+                except DanubeError:
+                    request_id = peek_request_id(envelope.frame)
+                if request_id is not None:  # a Flow has nobody to answer
+                    self._answer(port, envelope.identity, Error(
+                        request_id=request_id, code=ErrorCode.UNAVAILABLE,
+                        message=f"{cell.name} stopped (moved, closed or restarted) before this request was"
+                                " handled; send it again"))
 
     def actor(self, endpoint: str) -> Actor:
         """The live instance behind an endpoint: for the system's owner at start-up

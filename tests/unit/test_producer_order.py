@@ -9,7 +9,10 @@ inproc DEALER socket (as in test_wal_sync_timer.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,20 +26,24 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
 from danube_zmq.clock import SystemClock
 from danube_zmq.runtime.system import ActorSystem
+from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
 from danube_zmq.transport.errors import ErrorCode
+from danube_zmq.transport.internal_protocol import ClientRequest
 from tests.unit.test_wal_sync_timer import _ask, _Reserver
 
 TOPIC = "/default/order"
+IDENTITY = b"order-client"
 
 _requests = iter(range(100, 10_000))
 
 
 @contextlib.asynccontextmanager
 async def _reliable_topic(tmp_path: Path, storage: StorageSection | None = None,
-                          ) -> AsyncIterator[tuple[WalStorage, zmq.asyncio.Socket]]:
-    """A reliable topic behind the real gateway, and a connected client socket."""
+                          ) -> AsyncIterator[tuple[ActorSystem, str, WalStorage, zmq.asyncio.Socket]]:
+    """A reliable topic behind the real gateway (the system, its endpoint, its storage)
+    and a connected client socket whose identity is `IDENTITY`."""
     context = zmq.asyncio.Context()
     system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=1024)
     executor = ThreadPoolExecutor(1)
@@ -44,6 +51,7 @@ async def _reliable_topic(tmp_path: Path, storage: StorageSection | None = None,
     config = BrokerConfig(broker=BrokerSection(listen=url), storage=storage or StorageSection())
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, IDENTITY)
     try:
         system.gateway_endpoint = await system.spawn(lambda: Gateway(config=config, broker_id=1), name="gateway")
         reserver = _Reserver()
@@ -59,7 +67,7 @@ async def _reliable_topic(tmp_path: Path, storage: StorageSection | None = None,
                                                    client_name="t")), Connected)
         actor = system.actor(topic)
         assert isinstance(actor, TopicActor) and isinstance(actor.storage, WalStorage)
-        yield actor.storage, sock
+        yield system, topic, actor.storage, sock
     finally:
         sock.close(linger=0)
         await system.shutdown()
@@ -86,7 +94,7 @@ async def test_a_producer_attached_with_next_sequence_has_later_batches_refused_
         tmp_path: Path) -> None:
     """A producer that attaches saying it sends batch 5 next (it moved here with 5 and 6
     unacknowledged) gets 6 refused (UNAVAILABLE) if 6 comes first; 5 is accepted, then 6."""
-    async with _reliable_topic(tmp_path) as (_, sock):
+    async with _reliable_topic(tmp_path) as (_, _, _, sock):
         producer_id = await _attach(sock, "moved", 5)
         refused = await _send(sock, producer_id, 6)
         assert isinstance(refused, Error) and refused.code == ErrorCode.UNAVAILABLE, refused
@@ -98,7 +106,7 @@ async def test_a_producer_attached_with_next_sequence_has_later_batches_refused_
 async def test_re_attaching_with_next_sequence_sets_the_batch_expected(tmp_path: Path) -> None:
     """The same producer re-attaching on its connection says which batch it sends next:
     the topic expects that one (not any batch, as for a client that does not say)."""
-    async with _reliable_topic(tmp_path) as (_, sock):
+    async with _reliable_topic(tmp_path) as (_, _, _, sock):
         producer_id = await _attach(sock, "p", None)
         assert isinstance(await _send(sock, producer_id, 0), cp.SendReceipt)
         assert await _attach(sock, "p", 1) == producer_id
@@ -115,7 +123,7 @@ async def test_a_batch_refused_before_it_is_accepted_is_not_overtaken_by_the_nex
     takes it); space is freed before batch 2, pipelined behind it, arrives: 2 is refused
     (UNAVAILABLE) until 1 comes again, so 1 is stored first."""
     storage_section = StorageSection(disk_free_bytes_min=1, disk_check_interval_ms=3_600_000)
-    async with _reliable_topic(tmp_path, storage_section) as (storage, sock):
+    async with _reliable_topic(tmp_path, storage_section) as (_, _, storage, sock):
         producer_id = await _attach(sock, "p", None)
         storage.disk_free_bytes = 0  # the filesystem as the last check found it
         storage.disk_check_due_ms = 1 << 62  # and no check before the test says
@@ -127,3 +135,60 @@ async def test_a_batch_refused_before_it_is_accepted_is_not_overtaken_by_the_nex
         first, second = await _send(sock, producer_id, 1), await _send(sock, producer_id, 2)
         assert isinstance(first, cp.SendReceipt) and isinstance(second, cp.SendReceipt)
         assert first.offsets[0] < second.offsets[0]
+
+
+class _GatedClose(wal_files.FileLayer):
+    """The real file system; while `gate` is clear, closing a WAL segment waits for it
+    (a topic held in its stop, closing its WAL); `closing` is set when one waits."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.closing = threading.Event()
+        self._segments: set[int] = set()
+
+    def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o777, *,
+             dir_fd: int | None = None) -> int:
+        fd = os.open(path, flags, mode, dir_fd=dir_fd)
+        if str(path).endswith(".wal"):
+            self._segments.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        if fd in self._segments:
+            self._segments.discard(fd)
+            if not self.gate.is_set():
+                self.closing.set()
+                assert self.gate.wait(30), "the gate was never opened"
+        os.close(fd)
+
+
+async def test_a_batch_left_in_a_stopping_topics_mailbox_is_answered(tmp_path: Path) -> None:
+    """A batch the gateway routed to the topic just before it learned that the topic
+    stops (unloaded: its producer not yet detached there) waits in the topic's mailbox
+    while the topic closes its WAL. It is answered UNAVAILABLE (send it again, on the next
+    owner), not dropped with the mailbox: that left the client waiting out its request
+    timeout (chaos B5: 5 s without an acknowledgement after a move)."""
+    layer = _GatedClose()
+    previous = wal_files.install(layer)
+    try:
+        async with _reliable_topic(tmp_path) as (system, topic, _, sock):
+            producer_id = await _attach(sock, "p", 0)
+            assert isinstance(await _send(sock, producer_id, 0), cp.SendReceipt)
+            layer.gate.clear()
+            stopping = asyncio.create_task(system.stop(topic, moving=True))
+            assert await asyncio.to_thread(layer.closing.wait, 30), "the topic never closed its WAL"
+            late = cp.Send(request_id=next(_requests), producer_id=producer_id, payloads=[b"late"],
+                           publish_times=[0], sequence=1)
+            assert system.tell(topic, ClientRequest(identity=IDENTITY, frame=cp.CLIENT_PROTOCOL.encode(late)))
+            layer.gate.set()
+            await stopping
+            async with asyncio.timeout(10):
+                while True:
+                    answer = cp.CLIENT_PROTOCOL.decode(await sock.recv())
+                    if getattr(answer, "request_id", None) == late.request_id:
+                        break
+            assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
+    finally:
+        layer.gate.set()
+        wal_files.install(previous)
