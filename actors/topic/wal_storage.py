@@ -347,6 +347,14 @@ class WalStorage:
                     request_id=batch.request_id, code=ErrorCode.UNAVAILABLE,
                     message=f"topic {self.topic} {state} before this batch was acknowledged; send it again"))
         self.flushing, self.queued = [], []
+        # Written, but their segments' uploads finish after the topic is gone (no one left
+        # to answer then): sent again, stored twice, rather than waited for until the
+        # client's request timeout with its later batches held behind them.
+        for _, _, identity, request_id, _ in self.receipts_held:
+            reply_client(self.shell.system, identity, Error(
+                request_id=request_id, code=ErrorCode.UNAVAILABLE,
+                message=f"topic {self.topic} {state} before this batch reached the durable store; send it again"))
+        self.receipts_held.clear()
 
     # ------------------------------------------------------------- produce
     def send(self, req: ClientRequest, msg: cp.Send) -> None:

@@ -538,3 +538,29 @@ async def test_a_batch_still_in_flight_on_the_old_owner_is_stored_before_later_b
         await asyncio.gather(b, c)
         assert [e.payload for e in new.logs[TOPIC]] == [b"a", b"b", b"c"]
         assert new.of(CreateProducer)[-1].next_sequence is not None
+
+
+@pytest.mark.asyncio
+async def test_a_batch_acknowledged_on_the_old_owner_after_the_move_is_not_waited_for() -> None:
+    """a and b are in flight on the old owner; a is refused (moved) and goes again on
+    the new owner, which was told to expect a then b; b's receipt then comes from the
+    old owner (it was stored there). c, sent next, is not held back by b: the new owner
+    refuses it once (it still expects b), the producer re-attaches naming c, and c is
+    stored. No batch waits for one that is acknowledged."""
+    async with running_broker() as old, running_broker() as new, client_for(old) as client:
+        producer = await client.create_producer(TOPIC, batch_messages_max=1, inflight_batches_max=4)
+        await producer.send(b"warm")
+        old.hold(Send)
+        a, b = producer.send_nowait(b"a"), producer.send_nowait(b"b")
+        await eventually(lambda: len(old.held) == 2, what="a and b in flight")
+        (identity, send_a), held_b = old.held
+        old.held = [held_b]
+        old.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=new.url)
+        await old.push(identity, Error(request_id=send_a.request_id, code=ErrorCode.UNAVAILABLE,
+                                       message="topic moved before this batch was acknowledged"))
+        await a
+        await old.release(Send)  # b is stored on the old owner and acknowledged from there
+        await b
+        await asyncio.wait_for(producer.send(b"c"), 10)
+        assert [e.payload for e in old.logs[TOPIC]] == [b"warm", b"b"]
+        assert [e.payload for e in new.logs[TOPIC]] == [b"a", b"c"]

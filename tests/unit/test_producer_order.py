@@ -192,3 +192,27 @@ async def test_a_batch_left_in_a_stopping_topics_mailbox_is_answered(tmp_path: P
     finally:
         layer.gate.set()
         wal_files.install(previous)
+
+
+async def test_a_receipt_held_for_the_durable_store_is_answered_when_the_topic_moves(tmp_path: Path) -> None:
+    """With `seal_every_flush` a batch's receipt waits until its segment is in the durable
+    store. The topic is unloaded before that (here the upload never comes): the batch is
+    answered UNAVAILABLE (send it again: it may be stored twice, never lost), not left
+    unanswered until the client's request timeout (chaos B5: a 5 s stall at every move,
+    and the batch sent again behind later ones)."""
+    storage_section = StorageSection(mode="shared_fs", durable_url=str(tmp_path / "durable"), seal_every_flush=True)
+    async with _reliable_topic(tmp_path, storage_section) as (system, topic, storage, sock):
+        producer_id = await _attach(sock, "p", 0)
+        waiting = cp.Send(request_id=next(_requests), producer_id=producer_id, payloads=[b"held"],
+                          publish_times=[0], sequence=0)
+        await sock.send(cp.CLIENT_PROTOCOL.encode(waiting))
+        async with asyncio.timeout(30):
+            while not storage.receipts_held:
+                await asyncio.sleep(0.005)
+        await system.stop(topic, moving=True)
+        async with asyncio.timeout(10):
+            while True:
+                answer = cp.CLIENT_PROTOCOL.decode(await sock.recv())
+                if getattr(answer, "request_id", None) == waiting.request_id:
+                    break
+        assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
