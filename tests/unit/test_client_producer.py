@@ -573,3 +573,31 @@ async def test_a_batch_acknowledged_on_the_old_owner_after_the_move_is_not_waite
         await asyncio.wait_for(producer.send(b"c"), 10)
         assert [e.payload for e in new.logs[TOPIC]] == [b"a", b"c"]
         assert [m.payloads for m in new.of(Send)].count([b"b"]) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_retry_waiting_for_the_new_attachment_still_goes_after_earlier_batches_in_flight() -> None:
+    """a, b, c are in flight on the old owner; c is refused first (moved) and its retry
+    waits for the new attachment, which is slow to come. a and b, still unanswered on
+    the old owner, are put before it when the attachment comes: the new owner sees a, b,
+    then c, and never c first."""
+    async with running_broker() as old, running_broker() as new, client_for(old) as client:
+        producer = await client.create_producer(TOPIC, batch_messages_max=1, inflight_batches_max=4)
+        await producer.send(b"warm")
+        old.hold(Send)
+        a, b, c = (producer.send_nowait(p) for p in (b"a", b"b", b"c"))
+        await eventually(lambda: len(old.held) == 3, what="a, b and c in flight")
+        (identity, send_a), (_, send_b), (_, send_c) = old.held
+        old.held.clear()
+        old.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=new.url)
+        new.hold(CreateProducer)
+        moved = "topic moved before this batch was acknowledged"
+        await old.push(identity, Error(request_id=send_c.request_id, code=ErrorCode.UNAVAILABLE, message=moved))
+        await eventually(lambda: new.held, what="the attach on the new owner")
+        await asyncio.sleep(0.5)  # past c's first backoff (at most 100 ms): c waits for the attachment
+        await new.release(CreateProducer)
+        for send in (send_a, send_b):
+            await old.push(identity, Error(request_id=send.request_id, code=ErrorCode.UNAVAILABLE, message=moved))
+        await asyncio.gather(a, b, c)
+        assert [m.payloads for m in new.of(Send)] == [[b"a"], [b"b"], [b"c"]]
+        assert [e.payload for e in new.logs[TOPIC]] == [b"a", b"b", b"c"]
