@@ -70,7 +70,16 @@ from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import TrackedDelivery
 from danube_zmq.storage.durable import DurableStore
-from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
+from danube_zmq.storage.wal import (
+    CorruptRecord,
+    RecordBatch,
+    SegmentInfo,
+    WalLog,
+    encode_batch,
+    scan,
+    segment_checkpoints,
+    segment_file_name,
+)
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -244,11 +253,13 @@ class WalStorage:
         self.evicted_to: dict[str, int] = {}
         self.disk_free_bytes: int | None = None
         self.disk_check_due_ms = 0
-        # storage.mode local: reliable cursors are checkpoints in this WAL, not Raft keys
-        # (docs/scaling.md). The metadata store keeps each subscription's record (type,
-        # policy, window), written when it is created, its settings change or its cursor
-        # goes back (a seek); its cursor there is a floor, never newer than the WAL's.
-        self.cursors_in_wal = not self.durable_mode
+        # storage.mode local (and durable modes with `storage.cursors_in_segments`):
+        # reliable cursors are checkpoints in this WAL, not Raft keys (docs/scaling.md).
+        # The metadata store keeps each subscription's record (type, policy, window),
+        # written when it is created, its settings change or its cursor goes back (a
+        # seek); its cursor there is a floor, never newer than the WAL's. In durable
+        # modes the sealed segments carry the checkpoints to the topic's next broker.
+        self.cursors_in_wal = not self.durable_mode or config.storage.cursors_in_segments
         # Checkpoints to append at the next flush, coalesced per subscription (bounded
         # by the topic's subscriptions): name -> encoded CursorRecord, None: deleted.
         self.pending_checkpoints: dict[str, bytes | None] = {}
@@ -288,7 +299,11 @@ class WalStorage:
         self.next_offset = self.committed_offset = self.wal.next_offset
         self._synced_at_ms = self.shell.system.clock.monotonic_ms()  # what recovery kept is synced
         self._reserve_ahead()
-        states = self._resume_from_checkpoints(persisted.states) if self.cursors_in_wal else persisted.states
+        if self.cursors_in_wal:
+            carried = await self._durable_checkpoints()
+            states = self._resume_from_checkpoints(persisted.states, carried)
+        else:
+            states = persisted.states
         for state in states:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
@@ -303,18 +318,17 @@ class WalStorage:
         for _, mapped in self.fetched.values():
             mapped.close()
         self.fetched.clear()
-        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self._in_flight():
-            # A clean stop seals the active segment so that all of the topic reaches the
-            # durable store (the broker waits for its uploads before it stops).
-            await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.seal_active)
-            self._report_sealed()
         if self.wal is not None:
             wal, self.wal = self.wal, None
             last = sorted(self.pending_checkpoints.items())
             self.pending_checkpoints = {}
             store, self.store_pending = self.store_pending, []
+            # A clean stop seals the active segment so that all of the topic reaches the
+            # durable store (the broker waits for its uploads before it stops), its last
+            # checkpoints in it: the next broker reads the cursors there.
+            seal = self.durable_mode and not self.shell.restarting and not self._in_flight()
 
-            def close() -> bool:
+            def close() -> tuple[bool, list[SegmentInfo]]:
                 written = True
                 if last and wal.writable:  # the cursors told since the last flush: synced by close
                     try:
@@ -323,13 +337,22 @@ class WalStorage:
                         written = False
                         log.error("%s: last cursor checkpoints not written (%s): redelivery from older ones",
                                   wal.directory, exc)
+                segments = []
+                if seal and wal.writable:
+                    try:
+                        wal.seal_active()
+                        segments = wal.segments()
+                    except OSError as exc:  # the broker's seal (`_seal_wal`) tries again
+                        log.error("%s: active segment not sealed at stop (%s)", wal.directory, exc)
                 wal.close()
-                return written and (wal.writable or not last)
+                return written and (wal.writable or not last), segments
 
             # Let a flush in flight finish before the file is closed under it.
-            if await asyncio.get_running_loop().run_in_executor(self.executor, close):
+            written, sealed = await asyncio.get_running_loop().run_in_executor(self.executor, close)
+            if written:
                 for record in store:  # the flusher stops after the topics: still written
                     self.shell.system.post(self.cursor_endpoint, record)
+            self._report_sealed(segments=sealed)
             if not self.shell.restarting:
                 self.shell.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
@@ -837,12 +860,17 @@ class WalStorage:
         return self.wal.log_start_offset
 
     # ------------------------------------------------------------- durable segments
-    def _report_sealed(self, *, again: bool = False) -> None:
-        """Tell the broker about sealed WAL segments not yet durable (durable modes)."""
-        if not self.durable_mode or self.wal is None:
+    def _report_sealed(self, *, again: bool = False, segments: list[SegmentInfo] | None = None) -> None:
+        """Tell the broker about sealed WAL segments not yet durable (durable modes):
+        the log's, or `segments` (a log closed at stop)."""
+        if segments is None:
+            if self.wal is None:
+                return
+            segments = self.wal.segments()
+        if not self.durable_mode:
             return
         durable = {s.base_offset for s in self.durable}
-        for info in self.wal.segments():
+        for info in segments:
             if not info.sealed or info.base_offset in durable or info.next_offset == info.base_offset:
                 continue
             if info.base_offset > self.sealed_reported or again:
@@ -1204,8 +1232,39 @@ class WalStorage:
         if self.wal is not None and not self._in_flight() and not self.queued:
             self._start_flush()
 
-    def _resume_from_checkpoints(self, states: list[SubscriptionState]) -> list[SubscriptionState]:
-        """The subscriptions to resume: the WAL's word first. The store is sent nothing
+    async def _durable_checkpoints(self) -> dict[str, bytes | None]:
+        """Durable modes: the checkpoints of the newest durable segment, when the local
+        WAL does not hold it (a broker taking the topic over: a move, a failover, a new
+        disk). Every segment begins with every cursor (a roll carries them; a broker
+        loading the topic checkpoints each at once), so the newest one holds each
+        subscription's newest checkpoint at or below the durable end. {}: none, or
+        unreadable (logged: the store's records count, the cursors go back)."""
+        assert self.wal is not None
+        if not self.durable or self.store is None or self.wal.log_start_offset <= self.durable[-1].base_offset:
+            return {}
+        segment, store = self.durable[-1], self.store
+        path = self.cache_dir / "checkpoints" / segment_file_name(segment.base_offset)
+        clock = self.shell.system.clock
+
+        def read() -> dict[str, bytes | None]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                store.fetch(segment.object_key, path, size_bytes=segment.size_bytes, crc32c=segment.crc32c)
+                return segment_checkpoints([path], clock)
+            finally:
+                path.unlink(missing_ok=True)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, read)
+        except (OSError, DanubeError) as exc:
+            log.error("%s: cursor checkpoints of durable segment %d unreadable (%s); subscriptions resume from the"
+                      " metadata store's records (redelivery)", self.topic, segment.base_offset, exc)
+            return {}
+
+    def _resume_from_checkpoints(self, states: list[SubscriptionState],
+                                 carried: dict[str, bytes | None] | None = None) -> list[SubscriptionState]:
+        """The subscriptions to resume: the WAL's word first (its local files over the
+        checkpoints `carried` in from the newest durable segment). The store is sent nothing
         the WAL does not hold first (`store_pending`), so a subscription the WAL names
         resumes from its newest checkpoint (one the store does not list yet too: killed
         before the store heard of it), one whose newest checkpoint is a deletion stays
@@ -1214,8 +1273,13 @@ class WalStorage:
         mode) resumes from the store's record. Every cursor is checkpointed at once (the
         migration: from then on the WAL has each one)."""
         assert self.wal is not None
+        newest = dict(carried or {})
+        newest.update(self.wal.checkpoints())
+        newest.update(dict.fromkeys(self.wal.deleted_subscriptions()))
         from_wal: dict[str, SubscriptionState] = {}
-        for name, checkpoint in self.wal.checkpoints().items():
+        for name, checkpoint in newest.items():
+            if checkpoint is None:
+                continue
             try:
                 record = cr.decode_cursor(checkpoint)
             except InvalidArgument as exc:
@@ -1225,7 +1289,7 @@ class WalStorage:
             from_wal[name] = SubscriptionState(
                 name=name, sub_type=record.sub_type, cursor=record.cursor, acked_above=record.acked_above,
                 policy=record.policy, max_unacked_messages=record.max_unacked_messages)
-        deleted = self.wal.deleted_subscriptions()
+        deleted = {name for name, checkpoint in newest.items() if checkpoint is None}
         resumed = dict(from_wal)
         for state in states:
             if state.name in deleted:

@@ -1,0 +1,105 @@
+"""Cursors out of the metadata store in the durable modes (`storage.cursors_in_segments`),
+against three real broker processes sharing a shared_fs store: the cursors are
+checkpoints in the topic's WAL, the sealed and uploaded segments carry them, and the
+broker a topic moves to resumes every subscription from them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from danube_zmq import DanubeClient, SubType
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.clock import SystemClock
+from danube_zmq.storage.catalog import topic_key
+from danube_zmq.storage.wal import segment_checkpoints, segment_file_name
+from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.client_protocol import DispatchStrategy
+from tests.integration.test_cluster import _owners, running_cluster
+from tests.integration.test_reliable import describe_subscription
+from tests.integration.test_subscriptions import drain
+
+pytestmark = pytest.mark.cluster
+
+
+def _uploaded_cursors(shared: Path, topic: str) -> dict[str, int | None]:
+    """The cursors the newest uploaded segment of `topic` carries (what a broker taking
+    the topic over reads), by subscription; None: a deletion marker."""
+    namespace, name = topic.strip("/").split("/")
+    segments = sorted((shared / namespace / name).glob("*.seg"))
+    if not segments:
+        return {}
+    copy = shared.parent / "newest" / segment_file_name(int(segments[-1].name.split(".")[0]))
+    copy.parent.mkdir(exist_ok=True)
+    copy.write_bytes(segments[-1].read_bytes())  # a segment file is read by its WAL name
+    found = segment_checkpoints([copy], SystemClock())
+    return {sub: None if state is None else cr.decode_cursor(state).cursor for sub, state in found.items()}
+
+
+def test_a_shared_fs_topic_moved_resumes_every_subscription_from_its_uploaded_checkpoints(tmp_path: Path) -> None:
+    """shared_fs with `cursors_in_segments`: three subscriptions acknowledge 3, 7 and none
+    of ten messages; the topic is unloaded as soon as the acknowledgements reached the
+    subscriptions. The old broker writes its last checkpoints before it seals the active
+    segment, so the uploaded segment carries every cursor; the next broker reads them from
+    it and each subscription resumes right after its own acknowledged prefix. The
+    metadata store's record of each subscription is the one written at its creation: no
+    cursor write reached the store (its version never changed)."""
+    shared = tmp_path / "shared"
+    env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(shared),
+           "DANUBE_STORAGE__CURSORS_IN_SEGMENTS": "true"}
+    topic = "/default/durablecursors"
+    acked = {"a": 3, "b": 7, "c": 0}
+
+    async def run(nodes: list) -> None:
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        first_owner = (await _owners(nodes[0], [topic]))[topic]
+        owner_node = next(node for node in nodes if node.url == first_owner)
+        async with DanubeClient(nodes[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            consumers = {name: await client.subscribe(topic, name, sub_type=SubType.EXCLUSIVE,
+                                                      consumer_name=f"c{name}") for name in acked}
+            async with AdminClient(nodes[0].admin_url) as admin:
+                created = {}
+                for name in acked:
+                    deadline = time.monotonic() + 15
+                    while (entry := await admin.metadata_get(f"{topic_key(topic)}/subscriptions/{name}")) is None:
+                        assert time.monotonic() < deadline, f"subscription {name} never recorded"
+                        await asyncio.sleep(0.1)
+                    created[name] = entry.version
+            for i in range(10):
+                await producer.send(f"m{i}".encode())
+            for name, count in acked.items():
+                if count:
+                    await drain(consumers[name], count)
+                    await consumers[name].flush_acks()
+            for name, count in acked.items():
+                deadline = time.monotonic() + 15
+                while (await describe_subscription(owner_node, topic, name)).cursor != count - 1:
+                    assert time.monotonic() < deadline, f"the acks of {name} never moved its cursor"
+                    await asyncio.sleep(0.05)
+            for consumer in consumers.values():
+                await consumer.close()
+            async with AdminClient(nodes[0].admin_url) as admin:
+                await admin.unload_topic(topic)
+            deadline = time.monotonic() + 20
+            while (await _owners(nodes[0], [topic]))[topic] == first_owner:
+                assert time.monotonic() < deadline, "the topic did not move"
+                await asyncio.sleep(0.1)
+        assert _uploaded_cursors(shared, topic) == {name: count - 1 for name, count in acked.items()}
+        async with DanubeClient(nodes[0].url) as client:
+            for name, count in acked.items():
+                consumer = await client.subscribe(topic, name, sub_type=SubType.EXCLUSIVE, consumer_name=f"c{name}")
+                got = await drain(consumer, 10 - count, timeout_s=20)
+                assert [m.payload for m in got] == [f"m{i}".encode() for i in range(count, 10)], name
+        async with AdminClient(nodes[0].admin_url) as admin:
+            for name in acked:
+                entry = await admin.metadata_get(f"{topic_key(topic)}/subscriptions/{name}")
+                assert entry is not None and entry.version == created[name], f"a cursor of {name} written to the store"
+                assert cr.decode_cursor(entry.value).cursor == -1
+
+    with running_cluster(tmp_path, env) as nodes:
+        asyncio.run(run(nodes))
