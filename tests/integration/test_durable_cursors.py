@@ -103,3 +103,71 @@ def test_a_shared_fs_topic_moved_resumes_every_subscription_from_its_uploaded_ch
 
     with running_cluster(tmp_path, env) as nodes:
         asyncio.run(run(nodes))
+
+
+def test_retention_dropping_uploaded_segments_keeps_the_cursors_a_moved_topic_resumes(tmp_path: Path) -> None:
+    """shared_fs with `cursors_in_segments`, 4 KiB segments and retention at once: of 60
+    messages of 200 bytes (several segments), `fast` acknowledges all and `slow` 30, so
+    retention deletes the uploaded segments both passed (the first one's checkpoints go
+    with it). The topic is then moved: the newest uploaded segment still carries both
+    cursors (each segment begins with every cursor), so `slow` resumes at 30 and `fast`
+    gets only the message sent after the move; the store holds each subscription's
+    creation record (cursor -1) only."""
+    shared = tmp_path / "shared"
+    env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(shared),
+           "DANUBE_STORAGE__CURSORS_IN_SEGMENTS": "true", "DANUBE_STORAGE__WAL_SEGMENT_BYTES_MAX": "4096",
+           "DANUBE_STORAGE__RETENTION_TIME_MS": "0", "DANUBE_STORAGE__RETENTION_CHECK_INTERVAL_MS": "200",
+           "DANUBE_STORAGE__LOCAL_RETENTION_MS": "0"}
+    topic = "/default/retained"
+    acked = {"fast": 60, "slow": 30}
+
+    def payload(i: int) -> bytes:
+        return f"m{i:03d}".encode().ljust(200, b".")
+
+    async def run(nodes: list) -> None:
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        first_owner = (await _owners(nodes[0], [topic]))[topic]
+        owner_node = next(node for node in nodes if node.url == first_owner)
+        async with DanubeClient(nodes[0].url) as client:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            consumers = {name: await client.subscribe(topic, name, sub_type=SubType.EXCLUSIVE,
+                                                      consumer_name=f"c{name}") for name in acked}
+            for i in range(60):
+                await producer.send(payload(i))
+            for name, count in acked.items():
+                await drain(consumers[name], count)
+                await consumers[name].flush_acks()
+            for name, count in acked.items():
+                deadline = time.monotonic() + 15
+                while (await describe_subscription(owner_node, topic, name)).cursor != count - 1:
+                    assert time.monotonic() < deadline, f"the acks of {name} never moved its cursor"
+                    await asyncio.sleep(0.05)
+            segments = shared / "default" / "retained"
+            deadline = time.monotonic() + 20
+            while (shared_first := min((p.name for p in segments.glob("*.seg")), default="")) \
+                    != "" and int(shared_first.split(".")[0]) == 0:
+                assert time.monotonic() < deadline, "retention never deleted the first uploaded segment"
+                await asyncio.sleep(0.1)
+            for consumer in consumers.values():
+                await consumer.close()
+            async with AdminClient(nodes[0].admin_url) as admin:
+                await admin.unload_topic(topic)
+            deadline = time.monotonic() + 20
+            while (await _owners(nodes[0], [topic]))[topic] == first_owner:
+                assert time.monotonic() < deadline, "the topic did not move"
+                await asyncio.sleep(0.1)
+            await producer.send(payload(60))
+        assert _uploaded_cursors(shared, topic) == {name: count - 1 for name, count in acked.items()}
+        async with DanubeClient(nodes[0].url) as client:
+            slow = await client.subscribe(topic, "slow", sub_type=SubType.EXCLUSIVE, consumer_name="cslow")
+            assert [m.payload for m in await drain(slow, 31, timeout_s=20)] == [payload(i) for i in range(30, 61)]
+            fast = await client.subscribe(topic, "fast", sub_type=SubType.EXCLUSIVE, consumer_name="cfast")
+            assert [m.payload for m in await drain(fast, 1, timeout_s=20)] == [payload(60)]
+        async with AdminClient(nodes[0].admin_url) as admin:  # the store kept the creation floors only
+            for name in acked:
+                entry = await admin.metadata_get(f"{topic_key(topic)}/subscriptions/{name}")
+                assert entry is not None and cr.decode_cursor(entry.value).cursor == -1, name
+
+    with running_cluster(tmp_path, env) as nodes:
+        asyncio.run(run(nodes))
