@@ -69,7 +69,7 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import TrackedDelivery
-from danube_zmq.storage.durable import DurableStore
+from danube_zmq.storage.durable import DurableStore, cursors_key
 from danube_zmq.storage.wal import (
     CorruptRecord,
     RecordBatch,
@@ -277,6 +277,15 @@ class WalStorage:
         # records a subscription sent before that seek (fewer `seeks`) are dropped after it.
         self.seek_epochs: dict[str, int] = {}
         self.flush_future: asyncio.Future[None] | None = None  # the write of the flush in flight
+        # Durable modes with cursors in the WAL: checkpoints written to an active segment
+        # that holds no record cannot reach the store in a sealed segment; the segment is
+        # published as it is (`cursors_key`) after each flush that wrote some, so the next
+        # broker (a move, a failover) finds them. Bases of those objects known to exist
+        # (published here or listed at load): deleted once a sealed segment covers them.
+        self.publish_cursor_tail = self.durable_mode and self.cursors_in_wal
+        self.cursor_objects: set[int] = set()
+        self.cursor_tail_unpublished = False  # a publish failed: tried again at the next flush or stop
+        self.flush_published: list[int | None] = []  # what the flush in flight published (its thread's)
 
     def bind(self, shell: TopicActor) -> None:
         self.shell = shell
@@ -327,6 +336,8 @@ class WalStorage:
             # durable store (the broker waits for its uploads before it stops), its last
             # checkpoints in it: the next broker reads the cursors there.
             seal = self.durable_mode and not self.shell.restarting and not self._in_flight()
+            publish = self.store if self.publish_cursor_tail and (last or self.cursor_tail_unpublished) else None
+            topic = self.topic
 
             def close() -> tuple[bool, list[SegmentInfo]]:
                 written = True
@@ -340,10 +351,12 @@ class WalStorage:
                 segments = []
                 if seal and wal.writable:
                     try:
-                        wal.seal_active()
+                        rolled = wal.seal_active()
                         segments = wal.segments()
-                    except OSError as exc:  # the broker's seal (`_seal_wal`) tries again
-                        log.error("%s: active segment not sealed at stop (%s)", wal.directory, exc)
+                        if rolled is None and publish is not None:  # checkpoints only: published as they are
+                            publish_cursor_tail(wal, publish, topic)
+                    except (OSError, DanubeError) as exc:  # the broker's seal (`_seal_wal`) tries again
+                        log.error("%s: active segment not sealed or published at stop (%s)", wal.directory, exc)
                 wal.close()
                 return written and (wal.writable or not last), segments
 
@@ -648,6 +661,10 @@ class WalStorage:
         checkpoints = sorted(self.checkpointing.items())
         settled, self.settled = self.settled, []
         system, endpoint = self.shell.system, self.shell.endpoint
+        publish = self.store if self.publish_cursor_tail and (checkpoints or self.cursor_tail_unpublished) else None
+        published: list[int | None] = []
+        self.flush_published = published
+        topic = self.topic
 
         def write() -> None:
             try:
@@ -667,6 +684,13 @@ class WalStorage:
                 except OSError:
                     log.exception("%s: WAL rollback after a failed flush failed", wal.directory)
                 raise
+            if publish is not None:
+                try:
+                    published.append(publish_cursor_tail(wal, publish, topic))
+                except (OSError, DanubeError) as exc:  # the cursors only: the flush stands
+                    log.error("%s: cursor checkpoints not published to the durable store (%s); tried again"
+                              " at the next flush", topic, exc)
+                    published.append(_PUBLISH_FAILED)
 
         def done(future: asyncio.Future[None]) -> None:
             error = future.exception()
@@ -728,6 +752,7 @@ class WalStorage:
             self._to_store(store)
             self._committed(batches)
             self._report_sealed()
+            self._cursor_tail_published(self.flush_published)
         if self._sync_owed and not self._in_flight():
             await self.sync_due()
         if self.queued and not self._in_flight() and self.next_offset <= self.reserved_until:
@@ -860,6 +885,12 @@ class WalStorage:
         return self.wal.log_start_offset
 
     # ------------------------------------------------------------- durable segments
+    def _cursor_tail_published(self, results: list[int | None]) -> None:
+        for base in results:
+            self.cursor_tail_unpublished = base == _PUBLISH_FAILED
+            if base is not None and base != _PUBLISH_FAILED:
+                self.cursor_objects.add(base)
+
     def _report_sealed(self, *, again: bool = False, segments: list[SegmentInfo] | None = None) -> None:
         """Tell the broker about sealed WAL segments not yet durable (durable modes):
         the log's, or `segments` (a log closed at stop)."""
@@ -884,6 +915,21 @@ class WalStorage:
             self.durable.append(msg.segment)
             self.durable.sort(key=lambda s: s.base_offset)
         self._release_receipts()
+        # A sealed segment at or after a checkpoints-only one begins with newer cursors.
+        covered = sorted(base for base in self.cursor_objects if base <= msg.segment.base_offset)
+        if covered and self.store is not None:
+            self.cursor_objects.difference_update(covered)
+            store, topic = self.store, self.topic
+
+            def delete() -> None:
+                for base in covered:
+                    store.delete(cursors_key(topic, base))
+
+            def done(future: asyncio.Future[None]) -> None:
+                if future.exception() is not None:  # left behind; the topic's deletion lists them
+                    log.warning("%s: checkpoints-only segments %s not deleted: %s", topic, covered, future.exception())
+
+            asyncio.get_running_loop().run_in_executor(self.executor, delete).add_done_callback(done)
 
     def _release_receipts(self) -> None:
         """Answer the held receipts whose batches are in durable segments, in offset order
@@ -1233,32 +1279,48 @@ class WalStorage:
             self._start_flush()
 
     async def _durable_checkpoints(self) -> dict[str, bytes | None]:
-        """Durable modes: the checkpoints of the newest durable segment, when the local
-        WAL does not hold it (a broker taking the topic over: a move, a failover, a new
-        disk). Every segment begins with every cursor (a roll carries them; a broker
-        loading the topic checkpoints each at once), so the newest one holds each
-        subscription's newest checkpoint at or below the durable end. {}: none, or
-        unreadable (logged: the store's records count, the cursors go back)."""
+        """Durable modes: the checkpoints the durable store carries that the local WAL
+        does not hold (a broker taking the topic over: a move, a failover, a new disk):
+        the newest sealed segment's, then those of a newer checkpoints-only segment
+        (`cursors_key`). Every segment begins with every cursor (a roll carries them; a
+        broker loading the topic checkpoints each at once), so these hold each
+        subscription's newest checkpoint the store has. {}: none, or unreadable (logged:
+        the metadata store's records count, the cursors go back: redelivery)."""
         assert self.wal is not None
-        if not self.durable or self.store is None or self.wal.log_start_offset <= self.durable[-1].base_offset:
+        if self.store is None:
             return {}
-        segment, store = self.durable[-1], self.store
-        path = self.cache_dir / "checkpoints" / segment_file_name(segment.base_offset)
-        clock = self.shell.system.clock
+        store, topic, clock = self.store, self.topic, self.shell.system.clock
+        local_start = self.wal.log_start_offset
+        # A WAL created empty here (at the store's end) holds none of the published tail.
+        local_empty = not self.wal.checkpoints() and not self.wal.deleted_subscriptions()
+        newest = self.durable[-1] if self.durable else None
+        directory = self.cache_dir / "checkpoints"
 
         def read() -> dict[str, bytes | None]:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            bases = store.cursor_bases(topic)
+            self.cursor_objects.update(bases)  # a set the loop does not touch before this returns
+            fetched = []
             try:
-                store.fetch(segment.object_key, path, size_bytes=segment.size_bytes, crc32c=segment.crc32c)
-                return segment_checkpoints([path], clock)
+                if newest is not None and local_start > newest.base_offset:
+                    path = directory / "segment" / segment_file_name(newest.base_offset)
+                    store.fetch(newest.object_key, path, size_bytes=newest.size_bytes, crc32c=newest.crc32c)
+                    fetched.append(path)
+                tail = bases[-1] if bases else None
+                if tail is not None and (local_start > tail or local_empty) \
+                        and (newest is None or tail > newest.base_offset):
+                    path = directory / "tail" / segment_file_name(tail)
+                    store.fetch(cursors_key(topic, tail), path)
+                    fetched.append(path)
+                return segment_checkpoints(fetched, clock)
             finally:
-                path.unlink(missing_ok=True)
+                for path in fetched:
+                    path.unlink(missing_ok=True)
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, read)
         except (OSError, DanubeError) as exc:
-            log.error("%s: cursor checkpoints of durable segment %d unreadable (%s); subscriptions resume from the"
-                      " metadata store's records (redelivery)", self.topic, segment.base_offset, exc)
+            log.error("%s: cursor checkpoints in the durable store unreadable (%s); subscriptions resume from the"
+                      " metadata store's records (redelivery)", self.topic, exc)
             return {}
 
     def _resume_from_checkpoints(self, states: list[SubscriptionState],
@@ -1273,7 +1335,10 @@ class WalStorage:
         mode) resumes from the store's record. Every cursor is checkpointed at once (the
         migration: from then on the WAL has each one)."""
         assert self.wal is not None
-        newest = dict(carried or {})
+        # From the durable store: only for names the metadata store lists (existence is
+        # its word: a deletion settled after that segment must not bring one back).
+        listed_names = {state.name for state in states}
+        newest = {name: state for name, state in (carried or {}).items() if name in listed_names}
         newest.update(self.wal.checkpoints())
         newest.update(dict.fromkeys(self.wal.deleted_subscriptions()))
         from_wal: dict[str, SubscriptionState] = {}
@@ -1314,6 +1379,21 @@ class WalStorage:
                 sub_type=state.sub_type, cursor=state.cursor, acked_above=state.acked_above, policy=state.policy,
                 max_unacked_messages=state.max_unacked_messages))
         return [resumed[name] for name in sorted(resumed)]
+
+_PUBLISH_FAILED = -1
+
+
+def publish_cursor_tail(wal: WalLog, store: DurableStore, topic: str) -> int | None:
+    """Publish the active segment as it is when it holds cursor checkpoints and no
+    record (it cannot be sealed: its successor would take its base offset), under
+    `cursors_key`; the base offset published, or None when the segment holds records
+    (sealed and uploaded, it carries its checkpoints itself). Runs in the WAL's thread."""
+    info = wal.segments()[-1]
+    if info.next_offset != info.base_offset or info.size_bytes == 0:
+        return None
+    store.publish(info.path, cursors_key(topic, info.base_offset))
+    return info.base_offset
+
 
 def _mtime_ms(path: Path) -> int:
     try:

@@ -18,6 +18,7 @@ from danube_zmq.storage.catalog import topic_key
 from danube_zmq.storage.wal import segment_checkpoints, segment_file_name
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.client_protocol import DispatchStrategy
+from danube_zmq.transport.errors import DanubeError
 from tests.integration.test_cluster import _owners, running_cluster
 from tests.integration.test_reliable import describe_subscription
 from tests.integration.test_subscriptions import drain
@@ -25,11 +26,12 @@ from tests.integration.test_subscriptions import drain
 pytestmark = pytest.mark.cluster
 
 
-def _uploaded_cursors(shared: Path, topic: str) -> dict[str, int | None]:
+def _uploaded_cursors(shared: Path, topic: str, suffix: str = ".seg") -> dict[str, int | None]:
     """The cursors the newest uploaded segment of `topic` carries (what a broker taking
-    the topic over reads), by subscription; None: a deletion marker."""
+    the topic over reads), by subscription; None: a deletion marker. `suffix` ".cursors":
+    the newest checkpoints-only segment's."""
     namespace, name = topic.strip("/").split("/")
-    segments = sorted((shared / namespace / name).glob("*.seg"))
+    segments = sorted((shared / namespace / name).glob(f"*{suffix}"))
     if not segments:
         return {}
     copy = shared.parent / "newest" / segment_file_name(int(segments[-1].name.split(".")[0]))
@@ -168,6 +170,127 @@ def test_retention_dropping_uploaded_segments_keeps_the_cursors_a_moved_topic_re
             for name in acked:
                 entry = await admin.metadata_get(f"{topic_key(topic)}/subscriptions/{name}")
                 assert entry is not None and cr.decode_cursor(entry.value).cursor == -1, name
+
+    with running_cluster(tmp_path, env) as nodes:
+        asyncio.run(run(nodes))
+
+
+async def _subscribe_and_ack(client: DanubeClient, owner_node, topic: str, acked: dict[str, int]) -> None:
+    """Subscribe each of `acked`, acknowledge its count of the first messages, wait
+    until the owner's subscriptions hold those cursors, then close the consumers."""
+    consumers = {name: await client.subscribe(topic, name, sub_type=SubType.EXCLUSIVE, consumer_name=f"c{name}",
+                                              initial_position="earliest") for name in acked}
+    for name, count in acked.items():
+        if count:
+            await drain(consumers[name], count)
+            await consumers[name].flush_acks()
+    for name, count in acked.items():
+        deadline = time.monotonic() + 15
+        while (await describe_subscription(owner_node, topic, name)).cursor != count - 1:
+            assert time.monotonic() < deadline, f"the acks of {name} never moved its cursor"
+            await asyncio.sleep(0.05)
+    for consumer in consumers.values():
+        await consumer.close()
+
+
+async def _resumes_after_acked(node, topic: str, acked: dict[str, int], total: int) -> None:
+    async with DanubeClient(node.url) as client:
+        for name, count in acked.items():
+            consumer = await client.subscribe(topic, name, sub_type=SubType.EXCLUSIVE, consumer_name=f"c{name}")
+            got = await drain(consumer, total - count, timeout_s=20)
+            assert [m.payload for m in got] == [f"m{i}".encode() for i in range(count, total)], name
+    async with AdminClient(node.admin_url) as admin:  # the store kept the creation floors only
+        for name in acked:
+            entry = await admin.metadata_get(f"{topic_key(topic)}/subscriptions/{name}")
+            assert entry is not None and cr.decode_cursor(entry.value).cursor == -1, name
+
+
+async def _moved(node, topic: str, old_owner: str, timeout_s: float = 20) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            owner = (await _owners(node, [topic]))[topic]
+        except DanubeError:
+            owner = old_owner
+        if owner != old_owner:
+            return owner
+        assert time.monotonic() < deadline, "the topic did not move"
+        await asyncio.sleep(0.1)
+
+
+def test_acks_after_the_last_sealed_segment_survive_two_moves(tmp_path: Path) -> None:
+    """shared_fs with `cursors_in_segments`: ten messages, the topic moved once (its
+    segment uploaded, nothing acknowledged yet); on the second broker `a` and `b`
+    acknowledge 3 and 7 with no message sent, so their checkpoints sit in an active
+    segment holding no record, which cannot be sealed. At the second move the broker
+    publishes that segment as it is (`{base}.cursors`), and the third broker resumes
+    `a` at 3, `b` at 7 and `c` at 0 (before: back at 0, the newest sealed segment's)."""
+    shared = tmp_path / "shared"
+    env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(shared),
+           "DANUBE_STORAGE__CURSORS_IN_SEGMENTS": "true"}
+    topic = "/default/tailcursors"
+    acked = {"a": 3, "b": 7, "c": 0}
+
+    async def run(nodes: list) -> None:
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        first = (await _owners(nodes[0], [topic]))[topic]
+        async with DanubeClient(nodes[0].url) as client:
+            await _subscribe_and_ack(client, next(n for n in nodes if n.url == first), topic, dict.fromkeys(acked, 0))
+            producer = await client.create_producer(topic, dispatch="reliable")
+            for i in range(10):
+                await producer.send(f"m{i}".encode())
+            await producer.close()
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.unload_topic(topic)
+        second = await _moved(nodes[0], topic, first)
+        async with DanubeClient(nodes[0].url) as client:
+            await _subscribe_and_ack(client, next(n for n in nodes if n.url == second), topic, acked)
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.unload_topic(topic)
+        await _moved(nodes[0], topic, second)
+        assert _uploaded_cursors(shared, topic, ".cursors") == {name: count - 1 for name, count in acked.items()}
+        await _resumes_after_acked(nodes[0], topic, acked, 10)
+
+    with running_cluster(tmp_path, env) as nodes:
+        asyncio.run(run(nodes))
+
+
+def test_a_failover_after_kill_9_resumes_every_subscription_at_its_acknowledged_cursor(tmp_path: Path) -> None:
+    """shared_fs with `seal_every_flush` and `cursors_in_segments`: `a` and `b`
+    acknowledge 3 and 7 of ten messages, after the last send, so their checkpoints are
+    flushed alone into a segment holding no record; each such flush publishes it
+    (`{base}.cursors`). The owner is killed with SIGKILL (its disk counts as lost);
+    the broker that takes the topic over once the lease ends resumes `a` at 3, `b` at
+    7 and `c` at 0 from the store's segments, and no cursor was written to the
+    metadata store."""
+    shared = tmp_path / "shared"
+    env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(shared),
+           "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true", "DANUBE_STORAGE__CURSORS_IN_SEGMENTS": "true"}
+    topic = "/default/failovercursors"
+    acked = {"a": 3, "b": 7, "c": 0}
+
+    async def run(nodes: list) -> None:
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        owner = (await _owners(nodes[0], [topic]))[topic]
+        victim = next(n for n in nodes if n.url == owner)
+        survivor = next(n for n in nodes if n.url != owner)
+        async with DanubeClient(survivor.url) as client:
+            await _subscribe_and_ack(client, victim, topic, dict.fromkeys(acked, 0))
+            producer = await client.create_producer(topic, dispatch="reliable")
+            for i in range(10):
+                await producer.send(f"m{i}".encode())
+            await producer.close()
+            await _subscribe_and_ack(client, victim, topic, acked)
+        want = {name: count - 1 for name, count in acked.items()}
+        deadline = time.monotonic() + 15
+        while _uploaded_cursors(shared, topic, ".cursors") != want:
+            assert time.monotonic() < deadline, f"never published: {_uploaded_cursors(shared, topic, '.cursors')}"
+            await asyncio.sleep(0.05)
+        victim.kill()
+        await _moved(survivor, topic, owner, timeout_s=30)
+        await _resumes_after_acked(survivor, topic, acked, 10)
 
     with running_cluster(tmp_path, env) as nodes:
         asyncio.run(run(nodes))
