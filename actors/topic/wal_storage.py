@@ -327,16 +327,27 @@ class WalStorage:
         for _, mapped in self.fetched.values():
             mapped.close()
         self.fetched.clear()
+        flush = self.flush_future
+        if self.wal is not None and flush is not None and not flush.done():
+            # The WAL is the flush's thread's until it is done (the executor has several
+            # threads: closing under it lost the checkpoints the subscriptions told as
+            # they stopped, which started that flush).
+            await asyncio.wait([flush])
         if self.wal is not None:
             wal, self.wal = self.wal, None
             last = sorted(self.pending_checkpoints.items())
             self.pending_checkpoints = {}
-            store, self.store_pending = self.store_pending, []
+            # Records whose checkpoints a finished flush wrote (its FlushDone is never
+            # handled now), then those waiting for the next flush (written by close).
+            flushed = flush is not None and flush.done() and not flush.cancelled() and flush.exception() is None
+            store = (self.store_flushing if flushed else []) + self.store_pending
+            self.store_flushing, self.store_pending = [], []
             # A clean stop seals the active segment so that all of the topic reaches the
             # durable store (the broker waits for its uploads before it stops), its last
             # checkpoints in it: the next broker reads the cursors there.
-            seal = self.durable_mode and not self.shell.restarting and not self._in_flight()
-            publish = self.store if self.publish_cursor_tail and (last or self.cursor_tail_unpublished) else None
+            seal = self.durable_mode and not self.shell.restarting
+            publish = self.store if self.publish_cursor_tail and (last or self.cursor_tail_unpublished
+                                                                  or self.checkpointing) else None
             topic = self.topic
 
             def close() -> tuple[bool, list[SegmentInfo]]:
