@@ -1292,10 +1292,11 @@ class WalStorage:
     async def _durable_checkpoints(self) -> dict[str, bytes | None]:
         """Durable modes: the checkpoints the durable store carries that the local WAL
         does not hold (a broker taking the topic over: a move, a failover, a new disk):
-        the newest sealed segment's, then those of a newer checkpoints-only segment
-        (`cursors_key`). Every segment begins with every cursor (a roll carries them; a
-        broker loading the topic checkpoints each at once), so these hold each
-        subscription's newest checkpoint the store has. {}: none, or unreadable (logged:
+        those of the newest checkpoints-only segment (`cursors_key`) when it is newer
+        than the newest sealed segment, else the newest sealed segment's. Every segment
+        begins with every cursor (a roll carries them; a broker loading the topic
+        checkpoints each at once), so either holds each subscription's newest
+        checkpoint the store has. {}: none, or unreadable (logged:
         the metadata store's records count, the cursors go back: redelivery)."""
         assert self.wal is not None
         if self.store is None:
@@ -1312,15 +1313,18 @@ class WalStorage:
             self.cursor_objects.update(bases)  # a set the loop does not touch before this returns
             fetched = []
             try:
-                if newest is not None and local_start > newest.base_offset:
+                tail = bases[-1] if bases else None
+                if tail is not None and (newest is None or tail > newest.base_offset):
+                    # Newer than the sealed segment, and it begins with every cursor (a
+                    # roll, or a broker loading the topic, checkpoints each first): it
+                    # alone is enough, no segment of up to wal_segment_bytes_max to read.
+                    if local_start > tail or local_empty:
+                        path = directory / "tail" / segment_file_name(tail)
+                        store.fetch(cursors_key(topic, tail), path)
+                        fetched.append(path)
+                elif newest is not None and local_start > newest.base_offset:
                     path = directory / "segment" / segment_file_name(newest.base_offset)
                     store.fetch(newest.object_key, path, size_bytes=newest.size_bytes, crc32c=newest.crc32c)
-                    fetched.append(path)
-                tail = bases[-1] if bases else None
-                if tail is not None and (local_start > tail or local_empty) \
-                        and (newest is None or tail > newest.base_offset):
-                    path = directory / "tail" / segment_file_name(tail)
-                    store.fetch(cursors_key(topic, tail), path)
                     fetched.append(path)
                 return segment_checkpoints(fetched, clock)
             finally:

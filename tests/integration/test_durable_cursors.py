@@ -256,14 +256,18 @@ def test_acks_after_the_last_sealed_segment_survive_two_moves(tmp_path: Path) ->
         asyncio.run(run(nodes))
 
 
-def test_a_failover_after_kill_9_resumes_every_subscription_at_its_acknowledged_cursor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("then_send", [False, True])
+def test_a_failover_after_kill_9_resumes_every_subscription_at_its_acknowledged_cursor(tmp_path: Path,
+                                                                                       then_send: bool) -> None:
     """shared_fs with `seal_every_flush` and `cursors_in_segments`: `a` and `b`
     acknowledge 3 and 7 of ten messages, after the last send, so their checkpoints are
     flushed alone into a segment holding no record; each such flush publishes it
-    (`{base}.cursors`). The owner is killed with SIGKILL (its disk counts as lost);
-    the broker that takes the topic over once the lease ends resumes `a` at 3, `b` at
-    7 and `c` at 0 from the store's segments, and no cursor was written to the
-    metadata store."""
+    (`{base}.cursors`). With `then_send`, one more message follows: its sealed segment
+    begins with those cursors, and once it is durable the `.cursors` object is deleted
+    (the next broker reads the sealed segment instead). The owner is killed with
+    SIGKILL (its disk counts as lost); the broker that takes the topic over once the
+    lease ends resumes `a` at 3, `b` at 7 and `c` at 0 from the store's segments, and
+    no cursor was written to the metadata store."""
     shared = tmp_path / "shared"
     env = {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(shared),
            "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true", "DANUBE_STORAGE__CURSORS_IN_SEGMENTS": "true"}
@@ -288,9 +292,21 @@ def test_a_failover_after_kill_9_resumes_every_subscription_at_its_acknowledged_
         while _uploaded_cursors(shared, topic, ".cursors") != want:
             assert time.monotonic() < deadline, f"never published: {_uploaded_cursors(shared, topic, '.cursors')}"
             await asyncio.sleep(0.05)
+        total = 10
+        if then_send:
+            async with DanubeClient(survivor.url) as client:
+                producer = await client.create_producer(topic, dispatch="reliable")
+                await producer.send(b"m10")
+                await producer.close()
+            total = 11
+            deadline = time.monotonic() + 15
+            while list((shared / "default" / "failovercursors").glob("*.cursors")):
+                assert time.monotonic() < deadline, "the checkpoints-only segments were never deleted"
+                await asyncio.sleep(0.05)
+            assert _uploaded_cursors(shared, topic) == want
         victim.kill()
         await _moved(survivor, topic, owner, timeout_s=30)
-        await _resumes_after_acked(survivor, topic, acked, 10)
+        await _resumes_after_acked(survivor, topic, acked, total)
 
     with running_cluster(tmp_path, env) as nodes:
         asyncio.run(run(nodes))
