@@ -853,7 +853,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         if self.uploader is None or self.segment_catalog is None:
             return
         known = self.segment_catalog.get(msg.topic, msg.base_offset)
-        if known is not None:
+        if known is not None and known.end_offset >= msg.end_offset:
             self._on_uploaded(known)
             return
         try:

@@ -911,20 +911,26 @@ class WalStorage:
             segments = self.wal.segments()
         if not self.durable_mode:
             return
-        durable = {s.base_offset for s in self.durable}
+        # By base and end: a segment uploaded before a crash may have been reopened and grown.
+        durable = {s.base_offset: s.end_offset for s in self.durable}
         for info in segments:
-            if not info.sealed or info.base_offset in durable or info.next_offset == info.base_offset:
+            if not info.sealed or durable.get(info.base_offset, -1) >= info.next_offset - 1 \
+                    or info.next_offset == info.base_offset:
                 continue
-            if info.base_offset > self.sealed_reported or again:
+            if info.base_offset > self.sealed_reported or again or info.base_offset in durable:
                 self.shell.system.tell(self.broker_endpoint, SegmentSealed(
                     topic=self.topic, base_offset=info.base_offset, end_offset=info.next_offset - 1,
                     record_count=info.next_offset - info.base_offset, path=str(info.path)))
                 self.sealed_reported = max(self.sealed_reported, info.base_offset)
 
     def segment_durable(self, msg: SegmentDurable) -> None:
-        if all(s.base_offset != msg.segment.base_offset for s in self.durable):
+        same = [i for i, s in enumerate(self.durable) if s.base_offset == msg.segment.base_offset]
+        if not same:
             self.durable.append(msg.segment)
             self.durable.sort(key=lambda s: s.base_offset)
+        elif self.durable[same[0]].end_offset < msg.segment.end_offset:
+            # Uploaded again, longer: a segment whose seal a crash cut was reopened and grew.
+            self.durable[same[0]] = msg.segment
         self._release_receipts()
         # A sealed segment at or after a checkpoints-only one begins with newer cursors.
         covered = sorted(base for base in self.cursor_objects if base <= msg.segment.base_offset)

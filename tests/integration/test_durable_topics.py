@@ -157,6 +157,35 @@ async def test_with_seal_every_flush_a_receipt_waits_until_its_segment_is_durabl
     assert {m.message_id.offset: m.payload for m in received} == {first.offset: b"first", second.offset: b"held"}
 
 
+
+async def test_a_segment_reopened_after_a_crash_is_uploaded_again_and_its_sends_acknowledged(
+        broker_factory, tmp_path) -> None:
+    """`seal_every_flush`: a flush seals its segment, which is uploaded, and rolls to a new
+    empty file. A power loss can take that new file (its directory entry was never
+    synced): the sealed segment is the last one again and is reopened and appended to.
+    Its grown range must be uploaded again, or every receipt after it waits for a
+    durable segment that never comes (chaos B6 seeds 6, 7, 9, 10: 2,382 sends never
+    acknowledged while they were appended and delivered)."""
+    shared = tmp_path / "shared"
+    env = {**broker_env("shared_fs", str(shared), {}), "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true"}
+    broker = broker_factory(env=env)
+    wal_dir = tmp_path / "data" / "wal" / "default" / "reopened"
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/reopened", dispatch="reliable")
+        first = await producer.send(b"first")
+    assert broker.stop(signal.SIGKILL) == -signal.SIGKILL
+    newest = max(wal_dir.glob("*.wal"))
+    assert newest.stat().st_size == 0, "the flush did not roll to a new file"
+    newest.unlink()  # what the power loss drops: the new file, never synced
+    broker = broker_factory(env=env, url=broker.url, admin_url=broker.admin_url)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/reopened", dispatch="reliable")
+        second = await asyncio.wait_for(producer.send(b"second"), 60)
+        consumer = await client.subscribe("/default/reopened", "all", sub_type=SubType.EXCLUSIVE,
+                                          initial_position="earliest")
+        received = await drain(consumer, 2, timeout_s=30)
+    assert {m.message_id.offset: m.payload for m in received} == {first.offset: b"first", second.offset: b"second"}
+
 async def test_a_lost_disk_loses_what_was_not_uploaded_but_no_offset_is_reused(broker_factory, tmp_path) -> None:
     """Without `seal_every_flush` the acknowledged tail still in the active WAL segment is
     the documented dead-disk window; the broker's next offsets start past what it had
