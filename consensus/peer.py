@@ -227,6 +227,7 @@ PEER_PROTOCOL = Protocol(
     "raft-peer",
     1,
     RAFT_PROTOCOL.message_types() + [ReadIndexRequest, ReadIndexResponse, ForwardProposal, ForwardedResult],
+    ignore_newer_fields=True,
 )
 """Everything on the peer-to-peer sockets: the Raft messages plus the forwarded read index."""
 

@@ -182,6 +182,7 @@ RAFT_PROTOCOL = Protocol(
         InstallSnapshotResponse,
         TimeoutNow,
     ],
+    ignore_newer_fields=True,  # a rolling upgrade: peers of the next version add fields
 )
 
 RaftMessage = (
