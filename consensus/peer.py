@@ -114,6 +114,7 @@ from danube_zmq.consensus.raft import (
     Tick,
     bootstrap,
 )
+from danube_zmq.consensus.raft.messages import Heartbeat
 from danube_zmq.consensus.renewals import Renewals
 from danube_zmq.consensus.state_machine import (
     RESULT_PROTOCOL,
@@ -855,9 +856,21 @@ class RaftPeer:
             if background:
                 self._persisted(background[-1])
             effects = [e for e in effects if type(e) is not Send]
+        notices: list[tuple[int, bytes]] = []
         for effect in effects:
-            if type(effect) not in (PersistEntries, PersistHardState):
+            if type(effect) is Send and type(effect.message) is Heartbeat and not effect.message.answer:
+                notices.append(self._frame(effect.message))
+            elif type(effect) not in (PersistEntries, PersistHardState):
                 await self._execute(effect)
+        if notices:
+            # A commit's notices leave after the proposers' answers (callbacks the apply
+            # just scheduled): each send wakes libzmq's I/O thread, which on a busy machine
+            # can take the core before the answer goes. A message may always come later.
+            asyncio.get_running_loop().call_soon(self._send_frames, notices)
+
+    def _send_frames(self, frames: list[tuple[int, bytes]]) -> None:
+        for to_id, frame in frames:
+            self._send_frame(to_id, frame)
 
     def _append_then_send(self, store: RaftLogStore, persists: list[Effect], outgoing: list[tuple[int, bytes]]) -> None:
         """In the write thread: the persists as few synced appends, then the frames."""
