@@ -80,6 +80,7 @@ from danube_zmq.actors.ownership import (
     seal_state,
 )
 from danube_zmq.actors.topic import make_topic
+from danube_zmq.actors.topic.wal_storage import publish_cursor_tail
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import WatchEvent
@@ -87,7 +88,7 @@ from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.security.curve import ClusterCurve
 from danube_zmq.storage.catalog import LevelDbCatalog, SegmentCatalog, SegmentDescriptor
-from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig
+from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig, cursors_key
 from danube_zmq.storage.paths import resolve_inside
 from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.storage.wal.log import WalLog
@@ -591,7 +592,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         try:
             if storage.mode == "local":
                 return wal.next_offset, []
-            wal.seal_active()
+            if wal.seal_active() is None and storage.cursors_in_segments and self.durable_store is not None:
+                # Checkpoints only (a stop with a flush in flight does not seal): the next
+                # broker reads them from the store as they are.
+                publish_cursor_tail(wal, self.durable_store, name.full)
             return wal.next_offset, [
                 SealedSegment(topic=name.full, base_offset=info.base_offset, end_offset=info.next_offset - 1,
                               record_count=info.next_offset - info.base_offset, local_path=Path(info.path))
@@ -632,8 +636,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             segments = self.segment_catalog.list(name.full)
             if segments:
                 durable_end = segments[-1].end_offset + 1
+        storage = self.config.storage
         start = reliable_start(me=self.broker_id, state=state, local_end=local_end, durable_end=durable_end,
-                               wal_exact=self.config.storage.wal_sync == "always")
+                               wal_exact=storage.wal_sync == "always",
+                               cursors_in_segments=storage.mode != "local" and storage.cursors_in_segments)
         if start.damage is not None:
             assert state is not None and local_end is not None
             wal_dir = self._wal_dir(name)
@@ -1149,6 +1155,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             if self.durable_store is not None:
                 await asyncio.to_thread(self.durable_store.delete, desc.object_key)
             await self.segment_catalog.remove(topic, desc.base_offset)
+        if self.durable_store is not None:  # checkpoints-only segments: no descriptor, listed
+            store = self.durable_store
+            for base in await asyncio.to_thread(store.cursor_bases, topic):
+                await asyncio.to_thread(store.delete, cursors_key(topic, base))
 
     def handle_ChildStopped(self, msg: ChildStopped) -> None:
         for full, entry in list(self.topics.items()):

@@ -435,6 +435,14 @@ class StorageSection:
     # seal_every_flush: receipts a topic holds while its segments upload; past it, sends
     # are refused RESOURCE_EXHAUSTED (retriable) until uploads catch up. Default 10,000.
     receipts_held_max: int = 10_000
+    # shared_fs / object_store: reliable cursors are checkpoints in the topic's WAL (as
+    # in local mode) and reach the next broker in the sealed, uploaded segments and in
+    # the published checkpoints-only segment ({base}.cursors: one PUT per checkpoint
+    # flush with no message), instead of metadata-store writes every
+    # cursor_flush_interval_ms. A move carries every cursor, and so does a failover with
+    # seal_every_flush; without it a failover goes back to the newest uploaded segment's
+    # cursors (redelivery). Off until its costs are measured (docs/scaling.md). Default false.
+    cursors_in_segments: bool = False
     # Recent committed batches a reliable topic keeps in memory to serve readers
     # without touching the WAL files, bytes. Default 16 MiB.
     cache_bytes_max: int = 16 * MIB

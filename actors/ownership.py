@@ -54,7 +54,7 @@ class Start:
 
 
 def reliable_start(*, me: int, state: TopicState | None, local_end: int | None, durable_end: int | None,
-                   wal_exact: bool = True) -> Start:
+                   wal_exact: bool = True, cursors_in_segments: bool = False) -> Start:
     """`state`: the topic's `TopicState` record; `local_end`: the next offset of the
     WAL on this broker's disk (None: none); `durable_end`: one past the last durable
     segment's end (None: none); `wal_exact`: this broker's WAL holds every offset it
@@ -65,7 +65,11 @@ def reliable_start(*, me: int, state: TopicState | None, local_end: int | None, 
     reserved itself are not skipped when its own WAL is here and exact: the WAL says
     where it stopped. With `wal_sync: interval` a power loss cuts the WAL below records
     already delivered and acknowledged, so its own reservation is skipped too: their
-    offsets never name other messages (a cursor past them would skip those)."""
+    offsets never name other messages (a cursor past them would skip those).
+    `cursors_in_segments` (durable modes, cursors as WAL checkpoints): a local WAL of an
+    earlier turn is dropped even when it ends at the start, as another broker may have
+    moved cursors since with no message sent: its checkpoints would undo those
+    acknowledgements (its records are in the durable store)."""
     floors = []
     if state is not None:
         floors.append(state.next_offset)
@@ -81,6 +85,9 @@ def reliable_start(*, me: int, state: TopicState | None, local_end: int | None, 
             f"the log ends at offset {local_end}, below offset {state.next_offset} where this broker"
             f" recorded it at its last stop"), claimed_end=max(start, state.reserved_until))
     behind = local_end is not None and local_end < start
+    earlier_turn = state is not None and state.broker_id != me
+    if cursors_in_segments and earlier_turn and local_end is not None and local_end <= start:
+        return Start(start_offset=start, drop_local_wal=True)
     if behind and not wal_exact and state is not None and state.broker_id == me \
             and (durable_end is None or durable_end <= local_end):
         return Start(start_offset=start, continue_after_gap=True)

@@ -2,8 +2,8 @@
 
 One `RaftPeer` owns a `RaftNode`, its `RaftLogStore` and a `MetadataStateMachine`:
 
-    ROUTER (bound at `listen`)  --decode-->  events queue  --> one loop task:
-    tick timer (every tick_ms)  --Tick---->                    effects = node.step(event)
+    ROUTER (bound at `listen`)  --read and decoded by the loop itself-->  one loop task:
+    tick timer (every tick_ms)  --Tick----> events queue -->   effects = node.step(event)
     clients (propose / read)    --Propose/ReadIndex-->         run the effects IN ORDER
                                                                   Persist*/SaveSnapshot/CompactLog:
     DEALER per peer (identity str(node_id)) <--Send--             awaited in a worker thread
@@ -20,8 +20,10 @@ foreground persists (a follower's acknowledgement, a vote) are sent by the write
 right after the synced append, not a loop round later.
 
 The event queue is bounded (`events_max`): when it is full, client proposals and reads
-fail at once with RESOURCE_EXHAUSTED (retriable), and the receiver waits, so frames back
-up into the ROUTER's bounded queue (ZeroMQ drops past its HWM; Raft retries). Ticks are
+fail at once with RESOURCE_EXHAUSTED (retriable). Peer frames skip it: the loop reads at
+most `_STEP_BATCH_MAX` of them a round straight from the ROUTER (its descriptor only
+wakes the loop), so they are stepped in the round that reads them, and the rest back up
+into the ROUTER's bounded queue (ZeroMQ drops past its HWM; Raft retries). Ticks are
 skipped rather than queued twice. TTL puts (lease renewals, load reports) have a lane of
 their own (`_RENEWALS_MAX`) that the loop takes before the queue: a renewal is never
 refused for a queue full of bulk writes, nor appended after the ones queued before it, nor
@@ -112,6 +114,7 @@ from danube_zmq.consensus.raft import (
     Tick,
     bootstrap,
 )
+from danube_zmq.consensus.raft.messages import Heartbeat
 from danube_zmq.consensus.renewals import Renewals
 from danube_zmq.consensus.state_machine import (
     RESULT_PROTOCOL,
@@ -227,6 +230,7 @@ PEER_PROTOCOL = Protocol(
     "raft-peer",
     1,
     RAFT_PROTOCOL.message_types() + [ReadIndexRequest, ReadIndexResponse, ForwardProposal, ForwardedResult],
+    ignore_newer_fields=True,
 )
 """Everything on the peer-to-peer sockets: the Raft messages plus the forwarded read index."""
 
@@ -423,7 +427,9 @@ class RaftPeer:
         self.state = state_machine_factory()
         self._node = RaftNode(config, random.Random())
         self._store: RaftLogStore | None = None
-        self._router: zmq.asyncio.Socket | None = None
+        self._router: zmq.Socket | None = None  # type: ignore[type-arg]
+        self._reading = False  # the loop watches the ROUTER's descriptor
+        self._frames_waiting = False  # frames may wait on the ROUTER: the loop reads them
         self._dealers: dict[int, zmq.Socket] = {}
         self._events: asyncio.Queue[Any] = asyncio.Queue(maxsize=events_max)
         # Events the loop gives itself (a snapshot taken) and the stop signal: never
@@ -484,7 +490,9 @@ class RaftPeer:
         self._loop_task = asyncio.create_task(self._run(), name=f"raft-{self.node_id} loop")
         self._tasks = [asyncio.create_task(self._ticker(), name=f"raft-{self.node_id} tick")]
         if self._router is not None:
-            self._tasks.append(asyncio.create_task(self._receiver(), name=f"raft-{self.node_id} recv"))
+            asyncio.get_running_loop().add_reader(self._router.FD, self._on_readable)
+            self._reading = True
+            self._on_readable()  # frames that came before the reader was added
         self._tasks.append(asyncio.create_task(self._ttl_expirer(), name=f"raft-{self.node_id} ttl"))
 
     async def stop(self) -> None:
@@ -553,7 +561,8 @@ class RaftPeer:
 
     def _open_sockets(self) -> None:
         if self.listen is not None:
-            router = self._ctx.socket(zmq.ROUTER)
+            # A plain socket the loop reads itself (`_read_frames`), not an asyncio one.
+            router = self._sync_ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.RCVHWM, self._send_hwm)
             router.setsockopt(zmq.MAXMSGSIZE, self._frame_bytes_max)
@@ -615,7 +624,13 @@ class RaftPeer:
             self._dealers.pop(peer_id).close(linger=0)
         self.addresses = addresses
 
+    def _stop_reading(self) -> None:
+        if self._reading and self._router is not None:
+            asyncio.get_running_loop().remove_reader(self._router.FD)
+        self._reading = False
+
     def _close_sockets(self) -> None:
+        self._stop_reading()
         for dealer in self._dealers.values():
             dealer.close(linger=0)
         self._dealers.clear()
@@ -642,6 +657,7 @@ class RaftPeer:
                 event = await self._events.get()
                 batch = list(self._renewals)
                 self._renewals.clear()
+                self._read_frames(batch)
                 while True:
                     if event is not _WAKE:
                         batch.append(event)
@@ -664,6 +680,7 @@ class RaftPeer:
 
     def _halt(self) -> None:
         self._running = False
+        self._stop_reading()
         for task in self._tasks:
             task.cancel()
 
@@ -678,43 +695,73 @@ class RaftPeer:
                     self._events.put_nowait(Tick())
                     self._tick_queued = True
 
-    async def _receiver(self) -> None:
+    def _on_readable(self) -> None:
+        """The ROUTER's descriptor fired: wake the loop, which reads the frames itself.
+        Reading EVENTS clears the descriptor (ZeroMQ's is edge-triggered), so it cannot
+        fire again every loop iteration while the loop is busy."""
         router = self._router
-        assert router is not None
-        while True:
-            frames = await router.recv_multipart()
-            self._received += 1
-            if len(frames) != 2:
-                self._invalid += 1
-                continue
+        if router is None or not router.get(zmq.EVENTS) & zmq.POLLIN or self._frames_waiting:
+            return
+        self._frames_waiting = True
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+            self._events.put_nowait(_WAKE)
+
+    def _read_frames(self, batch: list[Any]) -> None:
+        """Into `batch`, the core's events among the frames waiting on the ROUTER (at most
+        `_STEP_BATCH_MAX`; more wait in ZeroMQ's bounded queue for the next round). They
+        are stepped in the round that reads them: no receiver task and no queue between
+        the socket and the core (a loop round each, on every message of a write)."""
+        router = self._router
+        if router is None:
+            return
+        self._frames_waiting = False
+        for _ in range(_STEP_BATCH_MAX):
             try:
-                msg = PEER_PROTOCOL.decode(frames[1])
-            except InvalidArgument as exc:
-                self._invalid += 1
-                log.warning("raft peer %d: bad frame: %s", self.node_id, exc)
-                continue
-            if frames[0] != str(msg.from_id).encode() or msg.to_id != self.node_id:  # type: ignore[attr-defined]
-                self._invalid += 1
-                continue
-            if type(msg) is ReadIndexRequest:
-                rid = next(self._ids)
-                self._remote_reads[rid] = (msg.from_id, msg.request_id)
-                await self._events.put(ReadIndex(request_id=rid))  # a full queue holds the socket back
-            elif type(msg) is ForwardProposal:
-                self._serve(msg)
-            elif type(msg) is ForwardedResult:
-                fwd = self._forwarded.pop(msg.request_id, None)
-                if fwd is not None and not fwd.done():
-                    fwd.set_result(msg)
-            elif type(msg) is ReadIndexResponse:
-                fut = self._reads.pop(msg.request_id, None)
-                if fut is not None and not fut.done():
-                    if msg.error:
-                        fut.set_exception(self._refusal(RaftError(msg.error), msg.leader_hint))
-                    else:
-                        fut.set_result(msg.read_index)
-            else:
-                await self._events.put(Receive(message=msg))  # type: ignore[arg-type]
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = self._on_frames(frames)
+            if event is not None:
+                batch.append(event)
+        self._frames_waiting = True  # the descriptor will not fire for these: come back
+        with contextlib.suppress(asyncio.QueueFull):
+            self._events.put_nowait(_WAKE)
+
+    def _on_frames(self, frames: list[bytes]) -> Event | None:
+        """One received message: the core's event for it, or None (answered here, or bad)."""
+        self._received += 1
+        if len(frames) != 2:
+            self._invalid += 1
+            return None
+        try:
+            msg = PEER_PROTOCOL.decode(frames[1])
+        except InvalidArgument as exc:
+            self._invalid += 1
+            log.warning("raft peer %d: bad frame: %s", self.node_id, exc)
+            return None
+        if frames[0] != str(msg.from_id).encode() or msg.to_id != self.node_id:  # type: ignore[attr-defined]
+            self._invalid += 1
+            return None
+        if type(msg) is ReadIndexRequest:
+            rid = next(self._ids)
+            self._remote_reads[rid] = (msg.from_id, msg.request_id)
+            return ReadIndex(request_id=rid)
+        if type(msg) is ForwardProposal:
+            self._serve(msg)
+        elif type(msg) is ForwardedResult:
+            fwd = self._forwarded.pop(msg.request_id, None)
+            if fwd is not None and not fwd.done():
+                fwd.set_result(msg)
+        elif type(msg) is ReadIndexResponse:
+            fut = self._reads.pop(msg.request_id, None)
+            if fut is not None and not fut.done():
+                if msg.error:
+                    fut.set_exception(self._refusal(RaftError(msg.error), msg.leader_hint))
+                else:
+                    fut.set_result(msg.read_index)
+        else:
+            return Receive(message=msg)  # type: ignore[arg-type]
+        return None
 
     async def _ttl_expirer(self) -> None:
         """The leader proposes `ExpireTtlKeys` when a key's TTL has run out in cluster time
@@ -810,9 +857,21 @@ class RaftPeer:
             if background:
                 self._persisted(background[-1])
             effects = [e for e in effects if type(e) is not Send]
+        notices: list[tuple[int, bytes]] = []
         for effect in effects:
-            if type(effect) not in (PersistEntries, PersistHardState):
+            if type(effect) is Send and type(effect.message) is Heartbeat and not effect.message.answer:
+                notices.append(self._frame(effect.message))
+            elif type(effect) not in (PersistEntries, PersistHardState):
                 await self._execute(effect)
+        if notices:
+            # A commit's notices leave after the proposers' answers (callbacks the apply
+            # just scheduled): each send wakes libzmq's I/O thread, which on a busy machine
+            # can take the core before the answer goes. A message may always come later.
+            asyncio.get_running_loop().call_soon(self._send_frames, notices)
+
+    def _send_frames(self, frames: list[tuple[int, bytes]]) -> None:
+        for to_id, frame in frames:
+            self._send_frame(to_id, frame)
 
     def _append_then_send(self, store: RaftLogStore, persists: list[Effect], outgoing: list[tuple[int, bytes]]) -> None:
         """In the write thread: the persists as few synced appends, then the frames."""

@@ -9,7 +9,9 @@ never a half-built object. No pickle, no extension types, no reflection beyond t
 tag table each boundary builds once (`Protocol`).
 
 Trailing fields that have defaults may be omitted by the sender (older peers);
-extra fields are rejected.
+extra fields are rejected, except by a protocol declared with `ignore_newer_fields`
+(peers of one cluster during a rolling upgrade: a newer peer's trailing fields are
+dropped from the top-level message, as protobuf skips unknown fields).
 """
 
 from __future__ import annotations
@@ -326,9 +328,13 @@ def _compile_init(cls: type[Struct], fields: tuple[dataclasses.Field[Any], ...])
 class Protocol:
     """One boundary's tag table: `encode(msg) -> bytes`, `decode(bytes) -> msg`."""
 
-    def __init__(self, name: str, version: int, messages: Iterable[type[Message]]) -> None:
+    def __init__(self, name: str, version: int, messages: Iterable[type[Message]], *,
+                 ignore_newer_fields: bool = False) -> None:
         self.name = name
         self.version = version
+        # Only between authenticated members of one cluster: input from clients keeps
+        # the strict count, so a malformed frame is named rather than half-read.
+        self.ignore_newer_fields = ignore_newer_fields
         self._by_tag: dict[int, type[Message]] = {}
         for cls in messages:
             if cls.TAG <= 0:
@@ -357,6 +363,8 @@ class Protocol:
         cls = self._by_tag.get(tag)
         if cls is None:
             raise InvalidArgument(f"unknown message tag {tag} for the {self.name} protocol")
+        if self.ignore_newer_fields:
+            return _build(cls, items[1:1 + len(cls._fields)], cls.__name__)
         return _build(cls, items[1:], cls.__name__)
 
 

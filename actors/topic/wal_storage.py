@@ -69,8 +69,17 @@ from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription import TrackedDelivery
-from danube_zmq.storage.durable import DurableStore
-from danube_zmq.storage.wal import CorruptRecord, RecordBatch, WalLog, encode_batch, scan
+from danube_zmq.storage.durable import DurableStore, cursors_key
+from danube_zmq.storage.wal import (
+    CorruptRecord,
+    RecordBatch,
+    SegmentInfo,
+    WalLog,
+    encode_batch,
+    scan,
+    segment_checkpoints,
+    segment_file_name,
+)
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
@@ -244,11 +253,13 @@ class WalStorage:
         self.evicted_to: dict[str, int] = {}
         self.disk_free_bytes: int | None = None
         self.disk_check_due_ms = 0
-        # storage.mode local: reliable cursors are checkpoints in this WAL, not Raft keys
-        # (docs/scaling.md). The metadata store keeps each subscription's record (type,
-        # policy, window), written when it is created, its settings change or its cursor
-        # goes back (a seek); its cursor there is a floor, never newer than the WAL's.
-        self.cursors_in_wal = not self.durable_mode
+        # storage.mode local (and durable modes with `storage.cursors_in_segments`):
+        # reliable cursors are checkpoints in this WAL, not Raft keys (docs/scaling.md).
+        # The metadata store keeps each subscription's record (type, policy, window),
+        # written when it is created, its settings change or its cursor goes back (a
+        # seek); its cursor there is a floor, never newer than the WAL's. In durable
+        # modes the sealed segments carry the checkpoints to the topic's next broker.
+        self.cursors_in_wal = not self.durable_mode or config.storage.cursors_in_segments
         # Checkpoints to append at the next flush, coalesced per subscription (bounded
         # by the topic's subscriptions): name -> encoded CursorRecord, None: deleted.
         self.pending_checkpoints: dict[str, bytes | None] = {}
@@ -266,6 +277,15 @@ class WalStorage:
         # records a subscription sent before that seek (fewer `seeks`) are dropped after it.
         self.seek_epochs: dict[str, int] = {}
         self.flush_future: asyncio.Future[None] | None = None  # the write of the flush in flight
+        # Durable modes with cursors in the WAL: checkpoints written to an active segment
+        # that holds no record cannot reach the store in a sealed segment; the segment is
+        # published as it is (`cursors_key`) after each flush that wrote some, so the next
+        # broker (a move, a failover) finds them. Bases of those objects known to exist
+        # (published here or listed at load): deleted once a sealed segment covers them.
+        self.publish_cursor_tail = self.durable_mode and self.cursors_in_wal
+        self.cursor_objects: set[int] = set()
+        self.cursor_tail_unpublished = False  # a publish failed: tried again at the next flush or stop
+        self.flush_published: list[int | None] = []  # what the flush in flight published (its thread's)
 
     def bind(self, shell: TopicActor) -> None:
         self.shell = shell
@@ -288,7 +308,11 @@ class WalStorage:
         self.next_offset = self.committed_offset = self.wal.next_offset
         self._synced_at_ms = self.shell.system.clock.monotonic_ms()  # what recovery kept is synced
         self._reserve_ahead()
-        states = self._resume_from_checkpoints(persisted.states) if self.cursors_in_wal else persisted.states
+        if self.cursors_in_wal:
+            carried = await self._durable_checkpoints()
+            states = self._resume_from_checkpoints(persisted.states, carried)
+        else:
+            states = persisted.states
         for state in states:
             await self._spawn_reliable(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
                                        policy=state.policy, max_unacked_messages=state.max_unacked_messages)
@@ -303,18 +327,30 @@ class WalStorage:
         for _, mapped in self.fetched.values():
             mapped.close()
         self.fetched.clear()
-        if self.wal is not None and self.durable_mode and not self.shell.restarting and not self._in_flight():
-            # A clean stop seals the active segment so that all of the topic reaches the
-            # durable store (the broker waits for its uploads before it stops).
-            await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.seal_active)
-            self._report_sealed()
+        flush = self.flush_future
+        if self.wal is not None and flush is not None and not flush.done():
+            # The WAL is the flush's thread's until it is done (the executor has several
+            # threads: closing under it lost the checkpoints the subscriptions told as
+            # they stopped, which started that flush).
+            await asyncio.wait([flush])
         if self.wal is not None:
             wal, self.wal = self.wal, None
             last = sorted(self.pending_checkpoints.items())
             self.pending_checkpoints = {}
-            store, self.store_pending = self.store_pending, []
+            # Records whose checkpoints a finished flush wrote (its FlushDone is never
+            # handled now), then those waiting for the next flush (written by close).
+            flushed = flush is not None and flush.done() and not flush.cancelled() and flush.exception() is None
+            store = (self.store_flushing if flushed else []) + self.store_pending
+            self.store_flushing, self.store_pending = [], []
+            # A clean stop seals the active segment so that all of the topic reaches the
+            # durable store (the broker waits for its uploads before it stops), its last
+            # checkpoints in it: the next broker reads the cursors there.
+            seal = self.durable_mode and not self.shell.restarting
+            publish = self.store if self.publish_cursor_tail and (last or self.cursor_tail_unpublished
+                                                                  or self.checkpointing) else None
+            topic = self.topic
 
-            def close() -> bool:
+            def close() -> tuple[bool, list[SegmentInfo]]:
                 written = True
                 if last and wal.writable:  # the cursors told since the last flush: synced by close
                     try:
@@ -323,13 +359,24 @@ class WalStorage:
                         written = False
                         log.error("%s: last cursor checkpoints not written (%s): redelivery from older ones",
                                   wal.directory, exc)
+                segments = []
+                if seal and wal.writable:
+                    try:
+                        rolled = wal.seal_active()
+                        segments = wal.segments()
+                        if rolled is None and publish is not None:  # checkpoints only: published as they are
+                            publish_cursor_tail(wal, publish, topic)
+                    except (OSError, DanubeError) as exc:  # the broker's seal (`_seal_wal`) tries again
+                        log.error("%s: active segment not sealed or published at stop (%s)", wal.directory, exc)
                 wal.close()
-                return written and (wal.writable or not last)
+                return written and (wal.writable or not last), segments
 
             # Let a flush in flight finish before the file is closed under it.
-            if await asyncio.get_running_loop().run_in_executor(self.executor, close):
+            written, sealed = await asyncio.get_running_loop().run_in_executor(self.executor, close)
+            if written:
                 for record in store:  # the flusher stops after the topics: still written
                     self.shell.system.post(self.cursor_endpoint, record)
+            self._report_sealed(segments=sealed)
             if not self.shell.restarting:
                 self.shell.system.tell(self.broker_endpoint, TopicStopped(topic=self.topic, next_offset=wal.next_offset))
         # Sends not yet acknowledged are answered now rather than left to the client's
@@ -635,6 +682,10 @@ class WalStorage:
         checkpoints = sorted(self.checkpointing.items())
         settled, self.settled = self.settled, []
         system, endpoint = self.shell.system, self.shell.endpoint
+        publish = self.store if self.publish_cursor_tail and (checkpoints or self.cursor_tail_unpublished) else None
+        published: list[int | None] = []
+        self.flush_published = published
+        topic = self.topic
 
         def write() -> None:
             try:
@@ -654,6 +705,13 @@ class WalStorage:
                 except OSError:
                     log.exception("%s: WAL rollback after a failed flush failed", wal.directory)
                 raise
+            if publish is not None:
+                try:
+                    published.append(publish_cursor_tail(wal, publish, topic))
+                except (OSError, DanubeError) as exc:  # the cursors only: the flush stands
+                    log.error("%s: cursor checkpoints not published to the durable store (%s); tried again"
+                              " at the next flush", topic, exc)
+                    published.append(_PUBLISH_FAILED)
 
         def done(future: asyncio.Future[None]) -> None:
             error = future.exception()
@@ -715,6 +773,7 @@ class WalStorage:
             self._to_store(store)
             self._committed(batches)
             self._report_sealed()
+            self._cursor_tail_published(self.flush_published)
         if self._sync_owed and not self._in_flight():
             await self.sync_due()
         if self.queued and not self._in_flight() and self.next_offset <= self.reserved_until:
@@ -847,13 +906,24 @@ class WalStorage:
         return self.wal.log_start_offset
 
     # ------------------------------------------------------------- durable segments
-    def _report_sealed(self, *, again: bool = False) -> None:
-        """Tell the broker about sealed WAL segments not yet durable (durable modes)."""
-        if not self.durable_mode or self.wal is None:
+    def _cursor_tail_published(self, results: list[int | None]) -> None:
+        for base in results:
+            self.cursor_tail_unpublished = base == _PUBLISH_FAILED
+            if base is not None and base != _PUBLISH_FAILED:
+                self.cursor_objects.add(base)
+
+    def _report_sealed(self, *, again: bool = False, segments: list[SegmentInfo] | None = None) -> None:
+        """Tell the broker about sealed WAL segments not yet durable (durable modes):
+        the log's, or `segments` (a log closed at stop)."""
+        if segments is None:
+            if self.wal is None:
+                return
+            segments = self.wal.segments()
+        if not self.durable_mode:
             return
         # By base and end: a segment uploaded before a crash may have been reopened and grown.
         durable = {s.base_offset: s.end_offset for s in self.durable}
-        for info in self.wal.segments():
+        for info in segments:
             if not info.sealed or durable.get(info.base_offset, -1) >= info.next_offset - 1 \
                     or info.next_offset == info.base_offset:
                 continue
@@ -872,6 +942,21 @@ class WalStorage:
             # Uploaded again, longer: a segment whose seal a crash cut was reopened and grew.
             self.durable[same[0]] = msg.segment
         self._release_receipts()
+        # A sealed segment at or after a checkpoints-only one begins with newer cursors.
+        covered = sorted(base for base in self.cursor_objects if base <= msg.segment.base_offset)
+        if covered and self.store is not None:
+            self.cursor_objects.difference_update(covered)
+            store, topic = self.store, self.topic
+
+            def delete() -> None:
+                for base in covered:
+                    store.delete(cursors_key(topic, base))
+
+            def done(future: asyncio.Future[None]) -> None:
+                if future.exception() is not None:  # left behind; the topic's deletion lists them
+                    log.warning("%s: checkpoints-only segments %s not deleted: %s", topic, covered, future.exception())
+
+            asyncio.get_running_loop().run_in_executor(self.executor, delete).add_done_callback(done)
 
     def _release_receipts(self) -> None:
         """Answer the held receipts whose batches are in durable segments, in offset order
@@ -1220,8 +1305,59 @@ class WalStorage:
         if self.wal is not None and not self._in_flight() and not self.queued:
             self._start_flush()
 
-    def _resume_from_checkpoints(self, states: list[SubscriptionState]) -> list[SubscriptionState]:
-        """The subscriptions to resume: the WAL's word first. The store is sent nothing
+    async def _durable_checkpoints(self) -> dict[str, bytes | None]:
+        """Durable modes: the checkpoints the durable store carries that the local WAL
+        does not hold (a broker taking the topic over: a move, a failover, a new disk):
+        those of the newest checkpoints-only segment (`cursors_key`) when it is newer
+        than the newest sealed segment, else the newest sealed segment's. Every segment
+        begins with every cursor (a roll carries them; a broker loading the topic
+        checkpoints each at once), so either holds each subscription's newest
+        checkpoint the store has. {}: none, or unreadable (logged:
+        the metadata store's records count, the cursors go back: redelivery)."""
+        assert self.wal is not None
+        if self.store is None:
+            return {}
+        store, topic, clock = self.store, self.topic, self.shell.system.clock
+        local_start = self.wal.log_start_offset
+        # A WAL created empty here (at the store's end) holds none of the published tail.
+        local_empty = not self.wal.checkpoints() and not self.wal.deleted_subscriptions()
+        newest = self.durable[-1] if self.durable else None
+        directory = self.cache_dir / "checkpoints"
+
+        def read() -> dict[str, bytes | None]:
+            bases = store.cursor_bases(topic)
+            self.cursor_objects.update(bases)  # a set the loop does not touch before this returns
+            fetched = []
+            try:
+                tail = bases[-1] if bases else None
+                if tail is not None and (newest is None or tail > newest.base_offset):
+                    # Newer than the sealed segment, and it begins with every cursor (a
+                    # roll, or a broker loading the topic, checkpoints each first): it
+                    # alone is enough, no segment of up to wal_segment_bytes_max to read.
+                    if local_start > tail or local_empty:
+                        path = directory / "tail" / segment_file_name(tail)
+                        store.fetch(cursors_key(topic, tail), path)
+                        fetched.append(path)
+                elif newest is not None and local_start > newest.base_offset:
+                    path = directory / "segment" / segment_file_name(newest.base_offset)
+                    store.fetch(newest.object_key, path, size_bytes=newest.size_bytes, crc32c=newest.crc32c)
+                    fetched.append(path)
+                return segment_checkpoints(fetched, clock)
+            finally:
+                for path in fetched:
+                    path.unlink(missing_ok=True)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, read)
+        except (OSError, DanubeError) as exc:
+            log.error("%s: cursor checkpoints in the durable store unreadable (%s); subscriptions resume from the"
+                      " metadata store's records (redelivery)", self.topic, exc)
+            return {}
+
+    def _resume_from_checkpoints(self, states: list[SubscriptionState],
+                                 carried: dict[str, bytes | None] | None = None) -> list[SubscriptionState]:
+        """The subscriptions to resume: the WAL's word first (its local files over the
+        checkpoints `carried` in from the newest durable segment). The store is sent nothing
         the WAL does not hold first (`store_pending`), so a subscription the WAL names
         resumes from its newest checkpoint (one the store does not list yet too: killed
         before the store heard of it), one whose newest checkpoint is a deletion stays
@@ -1230,8 +1366,16 @@ class WalStorage:
         mode) resumes from the store's record. Every cursor is checkpointed at once (the
         migration: from then on the WAL has each one)."""
         assert self.wal is not None
+        # From the durable store: only for names the metadata store lists (existence is
+        # its word: a deletion settled after that segment must not bring one back).
+        listed_names = {state.name for state in states}
+        newest = {name: state for name, state in (carried or {}).items() if name in listed_names}
+        newest.update(self.wal.checkpoints())
+        newest.update(dict.fromkeys(self.wal.deleted_subscriptions()))
         from_wal: dict[str, SubscriptionState] = {}
-        for name, checkpoint in self.wal.checkpoints().items():
+        for name, checkpoint in newest.items():
+            if checkpoint is None:
+                continue
             try:
                 record = cr.decode_cursor(checkpoint)
             except InvalidArgument as exc:
@@ -1241,7 +1385,7 @@ class WalStorage:
             from_wal[name] = SubscriptionState(
                 name=name, sub_type=record.sub_type, cursor=record.cursor, acked_above=record.acked_above,
                 policy=record.policy, max_unacked_messages=record.max_unacked_messages)
-        deleted = self.wal.deleted_subscriptions()
+        deleted = {name for name, checkpoint in newest.items() if checkpoint is None}
         resumed = dict(from_wal)
         for state in states:
             if state.name in deleted:
@@ -1266,6 +1410,21 @@ class WalStorage:
                 sub_type=state.sub_type, cursor=state.cursor, acked_above=state.acked_above, policy=state.policy,
                 max_unacked_messages=state.max_unacked_messages))
         return [resumed[name] for name in sorted(resumed)]
+
+_PUBLISH_FAILED = -1
+
+
+def publish_cursor_tail(wal: WalLog, store: DurableStore, topic: str) -> int | None:
+    """Publish the active segment as it is when it holds cursor checkpoints and no
+    record (it cannot be sealed: its successor would take its base offset), under
+    `cursors_key`; the base offset published, or None when the segment holds records
+    (sealed and uploaded, it carries its checkpoints itself). Runs in the WAL's thread."""
+    info = wal.segments()[-1]
+    if info.next_offset != info.base_offset or info.size_bytes == 0:
+        return None
+    store.publish(info.path, cursors_key(topic, info.base_offset))
+    return info.base_offset
+
 
 def _mtime_ms(path: Path) -> int:
     try:

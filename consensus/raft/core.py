@@ -675,11 +675,12 @@ class RaftNode:
     def _on_heartbeat(self, m: Heartbeat) -> None:
         self._follow(m.from_id)
         commit = min(m.leader_commit, self.last_index)
-        self._send(
-            HeartbeatResponse(
-                from_id=self.id, to_id=m.from_id, term=self.term, context=m.context, incarnation=self.incarnation
+        if m.answer:
+            self._send(
+                HeartbeatResponse(
+                    from_id=self.id, to_id=m.from_id, term=self.term, context=m.context, incarnation=self.incarnation
+                )
             )
-        )
         if commit > self.commit_index:
             self.commit_index = commit
             self._apply_committed()
@@ -960,7 +961,10 @@ class RaftNode:
         if known <= pr.commit_sent:
             return
         pr.commit_sent = known
-        self._send(Heartbeat(from_id=self.id, to_id=peer, term=self.term, leader_commit=known, context=self.read_seq))
+        # Its answer would tell nothing the AppendEntries answer just did not (the peer is
+        # active, its incarnation), unless a read waits for this leadership round.
+        self._send(Heartbeat(from_id=self.id, to_id=peer, term=self.term, leader_commit=known,
+                             context=self.read_seq, answer=bool(self.reads)))
 
     def _quorum_active(self) -> bool:
         voters = self.membership.voters

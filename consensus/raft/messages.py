@@ -112,7 +112,8 @@ class AppendEntriesResponse(Message):
 class Heartbeat(Message):
     """The leader's periodic "still here", with no log check (as etcd's MsgHeartbeat).
     `leader_commit` is min(leader commit, the peer's known match index), so the follower
-    can always commit it. `context` is the latest read-index round."""
+    can always commit it. `context` is the latest read-index round. `answer` False: a
+    commit notice, which the follower does not answer (True from a peer that predates it)."""
 
     TAG = 22
     from_id: int
@@ -120,6 +121,7 @@ class Heartbeat(Message):
     term: int
     leader_commit: int
     context: int = 0
+    answer: bool = True
 
 
 @wire
@@ -182,6 +184,7 @@ RAFT_PROTOCOL = Protocol(
         InstallSnapshotResponse,
         TimeoutNow,
     ],
+    ignore_newer_fields=True,  # a rolling upgrade: peers of the next version add fields
 )
 
 RaftMessage = (

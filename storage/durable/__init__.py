@@ -1,6 +1,6 @@
 """Durable segments: sealed WAL segment files in a file system or an object store (see README.md)."""
 
-from danube_zmq.storage.durable.store import DurableCorruption, DurableStore, segment_key
+from danube_zmq.storage.durable.store import DurableCorruption, DurableStore, cursors_key, segment_key
 from danube_zmq.storage.durable.uploader import (
     SealedSegment,
     Uploader,
@@ -17,5 +17,6 @@ __all__ = [
     "Uploader",
     "UploaderConfig",
     "UploaderStatistics",
+    "cursors_key",
     "segment_key",
 ]

@@ -38,7 +38,7 @@ from danube_zmq.storage.catalog import OFFSET_DIGITS, SegmentDescriptor, check_o
 from danube_zmq.storage.paths import check_key, join_key, show
 from danube_zmq.transport.errors import InternalError, InvalidArgument, NotFound
 
-__all__ = ["DurableCorruption", "DurableStore", "segment_key"]
+__all__ = ["DurableCorruption", "DurableStore", "cursors_key", "segment_key"]
 
 # Read and copy in 1 MiB pieces: large enough for throughput, small enough that a
 # publish or fetch holds a bounded amount of memory whatever the segment size.
@@ -47,6 +47,10 @@ _CHUNK_BYTES = 1 << 20
 # file is never mistaken for (or collides with) a published object.
 _TMP_MARKER = ".tmp-"
 SEGMENT_SUFFIX = ".seg"
+# A WAL segment holding cursor checkpoints only (no record: it cannot be sealed, its
+# successor would take its base offset), published as it is so that the topic's next
+# broker finds cursors newer than the newest sealed segment's (`cursors_key`).
+CURSORS_SUFFIX = ".cursors"
 
 StoreKind = Literal["filesystem", "object_store", "memory"]
 
@@ -61,6 +65,15 @@ def segment_key(topic: str, base_offset: int) -> str:
     ns, name = split_topic(topic)
     check_offset("base_offset", base_offset)
     return f"{ns}/{name}/{base_offset:0{OFFSET_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
+def cursors_key(topic: str, base_offset: int) -> str:
+    """The object key of a topic's checkpoints-only WAL segment starting at `base_offset`:
+    `{ns}/{topic}/{base:020d}.cursors`. It has no descriptor in the metadata store: the
+    next broker lists them (`DurableStore.cursor_bases`)."""
+    ns, name = split_topic(topic)
+    check_offset("base_offset", base_offset)
+    return f"{ns}/{name}/{base_offset:0{OFFSET_DIGITS}d}{CURSORS_SUFFIX}"
 
 
 def _check_key(key: str) -> str:
@@ -333,6 +346,26 @@ class DurableStore:
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm_file(path)
         self._fs.invalidate_cache(path)
+
+    def cursor_bases(self, topic: str) -> list[int]:
+        """The base offsets of `topic`'s checkpoints-only segments (`cursors_key`), in
+        ascending order; temporary files are left out."""
+        ns, name = split_topic(topic)
+        directory = self.path_of(f"{ns}/{name}")
+        try:
+            if self._kind == "filesystem":
+                names = os.listdir(directory)
+            else:
+                self._fs.invalidate_cache(directory)  # another broker may have written one
+                names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in self._fs.ls(directory, detail=False)]
+        except FileNotFoundError:
+            return []
+        bases = []
+        for entry in names:
+            stem = entry[:-len(CURSORS_SUFFIX)]
+            if entry.endswith(CURSORS_SUFFIX) and len(stem) == OFFSET_DIGITS and stem.isdigit():
+                bases.append(int(stem))
+        return sorted(bases)
 
     def exists(self, key: str) -> bool:
         path = self.path_of(key)

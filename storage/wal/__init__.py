@@ -18,7 +18,7 @@ from danube_zmq.storage.wal.format import (
     encode_checkpoints,
     scan,
 )
-from danube_zmq.storage.wal.log import RecoveryReport, RepairReport, WalLog, WalStatistics
+from danube_zmq.storage.wal.log import RecoveryReport, RepairReport, WalLog, WalStatistics, segment_checkpoints
 from danube_zmq.storage.wal.segment import SegmentInfo, segment_file_name
 
 __all__ = [
@@ -41,5 +41,6 @@ __all__ = [
     "encode_batch",
     "encode_checkpoints",
     "scan",
+    "segment_checkpoints",
     "segment_file_name",
 ]

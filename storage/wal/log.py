@@ -611,6 +611,14 @@ def _range_text(offsets: tuple[int, int] | None) -> str:
     return "none" if offsets is None else f"{offsets[0]}..{offsets[1] - 1}"
 
 
+def segment_checkpoints(paths: list[Path], clock: Clock,
+                        body_bytes_max: int = RECORD_BODY_BYTES_MAX) -> dict[str, bytes | None]:
+    """Each subscription's newest checkpoint (None: a deletion marker) in the whole
+    records of the segment files `paths`, oldest first (durable segments a broker
+    loading the topic downloaded: every segment begins with every cursor)."""
+    return newest_checkpoints(_readable_checkpoints(paths, clock, body_bytes_max))
+
+
 def _readable_checkpoints(paths: list[Path], clock: Clock, body_bytes_max: int) -> list[Checkpoint]:
     """The checkpoints in the whole records of `paths` (files a repair gives up), in
     log order, each file up to its first fault; a file that cannot be read adds none."""
@@ -624,7 +632,7 @@ def _readable_checkpoints(paths: list[Path], clock: Clock, body_bytes_max: int) 
             finally:
                 segment.close()
         except (OSError, CorruptRecord) as exc:
-            log.error("WAL %s: set aside unread (%s): its cursor checkpoints are not kept", path, exc)
+            log.error("WAL %s: unreadable (%s): its cursor checkpoints are not used", path, exc)
     return found
 
 

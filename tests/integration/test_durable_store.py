@@ -23,6 +23,7 @@ from danube_zmq.storage.durable import (
     SealedSegment,
     Uploader,
     UploaderConfig,
+    cursors_key,
 )
 from danube_zmq.transport.errors import InvalidArgument, NotFound, ResourceExhausted
 
@@ -207,6 +208,22 @@ def test_delete_removes_the_object_and_is_idempotent(store: DurableStore, tmp_pa
     store.delete(key)
     with pytest.raises(NotFound):
         store.fetch(key, tmp_path / "out.wal")
+
+
+def test_checkpoint_only_segments_are_listed_by_base_offset(store: DurableStore, tmp_path: Path) -> None:
+    """A topic's checkpoints-only segments (`cursors_key`) are found by listing, in offset
+    order, in every backend: its sealed segments, another topic's objects and nothing at
+    all (a topic never published) are not listed; a deleted one is gone from the list."""
+    source = tmp_path / "tail"
+    make_file(source, 100, seed=3)
+    assert store.cursor_bases(TOPIC) == []
+    for base in (1200, 7, 30):
+        store.publish(source, cursors_key(TOPIC, base))
+    store.publish(source, store.segment_key(TOPIC, 0))
+    store.publish(source, cursors_key("/default/other", 5))
+    assert store.cursor_bases(TOPIC) == [7, 30, 1200]
+    store.delete(cursors_key(TOPIC, 30))
+    assert store.cursor_bases(TOPIC) == [7, 1200]
 
 
 def test_keys_are_checked(tmp_path: Path) -> None:

@@ -142,3 +142,58 @@ async def test_a_follower_never_acknowledges_an_append_that_failed(tmp_path: Pat
         except Unavailable:
             pass
         leader.close()
+
+
+async def test_a_frame_is_stepped_in_the_loop_round_that_reads_it(tmp_path: Path) -> None:
+    """A peer's frame goes from its socket to the core with no task or queue between
+    them: a callback rescheduled every event-loop iteration counts the rounds, and the
+    round that decodes the leader's AppendEntries must be the round that steps it (a
+    receiver task handing it to the stepping task through a queue takes one more)."""
+    from danube_zmq.consensus import peer as peer_module
+
+    leader = FakeLeader()
+    peer = await _follower(tmp_path, leader)
+    loop = asyncio.get_running_loop()
+    rounds = [0]
+    counting = [True]
+
+    def count() -> None:
+        rounds[0] += 1
+        if counting[0]:
+            loop.call_soon(count)
+
+    decoded: list[int] = []
+    stepped: list[int] = []
+    protocol = peer_module.PEER_PROTOCOL
+    node = peer._node
+    step = node.step
+
+    class Recording:
+        def decode(self, frame: bytes) -> Any:
+            msg = protocol.decode(frame)
+            if type(msg) is AppendEntries:
+                decoded.append(rounds[0])
+            return msg
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(protocol, name)
+
+    def recording_step(event: Any) -> Any:
+        if type(getattr(event, "message", None)) is AppendEntries:
+            stepped.append(rounds[0])
+        return step(event)
+
+    peer_module.PEER_PROTOCOL = Recording()  # type: ignore[assignment]
+    node.step = recording_step  # type: ignore[method-assign]
+    try:
+        loop.call_soon(count)
+        leader.append(peer.listen or "", b"\x01")
+        async with asyncio.timeout(_DEADLINE_S):
+            while not stepped:
+                await asyncio.sleep(0.01)
+        assert decoded and stepped[0] == decoded[0], (decoded, stepped)
+    finally:
+        counting[0] = False
+        peer_module.PEER_PROTOCOL = protocol
+        await peer.stop()
+        leader.close()

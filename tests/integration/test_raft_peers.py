@@ -357,3 +357,42 @@ async def test_the_event_queue_is_bounded(tmp_path: Path) -> None:
                 peer._enqueue(ReadIndex(request_id=1_000_000 + k))
         await asyncio.sleep(0.05)  # the loop drains the queue, and the peer serves again
         assert (await store.put("/after", b"ok")).version == 1
+
+
+async def test_the_leader_answers_a_write_before_it_sends_the_commit_notices(cluster: Cluster) -> None:
+    """A commit's notices to the followers (Heartbeats asking no answer) leave after the
+    proposer's answer: each ZeroMQ send wakes libzmq's I/O thread, which on a busy
+    machine can take the core from the loop before it answers. The leader's notices and
+    the `propose_then` answers are recorded in order, for 20 writes one at a time."""
+    from danube_zmq.consensus.peer import PEER_PROTOCOL
+    from danube_zmq.consensus.raft.messages import Heartbeat
+
+    await cluster.put("/warm", b"up", timeout=20.0)
+    leader = await cluster.leader(timeout=20.0)
+    order: list[str] = []
+    send_frame = leader._send_frame
+
+    def recording_send(to_id: int, frame: bytes) -> bool:
+        msg = PEER_PROTOCOL.decode(frame)
+        if type(msg) is Heartbeat and not msg.answer:
+            order.append(f"notice {msg.leader_commit}")
+        return send_frame(to_id, frame)
+
+    leader._send_frame = recording_send  # type: ignore[method-assign]
+    for k in range(20):
+        answered = asyncio.get_running_loop().create_future()
+
+        def done(result: object, answered: asyncio.Future[object] = answered) -> None:
+            order.append(f"answer {leader.state.last_applied_index}")  # our entry, just applied
+            answered.set_result(result)
+
+        assert leader.propose_then(Put(key=f"/k/{k}", value=b"v"), done)
+        async with asyncio.timeout(20.0):
+            await answered
+    # Each answered write's own notices (their commit index is its entry's) come after it.
+    answered_at = {what: n for n, what in enumerate(order) if what.startswith("answer")}
+    ours = [(n, what) for n, what in enumerate(order) if f"answer {what.split()[1]}" in answered_at
+            and what.startswith("notice")]
+    assert len(answered_at) == 20 and ours, order
+    for n, what in ours:
+        assert answered_at[f"answer {what.split()[1]}"] < n, order

@@ -279,3 +279,21 @@ def test_an_omitted_trailing_field_takes_its_default_unchecked() -> None:
     frame = msgpack.packb([GetPartitions.TAG, 1, "/default/t"])
     decoded = CLIENT_PROTOCOL.decode(frame)
     assert decoded.dispatch_strategy is DispatchStrategy.NON_RELIABLE
+
+
+def test_a_peer_protocol_drops_a_newer_peers_trailing_fields_and_a_client_protocol_refuses_them() -> None:
+    """A rolling upgrade: a Raft answer from a peer of the next version, with a field
+    this version does not know, decodes as this version's message (the fields it knows
+    intact); the same extra field on a client frame is still a clear error."""
+    from danube_zmq.consensus.peer import PEER_PROTOCOL
+    from danube_zmq.consensus.raft.messages import RAFT_PROTOCOL, HeartbeatResponse
+
+    answer = HeartbeatResponse(from_id=2, to_id=1, term=7, incarnation=99)
+    newer = msgpack.packb([*answer.to_wire(), "a field of the next version", 5])
+    for protocol in (RAFT_PROTOCOL, PEER_PROTOCOL):
+        assert protocol.decode(newer) == answer
+    with pytest.raises(InvalidArgument, match="fields, got"):
+        CLIENT_PROTOCOL.decode(msgpack.packb([*Send(
+            request_id=1, producer_id=2, payloads=[b"x"], publish_times=[1]).to_wire(), "extra"], use_bin_type=True))
+    with pytest.raises(InvalidArgument, match="an integer"):  # the known fields are still checked
+        RAFT_PROTOCOL.decode(msgpack.packb([HeartbeatResponse.TAG, "2", 1, 7, 99, "extra"]))

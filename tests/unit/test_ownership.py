@@ -3,6 +3,8 @@ durable ends against the rules that keep acknowledged offsets unique and never l
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -133,3 +135,22 @@ def test_only_the_broker_a_topic_leaves_marks_it_sealed_and_only_once(from_broke
     sealed if it is not yet; no other broker ever does."""
     marker = Unassigned(reason="unload", from_broker=from_broker, sealed=sealed)
     assert marks_sealed(me=ME, marker=marker) == (from_broker == ME and not sealed)
+
+
+@given(topic_states(), offsets, st.one_of(st.none(), offsets))
+def test_with_cursors_in_segments_a_wal_of_an_earlier_turn_ending_at_the_start_is_dropped(
+        state: TopicState | None, local_end: int, durable_end: int | None) -> None:
+    """Durable modes with cursors in the segments: a local WAL of an earlier turn here
+    (another broker recorded the topic since) is dropped even when it ends right at the
+    start: the other broker may have taken acknowledgements with no message sent, and
+    this WAL's older checkpoints would undo them (its records are in the durable store).
+    Without the option, and for this broker's own WAL, the rule is the one above."""
+    start = reliable_start(me=ME, state=state, local_end=local_end, durable_end=durable_end,
+                           cursors_in_segments=True)
+    plain = reliable_start(me=ME, state=state, local_end=local_end, durable_end=durable_end)
+    earlier_turn = state is not None and state.broker_id != ME
+    if earlier_turn and start.start_offset is not None and local_end <= start.start_offset:
+        assert start.drop_local_wal
+        assert dataclasses.replace(start, drop_local_wal=plain.drop_local_wal) == plain
+    else:
+        assert start == plain

@@ -7,7 +7,10 @@ from __future__ import annotations
 import itertools
 import random
 
+import msgpack
+
 from danube_zmq.consensus.raft import (
+    RAFT_PROTOCOL,
     AddLearner,
     ApplySnapshot,
     PromoteVoter,
@@ -32,13 +35,15 @@ from danube_zmq.consensus.raft import (
 from danube_zmq.consensus.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
     InstallSnapshot,
     RequestVoteResponse,
     TimeoutNow,
     encode_membership,
 )
 from danube_zmq.consensus.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
-from tests.unit.test_raft_core import Cluster
+from tests.unit.test_raft_core import Cluster, restore
 
 
 def _config_change(c: Cluster, leader: int, change, request_id: int = 1) -> ProposalResult:
@@ -669,6 +674,54 @@ def test_a_follower_holding_everything_learns_a_commit_without_waiting_for_a_hea
     c.deliver()  # no tick: no periodic heartbeat
     assert c.nodes[1].commit_index == result.index
     assert c.nodes[2].commit_index == c.nodes[3].commit_index == result.index
+
+
+def test_a_commit_notice_is_not_answered():
+    """The heartbeat sent on commit only carries the commit index: it asks for no answer
+    and gets none (the AppendEntries answer before it told the leader all it needs), so a
+    sequential write to three voters costs six peer messages, not eight."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    c.delivered.clear()
+    (result,) = [e for e in c.step(1, Propose(request_id=1, data=b"x")) if isinstance(e, ProposalResult)]
+    c.deliver()  # no tick: no periodic heartbeat
+    assert c.nodes[2].commit_index == c.nodes[3].commit_index == result.index
+    notices = c.sent(Heartbeat)
+    assert {m.to_id for m in notices} == {2, 3} and not any(m.answer for m in notices)
+    assert c.sent(HeartbeatResponse) == []
+    assert len(c.delivered) == 6  # AppendEntries, its answer and the notice, to each follower
+
+
+def test_a_commit_notice_asks_for_an_answer_while_a_read_waits():
+    """While a read waits for its leadership round, the commit notice carries the round
+    and asks for an answer: the answers confirm the round and release the read. The read
+    arrives after the AppendEntries left (their answers echo an older round), its own
+    heartbeats are lost and no tick comes."""
+    c = Cluster([1, 2, 3])
+    c.elect(1)
+    c.tick(n=2)
+    c.step(1, Propose(request_id=1, data=b"x"))
+    c.step(1, ReadIndex(request_id=7))
+    c.inbox = [m for m in c.inbox if not isinstance(m, Heartbeat)]  # the read round's are lost
+    c.delivered.clear()
+    c.deliver()
+    notices = c.sent(Heartbeat)
+    assert notices and all(m.answer for m in notices)
+    (ready,) = c.of_type(1, ReadReady)
+    assert ready.request_id == 7 and ready.error is None
+
+
+def test_a_heartbeat_from_an_older_peer_asks_for_an_answer():
+    """A Heartbeat encoded by a peer that predates `answer` (one field short) decodes with
+    answer=True, and the follower answers it as before."""
+    frame = msgpack.packb([Heartbeat.TAG, 1, 2, 3, 0, 0], use_bin_type=True)
+    beat = RAFT_PROTOCOL.decode(frame)
+    assert type(beat) is Heartbeat and beat.answer is True
+    node = RaftNode(RaftConfig(node_id=2), random.Random(2))
+    node.step(restore([1, 2, 3], 3, []))
+    sent = [e.message for e in node.step(Receive(message=beat)) if isinstance(e, Send)]
+    assert [type(m) for m in sent] == [HeartbeatResponse]
 
 
 def test_a_single_voter_answers_a_read_at_once():

@@ -211,3 +211,35 @@ def test_the_bytes_of_a_range_of_messages_leave_the_checkpoints_among_them_out(t
             for end in range(start, 6):
                 assert wal.bytes_between(start, end) == sum(sizes[start:end]), (start, end, reopened)
     wal.close()
+
+
+def test_the_newest_sealed_segment_alone_holds_every_subscriptions_newest_checkpoint(tmp_path: Path) -> None:
+    """What a broker taking a durable topic over reads (`segment_checkpoints` on the
+    newest uploaded segment): after checkpoints spread over three segments (a, b and a
+    deletion of c in the first, a newer a in the second, a newer b in the third), the
+    third segment's file alone, copied out of the log, gives a and b at their newest and
+    c's deletion marker; the first alone gives the old states."""
+    from danube_zmq.storage.wal import segment_checkpoints
+
+    wal = open_log(tmp_path / "wal")
+    append(wal, 2)
+    wal.append_checkpoints([("a", b"a-1"), ("b", b"b-1"), ("c", b"c-1")])
+    wal.append_checkpoints([("c", None)])
+    wal.seal_active()
+    append(wal, 2)
+    wal.append_checkpoints([("a", b"a-3")])
+    wal.seal_active()
+    append(wal, 2)
+    wal.append_checkpoints([("b", b"b-5")])
+    wal.seal_active()
+    sealed = [info.path for info in wal.segments() if info.sealed]
+    assert len(sealed) == 3
+    copies = []
+    for path in sealed:  # as downloaded from the durable store: the file alone
+        copy = tmp_path / "fetched" / path.name
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_bytes(path.read_bytes())
+        copies.append(copy)
+    wal.close()
+    assert segment_checkpoints([copies[-1]], ManualClock()) == {"a": b"a-3", "b": b"b-5", "c": None}
+    assert segment_checkpoints([copies[0]], ManualClock()) == {"a": b"a-1", "b": b"b-1", "c": None}
