@@ -448,6 +448,11 @@ class RaftPeer:
         self._writes: list[PersistEntries] = []
         self._writer: asyncio.Task[None] | None = None
         self._write_failed: BaseException | None = None
+        # (index, term) of the last entry the write thread has synced (set by that thread),
+        # and the last such point the core stepped: the loop adds `LogPersisted` to the
+        # next round it steps, with the acknowledgements read in it (no task hop between).
+        self._synced: tuple[int, int] | None = None
+        self._synced_stepped: tuple[int, int] | None = None
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
         self._send_lock = threading.Lock()  # the DEALERs, shared with the write thread
 
@@ -657,6 +662,7 @@ class RaftPeer:
                 event = await self._events.get()
                 batch = list(self._renewals)
                 self._renewals.clear()
+                self._take_synced(batch)
                 self._read_frames(batch)
                 while True:
                     if event is not _WAKE:
@@ -677,6 +683,19 @@ class RaftPeer:
                 log.exception("raft peer %d: step failed; stopping the peer", self.node_id)
                 self._halt()
                 return
+
+    def _take_synced(self, batch: list[Any]) -> None:
+        """Into `batch`, a `LogPersisted` for what the write thread synced since the last
+        round: the leader counts its own copy in the round that reads the followers'
+        acknowledgements, not a task hop and a round of its own later."""
+        synced = self._synced
+        if synced is not None and synced != self._synced_stepped:
+            self._synced_stepped = synced
+            batch.append(LogPersisted(index=synced[0], term=synced[1]))
+
+    def _on_synced(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+            self._events.put_nowait(_WAKE)
 
     def _halt(self) -> None:
         self._running = False
@@ -842,7 +861,8 @@ class RaftPeer:
                 # Handed to the write thread now, before the AppendEntries below go out
                 # (a task would first wait for a loop round: the fsync started late).
                 writes, self._writes = self._writes, []
-                first = asyncio.get_running_loop().run_in_executor(None, self._append_merged, store, writes)
+                loop = asyncio.get_running_loop()
+                first = loop.run_in_executor(None, self._append_merged, store, writes, loop)
                 self._writer = asyncio.create_task(self._write_background(store, writes, first),
                                                    name=f"raft-{self.node_id} append")
         elif persists:
@@ -886,14 +906,13 @@ class RaftPeer:
                                 first: asyncio.Future[None]) -> None:
         """After `first` (the append of `writes`, already in the write thread), append
         what queued up while it ran as one synced batch (group commit), until nothing
-        waits; after each, tell the core, through the loop."""
+        waits. Each append tells the core itself, from the write thread (`_append_merged`)."""
         try:
             await first
-            self._persisted(writes[-1])
+            loop = asyncio.get_running_loop()
             while self._writes:
                 writes, self._writes = self._writes, []
-                await asyncio.to_thread(self._append_merged, store, writes)
-                self._persisted(writes[-1])
+                await loop.run_in_executor(None, self._append_merged, store, writes, loop)
         except Exception as exc:
             self._writes = []
             self._write_failed = exc
@@ -903,11 +922,19 @@ class RaftPeer:
         finally:
             self._writer = None
 
-    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries]) -> None:
+    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries],
+                       loop: asyncio.AbstractEventLoop) -> None:
+        """In the write thread: the leader's own appends as few synced batches; then the
+        loop learns of them at once (`_synced`, stepped in its next round). Through the
+        executor's future and the writer task it took three loop iterations and a
+        round of its own, while a follower's acknowledgement waited for it to commit."""
         i = 0
         while i < len(writes):
             entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
             store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
+        last = writes[-1].entries[-1]
+        self._synced = (last.index, last.term)  # only after the synced append returned
+        loop.call_soon_threadsafe(self._on_synced)
 
     def _persisted(self, write: PersistEntries) -> None:
         last = write.entries[-1]
