@@ -119,6 +119,7 @@ from danube_zmq.consensus.renewals import Renewals
 from danube_zmq.consensus.state_machine import (
     RESULT_PROTOCOL,
     Command,
+    Compacted,
     ExpireTtlKeys,
     MetadataStateMachine,
     MetadataStatistics,
@@ -454,6 +455,8 @@ class RaftPeer:
         self._synced: tuple[int, int] | None = None
         self._synced_stepped: tuple[int, int] | None = None
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
+        # Watchers of one prefix: woken by an applied change under it (or any `_wake`).
+        self._prefix_waiters: dict[asyncio.Future[None], str] = {}
         self._send_lock = threading.Lock()  # the DEALERs, shared with the write thread
 
         self._ids = itertools.count(1)
@@ -1095,6 +1098,7 @@ class RaftPeer:
         sm = self.state
         renewals = self._renewed
         now_ms = self.clock.monotonic_ms()
+        revision = sm.revision
         for entry in entries:
             if entry.kind == EntryKind.COMMAND:
                 result: Result | None = sm.apply(entry.index, entry.data)
@@ -1124,7 +1128,22 @@ class RaftPeer:
         renewals.applied_upto(sm.last_applied_index)
         if len(renewals) > 2 * sm.ttl_key_count + _RENEWED_KEYS_SLACK:
             renewals.retain(lambda key: (value := sm.get(key)) is not None and value.ttl_ms is not None)
-        self._wake()
+        self._changed.set()
+        self._changed = asyncio.Event()
+        if self._prefix_waiters and sm.revision != revision:
+            self._wake_prefixes(revision)
+
+    def _wake_prefixes(self, revision: int) -> None:
+        """The prefix watchers with a change under their prefix since `revision`."""
+        try:
+            keys = [event.key for event in self.state.events_since("", revision)]
+        except Compacted:  # more changed at once than the history holds: wake them all
+            keys = None
+        for fut, prefix in list(self._prefix_waiters.items()):
+            if keys is None or any(key.startswith(prefix) for key in keys):
+                del self._prefix_waiters[fut]
+                if not fut.done():
+                    fut.set_result(None)
 
     def _on_proposal_result(self, e: ProposalResult) -> None:
         fut = self._proposals.pop(e.request_id, None)
@@ -1206,6 +1225,10 @@ class RaftPeer:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        waiters, self._prefix_waiters = self._prefix_waiters, {}
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     # ------------------------------------------------------------------ public API
 
@@ -1244,6 +1267,21 @@ class RaftPeer:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._changed.wait()
+
+    async def wait_changed_under(self, prefix: str, timeout: float | None = None) -> None:
+        """Wait for the next applied change to a key under `prefix`, a role change, a
+        snapshot installed or a stop (or `timeout`). A watch waits here, not in
+        `wait_changed`: a write elsewhere does not wake it to scan and find nothing (each
+        watch on the leader did that at every apply, a share of every write's CPU)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._prefix_waiters[fut] = prefix
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except TimeoutError:
+            pass
+        finally:
+            self._prefix_waiters.pop(fut, None)
 
     async def wait_for_leader(self, timeout: float = 10.0) -> int:
         """The leader's id once one is known (raises `Timeout`)."""
