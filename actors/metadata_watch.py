@@ -81,4 +81,4 @@ class MetadataWatch(Actor):
             self.revision = event.revision
         if not events:
             self.revision = max(revision, now)
-            await store.wait_changed()
+            await store.wait_changed_under(self.prefix)

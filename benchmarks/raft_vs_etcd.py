@@ -14,7 +14,8 @@ value to distinct keys, all through the leader (`--via all` spreads the proposer
 the three members; a follower forwards). A put is acknowledged once committed on a
 majority and applied on the member asked. Systems alternate run by run (etcd, then each
 `--broker`, repeated), each on fresh servers; the table shows medians of puts/s and
-commit latency p50/p99, and every run is appended to benchmarks/results/raft_vs_etcd.jsonl.
+commit latency p50/p99 and, for ours, the leader's CPU per put (user + sys of its process
+over the run, psutil); every run is appended to benchmarks/results/raft_vs_etcd.jsonl.
 
 etcd is driven over its native gRPC KV API (`/etcdserverpb.KV/Put`) with grpcio. The
 `etcd3` package is not used: its generated stubs need protobuf < 4 and this venv has
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 from e2e import percentile  # benchmarks/ is on sys.path when a script here runs
 from harness import append, now_utc
 from raft import Node, agreed_leader
@@ -229,13 +231,18 @@ async def drive_ours(nodes: list[Node], count: int, concurrency: int, size: int,
                 await admin.metadata_put(f"/bench/{p}/{i}", value)
                 latencies.append((time.perf_counter_ns() - started) // 1000)
 
+        leader = psutil.Process(nodes[leader_id - 1].process.pid)  # type: ignore[union-attr]
+        cpu_before = leader.cpu_times()
         started = time.perf_counter()
         await asyncio.gather(*(proposer(p) for p in range(concurrency)))
         elapsed = time.perf_counter() - started
+        cpu_after = leader.cpu_times()
     finally:
         for admin in admins:
             await admin.__aexit__(None, None, None)
-    return summary(latencies, elapsed)
+    # The leader's CPU (user + sys, all its threads) per acknowledged put.
+    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    return {**summary(latencies, elapsed), "leader_cpu_us_per_put": round(cpu_s * 1e6 / len(latencies), 1)}
 
 
 async def one_run(system: str, python: str | None, etcd: str, count: int, concurrency: int, size: int,
@@ -269,13 +276,16 @@ def report(runs: list[dict[str, Any]]) -> None:
     for run in runs:
         groups.setdefault((run["system"], run["concurrency"]), []).append(run)
     etcd_rate = {c: statistics.median(r["puts_per_s"] for r in g) for (s, c), g in groups.items() if s == "etcd"}
-    print(f"{'system':<10} {'proposers':>9} {'runs':>4} {'puts/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'vs etcd':>7}")
+    print(f"{'system':<10} {'proposers':>9} {'runs':>4} {'puts/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'vs etcd':>7}"
+          f" {'leader µs/put':>13}")
     for (system, concurrency), group in groups.items():
         rate = statistics.median(r["puts_per_s"] for r in group)
         p50 = statistics.median(r["p50_ms"] for r in group)
         p99 = statistics.median(r["p99_ms"] for r in group)
         ratio = f"{rate / etcd_rate[concurrency]:.2f}x" if concurrency in etcd_rate else "-"
-        print(f"{system:<10} {concurrency:>9} {len(group):>4} {rate:>8.0f} {p50:>7.2f} {p99:>7.2f} {ratio:>7}")
+        cpus = [r["leader_cpu_us_per_put"] for r in group if "leader_cpu_us_per_put" in r]
+        cpu = f"{statistics.median(cpus):.0f}" if cpus else "-"
+        print(f"{system:<10} {concurrency:>9} {len(group):>4} {rate:>8.0f} {p50:>7.2f} {p99:>7.2f} {ratio:>7} {cpu:>13}")
 
 
 async def main() -> None:

@@ -166,7 +166,7 @@ class RaftMetadataStore:
             revision = max(revision, now)
             if not peer.running:
                 raise Unavailable(f"raft peer {peer.node_id} stopped; resume the watch at revision {revision}")
-            await peer.wait_changed()
+            await peer.wait_changed_under(prefix)
 
     # ------------------------------------------------------------------ writes
 
@@ -292,6 +292,11 @@ class RaftMetadataStore:
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait for the local peer's next apply or role change (or `timeout` seconds)."""
         await self.peer.wait_changed(timeout)
+
+    async def wait_changed_under(self, prefix: str, timeout: float | None = None) -> None:
+        """Wait for the next applied change under `prefix` (or a role change, a stop, or
+        `timeout` seconds): a watch is not woken by writes elsewhere."""
+        await self.peer.wait_changed_under(prefix, timeout)
 
     # ------------------------------------------------------------------ membership
 

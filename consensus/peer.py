@@ -119,6 +119,7 @@ from danube_zmq.consensus.renewals import Renewals
 from danube_zmq.consensus.state_machine import (
     RESULT_PROTOCOL,
     Command,
+    Compacted,
     ExpireTtlKeys,
     MetadataStateMachine,
     MetadataStatistics,
@@ -448,7 +449,14 @@ class RaftPeer:
         self._writes: list[PersistEntries] = []
         self._writer: asyncio.Task[None] | None = None
         self._write_failed: BaseException | None = None
+        # (index, term) of the last entry the write thread has synced (set by that thread),
+        # and the last such point the core stepped: the loop adds `LogPersisted` to the
+        # next round it steps, with the acknowledgements read in it (no task hop between).
+        self._synced: tuple[int, int] | None = None
+        self._synced_stepped: tuple[int, int] | None = None
         self._changed = asyncio.Event()  # set (and replaced) on every apply / role change
+        # Watchers of one prefix: woken by an applied change under it (or any `_wake`).
+        self._prefix_waiters: dict[asyncio.Future[None], str] = {}
         self._send_lock = threading.Lock()  # the DEALERs, shared with the write thread
 
         self._ids = itertools.count(1)
@@ -657,6 +665,7 @@ class RaftPeer:
                 event = await self._events.get()
                 batch = list(self._renewals)
                 self._renewals.clear()
+                self._take_synced(batch)
                 self._read_frames(batch)
                 while True:
                     if event is not _WAKE:
@@ -677,6 +686,19 @@ class RaftPeer:
                 log.exception("raft peer %d: step failed; stopping the peer", self.node_id)
                 self._halt()
                 return
+
+    def _take_synced(self, batch: list[Any]) -> None:
+        """Into `batch`, a `LogPersisted` for what the write thread synced since the last
+        round: the leader counts its own copy in the round that reads the followers'
+        acknowledgements, not a task hop and a round of its own later."""
+        synced = self._synced
+        if synced is not None and synced != self._synced_stepped:
+            self._synced_stepped = synced
+            batch.append(LogPersisted(index=synced[0], term=synced[1]))
+
+    def _on_synced(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+            self._events.put_nowait(_WAKE)
 
     def _halt(self) -> None:
         self._running = False
@@ -842,7 +864,8 @@ class RaftPeer:
                 # Handed to the write thread now, before the AppendEntries below go out
                 # (a task would first wait for a loop round: the fsync started late).
                 writes, self._writes = self._writes, []
-                first = asyncio.get_running_loop().run_in_executor(None, self._append_merged, store, writes)
+                loop = asyncio.get_running_loop()
+                first = loop.run_in_executor(None, self._append_merged, store, writes, loop)
                 self._writer = asyncio.create_task(self._write_background(store, writes, first),
                                                    name=f"raft-{self.node_id} append")
         elif persists:
@@ -886,14 +909,13 @@ class RaftPeer:
                                 first: asyncio.Future[None]) -> None:
         """After `first` (the append of `writes`, already in the write thread), append
         what queued up while it ran as one synced batch (group commit), until nothing
-        waits; after each, tell the core, through the loop."""
+        waits. Each append tells the core itself, from the write thread (`_append_merged`)."""
         try:
             await first
-            self._persisted(writes[-1])
+            loop = asyncio.get_running_loop()
             while self._writes:
                 writes, self._writes = self._writes, []
-                await asyncio.to_thread(self._append_merged, store, writes)
-                self._persisted(writes[-1])
+                await loop.run_in_executor(None, self._append_merged, store, writes, loop)
         except Exception as exc:
             self._writes = []
             self._write_failed = exc
@@ -903,11 +925,19 @@ class RaftPeer:
         finally:
             self._writer = None
 
-    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries]) -> None:
+    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries],
+                       loop: asyncio.AbstractEventLoop) -> None:
+        """In the write thread: the leader's own appends as few synced batches; then the
+        loop learns of them at once (`_synced`, stepped in its next round). Through the
+        executor's future and the writer task it took three loop iterations and a
+        round of its own, while a follower's acknowledgement waited for it to commit."""
         i = 0
         while i < len(writes):
             entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
             store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
+        last = writes[-1].entries[-1]
+        self._synced = (last.index, last.term)  # only after the synced append returned
+        loop.call_soon_threadsafe(self._on_synced)
 
     def _persisted(self, write: PersistEntries) -> None:
         last = write.entries[-1]
@@ -1068,6 +1098,7 @@ class RaftPeer:
         sm = self.state
         renewals = self._renewed
         now_ms = self.clock.monotonic_ms()
+        revision = sm.revision
         for entry in entries:
             if entry.kind == EntryKind.COMMAND:
                 result: Result | None = sm.apply(entry.index, entry.data)
@@ -1097,7 +1128,22 @@ class RaftPeer:
         renewals.applied_upto(sm.last_applied_index)
         if len(renewals) > 2 * sm.ttl_key_count + _RENEWED_KEYS_SLACK:
             renewals.retain(lambda key: (value := sm.get(key)) is not None and value.ttl_ms is not None)
-        self._wake()
+        self._changed.set()
+        self._changed = asyncio.Event()
+        if self._prefix_waiters and sm.revision != revision:
+            self._wake_prefixes(revision)
+
+    def _wake_prefixes(self, revision: int) -> None:
+        """The prefix watchers with a change under their prefix since `revision`."""
+        try:
+            keys = [event.key for event in self.state.events_since("", revision)]
+        except Compacted:  # more changed at once than the history holds: wake them all
+            keys = None
+        for fut, prefix in list(self._prefix_waiters.items()):
+            if keys is None or any(key.startswith(prefix) for key in keys):
+                del self._prefix_waiters[fut]
+                if not fut.done():
+                    fut.set_result(None)
 
     def _on_proposal_result(self, e: ProposalResult) -> None:
         fut = self._proposals.pop(e.request_id, None)
@@ -1179,6 +1225,10 @@ class RaftPeer:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        waiters, self._prefix_waiters = self._prefix_waiters, {}
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     # ------------------------------------------------------------------ public API
 
@@ -1217,6 +1267,21 @@ class RaftPeer:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._changed.wait()
+
+    async def wait_changed_under(self, prefix: str, timeout: float | None = None) -> None:
+        """Wait for the next applied change to a key under `prefix`, a role change, a
+        snapshot installed or a stop (or `timeout`). A watch waits here, not in
+        `wait_changed`: a write elsewhere does not wake it to scan and find nothing (each
+        watch on the leader did that at every apply, a share of every write's CPU)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._prefix_waiters[fut] = prefix
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except TimeoutError:
+            pass
+        finally:
+            self._prefix_waiters.pop(fut, None)
 
     async def wait_for_leader(self, timeout: float = 10.0) -> int:
         """The leader's id once one is known (raises `Timeout`)."""

@@ -60,6 +60,9 @@ class AppliedLog:
         await self._changed.wait()
         self._changed.clear()
 
+    async def wait_changed_under(self, prefix: str, timeout: float | None = None) -> None:
+        await self.wait_changed(timeout)  # woken by every change: the watch must skip the rest
+
 
 def test_a_watch_on_a_quiet_prefix_survives_writes_elsewhere() -> None:
     """A watcher of `/quiet/` while 50 writes go to `/busy/`, with a history of 8
