@@ -78,19 +78,12 @@ def test_a_shared_fs_topic_moved_resumes_every_subscription_from_its_uploaded_ch
                 if count:
                     await drain(consumers[name], count)
                     await consumers[name].flush_acks()
-            for name, count in acked.items():
-                deadline = time.monotonic() + 15
-                while (await describe_subscription(owner_node, topic, name)).cursor != count - 1:
-                    assert time.monotonic() < deadline, f"the acks of {name} never moved its cursor"
-                    await asyncio.sleep(0.05)
+            await _cursors_at(owner_node, topic, acked)
             for consumer in consumers.values():
                 await consumer.close()
             async with AdminClient(nodes[0].admin_url) as admin:
                 await admin.unload_topic(topic)
-            deadline = time.monotonic() + 20
-            while (await _owners(nodes[0], [topic]))[topic] == first_owner:
-                assert time.monotonic() < deadline, "the topic did not move"
-                await asyncio.sleep(0.1)
+            await _moved(nodes[0], topic, first_owner)
         assert _uploaded_cursors(shared, topic) == {name: count - 1 for name, count in acked.items()}
         async with DanubeClient(nodes[0].url) as client:
             for name, count in acked.items():
@@ -140,11 +133,7 @@ def test_retention_dropping_uploaded_segments_keeps_the_cursors_a_moved_topic_re
             for name, count in acked.items():
                 await drain(consumers[name], count)
                 await consumers[name].flush_acks()
-            for name, count in acked.items():
-                deadline = time.monotonic() + 15
-                while (await describe_subscription(owner_node, topic, name)).cursor != count - 1:
-                    assert time.monotonic() < deadline, f"the acks of {name} never moved its cursor"
-                    await asyncio.sleep(0.05)
+            await _cursors_at(owner_node, topic, acked)
             segments = shared / "default" / "retained"
             deadline = time.monotonic() + 20
             while (shared_first := min((p.name for p in segments.glob("*.seg")), default="")) \
@@ -155,10 +144,7 @@ def test_retention_dropping_uploaded_segments_keeps_the_cursors_a_moved_topic_re
                 await consumer.close()
             async with AdminClient(nodes[0].admin_url) as admin:
                 await admin.unload_topic(topic)
-            deadline = time.monotonic() + 20
-            while (await _owners(nodes[0], [topic]))[topic] == first_owner:
-                assert time.monotonic() < deadline, "the topic did not move"
-                await asyncio.sleep(0.1)
+            await _moved(nodes[0], topic, first_owner)
             await producer.send(payload(60))
         assert _uploaded_cursors(shared, topic) == {name: count - 1 for name, count in acked.items()}
         async with DanubeClient(nodes[0].url) as client:
@@ -184,13 +170,18 @@ async def _subscribe_and_ack(client: DanubeClient, owner_node, topic: str, acked
         if count:
             await drain(consumers[name], count)
             await consumers[name].flush_acks()
+    await _cursors_at(owner_node, topic, acked)
+    for consumer in consumers.values():
+        await consumer.close()
+
+
+async def _cursors_at(owner_node, topic: str, acked: dict[str, int]) -> None:
+    """Wait until the owner's subscriptions hold the cursors `acked` moved them to."""
     for name, count in acked.items():
         deadline = time.monotonic() + 15
         while (await describe_subscription(owner_node, topic, name)).cursor != count - 1:
             assert time.monotonic() < deadline, f"the acks of {name} never moved its cursor"
             await asyncio.sleep(0.05)
-    for consumer in consumers.values():
-        await consumer.close()
 
 
 async def _resumes_after_acked(node, topic: str, acked: dict[str, int], total: int) -> None:

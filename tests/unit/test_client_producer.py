@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from danube_zmq.client import BatchReceipt, DispatchStrategy, MessageId, ProducerQueueFull
+from danube_zmq.client import BatchReceipt, DanubeClient, DispatchStrategy, MessageId, PendingSend, Producer, ProducerQueueFull
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.routing import RoundRobin, fnv1a_64, partition_for_key
 from danube_zmq.transport.client_protocol import (
@@ -26,7 +26,7 @@ from danube_zmq.transport.errors import (
     InvalidArgument,
     ResourceExhausted,
 )
-from tests.unit.test_client_fake_broker import client_for, eventually, running_broker
+from tests.unit.test_client_fake_broker import FakeBroker, client_for, eventually, running_broker
 
 TOPIC = "/default/orders"
 
@@ -516,6 +516,25 @@ async def test_a_failed_batch_fails_every_pending_send_and_callback() -> None:
         assert [type(e) for e in errors] == [FailedPrecondition] * 3
 
 
+async def _moved_with_b_in_flight(client: DanubeClient, old: FakeBroker,
+                                  new: FakeBroker) -> tuple[Producer, PendingSend, bytes, Send]:
+    """Batches a and b in flight on `old`; the topic moves to `new`: a is refused at once
+    (and stored on `new` when sent again), b stays unanswered on `old`. Returns the
+    producer, b's handle, and what `old.push` needs to answer b."""
+    producer = await client.create_producer(TOPIC, batch_messages_max=1, inflight_batches_max=4)
+    await producer.send(b"warm")
+    old.hold(Send)
+    a, b = producer.send_nowait(b"a"), producer.send_nowait(b"b")
+    await eventually(lambda: len(old.held) == 2, what="a and b in flight")
+    (identity, send_a), (_, send_b) = old.held
+    old.held.clear()
+    old.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=new.url)
+    await old.push(identity, Error(request_id=send_a.request_id, code=ErrorCode.UNAVAILABLE,
+                                   message="topic moved before this batch was acknowledged"))
+    await a
+    return producer, b, identity, send_b
+
+
 @pytest.mark.asyncio
 async def test_a_batch_still_in_flight_on_the_old_owner_is_stored_before_later_batches_on_the_new_one() -> None:
     """The topic moves while batches a and b are in flight on the old owner: a is refused
@@ -524,17 +543,7 @@ async def test_a_batch_still_in_flight_on_the_old_owner_is_stored_before_later_b
     outcome, and the new owner was told (`CreateProducer.next_sequence`) to expect a.
     (Chaos B5 seed 2: c's batch was stored first.)"""
     async with running_broker() as old, running_broker() as new, client_for(old) as client:
-        producer = await client.create_producer(TOPIC, batch_messages_max=1, inflight_batches_max=4)
-        await producer.send(b"warm")
-        old.hold(Send)
-        a, b = producer.send_nowait(b"a"), producer.send_nowait(b"b")
-        await eventually(lambda: len(old.held) == 2, what="a and b in flight")
-        (identity, send_a), (_, send_b) = old.held
-        old.held.clear()
-        old.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=new.url)
-        await old.push(identity, Error(request_id=send_a.request_id, code=ErrorCode.UNAVAILABLE,
-                                       message="topic moved before this batch was acknowledged"))
-        await a
+        producer, b, identity, send_b = await _moved_with_b_in_flight(client, old, new)
         c = producer.send_nowait(b"c")
         # b's answer is late: c is not stored before it (the unfixed client stored c here
         # within a backoff or two).
@@ -555,17 +564,7 @@ async def test_a_batch_acknowledged_on_the_old_owner_after_the_move_is_not_waite
     refuses it once (it still expects b), the producer re-attaches naming c, and c is
     stored. No batch waits for one that is acknowledged."""
     async with running_broker() as old, running_broker() as new, client_for(old) as client:
-        producer = await client.create_producer(TOPIC, batch_messages_max=1, inflight_batches_max=4)
-        await producer.send(b"warm")
-        old.hold(Send)
-        a, b = producer.send_nowait(b"a"), producer.send_nowait(b"b")
-        await eventually(lambda: len(old.held) == 2, what="a and b in flight")
-        (identity, send_a), (_, send_b) = old.held
-        old.held.clear()
-        old.fail_next(CreateProducer, ErrorCode.UNAVAILABLE, "not the owner", redirect_url=new.url)
-        await old.push(identity, Error(request_id=send_a.request_id, code=ErrorCode.UNAVAILABLE,
-                                       message="topic moved before this batch was acknowledged"))
-        await a
+        producer, b, identity, send_b = await _moved_with_b_in_flight(client, old, new)
         # b was stored on the old owner (offset 2) before the move: its receipt comes late.
         await old.push(identity, SendReceipt(request_id=send_b.request_id, producer_id=send_b.producer_id,
                                              offsets=[2]))

@@ -13,25 +13,21 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, StorageSection
-from danube_zmq.actors.gateway import Gateway
-from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
-from danube_zmq.clock import SystemClock
+from danube_zmq.actors.config import StorageSection
+from danube_zmq.actors.topic import WalStorage
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
+from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import ErrorCode
 from danube_zmq.transport.internal_protocol import ClientRequest
-from tests.unit.test_wal_sync_timer import _ask, _Reserver
+from tests.unit.reliable_topic import ask as _ask
+from tests.unit.reliable_topic import reliable_topic
 
 TOPIC = "/default/order"
 IDENTITY = b"order-client"
@@ -39,40 +35,11 @@ IDENTITY = b"order-client"
 _requests = iter(range(100, 10_000))
 
 
-@contextlib.asynccontextmanager
-async def _reliable_topic(tmp_path: Path, storage: StorageSection | None = None,
-                          ) -> AsyncIterator[tuple[ActorSystem, str, WalStorage, zmq.asyncio.Socket]]:
+def _reliable_topic(tmp_path: Path, storage: StorageSection | None = None,
+                    ) -> contextlib.AbstractAsyncContextManager[tuple[ActorSystem, str, WalStorage, zmq.asyncio.Socket]]:
     """A reliable topic behind the real gateway (the system, its endpoint, its storage)
     and a connected client socket whose identity is `IDENTITY`."""
-    context = zmq.asyncio.Context()
-    system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=1024)
-    executor = ThreadPoolExecutor(1)
-    url = f"inproc://producer-order-{next(_requests)}"
-    config = BrokerConfig(broker=BrokerSection(listen=url), storage=storage or StorageSection())
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, IDENTITY)
-    try:
-        system.gateway_endpoint = await system.spawn(lambda: Gateway(config=config, broker_id=1), name="gateway")
-        reserver = _Reserver()
-        broker_endpoint = await system.spawn(lambda: reserver, name="broker")
-        topic = await system.spawn(
-            lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config,
-                               rng=IdSource(3), broker_endpoint=broker_endpoint, wal_dir=tmp_path / "wal",
-                               executor=executor),
-            name=f"topic {TOPIC}")
-        reserver.topic_endpoint = system.broker_endpoint = topic
-        sock.connect(url)
-        assert isinstance(await _ask(sock, Connect(request_id=1, protocol_version=PROTOCOL_VERSION,
-                                                   client_name="t")), Connected)
-        actor = system.actor(topic)
-        assert isinstance(actor, TopicActor) and isinstance(actor.storage, WalStorage)
-        yield system, topic, actor.storage, sock
-    finally:
-        sock.close(linger=0)
-        await system.shutdown()
-        executor.shutdown()
-        context.term()
+    return reliable_topic(tmp_path, TOPIC, storage, IDENTITY)
 
 
 async def _send(sock: zmq.asyncio.Socket, producer_id: int, sequence: int) -> cp.SendReceipt | Error:

@@ -15,30 +15,21 @@ import itertools
 import os
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, StorageSection
-from danube_zmq.actors.gateway import Gateway
-from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
-from danube_zmq.clock import SystemClock
-from danube_zmq.runtime.actor import Actor
+from danube_zmq.actors.config import StorageSection
+from danube_zmq.actors.topic import TopicActor, WalStorage
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.codec import Message
-from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected
 from danube_zmq.transport.internal_protocol import (
-    OffsetsReserved,
-    PersistedSubscriptions,
-    ReserveOffsets,
-    SubscriptionsOf,
     WalSyncDue,
 )
+from tests.unit.reliable_topic import ask as _ask
+from tests.unit.reliable_topic import reliable_topic
 
 StrPath = str | os.PathLike[str]
 
@@ -46,61 +37,15 @@ TOPIC = "/default/interval"
 _listeners = itertools.count(1)
 
 
-class _Reserver(Actor):
-    """The broker actor's parts here: offsets reserved at once, no persisted cursors."""
-
-    def __init__(self) -> None:
-        self.topic_endpoint = ""
-
-    def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
-        self.system.tell(self.topic_endpoint, OffsetsReserved(until=msg.until))
-
-    def handle_SubscriptionsOf(self, msg: SubscriptionsOf) -> PersistedSubscriptions:
-        return PersistedSubscriptions(states=[])  # a new topic: none persisted
-
-
-async def _ask(sock: zmq.asyncio.Socket, msg: Message) -> Message:
-    await sock.send(cp.CLIENT_PROTOCOL.encode(msg))
-    async with asyncio.timeout(30):
-        while True:
-            answer = cp.CLIENT_PROTOCOL.decode(await sock.recv())
-            if getattr(answer, "request_id", None) == msg.request_id:  # type: ignore[attr-defined]
-                return answer
-
-
 @contextlib.asynccontextmanager
 async def _interval_topic(tmp_path: Path) -> AsyncIterator[tuple[ActorSystem, str, zmq.asyncio.Socket, int]]:
     """A reliable topic in interval mode (an hour: only `WalSyncDue`s the test tells it
     fsync), its system, its endpoint, and a client socket with a producer attached."""
-    context = zmq.asyncio.Context()
-    system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=1024)
-    executor = ThreadPoolExecutor(1)
-    url = f"inproc://wal-sync-timer-{next(_listeners)}"
-    config = BrokerConfig(broker=BrokerSection(listen=url),
-                          storage=StorageSection(wal_sync="interval", wal_sync_interval_ms=3_600_000))
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        system.gateway_endpoint = await system.spawn(lambda: Gateway(config=config, broker_id=1), name="gateway")
-        reserver = _Reserver()
-        broker_endpoint = await system.spawn(lambda: reserver, name="broker")
-        topic = await system.spawn(
-            lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.RELIABLE, config=config,
-                               rng=IdSource(3), broker_endpoint=broker_endpoint, wal_dir=tmp_path / "wal",
-                               executor=executor),
-            name=f"topic {TOPIC}")
-        reserver.topic_endpoint = system.broker_endpoint = topic
-        sock.connect(url)
-        assert isinstance(await _ask(sock, Connect(request_id=1, protocol_version=PROTOCOL_VERSION,
-                                                   client_name="t")), Connected)
+    storage = StorageSection(wal_sync="interval", wal_sync_interval_ms=3_600_000)
+    async with reliable_topic(tmp_path, TOPIC, storage) as (system, topic, _, sock):
         created = await _ask(sock, cp.CreateProducer(request_id=2, topic=TOPIC, producer_name="p"))
         assert isinstance(created, cp.ProducerCreated), created
         yield system, topic, sock, created.producer_id
-    finally:
-        sock.close(linger=0)
-        await system.shutdown()
-        executor.shutdown()
-        context.term()
 
 
 def _storage(system: ActorSystem, topic: str) -> WalStorage:
