@@ -1276,10 +1276,9 @@ class RaftPeer:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._prefix_waiters[fut] = prefix
         try:
-            async with asyncio.timeout(timeout):
-                await fut
-        except TimeoutError:
-            pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await fut
         finally:
             self._prefix_waiters.pop(fut, None)
 

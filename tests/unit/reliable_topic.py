@@ -50,10 +50,15 @@ class Reserver(Actor):
 async def ask(sock: zmq.asyncio.Socket, msg: Message) -> Message:
     """Send a client request and return the answer with its request id."""
     await sock.send(cp.CLIENT_PROTOCOL.encode(msg))
+    return await answer_to(sock, msg.request_id)  # type: ignore[attr-defined]
+
+
+async def answer_to(sock: zmq.asyncio.Socket, request_id: int) -> Message:
+    """The next answer with `request_id` (others are skipped)."""
     async with asyncio.timeout(30):
         while True:
             answer = cp.CLIENT_PROTOCOL.decode(await sock.recv())
-            if getattr(answer, "request_id", None) == msg.request_id:  # type: ignore[attr-defined]
+            if getattr(answer, "request_id", None) == request_id:
                 return answer
 
 

@@ -26,8 +26,8 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import ErrorCode
 from danube_zmq.transport.internal_protocol import ClientRequest
+from tests.unit.reliable_topic import answer_to, reliable_topic
 from tests.unit.reliable_topic import ask as _ask
-from tests.unit.reliable_topic import reliable_topic
 
 TOPIC = "/default/order"
 IDENTITY = b"order-client"
@@ -150,11 +150,7 @@ async def test_a_batch_left_in_a_stopping_topics_mailbox_is_answered(tmp_path: P
             assert system.tell(topic, ClientRequest(identity=IDENTITY, frame=cp.CLIENT_PROTOCOL.encode(late)))
             layer.gate.set()
             await stopping
-            async with asyncio.timeout(10):
-                while True:
-                    answer = cp.CLIENT_PROTOCOL.decode(await sock.recv())
-                    if getattr(answer, "request_id", None) == late.request_id:
-                        break
+            answer = await answer_to(sock, late.request_id)
             assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
     finally:
         layer.gate.set()
@@ -177,9 +173,5 @@ async def test_a_receipt_held_for_the_durable_store_is_answered_when_the_topic_m
             while not storage.receipts_held:
                 await asyncio.sleep(0.005)
         await system.stop(topic, moving=True)
-        async with asyncio.timeout(10):
-            while True:
-                answer = cp.CLIENT_PROTOCOL.decode(await sock.recv())
-                if getattr(answer, "request_id", None) == waiting.request_id:
-                    break
+        answer = await answer_to(sock, waiting.request_id)
         assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
