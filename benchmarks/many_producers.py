@@ -46,7 +46,7 @@ import numpy as np
 from harness import Meter, Servers, finish, medians, now_utc, parse_brokers, print_table, servers_for, split_list
 
 from danube_zmq.loadgen.histogram import LatencyHistogram
-from danube_zmq.loadgen.spread import CpuWindow, deal, send_offset_ns
+from danube_zmq.loadgen.spread import CpuSamples, CpuWindow, deal, send_offset_ns
 from danube_zmq.loadgen.stamp import Stamper, read_stamp
 from danube_zmq.runtime import event_loop
 
@@ -125,15 +125,15 @@ def _producer_main(peer: str, url: str, indices: list[int], load: dict[str, Any]
 
 def _consumer_main(peer: str, url: str, topics: int, ready: Any, stop: Any, out: Any) -> None:
     latencies: list[int] = []
-    clock = {"first_ns": 0, "last_ns": 0, "cpu0": 0.0, "cpu1": 0.0}
+    clock = {"last_ns": 0}
+    cpu = CpuSamples()  # as our bench's consumer reads it (loadgen/spread.py)
 
     def got(data: bytes) -> None:
         now = time.monotonic_ns()
         latencies.append(now - read_stamp(data)[2])
-        cpu = time.process_time()
-        if not clock["first_ns"]:
-            clock["first_ns"], clock["cpu0"] = now, cpu
-        clock["last_ns"], clock["cpu1"] = now, cpu
+        if cpu.due(now):
+            cpu.record(time.process_time(), now)
+        clock["last_ns"] = now
 
     async def wait_done() -> None:
         while not (stop.is_set() and time.monotonic_ns() - max(clock["last_ns"], 1) > _IDLE_S * 1e9):
@@ -179,9 +179,7 @@ def _consumer_main(peer: str, url: str, topics: int, ready: Any, stop: Any, out:
     event_loop.run(nats_consumer() if peer == "nats_core" else redis_consumer())
     histogram = LatencyHistogram()
     histogram.record_many_ns(np.array(latencies, dtype=np.int64))
-    wall_s = (clock["last_ns"] - clock["first_ns"]) / 1e9
-    out.put({"received": len(latencies), "latency_us": histogram.summary_us(),
-             "cpu_percent": CpuWindow(clock["cpu0"], 0.0).percent(clock["cpu1"], wall_s) if wall_s > 0 else None})
+    out.put({"received": len(latencies), "latency_us": histogram.summary_us(), "cpu_percent": cpu.percent()})
 
 
 def run_peer(peer: str, url: str, server_pid: int, *, producers: int, producer_processes: int, topics: int,

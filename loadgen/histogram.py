@@ -81,17 +81,24 @@ class LatencyHistogram:
 
 
 class LatencyBuffer:
-    """Latencies on their way into a histogram, a received batch's array at a time:
-    recorded with `record_many_ns` once a few thousand are gathered (one call costs a
-    fixed ~30 µs, a batch may be a handful of messages) and on `flush`, which must come
-    before the histogram is read."""
+    """Latencies on their way into a histogram, a received batch's array (or one value)
+    at a time: recorded with `record_many_ns` once a few thousand are gathered (one call
+    costs a fixed ~30 µs, a batch may be a handful of messages) and on `flush`, which
+    must come before the histogram is read."""
 
-    __slots__ = ("_arrays", "_count", "_histogram")
+    __slots__ = ("_arrays", "_count", "_histogram", "_values")
 
     def __init__(self, histogram: LatencyHistogram) -> None:
         self._histogram = histogram
         self._arrays: list[np.ndarray] = []
+        self._values: list[int] = []
         self._count = 0
+
+    def add(self, value_ns: int) -> None:
+        self._values.append(value_ns)
+        self._count += 1
+        if self._count >= _BUFFER_VALUES_MAX:
+            self.flush()
 
     def add_many(self, values_ns: np.ndarray) -> None:
         self._arrays.append(values_ns)
@@ -100,6 +107,9 @@ class LatencyBuffer:
             self.flush()
 
     def flush(self) -> None:
+        if self._values:
+            self._arrays.append(np.array(self._values, dtype=np.int64))
+            self._values = []
         if self._arrays:
             self._histogram.record_many_ns(np.concatenate(self._arrays))
             self._arrays, self._count = [], 0

@@ -42,8 +42,8 @@ from danube_zmq.client.errors import ProducerQueueFull
 from danube_zmq.client.message import BatchReceipt
 from danube_zmq.loadgen.accounting import Delivery
 from danube_zmq.loadgen.histogram import LatencyBuffer, LatencyHistogram
-from danube_zmq.loadgen.spread import CpuWindow, deal, send_offset_ns
-from danube_zmq.loadgen.stamp import STAMP_BYTES, Stamper, read_stamps
+from danube_zmq.loadgen.spread import CpuSamples, CpuWindow, deal, send_offset_ns
+from danube_zmq.loadgen.stamp import STAMP_BYTES, Stamper, read_stamp, read_stamps
 from danube_zmq.runtime import event_loop
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Timeout
 
@@ -56,7 +56,7 @@ _RSS_SAMPLE_S = 0.25
 _YIELD_EVERY = 256  # messages between yields at max rate, so receipts get handled
 _READY_TIMEOUT_S = 30.0
 _RECEIVE_BATCH_MAX = 5000  # messages per batch_receive: bounds the arrays one batch costs
-_LATENCIES_FLUSH = 4096  # produce-ack latencies gathered before they go into the histogram
+_SMALL_BATCH = 8  # up to this many messages a batch is accounted message by message (`_account`)
 # The consumers' permits: NATS's default pending limit for a subscriber (65,536
 # messages). A non-reliable subscription drops what its consumer has no permits for
 # past `dispatch.pending_messages_max`; a deep window rides out a consumer process
@@ -224,14 +224,14 @@ class _Receipts:
     """The receipts of one client producer on one partition topic. Batches come back in
     send order, so `on_batch`, called once per batch, takes the batch's count of the
     oldest send times; latencies go into the histogram a few thousand at a time
-    (`record_many_ns`), with no Python work per message."""
+    (`LatencyBuffer`), a big batch's as one array, a small one's value by value (a numpy
+    array per one-message batch cost more than the client's own work for it)."""
 
-    __slots__ = ("_head", "_latencies", "_pending", "_state", "sent_ns")
+    __slots__ = ("_head", "_latencies", "_state", "sent_ns")
 
     def __init__(self, state: _ProduceState) -> None:
         self._state = state
-        self._latencies: list[np.ndarray] = []
-        self._pending = 0  # latencies gathered, not yet in the histogram
+        self._latencies = LatencyBuffer(state.histogram)
         self.sent_ns: list[int] = []  # send times; those before `_head` are answered
         self._head = 0
         state.receipts.append(self)
@@ -249,10 +249,12 @@ class _Receipts:
         if receipt.error is None:
             state.acked += count
             state.last_ack_ns = now
-            self._latencies.append(now - np.array(sent, dtype=np.int64))
-            self._pending += count
-            if self._pending >= _LATENCIES_FLUSH:
-                self.flush()
+            latencies = self._latencies
+            if count <= _SMALL_BATCH:
+                for sent_ns in sent:
+                    latencies.add(now - sent_ns)
+            else:
+                latencies.add_many(now - np.array(sent, dtype=np.int64))
         else:
             state.failed += count
             if len(state.errors) < 10:
@@ -260,10 +262,7 @@ class _Receipts:
                 state.errors.append(f"{type(error).__name__}: {error}")
 
     def flush(self) -> None:
-        if self._latencies:
-            self._state.histogram.record_many_ns(np.concatenate(self._latencies))
-            self._latencies = []
-            self._pending = 0
+        self._latencies.flush()
 
 
 async def _open_producers(client: DanubeClient, cfg: BenchConfig, topic: str,
@@ -476,8 +475,7 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
     latencies = LatencyBuffer(histogram)
     errors: list[str] = []
     first_ns = last_ns = 0
-    window: CpuWindow | None = None
-    cpu_end_s = 0.0
+    cpu = CpuSamples()
     done = asyncio.Event()
     async with DanubeClient(cfg.url, client_name="danube-bench-consumers") as client:
         consumers = []
@@ -492,7 +490,7 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
         start_ns = time.monotonic_ns()
 
         async def receive(consumer: Any, delivery: Delivery) -> None:
-            nonlocal first_ns, last_ns, window, cpu_end_s
+            nonlocal first_ns, last_ns
             while not done.is_set():
                 try:
                     batch = await consumer.batch_receive(_RECEIVE_BATCH_MAX,
@@ -501,11 +499,12 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
                     done.set()
                     return
                 now = time.monotonic_ns()
-                cpu_s = time.process_time()  # user + system, all threads: one clock_gettime, not a /proc read
+                if cpu.due(now):
+                    cpu.record(time.process_time(), now)
                 if not first_ns:
-                    first_ns, window = now, CpuWindow(cpu_s, now / 1e9)
-                last_ns, cpu_end_s = now, cpu_s
-                latencies.add_many(now - _account(batch, delivery, errors))
+                    first_ns = now
+                last_ns = now
+                _account(batch, delivery, errors, latencies, now)
                 if cfg.reliable:
                     await consumer.ack(batch)
                 if expected is not None and all(d.received >= expected for d in deliveries.values()):
@@ -529,13 +528,26 @@ async def consume(cfg: BenchConfig, *, expected: int | None, ready: Callable[[],
                 with contextlib.suppress(DanubeError):
                     await consumer.close()
     latencies.flush()
-    cpu = window.percent(cpu_end_s, last_ns / 1e9) if window is not None and last_ns > first_ns else None
     return ConsumeOutcome(first_ns=first_ns, last_ns=last_ns, histogram=histogram.encode(), deliveries=deliveries,
-                          errors=errors, cpu_percent=cpu)
+                          errors=errors, cpu_percent=cpu.percent())
 
 
-def _account(batch: list[Any], delivery: Delivery, errors: list[str]) -> np.ndarray:
-    """Record a received batch in `delivery`; returns the send times of its stamps."""
+def _account(batch: list[Any], delivery: Delivery, errors: list[str], latencies: LatencyBuffer, now_ns: int) -> None:
+    """Record a received batch in `delivery` and its latencies at `now_ns`. A batch of a
+    few messages (many slow producers: one message each) is read message by message: the
+    numpy path costs tens of µs a call whatever the batch holds, which made the bench's
+    consumer the busiest process on the machine at 10,000 one-message batches/s."""
+    if len(batch) <= _SMALL_BATCH:
+        for message in batch:
+            payload = message.payload
+            if len(payload) < STAMP_BYTES:
+                if len(errors) < 10:
+                    errors.append(f"a {len(payload)}-byte message carries no benchmark stamp")
+                continue
+            producer, sequence, sent_ns = read_stamp(payload)
+            delivery.record(producer, sequence)
+            latencies.add(now_ns - sent_ns)
+        return
     payloads = [m.payload for m in batch]
     try:
         stamps = read_stamps(payloads)
@@ -544,14 +556,14 @@ def _account(batch: list[Any], delivery: Delivery, errors: list[str]) -> np.ndar
             errors.append(exc.message)
         stamps = read_stamps([p for p in payloads if len(p) >= STAMP_BYTES])
     if not len(stamps):
-        return stamps.sent_ns
+        return
     producers = stamps.producer
     if (producers == producers[0]).all():
         delivery.record_many(int(producers[0]), stamps.sequence)
     else:
         for producer in np.unique(producers).tolist():
             delivery.record_many(producer, stamps.sequence[producers == producer])
-    return stamps.sent_ns
+    latencies.add_many(now_ns - stamps.sent_ns)
 
 
 async def run_consume(cfg: BenchConfig, *, progress: Progress | None = None) -> BenchResult:

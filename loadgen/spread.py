@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from danube_zmq.transport.errors import InvalidArgument
 
-__all__ = ["CpuWindow", "cpu_percent", "deal", "send_offset_ns"]
+__all__ = ["CpuSamples", "CpuWindow", "cpu_percent", "deal", "send_offset_ns"]
 
 
 def deal(producers: int, processes: int) -> list[list[int]]:
@@ -55,3 +55,36 @@ class CpuWindow:
     def seconds(self, cpu_s: float) -> float:
         """CPU seconds used since the window started."""
         return cpu_s - self.cpu_s
+
+
+class CpuSamples:
+    """A consumer's CPU over the window from its first message to its last, read at most
+    every `every_ns` instead of per message: `time.process_time()` is a system call
+    (CLOCK_PROCESS_CPUTIME_ID has no vDSO path), and read per message at 10,000 msg/s
+    after every wake-up it was a fifth of the bench consumer's samples. The window ends
+    at the last reading, at most `every_ns` before the last message."""
+
+    __slots__ = ("_every_ns", "_next_ns", "first", "last")
+
+    def __init__(self, every_ns: int = 10_000_000) -> None:
+        self._every_ns = every_ns
+        self._next_ns = 0
+        self.first: tuple[float, int] | None = None  # (cpu seconds, monotonic ns)
+        self.last: tuple[float, int] | None = None
+
+    def due(self, now_ns: int) -> bool:
+        """Whether a reading at `now_ns` should be taken (the first always is)."""
+        return now_ns >= self._next_ns
+
+    def record(self, cpu_s: float, now_ns: int) -> None:
+        if self.first is None:
+            self.first = (cpu_s, now_ns)
+        self.last = (cpu_s, now_ns)
+        self._next_ns = now_ns + self._every_ns
+
+    def percent(self) -> float | None:
+        """% of one core between the first and the last reading; None before two readings
+        a moment apart."""
+        if self.first is None or self.last is None or self.last[1] <= self.first[1]:
+            return None
+        return cpu_percent(self.last[0] - self.first[0], (self.last[1] - self.first[1]) / 1e9)

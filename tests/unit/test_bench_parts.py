@@ -4,12 +4,14 @@ latency histogram and the run's configuration."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from danube_zmq.loadgen import runner
 from danube_zmq.loadgen.accounting import Delivery
 from danube_zmq.loadgen.histogram import LatencyBuffer, LatencyHistogram
 from danube_zmq.loadgen.runner import BenchConfig
@@ -149,6 +151,53 @@ def test_latency_buffer_hands_every_value_over() -> None:
     buffer.flush()
     summary = histogram.summary_us()
     assert histogram.count == 4000 and summary["p50"] == 1000 and summary["max"] == 2000
+
+
+def test_latency_buffer_takes_single_values_beside_arrays() -> None:
+    histogram = LatencyHistogram()
+    buffer = LatencyBuffer(histogram)
+    for first in range(1, 2001, 50):
+        buffer.add_many(np.arange(first, first + 25, dtype=np.int64) * 1000)
+        for value in range(first + 25, first + 50):
+            buffer.add(value * 1000)
+    buffer.flush()
+    buffer.flush()  # nothing left: no second recording
+    summary = histogram.summary_us()
+    assert histogram.count == 2000 and summary["p50"] == 1000 and summary["max"] == 2000
+
+
+stamped = st.tuples(st.integers(0, 3), st.one_of(st.integers(0, 3000), st.sampled_from([2**31, 2**63 + 5])),
+                    st.integers(0, 10**9), st.sampled_from([20, 20, 100, 7]))
+
+
+@given(st.lists(st.lists(stamped, max_size=12), max_size=30))
+def test_small_batches_are_accounted_as_the_array_path_accounts_them(batches: list[list[tuple[int, int, int, int]]],
+                                                                     ) -> None:
+    """`_account` reads a batch of a few messages one by one (many slow producers) and a
+    bigger one as arrays: the same batches through either give the same counts,
+    duplicates, unexpected stamps and latencies; a payload too short for a stamp is an
+    error either way."""
+    def account(small_batch: int) -> tuple[Delivery, LatencyHistogram, list[str]]:
+        delivery, histogram, errors = Delivery(), LatencyHistogram(), []
+        latencies = LatencyBuffer(histogram)
+        original, runner._SMALL_BATCH = runner._SMALL_BATCH, small_batch
+        try:
+            for batch in batches:
+                messages = [SimpleNamespace(payload=Stamper(p, max(size, STAMP_BYTES)).payload(s, sent)[:size])
+                            for p, s, sent, size in batch]
+                runner._account(messages, delivery, errors, latencies, 10**9 + 1)
+        finally:
+            runner._SMALL_BATCH = original
+        latencies.flush()
+        return delivery, histogram, errors
+
+    (small, small_latencies, small_errors), (arrays, array_latencies, array_errors) = account(100), account(0)
+    assert (small.received, small.duplicates, small.unexpected, small.distinct()) == \
+        (arrays.received, arrays.duplicates, arrays.unexpected, arrays.distinct())
+    assert small_latencies.count == array_latencies.count
+    assert small_latencies.summary_us() == array_latencies.summary_us()
+    short = any(size < STAMP_BYTES for batch in batches for *_, size in batch)
+    assert bool(small_errors) == bool(array_errors) == short
 
 
 def test_configuration_is_checked() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from danube_zmq.loadgen.runner import BenchConfig
-from danube_zmq.loadgen.spread import CpuWindow, cpu_percent, deal, send_offset_ns
+from danube_zmq.loadgen.spread import CpuSamples, CpuWindow, cpu_percent, deal, send_offset_ns
 from danube_zmq.transport.errors import InvalidArgument
 
 
@@ -58,6 +58,23 @@ def test_cpu_percent_is_cpu_time_over_wall_time_of_one_core() -> None:
     assert window.percent(10.25, 101.0) == 25.0 and window.seconds(10.25) == 0.25
     with pytest.raises(InvalidArgument, match="positive wall time"):
         cpu_percent(1.0, 0.0)
+
+
+def test_cpu_samples_read_the_clock_at_most_once_an_interval() -> None:
+    """The first message always takes a reading; later ones only once `every_ns` has
+    passed; the share of a core is over the first and the last reading."""
+    samples = CpuSamples(every_ns=10_000_000)
+    assert samples.percent() is None
+    readings = 0
+    for now_ns in range(0, 100_000_001, 1_000_000):  # a message a millisecond for 100 ms
+        if samples.due(now_ns):
+            readings += 1
+            samples.record(now_ns / 4e9, now_ns)  # a quarter of a core
+    assert readings == 11 and samples.first == (0.0, 0) and samples.last == (0.025, 100_000_000)
+    assert samples.percent() == 25.0
+    lone = CpuSamples()
+    lone.record(1.0, 5)
+    assert lone.percent() is None  # one reading is no window
 
 
 def test_more_producer_processes_than_producers_is_refused() -> None:
