@@ -290,12 +290,26 @@ class BrokerAdmin:
             raise NotFound(f"namespace '{namespace}' does not exist")
         topics = []
         for full, record in await self._topic_records(namespace):
-            first = parse_topic(full).partition_name(0) if record.partitions else full
-            assignment = self._assignment(first)
+            name = parse_topic(full)
+            names = [name.partition_name(i) for i in range(record.partitions)] if record.partitions else [full]
+            owners = [self._owner_of(n) for n in names]
             topics.append(ap.TopicInfo(name=full, dispatch_strategy=record.dispatch_strategy,
-                                       partitions=record.partitions,
-                                       broker_id=assignment.broker_id if assignment is not None else 0))
+                                       partitions=record.partitions, broker_id=owners[0].broker_id or 0,
+                                       owners=owners))
         return ap.TopicList(request_id=msg.request_id, topics=topics)
+
+    def _owner_of(self, topic: str) -> ap.PartitionOwner:
+        """The broker `topic` (one partition) is assigned to, in this broker's applied
+        state. An assignment naming a broker with no registration (its lease ended, the
+        topic is about to be reassigned) keeps the id, without a URL to reach it."""
+        assignment = self._assignment(topic)
+        if assignment is None:
+            return ap.PartitionOwner(name=topic, broker_id=None, broker_url=None)
+        if assignment.broker_id == self.broker_id:
+            return ap.PartitionOwner(name=topic, broker_id=self.broker_id, broker_url=self.broker_url)
+        registration = self._registration(assignment.broker_id)
+        return ap.PartitionOwner(name=topic, broker_id=assignment.broker_id,
+                                 broker_url=None if registration is None else registration.broker_url)
 
     async def handle_CreateTopic(self, msg: ap.CreateTopic, origin: Origin) -> Message:
         await self._write_topic(parse_topic(msg.topic), msg.partitions, msg.dispatch_strategy)
@@ -426,17 +440,22 @@ class BrokerAdmin:
             if damage is not None:  # assigned here, not served: say why instead of waiting for it
                 partitions.append(ap.PartitionInfo(
                     name=partition, next_offset=damage.valid_end, producers=[], messages_in=0, bytes_in=0,
-                    dropped_messages=0, subscriptions=[], wal_damage=_damage_text(partition, damage)))
+                    dropped_messages=0, subscriptions=[], wal_damage=_damage_text(partition, damage),
+                    broker_id=self.broker_id, broker_url=self.broker_url))
                 owner = owner or self.broker_id
                 continue
 
             async def local(entry: TopicEntry) -> list[ap.PartitionInfo]:
                 stats = await self.system.ask(entry.endpoint, DescribePartition())
                 assert isinstance(stats, PartitionStats)
-                return [stats.info]
+                return [dataclasses.replace(stats.info, broker_id=self.broker_id, broker_url=self.broker_url)]
 
             answer = await self._on_owner(msg, partition, local)
-            partitions.extend(answer.partitions if isinstance(answer, ap.TopicDescription) else answer)
+            for info in answer.partitions if isinstance(answer, ap.TopicDescription) else answer:
+                if info.broker_id is None:  # answered by a broker from before the field: its assignment says
+                    owner_of = self._owner_of(partition)
+                    info = dataclasses.replace(info, broker_id=owner_of.broker_id, broker_url=owner_of.broker_url)
+                partitions.append(info)
             if not owner:
                 assignment = self._assignment(partition)
                 owner = assignment.broker_id if assignment is not None else 0
