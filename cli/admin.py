@@ -374,6 +374,8 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
     for p in description.partitions:
         if p.wal_damage is not None:
             emit_line(f"NOT SERVED: partition {p.name}: WAL damaged: {p.wal_damage}")
+        elif p.not_served is not None:
+            emit_line(f"NOT SERVED: partition {p.name}: {p.not_served}")
     subscriptions = [s for p in description.partitions for s in p.subscriptions]
     if not subscriptions:
         emit_line("no subscriptions")

@@ -141,6 +141,11 @@ class PartitionInfo(Struct):
     # URL; None from brokers before these fields.
     broker_id: int | None = None
     broker_url: str | None = None
+    # Set when no broker serves the partition right now (being placed or moved, or its
+    # broker stopped renewing its lease): why. Its counters are then 0 and `next_offset`
+    # where its offsets stopped (0 when not known). Only in a partitioned topic's
+    # description: one topic on its own is answered UNAVAILABLE instead.
+    not_served: str | None = None
 
 
 @wire

@@ -258,6 +258,32 @@ def test_describe_shows_each_partitions_broker(fake_broker: Callable[[Script], F
         (7, "tcp://10.0.0.7:6650"), (8, "tcp://10.0.0.8:6650")]
 
 
+def test_describe_marks_a_partition_no_broker_serves(fake_broker: Callable[[Script], FakeBroker]) -> None:
+    """A partition without a broker shows "unassigned" and the broker's reason; in JSON
+    its broker is null and `not_served` says why."""
+    part = DESCRIPTION.partitions[1]
+    unserved = ap.PartitionInfo(**{**_fields(part), "broker_id": None, "broker_url": None, "subscriptions": [],
+                                   "not_served": "topic /default/orders-part-1 has no broker right now; retry"})
+
+    def script(request: Message) -> list[Message]:
+        if isinstance(request, ap.DescribeTopic):
+            return [ap.TopicDescription(**{**_fields(DESCRIPTION), "request_id": request.request_id,
+                                           "partitions": [DESCRIPTION.partitions[0], unserved]})]
+        return answer(request)
+
+    broker = fake_broker(script)
+    result = admin(broker, "topics", "describe", "/default/orders")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert next(row[:3] for row in rows if row[:1] == ["/default/orders-part-1"]) == [
+        "/default/orders-part-1", "unassigned", "-"]
+    assert "NOT SERVED: partition /default/orders-part-1: topic /default/orders-part-1 has no broker right now;" \
+        " retry" in result.stdout
+    described = json.loads(admin(broker, "topics", "describe", "/default/orders", "-o", "json").stdout)
+    assert described["partitions"][1]["broker_id"] is None
+    assert described["partitions"][1]["not_served"].endswith("no broker right now; retry")
+
+
 def test_describe_json_names_enums_and_drops_request_ids(fake_broker: Callable[[Script], FakeBroker]) -> None:
     """Describe as JSON: partitions with counters, subscriptions with their type by name."""
     broker = fake_broker(answer)
