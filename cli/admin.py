@@ -224,11 +224,8 @@ def topics_list(ctx: click.Context, namespace: str, output: str) -> None:
 def _broker_cells(broker_id: int | None, broker_url: str | None) -> list[Any]:
     """A partition's BROKER and BROKER-URL cells: "unassigned" while it has no broker."""
     if broker_id is None:
-        return [_UNASSIGNED, "-"]
+        return ["unassigned", "-"]
     return [broker_id, broker_url]
-
-
-_UNASSIGNED = "unassigned"
 
 
 @topics.command("create")
