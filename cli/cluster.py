@@ -181,6 +181,8 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
         raise
     for b in brokers:
         b["metrics_url"] = metrics_urls.get(b["url"])
+    # Kept for `status` while the brokers cannot answer (no leader to list them).
+    (data_dir / LAYOUT).write_text(json.dumps(layout, indent=2) + "\n")
     if output == "json":
         emit_json({**layout, "leader_node_id": leader})
         return
@@ -376,7 +378,7 @@ def status(data_dir: Path, output: str) -> None:
         process = by_name.get(b["name"])
         broker = info["brokers"].get(b["url"], {})
         rows.append({"name": b["name"], "node_id": b["node_id"], "url": b["url"],
-                     "metrics_url": broker.get("metrics_url"), "host": process.host if process else "",
+                     "metrics_url": broker.get("metrics_url", b.get("metrics_url")), "host": process.host if process else "",
                      "pid": process.pid if process else None, "running": bool(process and process.running),
                      "stopped": bool(process and process.stopped),
                      "restarts": process.restarts if process else 0, "raft_role": broker.get("raft_role", "down"),
