@@ -1,5 +1,5 @@
-"""`danube cluster up|status|down|stop-broker|start-broker|join|leave`: a local cluster of brokers under the thespian
-supervisor (cli/host_supervisor.py).
+"""`danube cluster up|status|down|stop-broker|start-broker|join|leave`: a local cluster
+of brokers under the thespian supervisor (cli/host_supervisor.py).
 
 `up` starts a thespian ActorSystem (multiprocTCPBase) whose admin port is bound to
 `--bind` (loopback by default: it has no authentication), asks its HostSupervisor to
@@ -205,8 +205,12 @@ def _refuse_running(data_dir: Path) -> None:
     path = data_dir / LAYOUT
     if not path.exists():
         return
-    layout = json.loads(path.read_text())
-    with contextlib.suppress(OSError), socket.create_connection((layout["bind"], layout["supervisor_port"]), timeout=2):
+    try:
+        layout = json.loads(path.read_text())
+        supervisor = (layout["bind"], layout["supervisor_port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a layout `up` wrote: it is written anew
+    with contextlib.suppress(OSError), socket.create_connection(supervisor, timeout=2):
         raise FailedPrecondition(f"the cluster in {data_dir} is up (its supervisor listens on {layout['bind']}:"
                                  f"{layout['supervisor_port']}): `danube cluster status --data-dir {data_dir}`,"
                                  " or `danube cluster down` first")
@@ -236,10 +240,13 @@ def _undo_up(layout: dict[str, Any]) -> None:
     except OSError:
         pass  # the supervisor never started
     else:
-        system = _actor_system(bind, port)
+        # Whatever fails here, the brokers are still stopped by their pid files below.
         with contextlib.suppress(Exception):
-            system.ask(_supervisor(system), StopBrokers(), 60)
-        system.shutdown()
+            system = _actor_system(bind, port)
+            try:
+                system.ask(_supervisor(system), StopBrokers(), 60)
+            finally:
+                system.shutdown()
     for b in layout["brokers"]:
         _stop_leftover(Path(b["data_dir"]))
     click.echo("cluster up failed: the supervisor and the brokers it started are stopped", err=True)
@@ -343,7 +350,7 @@ def _raise_if_exited(system: Any, brokers: list[dict[str, Any]]) -> None:
     exited = [s for s in answer.brokers if s.restarts or (s.pid is not None and not s.running)] \
         if isinstance(answer, Status) else []
     if exited:
-        log_path = next(b["log"] for b in brokers if b["name"] == exited[0].name)
+        log_path = {b["name"]: b["log"] for b in brokers}[exited[0].name]
         raise Unavailable(f"{exited[0].name} {exited[0].last_exit} before the cluster formed"
                           f"{_last_line(Path(log_path))}; see {log_path}")
 
