@@ -144,3 +144,4 @@ def _status(data_dir: Path) -> dict:
 async def _raft_status(admin_url: str) -> ClusterStatusInfo:
     async with AdminClient(admin_url, timeout_ms=5000) as admin:
         return await admin.cluster_status()
+
