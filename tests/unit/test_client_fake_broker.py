@@ -97,7 +97,7 @@ class FakeBroker:
     frame_bytes_max: int = 1 << 20
     message_bytes_max: int = 1 << 19
     heartbeat_interval_ms: int = 50
-    session_timeout_ms: int = 400
+    session_timeout_ms: int = 5_000  # long: a loaded machine stalls the test loop; silence tests set their own
     broker_id: int = 7
     protocol_version: int = PROTOCOL_VERSION
     connect_error: tuple[int, str] | None = None
@@ -435,7 +435,7 @@ async def test_handshake_sends_connect_and_learns_limits() -> None:
             limits = client._connections[broker.url].limits
             assert limits.frame_bytes_max == 200_000
             assert limits.message_bytes_max == 100_000
-            assert limits.session_timeout_ms == 400
+            assert limits.session_timeout_ms == 5_000
 
 
 @pytest.mark.asyncio
@@ -477,7 +477,7 @@ async def test_pings_every_heartbeat_interval() -> None:
 async def test_silent_broker_means_reconnect_with_a_new_handshake() -> None:
     """When the broker says nothing for session_timeout_ms, the connection is lost: it
     handshakes again and re-creates its producer under the same name."""
-    async with running_broker() as broker:
+    async with running_broker(session_timeout_ms=400) as broker:
         async with client_for(broker) as client:
             producer = await client.create_producer("/default/t", name="p1")
             connection = client._connections[broker.url]
