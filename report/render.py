@@ -72,7 +72,7 @@ def _csv(report: BacklogReport) -> str:
 
 def _heading(report: BacklogReport) -> str:
     return (f"backlog at snapshot {report.snapshot_id} ({_when(report.snapshot_ms)}), {report.snapshots} snapshots"
-            f" in the window, from {report.url}")
+            f" in the window, from {report.url}; computed by {report.engine}")
 
 
 def _subscription_rows(report: BacklogReport) -> list[list[str]]:

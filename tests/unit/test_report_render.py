@@ -18,7 +18,7 @@ from danube_zmq.report.render import render
 def sample() -> BacklogReport:
     return BacklogReport(
         url="s3://ops/snaps", snapshot_id="20261121T100000.000Z-abc123", snapshot_ms=1_795_255_200_000, snapshots=3,
-        from_ms=None, to_ms=None, topic_pattern=None,
+        from_ms=None, to_ms=None, topic_pattern=None, engine="python",
         subscriptions=[
             SubscriptionBacklog(topic="/default/orders", subscription="billing", sub_type="exclusive", partitions=2,
                                 backlog_messages=1200, backlog_bytes=98_000, oldest_unacked_ms=1_795_255_080_000,
