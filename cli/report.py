@@ -72,7 +72,8 @@ def report() -> None:
 @click.option("--spark-above-records", type=click.IntRange(min=0), default=SPARK_ABOVE_RECORDS, show_default=True,
               envvar="DANUBE_REPORT_SPARK_ABOVE_RECORDS", show_envvar=True, metavar="N",
               help="With --engine auto: use Spark when the newest snapshot in the window holds more than N records.")
-@click.option("--master", help="Spark master: local[N] or spark://HOST:PORT (implies Spark).  [default: local[*]]")
+@click.option("--master", metavar="MASTER",
+              help="Spark master: local[N] or spark://HOST:PORT (implies Spark).  [default: local[*]]")
 @click.option("--from", "from_text", metavar="TIME", help="Only snapshots taken at or after TIME.")
 @click.option("--to", "to_text", metavar="TIME", help="Only snapshots taken at or before TIME.")
 @click.option("--topic", metavar="GLOB", help="Only topics (or partitions) matching this glob.")
@@ -96,6 +97,10 @@ def backlog(url: str, engine: str, spark_above_records: int, master: str | None,
     bytes after its cursor, not acknowledged) and its oldest unacknowledged message.
     From all snapshots in the window: backlog over time and its trend, produce and
     consume rates per minute.
+
+    Snapshots up to --spark-above-records records are read in Python (no JVM,
+    about a second); larger ones, or --master, with Spark. Both give the same
+    rows; the report names the engine that ran.
 
     \b
     Examples:
