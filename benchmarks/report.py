@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/report.py --records 1000000
     .venv/bin/python benchmarks/report.py --records 10000000 --skip-cli
+    .venv/bin/python benchmarks/report.py --records 2000 --cli-runs 3 --engine python --skip-spark
 
 Builds a snapshot location in a temporary directory the way the broker does: WAL segment
 files (the WAL's own `encode_batch`, 100-byte payloads, keys on every tenth record) are
@@ -12,8 +13,9 @@ minute apart, each covering 1/K more of the records; three subscriptions per par
 - export: records per second through `export_segment` (scan + Arrow + zstd Parquet);
 - read: records per second of the `danube` data source (records table, every column but
   the payload) summed by Spark, cold (first read) and warm (second);
-- report: wall time of `danube report backlog --master local[2] --format json` as a user
-  runs it (JVM start included), and the Spark part alone in-process.
+- report: wall time of `danube report backlog --format json` as a user runs it (`--engine`,
+  default spark with `--master`; JVM start included), the median of `--cli-runs`; the
+  Spark part alone in-process, and the Python engine alone in-process.
 
 Prints one JSON line.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,6 +116,29 @@ def read_rate(url: str, master: str) -> tuple[float, float, float]:
     return rates[0], rates[1], report_s
 
 
+def python_report_s(url: str) -> float:
+    from danube_zmq.report.local import compute_backlog_python
+
+    started = time.perf_counter()
+    compute_backlog_python(url)
+    return time.perf_counter() - started
+
+
+def cli_wall_s(url: str, engine: str, master: str) -> float:
+    command = [sys.executable, "-m", "danube_zmq.cli.main", "report", "backlog", "--snapshots", url, "--engine", engine,
+               "--format", "json"]
+    if engine != "python":
+        command += ["--master", master]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
+    wall_s = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(done.stderr)
+    report = json.loads(done.stdout)
+    assert report["subscriptions"][0]["backlog_messages"] > 0 and report["engine"].startswith(engine)
+    return wall_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -120,27 +146,26 @@ def main() -> None:
     parser.add_argument("--snapshots", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--skip-cli", action="store_true", help="do not time the CLI run (JVM start included)")
+    parser.add_argument("--cli-runs", type=int, default=1, help="CLI runs; the median is reported")
+    parser.add_argument("--engine", choices=["spark", "python"], default="spark", help="the CLI's engine")
+    parser.add_argument("--skip-spark", action="store_true", help="no in-process Spark read and report")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="danube-report-bench-") as tmp:
         url, export_rate = build(Path(tmp), args.records, args.partitions, args.snapshots)
         size = sum(f.stat().st_size for f in Path(tmp).rglob("*.parquet"))
-        cli_s = None
-        if not args.skip_cli:
-            started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "report", "backlog", "--snapshots", url,
-                                   "--master", args.master, "--format", "json"], capture_output=True, text=True,
-                                  env={**os.environ})
-            cli_s = time.perf_counter() - started
-            if done.returncode != 0:
-                raise SystemExit(done.stderr)
-            report = json.loads(done.stdout)
-            assert report["subscriptions"][0]["backlog_messages"] > 0
-        cold, warm, report_s = read_rate(url, args.master)
+        cli_runs = [] if args.skip_cli else [cli_wall_s(url, args.engine, args.master) for _ in range(args.cli_runs)]
+        cold = warm = report_s = None
+        if not args.skip_spark:
+            cold, warm, report_s = read_rate(url, args.master)
+        python_s = python_report_s(url)
     print(json.dumps({
         "records": args.records, "partitions": args.partitions, "snapshots": args.snapshots, "master": args.master,
         "parquet_mb": round(size / 1e6, 1), "export_records_s": round(export_rate),
-        "datasource_records_s": {"cold": round(cold), "warm": round(warm)},
-        "report_s": {"cli_wall": None if cli_s is None else round(cli_s, 1), "spark_in_process": round(report_s, 1)},
+        "datasource_records_s": None if cold is None or warm is None else {"cold": round(cold), "warm": round(warm)},
+        "report_s": {"cli_engine": args.engine, "cli_wall_runs": [round(s, 2) for s in cli_runs],
+                     "cli_wall": round(statistics.median(cli_runs), 2) if cli_runs else None,
+                     "spark_in_process": None if report_s is None else round(report_s, 1),
+                     "python_in_process": round(python_s, 2)},
     }))
 
 

@@ -1,10 +1,12 @@
-"""`danube report backlog`: Spark over WAL snapshots (report/).
+"""`danube report backlog`: the backlog report over WAL snapshots (report/).
 
-1. Check the arguments (times, format, output path) before Spark starts.
-2. Start Spark (`--master local[*]` or `spark://host:7077`), read the snapshots with the
-   `danube` data source, compute the report (report/backlog.py); a spinner on stderr
-   says which step runs.
-3. Print it (table, JSON, CSV) or write it (`--out`; HTML is written to a file).
+1. Check the arguments (times, format, output path) before anything starts.
+2. Pick the engine: Python (pyarrow in this process, no JVM) when the newest snapshot in
+   the window holds at most `--spark-above-records` records, else Spark (`--master
+   local[*]` or `spark://host:7077`); `--engine` or `--master` chooses instead. Both give
+   the same rows; a spinner on stderr says which step runs.
+3. Print it (table, JSON, CSV) or write it (`--out`; HTML is written to a file); the
+   report names the engine that computed it.
 
 A snapshot file that is missing or damaged fails the report with an error naming the
 file (exit 1); topics a snapshot left out (named in its manifest) are listed in the
@@ -28,6 +30,10 @@ from danube_zmq.transport.errors import DanubeError, InternalError
 
 __all__ = ["report"]
 
+# The Python engine took 0.8 s over 10M records where local Spark took 32 s
+# (docs/performance.md): Spark pays off only where a cluster spreads reads too large for
+# one process, so the default sends only very large snapshots to it.
+SPARK_ABOVE_RECORDS = 50_000_000
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -54,13 +60,20 @@ def parse_time(text: str, *, now_ms: int | None = None) -> int:
 
 @click.group()
 def report() -> None:
-    """Reports computed with Spark from WAL snapshots (danube admin snapshots)."""
+    """Reports computed from WAL snapshots (danube admin snapshots), in Python or with Spark."""
 
 
 @report.command("backlog")
 @click.option("--snapshots", "url", required=True, metavar="URL",
               help="The snapshot location (the broker's snapshots.url): a path, s3://, gs://, az://.")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master: local[N] or spark://HOST:PORT.")
+@click.option("--engine", type=click.Choice(["auto", "python", "spark"]), default="auto", show_default=True,
+              help="python: pyarrow in this process (no JVM); spark: Spark; auto: Spark when --master is given or the"
+                   " newest snapshot in the window holds more than --spark-above-records records, else python.")
+@click.option("--spark-above-records", type=click.IntRange(min=0), default=SPARK_ABOVE_RECORDS, show_default=True,
+              envvar="DANUBE_REPORT_SPARK_ABOVE_RECORDS", show_envvar=True, metavar="N",
+              help="With --engine auto: use Spark when the newest snapshot in the window holds more than N records.")
+@click.option("--master", metavar="MASTER",
+              help="Spark master: local[N] or spark://HOST:PORT (implies Spark).  [default: local[*]]")
 @click.option("--from", "from_text", metavar="TIME", help="Only snapshots taken at or after TIME.")
 @click.option("--to", "to_text", metavar="TIME", help="Only snapshots taken at or before TIME.")
 @click.option("--topic", metavar="GLOB", help="Only topics (or partitions) matching this glob.")
@@ -74,7 +87,8 @@ def report() -> None:
               help="Also publish each topic's backlog into the cluster's metadata (a broker's admin endpoint), where"
                    " the load manager weighs it.")
 @curve_options
-def backlog(url: str, master: str, from_text: str | None, to_text: str | None, topic: str | None, top: int, fmt: str,
+def backlog(url: str, engine: str, spark_above_records: int, master: str | None, from_text: str | None,
+            to_text: str | None, topic: str | None, top: int, fmt: str,
             out_path: Path | None, admin_url: str | None) -> None:
     """Which subscriptions fall behind, by how much, since when, and how fast each
     topic grows.
@@ -84,11 +98,16 @@ def backlog(url: str, master: str, from_text: str | None, to_text: str | None, t
     From all snapshots in the window: backlog over time and its trend, produce and
     consume rates per minute.
 
+    Snapshots up to --spark-above-records records are read in Python (no JVM,
+    about a second); larger ones, or --master, with Spark. Both give the same
+    rows; the report names the engine that ran.
+
     \b
     Examples:
       danube report backlog --snapshots ./danube-data/snapshots
       danube report backlog --snapshots s3://ops/danube --from -2h --format html --out backlog.html
       danube report backlog --snapshots /mnt/snap --master spark://10.0.0.5:7077 --topic '/default/orders*'
+      danube report backlog --snapshots ./danube-data/snapshots --engine spark
       danube report backlog --snapshots ./danube-data/snapshots --publish tcp://127.0.0.1:50051
     """
     from_ms = parse_time(from_text) if from_text else None
@@ -99,12 +118,12 @@ def backlog(url: str, master: str, from_text: str | None, to_text: str | None, t
         raise click.UsageError("--format html writes a file: give --out PATH")
     if out_path is not None and not out_path.parent.is_dir():
         raise click.BadParameter(f"directory {out_path.parent} does not exist", param_hint="--out")
-    from danube_zmq.report.backlog import compute_backlog
+    if engine == "python" and master is not None:
+        raise click.UsageError("--master is for the Spark engine: drop it or use --engine spark")
     from danube_zmq.report.render import render
-    from danube_zmq.report.spark import spark_session
 
     started = time.monotonic()
-    spinner = stderr_console().status("starting Spark", spinner="dots") if stderr_is_terminal() else None
+    spinner = stderr_console().status("reading snapshot manifests", spinner="dots") if stderr_is_terminal() else None
 
     def progress(text: str) -> None:
         if spinner is not None:
@@ -115,16 +134,16 @@ def backlog(url: str, master: str, from_text: str | None, to_text: str | None, t
     if spinner is not None:
         spinner.start()
     try:
-        progress(f"starting Spark ({master})")
-        spark = spark_session(master)
-        try:
-            result = compute_backlog(spark, url, from_ms=from_ms, to_ms=to_ms, topic=topic, top=top, progress=progress)
-        except DanubeError:
-            raise
-        except Exception as exc:  # Spark's errors (a damaged or missing file read on an executor)
-            raise InternalError(_spark_error(exc)) from None
-        finally:
-            spark.stop()
+        if engine == "auto":
+            engine = _pick_engine(url, from_ms, to_ms, topic, master, spark_above_records)
+        if engine == "python":
+            from danube_zmq.report.local import compute_backlog_python
+
+            result = compute_backlog_python(url, from_ms=from_ms, to_ms=to_ms, topic=topic, top=top,
+                                            progress=progress)
+        else:
+            result = _spark_backlog(url, master or "local[*]", from_ms=from_ms, to_ms=to_ms, topic=topic, top=top,
+                                    progress=progress)
     finally:
         if spinner is not None:
             spinner.stop()
@@ -137,7 +156,38 @@ def backlog(url: str, master: str, from_text: str | None, to_text: str | None, t
     else:
         out_path.write_text(text)
         emit_line(f"wrote the {fmt} report to {out_path}")
-    status(f"report computed in {time.monotonic() - started:.1f} s over {result.snapshots} snapshots")
+    status(f"report computed by {result.engine} in {time.monotonic() - started:.1f} s over {result.snapshots}"
+           " snapshots")
+
+
+def _pick_engine(url: str, from_ms: int | None, to_ms: int | None, topic: str | None, master: str | None,
+                 spark_above_records: int) -> str:
+    """Spark for --master or a large newest snapshot (its manifest counts the records)."""
+    if master is not None:
+        return "spark"
+    from danube_zmq.report.backlog import select_window
+    from danube_zmq.report.records import topic_matches
+    from danube_zmq.snapshots.store import SnapshotStore
+
+    latest = select_window(SnapshotStore(url), from_ms, to_ms, topic)[-1]
+    records = sum(t.records for t in latest.topics if topic_matches(t, topic))
+    return "spark" if records > spark_above_records else "python"
+
+
+def _spark_backlog(url: str, master: str, *, progress: Any, **window: Any) -> Any:
+    from danube_zmq.report.backlog import compute_backlog
+    from danube_zmq.report.spark import spark_session
+
+    progress(f"starting Spark ({master})")
+    spark = spark_session(master)
+    try:
+        return compute_backlog(spark, url, progress=progress, **window)
+    except DanubeError:
+        raise
+    except Exception as exc:  # Spark's errors (a damaged or missing file read on an executor)
+        raise InternalError(_spark_error(exc)) from None
+    finally:
+        spark.stop()
 
 
 def _spark_error(exc: Exception) -> str:

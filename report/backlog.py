@@ -1,5 +1,7 @@
 """The backlog report: which subscriptions fall behind, by how much, since when, and how
-fast each topic grows, computed with Spark from WAL snapshots.
+fast each topic grows, computed from WAL snapshots by one of two engines giving the same
+rows: Spark (`compute_backlog`, here) or plain Python over the same files
+(`report/local.py`, no JVM: for small snapshots).
 
 From the newest snapshot in the window (record by record, `danube` data source):
 - backlog of each subscription: records after its cursor and not acknowledged
@@ -19,14 +21,16 @@ Top lagging: the subscriptions with the largest backlog.
 from __future__ import annotations
 
 import datetime
-import fnmatch
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from danube_zmq.report.records import topic_matches
+from danube_zmq.snapshots.manifest import Manifest
 from danube_zmq.snapshots.store import SnapshotStore, select_manifests
 from danube_zmq.transport.errors import NotFound
 
-__all__ = ["BacklogReport", "SubscriptionBacklog", "TopicGrowth", "compute_backlog"]
+__all__ = ["BacklogReport", "SubscriptionBacklog", "SubscriptionTotals", "TopicGrowth", "TopicTotals", "assemble",
+           "compute_backlog", "select_window"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,7 @@ class BacklogReport:
     from_ms: int | None
     to_ms: int | None
     topic_pattern: str | None
+    engine: str  # which engine computed it: "python", or "spark (MASTER)"
     subscriptions: list[SubscriptionBacklog]
     topics: list[TopicGrowth]
     top_lagging: list[str]
@@ -84,13 +89,86 @@ class BacklogReport:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class SubscriptionTotals:
+    """One subscription at the newest snapshot, its partitions summed: what an engine computes."""
+
+    topic: str
+    subscription: str
+    sub_type: str
+    partitions: int
+    unacked: int
+    consumers: list[str]  # sorted, distinct
+    backlog_messages: int
+    backlog_bytes: int
+    oldest_unacked_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicTotals:
+    """One topic at the newest snapshot, its partitions summed."""
+
+    topic: str
+    partitions: int
+    end_offset: int
+    records: int
+    record_bytes: int
+
+
 def _ms(value: datetime.datetime | None) -> int | None:
     return None if value is None else round(value.timestamp() * 1000)
 
 
+def select_window(store: SnapshotStore, from_ms: int | None, to_ms: int | None, topic: str | None) -> list[Manifest]:
+    """The snapshots in the window, oldest first; `NotFound` when there is none, or no
+    topic matches the glob."""
+    manifests = select_manifests(store, from_ms, to_ms)
+    if not manifests:
+        raise NotFound(f"no snapshot at {store.url}" + (" in the given time window" if from_ms or to_ms else ""))
+    if topic is not None and not any(topic_matches(t, topic) for m in manifests for t in m.topics):
+        raise NotFound(f"no topic matching {topic!r} in the snapshots at {store.url}")
+    return manifests
+
+
+def assemble(url: str, manifests: list[Manifest], *, from_ms: int | None, to_ms: int | None, topic: str | None,
+             top: int, engine: str, current: list[SubscriptionTotals], growth: list[TopicTotals],
+             backlog_series: dict[str, list[tuple[int, int]]], consume_series: dict[str, list[tuple[int, float]]],
+             produce_series: dict[str, list[tuple[int, float]]]) -> BacklogReport:
+    """The report from what an engine computed (the same code after either engine)."""
+    latest = manifests[-1]
+    rows = []
+    for totals in current:
+        name = f"{totals.topic}:{totals.subscription}"
+        oldest = totals.oldest_unacked_ms
+        series = backlog_series.get(name, [])
+        trend = None
+        if len(series) > 1 and series[-1][0] > series[0][0]:
+            trend = round((series[-1][1] - series[0][1]) / ((series[-1][0] - series[0][0]) / 60_000), 2)
+        consumed = consume_series.get(name)
+        rows.append(SubscriptionBacklog(
+            topic=totals.topic, subscription=totals.subscription, sub_type=totals.sub_type,
+            partitions=totals.partitions, backlog_messages=totals.backlog_messages,
+            backlog_bytes=totals.backlog_bytes, oldest_unacked_ms=oldest,
+            oldest_unacked_age_s=None if oldest is None else round((latest.created_ms - oldest) / 1000, 3),
+            unacked=totals.unacked, consumers=totals.consumers,
+            consume_rate_per_min=consumed[-1][1] if consumed else None, backlog_trend_per_min=trend))
+    rows.sort(key=lambda r: (-r.backlog_messages, r.name))
+    topics = [TopicGrowth(topic=g.topic, partitions=g.partitions, end_offset=g.end_offset, records=g.records,
+                          record_bytes=g.record_bytes,
+                          produce_rate_per_min=produce_series[g.topic][-1][1] if produce_series.get(g.topic) else None)
+              for g in sorted(growth, key=lambda g: g.topic)]
+    return BacklogReport(
+        url=url, snapshot_id=latest.snapshot_id, snapshot_ms=latest.created_ms, snapshots=len(manifests),
+        from_ms=from_ms, to_ms=to_ms, topic_pattern=topic, engine=engine, subscriptions=rows, topics=topics,
+        top_lagging=[r.name for r in rows if r.backlog_messages > 0][:top],
+        backlog_series=backlog_series, produce_series=produce_series, consume_series=consume_series,
+        errors=[f"{m.snapshot_id}: {e}" for m in manifests for e in m.errors],
+    )
+
+
 def compute_backlog(spark: Any, url: str, *, from_ms: int | None = None, to_ms: int | None = None,
                     topic: str | None = None, top: int = 10, progress: Any = None) -> BacklogReport:
-    """The report over the snapshots at `url` taken in [from_ms, to_ms]."""
+    """The report over the snapshots at `url` taken in [from_ms, to_ms], computed by Spark."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -99,14 +177,8 @@ def compute_backlog(spark: Any, url: str, *, from_ms: int | None = None, to_ms: 
             progress(text)
 
     step("reading snapshot manifests")
-    store = SnapshotStore(url)
-    manifests = select_manifests(store, from_ms, to_ms)
-    if not manifests:
-        raise NotFound(f"no snapshot at {url}" + (" in the given time window" if from_ms or to_ms else ""))
+    manifests = select_window(SnapshotStore(url), from_ms, to_ms, topic)
     latest = manifests[-1]
-    if topic is not None and not any(fnmatch.fnmatchcase(t.topic, topic) or fnmatch.fnmatchcase(t.base_topic, topic)
-                                     for m in manifests for t in m.topics):
-        raise NotFound(f"no topic matching {topic!r} in the snapshots at {url}")
 
     def read(table: str, **options: str | None) -> Any:
         reader = spark.read.format("danube").option("path", url).option("table", table)
@@ -171,38 +243,19 @@ def compute_backlog(spark: Any, url: str, *, from_ms: int | None = None, to_ms: 
     for row in backlog_points:
         backlog_series.setdefault(f"{row.base_topic}:{row.subscription}", []).append(
             (_ms(row.snapshot_time) or 0, int(row.backlog)))
-    consume_series = {f"{k[0]}:{k[1]}": v for k, v in consume_points.items()}
-    produce_series = {k[0]: v for k, v in produce_points.items()}
-
-    rows = []
-    for row in current:
-        name = f"{row.base_topic}:{row.subscription}"
-        oldest = _ms(row.oldest_unacked)
-        series = backlog_series.get(name, [])
-        trend = None
-        if len(series) > 1 and series[-1][0] > series[0][0]:
-            trend = round((series[-1][1] - series[0][1]) / ((series[-1][0] - series[0][0]) / 60_000), 2)
-        consumed = consume_series.get(name)
-        rows.append(SubscriptionBacklog(
+    return assemble(
+        url, manifests, from_ms=from_ms, to_ms=to_ms, topic=topic, top=top,
+        engine=f"spark ({spark.sparkContext.master})",
+        current=[SubscriptionTotals(
             topic=row.base_topic, subscription=row.subscription, sub_type=row.sub_type, partitions=row.partitions,
-            backlog_messages=int(row.backlog_messages or 0), backlog_bytes=int(row.backlog_bytes or 0),
-            oldest_unacked_ms=oldest,
-            oldest_unacked_age_s=None if oldest is None else round((latest.created_ms - oldest) / 1000, 3),
             unacked=int(row.unacked or 0), consumers=list(row.consumers or []),
-            consume_rate_per_min=consumed[-1][1] if consumed else None, backlog_trend_per_min=trend))
-    rows.sort(key=lambda r: (-r.backlog_messages, r.name))
-    topics = [TopicGrowth(topic=g.base_topic, partitions=g.partitions, end_offset=int(g.end_offset),
-                          records=int(g.records), record_bytes=int(g.record_bytes),
-                          produce_rate_per_min=produce_series[g.base_topic][-1][1]
-                          if produce_series.get(g.base_topic) else None)
-              for g in growth]
-    return BacklogReport(
-        url=url, snapshot_id=latest.snapshot_id, snapshot_ms=latest.created_ms, snapshots=len(manifests),
-        from_ms=from_ms, to_ms=to_ms, topic_pattern=topic, subscriptions=rows, topics=topics,
-        top_lagging=[r.name for r in rows if r.backlog_messages > 0][:top],
-        backlog_series=backlog_series, produce_series=produce_series, consume_series=consume_series,
-        errors=[f"{m.snapshot_id}: {e}" for m in manifests for e in m.errors],
-    )
+            backlog_messages=int(row.backlog_messages or 0), backlog_bytes=int(row.backlog_bytes or 0),
+            oldest_unacked_ms=_ms(row.oldest_unacked)) for row in current],
+        growth=[TopicTotals(topic=g.base_topic, partitions=g.partitions, end_offset=int(g.end_offset),
+                            records=int(g.records), record_bytes=int(g.record_bytes)) for g in growth],
+        backlog_series=backlog_series,
+        consume_series={f"{k[0]}:{k[1]}": v for k, v in consume_points.items()},
+        produce_series={k[0]: v for k, v in produce_points.items()})
 
 
 def _per_minute(steps: Any, keys: list[str], delta: str, F: Any) -> dict[tuple[str, ...], list[tuple[int, float]]]:

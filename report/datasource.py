@@ -23,17 +23,16 @@ missing or damaged fails the read with an error naming it.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from danube_zmq.snapshots.manifest import Manifest, TopicState
+from danube_zmq.report.records import read_batches, topic_matches
+from danube_zmq.snapshots.manifest import Manifest
 from danube_zmq.snapshots.store import SnapshotStore, select_manifests
 from danube_zmq.transport.errors import InvalidArgument, NotFound
 
@@ -81,10 +80,6 @@ def _time_option(options: dict[str, str], name: str) -> int | None:
         raise InvalidArgument(f"danube data source option {name!r} is ms since the epoch, not {value!r}") from None
 
 
-def _matches(topic: TopicState, pattern: str | None) -> bool:
-    return pattern is None or fnmatch.fnmatchcase(topic.topic, pattern) or fnmatch.fnmatchcase(topic.base_topic, pattern)
-
-
 @dataclass(frozen=True)
 class _FilePartition(InputPartition):  # type: ignore[misc]
     path: str
@@ -129,7 +124,7 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
         store = SnapshotStore(self.url)
         if self.table == "records":
             manifest = self._records_manifest(store)
-            files = [_FilePartition(f.path, t.topic) for t in manifest.topics if _matches(t, self.pattern)
+            files = [_FilePartition(f.path, t.topic) for t in manifest.topics if topic_matches(t, self.pattern)
                      for f in t.files]
             return files or [_ManifestPartition(())]
         ids = tuple(m.snapshot_id for m in select_manifests(store, self.from_ms, self.to_ms))
@@ -154,16 +149,8 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
 
     def _read_file(self, store: SnapshotStore, partition: _FilePartition) -> Iterator[pa.RecordBatch]:
         target = _SPARK_ARROW_PAYLOAD if self.payload else _SPARK_ARROW
-        where = f"{self.url}/{partition.path}"
-        try:
-            with store.open_read(partition.path) as file:
-                for batch in pq.ParquetFile(file).iter_batches(columns=target.names):
-                    yield batch.cast(target)
-        except FileNotFoundError:
-            raise NotFound(f"snapshot file {where} is missing (topic {partition.topic})") from None
-        except (OSError, pa.ArrowException) as exc:
-            raise InvalidArgument(f"snapshot file {where} cannot be read (topic {partition.topic}):"
-                                  f" {type(exc).__name__}: {exc}") from None
+        for batch in read_batches(store, partition.path, partition.topic, target.names):
+            yield batch.cast(target)
 
 
 def _time(manifest: Manifest) -> Any:
@@ -175,7 +162,7 @@ def _time(manifest: Manifest) -> Any:
 def _subscription_rows(manifest: Manifest, pattern: str | None) -> Iterator[tuple[Any, ...]]:
     when = _time(manifest)
     for t in manifest.topics:
-        if not _matches(t, pattern):
+        if not topic_matches(t, pattern):
             continue
         for s in t.subscriptions:
             yield (manifest.snapshot_id, when, t.topic, t.base_topic, t.partition, s.name, s.sub_type, s.cursor,
@@ -185,6 +172,6 @@ def _subscription_rows(manifest: Manifest, pattern: str | None) -> Iterator[tupl
 def _topic_rows(manifest: Manifest, pattern: str | None) -> Iterator[tuple[Any, ...]]:
     when = _time(manifest)
     for t in manifest.topics:
-        if _matches(t, pattern):
+        if topic_matches(t, pattern):
             yield (manifest.snapshot_id, when, t.topic, t.base_topic, t.partition, t.log_start_offset, t.end_offset,
                    t.messages_in, t.records, sum(f.record_bytes for f in t.files), len(t.files))

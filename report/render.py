@@ -10,13 +10,14 @@ import html
 import io
 import json
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from danube_zmq.report.backlog import BacklogReport, SubscriptionBacklog
 
-__all__ = ["render"]
+__all__ = ["chart_figures", "render"]
 
 _CSV_FIELDS = ["topic", "subscription", "sub_type", "partitions", "backlog_messages", "backlog_bytes",
                "oldest_unacked", "oldest_unacked_age_s", "unacked", "consume_rate_per_min", "backlog_trend_per_min",
@@ -71,7 +72,7 @@ def _csv(report: BacklogReport) -> str:
 
 def _heading(report: BacklogReport) -> str:
     return (f"backlog at snapshot {report.snapshot_id} ({_when(report.snapshot_ms)}), {report.snapshots} snapshots"
-            f" in the window, from {report.url}")
+            f" in the window, from {report.url}; computed by {report.engine}")
 
 
 def _subscription_rows(report: BacklogReport) -> list[list[str]]:
@@ -120,8 +121,22 @@ def _png(figure: object) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _charts(report: BacklogReport) -> list[tuple[str, str]]:
-    """(title, base64 PNG) per chart."""
+def _colours(count: int) -> list[tuple[float, float, float, float]]:
+    """`count` distinct colours: matplotlib's qualitative palettes while they last, then
+    evenly spaced hues (the default cycle repeats after ten lines)."""
+    from matplotlib import colormaps
+
+    if count <= 10:
+        return [colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [colormaps["tab20"](i) for i in range(count)]
+    return [colormaps["hsv"](i / count) for i in range(count)]
+
+
+def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
+    """(title, matplotlib Figure) per chart: backlog over time per subscription, then
+    produce vs consume rate per topic. Every x axis is a UTC date axis, every series has
+    its own colour and a legend entry. The caller closes the figures."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,33 +145,43 @@ def _charts(report: BacklogReport) -> list[tuple[str, str]]:
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    def times(points: list[tuple[int, float]] | list[tuple[int, int]]) -> list[datetime]:
-        return [datetime.fromtimestamp(t / 1000, tz=UTC) for t, _ in points]
+    def chart(title: str, series: list[tuple[str, list[tuple[int, int]] | list[tuple[int, float]]]], ylabel: str,
+              height: float) -> Any:
+        figure, axes = plt.subplots(figsize=(9, height))
+        axes.xaxis_date(tz=UTC)  # a date axis even when a series is empty
+        for (label, points), colour in zip(series, _colours(len(series)), strict=True):
+            axes.plot([datetime.fromtimestamp(t / 1000, tz=UTC) for t, _ in points], [v for _, v in points],
+                      marker="o", markersize=3, color=colour, label=label)
+        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=UTC))
+        axes.set_xlabel("time (UTC)")
+        axes.set_ylabel(ylabel)
+        axes.set_title(title)
+        if series:
+            axes.legend(fontsize="small")
+        figure.autofmt_xdate()
+        return figure
 
-    charts = []
-    figure, axes = plt.subplots(figsize=(9, 4))
-    for name, points in sorted(report.backlog_series.items()):
-        axes.plot(times(points), [v for _, v in points], marker="o", markersize=3, label=name)
-    axes.set_title("backlog over time per subscription (messages)")
-    axes.set_ylabel("messages")
-    axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
-    if report.backlog_series:
-        axes.legend(fontsize="small")
-    charts.append(("backlog over time per subscription", _png(figure)))
-    plt.close(figure)
+    charts = [("backlog over time per subscription",
+               chart("backlog over time per subscription (messages)", sorted(report.backlog_series.items()),
+                     "messages", 4))]
     for topic in report.topics:
-        figure, axes = plt.subplots(figsize=(9, 3.5))
-        produced = report.produce_series.get(topic.topic, [])
-        axes.plot(times(produced), [v for _, v in produced], marker="o", markersize=3, label="produced", linewidth=2)
-        for name, points in sorted(report.consume_series.items()):
-            if name.rsplit(":", 1)[0] == topic.topic:
-                axes.plot(times(points), [v for _, v in points], marker=".", label=f"consumed by {name.rsplit(':', 1)[1]}")
-        axes.set_title(f"produce vs consume rate, {topic.topic} (messages per minute)")
-        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
-        axes.legend(fontsize="small")
-        charts.append((f"produce vs consume rate: {topic.topic}", _png(figure)))
-        plt.close(figure)
+        series: list[tuple[str, list[tuple[int, float]]]] = [("produced", report.produce_series.get(topic.topic, []))]
+        series += [(f"consumed by {name.rsplit(':', 1)[1]}", points)
+                   for name, points in sorted(report.consume_series.items()) if name.rsplit(":", 1)[0] == topic.topic]
+        charts.append((f"produce vs consume rate: {topic.topic}",
+                       chart(f"produce vs consume rate, {topic.topic}", series, "messages per minute", 3.5)))
     return charts
+
+
+def _charts(report: BacklogReport) -> list[tuple[str, str]]:
+    """(title, base64 PNG) per chart."""
+    import matplotlib.pyplot as plt
+
+    out = []
+    for title, figure in chart_figures(report):
+        out.append((title, _png(figure)))
+        plt.close(figure)
+    return out
 
 
 def _html_table(headers: list[str], rows: list[list[str]]) -> str:

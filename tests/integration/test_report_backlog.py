@@ -1,5 +1,5 @@
 """`danube report backlog` with a real Spark over snapshots of a real broker: backlog
-numbers equal what the broker reports, edge cases (an empty topic, a subscription with
+numbers equal what the broker reports, the Python engine's rows equal Spark's, edge cases (an empty topic, a subscription with
 no acks, a Shared one with holes, WAL rotation, a broker restart between snapshots, a
 damaged file), the HTML report's charts, and the same report on a Spark standalone
 cluster started on loopback."""
@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.report.backlog import BacklogReport, compute_backlog
+from danube_zmq.report.local import compute_backlog_python
 from danube_zmq.report.spark import spark_session
 from danube_zmq.snapshots.store import SnapshotStore
 from danube_zmq.transport.errors import Unavailable
@@ -149,6 +150,42 @@ def test_rates_and_trends_across_the_restart(traffic: Traffic, spark: object) ->
     assert {s.topic for s in only_orders.subscriptions} == {"/default/orders"}
 
 
+def _rows(report: BacklogReport) -> dict[str, object]:
+    """Everything the report holds but the engine's name."""
+    out = report.to_dict()
+    out.pop("engine")
+    return out
+
+
+@pytest.mark.parametrize("window", ["all", "first", "orders", "partition"])
+def test_python_and_spark_give_the_same_rows(traffic: Traffic, spark: object, window: str) -> None:
+    store = SnapshotStore(traffic.url)
+    first = store.manifest(store.snapshot_ids()[0])
+    options: dict[str, object] = {"all": {}, "first": {"to_ms": first.created_ms}, "orders": {"topic": "/default/orders"},
+                                  "partition": {"topic": "/default/orders-part-1", "top": 1}}[window]
+    by_spark = compute_backlog(spark, traffic.url, **options)  # type: ignore[arg-type]
+    by_python = compute_backlog_python(traffic.url, **options)  # type: ignore[arg-type]
+    assert (by_spark.engine, by_python.engine) == ("spark (local[2])", "python")
+    assert by_python.subscriptions and by_python.topics
+    assert _rows(by_python) == _rows(by_spark)
+
+
+def test_small_snapshots_are_read_without_spark(traffic: Traffic) -> None:
+    """No --master and a small snapshot: the Python engine, named in the output; the
+    threshold sends the same snapshot to Spark."""
+    done = danube_report("--snapshots", traffic.url, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["engine"] == "python" and "report computed by python" in done.stderr
+    got = {f"{s['topic']}:{s['subscription']}": s["backlog_messages"] for s in report["subscriptions"]}
+    assert got["/default/audit:workers"] == 470 and got["/default/orders:billing"] == 160
+    done = danube_report("--snapshots", traffic.url, "--spark-above-records", "10")
+    assert done.returncode == 0, done.stderr
+    assert "computed by spark (local[*])" in done.stdout and "starting Spark" in done.stderr
+    done = danube_report("--snapshots", traffic.url, "--engine", "python", "--master", "local[2]")
+    assert done.returncode == 2 and "--master is for the Spark engine" in done.stderr
+
+
 def danube_report(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "report", "backlog", *args],
                           capture_output=True, text=True, timeout=timeout_s)
@@ -186,9 +223,10 @@ def test_a_damaged_snapshot_file_is_named(traffic: Traffic, tmp_path: Path) -> N
     store = SnapshotStore(str(copy))
     victim = store.manifest(store.snapshot_ids()[-1]).topics[0].files[0].path
     (copy / victim).write_bytes(b"PAR1 not really parquet")
-    done = danube_report("--snapshots", str(copy), "--master", "local[2]", "--format", "json")
-    assert done.returncode == 1
-    assert "error:" in done.stderr and victim in done.stderr and "cannot be read" in done.stderr
+    for engine in (["--master", "local[2]"], ["--engine", "python"]):
+        done = danube_report("--snapshots", str(copy), *engine, "--format", "json")
+        assert done.returncode == 1, engine
+        assert "error:" in done.stderr and victim in done.stderr and "cannot be read" in done.stderr, engine
     done = danube_report("--snapshots", str(tmp_path / "nothing-here"), "--format", "csv")
     assert done.returncode == 1 and "no snapshot at" in done.stderr
 

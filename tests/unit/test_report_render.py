@@ -18,7 +18,7 @@ from danube_zmq.report.render import render
 def sample() -> BacklogReport:
     return BacklogReport(
         url="s3://ops/snaps", snapshot_id="20261121T100000.000Z-abc123", snapshot_ms=1_795_255_200_000, snapshots=3,
-        from_ms=None, to_ms=None, topic_pattern=None,
+        from_ms=None, to_ms=None, topic_pattern=None, engine="python",
         subscriptions=[
             SubscriptionBacklog(topic="/default/orders", subscription="billing", sub_type="exclusive", partitions=2,
                                 backlog_messages=1200, backlog_bytes=98_000, oldest_unacked_ms=1_795_255_080_000,
@@ -63,3 +63,46 @@ def test_times_in_every_accepted_spelling() -> None:
     assert parse_time("-1.5h", now_ms=now) == now - 5_400_000
     with pytest.raises(click.BadParameter, match="ISO 8601"):
         parse_time("yesterday")
+
+
+def test_charts_have_date_axes_and_a_colour_per_series() -> None:
+    pytest.importorskip("matplotlib")
+    import datetime
+
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from danube_zmq.report.render import chart_figures
+
+    report = sample()
+    t0 = 1_795_255_100_000
+    report.backlog_series["/default/orders:idle"] = [(t0, 5), (t0 + 60_000, 7)]
+    report.produce_series["/default/orders"] = [(t0, 40.0), (t0 + 60_000, 60.0)]
+    report.consume_series["/default/orders:billing"] = [(t0 + 60_000, 55.5)]
+    charts = chart_figures(report)
+    try:
+        assert [title for title, _ in charts] == ["backlog over time per subscription",
+                                                  "produce vs consume rate: /default/orders"]
+        for (_, figure), labels in zip(charts, [["/default/orders:billing", "/default/orders:idle"],
+                                                ["produced", "consumed by billing"]], strict=True):
+            axes = figure.axes[0]
+            assert isinstance(axes.xaxis.get_major_locator(), mdates.DateLocator)
+            assert isinstance(axes.xaxis.get_major_formatter(), mdates.DateFormatter)
+            lines = axes.get_lines()
+            assert [line.get_label() for line in lines] == labels
+            assert [t.get_text() for t in axes.get_legend().get_texts()] == labels
+            assert len({to_hex(line.get_color()) for line in lines}) == 2
+            assert all(isinstance(x, datetime.datetime) for line in lines for x in line.get_xdata())
+        billing = charts[0][1].axes[0].get_lines()[0]
+        assert list(billing.get_xdata()) == [datetime.datetime.fromtimestamp(t / 1000, tz=datetime.UTC)
+                                             for t in (1_795_255_100_000, 1_795_255_200_000)]
+        # Past the default cycle's ten colours, still one colour per series.
+        report.backlog_series = {f"/default/t{i}:s": [(t0, i)] for i in range(25)}
+        many = chart_figures(report)
+        assert len({to_hex(line.get_color()) for line in many[0][1].axes[0].get_lines()}) == 25
+        for _, figure in many:
+            plt.close(figure)
+    finally:
+        for _, figure in charts:
+            plt.close(figure)
