@@ -65,6 +65,7 @@ def test_times_in_every_accepted_spelling() -> None:
         parse_time("yesterday")
 
 
+@pytest.mark.spark  # the report extra (matplotlib) is installed in the spark env only
 def test_charts_have_date_axes_and_a_colour_per_series() -> None:
     pytest.importorskip("matplotlib")
     import datetime
