@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.dispatch import Assignment, make_rule
 from danube_zmq.actors.gateway import OUTBOX
-from danube_zmq.actors.subscription.delivery import Consumer
+from danube_zmq.actors.subscription.delivery import Consumer, DeliverySample
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
@@ -110,6 +110,11 @@ class RuleDelivery:
 
     def info(self) -> dict[str, int | None]:
         return {"pending_messages": self.pending_messages}
+
+    def sample(self) -> DeliverySample:
+        pending = self.pending_messages
+        return DeliverySample(backlog_messages=pending, pending_bytes=self.pending_bytes, cursor=None,
+                              lag_messages=pending, unacked_messages=0, redeliveries=0, dead_lettered=0)
 
     def _drop_pending(self) -> None:
         """Nobody can receive what is pending (nothing is owed to a subscription without

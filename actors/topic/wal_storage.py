@@ -1027,14 +1027,19 @@ class WalStorage:
         return dataclasses.replace(info, subscriptions=subscriptions, evicted_messages=self.evicted_messages)
 
     def _backlog_bytes(self, info: SubscriptionInfo) -> int | None:
-        """Bytes of the records after the cursor: measured in the local WAL, estimated from
-        descriptor sizes for durable segments, prorated for out-of-order acks."""
-        if info.cursor is None or info.backlog_messages is None or self.wal is None:
+        if info.cursor is None or info.backlog_messages is None:
             return None
-        start, end = info.cursor + 1, self.committed_offset
+        return self.backlog_bytes_after(info.cursor, info.backlog_messages)
+
+    def backlog_bytes_after(self, cursor: int, backlog_messages: int) -> int | None:
+        """Bytes of the records after `cursor`: measured in the local WAL, estimated from
+        descriptor sizes for durable segments, prorated for out-of-order acks."""
+        if self.wal is None:
+            return None
+        start, end = cursor + 1, self.committed_offset
         if start >= end:
             return 0
-        return self._log_bytes(start, end) * info.backlog_messages // (end - start)
+        return self._log_bytes(start, end) * backlog_messages // (end - start)
 
     # ------------------------------------------------------------- snapshots
     async def take_snapshot_cut(self, msg: TakeSnapshotCut) -> Message:

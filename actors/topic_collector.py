@@ -1,0 +1,167 @@
+"""The per-topic and per-subscription gauges of a broker, read at scrape time.
+
+Backlog, lag, unacknowledged messages, redeliveries and dead letters are state the
+topic and subscription actors already hold; nothing on the data path keeps them for
+metrics. A scrape (the metrics server's thread) asks the event loop to run one sample:
+on the loop's thread, between two handlers, it walks the topics the broker actor
+serves and reads each topic's and subscription's counts (plain reads: no message, no
+await, so every count is as of one instant of the loop). The scrape thread then builds
+the families. Topics past `broker.metrics_topics_max` add up under `topic="_other"`
+(`actors/metrics.py` TopicSeries).
+
+Reading other actors' state is the broker service's privilege as the system's owner
+(`ActorSystem.actor`); actors themselves never do it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from danube_zmq.actors.metrics import OTHER, TOPIC_SERIES
+from danube_zmq.actors.subscription.shell import SubscriptionActor
+from danube_zmq.actors.topic.shell import TopicActor
+from danube_zmq.actors.topic.wal_storage import WalStorage
+from danube_zmq.runtime.system import ActorSystem
+
+log = logging.getLogger("danube_zmq.metrics")
+
+# A scrape waits this long for the loop to take its sample; Prometheus' own scrape
+# timeout is 10 s by default.
+SAMPLE_TIMEOUT_S = 5.0
+
+_TOPIC = ("topic",)
+_SUBSCRIPTION = ("topic", "subscription")
+
+
+@dataclass(slots=True)
+class _TopicRow:
+    producers: int = 0
+    subscriptions: int = 0
+
+
+@dataclass(slots=True)
+class _SubscriptionRow:
+    consumers: int = 0
+    backlog_messages: int = 0
+    backlog_bytes: int = 0
+    lag_messages: int = 0
+    unacked_messages: int = 0
+    redeliveries: int = 0
+    dead_lettered: int = 0
+
+
+@dataclass(slots=True)
+class _Sample:
+    topics: dict[tuple[str, ...], _TopicRow]
+    subscriptions: dict[tuple[str, ...], _SubscriptionRow]
+
+
+class TopicCollector:
+    """Registered by the broker service while its actor system runs."""
+
+    def __init__(self, system: ActorSystem, loop: asyncio.AbstractEventLoop) -> None:
+        self._system = system
+        self._loop = loop
+
+    def describe(self) -> list[Metric]:
+        return []  # no registration-time name check: tests run several brokers in one process
+
+    def _instance(self, endpoint: str) -> object | None:
+        try:
+            return self._system.actor(endpoint)
+        except KeyError:  # stopped, or not spawned yet
+            return None
+
+    def sample(self) -> _Sample:
+        """On the loop's thread: the counts of every topic and subscription served here."""
+        sample = _Sample(topics={}, subscriptions={})
+        broker = self._instance(self._system.broker_endpoint) if self._system.broker_endpoint else None
+        for entry in list(getattr(broker, "topics", {}).values()):
+            topic = self._instance(entry.endpoint)
+            if not isinstance(topic, TopicActor):
+                continue
+            label = TOPIC_SERIES.label(topic.topic)
+            row = sample.topics.setdefault((label,), _TopicRow())
+            row.producers += len(topic.producers)
+            row.subscriptions += len(topic.subscriptions)
+            for name, subscription in topic.subscriptions.items():
+                actor = self._instance(subscription.endpoint)
+                if not isinstance(actor, SubscriptionActor):
+                    continue
+                counts = actor.delivery.sample()
+                key = (label, OTHER if label == OTHER else name)
+                sub = sample.subscriptions.setdefault(key, _SubscriptionRow())
+                sub.consumers += len(actor.consumers)
+                sub.backlog_messages += counts.backlog_messages
+                if counts.pending_bytes is not None:
+                    sub.backlog_bytes += counts.pending_bytes
+                elif counts.cursor is not None and isinstance(topic.storage, WalStorage):
+                    sub.backlog_bytes += topic.storage.backlog_bytes_after(counts.cursor, counts.backlog_messages) or 0
+                sub.lag_messages += counts.lag_messages
+                sub.unacked_messages += counts.unacked_messages
+                sub.redeliveries += counts.redeliveries
+                sub.dead_lettered += counts.dead_lettered
+        return sample
+
+    def _sample_on_loop(self) -> _Sample | None:
+        future: concurrent.futures.Future[_Sample] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self.sample())
+            except BaseException as exc:  # handed to the scrape thread, which logs it
+                future.set_exception(exc)
+
+        try:
+            self._loop.call_soon_threadsafe(run)
+            return future.result(timeout=SAMPLE_TIMEOUT_S)
+        except RuntimeError:  # the loop is closed: the broker is stopping
+            return None
+        except concurrent.futures.TimeoutError:
+            log.warning("metrics: the event loop took more than %.0f s to sample topics; per-topic gauges left"
+                        " out of this scrape", SAMPLE_TIMEOUT_S)
+            return None
+
+    def collect(self) -> Iterator[Metric]:
+        sample = self._sample_on_loop()
+        if sample is None:
+            return
+        topic_gauges = [
+            ("danube_topic_active_producers", "Producers attached to the topic", "producers"),
+            ("danube_topic_active_subscriptions", "Subscriptions of the topic", "subscriptions"),
+        ]
+        for name, documentation, field in topic_gauges:
+            family = GaugeMetricFamily(name, documentation, labels=_TOPIC)
+            for key, row in sample.topics.items():
+                family.add_metric(key, getattr(row, field))
+            yield family
+        subscription_families: list[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, str]] = [
+            (GaugeMetricFamily, "danube_subscription_active_consumers", "Consumers attached to the subscription",
+             "consumers"),
+            (GaugeMetricFamily, "danube_subscription_backlog_messages",
+             "Messages the subscription has not acknowledged (non-reliable: held for its consumers' permits)",
+             "backlog_messages"),
+            (GaugeMetricFamily, "danube_subscription_backlog_bytes",
+             "Bytes of those messages (reliable: in the log, prorated for acks out of order)", "backlog_bytes"),
+            (GaugeMetricFamily, "danube_subscription_lag_messages",
+             "Messages stored (or held) and not yet sent to any consumer of the subscription", "lag_messages"),
+            (GaugeMetricFamily, "danube_subscription_unacked_messages",
+             "Deliveries awaiting their consumer's acknowledgement", "unacked_messages"),
+            (CounterMetricFamily, "danube_subscription_redelivery",
+             "Deliveries that were not the first of their message (since the subscription started here)",
+             "redeliveries"),
+            (CounterMetricFamily, "danube_subscription_dlq",
+             "Messages sent to the dead-letter topic after their last redelivery (since the subscription"
+             " started here)", "dead_lettered"),
+        ]
+        for kind, name, documentation, field in subscription_families:
+            family = kind(name, documentation, labels=_SUBSCRIPTION)
+            for key, sub in sample.subscriptions.items():
+                family.add_metric(key, getattr(sub, field))
+            yield family
