@@ -249,6 +249,10 @@ class _Metrics:
     actor_failures: Counter
     wal_flushes: Counter
     wal_records: Counter
+    wal_bytes: Counter
+    wal_fsync_latency: BrokerHistogram
+    produce_ack_latency: ScrapeHistogram
+    end_to_end_latency: ScrapeHistogram
     schema_mismatched: ScrapeCounter
     schema_rejected: ScrapeCounter
     wal_damaged_topics: Gauge
@@ -283,6 +287,18 @@ METRICS = _Metrics(
     wal_flushes=Counter("danube_wal_flushes_total",
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),
     wal_records=Counter("danube_wal_records_total", "Records committed to WALs"),
+    wal_bytes=Counter("danube_wal_bytes_total", "Bytes of batch records written to WALs (headers included)"),
+    wal_fsync_latency=BrokerHistogram("danube_wal_fsync_latency_seconds",
+                                      "Time one WAL fsync took (group commits and wal_sync interval syncs)",
+                                      LATENCY_BOUNDS_S),
+    produce_ack_latency=ScrapeHistogram(
+        "danube_producer_send_latency_seconds",
+        "Reliable topics: from the topic accepting a producer's batch to its receipt leaving (after the"
+        " fsync, or the upload with seal_every_flush); one observation a batch", ["topic"], LATENCY_BOUNDS_S),
+    end_to_end_latency=ScrapeHistogram(
+        "danube_subscription_end_to_end_latency_seconds",
+        "From a message's publish time (the producer's clock) to its first dispatch to a consumer; one"
+        " observation a message", ["topic", "subscription"], LATENCY_BOUNDS_S),
     schema_mismatched=ScrapeCounter("danube_topic_schema_mismatched_messages_total",
                               "Messages accepted without the topic's schema (validation policy warn)", ["topic"]),
     schema_rejected=ScrapeCounter("danube_topic_schema_rejected_messages_total",
@@ -353,7 +369,11 @@ class RaftCollector:
         yield CounterMetricFamily("danube_raft_proposals", "Metadata writes proposed here", value=s.proposals)
         yield CounterMetricFamily("danube_raft_proposals_failed", "Metadata writes that failed or timed out here",
                                   value=s.proposals_failed)
+        yield GaugeMetricFamily("danube_raft_apply_lag", "Raft log entries committed and not yet applied to the"
+                                " metadata here", value=s.commit_index - s.applied_index)
         yield CounterMetricFamily("danube_raft_elections_won", "Elections this peer won", value=s.elections_won)
+        yield CounterMetricFamily("danube_raft_leader_changes", "Times this peer learned of a new Raft leader",
+                                  value=s.leader_changes)
         yield CounterMetricFamily("danube_raft_messages_dropped",
                                   "Peer messages dropped (peer down or its queue full; Raft retries)",
                                   value=s.messages_dropped)

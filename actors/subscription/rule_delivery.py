@@ -208,6 +208,10 @@ class RuleDelivery:
         if shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
             shell.delivered_messages += count
             shell.out_metric.inc(count)
+            # One observation per frame, for each of its messages: a batch's publish times
+            # lie close together (the producer's clock: skew below 0 counts as 0).
+            age_ms = shell.system.clock.now_ms() - deliver.publish_times[0]
+            shell.e2e_metric.observe_many(age_ms / 1000 if age_ms > 0 else 0.0, count)
         else:
             shell.dropped_messages += count
             shell.dropped_metric.inc(count)

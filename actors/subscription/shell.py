@@ -96,6 +96,7 @@ class SubscriptionActor(Actor):
         TOPIC_SERIES.acquire(self.topic, (id(self.system), self.subscription), admit=False)
         self.out_metric = METRICS.messages_out.labels(topic=self.topic, subscription=self.subscription)
         self.dropped_metric = METRICS.messages_dropped.labels(topic=self.topic, subscription=self.subscription)
+        self.e2e_metric = METRICS.end_to_end_latency.labels(topic=self.topic, subscription=self.subscription)
         self.delivery.start()
 
     async def on_stop(self) -> None:

@@ -413,6 +413,9 @@ class TrackedDelivery:
         if self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
             self.shell.delivered_messages += len(run)
             self.shell.out_metric.inc(len(run))
+            if not count:  # a first delivery (as the rule's: one observation a frame, see there)
+                age_ms = self.shell.system.clock.now_ms() - first.publish_time
+                self.shell.e2e_metric.observe_many(age_ms / 1000 if age_ms > 0 else 0.0, len(run))
         # A frame the gateway could not take is redelivered after the ack timeout.
         if count:
             self.redeliveries += len(run)

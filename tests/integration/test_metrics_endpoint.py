@@ -138,7 +138,9 @@ def test_reliable_subscription_backlog_lag_and_unacked_are_exported(broker_facto
     received 4 and acked 1: backlog 9 messages and more than 90 bytes (records carry
     headers), at least 3 unacknowledged and the rest of the 9 never sent (lag: the
     window grants more permits as the application takes messages, so the split is not
-    fixed), one producer and one subscription; read from the actors at scrape time."""
+    fixed), one producer and one subscription; read from the actors at scrape time.
+    The latency histograms have buckets: 10 receipts, an end-to-end observation for
+    each message sent, an fsync a flush."""
     from danube_zmq import SyncClient
 
     port = free_port()
@@ -165,6 +167,16 @@ def test_reliable_subscription_backlog_lag_and_unacked_are_exported(broker_facto
         assert series(body, "danube_topic_active_subscriptions")['{topic="/default/backlogged"}'] == 1.0
         assert "# TYPE danube_subscription_redelivery_total counter" in body
         assert "# TYPE danube_subscription_dlq_total counter" in body
+
+    # Real histograms (buckets, so histogram_quantile works): one receipt a batch, one
+    # end-to-end observation a message sent first (the window grants more permits).
+    topic = '{topic="/default/backlogged"}'
+    assert series(body, "danube_producer_send_latency_seconds_count")[topic] == 10.0
+    assert series(body, "danube_producer_send_latency_seconds_bucket")['{le="+Inf",topic="/default/backlogged"}'] == 10
+    e2e = series(body, "danube_subscription_end_to_end_latency_seconds_count")[labels]
+    assert 4 <= e2e <= 10 and e2e == 10 - series(body, "danube_subscription_lag_messages")[labels]
+    assert series(body, "danube_wal_fsync_latency_seconds_count")[""] >= 10  # wal_sync always: one per flush
+    assert series(body, "danube_wal_bytes_total")[""] > 100
 
 
 def test_series_of_a_deleted_topic_and_subscription_are_removed(broker_factory) -> None:
