@@ -269,6 +269,8 @@ class _Metrics:
     inbound_held_bytes_peak: Gauge
     inbound_held_bytes_at_cut_max: Gauge
     requests_refused: Counter
+    load_decisions: Counter
+    lease_renewals: Counter
 
 
 METRICS = _Metrics(
@@ -341,6 +343,12 @@ METRICS = _Metrics(
     requests_refused=Counter("danube_requests_refused_total",
                              "Requests refused by the permission check (security.mode curve), by port (client,"
                              " admin) and code (UNAUTHENTICATED, PERMISSION_DENIED)", ["port", "code"]),
+    load_decisions=Counter("danube_load_manager_decisions_total",
+                           "Decisions the load manager wrote while this broker led the cluster: assign (a waiting"
+                           " topic placed), failover (a gone broker's topic unassigned), move (a rebalance, drain"
+                           " or unload started)", ["decision"]),
+    lease_renewals=Counter("danube_broker_lease_renewals_total",
+                           "Renewals of this broker's registration lease, by result (renewed, failed)", ["result"]),
 )
 
 

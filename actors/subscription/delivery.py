@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliverySample:
-    """What a delivery side holds now, for the metrics scrape (`actors/topic_collector.py`)."""
+    """What a delivery side holds now, for the metrics scrape (`actors/broker_collector.py`)."""
 
     # Messages the subscription has yet to see acknowledged (non-reliable: pending).
     backlog_messages: int

@@ -238,3 +238,31 @@ def test_topics_past_metrics_topics_max_add_up_under_other(broker_factory) -> No
         _, body = get(f"http://127.0.0.1:{port}/metrics")
         assert series(body, "danube_topic_messages_in_total") == {
             '{topic="/default/t2"}': 2.0, '{topic="/default/t4"}': 1.0, '{topic="_other"}': 3.0}
+
+
+def test_uploads_lease_and_load_manager_series(broker_factory, tmp_path: Path) -> None:
+    """storage.mode shared_fs with seal_every_flush: 3 reliable sends upload 3 or more
+    segments (objects and bytes counted, none pending or failed) and each receipt,
+    held until its upload, is one producer latency observation; the broker holds its
+    lease, has renewed it, and its load manager (it leads its one-voter cluster)
+    assigned the topic."""
+    from danube_zmq import SyncClient
+
+    port = free_port()
+    broker = broker_factory("--metrics-port", str(port), env={
+        "DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "durable"),
+        "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true"})
+    with SyncClient(broker.url) as client:
+        producer = client.create_producer("/default/uploaded", dispatch="reliable")
+        for _ in range(3):
+            producer.send(b"x" * 100)
+    _, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert series(body, "danube_cloud_upload_objects_total")[""] >= 3
+    assert series(body, "danube_cloud_upload_bytes_total")[""] > 300
+    assert series(body, "danube_cloud_upload_failed_attempts_total")[""] == 0
+    assert series(body, "danube_cloud_upload_failures")[""] == 0
+    assert series(body, "danube_producer_send_latency_seconds_count")['{topic="/default/uploaded"}'] == 3
+    assert series(body, "danube_broker_lease_held")[""] == 1
+    assert series(body, "danube_broker_lease_remaining_seconds")[""] > 0
+    assert series(body, "danube_broker_lease_renewals_total")['{result="renewed"}'] >= 1
+    assert series(body, "danube_load_manager_decisions_total")['{decision="assign"}'] >= 1

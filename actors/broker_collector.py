@@ -1,4 +1,5 @@
-"""The per-topic and per-subscription gauges of a broker, read at scrape time.
+"""The series of a broker read from its actors at scrape time: per topic and
+subscription (backlog, lag, ...), and the broker's uploads, lease and CURVE refusals.
 
 Backlog, lag, unacknowledged messages, redeliveries and dead letters are state the
 topic and subscription actors already hold; nothing on the data path keeps them for
@@ -23,11 +24,14 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from danube_zmq.actors.broker import BrokerActor
 from danube_zmq.actors.metrics import OTHER, TOPIC_SERIES
 from danube_zmq.actors.subscription.shell import SubscriptionActor
 from danube_zmq.actors.topic.shell import TopicActor
 from danube_zmq.actors.topic.wal_storage import WalStorage
 from danube_zmq.runtime.system import ActorSystem
+from danube_zmq.security.curve import Credentials, CredentialsStatistics
+from danube_zmq.storage.durable.uploader import UploaderStatistics
 
 log = logging.getLogger("danube_zmq.metrics")
 
@@ -60,14 +64,20 @@ class _SubscriptionRow:
 class _Sample:
     topics: dict[tuple[str, ...], _TopicRow]
     subscriptions: dict[tuple[str, ...], _SubscriptionRow]
+    uploads: UploaderStatistics | None = None  # None: storage.mode local, or no broker actor yet
+    lease_held: bool | None = None
+    lease_remaining_ms: int = 0
+    curve: CredentialsStatistics | None = None  # security.mode curve only
 
 
-class TopicCollector:
+class BrokerCollector:
     """Registered by the broker service while its actor system runs."""
 
-    def __init__(self, system: ActorSystem, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, system: ActorSystem, loop: asyncio.AbstractEventLoop, *,
+                 credentials: Credentials | None = None) -> None:
         self._system = system
         self._loop = loop
+        self._credentials = credentials
 
     def describe(self) -> list[Metric]:
         return []  # no registration-time name check: tests run several brokers in one process
@@ -81,8 +91,16 @@ class TopicCollector:
     def sample(self) -> _Sample:
         """On the loop's thread: the counts of every topic and subscription served here."""
         sample = _Sample(topics={}, subscriptions={})
+        if self._credentials is not None:
+            sample.curve = self._credentials.statistics()
         broker = self._instance(self._system.broker_endpoint) if self._system.broker_endpoint else None
-        for entry in list(getattr(broker, "topics", {}).values()):
+        if not isinstance(broker, BrokerActor):
+            return sample
+        if broker.uploader is not None:
+            sample.uploads = broker.uploader.statistics()
+        sample.lease_held = broker.lease_held
+        sample.lease_remaining_ms = max(0, broker.lease_until_ms - self._system.clock.monotonic_ms())
+        for entry in list(broker.topics.values()):
             topic = self._instance(entry.endpoint)
             if not isinstance(topic, TopicActor):
                 continue
@@ -132,6 +150,7 @@ class TopicCollector:
         sample = self._sample_on_loop()
         if sample is None:
             return
+        yield from _broker_families(sample)
         topic_gauges = [
             ("danube_topic_active_producers", "Producers attached to the topic", "producers"),
             ("danube_topic_active_subscriptions", "Subscriptions of the topic", "subscriptions"),
@@ -165,3 +184,34 @@ class TopicCollector:
             for key, sub in sample.subscriptions.items():
                 family.add_metric(key, getattr(sub, field))
             yield family
+
+
+def _broker_families(sample: _Sample) -> Iterator[Metric]:
+    if sample.uploads is not None:
+        u = sample.uploads
+        yield CounterMetricFamily("danube_cloud_upload_objects", "Sealed segments uploaded to the durable store",
+                                  value=u.uploaded_segments)
+        yield CounterMetricFamily("danube_cloud_upload_bytes", "Bytes of the segments uploaded to the durable store",
+                                  value=u.uploaded_bytes)
+        yield CounterMetricFamily("danube_cloud_upload_failed_attempts",
+                                  "Upload attempts that failed (each retried with backoff, up to the attempts_max)",
+                                  value=u.failed_attempts)
+        yield GaugeMetricFamily("danube_cloud_uploads_pending", "Segment uploads queued or running",
+                                value=u.pending)
+        yield GaugeMetricFamily("danube_cloud_upload_failures",
+                                "Segments whose last upload gave up (kept local until submitted again)",
+                                value=len(u.failures))
+    if sample.lease_held is not None:
+        yield GaugeMetricFamily("danube_broker_lease_held",
+                                "1 while this broker holds its registration lease and serves topics",
+                                value=1 if sample.lease_held else 0)
+        yield GaugeMetricFamily("danube_broker_lease_remaining_seconds",
+                                "Time until the lease last renewed runs out, as this broker counts it",
+                                value=sample.lease_remaining_ms / 1000)
+    if sample.curve is not None:
+        family = CounterMetricFamily("danube_curve_handshakes_refused",
+                                     "CURVE handshakes refused by ZAP (a key that is not a broker's on the Raft"
+                                     " port), by port", labels=["port"])
+        for domain, count in sorted(sample.curve.refused.items()):
+            family.add_metric([domain], count)
+        yield family
