@@ -58,6 +58,7 @@ class _SubscriptionRow:
     unacked_messages: int = 0
     redeliveries: int = 0
     dead_lettered: int = 0
+    oldest_unacked_age_s: float | None = None  # the largest, under _other
 
 
 @dataclass(slots=True)
@@ -100,6 +101,7 @@ class BrokerCollector:
             sample.uploads = broker.uploader.statistics()
         sample.lease_held = broker.lease_held
         sample.lease_remaining_ms = max(0, broker.lease_until_ms - self._system.clock.monotonic_ms())
+        now_ms = self._system.clock.now_ms()
         for entry in list(broker.topics.values()):
             topic = self._instance(entry.endpoint)
             if not isinstance(topic, TopicActor):
@@ -125,6 +127,9 @@ class BrokerCollector:
                 sub.unacked_messages += counts.unacked_messages
                 sub.redeliveries += counts.redeliveries
                 sub.dead_lettered += counts.dead_lettered
+                if counts.oldest_publish_ms is not None:
+                    age_s = max(0, now_ms - counts.oldest_publish_ms) / 1000
+                    sub.oldest_unacked_age_s = max(age_s, sub.oldest_unacked_age_s or 0.0)
         return sample
 
     def _sample_on_loop(self) -> _Sample | None:
@@ -184,6 +189,14 @@ class BrokerCollector:
             for key, sub in sample.subscriptions.items():
                 family.add_metric(key, getattr(sub, field))
             yield family
+        family = GaugeMetricFamily("danube_subscription_oldest_unacked_age_seconds",
+                                   "Age (from its publish time, the producer's clock) of the first message the"
+                                   " subscription has not acknowledged (non-reliable: the first it holds); absent"
+                                   " when it holds none, or has not read that message yet", labels=_SUBSCRIPTION)
+        for key, sub in sample.subscriptions.items():
+            if sub.oldest_unacked_age_s is not None:
+                family.add_metric(key, sub.oldest_unacked_age_s)
+        yield family
 
 
 def _broker_families(sample: _Sample) -> Iterator[Metric]:

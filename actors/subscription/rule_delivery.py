@@ -113,8 +113,13 @@ class RuleDelivery:
 
     def sample(self) -> DeliverySample:
         pending = self.pending_messages
+        oldest = None
+        if self.pending:
+            head = self.pending[0]
+            oldest = head.publish.publish_times[head.indices[0] if head.indices else 0]
         return DeliverySample(backlog_messages=pending, pending_bytes=self.pending_bytes, cursor=None,
-                              lag_messages=pending, unacked_messages=0, redeliveries=0, dead_lettered=0)
+                              lag_messages=pending, unacked_messages=0, redeliveries=0, dead_lettered=0,
+                              oldest_publish_ms=oldest)
 
     def _drop_pending(self) -> None:
         """Nobody can receive what is pending (nothing is owed to a subscription without

@@ -610,7 +610,9 @@ class TrackedDelivery:
         t = self.tracker.statistics()
         return DeliverySample(backlog_messages=self.tracker.backlog(self.head), pending_bytes=None, cursor=t.cursor,
                               lag_messages=max(0, self.head - t.read_offset), unacked_messages=t.in_flight,
-                              redeliveries=t.redeliveries_total, dead_lettered=self.dead_lettered)
+                              redeliveries=t.redeliveries_total, dead_lettered=self.dead_lettered,
+                              oldest_publish_ms=oldest.publish_time if (oldest := self.records.get(t.cursor + 1))
+                              else None)
 
 
 # An admin-set policy stays within the ranges the broker config allows for the

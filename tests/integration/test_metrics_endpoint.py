@@ -139,8 +139,9 @@ def test_reliable_subscription_backlog_lag_and_unacked_are_exported(broker_facto
     headers), at least 3 unacknowledged and the rest of the 9 never sent (lag: the
     window grants more permits as the application takes messages, so the split is not
     fixed), one producer and one subscription; read from the actors at scrape time.
-    The latency histograms have buckets: 10 receipts, an end-to-end observation for
-    each message sent, an fsync a flush."""
+    The oldest unacknowledged message's age is there. The latency histograms have
+    buckets: 10 receipts, an end-to-end observation for each message sent, an fsync a
+    flush."""
     from danube_zmq import SyncClient
 
     port = free_port()
@@ -162,6 +163,8 @@ def test_reliable_subscription_backlog_lag_and_unacked_are_exported(broker_facto
         unacked = series(body, "danube_subscription_unacked_messages")[labels]
         assert unacked >= 3 and unacked + series(body, "danube_subscription_lag_messages")[labels] == 9
         assert series(body, "danube_subscription_backlog_bytes")[labels] > 90
+        # Message 1, sent a moment ago, is the first not acknowledged (and read ahead).
+        assert 0 <= series(body, "danube_subscription_oldest_unacked_age_seconds")[labels] < 60
         assert series(body, "danube_subscription_active_consumers")[labels] == 1.0
         assert series(body, "danube_topic_active_producers")['{topic="/default/backlogged"}'] == 1.0
         assert series(body, "danube_topic_active_subscriptions")['{topic="/default/backlogged"}'] == 1.0
