@@ -47,6 +47,7 @@ _SUBSCRIPTION = ("topic", "subscription")
 class _TopicRow:
     producers: int = 0
     subscriptions: int = 0
+    dropped: int = 0
 
 
 @dataclass(slots=True)
@@ -110,6 +111,7 @@ class BrokerCollector:
             row = sample.topics.setdefault((label,), _TopicRow())
             row.producers += len(topic.producers)
             row.subscriptions += len(topic.subscriptions)
+            row.dropped += topic.dropped_messages
             for name, subscription in topic.subscriptions.items():
                 actor = self._instance(subscription.endpoint)
                 if not isinstance(actor, SubscriptionActor):
@@ -165,6 +167,12 @@ class BrokerCollector:
             for key, row in sample.topics.items():
                 family.add_metric(key, getattr(row, field))
             yield family
+        dropped = CounterMetricFamily("danube_topic_messages_dropped",
+                                      "Non-reliable messages a subscription missed because its mailbox was full"
+                                      " (since the topic started here)", labels=_TOPIC)
+        for key, row in sample.topics.items():
+            dropped.add_metric(key, row.dropped)
+        yield dropped
         subscription_families: list[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, str]] = [
             (GaugeMetricFamily, "danube_subscription_active_consumers", "Consumers attached to the subscription",
              "consumers"),

@@ -168,6 +168,7 @@ def test_reliable_subscription_backlog_lag_and_unacked_are_exported(broker_facto
         assert series(body, "danube_subscription_active_consumers")[labels] == 1.0
         assert series(body, "danube_topic_active_producers")['{topic="/default/backlogged"}'] == 1.0
         assert series(body, "danube_topic_active_subscriptions")['{topic="/default/backlogged"}'] == 1.0
+        assert series(body, "danube_topic_messages_dropped_total")['{topic="/default/backlogged"}'] == 0
         assert "# TYPE danube_subscription_redelivery_total counter" in body
         assert "# TYPE danube_subscription_dlq_total counter" in body
 
