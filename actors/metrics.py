@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
@@ -100,37 +101,47 @@ class _PerTopic:
     set's child is taken by `labels` (the topic mapped through TOPIC_SERIES) and removed
     by TOPIC_SERIES when its topic or subscription goes."""
 
-    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: list[str], *, series: TopicSeries = TOPIC_SERIES,
+                 registry: CollectorRegistry | None = REGISTRY) -> None:
         assert labelnames[0] == "topic" and labelnames[1:] in ([], ["subscription"]), labelnames
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], Any] = {}
-        TOPIC_SERIES.register(self)
-        REGISTRY.register(self)
+        self._series = series
+        # topic label -> that topic's children by their whole label tuple: removing a
+        # topic costs its own children, not a walk over every topic's.
+        self._children: dict[str, dict[tuple[str, ...], Any]] = {}
+        series.register(self)
+        if registry is not None:
+            registry.register(self)
 
     def _new_child(self) -> Any:
         raise NotImplementedError
 
     def labels(self, **labels: str) -> Any:
-        topic = TOPIC_SERIES.label(labels["topic"])
+        topic = self._series.label(labels["topic"])
         key = (topic,) if len(self.labelnames) == 1 else (topic, OTHER if topic == OTHER else labels["subscription"])
-        child = self._children.get(key)
+        children = self._children.get(topic)
+        if children is None:
+            children = self._children[topic] = {}
+        child = children.get(key)
         if child is None:
-            child = self._children[key] = self._new_child()
+            child = children[key] = self._new_child()
         return child
 
     def remove(self, topic: str, subscription: str | None) -> None:
         """Drop the children of `topic` (subscription None) or of one of its subscriptions."""
-        for key in list(self._children):
-            if key[0] == topic and (subscription is None or key[1:] == (subscription,)):
-                del self._children[key]
+        if subscription is None:
+            self._children.pop(topic, None)
+        elif (children := self._children.get(topic)) is not None:
+            children.pop((topic, subscription), None)
 
     def describe(self) -> list[Metric]:
         return []  # no registration-time name check: the same family name is never registered twice here
 
     def _items(self) -> list[tuple[tuple[str, ...], Any]]:
-        return list(self._children.items())  # one C call: the loop may add a label set meanwhile
+        # list() of a dict is one C call: the loop may add a label set meanwhile.
+        return [item for children in list(self._children.values()) for item in list(children.items())]
 
 
 class ScrapeCounter(_PerTopic):
@@ -142,8 +153,8 @@ class ScrapeCounter(_PerTopic):
     increments. A topic that moves away and back starts again from 0 (a counter reset,
     which `rate()` handles)."""
 
-    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
-        super().__init__(name.removesuffix("_total"), documentation, labelnames)
+    def __init__(self, name: str, documentation: str, labelnames: list[str], **kwargs: Any) -> None:
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, **kwargs)
 
     def _new_child(self) -> Tally:
         return Tally()
@@ -191,9 +202,10 @@ class ScrapeHistogram(_PerTopic):
     buckets) and exported as a real Prometheus histogram (`_bucket`, `_sum`, `_count`)
     at scrape time, so `histogram_quantile` works (Danube exports summaries)."""
 
-    def __init__(self, name: str, documentation: str, labelnames: list[str], bounds: tuple[float, ...]) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: list[str], bounds: tuple[float, ...],
+                 **kwargs: Any) -> None:
         self.bounds = bounds
-        super().__init__(name, documentation, labelnames)
+        super().__init__(name, documentation, labelnames, **kwargs)
 
     def _new_child(self) -> Buckets:
         return Buckets(self.bounds)
