@@ -4,11 +4,12 @@ subscription (backlog, lag, ...), and the broker's uploads, lease and CURVE refu
 Backlog, lag, unacknowledged messages, redeliveries and dead letters are state the
 topic and subscription actors already hold; nothing on the data path keeps them for
 metrics. A scrape (the metrics server's thread) asks the event loop to run one sample:
-on the loop's thread, between two handlers, it walks the topics the broker actor
-serves and reads each topic's and subscription's counts (plain reads: no message, no
-await, so every count is as of one instant of the loop). The scrape thread then builds
-the families. Topics past `broker.metrics_topics_max` add up under `topic="_other"`
-(`actors/metrics.py` TopicSeries).
+on the loop's thread, between handlers, it walks the topics the broker actor serves
+and reads each topic's and subscription's counts (plain reads: no message; each
+topic's counts are as of one instant, and the walk yields to the loop every 2,000
+topics). The scrape thread then builds the families. Topics past
+`broker.metrics_topics_max` add up under `topic="_other"` (`actors/metrics.py`
+TopicSeries).
 
 Reading other actors' state is the broker service's privilege as the system's owner
 (`ActorSystem.actor`); actors themselves never do it.
@@ -38,6 +39,10 @@ log = logging.getLogger("danube_zmq.metrics")
 # A scrape waits this long for the loop to take its sample; Prometheus' own scrape
 # timeout is 10 s by default.
 SAMPLE_TIMEOUT_S = 5.0
+# Topics sampled in one go: a few microseconds each, so a broker serving 100,000
+# partitions never holds its loop for a whole scrape (leases, Raft and admin Pings
+# run in between).
+_TOPICS_PER_SLICE = 2_000
 
 _TOPIC = ("topic",)
 _SUBSCRIPTION = ("topic", "subscription")
@@ -90,8 +95,9 @@ class BrokerCollector:
         except KeyError:  # stopped, or not spawned yet
             return None
 
-    def sample(self) -> _Sample:
-        """On the loop's thread: the counts of every topic and subscription served here."""
+    async def sample(self) -> _Sample:
+        """On the loop's thread: the counts of every topic and subscription served here,
+        `_TOPICS_PER_SLICE` topics between two yields to the loop's other work."""
         sample = _Sample(topics={}, subscriptions={})
         if self._credentials is not None:
             sample.curve = self._credentials.statistics()
@@ -103,7 +109,9 @@ class BrokerCollector:
         sample.lease_held = broker.lease_held
         sample.lease_remaining_ms = max(0, broker.lease_until_ms - self._system.clock.monotonic_ms())
         now_ms = self._system.clock.now_ms()
-        for entry in list(broker.topics.values()):
+        for n, entry in enumerate(list(broker.topics.values())):
+            if n and n % _TOPICS_PER_SLICE == 0:
+                await asyncio.sleep(0)
             topic = self._instance(entry.endpoint)
             if not isinstance(topic, TopicActor):
                 continue
@@ -135,20 +143,13 @@ class BrokerCollector:
         return sample
 
     def _sample_on_loop(self) -> _Sample | None:
-        future: concurrent.futures.Future[_Sample] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                future.set_result(self.sample())
-            except BaseException as exc:  # handed to the scrape thread, which logs it
-                future.set_exception(exc)
-
-        try:
-            self._loop.call_soon_threadsafe(run)
-            return future.result(timeout=SAMPLE_TIMEOUT_S)
-        except RuntimeError:  # the loop is closed: the broker is stopping
+        if self._loop.is_closed():  # the broker is stopping
             return None
+        future = asyncio.run_coroutine_threadsafe(self.sample(), self._loop)
+        try:
+            return future.result(timeout=SAMPLE_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
+            future.cancel()
             log.warning("metrics: the event loop took more than %.0f s to sample topics; per-topic gauges left"
                         " out of this scrape", SAMPLE_TIMEOUT_S)
             return None
