@@ -116,6 +116,10 @@ class BrokerSection:
     # Metrics requests served at once, one thread each; one more connection is
     # closed at once. 1..1024, default 16.
     metrics_connections_max: int = 16
+    # Topics (partitions) with series of their own (`topic` label); series of topics
+    # beyond it add up in one `topic="_other"` child, so a broker serving 100,000
+    # partitions does not export millions of series. 0..1,000,000, default 1,000.
+    metrics_topics_max: int = 1_000
     # libzmq I/O threads of the broker's ZeroMQ context: they move every byte of every
     # socket, and with security.mode curve they also encrypt and decrypt it, so on a
     # secured broker with spare cores a second one takes that work off the first.
@@ -151,6 +155,7 @@ class BrokerSection:
         if not self.metrics_host or any(c.isspace() or c in "/[]" for c in self.metrics_host):
             raise _error("broker.metrics_host", f"must be an address or host name, got {self.metrics_host!r}")
         _check_range("broker.metrics_connections_max", self.metrics_connections_max, 1, 1024)
+        _check_range("broker.metrics_topics_max", self.metrics_topics_max, 0, 1_000_000)
         _check_range("broker.io_threads", self.io_threads, 1, 16)
         if not self.data_dir:
             raise _error("broker.data_dir", "must not be empty")

@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 from danube_zmq.actors.lease import Lease, Renew, RenewalFailed, Renewed, Serve, Tick, step
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.request_tasks import RequestTasks
@@ -54,6 +55,7 @@ class LeaseKeeper(Actor):
 
     async def handle_LeaseRenewed(self, msg: LeaseRenewed) -> None:
         now_ms = self.system.clock.monotonic_ms()
+        METRICS.lease_renewals.labels("renewed" if msg.renewed else "failed").inc()
         if msg.renewed:
             await self._step(Renewed(sent_ms=msg.sent_ms, now_ms=now_ms))
         else:

@@ -43,6 +43,7 @@ from danube_zmq.actors.load.rebalance import (
 from danube_zmq.actors.load.rebalance import plan as rebalance_plan
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, topic_loads
 from danube_zmq.actors.load_report import as_load_report
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.transport import admin_protocol as ap
@@ -331,7 +332,9 @@ class LoadManagerActor(Actor):
     # ------------------------------------------------------------- assignments
     async def _carry_out(self, decided: Plan, versions: dict[str, int]) -> None:
         now_ms = self._now()
-        writes: list[Any] = []
+        failovers: list[Any] = []
+        drops: list[Any] = []
+        assigns: list[Any] = []
         gone: dict[int, list[str]] = {}
         for orphan in decided.orphans:
             gone.setdefault(orphan.from_broker, []).append(orphan.topic)
@@ -340,7 +343,7 @@ class LoadManagerActor(Actor):
                         ", ".join(topics[:5]), " ..." if len(topics) > 5 else "")
         for orphan in decided.orphans:
             key = cr.assignment_key(orphan.topic)
-            writes.append(self.metadata.transaction(
+            failovers.append(self.metadata.transaction(
                 {key: versions[key], cr.unassigned_key(orphan.topic): 0},
                 {cr.unassigned_key(orphan.topic): cr.encode(cr.Unassigned(
                     reason=cr.UnassignedReason.FAILOVER, from_broker=orphan.from_broker, epoch=orphan.epoch,
@@ -348,7 +351,7 @@ class LoadManagerActor(Actor):
                 [key]))
         for topic in decided.drop:
             key = cr.unassigned_key(topic)
-            writes.append(self.metadata.transaction({key: versions[key]}, {}, [key]))
+            drops.append(self.metadata.transaction({key: versions[key]}, {}, [key]))
         for choice in decided.assign:
             marker = cr.unassigned_key(choice.topic)
             key = cr.assignment_key(choice.topic)
@@ -358,11 +361,13 @@ class LoadManagerActor(Actor):
                 if record is None:
                     continue
                 expect[record[0]] = record[1]
-            writes.append(self.metadata.transaction(
+            assigns.append(self.metadata.transaction(
                 expect,
                 {key: cr.encode(cr.Assignment(broker_id=choice.broker_id, epoch=choice.epoch, assigned_ms=now_ms))},
                 [marker] if marker in versions else []))
-        await _gather(writes)
+        METRICS.load_decisions.labels("failover").inc(await _gather(failovers))
+        await _gather(drops)
+        METRICS.load_decisions.labels("assign").inc(await _gather(assigns))
         if decided.assign:
             log.info("assigned %d topics (%s)", len(decided.assign),
                      ", ".join(f"{a.topic} -> {a.broker_id}" for a in decided.assign[:5])
@@ -393,6 +398,7 @@ class LoadManagerActor(Actor):
             if await self.metadata.transaction({key: current.version, cr.unassigned_key(move.topic): 0},
                                                {cr.unassigned_key(move.topic): cr.encode(marker)}, [key]):
                 started.append(move)
+                METRICS.load_decisions.labels("move").inc()
                 await self.metadata.put_with_ttl(f"{cr.MOVES}{now_ms:020d}-{n}", cr.encode(cr.MoveRecord(
                     at_ms=now_ms, topic=move.topic, from_broker=move.from_broker, to_broker=move.to_broker)), HOUR_MS)
                 log.info("moving %s from broker %d to %d (%s)", move.topic, move.from_broker, move.to_broker,
@@ -506,7 +512,9 @@ def _move_info(move: Move) -> ap.MoveInfo:
                        estimated_load=move.estimated_load)
 
 
-async def _gather(writes: list[Any]) -> None:
+async def _gather(writes: list[Any]) -> int:
+    """Run the transactions `writes`; how many were applied (their guards held)."""
+    applied = 0
     for start in range(0, len(writes), _WRITES_AT_ONCE):
         results = await asyncio.gather(*writes[start:start + _WRITES_AT_ONCE], return_exceptions=True)
         for result in results:
@@ -514,6 +522,9 @@ async def _gather(writes: list[Any]) -> None:
                 log.info("a load manager write failed (%s); the next round decides again", result)
             elif isinstance(result, BaseException):
                 raise result
+            elif result:
+                applied += 1
+    return applied
 
 
 def _topic_record(key: str) -> bool:

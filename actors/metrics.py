@@ -7,17 +7,80 @@ Actors update these sinks as they work; the HTTP server only reads them.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
 
 if TYPE_CHECKING:
     from danube_zmq.consensus.peer import RaftPeer
+
+
+# The `topic` (and `subscription`) label of every topic past `broker.metrics_topics_max`.
+OTHER = "_other"
+
+
+class TopicSeries:
+    """Which topics have series of their own, and when their label children go.
+
+    At most `topics_max` topics (set by the broker at start) are labelled by name; the
+    series of any other topic add up under `topic="_other"` (its subscriptions under
+    `subscription="_other"`), so the number of series stays bounded however many
+    partitions a broker serves. A topic's actor and each of its subscriptions' actors
+    hold its name (`acquire`, idempotent per holder, so an actor rebuilt by a restart
+    holds it once); when the last lets go (the topic deleted, unloaded or moved away)
+    its children are removed from every per-topic family, and its place is free.
+    Holders are keyed by their actor system too: tests run several brokers in one
+    process, and a topic moving between two of them is held by both for a moment."""
+
+    def __init__(self) -> None:
+        self.topics_max = 1_000
+        self._holders: dict[str, set[tuple[int, str]]] = {}
+        self._families: list[_PerTopic] = []
+
+    def acquire(self, topic: str, holder: tuple[int, str], *, admit: bool = True) -> str:
+        """The label `holder` (an actor system's id and "" for the topic's actor, or a
+        subscription's name) counts `topic` under: `topic`, or OTHER when full. A
+        subscription does not `admit` its topic: it counts where its topic does."""
+        holders = self._holders.get(topic)
+        if holders is None:
+            if not admit or len(self._holders) >= self.topics_max:
+                return OTHER
+            holders = self._holders[topic] = set()
+        holders.add(holder)
+        return topic
+
+    def release(self, topic: str, holder: tuple[int, str]) -> None:
+        """`holder` stopped for good; a subscription's own children go at once, the
+        topic's when its last holder is gone."""
+        holders = self._holders.get(topic)
+        if holders is None or holder not in holders:
+            return  # counted under OTHER: its counts stay in the sum
+        holders.discard(holder)
+        if holder[1] and not any(other[1] == holder[1] for other in holders):
+            for family in self._families:
+                family.remove(topic, holder[1])
+        if not holders:
+            del self._holders[topic]
+            for family in self._families:
+                family.remove(topic, None)
+
+    def label(self, topic: str) -> str:
+        """`topic` if it has series of its own, else OTHER."""
+        return topic if topic in self._holders else OTHER
+
+    def register(self, family: _PerTopic) -> None:
+        self._families.append(family)
+
+
+TOPIC_SERIES = TopicSeries()
 
 
 class Tally:
@@ -33,37 +96,156 @@ class Tally:
         self.value += amount
 
 
-class ScrapeCounter:
-    """A labelled counter for the per-message paths, exported at scrape time.
+class _PerTopic:
+    """A family labelled by `topic` (first) and maybe `subscription` (second): a label
+    set's child is taken by `labels` (the topic mapped through TOPIC_SERIES) and removed
+    by TOPIC_SERIES when its topic or subscription goes."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], *, series: TopicSeries = TOPIC_SERIES,
+                 registry: CollectorRegistry | None = REGISTRY) -> None:
+        assert labelnames[0] == "topic" and labelnames[1:] in ([], ["subscription"]), labelnames
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._series = series
+        # topic label -> that topic's children by their whole label tuple: removing a
+        # topic costs its own children, not a walk over every topic's.
+        self._children: dict[str, dict[tuple[str, ...], Any]] = {}
+        series.register(self)
+        if registry is not None:
+            registry.register(self)
+
+    def _new_child(self) -> Any:
+        raise NotImplementedError
+
+    def labels(self, **labels: str) -> Any:
+        topic = self._series.label(labels["topic"])
+        key = (topic,) if len(self.labelnames) == 1 else (topic, OTHER if topic == OTHER else labels["subscription"])
+        children = self._children.get(topic)
+        if children is None:
+            children = self._children[topic] = {}
+        child = children.get(key)
+        if child is None:
+            child = children[key] = self._new_child()
+        return child
+
+    def remove(self, topic: str, subscription: str | None) -> None:
+        """Drop the children of `topic` (subscription None) or of one of its subscriptions."""
+        if subscription is None:
+            self._children.pop(topic, None)
+        elif (children := self._children.get(topic)) is not None:
+            children.pop((topic, subscription), None)
+
+    def describe(self) -> list[Metric]:
+        return []  # no registration-time name check: the same family name is never registered twice here
+
+    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
+        # list() of a dict is one C call: the loop may add a label set meanwhile.
+        return [item for children in list(self._children.values()) for item in list(children.items())]
+
+
+class ScrapeCounter(_PerTopic):
+    """A per-topic counter for the per-message paths, exported at scrape time.
 
     prometheus_client's `Counter.inc` takes a lock for every increment, about a
     microsecond a batch over a topic's and a subscription's counters; here an increment
     is an integer add and the scrape reads the tallies. Only the event loop's thread
-    increments; a label set's tally lives as long as the process, as a `Counter`
-    child does, so a topic that moves away and back keeps counting up."""
+    increments. A topic that moves away and back starts again from 0 (a counter reset,
+    which `rate()` handles)."""
 
-    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
-        self.name = name.removesuffix("_total")
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._tallies: dict[tuple[str, ...], Tally] = {}
-        REGISTRY.register(self)
+    def __init__(self, name: str, documentation: str, labelnames: list[str], **kwargs: Any) -> None:
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, **kwargs)
+
+    def _new_child(self) -> Tally:
+        return Tally()
 
     def labels(self, **labels: str) -> Tally:
-        key = tuple(labels[name] for name in self.labelnames)
-        tally = self._tallies.get(key)
-        if tally is None:
-            tally = self._tallies[key] = Tally()
-        return tally
-
-    def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+        return super().labels(**labels)  # type: ignore[no-any-return]
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, tally in list(self._tallies.items()):  # one C call: the loop may add a label set meanwhile
+        for key, tally in self._items():
             family.add_metric(key, tally.value)
         yield family
+
+
+class Buckets:
+    """One label set's histogram: counts per bucket as plain integers (see Tally)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def observe_many(self, value: float, times: int) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.total += value * times
+
+
+def export_buckets(family: HistogramMetricFamily, key: tuple[str, ...], buckets: Buckets) -> None:
+    counts, total = list(buckets.counts), buckets.total
+    cumulative, running = [], 0
+    for bound, count in zip((*buckets.bounds, float("inf")), counts, strict=True):
+        running += count
+        cumulative.append(("+Inf" if bound == float("inf") else floatToGoString(bound), running))
+    family.add_metric(list(key), cumulative, sum_value=total)
+
+
+class ScrapeHistogram(_PerTopic):
+    """A per-topic histogram observed once per batch (an integer add into fixed
+    buckets) and exported as a real Prometheus histogram (`_bucket`, `_sum`, `_count`)
+    at scrape time, so `histogram_quantile` works (Danube exports summaries)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], bounds: tuple[float, ...],
+                 **kwargs: Any) -> None:
+        self.bounds = bounds
+        super().__init__(name, documentation, labelnames, **kwargs)
+
+    def _new_child(self) -> Buckets:
+        return Buckets(self.bounds)
+
+    def labels(self, **labels: str) -> Buckets:
+        return super().labels(**labels)  # type: ignore[no-any-return]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, buckets in self._items():
+            export_buckets(family, key, buckets)
+        yield family
+
+
+class BrokerHistogram:
+    """A histogram of the broker as a whole (no labels), kept as `Buckets`; observed
+    from any one thread (the WAL's flush threads observe under the GIL: a lost
+    increment between two threads is possible and harmless for a latency figure)."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.buckets = Buckets(bounds)
+        REGISTRY.register(self)
+
+    def observe(self, value: float) -> None:
+        self.buckets.observe(value)
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=())
+        export_buckets(family, (), self.buckets)
+        yield family
+
+
+# Seconds: 0.5 ms to 10 s, about x2 apart (a local fsync is ~1 ms; an acknowledged
+# reliable send under load tens of ms).
+LATENCY_BOUNDS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +261,12 @@ class _Metrics:
     actor_failures: Counter
     wal_flushes: Counter
     wal_records: Counter
-    schema_mismatched: Counter
-    schema_rejected: Counter
+    wal_bytes: Counter
+    wal_fsync_latency: BrokerHistogram
+    produce_ack_latency: ScrapeHistogram
+    end_to_end_latency: ScrapeHistogram
+    schema_mismatched: ScrapeCounter
+    schema_rejected: ScrapeCounter
     wal_damaged_topics: Gauge
     wal_damage: Counter
     outbound_frames_refused: Counter
@@ -95,6 +281,8 @@ class _Metrics:
     inbound_held_bytes_peak: Gauge
     inbound_held_bytes_at_cut_max: Gauge
     requests_refused: Counter
+    load_decisions: Counter
+    lease_renewals: Counter
 
 
 METRICS = _Metrics(
@@ -113,9 +301,21 @@ METRICS = _Metrics(
     wal_flushes=Counter("danube_wal_flushes_total",
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),
     wal_records=Counter("danube_wal_records_total", "Records committed to WALs"),
-    schema_mismatched=Counter("danube_topic_schema_mismatched_messages_total",
+    wal_bytes=Counter("danube_wal_bytes_total", "Bytes of batch records written to WALs (headers included)"),
+    wal_fsync_latency=BrokerHistogram("danube_wal_fsync_latency_seconds",
+                                      "Time one WAL fsync took (group commits and wal_sync interval syncs)",
+                                      LATENCY_BOUNDS_S),
+    produce_ack_latency=ScrapeHistogram(
+        "danube_producer_send_latency_seconds",
+        "Reliable topics: from the topic accepting a producer's batch to its receipt leaving (after the"
+        " fsync, or the upload with seal_every_flush); one observation a batch", ["topic"], LATENCY_BOUNDS_S),
+    end_to_end_latency=ScrapeHistogram(
+        "danube_subscription_end_to_end_latency_seconds",
+        "From a message's publish time (the producer's clock) to its first dispatch to a consumer; one"
+        " observation a message", ["topic", "subscription"], LATENCY_BOUNDS_S),
+    schema_mismatched=ScrapeCounter("danube_topic_schema_mismatched_messages_total",
                               "Messages accepted without the topic's schema (validation policy warn)", ["topic"]),
-    schema_rejected=Counter("danube_topic_schema_rejected_messages_total",
+    schema_rejected=ScrapeCounter("danube_topic_schema_rejected_messages_total",
                             "Messages refused by the topic's validation policy or payload validation", ["topic"]),
     wal_damaged_topics=Gauge("danube_wal_damaged_topics",
                              "Reliable topics assigned here and not served because their WAL is damaged"),
@@ -155,6 +355,12 @@ METRICS = _Metrics(
     requests_refused=Counter("danube_requests_refused_total",
                              "Requests refused by the permission check (security.mode curve), by port (client,"
                              " admin) and code (UNAUTHENTICATED, PERMISSION_DENIED)", ["port", "code"]),
+    load_decisions=Counter("danube_load_manager_decisions_total",
+                           "Decisions the load manager wrote while this broker led the cluster: assign (a waiting"
+                           " topic placed), failover (a gone broker's topic unassigned), move (a rebalance, drain"
+                           " or unload started)", ["decision"]),
+    lease_renewals=Counter("danube_broker_lease_renewals_total",
+                           "Renewals of this broker's registration lease, by result (renewed, failed)", ["result"]),
 )
 
 
@@ -183,7 +389,11 @@ class RaftCollector:
         yield CounterMetricFamily("danube_raft_proposals", "Metadata writes proposed here", value=s.proposals)
         yield CounterMetricFamily("danube_raft_proposals_failed", "Metadata writes that failed or timed out here",
                                   value=s.proposals_failed)
+        yield GaugeMetricFamily("danube_raft_apply_lag", "Raft log entries committed and not yet applied to the"
+                                " metadata here", value=s.commit_index - s.applied_index)
         yield CounterMetricFamily("danube_raft_elections_won", "Elections this peer won", value=s.elections_won)
+        yield CounterMetricFamily("danube_raft_leader_changes", "Times this peer learned of a new Raft leader",
+                                  value=s.leader_changes)
         yield CounterMetricFamily("danube_raft_messages_dropped",
                                   "Peer messages dropped (peer down or its queue full; Raft retries)",
                                   value=s.messages_dropped)

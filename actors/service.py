@@ -38,12 +38,13 @@ from prometheus_client import REGISTRY
 
 from danube_zmq.actors.admin_gateway import AdminGateway
 from danube_zmq.actors.broker import BrokerActor
+from danube_zmq.actors.broker_collector import BrokerCollector
 from danube_zmq.actors.broker_curve import load_cluster_curve
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.load_manager import LoadManagerActor
-from danube_zmq.actors.metrics import RaftCollector
+from danube_zmq.actors.metrics import TOPIC_SERIES, RaftCollector
 from danube_zmq.actors.metrics_endpoint import MetricsServer, start_metrics_server
 from danube_zmq.actors.snapshot_actor import SnapshotActor
 from danube_zmq.clock import Clock, SystemClock
@@ -75,6 +76,7 @@ class BrokerService:
         self.schemas: SchemaRegistry | None = None
         self._raft_collector: RaftCollector | None = None
         self._mailbox_collector: MailboxCollector | None = None
+        self._broker_collector: BrokerCollector | None = None
         self._metrics_server: MetricsServer | None = None
         self._stopped = asyncio.Event()
         # Why the service cannot go on (a top-level actor exhausted its restarts); the
@@ -108,6 +110,9 @@ class BrokerService:
         self._system = system
         self._mailbox_collector = MailboxCollector(system.statistics)
         REGISTRY.register(self._mailbox_collector)
+        TOPIC_SERIES.topics_max = config.broker.metrics_topics_max
+        self._broker_collector = BrokerCollector(system, asyncio.get_running_loop(), credentials=self.credentials)
+        REGISTRY.register(self._broker_collector)
         try:
             self.metadata = self._metadata_store(self._context)
             await self.metadata.start()
@@ -222,6 +227,9 @@ class BrokerService:
         if self._mailbox_collector is not None:
             REGISTRY.unregister(self._mailbox_collector)
             self._mailbox_collector = None
+        if self._broker_collector is not None:
+            REGISTRY.unregister(self._broker_collector)
+            self._broker_collector = None
         if self.metadata is not None:
             await self.metadata.stop()
             self.metadata = None

@@ -275,6 +275,8 @@ class RaftPeerStatistics:
     proposals_forwarded: int
     reads: int
     elections_won: int
+    # Times this peer learned of a leader other than the last it knew (elections seen).
+    leader_changes: int
     log: LogStoreStatistics | None  # None once stopped (or not asked for)
     state: MetadataStatistics
 
@@ -471,6 +473,8 @@ class RaftPeer:
 
         self._steps = self._sent = self._dropped = self._received = self._invalid = 0
         self._proposed = self._committed = self._failed = self._read_count = self._won = self._forwards = 0
+        self._leader_changes = 0
+        self._last_leader: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1018,6 +1022,9 @@ class RaftPeer:
             case TakeSnapshot():
                 self._own.append(SnapshotTaken(last_index=self.state.last_applied_index, data=self.state.snapshot()))
             case RoleChanged(role=role, term=term, leader_id=leader):
+                if leader is not None and leader != self._last_leader:
+                    self._leader_changes += 1
+                    self._last_leader = leader
                 if role is Role.LEADER:
                     self._won += 1
                     self._leader_now_ms()  # cluster time restarts at the log's time now
@@ -1531,6 +1538,7 @@ class RaftPeer:
             proposals_forwarded=self._forwards,
             reads=self._read_count,
             elections_won=self._won,
+            leader_changes=self._leader_changes,
             log=log_stats,
             state=self.state.statistics(),
         )

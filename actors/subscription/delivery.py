@@ -21,6 +21,27 @@ if TYPE_CHECKING:
     from danube_zmq.actors.subscription.shell import SubscriptionActor
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliverySample:
+    """What a delivery side holds now, for the metrics scrape (`actors/broker_collector.py`)."""
+
+    # Messages the subscription has yet to see acknowledged (non-reliable: pending).
+    backlog_messages: int
+    # Their bytes, when the delivery holds them (non-reliable); reliable: the topic measures.
+    pending_bytes: int | None
+    # After this offset everything is acknowledged (reliable only).
+    cursor: int | None
+    # Messages stored or pending and never yet sent to a consumer.
+    lag_messages: int
+    unacked_messages: int
+    # Since the actor started: deliveries after the first of an offset; offsets dead-lettered.
+    redeliveries: int
+    dead_lettered: int
+    # Publish time (ms since the epoch, the producer's clock) of the first message not
+    # yet acknowledged (non-reliable: the first held), when the subscription holds it.
+    oldest_publish_ms: int | None = None
+
+
 @dataclass(slots=True)
 class Consumer:
     consumer_id: int
@@ -65,3 +86,6 @@ class Delivery(Protocol):
 
     def info(self) -> dict[str, int | None]:
         """The delivery's fields of the subscription's `SubscriptionInfo`."""
+
+    def sample(self) -> DeliverySample:
+        """Its counts now, for a metrics scrape (on the event loop's thread)."""

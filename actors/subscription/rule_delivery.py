@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.dispatch import Assignment, make_rule
 from danube_zmq.actors.gateway import OUTBOX
-from danube_zmq.actors.subscription.delivery import Consumer
+from danube_zmq.actors.subscription.delivery import Consumer, DeliverySample
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
@@ -110,6 +110,16 @@ class RuleDelivery:
 
     def info(self) -> dict[str, int | None]:
         return {"pending_messages": self.pending_messages}
+
+    def sample(self) -> DeliverySample:
+        pending = self.pending_messages
+        oldest = None
+        if self.pending:
+            head = self.pending[0]
+            oldest = head.publish.publish_times[head.indices[0] if head.indices else 0]
+        return DeliverySample(backlog_messages=pending, pending_bytes=self.pending_bytes, cursor=None,
+                              lag_messages=pending, unacked_messages=0, redeliveries=0, dead_lettered=0,
+                              oldest_publish_ms=oldest)
 
     def _drop_pending(self) -> None:
         """Nobody can receive what is pending (nothing is owed to a subscription without
@@ -203,6 +213,10 @@ class RuleDelivery:
         if shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
             shell.delivered_messages += count
             shell.out_metric.inc(count)
+            # One observation per frame, for each of its messages: a batch's publish times
+            # lie close together (the producer's clock: skew below 0 counts as 0).
+            age_ms = shell.system.clock.now_ms() - deliver.publish_times[0]
+            shell.e2e_metric.observe_many(age_ms / 1000 if age_ms > 0 else 0.0, count)
         else:
             shell.dropped_messages += count
             shell.dropped_metric.inc(count)

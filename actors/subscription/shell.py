@@ -30,7 +30,7 @@ import logging
 
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
-from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
 from danube_zmq.actors.subscription.delivery import Consumer, Delivery
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
 from danube_zmq.runtime.actor import Actor, Origin
@@ -90,11 +90,13 @@ class SubscriptionActor(Actor):
         self.consumers: dict[int, Consumer] = {}
         self.delivered_messages = 0
         self.dropped_messages = 0
-        self.out_metric = METRICS.messages_out.labels(topic=topic, subscription=name)
-        self.dropped_metric = METRICS.messages_dropped.labels(topic=topic, subscription=name)
         delivery.bind(self)
 
     async def on_start(self) -> None:
+        TOPIC_SERIES.acquire(self.topic, (id(self.system), self.subscription), admit=False)
+        self.out_metric = METRICS.messages_out.labels(topic=self.topic, subscription=self.subscription)
+        self.dropped_metric = METRICS.messages_dropped.labels(topic=self.topic, subscription=self.subscription)
+        self.e2e_metric = METRICS.end_to_end_latency.labels(topic=self.topic, subscription=self.subscription)
         self.delivery.start()
 
     async def on_stop(self) -> None:
@@ -107,6 +109,8 @@ class SubscriptionActor(Actor):
             self.system.tell(self.system.gateway_endpoint, ConsumerDetached(
                 identity=consumer.identity, consumer_id=consumer.consumer_id,
                 reason=f"subscription '{self.subscription}' on {self.topic} {state}", reattach=restarting))
+        if not self.restarting:  # deleted, or its topic stopped here for good: its series go
+            TOPIC_SERIES.release(self.topic, (id(self.system), self.subscription))
 
     # ------------------------------------------------------------- consumers
     async def handle_AttachConsumer(self, msg: AttachConsumer) -> None:

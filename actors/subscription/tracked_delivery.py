@@ -46,7 +46,7 @@ from danube_zmq.actors.config import ENVELOPE_BYTES_MAX, BrokerConfig
 from danube_zmq.actors.dispatch import make_rule
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
 from danube_zmq.actors.gateway import OUTBOX, reply_client
-from danube_zmq.actors.subscription.delivery import Consumer
+from danube_zmq.actors.subscription.delivery import Consumer, DeliverySample
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
@@ -413,6 +413,9 @@ class TrackedDelivery:
         if self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
             self.shell.delivered_messages += len(run)
             self.shell.out_metric.inc(len(run))
+            if not count:  # a first delivery (as the rule's: one observation a frame, see there)
+                age_ms = self.shell.system.clock.now_ms() - first.publish_time
+                self.shell.e2e_metric.observe_many(age_ms / 1000 if age_ms > 0 else 0.0, len(run))
         # A frame the gateway could not take is redelivered after the ack timeout.
         if count:
             self.redeliveries += len(run)
@@ -602,6 +605,14 @@ class TrackedDelivery:
         return {"pending_messages": backlog, "cursor": t.cursor, "backlog_messages": backlog,
                 "unacked_messages": t.in_flight, "redeliveries": t.redeliveries_total,
                 "blocked_offset": t.blocked_offset}
+
+    def sample(self) -> DeliverySample:
+        t = self.tracker.statistics()
+        return DeliverySample(backlog_messages=self.tracker.backlog(self.head), pending_bytes=None, cursor=t.cursor,
+                              lag_messages=max(0, self.head - t.read_offset), unacked_messages=t.in_flight,
+                              redeliveries=t.redeliveries_total, dead_lettered=self.dead_lettered,
+                              oldest_publish_ms=oldest.publish_time if (oldest := self.records.get(t.cursor + 1))
+                              else None)
 
 
 # An admin-set policy stays within the ranges the broker config allows for the

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
 from danube_zmq.actors.subscription import Delivery, SubscriptionActor
 from danube_zmq.actors.topic.storage import TopicStorage
 from danube_zmq.actors.topic.wal_storage import WalStorage
@@ -149,11 +149,12 @@ class TopicActor(Actor):
         self.schema_guard: TopicSchemaGuard | None = None
         self.schema_revision = -1
         self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
-        self._messages_in_metric = METRICS.messages_in.labels(topic=name)
-        self._bytes_in_metric = METRICS.bytes_in.labels(topic=name)
         storage.bind(self)
 
     async def on_start(self) -> None:
+        TOPIC_SERIES.acquire(self.topic, (id(self.system), ""))
+        self._messages_in_metric = METRICS.messages_in.labels(topic=self.topic)
+        self._bytes_in_metric = METRICS.bytes_in.labels(topic=self.topic)
         await self.storage.start()
 
     async def on_stop(self) -> None:
@@ -164,6 +165,8 @@ class TopicActor(Actor):
                 identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} {state}",
                 reattach=self.restarting or self.moving))
         await self.storage.stop()
+        if not self.restarting:  # deleted, unloaded or moved away: its series go
+            TOPIC_SERIES.release(self.topic, (id(self.system), ""))
 
     @property
     def _gateway(self) -> str:

@@ -58,6 +58,7 @@ import itertools
 import logging
 import mmap
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -174,6 +175,16 @@ class _Batch:
     identity: bytes | None  # None: appended by the broker itself (dead letters)
     request_id: int
     sequence: int | None = None  # the producer's batch number (`Send.sequence`)
+    # time.perf_counter() when the topic accepted it: the receipt's latency metric. A
+    # measurement, not a decision, so the real clock (the injected one counts whole ms).
+    accepted_s: float = 0.0
+
+
+def timed_sync(wal: WalLog) -> None:
+    """`wal.sync()`, its time observed (in the flush's worker thread)."""
+    started = time.perf_counter()
+    wal.sync()
+    METRICS.wal_fsync_latency.observe(time.perf_counter() - started)
 
 
 def _base_offset(segment: DurableSegment) -> int:
@@ -204,7 +215,7 @@ class WalStorage:
         self.ack_when_durable = self.durable_mode and config.storage.seal_every_flush
         # Receipts waiting for that, in offset order: (first offset, last offset, identity,
         # request id, producer id); at most `storage.receipts_held_max`, then sends are refused.
-        self.receipts_held: deque[tuple[int, int, bytes, int, int]] = deque()
+        self.receipts_held: deque[tuple[int, int, bytes, int, int, float]] = deque()
         self.durable: list[DurableSegment] = sorted(durable or [], key=lambda s: s.base_offset)
         self.store = DurableStore(config.storage.durable_url) if self.durable_mode else None  # type: ignore[arg-type]
         self.cache_dir = cache_dir or wal_dir.parent / "durable-cache"
@@ -291,6 +302,7 @@ class WalStorage:
         self.shell = shell
 
     async def start(self) -> None:
+        self.ack_latency = METRICS.produce_ack_latency.labels(topic=self.topic)  # after the shell's label
         storage = self.config.storage
         # Asked at each start, not given at spawn: a topic restarted (or loaded again)
         # before the flusher wrote its cursors resumes from them, not from the store's.
@@ -397,7 +409,7 @@ class WalStorage:
         # Written, but their segments' uploads finish after the topic is gone (no one left
         # to answer then): sent again, stored twice, rather than waited for until the
         # client's request timeout with its later batches held behind them.
-        for _, _, identity, request_id, _ in self.receipts_held:
+        for _, _, identity, request_id, _, _ in self.receipts_held:
             reply_client(self.shell.system, identity, Error(
                 request_id=request_id, code=ErrorCode.UNAVAILABLE,
                 message=f"topic {self.topic} {state} before this batch reached the durable store; send it again"))
@@ -613,7 +625,7 @@ class WalStorage:
         self.next_offset += count
         size = sum(map(len, publish.payloads))
         self.shell.count_in(count, size)
-        self.queued.append(_Batch(encoded, publish, identity, request_id, sequence))
+        self.queued.append(_Batch(encoded, publish, identity, request_id, sequence, time.perf_counter()))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
         if start and not self._in_flight() and self.next_offset <= self.reserved_until:
@@ -694,7 +706,7 @@ class WalStorage:
                 wal.append_checkpoints(checkpoints)
                 wal.settle_deletions(settled)
                 if sync:
-                    wal.sync()
+                    timed_sync(wal)
                 if seal:  # each flush its own segment, uploaded at once: the dead-disk loss window
                     wal.seal_active()
             except OSError:
@@ -741,7 +753,7 @@ class WalStorage:
         self._synced_at_ms = self.shell.system.clock.monotonic_ms()
         if self.wal is not None:
             try:
-                await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.sync)
+                await asyncio.get_running_loop().run_in_executor(self.executor, timed_sync, self.wal)
             except OSError as exc:
                 # Interval mode already acknowledged these records: the weaker promise
                 # it documents. Say so loudly; the next flush retries the sync.
@@ -784,6 +796,8 @@ class WalStorage:
     def _committed(self, batches: list[_Batch]) -> None:
         METRICS.wal_flushes.inc()
         METRICS.wal_records.inc(sum(len(b.publish.payloads) for b in batches))
+        METRICS.wal_bytes.inc(sum(len(b.encoded) for b in batches))
+        now_s = time.perf_counter()
         for batch in batches:
             publish = batch.publish
             count = len(publish.payloads)
@@ -794,11 +808,13 @@ class WalStorage:
             if batch.identity is not None:
                 if self.ack_when_durable:
                     self.receipts_held.append((publish.base_offset, publish.base_offset + count - 1,
-                                               batch.identity, batch.request_id, publish.producer_id))
+                                               batch.identity, batch.request_id, publish.producer_id,
+                                               batch.accepted_s))
                 else:
                     reply_client(self.shell.system, batch.identity, cp.SendReceipt(
                         request_id=batch.request_id, producer_id=publish.producer_id,
                         offsets=list(range(publish.base_offset, publish.base_offset + count))))
+                    self.ack_latency.observe(now_s - batch.accepted_s)
             frame = INTERNAL_PROTOCOL.encode(publish)
             for subscription in self.shell.subscriptions.values():
                 # A subscription that misses this notice reads the records from the log.
@@ -963,13 +979,14 @@ class WalStorage:
         (a later segment uploaded first waits for the earlier one)."""
         held = self.receipts_held
         while held:
-            first, last, identity, request_id, producer_id = held[0]
+            first, last, identity, request_id, producer_id, accepted_s = held[0]
             index = bisect.bisect_right(self.durable, first, key=_base_offset) - 1
             if index < 0 or self.durable[index].end_offset < last:
                 return
             held.popleft()
             reply_client(self.shell.system, identity, cp.SendReceipt(
                 request_id=request_id, producer_id=producer_id, offsets=list(range(first, last + 1))))
+            self.ack_latency.observe(time.perf_counter() - accepted_s)
 
     def _fetch(self, segment: DurableSegment, request: ReadRequest) -> None:
         waiting = self.fetching.setdefault(segment.base_offset, [])
@@ -1027,14 +1044,19 @@ class WalStorage:
         return dataclasses.replace(info, subscriptions=subscriptions, evicted_messages=self.evicted_messages)
 
     def _backlog_bytes(self, info: SubscriptionInfo) -> int | None:
-        """Bytes of the records after the cursor: measured in the local WAL, estimated from
-        descriptor sizes for durable segments, prorated for out-of-order acks."""
-        if info.cursor is None or info.backlog_messages is None or self.wal is None:
+        if info.cursor is None or info.backlog_messages is None:
             return None
-        start, end = info.cursor + 1, self.committed_offset
+        return self.backlog_bytes_after(info.cursor, info.backlog_messages)
+
+    def backlog_bytes_after(self, cursor: int, backlog_messages: int) -> int | None:
+        """Bytes of the records after `cursor`: measured in the local WAL, estimated from
+        descriptor sizes for durable segments, prorated for out-of-order acks."""
+        if self.wal is None:
+            return None
+        start, end = cursor + 1, self.committed_offset
         if start >= end:
             return 0
-        return self._log_bytes(start, end) * info.backlog_messages // (end - start)
+        return self._log_bytes(start, end) * backlog_messages // (end - start)
 
     # ------------------------------------------------------------- snapshots
     async def take_snapshot_cut(self, msg: TakeSnapshotCut) -> Message:

@@ -687,3 +687,55 @@ def test_a_dead_brokers_local_topic_waits_for_a_forced_reassignment(cluster: lis
             assert (message.offset, message.payload) == (offset, b"after")
 
     asyncio.run(served())
+
+
+def test_a_moved_topic_leaves_no_series_on_its_old_broker(tmp_path: Path) -> None:
+    """Produce and consume on a topic, unload it: the broker it left exports no series
+    naming it (its children were kept forever before); the broker now serving it
+    counts the messages sent after the move from 0."""
+    from tests.integration.conftest import free_port
+    from tests.integration.test_metadata_cluster import Node
+    from tests.integration.test_metrics_endpoint import get, series
+
+    topic = "/default/wandering"
+    nodes = [Node(tmp_path, i) for i in range(1, 4)]
+    metrics = {node.url: free_port() for node in nodes}
+    try:
+        for node in nodes:
+            node.start(nodes, env=LEASE_ENV, extra=("--metrics-port", str(metrics[node.url])))
+        asyncio.run(agreed_leader(nodes))
+        asyncio.run(_registered(nodes, 3))
+
+        async def run() -> tuple[str, str]:
+            async with AdminClient(nodes[0].admin_url) as admin:
+                await admin.create_topic(topic)
+            before = (await _owners(nodes[0], [topic]))[topic]
+            async with DanubeClient(nodes[1].url) as client:
+                producer = await client.create_producer(topic)
+                consumer = await client.subscribe(topic, "s")
+                for _ in range(3):
+                    await producer.send(b"x")
+                for _ in range(3):
+                    await consumer.receive()
+                assert f'topic="{topic}"' in get(f"http://127.0.0.1:{metrics[before]}/metrics")[1]
+                async with AdminClient(nodes[0].admin_url) as admin:
+                    await admin.unload_topic(topic)
+
+                async def moved() -> str | None:
+                    owner = (await _owners(nodes[0], [topic]))[topic]
+                    return owner if owner != before else None
+
+                after = await _eventually(moved, "the topic did not move", 20)
+                await producer.send(b"x")
+                await producer.close()
+                await consumer.close()
+            return before, after
+
+        before, after = asyncio.run(run())
+        assert topic not in get(f"http://127.0.0.1:{metrics[before]}/metrics")[1]
+        body = get(f"http://127.0.0.1:{metrics[after]}/metrics")[1]
+        assert series(body, "danube_topic_messages_in_total")[f'{{topic="{topic}"}}'] == 1.0
+    finally:
+        for node in nodes:
+            if node.process is not None:
+                node.stop()

@@ -39,6 +39,7 @@ from tests.integration.conftest import (
     make_curve_keys,
     start_broker,
 )
+from tests.integration.test_metrics_endpoint import get
 from tests.integration.test_subscriptions import drain
 
 MARKER = b"curve-marker-7f3a9c-not-in-clear"
@@ -272,9 +273,12 @@ async def test_a_client_key_dialing_the_raft_port_is_refused_before_any_message(
         tmp_path: Path, curve_keys: CurveKeys) -> None:
     """A single-voter cluster with a Raft port: a DEALER with a client key (not a broker
     key) is refused by ZAP and none of its frames reaches the Raft peer (its received
-    count stays); the same frames from the cluster key are received (the count moves)."""
+    count stays); the same frames from the cluster key are received (the count moves).
+    The broker's metrics count the refusal (danube_curve_handshakes_refused_total)."""
     raft = f"tcp://127.0.0.1:{free_port()}"
     config = _curve_config(tmp_path, curve_keys, raft_listen=raft, peers=(f"1={raft}",))
+    metrics_port = free_port()
+    config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, metrics_port=metrics_port))
     async with BrokerService(config) as service:
         assert service.metadata is not None and service.credentials is not None
         peer = service.metadata.peer
@@ -301,6 +305,10 @@ async def test_a_client_key_dialing_the_raft_port_is_refused_before_any_message(
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)  # anything that got through would be counted by now
             assert peer.statistics(with_log=False).messages_received == before
+            # The scrape samples on this loop: fetched from another thread.
+            _, body = await asyncio.to_thread(get, f"http://127.0.0.1:{metrics_port}/metrics")
+            assert 'danube_curve_handshakes_refused_total{port="raft"} ' in body
+            assert 'danube_curve_handshakes_refused_total{port="raft"} 0.0' not in body
             spoofer.close(linger=0)
             broker = await send_as(curve_keys.cluster_secret_file)
             while peer.statistics(with_log=False).messages_received < before + 5:

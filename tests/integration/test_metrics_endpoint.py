@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import http.client
 import ssl
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -112,3 +115,158 @@ def test_per_topic_and_subscription_counters_count_what_passed(broker_factory) -
     assert 'danube_topic_bytes_in_total{topic="/default/counted"} 70.0' in body
     assert 'danube_subscription_messages_out_total{subscription="s",topic="/default/counted"} 7.0' in body
     assert "# TYPE danube_subscription_messages_dropped_total counter" in body
+
+
+def danube_admin(broker, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "admin", "--endpoint", broker.admin_url,
+                           *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def series(body: str, name: str) -> dict[str, float]:
+    """The samples of `name` in an exposition: labels text -> value."""
+    found = {}
+    for line in body.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, _, value = line[len(name):].rpartition(" ")
+            found[labels] = float(value)
+    return found
+
+
+def test_reliable_subscription_backlog_lag_and_unacked_are_exported(broker_factory) -> None:
+    """Reliable topic, 10 messages of 10 bytes, a consumer with a window of 4 that
+    received 4 and acked 1: backlog 9 messages and more than 90 bytes (records carry
+    headers), at least 3 unacknowledged and the rest of the 9 never sent (lag: the
+    window grants more permits as the application takes messages, so the split is not
+    fixed), one producer and one subscription; read from the actors at scrape time.
+    The oldest unacknowledged message's age is there. The latency histograms have
+    buckets: 10 receipts, an end-to-end observation for each message sent, an fsync a
+    flush."""
+    from danube_zmq import SyncClient
+
+    port = free_port()
+    broker = broker_factory("--metrics-port", str(port))
+    with SyncClient(broker.url) as client:
+        producer = client.create_producer("/default/backlogged", dispatch="reliable")
+        for i in range(10):
+            producer.send(b"%010d" % i)
+        consumer = client.subscribe("/default/backlogged", "s", receiver_queue_size=4, initial_position="earliest")
+        received = [consumer.receive(timeout=30) for _ in range(4)]
+        consumer.ack(received[0])
+        labels = '{subscription="s",topic="/default/backlogged"}'
+        deadline = time.monotonic() + 30
+        while True:  # the ack reaches the broker after the call returns
+            _, body = get(f"http://127.0.0.1:{port}/metrics")
+            if series(body, "danube_subscription_backlog_messages").get(labels) == 9.0:
+                break
+            assert time.monotonic() < deadline, series(body, "danube_subscription_backlog_messages")
+        unacked = series(body, "danube_subscription_unacked_messages")[labels]
+        assert unacked >= 3 and unacked + series(body, "danube_subscription_lag_messages")[labels] == 9
+        assert series(body, "danube_subscription_backlog_bytes")[labels] > 90
+        # Message 1, sent a moment ago, is the first not acknowledged (and read ahead).
+        assert 0 <= series(body, "danube_subscription_oldest_unacked_age_seconds")[labels] < 60
+        assert series(body, "danube_subscription_active_consumers")[labels] == 1.0
+        assert series(body, "danube_topic_active_producers")['{topic="/default/backlogged"}'] == 1.0
+        assert series(body, "danube_topic_active_subscriptions")['{topic="/default/backlogged"}'] == 1.0
+        assert series(body, "danube_topic_messages_dropped_total")['{topic="/default/backlogged"}'] == 0
+        assert "# TYPE danube_subscription_redelivery_total counter" in body
+        assert "# TYPE danube_subscription_dlq_total counter" in body
+
+    # Real histograms (buckets, so histogram_quantile works): one receipt a batch, one
+    # end-to-end observation a message sent first (the window grants more permits).
+    topic = '{topic="/default/backlogged"}'
+    assert series(body, "danube_producer_send_latency_seconds_count")[topic] == 10.0
+    assert series(body, "danube_producer_send_latency_seconds_bucket")['{le="+Inf",topic="/default/backlogged"}'] == 10
+    e2e = series(body, "danube_subscription_end_to_end_latency_seconds_count")[labels]
+    assert 4 <= e2e <= 10 and e2e == 10 - series(body, "danube_subscription_lag_messages")[labels]
+    assert series(body, "danube_wal_fsync_latency_seconds_count")[""] >= 10  # wal_sync always: one per flush
+    assert series(body, "danube_wal_bytes_total")[""] > 100
+
+
+def test_series_of_a_deleted_topic_and_subscription_are_removed(broker_factory) -> None:
+    """Produce to two subscriptions of a topic: every per-topic family has its children.
+    Unsubscribe one: its children go, the other's stay. Delete the topic: no series
+    names it any more (they stayed forever before)."""
+    from danube_zmq import SyncClient
+
+    port = free_port()
+    broker = broker_factory("--metrics-port", str(port))
+    with SyncClient(broker.url) as client:
+        producer = client.create_producer("/default/doomed")
+        kept = client.subscribe("/default/doomed", "kept")
+        gone = client.subscribe("/default/doomed", "gone")
+        producer.send(b"x")
+        kept.receive(timeout=30)
+        gone.receive(timeout=30)
+        _, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert 'danube_subscription_messages_out_total{subscription="gone",topic="/default/doomed"} 1.0' in body
+        assert 'danube_subscription_backlog_messages{subscription="gone",topic="/default/doomed"}' in body
+        gone.unsubscribe()
+        _, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert 'subscription="gone"' not in body
+        assert 'danube_subscription_messages_out_total{subscription="kept",topic="/default/doomed"} 1.0' in body
+        assert 'danube_topic_messages_in_total{topic="/default/doomed"} 1.0' in body
+        producer.close()
+        kept.close()
+    danube_admin(broker, "topics", "delete", "/default/doomed")
+    _, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert "/default/doomed" not in body
+
+
+def test_topics_past_metrics_topics_max_add_up_under_other(broker_factory) -> None:
+    """broker.metrics_topics_max 2 and three topics with 1, 2 and 3 messages: two have
+    series by name, the third counts under topic="_other" (its subscription under
+    subscription="_other"); after one named topic is deleted a new topic takes its place."""
+    from danube_zmq import SyncClient
+
+    port = free_port()
+    broker = broker_factory("--metrics-port", str(port), env={"DANUBE_BROKER__METRICS_TOPICS_MAX": "2"})
+    with SyncClient(broker.url) as client:
+        for n, topic in enumerate(["/default/t1", "/default/t2", "/default/t3"], start=1):
+            producer = client.create_producer(topic)
+            consumer = client.subscribe(topic, "s")
+            for _ in range(n):
+                producer.send(b"x")
+            for _ in range(n):
+                consumer.receive(timeout=30)
+            producer.close()
+            consumer.close()
+        _, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert series(body, "danube_topic_messages_in_total") == {
+            '{topic="/default/t1"}': 1.0, '{topic="/default/t2"}': 2.0, '{topic="_other"}': 3.0}
+        assert series(body, "danube_subscription_messages_out_total")[
+            '{subscription="_other",topic="_other"}'] == 3.0
+        assert "/default/t3" not in body
+        danube_admin(broker, "topics", "delete", "/default/t1")
+        client.create_producer("/default/t4").send(b"x")
+        _, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert series(body, "danube_topic_messages_in_total") == {
+            '{topic="/default/t2"}': 2.0, '{topic="/default/t4"}': 1.0, '{topic="_other"}': 3.0}
+
+
+def test_uploads_lease_and_load_manager_series(broker_factory, tmp_path: Path) -> None:
+    """storage.mode shared_fs with seal_every_flush: 3 reliable sends upload 3 or more
+    segments (objects and bytes counted, none pending or failed) and each receipt,
+    held until its upload, is one producer latency observation; the broker holds its
+    lease, has renewed it, and its load manager (it leads its one-voter cluster)
+    assigned the topic."""
+    from danube_zmq import SyncClient
+
+    port = free_port()
+    broker = broker_factory("--metrics-port", str(port), env={
+        "DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(tmp_path / "durable"),
+        "DANUBE_STORAGE__SEAL_EVERY_FLUSH": "true"})
+    with SyncClient(broker.url) as client:
+        producer = client.create_producer("/default/uploaded", dispatch="reliable")
+        for _ in range(3):
+            producer.send(b"x" * 100)
+    _, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert series(body, "danube_cloud_upload_objects_total")[""] >= 3
+    assert series(body, "danube_cloud_upload_bytes_total")[""] > 300
+    assert series(body, "danube_cloud_upload_failed_attempts_total")[""] == 0
+    assert series(body, "danube_cloud_upload_failures")[""] == 0
+    assert series(body, "danube_producer_send_latency_seconds_count")['{topic="/default/uploaded"}'] == 3
+    assert series(body, "danube_broker_lease_held")[""] == 1
+    assert series(body, "danube_broker_lease_remaining_seconds")[""] > 0
+    assert series(body, "danube_broker_lease_renewals_total")['{result="renewed"}'] >= 1
+    assert series(body, "danube_load_manager_decisions_total")['{decision="assign"}'] >= 1

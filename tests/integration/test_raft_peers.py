@@ -336,6 +336,10 @@ async def test_raft_metrics(tmp_path: Path) -> None:
     assert families["danube_raft_commit_index"].samples[0].value >= 2  # the bootstrap entry and the put
     proposals = families["danube_raft_proposals"].samples[0]
     assert (proposals.name, proposals.value) == ("danube_raft_proposals_total", 1)
+    # A lone peer elected itself once; what it committed it applied.
+    changes = families["danube_raft_leader_changes"].samples[0]
+    assert (changes.name, changes.value) == ("danube_raft_leader_changes_total", 1)
+    assert families["danube_raft_apply_lag"].samples[0].value == 0
 
 
 async def test_transaction_applies_only_when_every_guard_holds(tmp_path: Path) -> None:

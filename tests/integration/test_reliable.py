@@ -11,6 +11,8 @@ import pytest
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import NotFound, Timeout
+from tests.integration.conftest import free_port
+from tests.integration.test_metrics_endpoint import get, series
 from tests.integration.test_subscriptions import drain
 
 FAST_REDELIVERY = {
@@ -140,11 +142,13 @@ async def test_ack_timeout_redelivers(broker_factory) -> None:
 @pytest.mark.parametrize("policy", ["drop", "dead_letter", "block"])
 async def test_poison_policies(broker_factory, policy: str) -> None:
     """After max_redelivery_count redeliveries: drop skips the message, dead_letter
-    republishes it with x-original-* attributes, block stops the subscription there."""
+    republishes it with x-original-* attributes (and the broker's metrics count the
+    letter and the two redeliveries), block stops the subscription there."""
     env = {**FAST_REDELIVERY, "DANUBE_RELIABLE__POISON_POLICY": policy}
     if policy == "dead_letter":
         env["DANUBE_RELIABLE__DEAD_LETTER_TOPIC"] = "/default/r8-dlq"
-    broker = broker_factory(env=env)
+    metrics_port = free_port()
+    broker = broker_factory("--metrics-port", str(metrics_port), env=env)
     async with DanubeClient(broker.url) as client:
         producer = await client.create_producer("/default/r8", dispatch="reliable")
         consumer = await client.subscribe("/default/r8", "s", sub_type=SubType.EXCLUSIVE)
@@ -173,6 +177,10 @@ async def test_poison_policies(broker_factory, policy: str) -> None:
             assert letter.attributes["x-original-subscription"] == "s"
             assert letter.attributes["x-original-offset"] == "0"
             assert letter.attributes["x-delivery-attempt"] == "3"
+            _, body = await asyncio.to_thread(get, f"http://127.0.0.1:{metrics_port}/metrics")
+            labels = '{subscription="s",topic="/default/r8"}'
+            assert series(body, "danube_subscription_dlq_total")[labels] == 1
+            assert series(body, "danube_subscription_redelivery_total")[labels] == 2
 
 
 async def test_reliable_and_non_reliable_do_not_mix(broker) -> None:

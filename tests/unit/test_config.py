@@ -565,3 +565,13 @@ def test_broker_io_threads_defaults_to_one_and_is_range_checked(tmp_path: Path) 
     for bad in ("0", "17"):
         with pytest.raises(ConfigError, match=r"broker.io_threads"):
             load_config(write(tmp_path, f"broker:\n  io_threads: {bad}\n"))
+
+
+def test_metrics_topics_max_is_range_checked(tmp_path: Path) -> None:
+    """broker.metrics_topics_max defaults to 1,000; below 0 or above 1,000,000 the load
+    fails naming the key; 0 (every topic under _other) is allowed."""
+    assert load_config(None).broker.metrics_topics_max == 1_000
+    assert load_config(write(tmp_path, "broker:\n  metrics_topics_max: 0\n")).broker.metrics_topics_max == 0
+    for bad in (-1, 1_000_001):
+        with pytest.raises(ConfigError, match=r"broker.metrics_topics_max.*between 0 and 1000000"):
+            load_config(write(tmp_path, f"broker:\n  metrics_topics_max: {bad}\n"))

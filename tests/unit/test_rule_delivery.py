@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.metrics import Tally
+from danube_zmq.actors.metrics import LATENCY_BOUNDS_S, Buckets, Tally
 from danube_zmq.actors.subscription.delivery import Consumer
 from danube_zmq.actors.subscription.rule_delivery import RuleDelivery
+from danube_zmq.clock import ManualClock
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.internal_protocol import Publish
 
@@ -21,6 +22,7 @@ from danube_zmq.transport.internal_protocol import Publish
 @dataclass
 class _System:
     frames: list[tuple[bytes, bytes]] = field(default_factory=list)
+    clock: ManualClock = field(default_factory=ManualClock)
 
     def push_frames(self, endpoint: str, frames: list[Any]) -> bool:
         self.frames.append((frames[0], frames[1]))
@@ -35,6 +37,7 @@ class _Shell:
     delivered_messages: int = 0
     dropped_metric: Tally = field(default_factory=Tally)
     out_metric: Tally = field(default_factory=Tally)
+    e2e_metric: Buckets = field(default_factory=lambda: Buckets(LATENCY_BOUNDS_S))
 
 
 def _delivery(sub_type: cp.SubType, consumers: list[tuple[int, str]]) -> tuple[RuleDelivery, _Shell]:

@@ -23,7 +23,7 @@ class StandInSystem:
 
     def __init__(self) -> None:
         self.now_ms = 1_000
-        self.clock = SimpleNamespace(monotonic_ms=lambda: self.now_ms)
+        self.clock = SimpleNamespace(monotonic_ms=lambda: self.now_ms, now_ms=lambda: self.now_ms)
         self.told: list[Any] = []
         self.pushed: list[cp.Deliver] = []
 
@@ -46,7 +46,8 @@ def resumed(sub_type: int, cursor: int, acked_above: list[int], head: int) -> tu
                                acked_above=acked_above, committed_offset=head)
     system = StandInSystem()
     shell = SimpleNamespace(system=system, consumers={}, topic_endpoint="topic", cursor_endpoint="broker",
-                            endpoint="sub", delivered_messages=0, out_metric=SimpleNamespace(inc=lambda n: None))
+                            endpoint="sub", delivered_messages=0, out_metric=SimpleNamespace(inc=lambda n: None),
+                            e2e_metric=SimpleNamespace(observe_many=lambda value, times: None))
     delivery.bind(shell)  # type: ignore[arg-type]
     consumer = Consumer(consumer_id=7, name="c", identity=b"c", permits=100)
     shell.consumers[7] = consumer
