@@ -1260,7 +1260,21 @@ class WalStorage:
             return  # deleted meanwhile
         if msg.seeks < self.seek_epochs.get(msg.subscription, 0):
             return  # sent before a seek whose checkpoint is newer
-        self._checkpoint(msg.subscription, self._recorded(msg))
+        self._checkpoint(msg.subscription, self._recorded(self._with_accepted_settings(msg)))
+
+    def _with_accepted_settings(self, record: PersistCursor) -> PersistCursor:
+        """`record` with the failure policy and dispatch window the topic last accepted
+        for its subscription. A record the subscription sent before an admin's change,
+        or one queued for the store before it, carries the old settings; reaching the
+        store after the change's own record, it put them back there, and the change was
+        gone after a restart."""
+        name = record.subscription
+        shell = self.shell
+        policy = shell.subscription_policies.get(name, record.policy)
+        window = shell.subscription_windows.get(name, record.max_unacked_messages)
+        if policy is record.policy and window == record.max_unacked_messages:
+            return record
+        return dataclasses.replace(record, policy=policy, max_unacked_messages=window)
 
     def _recorded(self, msg: PersistCursor) -> bytes:
         """`msg` as a checkpoint; queued for the metadata store when its record there
@@ -1320,6 +1334,8 @@ class WalStorage:
         # next flush's thread (the log is the flushes' to change).
         self.settled += [r.subscription for r in records if isinstance(r, ForgetSubscription)]
         for record in records:
+            if isinstance(record, PersistCursor):
+                record = self._with_accepted_settings(record)
             self.shell.system.post(self.cursor_endpoint, record)
 
     def _checkpoint(self, name: str, state: bytes | None) -> None:
