@@ -275,7 +275,8 @@ class BrokerAdmin:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
         if not await self.metadata.transaction({key: current.version}, {},
                                                [key, cr.namespace_backlog_quota_key(namespace),
-                                                cr.namespace_limits_key(namespace)]):
+                                                cr.namespace_limits_key(namespace),
+                                                cr.namespace_topic_policies_key(namespace)]):
             raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
 
@@ -314,6 +315,7 @@ class BrokerAdmin:
         stale = [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
         stale += [cr.topic_state_key(n) for n in names] + [cr.damaged_key(n) for n in names]
         stale.append(cr.topic_backlog_quota_key(resolved.base.full))
+        stale.append(cr.topic_policies_key(resolved.base.full))
         stale += [k for n in names for k, _ in store.local_scan(f"{topic_key(n)}/")]  # cursors
         # The record goes first, with as many keys as one batch holds: from then on the
         # topic does not exist for anyone. The rest follows in batches, each only while

@@ -306,6 +306,17 @@ class DispatchSection:
 
 
 BACKLOG_QUOTA_POLICIES = ("producer_exception", "producer_request_hold", "consumer_backlog_eviction")
+# The `policies` keys a namespace or a topic may override (`namespaces|topics policies
+# set`, actors/broker_topic_policies.py); each 0 = unlimited but max_message_size.
+TOPIC_POLICY_NAMES = (
+    "max_producers_per_topic",
+    "max_subscriptions_per_topic",
+    "max_consumers_per_topic",
+    "max_consumers_per_subscription",
+    "max_message_size",
+    "max_publish_rate",
+    "max_dispatch_rate",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -332,6 +343,14 @@ class PoliciesSection:
     # (no "unlimited": a frame has a size). Default 10485760 (10 MiB).
     # Must be less than limits.frame_bytes_max - 1 MiB.
     max_message_size: int = 10 * MIB
+    # Messages per second one topic (each partition) accepts from all its producers
+    # together; 0 = unlimited. Past it the topic delays its answers to the producers'
+    # batches (a producer's window of batches in flight then slows it): never a drop
+    # or an error (Danube only warns). Default 0.
+    max_publish_rate: int = 0
+    # Messages per second one subscription delivers to all its consumers together;
+    # 0 = unlimited. Past it deliveries wait for the next second's allowance. Default 0.
+    max_dispatch_rate: int = 0
     # Backlog quota of a reliable topic (Pulsar's backlog quota `limitSize`): bytes
     # its slowest subscription has not acknowledged (cursor to the end of the log,
     # WAL record headers included); 0 = unlimited. What happens past it is
@@ -386,6 +405,8 @@ class PoliciesSection:
             "max_subscriptions_per_topic",
             "max_consumers_per_topic",
             "max_consumers_per_subscription",
+            "max_publish_rate",
+            "max_dispatch_rate",
         ):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 
-from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription.delivery import Consumer, Delivery
@@ -48,6 +48,7 @@ from danube_zmq.transport.errors import (
     ResourceExhausted,
 )
 from danube_zmq.transport.internal_protocol import (
+    ApplyTopicPolicies,
     AttachConsumer,
     ConsumerAttached,
     ConsumerCount,
@@ -77,8 +78,12 @@ _KEY_FILTERS_MAX = 64
 
 class SubscriptionActor(Actor):
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
-                 broker_endpoint: str, delivery: Delivery, cursor_endpoint: str | None = None) -> None:
+                 broker_endpoint: str, delivery: Delivery, cursor_endpoint: str | None = None,
+                 policies: ApplyTopicPolicies | None = None) -> None:
         self.topic = topic
+        # Its topic's policies in force (the topic tells changes); the broker's by default.
+        self.policies = policies or ApplyTopicPolicies(
+            **{name: getattr(config.policies, name) for name in TOPIC_POLICY_NAMES})
         self.subscription = name
         self.sub_type = sub_type
         self.config = config
@@ -159,7 +164,7 @@ class SubscriptionActor(Actor):
             raise PermissionDenied(
                 f"subscription '{self.subscription}' on {self.topic} is exclusive and consumer '{holder.name}'"
                 f" holds it; a consumer named '{request.consumer_name}' cannot attach")
-        limit = self.config.policies.max_consumers_per_subscription
+        limit = self.policies.max_consumers_per_subscription
         if limit and len(self.consumers) >= limit:
             raise ResourceExhausted(f"subscription '{self.subscription}' already has {limit} consumers"
                                     " (max_consumers_per_subscription)")
@@ -255,6 +260,9 @@ class SubscriptionActor(Actor):
         self._detach(consumer.consumer_id, reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id)))
         self.delivery.dispatch()
         return None
+
+    def handle_ApplyTopicPolicies(self, msg: ApplyTopicPolicies) -> None:
+        self.policies = msg
 
     # ------------------------------------------------------------- messages in
     def handle_Publish(self, msg: Publish) -> None:

@@ -1,0 +1,119 @@
+"""Topic policies per namespace and per topic (`danube admin namespaces|topics
+policies`), against real broker processes, the client and the CLI: a topic's policy
+overrides its namespace's, which overrides the broker's `policies`; a change applies to
+live topics at once and a topic loaded after a restart reads them from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import pytest
+
+from danube_zmq import DanubeClient
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from tests.integration.test_cli_e2e import danube
+
+
+async def _cli(admin_url: str, *args: str) -> str:
+    """The CLI in a thread: the client's heartbeats go on meanwhile."""
+    done = await asyncio.to_thread(danube, "admin", "--endpoint", admin_url, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_a_topic_max_producers_refuses_the_second_producer_until_removed(broker) -> None:
+    """`topics policies set --max-producers-per-topic 1` on a live topic: a second
+    producer is RESOURCE_EXHAUSTED naming the policy; after `policies remove` it is let in."""
+    async with DanubeClient(broker.url, operation_retries_max=0) as client:
+        await client.create_producer("/default/one", name="first")
+        out = await _cli(broker.admin_url, "topics", "policies", "set", "/default/one", "--max-producers-per-topic", "1")
+        assert "max_producers_per_topic 1" in out, out
+        with pytest.raises(ResourceExhausted, match="max_producers_per_topic"):
+            await client.create_producer("/default/one", name="second")
+        await _cli(broker.admin_url, "topics", "policies", "remove", "/default/one")
+        await client.create_producer("/default/one", name="second")
+
+
+async def test_namespace_max_message_size_refuses_larger_messages_and_the_topic_level_overrides(broker) -> None:
+    """A namespace's max_message_size of 1,024 refuses a 2,048-byte message on its
+    live topic; the topic's own 4,096 lets it in (and `policies get` names each source);
+    the namespace's limit still holds on its other topics."""
+    async with DanubeClient(broker.url, operation_retries_max=0) as client:
+        producer = await client.create_producer("/default/sized")
+        other = await client.create_producer("/default/other")
+        await producer.send(b"x" * 2048)
+        await _cli(broker.admin_url, "namespaces", "policies", "set", "default", "--max-message-size", "1024")
+        with pytest.raises(InvalidArgument, match=r"max_message_size \(1024"):
+            await producer.send(b"x" * 2048)
+        await producer.send(b"x" * 1024)
+
+        await _cli(broker.admin_url, "topics", "policies", "set", "/default/sized", "--max-message-size", "4096")
+        await producer.send(b"x" * 2048)
+        with pytest.raises(InvalidArgument, match="max_message_size"):
+            await other.send(b"x" * 2048)
+        shown = json.loads(await _cli(broker.admin_url, "topics", "policies", "get", "/default/sized", "-o", "json"))
+        assert shown["max_message_size"] == {"value": 4096, "source": "topic"}, shown
+        assert shown["max_producers_per_topic"] == {"value": 0, "source": "broker"}, shown
+        assert shown["backlog_quota_policy"]["value"] == "producer_exception", shown
+        shown = json.loads(await _cli(broker.admin_url, "namespaces", "policies", "get", "default", "-o", "json"))
+        assert shown["max_message_size"] == {"value": 1024, "source": "namespace"}, shown
+        assert shown["topics_per_namespace_max"]["source"] == "broker", shown
+        assert shown["max_publish_rate"] == {"value": 0, "source": "broker"}, shown
+
+        await _cli(broker.admin_url, "namespaces", "policies", "remove", "default")
+        await other.send(b"x" * 2048)
+        table = await _cli(broker.admin_url, "namespaces", "policies", "get", "default")
+        assert "max_message_size" in table and "partitions_per_topic_max" in table, table
+
+
+async def test_set_changes_only_the_policies_given_and_bad_values_are_refused(broker) -> None:
+    """Two sets on one namespace keep each other's policies; out-of-range values, no
+    policy, a missing namespace or topic, and a partition are refused with clear errors."""
+    async with AdminClient(broker.admin_url) as admin:
+        await admin.set_namespace_policies("default", max_consumers_per_topic=5)
+        await admin.set_namespace_policies("default", max_dispatch_rate=100)
+        info = await admin.get_namespace_policies("default")
+        assert info.values["max_consumers_per_topic"] == 5 and info.values["max_dispatch_rate"] == 100
+        assert info.sources["max_consumers_per_topic"] == "namespace"
+        assert info.sources["max_subscriptions_per_topic"] == "broker"
+        with pytest.raises(InvalidArgument, match="max_message_size must be in 1.."):
+            await admin.set_namespace_policies("default", max_message_size=1 << 40)
+        with pytest.raises(InvalidArgument, match="max_publish_rate must be in 0.."):
+            await admin.set_namespace_policies("default", max_publish_rate=-1)
+        with pytest.raises(InvalidArgument, match="at least one policy"):
+            await admin.set_namespace_policies("default")
+        with pytest.raises(NotFound, match="nowhere"):
+            await admin.set_namespace_policies("nowhere", max_producers_per_topic=1)
+        with pytest.raises(NotFound):
+            await admin.get_topic_policies("/default/missing")
+        await admin.create_topic("/default/parts", partitions=2)
+        with pytest.raises(FailedPrecondition, match="partition"):
+            await admin.set_topic_policies("/default/parts-part-0", max_producers_per_topic=1)
+        await admin.remove_namespace_policies("default")
+        with pytest.raises(NotFound, match="no topic policies"):
+            await admin.remove_namespace_policies("default")
+    done = await asyncio.to_thread(danube, "admin", "--endpoint", broker.admin_url, "topics", "policies", "set",
+                                   "/default/parts")
+    assert done.returncode == 2 and "--max-producers-per-topic" in done.stderr, done.stderr
+
+
+async def test_a_topic_policy_survives_a_broker_restart(broker_factory) -> None:
+    """A topic's max_producers_per_topic set before SIGTERM is shown after the restart
+    and refuses the second producer (the topic is loaded with it from the store)."""
+    first = broker_factory()
+    async with AdminClient(first.admin_url) as admin:
+        await admin.create_topic("/default/kept")
+        await admin.set_topic_policies("/default/kept", max_producers_per_topic=1)
+    assert first.stop(signal.SIGTERM) == 0
+    second = broker_factory(url=first.url, admin_url=first.admin_url)
+    async with AdminClient(second.admin_url) as admin:
+        info = await admin.get_topic_policies("/default/kept")
+        assert (info.values["max_producers_per_topic"], info.sources["max_producers_per_topic"]) == (1, "topic")
+    async with DanubeClient(second.url, operation_retries_max=0) as client:
+        await client.create_producer("/default/kept", name="a")
+        with pytest.raises(ResourceExhausted, match="max_producers_per_topic"):
+            await client.create_producer("/default/kept", name="b")
