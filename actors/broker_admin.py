@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from danube_zmq.actors.admin_gateway import reply_admin
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES
 from danube_zmq.actors.remote_admin import RemoteAdmin
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.runtime.actor import Origin
@@ -442,9 +443,12 @@ class BrokerAdmin:
             if not owner:
                 assignment = self._assignment(partition)
                 owner = assignment.broker_id if assignment is not None else 0
+        policies, sources = self.topic_policies_of(resolved.name)
         return ap.TopicDescription(request_id=msg.request_id, name=resolved.name.full,
                                    dispatch_strategy=resolved.record.dispatch_strategy, broker_id=owner,
-                                   partitions=partitions)
+                                   partitions=partitions,
+                                   policies={name: getattr(policies, name) for name in TOPIC_POLICY_NAMES},
+                                   policy_sources=sources)
 
     async def _list_subscriptions(self, msg: ap.ListSubscriptions) -> Message:
         described = await self._describe_topic(ap.DescribeTopic(request_id=msg.request_id, topic=msg.topic))

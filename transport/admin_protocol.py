@@ -128,12 +128,17 @@ class PartitionInfo(Struct):
 
 @wire
 class TopicDescription(Message):
+    """`policies`: the topic policies in force for the topic (`GetTopicPolicies`'s
+    values), `policy_sources` where each is set; None from a broker before them."""
+
     TAG = 25
     request_id: int
     name: str
     dispatch_strategy: int
     broker_id: int
     partitions: list[PartitionInfo]
+    policies: dict[str, int] | None = None
+    policy_sources: dict[str, str] | None = None
 
 
 @wire

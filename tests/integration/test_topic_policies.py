@@ -14,6 +14,7 @@ import pytest
 
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from tests.integration.test_cli_e2e import danube
 
@@ -80,9 +81,9 @@ async def test_set_changes_only_the_policies_given_and_bad_values_are_refused(br
         assert info.values["max_consumers_per_topic"] == 5 and info.values["max_dispatch_rate"] == 100
         assert info.sources["max_consumers_per_topic"] == "namespace"
         assert info.sources["max_subscriptions_per_topic"] == "broker"
-        with pytest.raises(InvalidArgument, match="max_message_size must be in 1.."):
+        with pytest.raises(InvalidArgument, match=r"max_message_size must be in 1\.\."):
             await admin.set_namespace_policies("default", max_message_size=1 << 40)
-        with pytest.raises(InvalidArgument, match="max_publish_rate must be in 0.."):
+        with pytest.raises(InvalidArgument, match=r"max_publish_rate must be in 0\.\."):
             await admin.set_namespace_policies("default", max_publish_rate=-1)
         with pytest.raises(InvalidArgument, match="at least one policy"):
             await admin.set_namespace_policies("default")
@@ -117,3 +118,45 @@ async def test_a_topic_policy_survives_a_broker_restart(broker_factory) -> None:
         await client.create_producer("/default/kept", name="a")
         with pytest.raises(ResourceExhausted, match="max_producers_per_topic"):
             await client.create_producer("/default/kept", name="b")
+
+
+async def test_describe_shows_the_policies_in_force(broker) -> None:
+    """`topics describe` prints each policy in force with its source, in the table and
+    in --output json."""
+    async with AdminClient(broker.admin_url) as admin:
+        await admin.create_topic("/default/shown")
+        await admin.set_namespace_policies("default", max_subscriptions_per_topic=7)
+        await admin.set_topic_policies("/default/shown", max_publish_rate=300)
+    shown = json.loads(await _cli(broker.admin_url, "topics", "describe", "/default/shown", "-o", "json"))
+    assert shown["policies"]["max_publish_rate"] == 300 and shown["policy_sources"]["max_publish_rate"] == "topic"
+    assert shown["policies"]["max_subscriptions_per_topic"] == 7, shown
+    assert shown["policy_sources"]["max_subscriptions_per_topic"] == "namespace", shown
+    assert shown["policy_sources"]["max_message_size"] == "broker", shown
+    table = await _cli(broker.admin_url, "topics", "describe", "/default/shown")
+    assert "Policies in force" in table and "max_publish_rate" in table and "300" in table, table
+
+
+@pytest.mark.parametrize("dispatch", ["non_reliable", "reliable"])
+async def test_max_publish_rate_slows_producers_and_loses_nothing(broker, dispatch: str) -> None:
+    """At max_publish_rate 200, 1,000 messages sent at once take at least ~4 s to be
+    acknowledged (one second's burst, then 200/s), and a subscriber gets all of them,
+    in order: the topic holds batches back, it never drops or refuses them."""
+    topic = f"/default/rate-{dispatch.replace('_', '-')}"
+    async with AdminClient(broker.admin_url) as admin:
+        await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE if dispatch == "reliable"
+                                 else DispatchStrategy.NON_RELIABLE)
+        await admin.set_topic_policies(topic, max_publish_rate=200)
+    async with DanubeClient(broker.url) as client:
+        consumer = await client.subscribe(topic, "all", initial_position="earliest")
+        producer = await client.create_producer(topic, dispatch=dispatch)
+        started = asyncio.get_running_loop().time()
+        receipts = [producer.send_nowait(f"{i}".encode()) for i in range(1000)]
+        await asyncio.gather(*receipts)
+        elapsed = asyncio.get_running_loop().time() - started
+        assert elapsed >= 3.5, f"1,000 messages at 200/s were acknowledged in {elapsed:.2f} s"
+        got = []
+        while len(got) < 1000:
+            message = await consumer.receive(timeout=10)
+            got.append(int(message.payload))
+            await consumer.ack(message)
+        assert got == list(range(1000))
