@@ -5,6 +5,9 @@ messages passes once the bucket holds `count` tokens and takes them. A batch lar
 than a second's allowance would never fit: while it waits the bucket keeps up to its
 size instead, so it passes after `count / rate` seconds and the rate holds over time
 whatever the batch sizes (the caller asks about its batches in order).
+
+A dispatcher, which can cut what it sends to fit, asks `available` instead and
+`spend`s what it sent.
 """
 
 from __future__ import annotations
@@ -37,3 +40,11 @@ class TokenBucket:
         if missing <= 0:
             return 0
         return max(1, int(missing * 1000 / self.rate + 0.999))
+
+    def available(self, now_ms: int) -> int:
+        """Whole tokens held now."""
+        self._refill(1, now_ms)
+        return int(self.tokens)
+
+    def spend(self, count: int) -> None:
+        self.tokens -= count

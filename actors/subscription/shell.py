@@ -31,6 +31,7 @@ import logging
 from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.actors.rate_limit import TokenBucket
 from danube_zmq.actors.subscription.delivery import Consumer, Delivery
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
 from danube_zmq.runtime.actor import Actor, Origin
@@ -58,6 +59,7 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscription,
     DescribeSubscriptionCut,
     DetachConsumer,
+    DispatchTokensDue,
     GetSubscriptionDispatchConfig,
     GetSubscriptionPolicy,
     Publish,
@@ -95,11 +97,16 @@ class SubscriptionActor(Actor):
         self.consumers: dict[int, Consumer] = {}
         self.delivered_messages = 0
         self.dropped_messages = 0
+        # max_dispatch_rate: the bucket (None: unlimited; made at start, on the system's
+        # clock) and whether its timer is armed.
+        self._dispatch_bucket: TokenBucket | None = None
+        self._dispatch_timer = False
         self.out_metric = METRICS.messages_out.labels(topic=topic, subscription=name)
         self.dropped_metric = METRICS.messages_dropped.labels(topic=topic, subscription=name)
         delivery.bind(self)
 
     async def on_start(self) -> None:
+        self._set_dispatch_rate(self.policies.max_dispatch_rate)
         self.delivery.start()
 
     async def on_stop(self) -> None:
@@ -262,7 +269,48 @@ class SubscriptionActor(Actor):
         return None
 
     def handle_ApplyTopicPolicies(self, msg: ApplyTopicPolicies) -> None:
+        rate_changed = msg.max_dispatch_rate != self.policies.max_dispatch_rate
         self.policies = msg
+        if rate_changed:
+            self._set_dispatch_rate(msg.max_dispatch_rate)
+            self.delivery.dispatch()
+
+    # ------------------------------------------------------------- max_dispatch_rate
+    # The delivery sides offer their consumers at most what the bucket holds
+    # (`rate_capped`) and tell what they sent (`dispatched`); with nothing left, a timer
+    # message dispatches again once a token is back.
+    def _set_dispatch_rate(self, rate: int) -> None:
+        self._dispatch_bucket = TokenBucket(rate, self.system.clock.monotonic_ms()) if rate else None
+
+    def rate_capped(self, capacity: dict[int, int]) -> dict[int, int]:
+        """`capacity` (messages per consumer) cut to what max_dispatch_rate allows now.
+        When the bucket is what limits, the timer is armed: what is left over is
+        dispatched again once tokens are back, whatever path cut it."""
+        bucket = self._dispatch_bucket
+        if bucket is None or not capacity:
+            return capacity
+        now = self.system.clock.monotonic_ms()
+        left = bucket.available(now)
+        if left >= sum(capacity.values()):
+            return capacity
+        if not self._dispatch_timer:
+            self._dispatch_timer = True
+            self.system.schedule_once(self.endpoint, bucket.wait_ms(max(1, left + 1), now), DispatchTokensDue())
+        capped = {}
+        for consumer_id, room in capacity.items():
+            if left <= 0:
+                break
+            capped[consumer_id] = min(room, left)
+            left -= capped[consumer_id]
+        return capped
+
+    def dispatched(self, count: int) -> None:
+        if self._dispatch_bucket is not None:
+            self._dispatch_bucket.spend(count)
+
+    def handle_DispatchTokensDue(self, msg: DispatchTokensDue) -> None:
+        self._dispatch_timer = False
+        self.delivery.dispatch()
 
     # ------------------------------------------------------------- messages in
     def handle_Publish(self, msg: Publish) -> None:

@@ -36,6 +36,12 @@ class _Shell:
     dropped_metric: Tally = field(default_factory=Tally)
     out_metric: Tally = field(default_factory=Tally)
 
+    def rate_capped(self, capacity: dict[int, int]) -> dict[int, int]:
+        return capacity  # no max_dispatch_rate
+
+    def dispatched(self, count: int) -> None:
+        pass
+
 
 def _delivery(sub_type: cp.SubType, consumers: list[tuple[int, str]]) -> tuple[RuleDelivery, _Shell]:
     delivery = RuleDelivery(sub_type=sub_type.value, config=BrokerConfig())
