@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 
 import pytest
 
@@ -73,7 +74,8 @@ async def test_namespace_max_message_size_refuses_larger_messages_and_the_topic_
 
 async def test_set_changes_only_the_policies_given_and_bad_values_are_refused(broker) -> None:
     """Two sets on one namespace keep each other's policies; out-of-range values, no
-    policy, a missing namespace or topic, and a partition are refused with clear errors."""
+    policy, a missing namespace or topic, and a partition are refused with clear errors;
+    deleting a topic and its namespace deletes their policies."""
     async with AdminClient(broker.admin_url) as admin:
         await admin.set_namespace_policies("default", max_consumers_per_topic=5)
         await admin.set_namespace_policies("default", max_dispatch_rate=100)
@@ -97,6 +99,17 @@ async def test_set_changes_only_the_policies_given_and_bad_values_are_refused(br
         await admin.remove_namespace_policies("default")
         with pytest.raises(NotFound, match="no topic policies"):
             await admin.remove_namespace_policies("default")
+        # Policies go with their topic and namespace: created again, neither has any.
+        await admin.create_namespace("brief")
+        await admin.create_topic("/brief/t")
+        await admin.set_namespace_policies("brief", max_producers_per_topic=3)
+        await admin.set_topic_policies("/brief/t", max_producers_per_topic=2)
+        await admin.delete_topic("/brief/t")
+        await admin.delete_namespace("brief")
+        await admin.create_namespace("brief")
+        await admin.create_topic("/brief/t")
+        info = await admin.get_topic_policies("/brief/t")
+        assert info.sources["max_producers_per_topic"] == "broker", info
     done = await asyncio.to_thread(danube, "admin", "--endpoint", broker.admin_url, "topics", "policies", "set",
                                    "/default/parts")
     assert done.returncode == 2 and "--max-producers-per-topic" in done.stderr, done.stderr
@@ -182,3 +195,63 @@ async def test_max_dispatch_rate_paces_deliveries(broker, dispatch: str) -> None
         elapsed = asyncio.get_running_loop().time() - started
         assert elapsed >= 3.5, f"500 messages at 100/s were delivered in {elapsed:.2f} s"
         assert got == list(range(500))
+
+
+async def _second_producer_refused_within(client: DanubeClient, topic: str, deadline_s: float = 30.0) -> str:
+    """Create extra producers until one is refused RESOURCE_EXHAUSTED; its message."""
+    deadline = time.monotonic() + deadline_s
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        try:
+            extra = await client.create_producer(topic, name=f"extra-{n}")
+        except ResourceExhausted as exc:
+            return str(exc)
+        await extra.close()
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no second producer refused within {deadline_s} s")
+
+
+@pytest.mark.cluster
+def test_in_a_cluster_the_owner_applies_policies_set_through_another_broker_and_after_a_move(tmp_path) -> None:
+    """3 brokers: a namespace's max_producers_per_topic 1 set through a broker that does
+    not serve the topic is applied by the one that does (a second producer refused);
+    after `topics unload` the next owner loads the topic with it; removing it through
+    the third broker lets a second producer in."""
+    from tests.integration.test_cluster import _owners, running_cluster
+
+    topic = "/default/cp"
+
+    async def run(nodes) -> None:  # type: ignore[no-untyped-def]
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic)
+        owner_url = (await _owners(nodes[0], [topic]))[topic]
+        others = [node for node in nodes if node.url != owner_url]
+        async with DanubeClient(others[0].url, operation_retries_max=3) as client:
+            await client.create_producer(topic, name="first")
+            async with AdminClient(others[1].admin_url) as admin:
+                await admin.set_namespace_policies("default", max_producers_per_topic=1)
+            assert "max_producers_per_topic" in await _second_producer_refused_within(client, topic)
+            async with AdminClient(others[1].admin_url) as admin:
+                await admin.unload_topic(topic)
+            deadline = time.monotonic() + 30
+            while (await _owners(nodes[0], [topic]))[topic] == owner_url:
+                assert time.monotonic() < deadline, "the topic did not move"
+                await asyncio.sleep(0.2)
+            assert "max_producers_per_topic" in await _second_producer_refused_within(client, topic)
+            async with AdminClient(others[0].admin_url) as admin:
+                info = await admin.get_topic_policies(topic)
+                assert (info.values["max_producers_per_topic"], info.sources["max_producers_per_topic"]) == (
+                    1, "namespace")
+                await admin.remove_namespace_policies("default")
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await client.create_producer(topic, name="second")
+                    break
+                except ResourceExhausted:
+                    assert time.monotonic() < deadline, "a second producer still refused after the removal"
+                    await asyncio.sleep(0.2)
+
+    with running_cluster(tmp_path) as nodes:
+        asyncio.run(run(nodes))
