@@ -348,6 +348,10 @@ class PoliciesSection:
     # batches (a producer's window of batches in flight then slows it): never a drop
     # or an error (Danube only warns). Default 0.
     max_publish_rate: int = 0
+    # Bytes of batches one topic holds back over max_publish_rate. The producers'
+    # windows of batches in flight keep it far below this; a client ignoring its window
+    # meets RESOURCE_EXHAUSTED (retriable) past it. Default 67108864 (64 MiB).
+    publish_rate_hold_bytes_max: int = 64 * MIB
     # Messages per second one subscription delivers to all its consumers together;
     # 0 = unlimited. Past it deliveries wait for the next second's allowance. Default 0.
     max_dispatch_rate: int = 0
@@ -396,7 +400,7 @@ class PoliciesSection:
             raise _error("policies.backlog_quota_policy",
                          f"must be one of {', '.join(BACKLOG_QUOTA_POLICIES)}, got {self.backlog_quota_policy!r}")
         _check_range("policies.backlog_quota_hold_ms_max", self.backlog_quota_hold_ms_max, 1, 3_600_000)
-        for name in ("backlog_quota_bytes_max", "backlog_quota_hold_bytes_max"):
+        for name in ("backlog_quota_bytes_max", "backlog_quota_hold_bytes_max", "publish_rate_hold_bytes_max"):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.partitions_per_topic_max", self.partitions_per_topic_max, 1, 100_000)
         _check_range("policies.topics_per_namespace_max", self.topics_per_namespace_max, 1, 1_000_000)

@@ -44,7 +44,7 @@ from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.rate_limit import TokenBucket
 from danube_zmq.actors.subscription import Delivery, SubscriptionActor
 from danube_zmq.actors.topic.storage import TopicStorage
-from danube_zmq.actors.topic.wal_storage import WalStorage
+from danube_zmq.actors.topic.wal_storage import WalStorage, refused_first
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.storage.paths import check_name
@@ -143,6 +143,7 @@ class TopicActor(Actor):
         # max_publish_rate: the bucket (None: unlimited) and the batches it holds back.
         self._publish_bucket: TokenBucket | None = None
         self._held_sends: deque[tuple[ClientRequest, cp.Send]] = deque()
+        self._held_bytes = 0
         self._publish_timer = False
         self.broker_endpoint = broker_endpoint
         # Where the subscriptions' cursors go: the broker's cursor flusher.
@@ -334,7 +335,17 @@ class TopicActor(Actor):
                 raise InvalidArgument(f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)")
         bucket = self._publish_bucket
         if bucket is not None and (self._held_sends or not bucket.take(count, self.system.clock.monotonic_ms())):
+            hold_max = self.config.policies.publish_rate_hold_bytes_max
+            if self._held_bytes + len(req.frame) > hold_max:
+                # A reliable producer's later batches are refused too until this one comes
+                # again, so none is stored before it.
+                producer = self.attached_producer(msg.producer_id, req.identity)
+                raise refused_first(producer, msg, ResourceExhausted(
+                    f"topic {self.topic} holds {self._held_bytes} bytes of batches over its max_publish_rate"
+                    f" ({self.policies.max_publish_rate} messages/s), past publish_rate_hold_bytes_max"
+                    f" ({hold_max}): retry later"))
             self._held_sends.append((req, msg))
+            self._held_bytes += len(req.frame)
             self._schedule_publish_tokens()
             return None
         self.storage.send(req, msg)
@@ -364,6 +375,7 @@ class TopicActor(Actor):
                 self._schedule_publish_tokens()
                 return
             self._held_sends.popleft()
+            self._held_bytes -= len(req.frame)
             try:
                 self.storage.send(req, send)
             except DanubeError as exc:  # its producer went meanwhile: its connection is told

@@ -255,3 +255,18 @@ def test_in_a_cluster_the_owner_applies_policies_set_through_another_broker_and_
 
     with running_cluster(tmp_path) as nodes:
         asyncio.run(run(nodes))
+
+
+async def test_batches_held_over_the_publish_rate_are_bounded(broker_factory) -> None:
+    """With policies.publish_rate_hold_bytes_max at 1 byte nothing can be held: at
+    max_publish_rate 1 the first message passes and the next, sent at once, is refused
+    RESOURCE_EXHAUSTED naming the bound, instead of waiting in a queue past it."""
+    limited = broker_factory(env={"DANUBE_POLICIES__PUBLISH_RATE_HOLD_BYTES_MAX": "1"})
+    async with AdminClient(limited.admin_url) as admin:
+        await admin.create_topic("/default/held")
+        await admin.set_topic_policies("/default/held", max_publish_rate=1)
+    async with DanubeClient(limited.url, operation_retries_max=0) as client:
+        producer = await client.create_producer("/default/held")
+        await producer.send(b"first")
+        with pytest.raises(ResourceExhausted, match="publish_rate_hold_bytes_max"):
+            await producer.send(b"second")
