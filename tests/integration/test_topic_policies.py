@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from danube_zmq import DanubeClient
+from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
@@ -270,3 +270,18 @@ async def test_batches_held_over_the_publish_rate_are_bounded(broker_factory) ->
         await producer.send(b"first")
         with pytest.raises(ResourceExhausted, match="publish_rate_hold_bytes_max"):
             await producer.send(b"second")
+
+
+async def test_consumer_limits_set_on_a_live_topic_reach_its_subscriptions(broker) -> None:
+    """A subscription spawned before the policy: `topics policies set
+    --max-consumers-per-subscription 1` refuses its second consumer; a topic-level
+    max_subscriptions_per_topic 1 refuses a second subscription."""
+    async with DanubeClient(broker.url, operation_retries_max=0) as client:
+        await client.create_producer("/default/subs")
+        await client.subscribe("/default/subs", "work", sub_type=SubType.SHARED, consumer_name="c1")
+        await _cli(broker.admin_url, "topics", "policies", "set", "/default/subs",
+                   "--max-consumers-per-subscription", "1", "--max-subscriptions-per-topic", "1")
+        with pytest.raises(ResourceExhausted, match="max_consumers_per_subscription"):
+            await client.subscribe("/default/subs", "work", sub_type=SubType.SHARED, consumer_name="c2")
+        with pytest.raises(ResourceExhausted, match="max_subscriptions_per_topic"):
+            await client.subscribe("/default/subs", "other", sub_type=SubType.SHARED, consumer_name="d1")
