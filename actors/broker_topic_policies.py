@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from danube_zmq.actors.config import ENVELOPE_BYTES_MAX, TOPIC_POLICY_NAMES
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
@@ -34,7 +34,7 @@ from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_nam
 
 log = logging.getLogger("danube_zmq.broker")
 
-# The ranges of the broker's own policies (actors/config.py): int64 on the wire.
+# The counts' and rates' range (as the broker's own, actors/config.py): int64 on the wire.
 _VALUE_MAX = 2**63 - 1
 
 
@@ -103,11 +103,12 @@ class BrokerTopicPolicies:
 
     def _check_policy(self, policy: str, value: int) -> None:
         if policy == "max_message_size":
-            # A frame must hold the largest message and its envelope (limits.frame_bytes_max).
-            size_max = self.config.limits.frame_bytes_max - ENVELOPE_BYTES_MAX - 1
+            # Lower only: clients learn the broker's at Connect (`message_bytes_max`) and
+            # refuse larger messages themselves.
+            size_max = self.config.policies.max_message_size
             if not 1 <= value <= size_max:
-                raise InvalidArgument(f"max_message_size must be in 1..{size_max} (limits.frame_bytes_max"
-                                      f" less 1 MiB for the envelope), got {value}")
+                raise InvalidArgument(f"max_message_size must be in 1..{size_max} (the broker's"
+                                      f" policies.max_message_size, which clients check too), got {value}")
         elif not 0 <= value <= _VALUE_MAX:
             raise InvalidArgument(f"{policy} must be in 0..{_VALUE_MAX} (0: unlimited), got {value}")
 

@@ -321,7 +321,8 @@ TOPIC_POLICY_NAMES = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoliciesSection:
-    """Broker-wide default topic policies.
+    """Broker-wide default topic policies. A namespace or a topic may set its own
+    TOPIC_POLICY_NAMES (actors/broker_topic_policies.py); these apply where none is set.
 
     The names are Danube's (`max_*` first, against our `*_max` habit), kept on
     purpose so that a Danube `policies:` section reads the same here.

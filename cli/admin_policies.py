@@ -30,7 +30,7 @@ _HELP = {
     "max_subscriptions_per_topic": "Subscriptions on one topic (each partition).",
     "max_consumers_per_topic": "Consumers on one topic (each partition), over all its subscriptions.",
     "max_consumers_per_subscription": "Consumers on one subscription.",
-    "max_message_size": "Largest message payload in bytes (at least 1: no unlimited).",
+    "max_message_size": "Largest message payload in bytes, 1 up to the broker's own (no unlimited).",
     "max_publish_rate": "Messages per second one topic (each partition) accepts; past it sends are slowed.",
     "max_dispatch_rate": "Messages per second one subscription delivers.",
 }

@@ -912,9 +912,9 @@ class RemoveNamespaceLimits(Message):
 class SetTopicPolicies(Message):
     """Set topic policies of `namespace` or of `topic` (exactly one; a partitioned
     topic's base: every partition): only those given (at least one) change, each to 0
-    (unlimited; not for max_message_size) or a value. A topic's policy overrides its
-    namespace's, which overrides the broker's `policies`. Stored in the metadata store;
-    live topics apply them at once. Answered `Ok`."""
+    (unlimited) or a value; max_message_size 1 up to the broker's own. A topic's policy
+    overrides its namespace's, which overrides the broker's `policies`. Stored in the
+    metadata store; live topics apply them at once. Answered `Ok`."""
 
     TAG = 271
     request_id: int
