@@ -100,7 +100,7 @@ class BrokerAdmin:
 
     # Requests about one topic, run where its partitions are served.
     async def handle_DescribeTopic(self, msg: ap.DescribeTopic, origin: Origin) -> Message | None:
-        return await self._about_topic(msg, origin, self._describe_topic)
+        return await self._about_topic(msg, origin, functools.partial(self._describe_topic, partial=True))
 
     async def handle_ListSubscriptions(self, msg: ap.ListSubscriptions, origin: Origin) -> Message | None:
         return await self._about_topic(msg, origin, self._list_subscriptions)
@@ -209,14 +209,15 @@ class BrokerAdmin:
             self.remote_admins[url] = endpoint
         return ip.RemoteAdminAt(endpoint=endpoint)
 
-    async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]]) -> Any:
+    async def _on_owner(self, msg: Any, partition: str, local: Callable[[TopicEntry], Awaitable[Any]], *,
+                        wait_ms: int = _OWNER_WAIT_MS) -> Any:
         """Run `local` on the partition's actor when it is served here, else send `msg`
         (naming that partition) to the admin port of the broker serving it. A partition
-        between brokers (moving, just created) is waited for, up to `_OWNER_WAIT_MS`,
+        between brokers (moving, just created) is waited for, up to `wait_ms`,
         each look after the broker handled a change of its assignment (`_owner_changed`);
         one whose broker stopped renewing its lease is answered UNAVAILABLE at once,
         saying when it is reassigned."""
-        deadline_ms = self.system.clock.monotonic_ms() + _OWNER_WAIT_MS
+        deadline_ms = self.system.clock.monotonic_ms() + wait_ms
         while True:
             entry = self.topics.get(partition)
             if entry is not None:
@@ -292,12 +293,26 @@ class BrokerAdmin:
             raise NotFound(f"namespace '{namespace}' does not exist")
         topics = []
         for full, record in await self._topic_records(namespace):
-            first = parse_topic(full).partition_name(0) if record.partitions else full
-            assignment = self._assignment(first)
+            name = parse_topic(full)
+            names = [name.partition_name(i) for i in range(record.partitions)] if record.partitions else [full]
+            owners = [self._owner_of(n) for n in names]
             topics.append(ap.TopicInfo(name=full, dispatch_strategy=record.dispatch_strategy,
-                                       partitions=record.partitions,
-                                       broker_id=assignment.broker_id if assignment is not None else 0))
+                                       partitions=record.partitions, broker_id=owners[0].broker_id or 0,
+                                       owners=owners))
         return ap.TopicList(request_id=msg.request_id, topics=topics)
+
+    def _owner_of(self, topic: str) -> ap.PartitionOwner:
+        """The broker `topic` (one partition) is assigned to, in this broker's applied
+        state. An assignment naming a broker with no registration (its lease ended, the
+        topic is about to be reassigned) keeps the id, without a URL to reach it."""
+        assignment = self._assignment(topic)
+        if assignment is None:
+            return ap.PartitionOwner(name=topic, broker_id=None, broker_url=None)
+        if assignment.broker_id == self.broker_id:
+            return ap.PartitionOwner(name=topic, broker_id=self.broker_id, broker_url=self.broker_url)
+        registration = self._registration(assignment.broker_id)
+        return ap.PartitionOwner(name=topic, broker_id=assignment.broker_id,
+                                 broker_url=None if registration is None else registration.broker_url)
 
     async def handle_CreateTopic(self, msg: ap.CreateTopic, origin: Origin) -> Message:
         await self._write_topic(parse_topic(msg.topic), msg.partitions, msg.dispatch_strategy)
@@ -420,8 +435,13 @@ class BrokerAdmin:
                 floors.append(segments[-1].end_offset + 1)
         return max(floors)
 
-    async def _describe_topic(self, msg: ap.DescribeTopic) -> Message:
+    async def _describe_topic(self, msg: ap.DescribeTopic, *, partial: bool = False) -> Message:
+        """`partial`: a partitioned topic's partitions that no broker serves right now are
+        described as such (`not_served`), the others as usual; the waits for their
+        brokers share one `_OWNER_WAIT_MS`, within the admin client's timeout."""
         resolved = await self._existing(parse_topic(msg.topic))
+        partial = partial and resolved.partitioned_base
+        deadline_ms = self.system.clock.monotonic_ms() + _OWNER_WAIT_MS
         partitions = []
         owner = 0
         for partition in resolved.served_names():
@@ -429,17 +449,29 @@ class BrokerAdmin:
             if damage is not None:  # assigned here, not served: say why instead of waiting for it
                 partitions.append(ap.PartitionInfo(
                     name=partition, next_offset=damage.valid_end, producers=[], messages_in=0, bytes_in=0,
-                    dropped_messages=0, subscriptions=[], wal_damage=_damage_text(partition, damage)))
+                    dropped_messages=0, subscriptions=[], wal_damage=_damage_text(partition, damage),
+                    broker_id=self.broker_id, broker_url=self.broker_url))
                 owner = owner or self.broker_id
                 continue
 
             async def local(entry: TopicEntry) -> list[ap.PartitionInfo]:
                 stats = await self.system.ask(entry.endpoint, DescribePartition())
                 assert isinstance(stats, PartitionStats)
-                return [stats.info]
+                return [dataclasses.replace(stats.info, broker_id=self.broker_id, broker_url=self.broker_url)]
 
-            answer = await self._on_owner(msg, partition, local)
-            partitions.extend(answer.partitions if isinstance(answer, ap.TopicDescription) else answer)
+            try:
+                answer = await self._on_owner(msg, partition, local,
+                                              wait_ms=max(0, deadline_ms - self.system.clock.monotonic_ms()))
+            except Unavailable as exc:
+                if not partial:
+                    raise
+                partitions.append(self._not_served(partition, exc.message))
+                continue
+            for info in answer.partitions if isinstance(answer, ap.TopicDescription) else answer:
+                if info.broker_id is None:  # answered by a broker from before the field: its assignment says
+                    owner_of = self._owner_of(partition)
+                    info = dataclasses.replace(info, broker_id=owner_of.broker_id, broker_url=owner_of.broker_url)
+                partitions.append(info)
             if not owner:
                 assignment = self._assignment(partition)
                 owner = assignment.broker_id if assignment is not None else 0
@@ -449,6 +481,16 @@ class BrokerAdmin:
                                    partitions=partitions,
                                    policies={name: getattr(policies, name) for name in TOPIC_POLICY_NAMES},
                                    policy_sources=sources)
+
+    def _not_served(self, partition: str, why: str) -> ap.PartitionInfo:
+        """A partition no broker serves right now: where its offsets stopped (a reliable
+        topic's seal; else 0), no counters, the broker it is assigned to if any, and why."""
+        value = self.metadata.local_get(cr.topic_state_key(partition))
+        next_offset = 0 if value is None else cr.decode(value.value, cr.TopicState).next_offset
+        owner = self._owner_of(partition)
+        return ap.PartitionInfo(name=partition, next_offset=next_offset, producers=[], messages_in=0, bytes_in=0,
+                                dropped_messages=0, subscriptions=[], broker_id=owner.broker_id,
+                                broker_url=owner.broker_url, not_served=why)
 
     async def _list_subscriptions(self, msg: ap.ListSubscriptions) -> Message:
         described = await self._describe_topic(ap.DescribeTopic(request_id=msg.request_id, topic=msg.topic))

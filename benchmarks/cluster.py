@@ -44,7 +44,8 @@ class Cluster:
         config.write_text(f"storage:\n  mode: shared_fs\n  durable_url: {root / 'shared'}\n")
         out = danube("cluster", "up", "--brokers", str(brokers), "--config", str(config), "--data-dir",
                      str(root / "cluster"), "--client-port", str(base), "--admin-port", str(base + 100),
-                     "--raft-port", str(base + 200), "--supervisor-port", str(base + 300), "--output", "json")
+                     "--raft-port", str(base + 200), "--supervisor-port", str(base + 300), "--metrics-port", "0",
+                     "--output", "json")
         self.layout = json.loads(out)
         self.urls = [b["url"] for b in self.layout["brokers"]]
 

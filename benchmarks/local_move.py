@@ -69,7 +69,7 @@ def main() -> None:
         base = args.base_port
         out = danube("cluster", "up", "--brokers", "3", "--data-dir", str(root / "cluster"), "--client-port", str(base),
                      "--admin-port", str(base + 100), "--raft-port", str(base + 200), "--supervisor-port",
-                     str(base + 300), "--output", "json")
+                     str(base + 300), "--metrics-port", "0", "--output", "json")
         layout = json.loads(out)
         try:
             urls = [b["url"] for b in layout["brokers"]]

@@ -116,6 +116,7 @@ class Cluster:
                                          "--supervisor-port", str(SUPERVISOR_PORT), "--host-name", first.name,
                                          "--place", place, "--client-port", str(CLIENT_PORT),
                                          "--admin-port", str(ADMIN_PORT), "--raft-port", str(RAFT_PORT),
+                                         "--metrics-port", "0",
                                          "--output", "json"),
                              stdout=subprocess.PIPE, stderr=err, text=True, env=self._env(first))
         try:

@@ -209,13 +209,23 @@ def topics_list(ctx: click.Context, namespace: str, output: str) -> None:
     if output == "json":
         emit_json(_record(found))
         return
-    emit_table(
-        ["TOPIC", "PARTITIONS", "DISPATCH", "BROKER"],
-        [
-            [t.name, t.partitions or "-", _enum_name(DispatchStrategy, t.dispatch_strategy), t.broker_id]
-            for t in found
-        ],
-    )
+    rows = []
+    for t in found:
+        dispatch = _enum_name(DispatchStrategy, t.dispatch_strategy)
+        if t.owners is None:  # a broker from before per-partition owners
+            rows.append([t.name, t.partitions or "-", dispatch, t.broker_id, "-"])
+            continue
+        if t.partitions:
+            rows.append([t.name, t.partitions, dispatch, "", ""])
+        rows += [[o.name, "-", dispatch, *_broker_cells(o.broker_id, o.broker_url)] for o in t.owners]
+    emit_table(["TOPIC", "PARTITIONS", "DISPATCH", "BROKER", "BROKER-URL"], rows)
+
+
+def _broker_cells(broker_id: int | None, broker_url: str | None) -> list[Any]:
+    """A partition's BROKER and BROKER-URL cells: "unassigned" while it has no broker."""
+    if broker_id is None:
+        return ["unassigned", "-"]
+    return [broker_id, broker_url]
 
 
 @topics.command("create")
@@ -349,9 +359,11 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
         f"  broker {description.broker_id}  partitions {len(description.partitions)}"
     )
     emit_table(
-        ["PARTITION", "NEXT-OFFSET", "MESSAGES-IN", "BYTES-IN", "DROPPED", "EVICTED", "PRODUCERS"],
+        ["PARTITION", "BROKER", "BROKER-URL", "NEXT-OFFSET", "MESSAGES-IN", "BYTES-IN", "DROPPED", "EVICTED",
+         "PRODUCERS"],
         [
-            [p.name, p.next_offset, p.messages_in, p.bytes_in, p.dropped_messages, p.evicted_messages, p.producers]
+            [p.name, *_broker_cells(p.broker_id, p.broker_url), p.next_offset, p.messages_in, p.bytes_in,
+             p.dropped_messages, p.evicted_messages, p.producers]
             for p in description.partitions
         ],
         title="Partitions",
@@ -359,6 +371,8 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
     for p in description.partitions:
         if p.wal_damage is not None:
             emit_line(f"NOT SERVED: partition {p.name}: WAL damaged: {p.wal_damage}")
+        elif p.not_served is not None:
+            emit_line(f"NOT SERVED: partition {p.name}: {p.not_served}")
     if description.policies is not None and description.policy_sources is not None:
         sources = description.policy_sources
         emit_table(["POLICY", "VALUE", "SOURCE"],

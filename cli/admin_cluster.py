@@ -15,6 +15,7 @@ import binascii
 import click
 
 from danube_zmq.cli.admin import _call, _record, output_option
+from danube_zmq.cli.metadata_values import raw_text, readable
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.transport.admin_protocol import ClusterStatusInfo, MetadataEntries, MetadataEntry
 
@@ -129,56 +130,65 @@ def cluster_remove_node(ctx: click.Context, node_id: int, output: str) -> None:
     _emit_status(_call(ctx, lambda client: client.remove_node(node_id)), output)
 
 
-def _text(value: bytes) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(value).decode()
-
-
-def _entry_record(entry: MetadataEntry) -> dict[str, object]:
+def _entry_record(entry: MetadataEntry, raw: bool) -> dict[str, object]:
     record = _record(entry)
-    record["value"] = _text(entry.value)
+    if raw:
+        record["value"] = raw_text(entry.value)
+        return record
+    value = readable(entry.value)
+    record["value"], record["value_format"] = value.value, value.format
     return record
 
 
-def _emit_entries(entries: list[MetadataEntry], output: str) -> None:
+def _emit_entries(entries: list[MetadataEntry], output: str, raw: bool) -> None:
     if output == "json":
-        emit_json([_entry_record(e) for e in entries])
+        emit_json([_entry_record(e, raw) for e in entries])
         return
     emit_table(
         ["KEY", "VALUE", "VERSION", "MOD-REVISION", "TTL-MS"],
-        [[e.key, _text(e.value), e.version, e.mod_revision, "-" if e.ttl_ms is None else e.ttl_ms] for e in entries],
+        [[e.key, raw_text(e.value) if raw else readable(e.value).shown(), e.version, e.mod_revision,
+          "-" if e.ttl_ms is None else e.ttl_ms] for e in entries],
     )
 
 
 _STALE = click.option("--stale", is_flag=True, help="Read this broker's applied state (no leader round; may lag).")
+_RAW = click.option("--raw", is_flag=True,
+                    help="Print the stored bytes (UTF-8 text, else base64:...) instead of decoding records and"
+                         " msgpack into JSON.")
 
 
 @metadata.command("get")
 @click.argument("key")
 @_STALE
+@_RAW
 @output_option
 @click.pass_context
-def metadata_get(ctx: click.Context, key: str, stale: bool, output: str) -> None:
-    """Print KEY's value, version and revisions (exit 1 if it does not exist)."""
+def metadata_get(ctx: click.Context, key: str, stale: bool, raw: bool, output: str) -> None:
+    """Print KEY's value, version and revisions (exit 1 if it does not exist).
+
+    The value is shown readable: printable UTF-8 as text; a cluster record as JSON
+    with its type (`record`) and field names; other msgpack as JSON; anything else as
+    base64:... (with `--output json`, `value_format` says which: text, record,
+    msgpack, base64).
+    """
     entry = _call(ctx, lambda client: client.metadata_get(key, linearizable=not stale))
     if entry is None:
         raise click.ClickException(f"key {key!r} not found")
-    _emit_entries([entry], output)
+    _emit_entries([entry], output, raw)
 
 
 @metadata.command("list")
 @click.argument("prefix", default="/")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
 @_STALE
+@_RAW
 @output_option
 @click.pass_context
-def metadata_list(ctx: click.Context, prefix: str, limit: int, stale: bool, output: str) -> None:
-    """List the keys under PREFIX (default /), sorted."""
+def metadata_list(ctx: click.Context, prefix: str, limit: int, stale: bool, raw: bool, output: str) -> None:
+    """List the keys under PREFIX (default /), sorted, values shown as by `metadata get`."""
     reply: MetadataEntries = _call(ctx, lambda client: client.metadata_list(prefix, linearizable=not stale,
                                                                              limit=limit))
-    _emit_entries(reply.entries, output)
+    _emit_entries(reply.entries, output, raw)
     if reply.more:
         click.echo(f"(more than {limit} keys; raise --limit)", err=True)
 

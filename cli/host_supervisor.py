@@ -10,6 +10,9 @@ processes (`danube cluster up/status/down`).
                           budget of restarts per minute; its pid in `data_dir/broker.pid`
                           so a restarted keeper adopts a running broker
 
+`cluster stop-broker ID` holds one broker: its keeper stops it cleanly and exits, and
+no keeper is started for it again until `cluster start-broker ID`.
+
 Only low-rate control messages cross thespian (pickled, about 2k/s at most): start,
 status, stop. Data, Raft and leases stay on ZeroMQ, and failure detection for topics
 is the brokers' own (leases): thespian notices a crashed convention member only after
@@ -73,6 +76,7 @@ class BrokerStatus:
     restarts: int
     last_exit: str = ""
     host: str = ""  # the `danube-host` of the system it runs on
+    stopped: bool = False  # held by `cluster stop-broker`: not restarted until `start-broker`
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,26 @@ class Status:
 @dataclass(frozen=True)
 class StopBrokers:
     pass
+
+
+@dataclass(frozen=True)
+class StopBroker:
+    """Stop one broker cleanly and keep it stopped: answered `Stopped` once it exited."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class StartBroker:
+    """Start a broker held by `StopBroker` again (or one its keeper gave up on), with
+    the spec it was started with: answered `Status` at once."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -116,6 +140,7 @@ class HostSupervisor(ActorTypeDispatcher):
         self.keepers: dict[str, object] = {}  # name -> keeper address
         self.status: dict[str, BrokerStatus] = {}
         self.stopping_for: object | None = None
+        self.held: dict[str, list[object]] = {}  # name -> who waits for it to have stopped
         self.hosts: set[str] = {os.environ.get(HOST_ENV, "")}
         self.watching = False
 
@@ -153,6 +178,8 @@ class HostSupervisor(ActorTypeDispatcher):
     def receiveMsg_BrokerStatus(self, msg: BrokerStatus, sender: object) -> None:
         # Restarts are counted here, by new pids: a keeper that was replaced starts its
         # own count again.
+        if msg.name in self.held:
+            return  # the last word of a keeper being stopped: the broker is held stopped
         previous = self.status.get(msg.name)
         restarts = previous.restarts if previous is not None else 0
         if previous is not None and previous.pid is not None and msg.pid is not None and msg.pid != previous.pid:
@@ -175,14 +202,56 @@ class HostSupervisor(ActorTypeDispatcher):
         for keeper in self.keepers.values():
             self.send(keeper, ActorExitRequest())
 
+    def receiveMsg_StopBroker(self, msg: StopBroker, sender: object) -> None:
+        if msg.name not in self.specs:
+            self.send(sender, Refused(reason=f"no broker {msg.name} here (brokers: {', '.join(sorted(self.specs))})"))
+            return
+        if msg.name not in self.keepers:  # held already
+            self.send(sender, Stopped(names=[msg.name]))
+            return
+        self.held.setdefault(msg.name, []).append(sender)
+        self.send(self.keepers[msg.name], ActorExitRequest())
+
+    def receiveMsg_StartBroker(self, msg: StartBroker, sender: object) -> None:
+        spec = self.specs.get(msg.name)
+        if spec is None:
+            self.send(sender, Refused(reason=f"no broker {msg.name} here (brokers: {', '.join(sorted(self.specs))})"))
+            return
+        if msg.name in self.held:
+            if msg.name in self.keepers:
+                self.send(sender, Refused(reason=f"{msg.name} is still stopping; try again"))
+                return
+            del self.held[msg.name]
+            self._start_keeper(spec)
+        else:
+            status = self.status.get(msg.name)
+            if status is None or status.running:
+                self.send(sender, Refused(reason=f"{msg.name} is running"))
+                return
+            # Its keeper gave up restarting it: the keeper started in its place
+            # (ChildActorExited) starts it.
+            self.send(self.keepers[msg.name], ActorExitRequest())
+        self.send(sender, Status(brokers=self._statuses()))
+
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender: object) -> None:
         name = next((n for n, a in self.keepers.items() if a == msg.childAddress), None)
         if name is None:
             return  # a duplicate notice (thespian may send two), or a keeper already replaced
         del self.keepers[name]
+        if name in self.held:
+            previous = self.status.get(name)
+            self.status[name] = BrokerStatus(name=name, node_id=self.specs[name].node_id, pid=None, running=False,
+                                             restarts=previous.restarts if previous else 0,
+                                             last_exit="stopped by `cluster stop-broker`", stopped=True,
+                                             host=previous.host if previous else "")
+            for asker in self.held[name]:
+                self.send(asker, Stopped(names=[name]))
+            self.held[name] = []
         if self.stopping_for is not None:
             if not self.keepers:
                 self.send(self.stopping_for, Stopped(names=sorted(self.specs)))
+            return
+        if name in self.held:
             return
         logging.warning("keeper of broker %s exited; starting another (it adopts the running broker)", name)
         self._start_keeper(self.specs[name])

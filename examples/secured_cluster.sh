@@ -6,14 +6,16 @@
 #
 #     bash examples/secured_cluster.sh [DIR]        # DIR default ./danube-secure
 #
-# Ports: CLIENT_PORT (6650), ADMIN_PORT (50051), RAFT_PORT (7650) for the first broker,
-# the next two count up; SUPERVISOR_PORT (1900). The cluster is stopped at the end.
+# Ports: CLIENT_PORT (6650), ADMIN_PORT (50051), RAFT_PORT (7650), METRICS_PORT (9040) for
+# the first broker, the next two count up; SUPERVISOR_PORT (1900). The cluster is stopped
+# at the end.
 set -euo pipefail
 
 DIR=${1:-./danube-secure}
 CLIENT_PORT=${CLIENT_PORT:-6650}
 ADMIN_PORT=${ADMIN_PORT:-50051}
 RAFT_PORT=${RAFT_PORT:-7650}
+METRICS_PORT=${METRICS_PORT:-9040}
 SUPERVISOR_PORT=${SUPERVISOR_PORT:-1900}
 DANUBE=${DANUBE:-danube}
 # Start from a clean shell: no key or token left over from another cluster.
@@ -28,7 +30,7 @@ refused() {  # run a command that must fail, and show why it did
 step "1. Start three brokers in security.mode curve (keys, JWT secret, admin token made in $DIR/security)"
 $DANUBE cluster up --brokers 3 --data-dir "$DIR" --security-dir "$DIR/security" \
     --client-port "$CLIENT_PORT" --admin-port "$ADMIN_PORT" --raft-port "$RAFT_PORT" \
-    --supervisor-port "$SUPERVISOR_PORT"
+    --metrics-port "$METRICS_PORT" --supervisor-port "$SUPERVISOR_PORT"
 trap '$DANUBE cluster down --data-dir "$DIR" >/dev/null 2>&1 || true' EXIT
 ls -l "$DIR/security" "$DIR/security/broker-keys"
 

@@ -40,11 +40,24 @@ class DeleteNamespace(Message):
 
 
 @wire
+class PartitionOwner(Struct):
+    """The broker a topic (or one partition) is assigned to; both None: unassigned
+    (being placed or moved, or its broker's lease is gone)."""
+
+    name: str
+    broker_id: int | None
+    broker_url: str | None
+
+
+@wire
 class TopicInfo(Struct):
     name: str
     dispatch_strategy: int
     partitions: int
     broker_id: int
+    # Each partition's broker (the topic itself when not partitioned), from the
+    # answering broker's applied assignments. None from brokers before this field.
+    owners: list[PartitionOwner] | None = None
 
 
 @wire
@@ -124,6 +137,15 @@ class PartitionInfo(Struct):
     # Messages the backlog quota's `consumer_backlog_eviction` moved subscriptions'
     # cursors past (summed over subscriptions) since the topic was loaded here.
     evicted_messages: int = 0
+    # The broker serving the partition (the one that answered for it) and its client
+    # URL; None from brokers before these fields.
+    broker_id: int | None = None
+    broker_url: str | None = None
+    # Set when no broker serves the partition right now (being placed or moved, or its
+    # broker stopped renewing its lease): why. Its counters are then 0 and `next_offset`
+    # where its offsets stopped (0 when not known). Only in a partitioned topic's
+    # description: one topic on its own is answered UNAVAILABLE instead.
+    not_served: str | None = None
 
 
 @wire

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def danube(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
@@ -60,10 +61,10 @@ def test_bad_input_is_one_clear_line(broker) -> None:
     assert "namespace 'nowhere' does not exist" in cases[1].stderr
 
 
-def test_broker_start_on_a_busy_port_fails_fast(broker) -> None:
+def test_broker_start_on_a_busy_port_fails_fast(broker, tmp_path: Path) -> None:
     """A second broker on a port in use exits 1 at once with one line naming the endpoint."""
     done = danube("broker", "start", "--listen", broker.url, "--admin-listen", "tcp://127.0.0.1:0",
-                  "--metrics-port", "0", timeout_s=20)
+                  "--metrics-port", "0", "--data-dir", str(tmp_path / "second"), timeout_s=20)
     assert done.returncode == 1
     assert f"cannot listen for client connections on {broker.url}" in done.stderr
     assert "Traceback" not in done.stderr

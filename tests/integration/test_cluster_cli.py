@@ -54,7 +54,7 @@ def test_cluster_up_status_kill_restart_down(tmp_path: Path) -> None:
     supervisor_port = _ports(1)
     up = danube("cluster", "up", "--brokers", "3", "--config", str(config), "--data-dir", str(data_dir),
                 "--client-port", str(_ports(3)), "--admin-port", str(_ports(3)), "--raft-port", str(_ports(3)),
-                "--supervisor-port", str(supervisor_port), "--output", "json")
+                "--metrics-port", "0", "--supervisor-port", str(supervisor_port), "--output", "json")
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         layout = json.loads(up.stdout)
@@ -159,7 +159,8 @@ def test_brokers_are_placed_on_convention_members_by_capability(tmp_path: Path) 
     up = subprocess.Popen(
         [sys.executable, "-m", "danube_zmq.cli.main", "cluster", "up", "--brokers", "2", "--data-dir", str(data_dir),
          "--client-port", str(_ports(2)), "--admin-port", str(_ports(2)), "--raft-port", str(_ports(2)),
-         "--supervisor-port", str(leader_port), "--host-name", "a", "--place", "a=127.0.0.1,b=127.0.0.1",
+         "--metrics-port", "0", "--supervisor-port", str(leader_port), "--host-name", "a",
+         "--place", "a=127.0.0.1,b=127.0.0.1",
          "--output", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30

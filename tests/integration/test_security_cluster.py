@@ -257,7 +257,7 @@ def test_the_secured_cluster_example_runs_from_zero_with_the_project_commands(tm
     data_dir = tmp_path / "secure"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "CLIENT_PORT": str(_ports(3)), "ADMIN_PORT": str(_ports(3)), "RAFT_PORT": str(_ports(3)),
-           "SUPERVISOR_PORT": str(_ports(1))}
+           "METRICS_PORT": str(_ports(3)), "SUPERVISOR_PORT": str(_ports(1))}
     done = subprocess.run(["bash", str(EXAMPLE), str(data_dir)], capture_output=True, text=True, env=env,
                           timeout=600)
     out = done.stdout + done.stderr

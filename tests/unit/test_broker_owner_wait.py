@@ -109,3 +109,29 @@ async def test_a_request_for_a_topic_never_assigned_is_refused_unavailable_after
         assert answer.message == f"topic {TOPIC} has no broker right now; retry"
         assert waited_s >= broker_admin._OWNER_WAIT_MS / 1000
         assert not joined.broker.owner_waits
+
+
+async def test_a_partitioned_topic_is_described_with_its_unserved_partition_marked(tmp_path: Path) -> None:
+    """A describe of a 2-partition topic whose partition 0 is served here and partition 1
+    never gets a broker is answered after the wait (not refused): partition 0 with this
+    broker's id and URL, partition 1 unassigned (no broker) and saying why."""
+    base = "/default/halves"
+    async with _joined(tmp_path) as joined:
+        await joined.store.put(cr.topic_record_key(base), cr.encode(cr.TopicRecord(
+            dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE, partitions=2, created_ms=0)))
+        await joined.store.put(cr.assignment_key(f"{base}-part-0"), cr.encode(cr.Assignment(
+            broker_id=BROKER_ID, epoch=1, assigned_ms=0)))
+        deadline = time.monotonic() + DEADLINE_S
+        while f"{base}-part-0" not in joined.broker.topics:
+            assert time.monotonic() < deadline, "partition 0 was never loaded"
+            await asyncio.sleep(0.01)
+        frame = ADMIN_PROTOCOL.encode(ap.DescribeTopic(request_id=9, topic=base))
+        assert joined.system.tell(joined.broker.endpoint, AdminRequest(identity=IDENTITY, frame=frame))
+        answer = await joined.answer()
+        assert isinstance(answer, ap.TopicDescription), answer
+        served, unserved = answer.partitions
+        assert (served.name, served.broker_id, served.broker_url, served.not_served) == (
+            f"{base}-part-0", BROKER_ID, "tcp://127.0.0.1:1", None)
+        assert (unserved.name, unserved.broker_id, unserved.broker_url) == (f"{base}-part-1", None, None)
+        assert unserved.not_served == f"topic {base}-part-1 has no broker right now; retry"
+        assert not joined.broker.owner_waits

@@ -107,6 +107,8 @@ DESCRIPTION = ap.TopicDescription(
             messages_in=10 * i,
             bytes_in=100 * i,
             dropped_messages=0,
+            broker_id=7 + i,
+            broker_url=f"tcp://10.0.0.{7 + i}:6650",
             subscriptions=[
                 ap.SubscriptionInfo(
                     name="audit",
@@ -137,7 +139,16 @@ def answer(request: Message) -> list[Message]:
             return [
                 ap.TopicList(
                     request_id=rid,
-                    topics=[ap.TopicInfo(name="/default/orders", dispatch_strategy=1, partitions=2, broker_id=7)],
+                    topics=[
+                        ap.TopicInfo(name="/default/orders", dispatch_strategy=1, partitions=2, broker_id=7, owners=[
+                            ap.PartitionOwner(name="/default/orders-part-0", broker_id=7,
+                                              broker_url="tcp://10.0.0.7:6650"),
+                            ap.PartitionOwner(name="/default/orders-part-1", broker_id=None, broker_url=None),
+                        ]),
+                        ap.TopicInfo(name="/default/audit", dispatch_strategy=0, partitions=0, broker_id=8, owners=[
+                            ap.PartitionOwner(name="/default/audit", broker_id=8, broker_url="tcp://10.0.0.8:6650"),
+                        ]),
+                    ],
                 )
             ]
         case ap.DescribeTopic():
@@ -214,6 +225,63 @@ def test_topics_list_accepts_slash_namespace_and_shows_a_table(fake_broker: Call
     (request,) = [m for m in broker.received if isinstance(m, ap.ListTopics)]
     assert request.namespace == "default"
     assert "/default/orders" in result.stdout and "reliable" in result.stdout
+
+
+def test_topics_list_shows_each_partitions_broker_or_unassigned(fake_broker: Callable[[Script], FakeBroker]) -> None:
+    """The table has a row per partition with its broker id and URL ("unassigned" for one
+    without a broker); the JSON has each partition's owner, null ids when unassigned."""
+    broker = fake_broker(answer)
+    result = admin(broker, "topics", "list", "default")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["/default/orders", "2", "reliable"] in rows
+    assert ["/default/orders-part-0", "-", "reliable", "7", "tcp://10.0.0.7:6650"] in rows
+    assert ["/default/orders-part-1", "-", "reliable", "unassigned", "-"] in rows
+    assert ["/default/audit", "-", "non_reliable", "8", "tcp://10.0.0.8:6650"] in rows
+    listed = json.loads(admin(broker, "topics", "list", "default", "-o", "json").stdout)
+    assert listed[0]["owners"] == [
+        {"name": "/default/orders-part-0", "broker_id": 7, "broker_url": "tcp://10.0.0.7:6650"},
+        {"name": "/default/orders-part-1", "broker_id": None, "broker_url": None},
+    ]
+
+
+def test_describe_shows_each_partitions_broker(fake_broker: Callable[[Script], FakeBroker]) -> None:
+    """Describe names the broker of every partition, in the partitions table and in JSON."""
+    broker = fake_broker(answer)
+    result = admin(broker, "topics", "describe", "/default/orders")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["/default/orders-part-1", "8", "tcp://10.0.0.8:6650"] == next(
+        row[:3] for row in rows if row[:1] == ["/default/orders-part-1"])
+    described = json.loads(admin(broker, "topics", "describe", "/default/orders", "-o", "json").stdout)
+    assert [(p["broker_id"], p["broker_url"]) for p in described["partitions"]] == [
+        (7, "tcp://10.0.0.7:6650"), (8, "tcp://10.0.0.8:6650")]
+
+
+def test_describe_marks_a_partition_no_broker_serves(fake_broker: Callable[[Script], FakeBroker]) -> None:
+    """A partition without a broker shows "unassigned" and the broker's reason; in JSON
+    its broker is null and `not_served` says why."""
+    part = DESCRIPTION.partitions[1]
+    unserved = ap.PartitionInfo(**{**_fields(part), "broker_id": None, "broker_url": None, "subscriptions": [],
+                                   "not_served": "topic /default/orders-part-1 has no broker right now; retry"})
+
+    def script(request: Message) -> list[Message]:
+        if isinstance(request, ap.DescribeTopic):
+            return [ap.TopicDescription(**{**_fields(DESCRIPTION), "request_id": request.request_id,
+                                           "partitions": [DESCRIPTION.partitions[0], unserved]})]
+        return answer(request)
+
+    broker = fake_broker(script)
+    result = admin(broker, "topics", "describe", "/default/orders")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert next(row[:3] for row in rows if row[:1] == ["/default/orders-part-1"]) == [
+        "/default/orders-part-1", "unassigned", "-"]
+    assert "NOT SERVED: partition /default/orders-part-1: topic /default/orders-part-1 has no broker right now;" \
+        " retry" in result.stdout
+    described = json.loads(admin(broker, "topics", "describe", "/default/orders", "-o", "json").stdout)
+    assert described["partitions"][1]["broker_id"] is None
+    assert described["partitions"][1]["not_served"].endswith("no broker right now; retry")
 
 
 def test_describe_json_names_enums_and_drops_request_ids(fake_broker: Callable[[Script], FakeBroker]) -> None:

@@ -40,6 +40,11 @@ def test_the_command_tree_has_every_documented_command() -> None:
         ("admin", "topics", "subscriptions"),
         ("admin", "topics", "unsubscribe"),
         ("admin", "brokers", "list"),
+        ("cluster", "up"),
+        ("cluster", "status"),
+        ("cluster", "stop-broker"),
+        ("cluster", "start-broker"),
+        ("cluster", "down"),
     }
     assert expected <= set(COMMAND_PATHS)
 

@@ -1,0 +1,147 @@
+"""Running a `danube cluster` day to day: `up` beside ports already in use fails at once
+and leaves nothing behind, as does an `up` whose brokers cannot start; every broker
+serves Prometheus metrics on its own port; one broker is stopped and started again
+without its supervisor restarting it in between."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport.admin_protocol import ClusterStatusInfo
+from tests.integration.test_cluster_cli import _leftovers, _ports, danube
+
+pytestmark = pytest.mark.cluster
+
+
+def _up_args(data_dir: Path, count: int, supervisor_port: int, metrics_port: int) -> list[str]:
+    return ["cluster", "up", "--brokers", str(count), "--data-dir", str(data_dir), "--client-port", str(_ports(count)),
+            "--admin-port", str(_ports(count)), "--raft-port", str(_ports(count)),
+            "--metrics-port", str(metrics_port), "--supervisor-port", str(supervisor_port), "--output", "json"]
+
+
+def _assert_nothing_left(data_dir: Path, supervisor_port: int) -> None:
+    deadline = time.monotonic() + 10
+    while _leftovers(data_dir, supervisor_port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _leftovers(data_dir, supervisor_port)
+    assert not _listening(supervisor_port)
+
+
+def _listening(port: int) -> bool:
+    # Not a bind test: the port's closed connections may still be in TIME_WAIT.
+    return any(c.laddr[1] == port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+
+
+def test_up_on_a_busy_port_fails_at_once_naming_it_and_starts_nothing(tmp_path: Path) -> None:
+    """A socket listening on the port broker-2's metrics would take: `up` exits 1 before
+    starting anything, naming the port, what it was for and a free --metrics-port; no
+    supervisor or broker runs afterwards and every other port is still free."""
+    data_dir = tmp_path / "cluster"
+    supervisor_port, metrics_port = _ports(1), _ports(3)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", metrics_port + 1))
+        busy.listen()
+        started = time.monotonic()
+        done = danube(*_up_args(data_dir, 3, supervisor_port, metrics_port))
+        elapsed_s = time.monotonic() - started
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert f"port {metrics_port + 1} on 127.0.0.1 is in use; it would be the metrics port of broker-2" in done.stderr
+    assert "pass --metrics-port " in done.stderr
+    assert "Traceback" not in done.stderr
+    assert elapsed_s < 10, f"`up` took {elapsed_s:.1f} s to refuse a busy port"
+    assert not (data_dir / "cluster.json").exists()
+    _assert_nothing_left(data_dir, supervisor_port)
+
+
+def test_up_whose_brokers_exit_fails_at_once_and_stops_what_it_started(tmp_path: Path) -> None:
+    """Brokers that exit at start (a config they refuse): `up` fails as soon as one has
+    exited, with the broker's own error, instead of waiting a minute for a leader, and
+    stops the keepers (which would start the brokers again), the brokers and the
+    supervisor before exiting 1."""
+    data_dir = tmp_path / "cluster"
+    config = tmp_path / "broker.yml"
+    config.write_text("broker:\n  metrics_connections_max: 0\n")
+    supervisor_port = _ports(1)
+    done = danube(*_up_args(data_dir, 3, supervisor_port, 0), "--config", str(config))
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert "before the cluster formed: error:" in done.stderr and "metrics_connections_max" in done.stderr, done.stderr
+    assert "the supervisor and the brokers it started are stopped" in done.stderr
+    _assert_nothing_left(data_dir, supervisor_port)
+
+
+def test_stop_broker_keeps_it_stopped_and_start_broker_brings_it_back(tmp_path: Path) -> None:
+    """Three brokers with metrics ports: `up` prints each broker's metrics URL and one
+    serves Prometheus text over HTTP; `stop-broker 2` stops broker-2 cleanly and its
+    supervisor leaves it stopped (status after 3 s: stopped, no pid, no restart, Raft
+    down, the other two still have a leader); `start-broker 2` starts it again and it is
+    back in the Raft group."""
+    data_dir = tmp_path / "cluster"
+    supervisor_port, metrics_port = _ports(1), _ports(3)
+    up = danube(*_up_args(data_dir, 3, supervisor_port, metrics_port))
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        layout = json.loads(up.stdout)
+        assert [b["metrics_url"] for b in layout["brokers"]] == [
+            f"http://127.0.0.1:{metrics_port + i}/metrics" for i in range(3)]
+        scraped = urllib.request.urlopen(layout["brokers"][0]["metrics_url"], timeout=10).read().decode()
+        assert "# TYPE danube_" in scraped
+
+        status = _status(data_dir)
+        assert [b["metrics_url"] for b in status["brokers"]] == [b["metrics_url"] for b in layout["brokers"]]
+        pid = status["brokers"][1]["pid"]
+
+        stopped = danube("cluster", "stop-broker", "2", "--data-dir", str(data_dir))
+        assert stopped.returncode == 0, stopped.stderr + stopped.stdout
+        assert "broker-2 stopped" in stopped.stdout
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        time.sleep(3)  # 15 of the keeper's checks: a supervisor that restarts it has done so
+        status = _status(data_dir)
+        second = status["brokers"][1]
+        assert (second["stopped"], second["running"], second["pid"], second["restarts"], second["raft_role"]) == (
+            True, False, None, 0, "down"), second
+        assert [b["running"] for b in status["brokers"]] == [True, False, True]
+        assert status["leader_node_id"] in (1, 3)
+        again = danube("cluster", "stop-broker", "2", "--data-dir", str(data_dir))
+        assert again.returncode == 0, again.stderr
+
+        started = danube("cluster", "start-broker", "2", "--data-dir", str(data_dir))
+        assert started.returncode == 0, started.stderr + started.stdout
+        assert "broker-2 started: Raft follower" in started.stdout or "broker-2 started: Raft leader" in started.stdout
+        status = _status(data_dir)
+        second = status["brokers"][1]
+        assert (second["stopped"], second["running"], second["restarts"]) == (False, True, 0), second
+        assert second["raft_role"] in ("leader", "follower")
+        raft = asyncio.run(_raft_status(layout["brokers"][1]["admin_url"]))
+        assert raft.leader_id == status["leader_node_id"]
+        assert sorted(m.node_id for m in raft.members if m.voter) == [1, 2, 3]
+
+        refused = danube("cluster", "start-broker", "2", "--data-dir", str(data_dir))
+        assert refused.returncode == 1 and "broker-2 is running" in refused.stderr, refused.stderr
+        unknown = danube("cluster", "stop-broker", "7", "--data-dir", str(data_dir))
+        assert unknown.returncode == 2 and "no broker 7 in this cluster" in unknown.stderr, unknown.stderr
+    finally:
+        down = danube("cluster", "down", "--data-dir", str(data_dir))
+    assert down.returncode == 0, down.stderr + down.stdout
+    _assert_nothing_left(data_dir, supervisor_port)
+    assert not any(_listening(metrics_port + i) for i in range(3))
+
+
+def _status(data_dir: Path) -> dict:
+    done = danube("cluster", "status", "--data-dir", str(data_dir), "--output", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+async def _raft_status(admin_url: str) -> ClusterStatusInfo:
+    async with AdminClient(admin_url, timeout_ms=5000) as admin:
+        return await admin.cluster_status()
+
