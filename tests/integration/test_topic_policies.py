@@ -140,6 +140,10 @@ async def test_describe_shows_the_policies_in_force(broker) -> None:
         await admin.create_topic("/default/shown")
         await admin.set_namespace_policies("default", max_subscriptions_per_topic=7)
         await admin.set_topic_policies("/default/shown", max_publish_rate=300)
+    async with DanubeClient(broker.url) as client:
+        # Served before it is described (on a busy machine its first placement may take
+        # longer than describe waits).
+        await client.create_producer("/default/shown")
     shown = json.loads(await _cli(broker.admin_url, "topics", "describe", "/default/shown", "-o", "json"))
     assert shown["policies"]["max_publish_rate"] == 300 and shown["policy_sources"]["max_publish_rate"] == "topic"
     assert shown["policies"]["max_subscriptions_per_topic"] == 7, shown
