@@ -61,6 +61,7 @@ from danube_zmq.actors.broker_admin import BrokerAdmin, _damage_text
 from danube_zmq.actors.broker_backlog_quotas import BrokerBacklogQuotas
 from danube_zmq.actors.broker_handover import BrokerHandOver
 from danube_zmq.actors.broker_namespace_limits import BrokerNamespaceLimits, NamespaceLimits
+from danube_zmq.actors.broker_topic_policies import BrokerTopicPolicies
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.cursor_flusher import CursorFlusher
 from danube_zmq.actors.gateway import reply_client
@@ -142,6 +143,7 @@ from danube_zmq.transport.internal_protocol import (
     SnapshotTopics,
     SubscriptionsOf,
     SubscriptionState,
+    TopicPoliciesChanged,
     TopicReleased,
     TopicSchemaChanged,
     TopicSealed,
@@ -174,7 +176,8 @@ _KEYS_PER_SLICE = 2_000
 _RESYNC_SLICE = 256
 
 
-class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamespaceLimits, Actor):
+class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamespaceLimits, BrokerTopicPolicies,
+                  Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore, curve: ClusterCurve | None = None) -> None:
@@ -309,6 +312,9 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         await self.system.spawn(lambda: MetadataWatch(
             metadata=metadata, prefix=cr.BACKLOG_QUOTAS, target=broker, start_over=_quotas_changed,
             on_event=_quotas_event), name=f"backlog quotas watch {broker_id}", parent=broker)
+        await self.system.spawn(lambda: MetadataWatch(
+            metadata=metadata, prefix=cr.TOPIC_POLICIES, target=broker, start_over=_policies_changed,
+            on_event=_policies_event), name=f"topic policies watch {broker_id}", parent=broker)
 
         async def assigned() -> Message:
             revision = metadata.local_revision()  # the listing's (the scan starts before any yield)
@@ -1139,11 +1145,12 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                     name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),
                     wal_dir=wal_dir, executor=executor, cursor_endpoint=flusher, broker_endpoint=broker,
                     durable=[_durable_segment(d) for d in segments.list(name.full)] if segments else [],
-                    cache_dir=cache_dir, start_offset=start_offset, backlog_quota=self.backlog_quota_of(name)[:2])
+                    cache_dir=cache_dir, start_offset=start_offset, backlog_quota=self.backlog_quota_of(name)[:2],
+                    policies=self.topic_policies_of(name)[0])
         else:
             factory = lambda: make_topic(  # noqa: E731
                 name=name.full, dispatch_strategy=dispatch_strategy, config=config, rng=IdSource(seed),
-                broker_endpoint=broker, start_offset=start_offset)
+                broker_endpoint=broker, start_offset=start_offset, policies=self.topic_policies_of(name)[0])
         endpoint = await self.system.spawn(factory, name=f"topic {name.full}", parent=self.endpoint)
         return TopicEntry(name=name, dispatch_strategy=dispatch_strategy, endpoint=endpoint)
 
@@ -1190,6 +1197,14 @@ async def _quotas_changed() -> Message:
 
 def _quotas_event(event: WatchEvent) -> Message:
     return BacklogQuotasChanged()
+
+
+async def _policies_changed() -> Message:
+    return TopicPoliciesChanged()
+
+
+def _policies_event(event: WatchEvent) -> Message:
+    return TopicPoliciesChanged()
 
 
 def _owner(key: str, value: bytes) -> int | None:

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from danube_zmq.actors.admin_gateway import reply_admin
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES
 from danube_zmq.actors.remote_admin import RemoteAdmin
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.runtime.actor import Origin
@@ -276,7 +277,8 @@ class BrokerAdmin:
             raise FailedPrecondition(f"namespace '{namespace}' still has {len(held)} topics; delete them first")
         if not await self.metadata.transaction({key: current.version}, {},
                                                [key, cr.namespace_backlog_quota_key(namespace),
-                                                cr.namespace_limits_key(namespace)]):
+                                                cr.namespace_limits_key(namespace),
+                                                cr.namespace_topic_policies_key(namespace)]):
             raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
 
@@ -329,6 +331,7 @@ class BrokerAdmin:
         stale = [cr.assignment_key(n) for n in names] + [cr.unassigned_key(n) for n in names]
         stale += [cr.topic_state_key(n) for n in names] + [cr.damaged_key(n) for n in names]
         stale.append(cr.topic_backlog_quota_key(resolved.base.full))
+        stale.append(cr.topic_policies_key(resolved.base.full))
         stale += [k for n in names for k, _ in store.local_scan(f"{topic_key(n)}/")]  # cursors
         # The record goes first, with as many keys as one batch holds: from then on the
         # topic does not exist for anyone. The rest follows in batches, each only while
@@ -472,9 +475,12 @@ class BrokerAdmin:
             if not owner:
                 assignment = self._assignment(partition)
                 owner = assignment.broker_id if assignment is not None else 0
+        policies, sources = self.topic_policies_of(resolved.name)
         return ap.TopicDescription(request_id=msg.request_id, name=resolved.name.full,
                                    dispatch_strategy=resolved.record.dispatch_strategy, broker_id=owner,
-                                   partitions=partitions)
+                                   partitions=partitions,
+                                   policies={name: getattr(policies, name) for name in TOPIC_POLICY_NAMES},
+                                   policy_sources=sources)
 
     def _not_served(self, partition: str, why: str) -> ap.PartitionInfo:
         """A partition no broker serves right now: where its offsets stopped (a reliable

@@ -311,11 +311,23 @@ class DispatchSection:
 
 
 BACKLOG_QUOTA_POLICIES = ("producer_exception", "producer_request_hold", "consumer_backlog_eviction")
+# The `policies` keys a namespace or a topic may override (`namespaces|topics policies
+# set`, actors/broker_topic_policies.py); each 0 = unlimited but max_message_size.
+TOPIC_POLICY_NAMES = (
+    "max_producers_per_topic",
+    "max_subscriptions_per_topic",
+    "max_consumers_per_topic",
+    "max_consumers_per_subscription",
+    "max_message_size",
+    "max_publish_rate",
+    "max_dispatch_rate",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoliciesSection:
-    """Broker-wide default topic policies.
+    """Broker-wide default topic policies. A namespace or a topic may set its own
+    TOPIC_POLICY_NAMES (actors/broker_topic_policies.py); these apply where none is set.
 
     The names are Danube's (`max_*` first, against our `*_max` habit), kept on
     purpose so that a Danube `policies:` section reads the same here.
@@ -337,6 +349,18 @@ class PoliciesSection:
     # (no "unlimited": a frame has a size). Default 10485760 (10 MiB).
     # Must be less than limits.frame_bytes_max - 1 MiB.
     max_message_size: int = 10 * MIB
+    # Messages per second one topic (each partition) accepts from all its producers
+    # together; 0 = unlimited. Past it the topic delays its answers to the producers'
+    # batches (a producer's window of batches in flight then slows it): never a drop
+    # or an error (Danube only warns). Default 0.
+    max_publish_rate: int = 0
+    # Bytes of batches one topic holds back over max_publish_rate. The producers'
+    # windows of batches in flight keep it far below this; a client ignoring its window
+    # meets RESOURCE_EXHAUSTED (retriable) past it. Default 67108864 (64 MiB).
+    publish_rate_hold_bytes_max: int = 64 * MIB
+    # Messages per second one subscription delivers to all its consumers together;
+    # 0 = unlimited. Past it deliveries wait for the next second's allowance. Default 0.
+    max_dispatch_rate: int = 0
     # Backlog quota of a reliable topic (Pulsar's backlog quota `limitSize`): bytes
     # its slowest subscription has not acknowledged (cursor to the end of the log,
     # WAL record headers included); 0 = unlimited. What happens past it is
@@ -382,7 +406,7 @@ class PoliciesSection:
             raise _error("policies.backlog_quota_policy",
                          f"must be one of {', '.join(BACKLOG_QUOTA_POLICIES)}, got {self.backlog_quota_policy!r}")
         _check_range("policies.backlog_quota_hold_ms_max", self.backlog_quota_hold_ms_max, 1, 3_600_000)
-        for name in ("backlog_quota_bytes_max", "backlog_quota_hold_bytes_max"):
+        for name in ("backlog_quota_bytes_max", "backlog_quota_hold_bytes_max", "publish_rate_hold_bytes_max"):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.partitions_per_topic_max", self.partitions_per_topic_max, 1, 100_000)
         _check_range("policies.topics_per_namespace_max", self.topics_per_namespace_max, 1, 1_000_000)
@@ -391,6 +415,8 @@ class PoliciesSection:
             "max_subscriptions_per_topic",
             "max_consumers_per_topic",
             "max_consumers_per_subscription",
+            "max_publish_rate",
+            "max_dispatch_rate",
         ):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)

@@ -373,6 +373,11 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
             emit_line(f"NOT SERVED: partition {p.name}: WAL damaged: {p.wal_damage}")
         elif p.not_served is not None:
             emit_line(f"NOT SERVED: partition {p.name}: {p.not_served}")
+    if description.policies is not None and description.policy_sources is not None:
+        sources = description.policy_sources
+        emit_table(["POLICY", "VALUE", "SOURCE"],
+                   [[name, value, sources.get(name, "")] for name, value in description.policies.items()],
+                   title="Policies in force")
     subscriptions = [s for p in description.partitions for s in p.subscriptions]
     if not subscriptions:
         emit_line("no subscriptions")

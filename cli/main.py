@@ -6,6 +6,7 @@
     danube admin ...         cli/admin.py     namespaces, topics, subscriptions, brokers
     danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
     danube admin snapshots         cli/admin_snapshots.py  WAL snapshots for Spark reports
+    danube admin namespaces|topics policies  cli/admin_policies.py  topic policies
     danube schemas ...       cli/schemas.py   the schema registry
     danube report backlog    cli/report.py    Spark over WAL snapshots
     danube bench ...         cli/bench.py     load and measure a broker
@@ -24,8 +25,9 @@ import click
 import zmq
 from rich.logging import RichHandler
 
-from danube_zmq.cli.admin import admin
+from danube_zmq.cli.admin import admin, namespaces, topics
 from danube_zmq.cli.admin_cluster import cluster, metadata
+from danube_zmq.cli.admin_policies import namespace_policies, topic_policies
 from danube_zmq.cli.admin_snapshots import snapshots
 from danube_zmq.cli.bench import bench
 from danube_zmq.cli.broker import broker
@@ -141,6 +143,8 @@ cli.add_command(schemas)
 admin.add_command(cluster)
 admin.add_command(metadata)
 admin.add_command(snapshots)
+namespaces.add_command(namespace_policies)
+topics.add_command(topic_policies)
 cli.add_command(report)
 cli.add_command(bench)
 cli.add_command(security)

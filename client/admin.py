@@ -49,6 +49,7 @@ from danube_zmq.transport.admin_protocol import (
     GetDispatchConfig,
     GetFailurePolicy,
     GetNamespaceLimits,
+    GetTopicPolicies,
     GetTopicSchemaConfig,
     ListBrokers,
     ListNamespaces,
@@ -72,12 +73,14 @@ from danube_zmq.transport.admin_protocol import (
     RemoveBacklogQuota,
     RemoveClusterNode,
     RemoveNamespaceLimits,
+    RemoveTopicPolicies,
     RepairTopic,
     SeekSubscription,
     SetBacklogQuota,
     SetDispatchConfig,
     SetFailurePolicy,
     SetNamespaceLimits,
+    SetTopicPolicies,
     SnapshotCreated,
     SnapshotDescription,
     SnapshotList,
@@ -85,6 +88,7 @@ from danube_zmq.transport.admin_protocol import (
     TopicDescription,
     TopicInfo,
     TopicList,
+    TopicPoliciesInfo,
     TopicReassignment,
     TopicRepaired,
     TopicSchemaConfigInfo,
@@ -182,6 +186,37 @@ class AdminClient(RequestClient):
     async def remove_topic_backlog_quota(self, topic: str) -> None:
         parse_topic(topic)
         await self._call(lambda rid: RemoveBacklogQuota(request_id=rid, topic=topic), Ok)
+
+    # -- topic policies (a topic's over its namespace's over the broker's) -----
+
+    async def set_namespace_policies(self, namespace: str, **policies: int | None) -> None:
+        """Set topic policies of `namespace` (keyword per policy, the broker's `policies`
+        names: max_producers_per_topic, ..., max_publish_rate, max_dispatch_rate; 0:
+        unlimited); only those given (not None) change. Applies to live topics at once."""
+        validate_namespace(namespace)
+        await self._call(lambda rid: SetTopicPolicies(request_id=rid, namespace=namespace, **policies), Ok)
+
+    async def get_namespace_policies(self, namespace: str) -> TopicPoliciesInfo:
+        """The topic policies in force for the topics of `namespace` and where each is set."""
+        validate_namespace(namespace)
+        return await self._call(lambda rid: GetTopicPolicies(request_id=rid, namespace=namespace), TopicPoliciesInfo)
+
+    async def remove_namespace_policies(self, namespace: str) -> None:
+        validate_namespace(namespace)
+        await self._call(lambda rid: RemoveTopicPolicies(request_id=rid, namespace=namespace), Ok)
+
+    async def set_topic_policies(self, topic: str, **policies: int | None) -> None:
+        """As `set_namespace_policies`, for `topic` (every partition), over its namespace's."""
+        parse_topic(topic)
+        await self._call(lambda rid: SetTopicPolicies(request_id=rid, topic=topic, **policies), Ok)
+
+    async def get_topic_policies(self, topic: str) -> TopicPoliciesInfo:
+        parse_topic(topic)
+        return await self._call(lambda rid: GetTopicPolicies(request_id=rid, topic=topic), TopicPoliciesInfo)
+
+    async def remove_topic_policies(self, topic: str) -> None:
+        parse_topic(topic)
+        await self._call(lambda rid: RemoveTopicPolicies(request_id=rid, topic=topic), Ok)
 
     # -- topics ------------------------------------------------------------
 

@@ -141,7 +141,7 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
     **_each(P.MANAGE_NAMESPACE, _NAMESPACE, ap.CreateNamespace, ap.DeleteNamespace, ap.SetNamespaceLimits,
             ap.GetNamespaceLimits, ap.RemoveNamespaceLimits),
     **_each(P.MANAGE_NAMESPACE, FirstOf((_TOPIC, _NAMESPACE)), ap.SetBacklogQuota, ap.GetBacklogQuota,
-            ap.RemoveBacklogQuota),
+            ap.RemoveBacklogQuota, ap.SetTopicPolicies, ap.GetTopicPolicies, ap.RemoveTopicPolicies),
     # topics and subscriptions
     ap.ListTopics: Requirement(P.MANAGE_TOPIC, _NAMESPACE),
     **_each(P.MANAGE_TOPIC, _TOPIC, ap.CreateTopic, ap.DeleteTopic, ap.DescribeTopic, ap.ListSubscriptions,
@@ -171,6 +171,7 @@ ANSWERS: frozenset[type[Message]] = frozenset({
     ap.DispatchConfigInfo, ap.ClusterStatusInfo, ap.MetadataEntries, ap.MetadataWritten, ap.TopicSchemaConfigInfo,
     ap.SnapshotCreated, ap.SnapshotList, ap.SnapshotDescription, ap.ClusterBalance, ap.Rebalanced,
     ap.TopicRepaired, ap.BacklogQuotaInfo, ap.HandOverProgress, ap.TopicReassignment, ap.NamespaceLimitsInfo,
+    ap.TopicPoliciesInfo,
     ap.RoleList, ap.BindingCreated, ap.BindingList, ap.RevokedTokenList, ap.ClientKeyList,
 })
 """Sent by brokers only (answers and pushes): refused when a peer sends one."""

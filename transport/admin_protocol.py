@@ -150,12 +150,17 @@ class PartitionInfo(Struct):
 
 @wire
 class TopicDescription(Message):
+    """`policies`: the topic policies in force for the topic (`GetTopicPolicies`'s
+    values), `policy_sources` where each is set; None from a broker before them."""
+
     TAG = 25
     request_id: int
     name: str
     dispatch_strategy: int
     broker_id: int
     partitions: list[PartitionInfo]
+    policies: dict[str, int] | None = None
+    policy_sources: dict[str, str] | None = None
 
 
 @wire
@@ -921,6 +926,64 @@ class RemoveNamespaceLimits(Message):
     namespace: str
 
 
+# ---- topic policies per namespace and topic (Pulsar's namespace/topic policies), tags 271-274 ----
+# The policies' names are the broker's `policies` keys (actors/config.py TOPIC_POLICY_NAMES).
+
+
+@wire
+class SetTopicPolicies(Message):
+    """Set topic policies of `namespace` or of `topic` (exactly one; a partitioned
+    topic's base: every partition): only those given (at least one) change, each to 0
+    (unlimited) or a value; max_message_size 1 up to the broker's own. A topic's policy
+    overrides its namespace's, which overrides the broker's `policies`. Stored in the
+    metadata store; live topics apply them at once. Answered `Ok`."""
+
+    TAG = 271
+    request_id: int
+    namespace: str | None = None
+    topic: str | None = None
+    max_producers_per_topic: int | None = None
+    max_subscriptions_per_topic: int | None = None
+    max_consumers_per_topic: int | None = None
+    max_consumers_per_subscription: int | None = None
+    max_message_size: int | None = None
+    max_publish_rate: int | None = None
+    max_dispatch_rate: int | None = None
+
+
+@wire
+class GetTopicPolicies(Message):
+    """The topic policies in force for `namespace` or `topic` (exactly one). Answered by
+    `TopicPoliciesInfo`."""
+
+    TAG = 272
+    request_id: int
+    namespace: str | None = None
+    topic: str | None = None
+
+
+@wire
+class TopicPoliciesInfo(Message):
+    """Each policy's value in force (`values`) and where it is set (`sources`: "topic",
+    "namespace" or "broker")."""
+
+    TAG = 273
+    request_id: int
+    values: dict[str, int]
+    sources: dict[str, str]
+
+
+@wire
+class RemoveTopicPolicies(Message):
+    """Remove every topic policy set on `namespace` or `topic` (exactly one): the next
+    level's apply. Answered `Ok` (NOT_FOUND: none was set)."""
+
+    TAG = 274
+    request_id: int
+    namespace: str | None = None
+    topic: str | None = None
+
+
 # ---- security: roles, bindings, revoked tokens, client keys (issue 21), tags 210-229 ----
 # Answered by the admin gateway from the metadata store (actors/security_admin.py); the
 # records are in transport/cluster_records.py, under /security/.
@@ -1121,6 +1184,7 @@ ADMIN_REQUESTS = (
     RepairTopic, ReassignTopic,
     SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
     SetNamespaceLimits, GetNamespaceLimits, RemoveNamespaceLimits,
+    SetTopicPolicies, GetTopicPolicies, RemoveTopicPolicies,
 ) + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -1145,6 +1209,7 @@ ADMIN_PROTOCOL = Protocol(
         BeginHandOver, HandOverProgress, HandOverChunk, CommitHandOver, AbortHandOver,
         ReassignTopic, TopicReassignment,
         SetNamespaceLimits, GetNamespaceLimits, NamespaceLimitsInfo, RemoveNamespaceLimits,
+        SetTopicPolicies, GetTopicPolicies, TopicPoliciesInfo, RemoveTopicPolicies,
     )
     + SECURITY_MESSAGES,
 )

@@ -21,6 +21,8 @@ others: declared once, msgpack arrays checked field by field on decode.
     /policies/backlog-quota/{ns}          BacklogQuotaRecord  a namespace's backlog quota (set-backlog-quota)
     /policies/backlog-quota/{ns}/{topic}  BacklogQuotaRecord  a topic's, over its namespace's
     /policies/namespace-limits/{ns}       NamespaceLimitsRecord  a namespace's topic and partition limits
+    /policies/topic-policies/{ns}         TopicPoliciesRecord a namespace's topic policies (namespaces policies set)
+    /policies/topic-policies/{ns}/{topic} TopicPoliciesRecord a topic's, over its namespace's
     /security/roles/{name}                RoleRecord          a role: its permissions
     /security/bindings/{id}               BindingRecord       roles given to a principal at a scope
     /security/revoked/{jti}               RevokedTokenRecord  a revoked token (TTL: until it expires)
@@ -62,6 +64,7 @@ DAMAGED = "/cluster/damaged/"
 POLICIES = "/policies/"
 BACKLOG_QUOTAS = "/policies/backlog-quota/"
 NAMESPACE_LIMITS = "/policies/namespace-limits/"
+TOPIC_POLICIES = "/policies/topic-policies/"
 SECURITY = "/security/"
 ROLES = "/security/roles/"
 BINDINGS = "/security/bindings/"
@@ -89,6 +92,15 @@ def topic_backlog_quota_key(topic: str) -> str:
 
 def namespace_limits_key(namespace: str) -> str:
     return f"{NAMESPACE_LIMITS}{namespace}"
+
+
+def namespace_topic_policies_key(namespace: str) -> str:
+    return f"{TOPIC_POLICIES}{namespace}"
+
+
+def topic_policies_key(topic: str) -> str:
+    """`topic` is the full name of a base topic, "/ns/name" (partitions share its policies)."""
+    return f"/policies/topic-policies{topic}"
 
 
 def load_key(broker_id: int) -> str:
@@ -345,6 +357,23 @@ class NamespaceLimitsRecord(Message):
 
 
 @wire
+class TopicPoliciesRecord(Message):
+    """A namespace's or topic's own topic policies over the broker's `policies` (names
+    as there; `max_publish_rate` and `max_dispatch_rate` in messages per second; 0 is
+    unlimited except for `max_message_size`); None: the next level's applies. Tag 275:
+    in the range this feature took (271-279), past the others' tags."""
+
+    TAG = 275
+    max_producers_per_topic: int | None = None
+    max_subscriptions_per_topic: int | None = None
+    max_consumers_per_topic: int | None = None
+    max_consumers_per_subscription: int | None = None
+    max_message_size: int | None = None
+    max_publish_rate: int | None = None
+    max_dispatch_rate: int | None = None
+
+
+@wire
 class CursorRecord(Message):
     """A reliable subscription's persisted state, written by the broker serving its
     topic (coalesced, `cursor_flush_interval_ms`) and read by the topic's next broker:
@@ -426,7 +455,7 @@ def client_key_key(public_key: str) -> str:
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
     LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord, WalDamageRecord,
-    NamespaceLimitsRecord, CursorRecord,
+    NamespaceLimitsRecord, CursorRecord, TopicPoliciesRecord,
     RoleRecord, BindingRecord, RevokedTokenRecord, ClientKeyRecord,
 ])
 

@@ -1066,6 +1066,46 @@ class BacklogQuotasChanged(Message):
 
 
 @wire
+class ApplyTopicPolicies(Message):
+    """Broker -> topic (and topic -> its subscriptions): the topic policies in force for
+    it now (its topic's, else its namespace's, else the broker's `policies`, each policy
+    on its own), at spawn and after a change in the store. The names are the broker's
+    `policies` keys, so a topic reads these where it read the config."""
+
+    TAG = 276
+    max_producers_per_topic: int
+    max_subscriptions_per_topic: int
+    max_consumers_per_topic: int
+    max_consumers_per_subscription: int
+    max_message_size: int
+    max_publish_rate: int
+    max_dispatch_rate: int
+
+
+@wire
+class TopicPoliciesChanged(Message):
+    """The broker's own watch of `/policies/topic-policies/`: policies were set or
+    removed; the broker tells its topics those now in force."""
+
+    TAG = 277
+
+
+@wire
+class PublishTokensDue(Message):
+    """Topic -> itself while it holds producers' batches over its `max_publish_rate`:
+    the bucket has refilled enough for the first one."""
+
+    TAG = 278
+
+
+@wire
+class DispatchTokensDue(Message):
+    """Subscription -> itself while deliveries wait on its `max_dispatch_rate`."""
+
+    TAG = 279
+
+
+@wire
 class ResyncNext(Message):
     """Broker -> itself: follow the next slice of the resync `generation` (a resync of
     tens of thousands of topics is a series of these, so client requests queued in
@@ -1118,7 +1158,8 @@ INTERNAL_PROTOCOL = Protocol(
         ConsumerPaused, DeliveryRefused,
         HolderLives, HolderLiveness,
         HeldSendsDue,
-        ApplyBacklogQuota, BacklogQuotasChanged,
+        ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
+        PublishTokensDue, DispatchTokensDue,
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

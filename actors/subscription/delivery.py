@@ -2,7 +2,9 @@
 
 A delivery side is a plain object, not an actor: the shell owns the mailbox and the
 consumers and calls these methods from its handlers; the delivery acts through the
-shell it is bound to (`bind`: its system, consumers and counters). Two exist, chosen by
+shell it is bound to (`bind`: its system, consumers and counters); it offers consumers
+only what the shell's `rate_capped` allows and tells it what it sent (`dispatched`), so
+the shell can hold the subscription to its max_dispatch_rate. Two exist, chosen by
 the topic's storage side: `RuleDelivery` (non-reliable: the dispatch rule alone) and
 `TrackedDelivery` (reliable: the rule with the delivery tracker).
 """

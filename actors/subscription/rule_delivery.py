@@ -170,7 +170,8 @@ class RuleDelivery:
                     return  # nobody can take the head now; wait for permits or consumers
 
     def _permits(self) -> dict[int, int]:
-        return {cid: c.permits for cid, c in self.shell.consumers.items() if c.permits > 0 and not c.paused}
+        return self.shell.rate_capped(
+            {cid: c.permits for cid, c in self.shell.consumers.items() if c.permits > 0 and not c.paused})
 
     def _offer(self, publish: Publish, indices: Sequence[int] | None, count: int,
                permits: dict[int, int]) -> Assignment:
@@ -190,6 +191,7 @@ class RuleDelivery:
     def _deliver(self, consumer: Consumer, publish: Publish, indices: Sequence[int]) -> None:
         count = len(indices)
         consumer.permits -= count
+        self.shell.dispatched(count)
         if isinstance(indices, range) and indices.step == 1:
             start, stop = indices.start, indices.stop
             deliver = cp.Deliver(

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import logging
 
-from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
+from danube_zmq.actors.rate_limit import TokenBucket
 from danube_zmq.actors.subscription.delivery import Consumer, Delivery
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
 from danube_zmq.runtime.actor import Actor, Origin
@@ -48,6 +49,7 @@ from danube_zmq.transport.errors import (
     ResourceExhausted,
 )
 from danube_zmq.transport.internal_protocol import (
+    ApplyTopicPolicies,
     AttachConsumer,
     ConsumerAttached,
     ConsumerCount,
@@ -57,6 +59,7 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscription,
     DescribeSubscriptionCut,
     DetachConsumer,
+    DispatchTokensDue,
     GetSubscriptionDispatchConfig,
     GetSubscriptionPolicy,
     Publish,
@@ -77,8 +80,12 @@ _KEY_FILTERS_MAX = 64
 
 class SubscriptionActor(Actor):
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, topic_endpoint: str,
-                 broker_endpoint: str, delivery: Delivery, cursor_endpoint: str | None = None) -> None:
+                 broker_endpoint: str, delivery: Delivery, cursor_endpoint: str | None = None,
+                 policies: ApplyTopicPolicies | None = None) -> None:
         self.topic = topic
+        # Its topic's policies in force (the topic tells changes); the broker's by default.
+        self.policies = policies or ApplyTopicPolicies(
+            **{name: getattr(config.policies, name) for name in TOPIC_POLICY_NAMES})
         self.subscription = name
         self.sub_type = sub_type
         self.config = config
@@ -90,6 +97,10 @@ class SubscriptionActor(Actor):
         self.consumers: dict[int, Consumer] = {}
         self.delivered_messages = 0
         self.dropped_messages = 0
+        # max_dispatch_rate: the bucket (None: unlimited; made at start, on the system's
+        # clock) and whether its timer is armed.
+        self._dispatch_bucket: TokenBucket | None = None
+        self._dispatch_timer = False
         delivery.bind(self)
 
     async def on_start(self) -> None:
@@ -97,6 +108,7 @@ class SubscriptionActor(Actor):
         self.out_metric = METRICS.messages_out.labels(topic=self.topic, subscription=self.subscription)
         self.dropped_metric = METRICS.messages_dropped.labels(topic=self.topic, subscription=self.subscription)
         self.e2e_metric = METRICS.end_to_end_latency.labels(topic=self.topic, subscription=self.subscription)
+        self._set_dispatch_rate(self.policies.max_dispatch_rate)
         self.delivery.start()
 
     async def on_stop(self) -> None:
@@ -163,7 +175,7 @@ class SubscriptionActor(Actor):
             raise PermissionDenied(
                 f"subscription '{self.subscription}' on {self.topic} is exclusive and consumer '{holder.name}'"
                 f" holds it; a consumer named '{request.consumer_name}' cannot attach")
-        limit = self.config.policies.max_consumers_per_subscription
+        limit = self.policies.max_consumers_per_subscription
         if limit and len(self.consumers) >= limit:
             raise ResourceExhausted(f"subscription '{self.subscription}' already has {limit} consumers"
                                     " (max_consumers_per_subscription)")
@@ -259,6 +271,50 @@ class SubscriptionActor(Actor):
         self._detach(consumer.consumer_id, reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id)))
         self.delivery.dispatch()
         return None
+
+    def handle_ApplyTopicPolicies(self, msg: ApplyTopicPolicies) -> None:
+        rate_changed = msg.max_dispatch_rate != self.policies.max_dispatch_rate
+        self.policies = msg
+        if rate_changed:
+            self._set_dispatch_rate(msg.max_dispatch_rate)
+            self.delivery.dispatch()
+
+    # ------------------------------------------------------------- max_dispatch_rate
+    # The delivery sides offer their consumers at most what the bucket holds
+    # (`rate_capped`) and tell what they sent (`dispatched`); with nothing left, a timer
+    # message dispatches again once a token is back.
+    def _set_dispatch_rate(self, rate: int) -> None:
+        self._dispatch_bucket = TokenBucket(rate, self.system.clock.monotonic_ms()) if rate else None
+
+    def rate_capped(self, capacity: dict[int, int]) -> dict[int, int]:
+        """`capacity` (messages per consumer) cut to what max_dispatch_rate allows now.
+        When the bucket is what limits, the timer is armed: what is left over is
+        dispatched again once tokens are back, whatever path cut it."""
+        bucket = self._dispatch_bucket
+        if bucket is None or not capacity:
+            return capacity
+        now = self.system.clock.monotonic_ms()
+        left = bucket.available(now)
+        if left >= sum(capacity.values()):
+            return capacity
+        if not self._dispatch_timer:
+            self._dispatch_timer = True
+            self.system.schedule_once(self.endpoint, bucket.wait_ms(max(1, left + 1), now), DispatchTokensDue())
+        capped = {}
+        for consumer_id, room in capacity.items():
+            if left <= 0:
+                break
+            capped[consumer_id] = min(room, left)
+            left -= capped[consumer_id]
+        return capped
+
+    def dispatched(self, count: int) -> None:
+        if self._dispatch_bucket is not None:
+            self._dispatch_bucket.spend(count)
+
+    def handle_DispatchTokensDue(self, msg: DispatchTokensDue) -> None:
+        self._dispatch_timer = False
+        self.delivery.dispatch()
 
     # ------------------------------------------------------------- messages in
     def handle_Publish(self, msg: Publish) -> None:

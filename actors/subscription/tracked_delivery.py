@@ -326,10 +326,10 @@ class TrackedDelivery:
         self._fill()
 
     def _capacity(self) -> dict[int, int]:
-        return {
+        return self.shell.rate_capped({
             cid: room for cid, c in self.shell.consumers.items()
             if not c.paused and (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
-        }
+        })
 
     def _assign(self, offsets: list[int], capacity: dict[int, int], counts: dict[int, int] | None,
                 now: int) -> set[int]:
@@ -410,6 +410,7 @@ class TrackedDelivery:
             offsets=None if contiguous else run, redelivery_count=count,
             schema_id=first.schema_id, schema_version=first.schema_version)
         consumer.permits -= len(run)
+        self.shell.dispatched(len(run))
         if self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
             self.shell.delivered_messages += len(run)
             self.shell.out_metric.inc(len(run))

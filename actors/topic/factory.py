@@ -12,18 +12,20 @@ from danube_zmq.actors.topic.shell import TopicActor
 from danube_zmq.actors.topic.storage import TopicStorage
 from danube_zmq.actors.topic.wal_storage import WalStorage
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.internal_protocol import DurableSegment
+from danube_zmq.transport.internal_protocol import ApplyTopicPolicies, DurableSegment
 
 
 def make_topic(*, name: str, dispatch_strategy: int, config: BrokerConfig, rng: IdSource, broker_endpoint: str,
                start_offset: int | None = None, wal_dir: Path | None = None, executor: Executor | None = None,
                cursor_endpoint: str | None = None, durable: list[DurableSegment] | None = None,
-               cache_dir: Path | None = None, backlog_quota: tuple[int, str] | None = None) -> TopicActor:
+               cache_dir: Path | None = None, backlog_quota: tuple[int, str] | None = None,
+               policies: ApplyTopicPolicies | None = None) -> TopicActor:
     """A reliable topic (`dispatch_strategy` RELIABLE) stores in its WAL under `wal_dir`
     (its flushes run on `executor`) and resumes the subscriptions `cursor_endpoint` (the
     broker's cursor flusher; the broker by default) has for it, and tells it their
     cursors; any other keeps a bounded in-memory tail. `start_offset`: where the topic's
-    previous owner stopped (its offsets continue from there)."""
+    previous owner stopped (its offsets continue from there). `policies`: those in force
+    (the broker's `policies` by default)."""
     cursor_endpoint = cursor_endpoint or broker_endpoint
     storage: TopicStorage
     if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
@@ -34,4 +36,4 @@ def make_topic(*, name: str, dispatch_strategy: int, config: BrokerConfig, rng: 
     else:
         storage = MemoryTail(config=config, start_offset=start_offset or 0)
     return TopicActor(name=name, config=config, rng=rng, broker_endpoint=broker_endpoint, storage=storage,
-                      cursor_endpoint=cursor_endpoint)
+                      cursor_endpoint=cursor_endpoint, policies=policies)

@@ -10,14 +10,19 @@ stores and how it publishes is its storage side, chosen at spawn (`factory.make_
   backlog quota, snapshots.
 
 1. CreateProducer -> check limits, re-attach by name -> `ProducerAttached` to the gateway.
-2. Send -> checked here (columns, sizes) -> `storage.send`.
+2. Send -> checked here (columns, sizes) -> `storage.send`; over `max_publish_rate` the
+   batch is held (in arrival order, behind any held before it) until the topic's token
+   bucket lets it through (`PublishTokensDue`, a timer): its receipt comes later, and the
+   producer's window of batches in flight bounds what is held.
 3. Subscribe -> find the subscription actor, or spawn one with the delivery side the
    storage makes (`storage.start_subscription`) -> `AttachConsumer` to it.
 4. Reliable topics: seek (`SeekCursor` from the admin, `ResolveSeek` from a consumer's
    `Seek`) -> an offset checked against the log (`storage.resolve_seek`) -> `SeekTo` to
    the subscription; failure policy and dispatch window requests go through to the
    subscription. Non-reliable topics refuse them with FAILED_PRECONDITION.
-5. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage;
+5. The policies in force (limits, message size, rates) come from the broker at spawn and
+   with each change (`ApplyTopicPolicies`), which the topic passes to its subscriptions.
+6. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage;
    a topic with another storage logs and counts them as unrecognized.
 
 Client requests reach `handle_<Type>(msg, origin)` through the runtime, which decodes
@@ -28,16 +33,18 @@ Offsets are real and increasing on non-reliable topics too (Danube leaves them 0
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
+from danube_zmq.actors.rate_limit import TokenBucket
 from danube_zmq.actors.subscription import Delivery, SubscriptionActor
 from danube_zmq.actors.topic.storage import TopicStorage
-from danube_zmq.actors.topic.wal_storage import WalStorage
+from danube_zmq.actors.topic.wal_storage import WalStorage, refused_first
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.storage.paths import check_name
@@ -47,6 +54,7 @@ from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import (
     DanubeError,
+    ErrorCode,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -56,6 +64,7 @@ from danube_zmq.transport.errors import (
 from danube_zmq.transport.internal_protocol import (
     AppendInternal,
     ApplyBacklogQuota,
+    ApplyTopicPolicies,
     AttachConsumer,
     ChildStopped,
     ClientRequest,
@@ -78,6 +87,7 @@ from danube_zmq.transport.internal_protocol import (
     ProducerRegistry,
     ProducerSchema,
     Publish,
+    PublishTokensDue,
     ReadRequest,
     ReleaseSnapshotCut,
     ResolveSeek,
@@ -125,8 +135,17 @@ class _Subscription:
 
 class TopicActor(Actor):
     def __init__(self, *, name: str, config: BrokerConfig, rng: IdSource, broker_endpoint: str,
-                 storage: TopicStorage, cursor_endpoint: str | None = None) -> None:
+                 storage: TopicStorage, cursor_endpoint: str | None = None,
+                 policies: ApplyTopicPolicies | None = None) -> None:
         self.topic = name
+        # The policies in force (the broker tells changes): read here, not in the config.
+        self.policies = policies or ApplyTopicPolicies(
+            **{name: getattr(config.policies, name) for name in TOPIC_POLICY_NAMES})
+        # max_publish_rate: the bucket (None: unlimited) and the batches it holds back.
+        self._publish_bucket: TokenBucket | None = None
+        self._held_sends: deque[tuple[ClientRequest, cp.Send]] = deque()
+        self._held_bytes = 0
+        self._publish_timer = False
         self.broker_endpoint = broker_endpoint
         # Where the subscriptions' cursors go: the broker's cursor flusher.
         self.cursor_endpoint = cursor_endpoint or broker_endpoint
@@ -155,6 +174,7 @@ class TopicActor(Actor):
         TOPIC_SERIES.acquire(self.topic, (id(self.system), ""))
         self._messages_in_metric = METRICS.messages_in.labels(topic=self.topic)
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=self.topic)
+        self._set_publish_rate(self.policies.max_publish_rate)
         await self.storage.start()
 
     async def on_stop(self) -> None:
@@ -164,6 +184,16 @@ class TopicActor(Actor):
             self.system.tell(self._gateway, ProducerDetached(
                 identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} {state}",
                 reattach=self.restarting or self.moving))
+        # Batches held over max_publish_rate are answered now, not left to the client's
+        # timeout: it sends them again at once and in order (its later batches wait on them).
+        state = "moved" if self.moving else "restarted" if self.restarting else "closed"
+        for req, send in self._held_sends:
+            reply_client(self.system, req.identity, Error(
+                request_id=send.request_id, code=ErrorCode.UNAVAILABLE,
+                message=f"topic {self.topic} {state} while this batch was held over its max_publish_rate;"
+                        " send it again"))
+        self._held_sends.clear()
+        self._held_bytes = 0
         await self.storage.stop()
         if not self.restarting:  # deleted, unloaded or moved away: its series go
             TOPIC_SERIES.release(self.topic, (id(self.system), ""))
@@ -211,7 +241,7 @@ class TopicActor(Actor):
         endpoint = await self.system.spawn(
             lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                       topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery(),
-                                      cursor_endpoint=cursors),
+                                      cursor_endpoint=cursors, policies=self.policies),
             name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription
@@ -246,7 +276,7 @@ class TopicActor(Actor):
             # again, in order from the one it names (a batch it gave up on is not waited for).
             producer.next_sequence = msg.next_sequence
         else:
-            limit = self.config.policies.max_producers_per_topic
+            limit = self.policies.max_producers_per_topic
             if limit and len(self.producers) >= limit:
                 raise ResourceExhausted(f"topic {self.topic} already has {limit} producers (max_producers_per_topic)")
             producer_id = self._new_id(self.producers)
@@ -311,14 +341,69 @@ class TopicActor(Actor):
                 or _column_mismatch(msg.attributes, count):
             raise InvalidArgument("a Send needs at least one message and one entry per message"
                                   " in publish_times (and in keys/attributes when given)")
-        size_max = self.config.policies.max_message_size
+        size_max = self.policies.max_message_size
         # The whole frame is smaller than the limit in the common case: no per-message check.
         if len(req.frame) > size_max:
             largest = max(map(len, msg.payloads))
             if largest > size_max:
                 raise InvalidArgument(f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)")
+        bucket = self._publish_bucket
+        if bucket is not None and (self._held_sends or not bucket.take(count, self.system.clock.monotonic_ms())):
+            hold_max = self.config.policies.publish_rate_hold_bytes_max
+            if self._held_bytes + len(req.frame) > hold_max:
+                # A reliable producer's later batches are refused too until this one comes
+                # again, so none is stored before it.
+                producer = self.attached_producer(msg.producer_id, req.identity)
+                raise refused_first(producer, msg, ResourceExhausted(
+                    f"topic {self.topic} holds {self._held_bytes} bytes of batches over its max_publish_rate"
+                    f" ({self.policies.max_publish_rate} messages/s), past publish_rate_hold_bytes_max"
+                    f" ({hold_max}): retry later"))
+            self._held_sends.append((req, msg))
+            self._held_bytes += len(req.frame)
+            self._schedule_publish_tokens()
+            return None
         self.storage.send(req, msg)
         return None
+
+    # ------------------------------------------------------------- policies
+    def handle_ApplyTopicPolicies(self, msg: ApplyTopicPolicies) -> None:
+        if msg == self.policies:
+            return
+        if msg.max_publish_rate != self.policies.max_publish_rate:
+            self._set_publish_rate(msg.max_publish_rate)
+        self.policies = msg
+        for subscription in self.subscriptions.values():
+            self.system.tell(subscription.endpoint, msg)
+
+    def _set_publish_rate(self, rate: int) -> None:
+        self._publish_bucket = TokenBucket(rate, self.system.clock.monotonic_ms()) if rate else None
+        self.handle_PublishTokensDue(PublishTokensDue())
+
+    def handle_PublishTokensDue(self, msg: PublishTokensDue) -> None:
+        """Pass on the held batches the bucket has tokens for, in order."""
+        self._publish_timer = False
+        while self._held_sends:
+            req, send = self._held_sends[0]
+            bucket = self._publish_bucket
+            if bucket is not None and not bucket.take(len(send.payloads), self.system.clock.monotonic_ms()):
+                self._schedule_publish_tokens()
+                return
+            self._held_sends.popleft()
+            self._held_bytes -= len(req.frame)
+            try:
+                self.storage.send(req, send)
+            except DanubeError as exc:  # its producer went meanwhile: its connection is told
+                reply_client(self.system, req.identity,
+                             Error(request_id=send.request_id, code=exc.code, message=exc.message))
+
+    def _schedule_publish_tokens(self) -> None:
+        if self._publish_timer:
+            return
+        _, send = self._held_sends[0]
+        assert self._publish_bucket is not None
+        delay_ms = self._publish_bucket.wait_ms(len(send.payloads), self.system.clock.monotonic_ms())
+        self._publish_timer = True
+        self.system.schedule_once(self.endpoint, max(1, delay_ms), PublishTokensDue())
 
     def handle_CloseProducer(self, msg: cp.CloseProducer, origin: Origin) -> Message | None:
         self.attached_producer(msg.producer_id, origin.identity)
@@ -336,7 +421,7 @@ class TopicActor(Actor):
             raise InvalidArgument(f"unknown subscription type {msg.sub_type}")
         if msg.initial_position not in (cp.InitialPosition.LATEST, cp.InitialPosition.EARLIEST):
             raise InvalidArgument(f"unknown initial position {msg.initial_position}")
-        policies = self.config.policies
+        policies = self.policies
         consumers = sum(s.consumers for s in self.subscriptions.values())
         if policies.max_consumers_per_topic and consumers >= policies.max_consumers_per_topic:
             raise ResourceExhausted(f"topic {self.topic} already has {consumers} consumers (max_consumers_per_topic)")

@@ -422,14 +422,14 @@ class WalStorage:
             raise NotFound(f"producer {msg.producer_id} is not attached to topic {self.topic}")
         refusal = self._disk_refusal()
         if refusal is not None:
-            raise _refused_first(producer, msg, ResourceExhausted(refusal))
+            raise refused_first(producer, msg, ResourceExhausted(refusal))
         if len(self.receipts_held) >= self.config.storage.receipts_held_max:
-            raise _refused_first(producer, msg, ResourceExhausted(
+            raise refused_first(producer, msg, ResourceExhausted(
                 f"topic {self.topic}: {len(self.receipts_held)} receipts wait for their segments' uploads"
                 " (storage.receipts_held_max); retry"))
         if self.held or self._over_quota():
             if self.quota_policy == "producer_exception":
-                raise _refused_first(producer, msg, ResourceExhausted(self._quota_text()))
+                raise refused_first(producer, msg, ResourceExhausted(self._quota_text()))
             if self.quota_policy == "producer_request_hold":
                 self._hold(req, msg)
                 return
@@ -1531,7 +1531,7 @@ def _publish_frames(topic: str, batch: RecordBatch) -> list[bytes]:
     return frames
 
 
-def _refused_first(producer: _Producer, msg: cp.Send, error: DanubeError) -> DanubeError:
+def refused_first(producer: _Producer, msg: cp.Send, error: DanubeError) -> DanubeError:
     """`error`, for a batch refused before the topic took it: the producer's later batches
     are refused until it comes again, so one pipelined behind it is not stored first."""
     if msg.sequence is not None:

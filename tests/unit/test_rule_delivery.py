@@ -39,6 +39,12 @@ class _Shell:
     out_metric: Tally = field(default_factory=Tally)
     e2e_metric: Buckets = field(default_factory=lambda: Buckets(LATENCY_BOUNDS_S))
 
+    def rate_capped(self, capacity: dict[int, int]) -> dict[int, int]:
+        return capacity  # no max_dispatch_rate
+
+    def dispatched(self, count: int) -> None:
+        pass
+
 
 def _delivery(sub_type: cp.SubType, consumers: list[tuple[int, str]]) -> tuple[RuleDelivery, _Shell]:
     delivery = RuleDelivery(sub_type=sub_type.value, config=BrokerConfig())

@@ -47,7 +47,8 @@ def resumed(sub_type: int, cursor: int, acked_above: list[int], head: int) -> tu
     system = StandInSystem()
     shell = SimpleNamespace(system=system, consumers={}, topic_endpoint="topic", cursor_endpoint="broker",
                             endpoint="sub", delivered_messages=0, out_metric=SimpleNamespace(inc=lambda n: None),
-                            e2e_metric=SimpleNamespace(observe_many=lambda value, times: None))
+                            e2e_metric=SimpleNamespace(observe_many=lambda value, times: None),
+                            rate_capped=lambda capacity: capacity, dispatched=lambda count: None)
     delivery.bind(shell)  # type: ignore[arg-type]
     consumer = Consumer(consumer_id=7, name="c", identity=b"c", permits=100)
     shell.consumers[7] = consumer
