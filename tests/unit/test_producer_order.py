@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -19,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq.actors.config import StorageSection
-from danube_zmq.actors.topic import WalStorage
+from danube_zmq.actors.topic import TopicActor, WalStorage
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.transport import client_protocol as cp
@@ -175,3 +176,29 @@ async def test_a_receipt_held_for_the_durable_store_is_answered_when_the_topic_m
         await system.stop(topic, moving=True)
         answer = await answer_to(sock, waiting.request_id)
         assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
+
+
+async def test_batches_held_over_the_publish_rate_are_answered_when_the_topic_moves(tmp_path: Path) -> None:
+    """At max_publish_rate 1 message/s the second and third batches are held (never
+    refused); the topic is moved before the bucket refills: both are answered UNAVAILABLE
+    at once (send them again), not left to the client's request timeout with its later
+    batches queued behind them."""
+    async with _reliable_topic(tmp_path) as (system, topic, _, sock):
+        actor = system.actor(topic)
+        assert isinstance(actor, TopicActor)
+        policies = dataclasses.replace(actor.policies, max_publish_rate=1)
+        assert system.tell(topic, policies)
+        producer_id = await _attach(sock, "p", 0)
+        assert isinstance(await _send(sock, producer_id, 0), cp.SendReceipt)  # the bucket's one token
+        held = [cp.Send(request_id=next(_requests), producer_id=producer_id, payloads=[b"held %d" % sequence],
+                        publish_times=[0], sequence=sequence) for sequence in (1, 2)]
+        for send in held:
+            await sock.send(cp.CLIENT_PROTOCOL.encode(send))
+        async with asyncio.timeout(30):
+            while len(actor._held_sends) < 2:
+                await asyncio.sleep(0.005)
+        await system.stop(topic, moving=True)
+        for send in held:
+            answer = await answer_to(sock, send.request_id)
+            assert isinstance(answer, Error) and answer.code == ErrorCode.UNAVAILABLE, answer
+            assert "max_publish_rate" in answer.message
