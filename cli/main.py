@@ -6,6 +6,7 @@
     danube admin ...         cli/admin.py     namespaces, topics, subscriptions, brokers
     danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
     danube admin snapshots         cli/admin_snapshots.py  WAL snapshots for Spark reports
+    danube admin serve --mode mcp  cli/admin_serve.py      the MCP server (cli/mcp_server.py)
     danube schemas ...       cli/schemas.py   the schema registry
     danube report backlog    cli/report.py    Spark over WAL snapshots
     danube bench ...         cli/bench.py     load and measure a broker
@@ -26,6 +27,7 @@ from rich.logging import RichHandler
 
 from danube_zmq.cli.admin import admin
 from danube_zmq.cli.admin_cluster import cluster, metadata
+from danube_zmq.cli.admin_serve import serve
 from danube_zmq.cli.admin_snapshots import snapshots
 from danube_zmq.cli.bench import bench
 from danube_zmq.cli.broker import broker
@@ -141,6 +143,7 @@ cli.add_command(schemas)
 admin.add_command(cluster)
 admin.add_command(metadata)
 admin.add_command(snapshots)
+admin.add_command(serve)
 cli.add_command(report)
 cli.add_command(bench)
 cli.add_command(security)
