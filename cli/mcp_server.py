@@ -28,12 +28,13 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.types import ToolAnnotations
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import Field
 
 from danube_zmq.cli.admin import _record as wire_record  # the CLI's JSON form of wire records, shared
 from danube_zmq.client.admin import AdminClient
@@ -52,6 +53,15 @@ METRICS_BYTES_MAX = 8 * 1024 * 1024
 METRIC_SAMPLES_MAX = 2000
 # Topics `health_check` describes at most, per call (each is one admin round trip).
 HEALTH_TOPICS_MAX = 200
+
+# The parameters most tools share, described once for every tool's input schema.
+Topic = Annotated[str, Field(description="A topic, /namespace/topic (one partition: /namespace/topic-part-N).")]
+Namespace = Annotated[str, Field(description="A namespace name, e.g. default.")]
+Subscription = Annotated[str, Field(description="A subscription name of the topic.")]
+Subject = Annotated[str, Field(description="A schema subject (schemas are registered under subjects).")]
+SchemaType = Annotated[str, Field(description="bytes, string, number, json_schema, avro or protobuf.")]
+Definition = Annotated[str, Field(description="The schema's text: JSON Schema, Avro JSON or Protobuf source.")]
+BrokerId = Annotated[int, Field(description="A broker id, as list_brokers shows it.")]
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 
@@ -277,7 +287,7 @@ def build_server(settings: McpSettings) -> McpServer:
 
     @read("The policies in force for a namespace: topic and partition limits, backlog quota, and where each"
           " is set (namespace or broker default).")
-    async def get_namespace_policies(namespace: str, ctx: Context) -> dict[str, Any]:
+    async def get_namespace_policies(namespace: Namespace, ctx: Context) -> dict[str, Any]:
         namespace = _namespace(namespace)
 
         async def both(c: AdminClient) -> dict[str, Any]:
@@ -288,22 +298,22 @@ def build_server(settings: McpSettings) -> McpServer:
     # -- topics and subscriptions ----------------------------------------------
 
     @read("The topics of a namespace: name, partitions, dispatch strategy (reliable or non_reliable), broker.")
-    async def list_topics(namespace: str, ctx: Context) -> dict[str, Any]:
+    async def list_topics(namespace: Namespace, ctx: Context) -> dict[str, Any]:
         namespace = _namespace(namespace)
         return {"namespace": namespace, "topics": _jsonable(await broker.admin(ctx, lambda c: c.list_topics(namespace)))}
 
     @read("A topic (/namespace/topic) in full: every partition's next offset, producers, counters, WAL damage,"
           " and every subscription's type, consumers and (reliable topics) cursor, backlog and unacked messages.")
-    async def describe_topic(topic: str, ctx: Context) -> dict[str, Any]:
+    async def describe_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
         return _jsonable(await broker.admin(ctx, lambda c: c.describe_topic(topic)))
 
     @read("The subscription names of a topic.")
-    async def list_subscriptions(topic: str, ctx: Context) -> dict[str, Any]:
+    async def list_subscriptions(topic: Topic, ctx: Context) -> dict[str, Any]:
         return {"topic": topic, "subscriptions": await broker.admin(ctx, lambda c: c.list_subscriptions(topic))}
 
     @read("The policies in force for a topic: its backlog quota (and where it is set) and its schema binding"
           " (null when none).")
-    async def get_topic_policies(topic: str, ctx: Context) -> dict[str, Any]:
+    async def get_topic_policies(topic: Topic, ctx: Context) -> dict[str, Any]:
         async def both(c: AdminClient) -> dict[str, Any]:
             try:
                 schema: Any = _jsonable(await c.get_topic_schema_config(topic))
@@ -314,7 +324,7 @@ def build_server(settings: McpSettings) -> McpServer:
 
     @read("A subscription's failure policy (redeliveries, ack timeout, backoff, poison policy, dead-letter"
           " topic) and dispatch window (max unacked messages) on a reliable topic.")
-    async def get_subscription_policies(topic: str, subscription: str, ctx: Context) -> dict[str, Any]:
+    async def get_subscription_policies(topic: Topic, subscription: Subscription, ctx: Context) -> dict[str, Any]:
         async def both(c: AdminClient) -> dict[str, Any]:
             return {"failure_policy": _jsonable(await c.get_failure_policy(topic, subscription)),
                     "dispatch_config": _jsonable(await c.get_dispatch_config(topic, subscription))}
@@ -328,20 +338,20 @@ def build_server(settings: McpSettings) -> McpServer:
 
     @read("A schema of a subject (the latest version unless `version` is given): its definition, type,"
           " id, fingerprint.")
-    async def get_schema(subject: str, ctx: Context, version: int | None = None) -> dict[str, Any]:
+    async def get_schema(subject: Subject, ctx: Context, version: int | None = None) -> dict[str, Any]:
         return _jsonable(await broker.schemas(ctx, lambda c: c.get_schema(subject=subject, version=version)))
 
     @read("The versions of a schema subject, with fingerprints and descriptions.")
-    async def list_schema_versions(subject: str, ctx: Context) -> dict[str, Any]:
+    async def list_schema_versions(subject: Subject, ctx: Context) -> dict[str, Any]:
         return {"subject": subject, "versions": _jsonable(await broker.schemas(ctx, lambda c: c.versions(subject)))}
 
     @read("A schema subject's compatibility mode (backward, forward, full, none...).")
-    async def get_schema_compatibility_mode(subject: str, ctx: Context) -> dict[str, Any]:
+    async def get_schema_compatibility_mode(subject: Subject, ctx: Context) -> dict[str, Any]:
         return {"subject": subject, "mode": await broker.schemas(ctx, lambda c: c.get_compatibility(subject))}
 
     @read("Whether a candidate schema definition (text: JSON Schema, Avro JSON, Protobuf source) of"
           " `schema_type` is compatible with a subject, and why not; registers nothing.")
-    async def check_schema_compatibility(subject: str, schema_type: str, definition: str, ctx: Context,
+    async def check_schema_compatibility(subject: Subject, schema_type: SchemaType, definition: Definition, ctx: Context,
                                          mode: str | None = None) -> dict[str, Any]:
         check = await broker.schemas(ctx, lambda c: c.check(subject, schema_type, definition.encode(), mode=mode))
         return _jsonable(check)
@@ -369,7 +379,7 @@ def build_server(settings: McpSettings) -> McpServer:
     @read("Consumer lag of a topic's subscriptions (one, or all): per partition the backlog in messages and"
           " bytes, unacked messages, redeliveries, cursor against the next offset, consumers, and findings"
           " (no consumer with a backlog, a subscription blocked at an offset, a damaged WAL).")
-    async def analyze_consumer_lag(topic: str, ctx: Context, subscription: str | None = None) -> dict[str, Any]:
+    async def analyze_consumer_lag(topic: Topic, ctx: Context, subscription: str | None = None) -> dict[str, Any]:
         description = await broker.admin(ctx, lambda c: c.describe_topic(topic))
         return _lag_report(description, subscription)
 
@@ -388,21 +398,21 @@ def build_server(settings: McpSettings) -> McpServer:
     # -- writes ----------------------------------------------------------------
 
     @write(destructive=False)
-    async def create_namespace(namespace: str, ctx: Context) -> dict[str, Any]:
+    async def create_namespace(namespace: Namespace, ctx: Context) -> dict[str, Any]:
         """Namespace names are letters, digits, '_' and '-'."""
         namespace = _namespace(namespace)
         await broker.admin(ctx, lambda c: c.create_namespace(namespace))
         return {"created_namespace": namespace}
 
     @write(destructive=True)
-    async def delete_namespace(namespace: str, ctx: Context) -> dict[str, Any]:
+    async def delete_namespace(namespace: Namespace, ctx: Context) -> dict[str, Any]:
         """The namespace must have no topics."""
         namespace = _namespace(namespace)
         await broker.admin(ctx, lambda c: c.delete_namespace(namespace))
         return {"deleted_namespace": namespace}
 
     @write(destructive=False)
-    async def create_topic(topic: str, ctx: Context, partitions: int = 0,
+    async def create_topic(topic: Topic, ctx: Context, partitions: int = 0,
                            dispatch_strategy: Literal["non_reliable", "reliable"] = "non_reliable") -> dict[str, Any]:
         """`partitions` 0 makes a non-partitioned topic; reliable topics are stored and redelivered until acked."""
         strategy = DispatchStrategy[dispatch_strategy.upper()]
@@ -410,25 +420,25 @@ def build_server(settings: McpSettings) -> McpServer:
         return {"created_topic": topic, "partitions": partitions, "dispatch_strategy": dispatch_strategy}
 
     @write(destructive=True)
-    async def delete_topic(topic: str, ctx: Context) -> dict[str, Any]:
+    async def delete_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
         """Its messages and subscriptions are gone."""
         await broker.admin(ctx, lambda c: c.delete_topic(topic))
         return {"deleted_topic": topic}
 
     @write(destructive=False)
-    async def unload_topic(topic: str, ctx: Context) -> dict[str, Any]:
+    async def unload_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
         """Offsets continue on the next broker."""
         await broker.admin(ctx, lambda c: c.unload_topic(topic))
         return {"unloaded_topic": topic}
 
     @write(destructive=True)
-    async def unsubscribe(topic: str, subscription: str, ctx: Context) -> dict[str, Any]:
+    async def unsubscribe(topic: Topic, subscription: Subscription, ctx: Context) -> dict[str, Any]:
         """Its consumers are closed."""
         await broker.admin(ctx, lambda c: c.unsubscribe(topic, subscription))
         return {"topic": topic, "deleted_subscription": subscription}
 
     @write(destructive=True)
-    async def seek_subscription(topic: str, subscription: str, ctx: Context, offset: int | None = None,
+    async def seek_subscription(topic: Topic, subscription: Subscription, ctx: Context, offset: int | None = None,
                                 publish_time_ms: int | None = None) -> dict[str, Any]:
         """Exactly one of `offset` (one partition) and `publish_time_ms` (ms since the epoch)."""
         await broker.admin(ctx, lambda c: c.seek_subscription(topic, subscription, offset=offset,
@@ -436,7 +446,7 @@ def build_server(settings: McpSettings) -> McpServer:
         return {"topic": topic, "subscription": subscription, "offset": offset, "publish_time_ms": publish_time_ms}
 
     @write(destructive=False, idempotent=True)
-    async def set_failure_policy(topic: str, subscription: str, ctx: Context, max_redelivery_count: int | None = None,
+    async def set_failure_policy(topic: Topic, subscription: Subscription, ctx: Context, max_redelivery_count: int | None = None,
                                  ack_timeout_ms: int | None = None, base_redelivery_delay_ms: int | None = None,
                                  max_redelivery_delay_ms: int | None = None, backoff: str | None = None,
                                  poison_policy: str | None = None,
@@ -449,7 +459,7 @@ def build_server(settings: McpSettings) -> McpServer:
         return _jsonable(policy)
 
     @write(destructive=False, idempotent=True)
-    async def set_dispatch_config(topic: str, subscription: str, max_unacked_messages: int,
+    async def set_dispatch_config(topic: Topic, subscription: Subscription, max_unacked_messages: int,
                                   ctx: Context) -> dict[str, Any]:
         """1..10000 unacknowledged deliveries per consumer, at once and on every partition."""
         await broker.admin(ctx, lambda c: c.set_dispatch_config(topic, subscription,
@@ -457,7 +467,7 @@ def build_server(settings: McpSettings) -> McpServer:
         return {"topic": topic, "subscription": subscription, "max_unacked_messages": max_unacked_messages}
 
     @write(destructive=False, idempotent=True)
-    async def set_namespace_limits(namespace: str, ctx: Context, topics_max: int | None = None,
+    async def set_namespace_limits(namespace: Namespace, ctx: Context, topics_max: int | None = None,
                                    partitions_max: int | None = None) -> dict[str, Any]:
         """Only the limits given change; creates past them are refused, existing topics kept."""
         namespace = _namespace(namespace)
@@ -483,7 +493,7 @@ def build_server(settings: McpSettings) -> McpServer:
         return {"namespace": name, "limit_bytes": limit_bytes, "policy": policy}
 
     @write(destructive=False, idempotent=True)
-    async def configure_topic_schema(topic: str, subject: str, ctx: Context,
+    async def configure_topic_schema(topic: Topic, subject: Subject, ctx: Context,
                                      validation_policy: Literal["none", "warn", "enforce"] = "none",
                                      payload_validation: bool = False) -> dict[str, Any]:
         """enforce refuses messages without the topic's schema."""
@@ -492,7 +502,7 @@ def build_server(settings: McpSettings) -> McpServer:
         return _jsonable(info)
 
     @write(destructive=False)
-    async def register_schema(subject: str, schema_type: str, definition: str, ctx: Context,
+    async def register_schema(subject: Subject, schema_type: SchemaType, definition: Definition, ctx: Context,
                               description: str = "") -> dict[str, Any]:
         """schema_type: bytes, string, number, json_schema, avro, protobuf; the subject's compatibility mode
         is checked first."""
@@ -501,7 +511,7 @@ def build_server(settings: McpSettings) -> McpServer:
         return _jsonable(registered)
 
     @write(destructive=False, idempotent=True)
-    async def set_schema_compatibility_mode(subject: str, mode: str, ctx: Context) -> dict[str, Any]:
+    async def set_schema_compatibility_mode(subject: Subject, mode: str, ctx: Context) -> dict[str, Any]:
         """Later registrations are checked against it."""
         return {"subject": subject, "mode": await broker.schemas(ctx, lambda c: c.set_compatibility(subject, mode))}
 
@@ -511,12 +521,12 @@ def build_server(settings: McpSettings) -> McpServer:
         return _jsonable(await broker.admin(ctx, lambda c: c.rebalance(dry_run=dry_run, max_moves=max_moves)))
 
     @write(destructive=False)
-    async def unload_broker(broker_id: int, ctx: Context) -> dict[str, Any]:
+    async def unload_broker(broker_id: BrokerId, ctx: Context) -> dict[str, Any]:
         """It takes no new topics until activate_broker."""
         return _jsonable(await broker.admin(ctx, lambda c: c.unload_broker(broker_id)))
 
     @write(destructive=False, idempotent=True)
-    async def activate_broker(broker_id: int, ctx: Context) -> dict[str, Any]:
+    async def activate_broker(broker_id: BrokerId, ctx: Context) -> dict[str, Any]:
         """Undoes unload_broker."""
         await broker.admin(ctx, lambda c: c.activate_broker(broker_id))
         return {"activated_broker": broker_id}
@@ -560,7 +570,7 @@ def build_server(settings: McpSettings) -> McpServer:
         )
 
     @server.prompt(description="Analyse the consumer lag of a topic's subscriptions and its causes.")
-    def lag_analysis(topic: str, subscription: str = "") -> str:
+    def lag_analysis(topic: Topic, subscription: str = "") -> str:
         which = f"subscription `{subscription}` of topic `{topic}`" if subscription else f"the subscriptions of `{topic}`"
         return (
             f"Analyse the consumer lag of {which}. Call `analyze_consumer_lag` with topic `{topic}`"

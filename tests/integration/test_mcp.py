@@ -191,7 +191,7 @@ def check_read_answers(answers: dict[str, dict[str, Any]]) -> None:
 
 async def test_stdio_lists_read_tools_only_and_answers_each_with_the_brokers_data(stocked: BrokerProcess) -> None:
     """Over stdio without --allow-writes: the tools listed are exactly the read tools
-    (each with a description and an input schema); each, called, answers with what the
+    (each with a description and an input schema describing its parameters); each, called, answers with what the
     broker holds; a write tool called by name is refused saying --allow-writes, and the
     broker is unchanged; the prompts and the metrics resource are there."""
     async with stdio_session(stocked) as session:
@@ -201,6 +201,9 @@ async def test_stdio_lists_read_tools_only_and_answers_each_with_the_brokers_dat
             assert tool.description and "changes nothing" in tool.description
             assert tool.input_schema["type"] == "object"
             assert tool.annotations is not None and tool.annotations.read_only_hint is True
+            for name in ("topic", "namespace", "subscription", "subject"):
+                if name in tool.input_schema["properties"]:
+                    assert tool.input_schema["properties"][name]["description"], (tool.name, name)
 
         answers = {name: answer(await session.call_tool(name, arguments))
                    for name, arguments in READ_ARGUMENTS.items()}
