@@ -62,6 +62,9 @@ Subject = Annotated[str, Field(description="A schema subject (schemas are regist
 SchemaType = Annotated[str, Field(description="bytes, string, number, json_schema, avro or protobuf.")]
 Definition = Annotated[str, Field(description="The schema's text: JSON Schema, Avro JSON or Protobuf source.")]
 BrokerId = Annotated[int, Field(description="A broker id, as list_brokers shows it.")]
+SomeSubscription = Annotated[str | None, Field(description="One subscription of the topic; all when left out.")]
+QuotaNamespace = Annotated[str | None, Field(description="The namespace whose quota to set.")]
+QuotaTopic = Annotated[str | None, Field(description="The topic whose quota to set (over its namespace's).")]
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 
@@ -379,7 +382,7 @@ def build_server(settings: McpSettings) -> McpServer:
     @read("Consumer lag of a topic's subscriptions (one, or all): per partition the backlog in messages and"
           " bytes, unacked messages, redeliveries, cursor against the next offset, consumers, and findings"
           " (no consumer with a backlog, a subscription blocked at an offset, a damaged WAL).")
-    async def analyze_consumer_lag(topic: Topic, ctx: Context, subscription: str | None = None) -> dict[str, Any]:
+    async def analyze_consumer_lag(topic: Topic, ctx: Context, subscription: SomeSubscription = None) -> dict[str, Any]:
         description = await broker.admin(ctx, lambda c: c.describe_topic(topic))
         return _lag_report(description, subscription)
 
@@ -480,7 +483,7 @@ def build_server(settings: McpSettings) -> McpServer:
     @write(destructive=False, idempotent=True)
     async def set_backlog_quota(limit_bytes: int, policy: Literal["producer_request_hold", "producer_exception",
                                                                   "consumer_backlog_eviction"],
-                                ctx: Context, namespace: str | None = None, topic: str | None = None) -> dict[str, Any]:
+                                ctx: Context, namespace: QuotaNamespace = None, topic: QuotaTopic = None) -> dict[str, Any]:
         """Of exactly one of `namespace` and `topic`; limit_bytes 0 is no limit; consumer_backlog_eviction
         makes the slowest subscriptions skip their oldest messages."""
         if (namespace is None) == (topic is None):
@@ -570,7 +573,7 @@ def build_server(settings: McpSettings) -> McpServer:
         )
 
     @server.prompt(description="Analyse the consumer lag of a topic's subscriptions and its causes.")
-    def lag_analysis(topic: Topic, subscription: str = "") -> str:
+    def lag_analysis(topic: Topic, subscription: Subscription = "") -> str:
         which = f"subscription `{subscription}` of topic `{topic}`" if subscription else f"the subscriptions of `{topic}`"
         return (
             f"Analyse the consumer lag of {which}. Call `analyze_consumer_lag` with topic `{topic}`"

@@ -203,7 +203,7 @@ async def test_stdio_lists_read_tools_only_and_answers_each_with_the_brokers_dat
             assert tool.annotations is not None and tool.annotations.read_only_hint is True
             for name in ("topic", "namespace", "subscription", "subject"):
                 if name in tool.input_schema["properties"]:
-                    assert tool.input_schema["properties"][name]["description"], (tool.name, name)
+                    assert tool.input_schema["properties"][name].get("description"), (tool.name, name)
 
         answers = {name: answer(await session.call_tool(name, arguments))
                    for name, arguments in READ_ARGUMENTS.items()}
