@@ -24,6 +24,7 @@ import base64
 import dataclasses
 import enum
 import ipaddress
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -241,7 +242,8 @@ def build_server(settings: McpSettings) -> McpServer:
                if settings.allow_writes else "This server is read-only: it offers no tool that changes the cluster.")
         ),
         withheld=withheld,
-        log_level="WARNING",
+        # uvicorn's (HTTP) log level follows the CLI's --log-level, set on the root logger.
+        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
     )
 
     def read(description: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -275,7 +277,7 @@ def build_server(settings: McpSettings) -> McpServer:
     async def get_leader(ctx: Context) -> dict[str, Any]:
         status = await broker.admin(ctx, lambda c: c.cluster_status())
         brokers = await broker.admin(ctx, lambda c: c.list_brokers())
-        leaders = [b for b in brokers if b.role.lower() == "leader"]
+        leaders = [b for b in brokers if b.role in ("leader", "standalone")]  # standalone: it leads itself
         return {"leader_node_id": status.leader_id, "leader_address": status.leader_address, "term": status.term,
                 "broker": _jsonable(leaders[0]) if leaders else None}
 

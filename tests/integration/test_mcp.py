@@ -161,6 +161,7 @@ def check_read_answers(answers: dict[str, dict[str, Any]]) -> None:
     """What the stocked broker must show through the read tools."""
     assert answers["cluster_status"]["term"] >= 1
     assert answers["get_leader"]["leader_node_id"] == answers["cluster_status"]["leader_id"]
+    assert answers["get_leader"]["broker"] == answers["list_brokers"]["brokers"][0]
     assert len(answers["list_brokers"]["brokers"]) == 1
     assert "mcpns" in answers["list_namespaces"]["namespaces"]
     assert [t["name"] for t in answers["list_topics"]["topics"]] == [TOPIC]
@@ -184,7 +185,8 @@ def check_read_answers(answers: dict[str, dict[str, Any]]) -> None:
     assert any("no consumer" in finding for finding in lag["findings"]), lag
     health = answers["health_check"]
     assert health["healthy"] is False and health["topics_checked"] == 1
-    assert any(SUBSCRIPTION in problem for problem in health["problems"]), health
+    assert health["problems"] == [f"subscription {SUBSCRIPTION} on {TOPIC} has {MESSAGES} messages waiting and"
+                                  " no consumer"], health
     names = {sample["name"] for sample in answers["get_metrics"]["samples"]}
     assert names and all(name.startswith("danube_") for name in names)
 
