@@ -21,6 +21,7 @@ No state about topics or subscriptions is kept here: every answer is the broker'
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import enum
 import ipaddress
@@ -28,7 +29,7 @@ import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -130,16 +131,18 @@ class _Broker:
         return {}  # the token and keys `danube admin` was started with (DANUBE_TOKEN, ...)
 
     async def admin(self, ctx: Context | None, operation: Callable[[AdminClient], Awaitable[T]]) -> T:
-        async with AdminClient(self.settings.admin_endpoint, timeout_ms=self.settings.timeout_ms,
-                               client_name="danube-mcp", **self._credentials(ctx)) as client:
-            return await _answer(operation(client))
+        with _as_tool_error():  # the connect too: an unreachable broker is UNAVAILABLE
+            async with AdminClient(self.settings.admin_endpoint, timeout_ms=self.settings.timeout_ms,
+                                   client_name="danube-mcp", **self._credentials(ctx)) as client:
+                return await operation(client)
 
     async def schemas(self, ctx: Context | None,
                       operation: Callable[[SchemaRegistryClient], Awaitable[T]]) -> T:
         url = self.settings.service_url or await self._own_broker(ctx, "broker_url")
-        async with SchemaRegistryClient(url, timeout_ms=self.settings.timeout_ms, client_name="danube-mcp",
-                                        **self._credentials(ctx)) as client:
-            return await _answer(operation(client))
+        with _as_tool_error():
+            async with SchemaRegistryClient(url, timeout_ms=self.settings.timeout_ms, client_name="danube-mcp",
+                                            **self._credentials(ctx)) as client:
+                return await operation(client)
 
     async def _own_broker(self, ctx: Context | None, field: str) -> str:
         """`field` of the broker whose admin endpoint we dial (else the first with one)."""
@@ -167,9 +170,12 @@ class _Broker:
         return _fetch_metrics(url.rstrip("/") + ("" if url.rstrip("/").endswith("/metrics") else "/metrics"))
 
 
-async def _answer(awaitable: Awaitable[T]) -> T:
+@contextlib.contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """A DanubeError as the tool's error, with its code: the SDK shows the model only
+    "Error executing tool" for any other exception."""
     try:
-        return await awaitable
+        yield
     except DanubeError as err:
         raise ToolError(f"{err.code.name}: {err}") from None
 

@@ -73,13 +73,14 @@ READ_ARGUMENTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _server_args(broker: BrokerProcess, *extra: str, admin_flags: tuple[str, ...] = ()) -> list[str]:
-    return ["-m", "danube_zmq.cli.main", "admin", "--endpoint", broker.admin_url, *admin_flags,
+def _server_args(broker: BrokerProcess | str, *extra: str, admin_flags: tuple[str, ...] = ()) -> list[str]:
+    endpoint = broker if isinstance(broker, str) else broker.admin_url
+    return ["-m", "danube_zmq.cli.main", "admin", "--endpoint", endpoint, *admin_flags,
             "serve", "--mode", "mcp", *extra]
 
 
 @asynccontextmanager
-async def stdio_session(broker: BrokerProcess, *extra: str, admin_flags: tuple[str, ...] = (),
+async def stdio_session(broker: BrokerProcess | str, *extra: str, admin_flags: tuple[str, ...] = (),
                         env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
     # The SDK passes the server a filtered environment: what it needs is given here.
     params = StdioServerParameters(command=sys.executable, args=_server_args(broker, *extra, admin_flags=admin_flags),
@@ -255,6 +256,17 @@ async def test_http_with_allow_writes_lists_and_runs_write_tools(stocked: Broker
         answer(await session.call_tool("delete_topic", {"topic": "/mcpns/made"}))
         listed = answer(await session.call_tool("list_topics", {"namespace": "mcpns"}))
         assert [t["name"] for t in listed["topics"]] == [TOPIC]
+
+
+async def test_an_unreachable_broker_is_the_tools_error_and_the_server_keeps_serving() -> None:
+    """With no broker at the endpoint a tool answers UNAVAILABLE naming the endpoint (an
+    error the model reads, not a crash), and the server answers the next call too."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with stdio_session(endpoint, admin_flags=("--timeout-ms", "300")) as session:
+        for _ in range(2):
+            message = refusal(await session.call_tool("list_namespaces", {}))
+            assert "UNAVAILABLE: no answer" in message and endpoint in message, message
+        assert {tool.name for tool in (await session.list_tools()).tools} == set(READ_ARGUMENTS)
 
 
 def test_serve_refuses_the_ui_mode_and_a_bad_listen() -> None:
