@@ -596,6 +596,12 @@ def build_server(settings: McpSettings) -> McpServer:
     @server.resource(METRICS_URI, name="broker-metrics", mime_type="text/plain",
                      description="The connected broker's metrics, Prometheus text format, read now.")
     async def metrics() -> str:
+        # A resource read carries no caller (the SDK gives static resources no context), so the
+        # broker's metrics URL is looked up with the server's own credentials, which a server
+        # beyond loopback does not use.
+        if settings.require_bearer and settings.metrics_url is None:
+            raise ResourceError("this MCP server listens beyond loopback: start it with --metrics-url to serve"
+                                f" {METRICS_URI} (or call get_metrics with your bearer token)")
         try:
             return await broker.metrics_text(None)
         except ToolError as err:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
 from danube_zmq.cli import mcp_server
 from danube_zmq.cli.mcp_server import McpSettings, is_loopback
@@ -66,3 +66,12 @@ def test_metric_samples_filter_by_prefix_and_labels_and_stop_at_the_bound(monkey
                                 "value": 4.0}], "truncated": False}
     monkeypatch.setattr(mcp_server, "METRIC_SAMPLES_MAX", 1)
     assert mcp_server._metric_samples(METRICS, "danube_", {})["truncated"] is True
+
+
+async def test_beyond_loopback_the_metrics_resource_needs_a_metrics_url() -> None:
+    """A resource read has no caller to take a bearer token from: beyond loopback without
+    --metrics-url the metrics resource says what to give instead of using the server's
+    own credentials."""
+    server = mcp_server.build_server(settings(require_bearer=True))
+    with pytest.raises(ResourceError, match="--metrics-url"):
+        await server.read_resource(mcp_server.METRICS_URI)
