@@ -20,6 +20,7 @@ No state about topics or subscriptions is kept here: every answer is the broker'
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -167,7 +168,9 @@ class _Broker:
             url = found[0].metrics_url
         elif url is None:
             url = await self._own_broker(ctx, "metrics_url")
-        return _fetch_metrics(url.rstrip("/") + ("" if url.rstrip("/").endswith("/metrics") else "/metrics"))
+        page = url.rstrip("/") + ("" if url.rstrip("/").endswith("/metrics") else "/metrics")
+        # In a thread: urllib blocks, and the loop serves every other session meanwhile.
+        return await asyncio.to_thread(_fetch_metrics, page)
 
 
 @contextlib.contextmanager
