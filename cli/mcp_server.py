@@ -282,7 +282,8 @@ def build_server(settings: McpSettings) -> McpServer:
     async def list_brokers(ctx: Context) -> dict[str, Any]:
         return {"brokers": _jsonable(await broker.admin(ctx, lambda c: c.list_brokers()))}
 
-    @read("The broker that leads the metadata cluster (Raft leader), with its URLs.")
+    @read("The metadata cluster's Raft leader (node id, address, term) and the broker that holds the cluster's"
+          " leadership (role leader, or the one standalone broker), with its URLs.")
     async def get_leader(ctx: Context) -> dict[str, Any]:
         status = await broker.admin(ctx, lambda c: c.cluster_status())
         brokers = await broker.admin(ctx, lambda c: c.list_brokers())
