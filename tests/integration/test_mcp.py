@@ -80,24 +80,24 @@ def _server_args(broker: BrokerProcess | str, *extra: str, admin_flags: tuple[st
 
 
 @asynccontextmanager
-async def stdio_session(broker: BrokerProcess | str, *extra: str, admin_flags: tuple[str, ...] = (),
-                        env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
-    # The SDK passes the server a filtered environment: what it needs is given here.
-    params = StdioServerParameters(command=sys.executable, args=_server_args(broker, *extra, admin_flags=admin_flags),
-                                   env={"PYTHONPATH": os.getcwd(), **(env or {})})
+async def stdio_session(broker: BrokerProcess | str, *extra: str,
+                        admin_flags: tuple[str, ...] = ()) -> AsyncIterator[ClientSession]:
+    # The SDK passes the server a filtered environment (no DANUBE_*): what it needs is in the flags.
+    params = StdioServerParameters(command=sys.executable, args=_server_args(broker, *extra, admin_flags=admin_flags))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
 
 
 @asynccontextmanager
-async def http_server(broker: BrokerProcess, *extra: str, admin_flags: tuple[str, ...] = (),
-                      env: dict[str, str] | None = None) -> AsyncIterator[str]:
-    """`serve --transport http` on a free loopback port; yields its /mcp URL."""
+async def http_server(broker: BrokerProcess, *extra: str, admin_flags: tuple[str, ...] = ()) -> AsyncIterator[str]:
+    """`serve --transport http` on a free loopback port; yields its /mcp URL. No DANUBE_*
+    variable of the environment the tests run in reaches it: what it needs is in the flags."""
     port = free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("DANUBE_")}
     process = subprocess.Popen([sys.executable, *_server_args(broker, "--transport", "http", "--listen",
                                                               f"127.0.0.1:{port}", *extra, admin_flags=admin_flags)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 30
         while True:
