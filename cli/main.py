@@ -7,8 +7,9 @@
     danube admin cluster|metadata  cli/admin_cluster.py  the Raft metadata store
     danube admin snapshots         cli/admin_snapshots.py  WAL snapshots for Spark reports
     danube admin namespaces|topics policies  cli/admin_policies.py  topic policies
+    danube admin serve --mode mcp  cli/admin_serve.py      the MCP server (cli/mcp_server.py)
     danube schemas ...       cli/schemas.py   the schema registry
-    danube report backlog    cli/report.py    Spark over WAL snapshots
+    danube report backlog    cli/report.py    backlog reports over WAL snapshots (Python or Spark)
     danube bench ...         cli/bench.py     load and measure a broker
 
 Errors: every `DanubeError` (bad name, broker unreachable, the broker's own
@@ -28,6 +29,7 @@ from rich.logging import RichHandler
 from danube_zmq.cli.admin import admin, namespaces, topics
 from danube_zmq.cli.admin_cluster import cluster, metadata
 from danube_zmq.cli.admin_policies import namespace_policies, topic_policies
+from danube_zmq.cli.admin_serve import serve
 from danube_zmq.cli.admin_snapshots import snapshots
 from danube_zmq.cli.bench import bench
 from danube_zmq.cli.broker import broker
@@ -145,6 +147,7 @@ admin.add_command(metadata)
 admin.add_command(snapshots)
 namespaces.add_command(namespace_policies)
 topics.add_command(topic_policies)
+admin.add_command(serve)
 cli.add_command(report)
 cli.add_command(bench)
 cli.add_command(security)

@@ -1,0 +1,693 @@
+"""The MCP server of `danube admin serve --mode mcp`: Danube's admin operations as MCP
+tools, two prompts and the broker's metrics as a resource, for an LLM agent.
+
+    MCP client ──stdio or streamable HTTP──▶ McpServer (mcp SDK)
+                                              │  one AdminClient / SchemaRegistryClient per call
+                                              ▼
+                                   broker admin port (RBAC decides) / client port (schemas)
+
+1. A tool call opens an admin connection with the caller's credentials: the token and
+   CURVE keys `danube admin` was given (--token-file, --server-key, DANUBE_*), or over
+   HTTP the request's `Authorization: Bearer <jwt>` (then a fresh CURVE key pair, so that
+   the broker binds that token to this connection alone). The broker's RBAC decides.
+2. The answer is returned as JSON data (wire records by field, enums by name, bytes as
+   text). A `DanubeError` is the tool's error, with its code, never a crash.
+3. Tools that change the cluster are registered only with `allow_writes`; without it
+   they are not listed, and calling one by name is an error that says how to allow it.
+
+No state about topics or subscriptions is kept here: every answer is the broker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import enum
+import ipaddress
+import logging
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Annotated, Any, Literal, TypeVar
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.types import ToolAnnotations
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import Field
+
+from danube_zmq.cli.admin import _record as wire_record  # the CLI's JSON form of wire records, shared
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.client.schemas import SchemaRegistryClient
+from danube_zmq.transport.client_protocol import DispatchStrategy
+from danube_zmq.transport.errors import DanubeError, NotFound
+
+__all__ = ["WRITE_TOOLS", "McpSettings", "build_server", "is_loopback"]
+
+T = TypeVar("T")
+
+METRICS_URI = "danube://metrics"
+# The metrics page of a broker with many topics is large; an agent gets at most this much.
+METRICS_BYTES_MAX = 8 * 1024 * 1024
+# Samples `get_metrics` returns at most (the model reads them all).
+METRIC_SAMPLES_MAX = 2000
+# Topics `health_check` describes at most, per call (each is one admin round trip).
+HEALTH_TOPICS_MAX = 200
+
+# The parameters most tools share, described once for every tool's input schema.
+Topic = Annotated[str, Field(description="A topic, /namespace/topic (one partition: /namespace/topic-part-N).")]
+Namespace = Annotated[str, Field(description="A namespace name, e.g. default.")]
+Subscription = Annotated[str, Field(description="A subscription name of the topic.")]
+Subject = Annotated[str, Field(description="A schema subject (schemas are registered under subjects).")]
+SchemaType = Annotated[str, Field(description="bytes, string, number, json_schema, avro or protobuf.")]
+Definition = Annotated[str, Field(description="The schema's text: JSON Schema, Avro JSON or Protobuf source.")]
+BrokerId = Annotated[int, Field(description="A broker id, as list_brokers shows it.")]
+SomeSubscription = Annotated[str | None, Field(description="One subscription of the topic; all when left out.")]
+QuotaNamespace = Annotated[str | None, Field(description="The namespace whose quota to set.")]
+QuotaTopic = Annotated[str | None, Field(description="The topic whose quota to set (over its namespace's).")]
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class McpSettings:
+    admin_endpoint: str
+    timeout_ms: int
+    allow_writes: bool
+    # The broker's client port for the schema registry; None: the connected broker's, from its broker list.
+    service_url: str | None = None
+    # The Prometheus page for the metrics resource and tool; None: the connected broker's.
+    metrics_url: str | None = None
+    # Over HTTP from beyond loopback: every call must bring its own bearer token.
+    require_bearer: bool = False
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _jsonable(value: Any) -> Any:
+    """A wire record (or list of them) as JSON data."""
+    value = wire_record(value)
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, enum.Enum):
+        return value.name.lower()
+    return value
+
+
+class _Broker:
+    """Opens one admin (or schema registry) connection per call with the caller's credentials."""
+
+    def __init__(self, settings: McpSettings) -> None:
+        self.settings = settings
+
+    def _credentials(self, ctx: Context | None) -> dict[str, Any]:
+        headers = ctx.headers if ctx is not None else None
+        authorization = (headers or {}).get("authorization", "")
+        scheme, _, bearer = authorization.partition(" ")
+        if scheme.lower() == "bearer" and bearer.strip():
+            # The caller's own token; a fresh key pair, because the admin port binds a token
+            # to the connection's CURVE key and callers must not share one.
+            return {"token": bearer.strip(), "server_public_key": os.environ.get("DANUBE_SERVER_KEY") or None,
+                    "use_env": False}
+        if self.settings.require_bearer:
+            raise ToolError("this MCP server listens beyond loopback: send your Danube token as"
+                            " 'Authorization: Bearer <jwt>'")
+        return {}  # the token and keys `danube admin` was started with (DANUBE_TOKEN, ...)
+
+    async def admin(self, ctx: Context | None, operation: Callable[[AdminClient], Awaitable[T]]) -> T:
+        with _as_tool_error():  # the connect too: an unreachable broker is UNAVAILABLE
+            async with AdminClient(self.settings.admin_endpoint, timeout_ms=self.settings.timeout_ms,
+                                   client_name="danube-mcp", **self._credentials(ctx)) as client:
+                return await operation(client)
+
+    async def schemas(self, ctx: Context | None,
+                      operation: Callable[[SchemaRegistryClient], Awaitable[T]]) -> T:
+        url = self.settings.service_url or await self._own_broker(ctx, "broker_url")
+        with _as_tool_error():
+            async with SchemaRegistryClient(url, timeout_ms=self.settings.timeout_ms, client_name="danube-mcp",
+                                            **self._credentials(ctx)) as client:
+                return await operation(client)
+
+    async def _own_broker(self, ctx: Context | None, field: str) -> str:
+        """`field` of the broker whose admin endpoint we dial (else the first with one)."""
+        brokers = await self.admin(ctx, lambda client: client.list_brokers())
+        ours = [b for b in brokers if b.admin_url == self.settings.admin_endpoint] or brokers
+        for broker in ours:
+            if getattr(broker, field):
+                return str(getattr(broker, field))
+        raise ToolError(f"no broker reports a {field.replace('_', ' ')}"
+                        + (" (start the broker with --metrics-port, or give --metrics-url)"
+                           if field == "metrics_url" else ""))
+
+    async def metrics_text(self, ctx: Context | None, broker_id: int | None = None) -> str:
+        url = self.settings.metrics_url
+        if broker_id is not None:
+            brokers = await self.admin(ctx, lambda client: client.list_brokers())
+            found = [b for b in brokers if b.broker_id == broker_id]
+            if not found:
+                raise ToolError(f"NOT_FOUND: no broker {broker_id}")
+            if not found[0].metrics_url:
+                raise ToolError(f"broker {broker_id} serves no metrics (started without --metrics-port)")
+            url = found[0].metrics_url
+        elif url is None:
+            url = await self._own_broker(ctx, "metrics_url")
+        page = url.rstrip("/") + ("" if url.rstrip("/").endswith("/metrics") else "/metrics")
+        # In a thread: urllib blocks, and the loop serves every other session meanwhile.
+        return await asyncio.to_thread(_fetch_metrics, page)
+
+
+@contextlib.contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """A DanubeError as the tool's error, with its code: the SDK shows the model only
+    "Error executing tool" for any other exception."""
+    try:
+        yield
+    except DanubeError as err:
+        raise ToolError(f"{err.code.name}: {err}") from None
+
+
+def _fetch_metrics(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read(METRICS_BYTES_MAX + 1)
+    except (urllib.error.URLError, OSError) as err:
+        raise ToolError(f"cannot read the metrics at {url}: {getattr(err, 'reason', err)}") from None
+    if len(body) > METRICS_BYTES_MAX:
+        raise ToolError(f"the metrics at {url} exceed {METRICS_BYTES_MAX} bytes")
+    return body.decode("utf-8", errors="replace")
+
+
+class McpServer(MCPServer):
+    """MCPServer that answers a call to a write tool it did not register with the reason."""
+
+    def __init__(self, *args: Any, withheld: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.withheld = withheld
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if name in self.withheld:
+            raise ToolError(f"{name} changes the cluster ({self.withheld[name]}) and this MCP server is read-only:"
+                            " start it with `danube admin serve --mode mcp --allow-writes`")
+        return await super().call_tool(name, arguments, context)
+
+
+# What each write tool changes: its description's first line, and the refusal's reason.
+WRITE_TOOLS: dict[str, str] = {
+    "create_namespace": "creates a namespace",
+    "delete_namespace": "deletes an empty namespace",
+    "create_topic": "creates a topic (and its partitions)",
+    "delete_topic": "deletes a topic with every partition, closing its producers and consumers",
+    "unload_topic": "moves a topic to another broker; its clients reconnect",
+    "unsubscribe": "deletes a subscription and its cursor",
+    "seek_subscription": "moves a subscription's cursor: messages are redelivered or skipped",
+    "set_failure_policy": "sets a subscription's redelivery and dead-letter policy",
+    "set_dispatch_config": "sets a subscription's unacknowledged-delivery window",
+    "set_namespace_limits": "sets a namespace's topic and partition limits",
+    "set_backlog_quota": "sets the backlog quota of a namespace or a topic",
+    "configure_topic_schema": "binds a topic to a schema subject and sets its validation",
+    "register_schema": "registers a schema version under a subject",
+    "set_schema_compatibility_mode": "sets a schema subject's compatibility mode",
+    "rebalance_cluster": "moves topics between brokers (none with dry_run)",
+    "unload_broker": "drains a broker: its topics move to the others",
+    "activate_broker": "lets a drained broker take topics again",
+    "create_role": "creates an RBAC role",
+    "delete_role": "deletes an RBAC role",
+    "create_binding": "gives a principal roles at a scope",
+    "delete_binding": "removes a principal's binding",
+}
+
+
+def _namespace(name: str) -> str:
+    return name[1:] if name.startswith("/") and name.count("/") == 1 else name
+
+
+def build_server(settings: McpSettings) -> McpServer:
+    """The MCP server: read tools always, write tools only with `settings.allow_writes`."""
+    broker = _Broker(settings)
+    withheld = {} if settings.allow_writes else dict(WRITE_TOOLS)
+    server = McpServer(
+        "danube",
+        instructions=(
+            "Administer a danube-zmq cluster (Danube messaging on ZeroMQ). Topics are /namespace/topic. "
+            "Read tools change nothing. "
+            + ("Write tools change the cluster; the broker's RBAC decides what the caller may do."
+               if settings.allow_writes else "This server is read-only: it offers no tool that changes the cluster.")
+        ),
+        withheld=withheld,
+        # uvicorn's (HTTP) log level follows the CLI's --log-level, set on the root logger.
+        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+    )
+
+    def read(description: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            server.add_tool(fn, description=f"{description} Reads only; changes nothing.", annotations=_READ_ONLY)
+            return fn
+        return register
+
+    def write(*, destructive: bool, idempotent: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if settings.allow_writes:
+                changes = WRITE_TOOLS[fn.__name__]
+                server.add_tool(fn, description=f"CHANGES THE CLUSTER: {changes}. {fn.__doc__ or ''}".strip(),
+                                annotations=ToolAnnotations(read_only_hint=False, destructive_hint=destructive,
+                                                            idempotent_hint=idempotent, open_world_hint=False))
+            return fn
+        return register
+
+    # -- cluster ---------------------------------------------------------------
+
+    @read("The Raft metadata cluster as the connected broker sees it: role, term, leader, commit and"
+          " applied index, members.")
+    async def cluster_status(ctx: Context) -> dict[str, Any]:
+        return _jsonable(await broker.admin(ctx, lambda c: c.cluster_status()))
+
+    @read("The brokers of the cluster: id, client, admin and metrics URLs, role, status.")
+    async def list_brokers(ctx: Context) -> dict[str, Any]:
+        return {"brokers": _jsonable(await broker.admin(ctx, lambda c: c.list_brokers()))}
+
+    @read("The metadata cluster's Raft leader (node id, address, term) and the broker that holds the cluster's"
+          " leadership (role leader, or the one standalone broker), with its URLs.")
+    async def get_leader(ctx: Context) -> dict[str, Any]:
+        status = await broker.admin(ctx, lambda c: c.cluster_status())
+        brokers = await broker.admin(ctx, lambda c: c.list_brokers())
+        leaders = [b for b in brokers if b.role in ("leader", "standalone")]  # standalone: it leads itself
+        return {"leader_node_id": status.leader_id, "leader_address": status.leader_address, "term": status.term,
+                "broker": _jsonable(leaders[0]) if leaders else None}
+
+    @read("The cluster's load balance: coefficient of variation, mean/min/max load, each broker's load and"
+          " topic count, the assignment strategy and whether rebalancing is on.")
+    async def get_cluster_balance(ctx: Context) -> dict[str, Any]:
+        return _jsonable(await broker.admin(ctx, lambda c: c.cluster_balance()))
+
+    @read("The namespaces of the cluster.")
+    async def list_namespaces(ctx: Context) -> dict[str, Any]:
+        return {"namespaces": await broker.admin(ctx, lambda c: c.list_namespaces())}
+
+    @read("The policies in force for a namespace: the topic policies (producer, consumer and subscription"
+          " limits, message size, publish and dispatch rates), topic and partition limits, backlog quota,"
+          " and where each is set (namespace or broker default).")
+    async def get_namespace_policies(namespace: Namespace, ctx: Context) -> dict[str, Any]:
+        namespace = _namespace(namespace)
+
+        async def both(c: AdminClient) -> dict[str, Any]:
+            return {"policies": _jsonable(await c.get_namespace_policies(namespace)),
+                    "limits": _jsonable(await c.get_namespace_limits(namespace)),
+                    "backlog_quota": _jsonable(await c.get_namespace_backlog_quota(namespace))}
+        return {"namespace": namespace, **await broker.admin(ctx, both)}
+
+    # -- topics and subscriptions ----------------------------------------------
+
+    @read("The topics of a namespace: name, partitions, dispatch strategy (reliable or non_reliable), broker.")
+    async def list_topics(namespace: Namespace, ctx: Context) -> dict[str, Any]:
+        namespace = _namespace(namespace)
+        return {"namespace": namespace, "topics": _jsonable(await broker.admin(ctx, lambda c: c.list_topics(namespace)))}
+
+    @read("A topic (/namespace/topic) in full: every partition's next offset, producers, counters, WAL damage,"
+          " and every subscription's type, consumers and (reliable topics) cursor, backlog and unacked messages.")
+    async def describe_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
+        return _jsonable(await broker.admin(ctx, lambda c: c.describe_topic(topic)))
+
+    @read("The subscription names of a topic.")
+    async def list_subscriptions(topic: Topic, ctx: Context) -> dict[str, Any]:
+        return {"topic": topic, "subscriptions": await broker.admin(ctx, lambda c: c.list_subscriptions(topic))}
+
+    @read("The policies in force for a topic: the topic policies (limits, message size, publish and dispatch"
+          " rates), its backlog quota, each with where it is set, and its schema binding (null when none).")
+    async def get_topic_policies(topic: Topic, ctx: Context) -> dict[str, Any]:
+        async def both(c: AdminClient) -> dict[str, Any]:
+            try:
+                schema: Any = _jsonable(await c.get_topic_schema_config(topic))
+            except NotFound:
+                schema = None
+            return {"policies": _jsonable(await c.get_topic_policies(topic)),
+                    "backlog_quota": _jsonable(await c.get_topic_backlog_quota(topic)), "schema": schema}
+        return {"topic": topic, **await broker.admin(ctx, both)}
+
+    @read("A subscription's failure policy (redeliveries, ack timeout, backoff, poison policy, dead-letter"
+          " topic) and dispatch window (max unacked messages) on a reliable topic.")
+    async def get_subscription_policies(topic: Topic, subscription: Subscription, ctx: Context) -> dict[str, Any]:
+        async def both(c: AdminClient) -> dict[str, Any]:
+            return {"failure_policy": _jsonable(await c.get_failure_policy(topic, subscription)),
+                    "dispatch_config": _jsonable(await c.get_dispatch_config(topic, subscription))}
+        return {"topic": topic, "subscription": subscription, **await broker.admin(ctx, both)}
+
+    # -- schemas ---------------------------------------------------------------
+
+    @read("The schema subjects of the registry: type, latest version, compatibility mode.")
+    async def list_schema_subjects(ctx: Context) -> dict[str, Any]:
+        return {"subjects": _jsonable(await broker.schemas(ctx, lambda c: c.list_subjects()))}
+
+    @read("A schema of a subject (the latest version unless `version` is given): its definition, type,"
+          " id, fingerprint.")
+    async def get_schema(subject: Subject, ctx: Context, version: int | None = None) -> dict[str, Any]:
+        return _jsonable(await broker.schemas(ctx, lambda c: c.get_schema(subject=subject, version=version)))
+
+    @read("The versions of a schema subject, with fingerprints and descriptions.")
+    async def list_schema_versions(subject: Subject, ctx: Context) -> dict[str, Any]:
+        return {"subject": subject, "versions": _jsonable(await broker.schemas(ctx, lambda c: c.versions(subject)))}
+
+    @read("A schema subject's compatibility mode (backward, forward, full, none...).")
+    async def get_schema_compatibility_mode(subject: Subject, ctx: Context) -> dict[str, Any]:
+        return {"subject": subject, "mode": await broker.schemas(ctx, lambda c: c.get_compatibility(subject))}
+
+    @read("Whether a candidate schema definition (text: JSON Schema, Avro JSON, Protobuf source) of"
+          " `schema_type` is compatible with a subject, and why not; registers nothing.")
+    async def check_schema_compatibility(subject: Subject, schema_type: SchemaType, definition: Definition, ctx: Context,
+                                         mode: str | None = None) -> dict[str, Any]:
+        check = await broker.schemas(ctx, lambda c: c.check(subject, schema_type, definition.encode(), mode=mode))
+        return _jsonable(check)
+
+    # -- security ----------------------------------------------------------------
+
+    @read("The RBAC roles and their permissions.")
+    async def list_roles(ctx: Context) -> dict[str, Any]:
+        return {"roles": _jsonable(await broker.admin(ctx, lambda c: c.list_roles()))}
+
+    @read("The RBAC bindings: principal, type, roles, scope (cluster, namespace:NS, topic:/ns/t).")
+    async def list_bindings(ctx: Context) -> dict[str, Any]:
+        return {"bindings": _jsonable(await broker.admin(ctx, lambda c: c.list_bindings()))}
+
+    @read("The CURVE client keys on the allow-list and the principal each stands for.")
+    async def list_client_keys(ctx: Context) -> dict[str, Any]:
+        return {"client_keys": _jsonable(await broker.admin(ctx, lambda c: c.list_client_keys()))}
+
+    @read("The revoked tokens (jti) and when each revocation lapses (the token's expiry).")
+    async def list_revoked_tokens(ctx: Context) -> dict[str, Any]:
+        return {"revoked_tokens": _jsonable(await broker.admin(ctx, lambda c: c.list_revoked_tokens()))}
+
+    # -- diagnostics -----------------------------------------------------------
+
+    @read("Consumer lag of a topic's subscriptions (one, or all): per partition the backlog in messages and"
+          " bytes, unacked messages, redeliveries, cursor against the next offset, consumers, and findings"
+          " (no consumer with a backlog, a subscription blocked at an offset, a damaged WAL).")
+    async def analyze_consumer_lag(topic: Topic, ctx: Context, subscription: SomeSubscription = None) -> dict[str, Any]:
+        description = await broker.admin(ctx, lambda c: c.describe_topic(topic))
+        return _lag_report(description, subscription)
+
+    @read("A health summary of the cluster: metadata leader and members, each broker's status, load balance,"
+          " and every topic (up to 200) with a damaged WAL or a subscription blocked or without consumers.")
+    async def health_check(ctx: Context) -> dict[str, Any]:
+        return await broker.admin(ctx, _health)
+
+    @read("Samples of the connected broker's (or broker `broker_id`'s) Prometheus metrics whose name starts"
+          " with `name_prefix`, optionally only those whose labels contain every `labels` pair; at most 2000.")
+    async def get_metrics(ctx: Context, name_prefix: str = "danube_", broker_id: int | None = None,
+                          labels: dict[str, str] | None = None) -> dict[str, Any]:
+        text = await broker.metrics_text(ctx, broker_id)
+        return _metric_samples(text, name_prefix, labels or {})
+
+    # -- writes ----------------------------------------------------------------
+
+    @write(destructive=False)
+    async def create_namespace(namespace: Namespace, ctx: Context) -> dict[str, Any]:
+        """Namespace names are letters, digits, '_' and '-'."""
+        namespace = _namespace(namespace)
+        await broker.admin(ctx, lambda c: c.create_namespace(namespace))
+        return {"created_namespace": namespace}
+
+    @write(destructive=True)
+    async def delete_namespace(namespace: Namespace, ctx: Context) -> dict[str, Any]:
+        """The namespace must have no topics."""
+        namespace = _namespace(namespace)
+        await broker.admin(ctx, lambda c: c.delete_namespace(namespace))
+        return {"deleted_namespace": namespace}
+
+    @write(destructive=False)
+    async def create_topic(topic: Topic, ctx: Context, partitions: int = 0,
+                           dispatch_strategy: Literal["non_reliable", "reliable"] = "non_reliable") -> dict[str, Any]:
+        """`partitions` 0 makes a non-partitioned topic; reliable topics are stored and redelivered until acked."""
+        strategy = DispatchStrategy[dispatch_strategy.upper()]
+        await broker.admin(ctx, lambda c: c.create_topic(topic, partitions, strategy))
+        return {"created_topic": topic, "partitions": partitions, "dispatch_strategy": dispatch_strategy}
+
+    @write(destructive=True)
+    async def delete_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
+        """Its messages and subscriptions are gone."""
+        await broker.admin(ctx, lambda c: c.delete_topic(topic))
+        return {"deleted_topic": topic}
+
+    @write(destructive=False)
+    async def unload_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
+        """Offsets continue on the next broker."""
+        await broker.admin(ctx, lambda c: c.unload_topic(topic))
+        return {"unloaded_topic": topic}
+
+    @write(destructive=True)
+    async def unsubscribe(topic: Topic, subscription: Subscription, ctx: Context) -> dict[str, Any]:
+        """Its consumers are closed."""
+        await broker.admin(ctx, lambda c: c.unsubscribe(topic, subscription))
+        return {"topic": topic, "deleted_subscription": subscription}
+
+    @write(destructive=True)
+    async def seek_subscription(topic: Topic, subscription: Subscription, ctx: Context, offset: int | None = None,
+                                publish_time_ms: int | None = None) -> dict[str, Any]:
+        """Exactly one of `offset` (one partition) and `publish_time_ms` (ms since the epoch)."""
+        await broker.admin(ctx, lambda c: c.seek_subscription(topic, subscription, offset=offset,
+                                                              publish_time=publish_time_ms))
+        return {"topic": topic, "subscription": subscription, "offset": offset, "publish_time_ms": publish_time_ms}
+
+    @write(destructive=False, idempotent=True)
+    async def set_failure_policy(topic: Topic, subscription: Subscription, ctx: Context, max_redelivery_count: int | None = None,
+                                 ack_timeout_ms: int | None = None, base_redelivery_delay_ms: int | None = None,
+                                 max_redelivery_delay_ms: int | None = None, backoff: str | None = None,
+                                 poison_policy: str | None = None,
+                                 dead_letter_topic: str | None = None) -> dict[str, Any]:
+        """Fields left out keep their values; dead_letter_topic "" clears it. Returns the policy set."""
+        policy = await broker.admin(ctx, lambda c: c.set_failure_policy(
+            topic, subscription, max_redelivery_count=max_redelivery_count, ack_timeout_ms=ack_timeout_ms,
+            base_redelivery_delay_ms=base_redelivery_delay_ms, max_redelivery_delay_ms=max_redelivery_delay_ms,
+            backoff=backoff, poison_policy=poison_policy, dead_letter_topic=dead_letter_topic))
+        return _jsonable(policy)
+
+    @write(destructive=False, idempotent=True)
+    async def set_dispatch_config(topic: Topic, subscription: Subscription, max_unacked_messages: int,
+                                  ctx: Context) -> dict[str, Any]:
+        """1..10000 unacknowledged deliveries per consumer, at once and on every partition."""
+        await broker.admin(ctx, lambda c: c.set_dispatch_config(topic, subscription,
+                                                               max_unacked_messages=max_unacked_messages))
+        return {"topic": topic, "subscription": subscription, "max_unacked_messages": max_unacked_messages}
+
+    @write(destructive=False, idempotent=True)
+    async def set_namespace_limits(namespace: Namespace, ctx: Context, topics_max: int | None = None,
+                                   partitions_max: int | None = None) -> dict[str, Any]:
+        """Only the limits given change; creates past them are refused, existing topics kept."""
+        namespace = _namespace(namespace)
+        if topics_max is None and partitions_max is None:
+            raise ToolError("give topics_max or partitions_max (or both)")
+        await broker.admin(ctx, lambda c: c.set_namespace_limits(namespace, topics_max=topics_max,
+                                                                partitions_max=partitions_max))
+        return {"namespace": namespace, "topics_max": topics_max, "partitions_max": partitions_max}
+
+    @write(destructive=False, idempotent=True)
+    async def set_backlog_quota(limit_bytes: int, policy: Literal["producer_request_hold", "producer_exception",
+                                                                  "consumer_backlog_eviction"],
+                                ctx: Context, namespace: QuotaNamespace = None, topic: QuotaTopic = None) -> dict[str, Any]:
+        """Of exactly one of `namespace` and `topic`; limit_bytes 0 is no limit; consumer_backlog_eviction
+        makes the slowest subscriptions skip their oldest messages."""
+        if (namespace is None) == (topic is None):
+            raise ToolError("give exactly one of namespace and topic")
+        if topic is not None:
+            await broker.admin(ctx, lambda c: c.set_topic_backlog_quota(topic, limit_bytes=limit_bytes, policy=policy))
+            return {"topic": topic, "limit_bytes": limit_bytes, "policy": policy}
+        name = _namespace(namespace or "")
+        await broker.admin(ctx, lambda c: c.set_namespace_backlog_quota(name, limit_bytes=limit_bytes, policy=policy))
+        return {"namespace": name, "limit_bytes": limit_bytes, "policy": policy}
+
+    @write(destructive=False, idempotent=True)
+    async def configure_topic_schema(topic: Topic, subject: Subject, ctx: Context,
+                                     validation_policy: Literal["none", "warn", "enforce"] = "none",
+                                     payload_validation: bool = False) -> dict[str, Any]:
+        """enforce refuses messages without the topic's schema."""
+        info = await broker.admin(ctx, lambda c: c.configure_topic_schema(
+            topic, subject, validation_policy=validation_policy, payload_validation=payload_validation))
+        return _jsonable(info)
+
+    @write(destructive=False)
+    async def register_schema(subject: Subject, schema_type: SchemaType, definition: Definition, ctx: Context,
+                              description: str = "") -> dict[str, Any]:
+        """schema_type: bytes, string, number, json_schema, avro, protobuf; the subject's compatibility mode
+        is checked first."""
+        registered = await broker.schemas(ctx, lambda c: c.register(subject, schema_type, definition.encode(),
+                                                                    description=description))
+        return _jsonable(registered)
+
+    @write(destructive=False, idempotent=True)
+    async def set_schema_compatibility_mode(subject: Subject, mode: str, ctx: Context) -> dict[str, Any]:
+        """Later registrations are checked against it."""
+        return {"subject": subject, "mode": await broker.schemas(ctx, lambda c: c.set_compatibility(subject, mode))}
+
+    @write(destructive=False)
+    async def rebalance_cluster(ctx: Context, dry_run: bool = True, max_moves: int | None = None) -> dict[str, Any]:
+        """With dry_run (the default) only the planned moves are returned."""
+        return _jsonable(await broker.admin(ctx, lambda c: c.rebalance(dry_run=dry_run, max_moves=max_moves)))
+
+    @write(destructive=False)
+    async def unload_broker(broker_id: BrokerId, ctx: Context) -> dict[str, Any]:
+        """It takes no new topics until activate_broker."""
+        return _jsonable(await broker.admin(ctx, lambda c: c.unload_broker(broker_id)))
+
+    @write(destructive=False, idempotent=True)
+    async def activate_broker(broker_id: BrokerId, ctx: Context) -> dict[str, Any]:
+        """Undoes unload_broker."""
+        await broker.admin(ctx, lambda c: c.activate_broker(broker_id))
+        return {"activated_broker": broker_id}
+
+    @write(destructive=False)
+    async def create_role(name: str, permissions: list[str], ctx: Context) -> dict[str, Any]:
+        """Permissions by Danube's names: Lookup, Produce, Consume, ManageTopic, ManageNamespace, ..."""
+        await broker.admin(ctx, lambda c: c.create_role(name, permissions))
+        return {"created_role": name, "permissions": permissions}
+
+    @write(destructive=True)
+    async def delete_role(name: str, ctx: Context) -> dict[str, Any]:
+        """Principals bound to it lose its permissions."""
+        await broker.admin(ctx, lambda c: c.delete_role(name))
+        return {"deleted_role": name}
+
+    @write(destructive=False)
+    async def create_binding(principal: str, roles: list[str], scope: str, ctx: Context,
+                             principal_type: Literal["user", "service_account"] = "user") -> dict[str, Any]:
+        """scope: cluster, namespace:NS or topic:/ns/t. Returns the binding and its id."""
+        return _jsonable(await broker.admin(ctx, lambda c: c.create_binding(principal, principal_type, roles, scope)))
+
+    @write(destructive=True)
+    async def delete_binding(binding_id: str, ctx: Context) -> dict[str, Any]:
+        """The principal loses the binding's roles at its scope."""
+        await broker.admin(ctx, lambda c: c.delete_binding(binding_id))
+        return {"deleted_binding": binding_id}
+
+    # -- prompts and the metrics resource ----------------------------------------
+
+    @server.prompt(description="Check the cluster's health and say what needs attention.")
+    def cluster_health() -> str:
+        return (
+            "Check the health of this danube-zmq cluster. Call `health_check` first. Then: if a broker is not"
+            " active or the metadata cluster has no leader, call `cluster_status` and `list_brokers` and say which"
+            " node is missing; if the load is uneven (coefficient of variation above 0.3), show"
+            " `get_cluster_balance`; for each topic the health check names, call `analyze_consumer_lag`. Read"
+            " `get_metrics` with name_prefix `danube_` for rates and latencies when they help. End with a short"
+            " list: what is wrong, how sure you are, and the operator command that would fix it (do not change"
+            " anything yourself unless asked)."
+        )
+
+    @server.prompt(description="Analyse the consumer lag of a topic's subscriptions and its causes.")
+    def lag_analysis(topic: Topic, subscription: Subscription = "") -> str:
+        which = f"subscription `{subscription}` of topic `{topic}`" if subscription else f"the subscriptions of `{topic}`"
+        return (
+            f"Analyse the consumer lag of {which}. Call `analyze_consumer_lag` with topic `{topic}`"
+            + (f" and subscription `{subscription}`" if subscription else "")
+            + ". For each partition compare the backlog with the unacked messages and redeliveries: a backlog with"
+            " no consumers means nobody reads; many unacked with redeliveries means consumers fail or time out"
+            " (read `get_subscription_policies`); `blocked_offset` means a poison message holds the subscription."
+            " Call `get_metrics` with name_prefix `danube_` and labels {\"topic\": ...} for rates. Say whether the"
+            " lag grows, why, and what to change."
+        )
+
+    @server.resource(METRICS_URI, name="broker-metrics", mime_type="text/plain",
+                     description="The connected broker's metrics, Prometheus text format, read now.")
+    async def metrics() -> str:
+        # A resource read carries no caller (the SDK gives static resources no context), so the
+        # broker's metrics URL is looked up with the server's own credentials, which a server
+        # beyond loopback does not use.
+        if settings.require_bearer and settings.metrics_url is None:
+            raise ResourceError("this MCP server listens beyond loopback: start it with --metrics-url to serve"
+                                f" {METRICS_URI} (or call get_metrics with your bearer token)")
+        try:
+            return await broker.metrics_text(None)
+        except ToolError as err:
+            raise ResourceError(str(err)) from None
+
+    return server
+
+
+def _lag_report(description: Any, subscription: str | None) -> dict[str, Any]:
+    partitions = []
+    findings: list[str] = []
+    seen = False
+    for partition in description.partitions:
+        if partition.wal_damage is not None:
+            findings.append(f"partition {partition.name} is not served: WAL damaged: {partition.wal_damage}")
+        rows = []
+        for sub in partition.subscriptions:
+            if subscription is not None and sub.name != subscription:
+                continue
+            seen = True
+            row = _jsonable(sub)
+            row["lag_messages"] = (sub.backlog_messages if sub.backlog_messages is not None
+                                   else sub.pending_messages)
+            rows.append(row)
+            if not sub.consumers and row["lag_messages"]:
+                findings.append(f"subscription {sub.name} on {partition.name} has {row['lag_messages']} messages"
+                                " waiting and no consumer")
+            if sub.blocked_offset is not None:
+                findings.append(f"subscription {sub.name} on {partition.name} is blocked at offset"
+                                f" {sub.blocked_offset} (a message past its redeliveries)")
+            if sub.redeliveries:
+                findings.append(f"subscription {sub.name} on {partition.name} had {sub.redeliveries} redeliveries")
+        partitions.append({"partition": partition.name, "next_offset": partition.next_offset, "subscriptions": rows})
+    if subscription is not None and not seen:
+        raise ToolError(f"NOT_FOUND: topic {description.name} has no subscription {subscription}")
+    total = sum(row["lag_messages"] or 0 for p in partitions for row in p["subscriptions"])
+    return {"topic": description.name, "lag_messages_total": total, "partitions": partitions,
+            "findings": findings or ["no lag problem seen"]}
+
+
+async def _health(client: AdminClient) -> dict[str, Any]:
+    status = await client.cluster_status()
+    brokers = await client.list_brokers()
+    balance = await client.cluster_balance()
+    problems: list[str] = []
+    if status.leader_id is None:
+        problems.append("the metadata cluster has no leader")
+    problems += [f"broker {b.broker_id} is {b.status}" for b in brokers if b.status.lower() != "active"]
+    topics_seen = 0
+    truncated = False
+    for namespace in await client.list_namespaces():
+        for topic in await client.list_topics(namespace):
+            if topics_seen >= HEALTH_TOPICS_MAX:
+                truncated = True
+                break
+            topics_seen += 1
+            try:
+                report = _lag_report(await client.describe_topic(topic.name), None)
+            except NotFound:
+                continue  # deleted since it was listed
+            problems += [f for f in report["findings"] if f != "no lag problem seen" and "redeliveries" not in f]
+    return {"healthy": not problems, "problems": problems, "leader_node_id": status.leader_id,
+            "term": status.term, "brokers": _jsonable(brokers),
+            "coefficient_of_variation": balance.coefficient_of_variation,
+            "topics_checked": topics_seen, "topics_truncated": truncated}
+
+
+def _metric_samples(text: str, name_prefix: str, labels: dict[str, str]) -> dict[str, Any]:
+    samples: list[dict[str, Any]] = []
+    truncated = False
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(name_prefix):
+            continue
+        for sample in family.samples:
+            if any(sample.labels.get(key) != value for key, value in labels.items()):
+                continue
+            if len(samples) >= METRIC_SAMPLES_MAX:
+                truncated = True
+                break
+            samples.append({"name": sample.name, "labels": sample.labels, "value": sample.value})
+    return {"samples": samples, "truncated": truncated}
+
