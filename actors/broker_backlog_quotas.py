@@ -71,20 +71,30 @@ class BrokerBacklogQuotas:
             except DanubeError as exc:  # stopped meanwhile: its next start reads the store
                 log.info("topic %s: backlog quota not told (%s)", entry.name.full, exc)
 
-    async def _quota_key(self, msg: Any) -> tuple[str, str]:
-        """(key in the store, what it names) of a request's namespace or topic, which
-        must exist."""
+    async def _policy_level(self, msg: Any, what: str) -> tuple[str | None, Any]:
+        """The level an admin request about `what` (a namespace's or a topic's backlog
+        quota, topic policies) names: exactly one of `msg.namespace` (which must exist) and
+        `msg.topic` (an existing base topic: `what` applies to every partition).
+        (namespace, None) or (None, the resolved topic)."""
         if (msg.namespace is None) == (msg.topic is None):
             raise InvalidArgument("name exactly one of namespace and topic")
         if msg.namespace is not None:
             namespace = validate_namespace(msg.namespace)
             if not await self._namespace_exists(namespace):
                 raise NotFound(f"namespace '{namespace}' does not exist")
-            return cr.namespace_backlog_quota_key(namespace), f"namespace '{namespace}'"
+            return namespace, None
         resolved = await self._existing(parse_topic(msg.topic))
         if resolved.name.full != resolved.base.full:
-            raise FailedPrecondition(f"{resolved.name.full} is a partition: set the quota of {resolved.base.full}"
-                                     " (it applies to every partition)")
+            raise FailedPrecondition(f"{resolved.name.full} is a partition: set {what} of {resolved.base.full}"
+                                     " (every partition has its topic's)")
+        return None, resolved
+
+    async def _quota_key(self, msg: Any) -> tuple[str, str]:
+        """(key in the store, what it names) of a request's namespace or topic, which
+        must exist."""
+        namespace, resolved = await self._policy_level(msg, "the quota")
+        if namespace is not None:
+            return cr.namespace_backlog_quota_key(namespace), f"namespace '{namespace}'"
         if resolved.record.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
             raise FailedPrecondition(f"topic {resolved.name.full} is not reliable: it keeps no backlog, so a backlog"
                                      " quota does not apply to it")

@@ -88,17 +88,9 @@ class BrokerTopicPolicies:
     async def _policies_key(self, msg: Any) -> tuple[str, str]:
         """(key in the store, what it names) of a request's namespace or topic, which
         must exist."""
-        if (msg.namespace is None) == (msg.topic is None):
-            raise InvalidArgument("name exactly one of namespace and topic")
-        if msg.namespace is not None:
-            namespace = validate_namespace(msg.namespace)
-            if not await self._namespace_exists(namespace):
-                raise NotFound(f"namespace '{namespace}' does not exist")
+        namespace, resolved = await self._policy_level(msg, "the policies")
+        if namespace is not None:
             return cr.namespace_topic_policies_key(namespace), f"namespace '{namespace}'"
-        resolved = await self._existing(parse_topic(msg.topic))
-        if resolved.name.full != resolved.base.full:
-            raise FailedPrecondition(f"{resolved.name.full} is a partition: set the policies of {resolved.base.full}"
-                                     " (they apply to every partition)")
         return cr.topic_policies_key(resolved.base.full), f"topic {resolved.base.full}"
 
     def _check_policy(self, policy: str, value: int) -> None:
