@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from danube_zmq.actors.config import TOPIC_POLICY_NAMES
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES, topic_policy_default
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
@@ -71,7 +71,7 @@ class BrokerTopicPolicies:
             values[policy], sources[policy] = next(
                 ((getattr(record, policy), source) for record, source in levels
                  if getattr(record, policy) is not None),
-                (getattr(self.config.policies, policy), "broker"))
+                (topic_policy_default(self.config, policy), "broker"))
         return ApplyTopicPolicies(**values), sources
 
     async def handle_TopicPoliciesChanged(self, msg: TopicPoliciesChanged) -> None:

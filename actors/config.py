@@ -321,7 +321,21 @@ TOPIC_POLICY_NAMES = (
     "max_message_size",
     "max_publish_rate",
     "max_dispatch_rate",
+    # Retention of a reliable topic's sealed segments (0: kept), over `storage.retention_*`.
+    "retention_time_ms",
+    "retention_bytes_max",
 )
+_RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
+
+
+def topic_policy_default(config: BrokerConfig, name: str) -> int:
+    """The broker's value of topic policy `name`, where neither the topic nor its
+    namespace sets one. Retention comes from `storage` (null there: kept, 0 here; a
+    configured 0 ms or 0 bytes keeps nothing past the cursors, as 1 does)."""
+    if name in _RETENTION_POLICIES:
+        value = getattr(config.storage, name)
+        return 0 if value is None else max(value, 1)
+    return int(getattr(config.policies, name))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,13 +33,18 @@ _HELP = {
     "max_message_size": "Largest message payload in bytes, 1 up to the broker's own (no unlimited).",
     "max_publish_rate": "Messages per second one topic (each partition) accepts; past it sends are slowed.",
     "max_dispatch_rate": "Messages per second one subscription delivers.",
+    "retention_time_ms": "Reliable topics: sealed segments older than this (ms) are deleted once every"
+                         " subscription has passed them.",
+    "retention_bytes_max": "Reliable topics: sealed segments past this many bytes (oldest first) are deleted"
+                           " once every subscription has passed them.",
 }
 
 
 def _policy_options(command: F) -> F:
     for policy in reversed(TOPIC_POLICY_NAMES):
         low = 1 if policy == "max_message_size" else 0
-        suffix = "" if policy == "max_message_size" else " 0: unlimited."
+        suffix = "" if policy == "max_message_size" else " 0: kept." if policy.startswith("retention") \
+            else " 0: unlimited."
         command = click.option(f"--{policy.replace('_', '-')}", policy, type=click.IntRange(min=low), default=None,
                                help=_HELP[policy] + suffix)(command)
     return command

@@ -949,6 +949,10 @@ class SetTopicPolicies(Message):
     max_message_size: int | None = None
     max_publish_rate: int | None = None
     max_dispatch_rate: int | None = None
+    # Reliable topics: sealed segments older than this, or past this many bytes, are
+    # deleted once every cursor passed them (0: kept).
+    retention_time_ms: int | None = None
+    retention_bytes_max: int | None = None
 
 
 @wire

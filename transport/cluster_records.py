@@ -371,6 +371,8 @@ class TopicPoliciesRecord(Message):
     max_message_size: int | None = None
     max_publish_rate: int | None = None
     max_dispatch_rate: int | None = None
+    retention_time_ms: int | None = None  # 0: kept
+    retention_bytes_max: int | None = None
 
 
 @wire

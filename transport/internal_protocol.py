@@ -1080,6 +1080,8 @@ class ApplyTopicPolicies(Message):
     max_message_size: int
     max_publish_rate: int
     max_dispatch_rate: int
+    retention_time_ms: int = 0  # 0: kept (storage.retention_time_ms null)
+    retention_bytes_max: int = 0
 
 
 @wire

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 
-from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig, topic_policy_default
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
 from danube_zmq.actors.rate_limit import TokenBucket
@@ -85,7 +85,7 @@ class SubscriptionActor(Actor):
         self.topic = topic
         # Its topic's policies in force (the topic tells changes); the broker's by default.
         self.policies = policies or ApplyTopicPolicies(
-            **{name: getattr(config.policies, name) for name in TOPIC_POLICY_NAMES})
+            **{name: topic_policy_default(config, name) for name in TOPIC_POLICY_NAMES})
         self.subscription = name
         self.sub_type = sub_type
         self.config = config

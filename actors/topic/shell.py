@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig
+from danube_zmq.actors.config import TOPIC_POLICY_NAMES, BrokerConfig, topic_policy_default
 from danube_zmq.actors.gateway import holder_lives, reply_client
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
@@ -140,7 +140,7 @@ class TopicActor(Actor):
         self.topic = name
         # The policies in force (the broker tells changes): read here, not in the config.
         self.policies = policies or ApplyTopicPolicies(
-            **{name: getattr(config.policies, name) for name in TOPIC_POLICY_NAMES})
+            **{name: topic_policy_default(config, name) for name in TOPIC_POLICY_NAMES})
         # max_publish_rate: the bucket (None: unlimited) and the batches it holds back.
         self._publish_bucket: TokenBucket | None = None
         self._held_sends: deque[tuple[ClientRequest, cp.Send]] = deque()

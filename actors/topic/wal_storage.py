@@ -1117,27 +1117,30 @@ class WalStorage:
             self._evict()
         if self._pinned():
             return  # a snapshot is reading these files: retention waits for the next tick
-        storage = self.config.storage
         now_ms = self.shell.system.clock.now_ms()
         # Offsets below `floor` are acknowledged by every subscription.
         floor = min((self.cursors.get(name, -1) + 1 for name in self.shell.subscriptions), default=self.committed_offset)
         if self.durable_mode:
             await self._durable_retention(now_ms, floor)
-        elif storage.retention_time_ms is not None or storage.retention_bytes_max is not None:
+        elif (retention := self._retention()) != (None, None):
             segments = [(i.base_offset, i.next_offset, i.size_bytes, _mtime_ms(i.path))
                         for i in self.wal.segments() if i.sealed]
-            upto = _expired(segments, floor, now_ms, storage.retention_time_ms, storage.retention_bytes_max,
-                            sum(i.size_bytes for i in self.wal.segments()))
+            upto = _expired(segments, floor, now_ms, *retention, sum(i.size_bytes for i in self.wal.segments()))
             if upto is not None:
                 await asyncio.get_running_loop().run_in_executor(self.executor, self.wal.delete_segments_before, upto)
+
+    def _retention(self) -> tuple[int | None, int | None]:
+        """(retention_time_ms, retention_bytes_max) in force for this topic (its policies,
+        else its namespace's, else `storage.retention_*`); None: no limit."""
+        policies = self.shell.policies
+        return policies.retention_time_ms or None, policies.retention_bytes_max or None
 
     async def _durable_retention(self, now_ms: int, floor: int) -> None:
         assert self.wal is not None and self.store is not None
         storage, loop = self.config.storage, asyncio.get_running_loop()
-        if storage.retention_time_ms is not None or storage.retention_bytes_max is not None:
+        if (retention := self._retention()) != (None, None):
             segments = [(s.base_offset, s.end_offset + 1, s.size_bytes, s.created_ms) for s in self.durable]
-            upto = _expired(segments, floor, now_ms, storage.retention_time_ms, storage.retention_bytes_max,
-                            sum(s.size_bytes for s in self.durable))
+            upto = _expired(segments, floor, now_ms, *retention, sum(s.size_bytes for s in self.durable))
             if upto is not None:
                 gone = [s for s in self.durable if s.end_offset < upto]
                 for segment in gone:

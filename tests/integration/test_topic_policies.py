@@ -18,6 +18,7 @@ from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from tests.integration.test_cli_e2e import danube
+from tests.integration.test_subscriptions import drain
 
 
 async def _cli(admin_url: str, *args: str) -> str:
@@ -289,3 +290,32 @@ async def test_consumer_limits_set_on_a_live_topic_reach_its_subscriptions(broke
             await client.subscribe("/default/subs", "work", sub_type=SubType.SHARED, consumer_name="c2")
         with pytest.raises(ResourceExhausted, match="max_subscriptions_per_topic"):
             await client.subscribe("/default/subs", "other", sub_type=SubType.SHARED, consumer_name="d1")
+
+
+async def test_retention_set_on_a_topic_deletes_its_consumed_segments_and_no_others(broker_factory, tmp_path) -> None:
+    """The broker keeps every segment (no `storage.retention_*`); a topic's own
+    retention_time_ms deletes its sealed segments once its subscription has passed them,
+    and a topic of the same namespace without the policy keeps all of its own."""
+    broker = broker_factory(env={"DANUBE_STORAGE__WAL_SEGMENT_BYTES_MAX": str(16 * 1024),
+                                 "DANUBE_STORAGE__RETENTION_CHECK_INTERVAL_MS": "200"})
+    wal = tmp_path / "data" / "wal" / "default"
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        files: dict[str, set] = {}
+        for name in ("trimmed", "kept"):
+            producer = await client.create_producer(f"/default/{name}", dispatch="reliable", batch_messages_max=50)
+            consumer = await client.subscribe(f"/default/{name}", "s", sub_type=SubType.EXCLUSIVE)
+            for i in range(600):
+                producer.send_nowait(f"{i:04d}".encode() + b"x" * 96)
+            await producer.flush()
+            files[name] = set((wal / name).glob("*.wal"))
+            assert len(files[name]) > 3
+            await drain(consumer, 600)
+            await consumer.flush_acks()
+        await admin.set_topic_policies("/default/trimmed", retention_time_ms=1)
+        assert (await admin.get_topic_policies("/default/trimmed")).sources["retention_time_ms"] == "topic"
+        deadline = time.monotonic() + 15
+        while files["trimmed"] <= set((wal / "trimmed").glob("*.wal")):
+            assert time.monotonic() < deadline, "the topic's retention never deleted its consumed segments"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # several retention ticks
+        assert files["kept"] <= set((wal / "kept").glob("*.wal")), "a topic without the policy lost segments"
