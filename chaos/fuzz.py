@@ -73,6 +73,9 @@ BROKER_ENV = {
     "DANUBE_LIMITS__OUTBOUND_BYTES_PER_CONNECTION_MAX": str(4 * MIB),
     "DANUBE_LIMITS__OUTBOUND_BYTES_MAX": str(16 * MIB),
     "DANUBE_POLICIES__MAX_MESSAGE_SIZE": str(256 * 1024),
+    # The bystander's namespace: one no mutation names, so the admin requests the fuzzer
+    # sends validly (a namespace's policies, quotas, limits) never reach its topic.
+    "DANUBE_BOOTSTRAP_NAMESPACES": "default,fuzz-bystander",
 }
 FRAME_BYTES_MAX = 2 * MIB  # over max_message_size + the 1 MiB envelope, as config demands
 REQUESTS_PER_MESSAGE_MAX = 1024  # the default of limits.requests_per_message_max
@@ -90,7 +93,7 @@ HOSTILE_STRINGS = ("../../etc/passwd", "/default/../x", "/default/a\x00b", "\u20
                    "/default/" + "a" * 300, "é" * 50, "/default/x/y/z", " ", "\n")
 BOUNDARY_INTS = (0, 1, -1, 2, 127, 128, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
                  2**53, 2**63 - 1, 2**63, 2**64 - 1, -(2**31), -(2**63))
-BYSTANDER_TOPIC = "/default/fuzz-bystander"  # no mutation names it: only the bystander writes it
+BYSTANDER_TOPIC = "/fuzz-bystander/topic"  # no mutation names it or its namespace: only the bystander writes it
 
 
 @dataclass(frozen=True)
