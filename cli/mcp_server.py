@@ -21,11 +21,8 @@ No state about topics or subscriptions is kept here: every answer is the broker'
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import enum
-import ipaddress
 import logging
 import os
 import urllib.error
@@ -39,8 +36,9 @@ from mcp.types import ToolAnnotations
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
-from danube_zmq.cli.admin import _record as wire_record  # the CLI's JSON form of wire records, shared
+from danube_zmq.cli.listen import is_loopback
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.client.json_records import jsonable as _jsonable
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import DanubeError, NotFound
@@ -83,32 +81,6 @@ class McpSettings:
     metrics_url: str | None = None
     # Over HTTP from beyond loopback: every call must bring its own bearer token.
     require_bearer: bool = False
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _jsonable(value: Any) -> Any:
-    """A wire record (or list of them) as JSON data."""
-    value = wire_record(value)
-    if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, enum.Enum):
-        return value.name.lower()
-    return value
 
 
 class _Broker:
