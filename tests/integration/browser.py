@@ -76,6 +76,8 @@ def install_chromium() -> ChromiumPaths | str:
                               timeout=INSTALL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"scripts/install-chromium.sh did not finish in {INSTALL_TIMEOUT_S} s"
+    except OSError as error:
+        return f"chromium/chromedriver are not installed and scripts/install-chromium.sh could not run: {error}"
     found = find_chromium()
     if found is None:
         return f"chromium/chromedriver are not installed and could not be: {done.stderr.strip()}"
