@@ -1,0 +1,1 @@
+"""The web console: `danube admin serve --mode ui` (pages, charts and actions over the admin API)."""
