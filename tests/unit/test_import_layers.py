@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("client",),                     # the client library
     ("runtime",),                    # actor system, mailboxes, supervision, event loop
     ("actors", "loadgen"),           # the broker's actors; the load behind `danube bench`
+    ("console",),                    # the web console, which `danube admin serve --mode ui` starts
     ("cli",),                        # the `danube` command
     ("",),                           # danube_zmq/__init__.py: the public facade
     ("chaos",),                      # the chaos harness: tests only, the product never imports it

@@ -1,0 +1,1 @@
+"""The web console in a real headless Chromium (marker ui, tox -e ui)."""
