@@ -67,7 +67,8 @@ _SECURITY_HEADERS = [
                                  b"base-uri 'none'; form-action 'self'; object-src 'none'"),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not no-referrer: Chromium then sends `Origin: null` on the console's own form posts.
+    (b"referrer-policy", b"same-origin"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
 ]
@@ -220,7 +221,7 @@ class Console:
         """The browser's Origin (or, lacking it, Sec-Fetch-Site) says the form is ours;
         a client that sends neither (curl) must still bring the CSRF token."""
         origin = request.headers.get("origin")
-        if origin is not None:
+        if origin is not None and origin != "null":
             return origin == f"{request.url.scheme}://{request.url.netloc}"
         return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
 
@@ -412,6 +413,11 @@ def _routes(console: Console) -> list[Any]:
         return FileResponse(str(plotly_js), media_type="text/javascript",
                             headers={"cache-control": "public, max-age=86400"})
 
+    async def favicon(request: Request) -> Response:
+        # Browsers ask for /favicon.ico on pages that name none (the plain-text refusals).
+        return FileResponse(str(_HERE / "static" / "favicon.svg"), media_type="image/svg+xml",
+                            headers={"cache-control": "public, max-age=86400"})
+
     async def root(request: Request) -> Response:
         return RedirectResponse("/cluster", status_code=303)
 
@@ -441,6 +447,7 @@ def _routes(console: Console) -> list[Any]:
         Route("/actions/namespaces/policies", console.action(namespace_policies), methods=["POST"]),
         Route("/actions/subscriptions/seek", console.action(seek), methods=["POST"]),
         Route("/static/plotly.min.js", plotly),
+        Route("/favicon.ico", favicon),
         Mount("/static", static),
     ]
 

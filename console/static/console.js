@@ -9,7 +9,8 @@
     xaxis: { type: "date", title: { text: "time" } },
     legend: { orientation: "h", y: -0.2 },
   };
-  const CONFIG = { displaylogo: false, responsive: true };
+  // The mode bar on hover only: drawn always, it covers the chart's title.
+  const CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover" };
 
   function traces(kind, series) {
     const x = series.time_ms.map((ms) => new Date(ms));
@@ -46,7 +47,7 @@
     }
     delete element.dataset.error;
     const kind = element.dataset.kind;
-    const layout = Object.assign({}, LAYOUT, { title: { text: title(kind), font: { size: 14 } } });
+    const layout = Object.assign({}, LAYOUT, { title: { text: title(kind), font: { size: 14 }, x: 0.02, xanchor: "left" } });
     await Plotly.react(element, traces(kind, series), layout, CONFIG);
     element.dataset.points = String(series.time_ms.length);
   }
