@@ -4,12 +4,14 @@
 it) or streamable HTTP (`--transport http --listen HOST:PORT`, path /mcp). It
 dials the broker with the credentials `danube admin` was given (--token-file,
 --server-key, --client-keys), so the broker's RBAC decides what a tool may do.
-Read-only unless `--allow-writes`. `--mode ui` (the web console) is not built yet.
+Read-only unless `--allow-writes`. With `--prometheus-url` its PromQL tools ask that
+Prometheus (cli/promql.py). `--mode ui` (the web console) is not built yet.
 """
 
 from __future__ import annotations
 
 import logging
+import urllib.parse
 
 import click
 
@@ -44,9 +46,12 @@ def _host_port(text: str) -> tuple[str, int]:
               help="Broker client endpoint, for the schema registry [default: the connected broker's].")
 @click.option("--metrics-url", default=None, metavar="URL",
               help="The Prometheus page the metrics tool and resource read [default: the connected broker's].")
+@click.option("--prometheus-url", envvar="DANUBE_PROMETHEUS_URL", show_envvar=True, default=None, metavar="URL",
+              help="Prometheus scraping the brokers (http://HOST:9090), for the query_prometheus and"
+                   " topic_metrics tools [default: none; those tools say how to give one].")
 @click.pass_context
 def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, allow_writes: bool,
-          service_url: str | None, metrics_url: str | None) -> None:
+          service_url: str | None, metrics_url: str | None, prometheus_url: str | None) -> None:
     """Serve the admin API to MCP clients (LLM agents).
 
     \b
@@ -54,11 +59,14 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
       danube admin serve --mode mcp
       danube admin --token-file ops.jwt serve --mode mcp --allow-writes
       danube admin serve --mode mcp --transport http --listen 127.0.0.1:8765
+      danube admin serve --mode mcp --prometheus-url http://127.0.0.1:9090
     """
     if mode == "ui":
         raise click.UsageError("--mode ui (the web console) is not built yet; use --mode mcp")
     if listen is not None and transport != "http":
         raise click.UsageError("--listen applies to --transport http only")
+    if prometheus_url is not None and urllib.parse.urlsplit(prometheus_url).scheme not in ("http", "https"):
+        raise click.UsageError(f"--prometheus-url {prometheus_url!r}: expected http://HOST:PORT or https://...")
     try:
         from danube_zmq.cli.mcp_server import McpSettings, build_server, is_loopback
     except ImportError as err:
@@ -69,7 +77,7 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
     host, port = _host_port(listen or DEFAULT_HTTP_LISTEN)
     server = build_server(McpSettings(
         admin_endpoint=settings.endpoint, timeout_ms=settings.timeout_ms, allow_writes=allow_writes,
-        service_url=service_url, metrics_url=metrics_url,
+        service_url=service_url, metrics_url=metrics_url, prometheus_url=prometheus_url,
         require_bearer=transport == "http" and not is_loopback(host)))
     if transport == "stdio":
         # stdout is the MCP channel: logs stay on stderr (the CLI's handler).
