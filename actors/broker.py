@@ -198,6 +198,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.metrics_url = metrics_url
         self.rng = rng
         self.topics: dict[str, TopicEntry] = {}
+        # Topics whose mailbox was full when told the topic policies in force: told again
+        # (`BrokerTopicPolicies`) until one tell gets through or the topic goes.
+        self.policies_pending: set[str] = set()
+        self.policies_retry_due = False
         # Reliable topics assigned here and not served: their WAL is damaged (until an
         # operator repairs them, or they move or are deleted).
         self.damaged: dict[str, WalDamaged] = {}

@@ -13,6 +13,14 @@ a part of `BrokerActor`.
    `TopicPoliciesChanged`): it works out each policy in force for each topic it serves
    (the topic's, else its namespace's, else the broker's `policies`, policy by policy)
    and tells the topic, which tells its subscriptions.
+   Nothing is lost to a full mailbox. The broker never waits for a topic's room (a
+   topic flooded by producers could hold up every admin request for the ask
+   timeout, and a `send` that gave up lost the change): a topic whose mailbox is
+   full is kept pending and told again by a timer message (`TopicPoliciesPending`),
+   with the policies the store holds then, so the last change wins whatever the
+   order of the retries. The topic tells its subscriptions from inside its group
+   (they are its guests): those tells take the group's local lane, which has no
+   bound, so a subscription's full mailbox loses nothing either.
 3. A topic loaded here (a start, a restart, a move) is spawned with the policies in
    force read from the local replica of the store.
 """
@@ -23,19 +31,23 @@ import logging
 from typing import Any
 
 from danube_zmq.actors.config import TOPIC_POLICY_NAMES, topic_policy_default
+from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InternalError, InvalidArgument, NotFound
-from danube_zmq.transport.internal_protocol import ApplyTopicPolicies, TopicPoliciesChanged
+from danube_zmq.transport.internal_protocol import ApplyTopicPolicies, TopicPoliciesChanged, TopicPoliciesPending
 from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_namespace
 
 log = logging.getLogger("danube_zmq.broker")
 
 # The counts' and rates' range (as the broker's own, actors/config.py): int64 on the wire.
 _VALUE_MAX = 2**63 - 1
+# How long a topic whose mailbox was full waits before it is told the policies again:
+# a topic drains up to 256 messages a round, well within this.
+_PENDING_RETRY_MS = 50
 
 
 def _record(key: str, data: bytes) -> cr.TopicPoliciesRecord:
@@ -74,16 +86,34 @@ class BrokerTopicPolicies:
                 (topic_policy_default(self.config, policy), "broker"))
         return ApplyTopicPolicies(**values), sources
 
-    async def handle_TopicPoliciesChanged(self, msg: TopicPoliciesChanged) -> None:
-        await self._apply_topic_policies()
+    def handle_TopicPoliciesChanged(self, msg: TopicPoliciesChanged) -> None:
+        self._apply_topic_policies()
 
-    async def _apply_topic_policies(self) -> None:
-        for entry in list(self.topics.values()):
+    def handle_TopicPoliciesPending(self, msg: TopicPoliciesPending) -> None:
+        self.policies_retry_due = False
+        pending, self.policies_pending = self.policies_pending, set()
+        # A topic gone meanwhile is dropped: its next start here reads the store.
+        self._tell_topic_policies([self.topics[full] for full in pending if full in self.topics])
+
+    def _apply_topic_policies(self) -> None:
+        self._tell_topic_policies(list(self.topics.values()))
+
+    def _tell_topic_policies(self, entries: list[TopicEntry]) -> None:
+        """Tell each topic the policies in force; those with a full mailbox are told
+        again later. No bound on the retries: a change must not be lost, and the set
+        holds at most the topics served here, each until its mailbox drains or it stops."""
+        for entry in entries:
             policies, _ = self.topic_policies_of(entry.name)
-            try:
-                await self.system.send(entry.endpoint, policies)
-            except DanubeError as exc:  # stopped meanwhile: its next start reads the store
-                log.info("topic %s: topic policies not told (%s)", entry.name.full, exc)
+            if self.system.tell(entry.endpoint, policies):
+                self.policies_pending.discard(entry.name.full)
+            elif self.system.is_alive(entry.endpoint):
+                self.policies_pending.add(entry.name.full)
+            else:  # stopped meanwhile: its next start reads the store
+                self.policies_pending.discard(entry.name.full)
+                log.info("topic %s: topic policies not told (stopped)", entry.name.full)
+        if self.policies_pending and not self.policies_retry_due:
+            self.policies_retry_due = True
+            self.system.schedule_once(self.endpoint, _PENDING_RETRY_MS, TopicPoliciesPending())
 
     async def _policies_key(self, msg: Any) -> tuple[str, str]:
         """(key in the store, what it names) of a request's namespace or topic, which
@@ -117,7 +147,7 @@ class BrokerTopicPolicies:
         if not await self.metadata.transaction({key: 0 if current is None else current.version},
                                                {key: cr.encode(record)}):
             raise FailedPrecondition(f"the topic policies of {what} changed meanwhile; retry")
-        await self._apply_topic_policies()  # here before the answer; other brokers follow their watch
+        self._apply_topic_policies()  # queued here before the answer; other brokers follow their watch
         return Ok(request_id=msg.request_id)
 
     async def handle_GetTopicPolicies(self, msg: ap.GetTopicPolicies, origin: Origin) -> Message:
@@ -141,5 +171,5 @@ class BrokerTopicPolicies:
             raise NotFound(f"{what} has no topic policies of its own")
         if not await self.metadata.transaction({key: current.version}, {}, [key]):
             raise FailedPrecondition(f"the topic policies of {what} changed meanwhile; retry")
-        await self._apply_topic_policies()
+        self._apply_topic_policies()
         return Ok(request_id=msg.request_id)

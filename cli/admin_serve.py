@@ -4,7 +4,8 @@
 it) or streamable HTTP (`--transport http --listen HOST:PORT`, path /mcp). It
 dials the broker with the credentials `danube admin` was given (--token-file,
 --server-key, --client-keys), so the broker's RBAC decides what a tool may do.
-Read-only unless `--allow-writes`.
+Read-only unless `--allow-writes`. With `--prometheus-url` its PromQL tools ask that
+Prometheus (cli/promql.py).
 
 `--mode ui` runs the web console of console/ (Starlette, served by uvicorn) at
 http://HOST:PORT/. Every user logs in with their own Danube token (the token
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.parse
 from typing import Any
 
 import click
@@ -47,6 +49,9 @@ DEFAULT_UI_LISTEN = "127.0.0.1:8780"
               help="Broker client endpoint, for the schema registry [default: the connected broker's].")
 @click.option("--metrics-url", default=None, metavar="URL",
               help="The Prometheus page the metrics tool and resource read [default: the connected broker's].")
+@click.option("--prometheus-url", envvar="DANUBE_PROMETHEUS_URL", show_envvar=True, default=None, metavar="URL",
+              help="Prometheus scraping the brokers (http://HOST:9090), for the query_prometheus and"
+                   " topic_metrics tools [default: none; those tools say how to give one].")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
               help="--mode ui: serve HTTPS with this certificate (PEM); required beyond loopback.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -56,7 +61,7 @@ DEFAULT_UI_LISTEN = "127.0.0.1:8780"
 @click.pass_context
 def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, allow_writes: bool,
           service_url: str | None, metrics_url: str | None, tls_cert: str | None, tls_key: str | None,
-          refresh_ms: int) -> None:
+          prometheus_url: str | None, refresh_ms: int) -> None:
     """Serve the admin API to MCP clients (LLM agents), or the web console.
 
     \b
@@ -67,6 +72,7 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
       danube admin serve --mode ui                      # http://127.0.0.1:8780/
       danube admin --server-key cluster.key serve --mode ui --listen 0.0.0.0:8443 \\
           --tls-cert console.crt --tls-key console.key
+      danube admin serve --mode mcp --prometheus-url http://127.0.0.1:9090
     """
     settings = ctx.parent.obj if ctx.parent is not None else None
     assert settings is not None, "the admin group stores its settings"
@@ -77,6 +83,8 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
         raise click.UsageError("--tls-cert and --tls-key apply to --mode ui only")
     if listen is not None and transport != "http":
         raise click.UsageError("--listen applies to --transport http only")
+    if prometheus_url is not None and urllib.parse.urlsplit(prometheus_url).scheme not in ("http", "https"):
+        raise click.UsageError(f"--prometheus-url {prometheus_url!r}: expected http://HOST:PORT or https://...")
     try:
         from danube_zmq.cli.mcp_server import McpSettings, build_server
     except ImportError as err:
@@ -85,7 +93,7 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
     host, port = host_port(listen or DEFAULT_HTTP_LISTEN, DEFAULT_HTTP_LISTEN)
     server = build_server(McpSettings(
         admin_endpoint=settings.endpoint, timeout_ms=settings.timeout_ms, allow_writes=allow_writes,
-        service_url=service_url, metrics_url=metrics_url,
+        service_url=service_url, metrics_url=metrics_url, prometheus_url=prometheus_url,
         require_bearer=transport == "http" and not is_loopback(host)))
     if transport == "stdio":
         # stdout is the MCP channel: logs stay on stderr (the CLI's handler).

@@ -15,7 +15,14 @@ tools, two prompts and the broker's metrics as a resource, for an LLM agent.
 3. Tools that change the cluster are registered only with `allow_writes`; without it
    they are not listed, and calling one by name is an error that says how to allow it.
 
-No state about topics or subscriptions is kept here: every answer is the broker's.
+4. With `--prometheus-url`, two read tools ask Prometheus' HTTP API (cli/promql.py):
+   `query_prometheus` (any PromQL, instant or range) and `topic_metrics` (the console's
+   named queries for a topic over the last minutes). Prometheus answers whatever it
+   holds: the broker's RBAC does not filter it, so beyond loopback a caller's token is
+   first checked by one admin call the broker must accept.
+
+No state about topics or subscriptions is kept here: every answer is the broker's (or
+Prometheus').
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import logging
+import math
 import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,12 +46,13 @@ from mcp.types import ToolAnnotations
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
+from danube_zmq.cli import promql as prometheus_api
 from danube_zmq.cli.listen import is_loopback
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.json_records import jsonable as _jsonable
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
-from danube_zmq.transport.errors import DanubeError, NotFound
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, NotFound
 
 __all__ = ["WRITE_TOOLS", "McpSettings", "build_server", "is_loopback"]
 
@@ -54,6 +65,14 @@ METRICS_BYTES_MAX = 8 * 1024 * 1024
 METRIC_SAMPLES_MAX = 2000
 # Topics `health_check` describes at most, per call (each is one admin round trip).
 HEALTH_TOPICS_MAX = 200
+# Series a Prometheus tool returns at most per query (the model reads them all).
+PROMETHEUS_SERIES_MAX = 500
+# A range query without a step gets about this many points per series; one with a step
+# may ask at most Prometheus' own limit (11,000 points per series).
+RANGE_POINTS = 240
+RANGE_POINTS_MAX = 11_000
+# `topic_metrics` looks back at most a day.
+TOPIC_METRICS_MINUTES_MAX = 24 * 60
 
 # The parameters most tools share, described once for every tool's input schema.
 Topic = Annotated[str, Field(description="A topic, /namespace/topic (one partition: /namespace/topic-part-N).")]
@@ -66,6 +85,11 @@ BrokerId = Annotated[int, Field(description="A broker id, as list_brokers shows 
 SomeSubscription = Annotated[str | None, Field(description="One subscription of the topic; all when left out.")]
 QuotaNamespace = Annotated[str | None, Field(description="The namespace whose quota to set.")]
 QuotaTopic = Annotated[str | None, Field(description="The topic whose quota to set (over its namespace's).")]
+PromQL = Annotated[str, Field(description="A PromQL expression, e.g. sum by (topic) (rate(danube_topic_messages_in_total[1m])).")]
+When = Annotated[str | float | None, Field(
+    description="A time: RFC3339 (2026-11-25T12:00:00Z), or a number of seconds ago (900: 15 minutes ago).")]
+Step = Annotated[str | float | None, Field(
+    description="Range queries: seconds between points, or a duration such as 30s [default: about 240 points].")]
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 
@@ -81,6 +105,8 @@ class McpSettings:
     metrics_url: str | None = None
     # Over HTTP from beyond loopback: every call must bring its own bearer token.
     require_bearer: bool = False
+    # Prometheus' base URL (http://host:9090) for the PromQL tools; None: those tools say how to give one.
+    prometheus_url: str | None = None
 
 
 class _Broker:
@@ -385,6 +411,61 @@ def build_server(settings: McpSettings) -> McpServer:
         text = await broker.metrics_text(ctx, broker_id)
         return _metric_samples(text, name_prefix, labels or {})
 
+    async def prometheus(ctx: Context) -> str:
+        """Prometheus' URL, once the caller may ask it."""
+        if settings.prometheus_url is None:
+            raise ToolError("this MCP server has no Prometheus to ask: start it with"
+                            " `danube admin serve --mode mcp --prometheus-url http://HOST:9090`"
+                            " (Prometheus scraping the brokers' --metrics-port)")
+        if settings.require_bearer:
+            # The broker's RBAC does not see these queries: the token must at least be
+            # one the broker accepts.
+            await broker.admin(ctx, lambda c: c.cluster_status())
+        return settings.prometheus_url
+
+    @read("Run a PromQL query on the Prometheus that scrapes the brokers (--prometheus-url): at `time`"
+          " (default now), or over a range when `start` is given (`end` default now, `step` default about"
+          " 240 points). Metric names: danube_topic_*, danube_subscription_*, danube_wal_*, danube_raft_*,"
+          " danube_broker_*; histograms have _bucket series for histogram_quantile. At most 500 series.")
+    async def query_prometheus(promql: PromQL, ctx: Context, time: When = None, start: When = None,
+                               end: When = None, step: Step = None) -> dict[str, Any]:
+        url = await prometheus(ctx)
+        now = _now()
+        with _as_tool_error():
+            if start is None and end is None and step is None:
+                at = None if time is None else _when(time, now, "time")
+                data = await asyncio.to_thread(prometheus_api.instant, url, promql, at)
+            else:
+                if start is None:
+                    raise ToolError("a range query needs `start` (RFC3339, or seconds ago)")
+                if time is not None:
+                    raise ToolError("give `time` (an instant query) or `start`/`end`/`step` (a range), not both")
+                first, last = _when(start, now, "start"), _when(end if end is not None else 0, now, "end")
+                if last <= first:
+                    raise ToolError(f"`end` ({last:.0f}) must be after `start` ({first:.0f})")
+                every = _step(step, first, last)
+                data = await asyncio.to_thread(prometheus_api.range_, url, promql, first, last, every)
+        return {"promql": promql, **_series(data)}
+
+    @read("A topic's console metrics from Prometheus (--prometheus-url) over the last `minutes` (default 15):"
+          " per subscription backlog (messages, bytes), lag, unacked, dispatch rate and end-to-end p99; per"
+          " topic publish rate and produce-ack p99; per broker WAL fsync p99. Each with the PromQL it ran, and"
+          " per series its last, min and max value and its points. A partitioned topic's partitions are"
+          " included.")
+    async def topic_metrics(topic: Topic, ctx: Context, subscription: SomeSubscription = None,
+                            minutes: int = 15) -> dict[str, Any]:
+        if not 1 <= minutes <= TOPIC_METRICS_MINUTES_MAX:
+            raise ToolError(f"minutes must be in 1..{TOPIC_METRICS_MINUTES_MAX}, got {minutes}")
+        url = await prometheus(ctx)
+        end = _now()
+        start = end - minutes * 60
+        step = max(15, minutes)  # 60 points, never finer than a usual scrape interval
+        with _as_tool_error():
+            queries = {name: build(topic, subscription) for name, build in prometheus_api.CONSOLE_QUERIES.items()}
+            answers = await asyncio.to_thread(_run_console_queries, url, queries, start, end, step)
+        return {"topic": topic, "subscription": subscription, "minutes": minutes, "step_seconds": step,
+                "queries": answers}
+
     # -- writes ----------------------------------------------------------------
 
     @write(destructive=False)
@@ -587,6 +668,93 @@ def build_server(settings: McpSettings) -> McpServer:
             raise ResourceError(str(err)) from None
 
     return server
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _when(value: str | float, now: float, name: str) -> float:
+    """Seconds since the epoch of a tool's time: RFC3339, or a number of seconds ago."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        ago = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            ago = float(text)
+        except ValueError:
+            return _rfc3339(text, name)
+    if not math.isfinite(ago) or ago < 0:
+        raise ToolError(f"`{name}`: seconds ago must be a number >= 0, got {value!r}")
+    return now - ago
+
+
+def _rfc3339(text: str, name: str) -> float:
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ToolError(f"`{name}` {text!r}: expected RFC3339 (2026-11-25T12:00:00Z) or seconds ago") from None
+    if moment.tzinfo is None:
+        raise ToolError(f"`{name}` {text!r}: give a time zone (Z or +00:00)")
+    return moment.timestamp()
+
+
+def _step(step: str | float | None, start: float, end: float) -> str | float:
+    if step is None:
+        return max(1.0, math.ceil((end - start) / RANGE_POINTS))
+    if isinstance(step, str):
+        try:
+            step = float(step)
+        except ValueError:
+            return step.strip()  # a duration such as 30s: Prometheus checks it
+    if not math.isfinite(step) or step <= 0:
+        raise ToolError(f"`step` must be > 0 seconds, got {step}")
+    if (end - start) / step > RANGE_POINTS_MAX:
+        raise ToolError(f"{(end - start) / step:.0f} points per series: past {RANGE_POINTS_MAX}; give a longer step")
+    return step
+
+
+def _series(data: dict[str, Any]) -> dict[str, Any]:
+    """Prometheus' data, at most PROMETHEUS_SERIES_MAX series of it."""
+    result = data.get("result")
+    answer: dict[str, Any] = {"result_type": data.get("resultType"), "result": result, "truncated": False}
+    if isinstance(result, list) and len(result) > PROMETHEUS_SERIES_MAX:
+        answer["result"], answer["truncated"] = result[:PROMETHEUS_SERIES_MAX], True
+    if data.get("warnings"):
+        answer["warnings"] = data["warnings"]
+    return answer
+
+
+def _number(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None  # NaN (no increase), which JSON cannot carry
+
+
+def _run_console_queries(url: str, queries: dict[str, str], start: float, end: float,
+                         step: float) -> dict[str, Any]:
+    """Each named query over the range (in a thread: urllib blocks). A query Prometheus
+    refuses is that query's error; an unreachable Prometheus fails them all."""
+    answers: dict[str, Any] = {}
+    for name, query in queries.items():
+        try:
+            data = prometheus_api.range_(url, query, start, end, step)
+        except InvalidArgument as err:
+            answers[name] = {"promql": query, "error": str(err)}
+            continue
+        shaped = _series(data)
+        series = []
+        for row in shaped["result"] or []:
+            points = [value for _, value in row.get("values", [])]
+            numbers = [n for n in map(_number, points) if n is not None]
+            series.append({"labels": row.get("metric", {}), "last": _number(points[-1]) if points else None,
+                           "min": min(numbers, default=None), "max": max(numbers, default=None),
+                           "values": row.get("values", [])})
+        answers[name] = {"promql": query, "series": series, "truncated": shaped["truncated"],
+                         **({"warnings": shaped["warnings"]} if "warnings" in shaped else {})}
+    return answers
 
 
 def _lag_report(description: Any, subscription: str | None) -> dict[str, Any]:

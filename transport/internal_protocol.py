@@ -1108,6 +1108,14 @@ class DispatchTokensDue(Message):
 
 
 @wire
+class TopicPoliciesPending(Message):
+    """Broker -> itself while some topic's mailbox was full when it was told the topic
+    policies in force: tell those topics again (what the store holds then)."""
+
+    TAG = 280
+
+
+@wire
 class ResyncNext(Message):
     """Broker -> itself: follow the next slice of the resync `generation` (a resync of
     tens of thousands of topics is a series of these, so client requests queued in
@@ -1161,7 +1169,7 @@ INTERNAL_PROTOCOL = Protocol(
         HolderLives, HolderLiveness,
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
-        PublishTokensDue, DispatchTokensDue,
+        TopicPoliciesPending, PublishTokensDue, DispatchTokensDue,
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

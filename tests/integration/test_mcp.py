@@ -71,6 +71,12 @@ READ_ARGUMENTS: dict[str, dict[str, Any]] = {
     "health_check": {},
     "get_metrics": {"name_prefix": "danube_"},
 }
+# Read tools that ask Prometheus: without --prometheus-url they say how to give one
+# (tests/integration/test_mcp_prometheus.py runs them against a fake Prometheus).
+PROMETHEUS_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "query_prometheus": {"promql": "up"},
+    "topic_metrics": {"topic": TOPIC},
+}
 
 
 def _server_args(broker: BrokerProcess | str, *extra: str, admin_flags: tuple[str, ...] = ()) -> list[str]:
@@ -201,7 +207,7 @@ async def test_stdio_lists_read_tools_only_and_answers_each_with_the_brokers_dat
     broker is unchanged; the prompts and the metrics resource are there."""
     async with stdio_session(stocked) as session:
         tools = (await session.list_tools()).tools
-        assert {tool.name for tool in tools} == set(READ_ARGUMENTS)
+        assert {tool.name for tool in tools} == set(READ_ARGUMENTS) | set(PROMETHEUS_ARGUMENTS)
         for tool in tools:
             assert tool.description and "changes nothing" in tool.description
             assert tool.input_schema["type"] == "object"
@@ -213,6 +219,8 @@ async def test_stdio_lists_read_tools_only_and_answers_each_with_the_brokers_dat
         answers = {name: answer(await session.call_tool(name, arguments))
                    for name, arguments in READ_ARGUMENTS.items()}
         check_read_answers(answers)
+        for name, arguments in PROMETHEUS_ARGUMENTS.items():
+            assert "--prometheus-url" in refusal(await session.call_tool(name, arguments))
 
         message = refusal(await session.call_tool("create_topic", {"topic": "/mcpns/sneaky"}))
         assert "read-only" in message and "--allow-writes" in message
@@ -239,7 +247,7 @@ async def test_http_with_allow_writes_lists_and_runs_write_tools(stocked: Broker
     removes it; a broker's refusal comes back as the tool's error with its code."""
     async with http_server(stocked, "--allow-writes") as url, http_session(url) as session:
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-        assert set(tools) == set(READ_ARGUMENTS) | set(WRITE_TOOLS)
+        assert set(tools) == set(READ_ARGUMENTS) | set(PROMETHEUS_ARGUMENTS) | set(WRITE_TOOLS)
         assert tools["delete_topic"].description.startswith("CHANGES THE CLUSTER")
         assert tools["delete_topic"].annotations.destructive_hint is True
 
@@ -268,17 +276,27 @@ async def test_an_unreachable_broker_is_the_tools_error_and_the_server_keeps_ser
         for _ in range(2):
             message = refusal(await session.call_tool("list_namespaces", {}))
             assert "UNAVAILABLE: no answer" in message and endpoint in message, message
-        assert {tool.name for tool in (await session.list_tools()).tools} == set(READ_ARGUMENTS)
+        assert {tool.name for tool in (await session.list_tools()).tools} == set(READ_ARGUMENTS) | set(
+            PROMETHEUS_ARGUMENTS)
 
 
-def test_serve_refuses_the_ui_mode_and_a_bad_listen() -> None:
-    """`--mode ui` is not built yet and says so; --listen that is not HOST:PORT is named."""
+def test_serve_refuses_bad_listen_and_tls_options() -> None:
+    """--listen that is not HOST:PORT is named; a --prometheus-url that is not http(s) is
+    refused before serving; the console beyond loopback without TLS is refused (users
+    type their tokens into it), and the TLS options belong to the console only."""
     base = [sys.executable, "-m", "danube_zmq.cli.main", "admin", "serve"]
-    done = subprocess.run([*base, "--mode", "ui"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "not built yet" in done.stderr
+    done = subprocess.run([*base, "--mode", "ui", "--listen", "0.0.0.0:8780"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "serves HTTPS only there" in done.stderr
+    done = subprocess.run([*base, "--mode", "mcp", "--tls-cert", __file__, "--tls-key", __file__],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "apply to --mode ui only" in done.stderr
     done = subprocess.run([*base, "--mode", "mcp", "--transport", "http", "--listen", "nowhere"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "expected HOST:PORT" in done.stderr
+    done = subprocess.run([*base, "--mode", "mcp", "--prometheus-url", "127.0.0.1:9090"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--prometheus-url" in done.stderr and "http://" in done.stderr
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from danube_zmq import SyncClient
+from danube_zmq.cli import promql
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from tests.integration.conftest import free_port
@@ -33,18 +33,10 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "/default/watched"
-# What a console asks, per topic and subscription.
-QUERIES = {
-    "backlog": f'sum by (topic, subscription) (danube_subscription_backlog_messages{{topic="{TOPIC}"}})',
-    "backlog bytes": f'sum by (topic, subscription) (danube_subscription_backlog_bytes{{topic="{TOPIC}"}})',
-    "lag": f'sum by (topic, subscription) (danube_subscription_lag_messages{{topic="{TOPIC}"}})',
-    "produce p99": "histogram_quantile(0.99, sum by (le, topic) "
-                   f'(rate(danube_producer_send_latency_seconds_bucket{{topic="{TOPIC}"}}[30s])))',
-    "end-to-end p99": "histogram_quantile(0.99, sum by (le, topic, subscription) "
-                      f'(rate(danube_subscription_end_to_end_latency_seconds_bucket{{topic="{TOPIC}"}}[30s])))',
-    "publish rate": f'sum by (topic) (rate(danube_topic_messages_in_total{{topic="{TOPIC}"}}[30s]))',
-    "fsync p99": "histogram_quantile(0.99, sum by (le) (rate(danube_wal_fsync_latency_seconds_bucket[30s])))",
-}
+# What a console (and the MCP server's topic_metrics) asks, per topic and subscription.
+QUERIES = {name: build(TOPIC) for name, build in promql.CONSOLE_QUERIES.items()}
+# Label values PromQL must read back exactly as quoted (cli/promql.py's `quote`).
+AWKWARD_VALUES = ['a"b', "back\\slash\\", "new\nline\ttab", "{x=~\".*\"}", "é€😀", "\x01\x7f", ""]
 
 
 def prometheus_binary() -> str:
@@ -59,11 +51,7 @@ def prometheus_binary() -> str:
 
 
 def query(port: int, expr: str) -> list[dict[str, object]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as response:
-        answer = json.loads(response.read())
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]  # type: ignore[no-any-return]
+    return promql.instant(f"http://127.0.0.1:{port}", expr)["result"]  # type: ignore[no-any-return]
 
 
 def has_data(result: list[dict[str, object]]) -> bool:
@@ -109,9 +97,12 @@ def running_prometheus(tmp_path: Path, targets: list[int]) -> Iterator[int]:
 def test_prometheus_answers_the_consoles_backlog_lag_and_latency_queries(tmp_path: Path) -> None:
     """Three brokers with fixed metrics ports, scraped every second by Prometheus. A
     reliable topic gets a message every 50 ms or so; its consumer acks every other
-    message, so the subscription has a backlog. Within 60 s each console query (backlog, its
-    bytes, lag, produce and end-to-end p99 from the histograms' buckets, publish rate,
-    fsync p99) returns data through Prometheus' HTTP API, and the backlog is above 0."""
+    message, so the subscription has a backlog. Label values with quotes, backslashes,
+    newlines and non-ASCII, quoted by cli/promql.py, read back from Prometheus as they
+    were. Within 60 s each named console query of cli/promql.py (backlog, its bytes, lag,
+    unacked, produce and end-to-end p99 from the histograms' buckets, publish and dispatch
+    rates, fsync p99) returns data through Prometheus' HTTP API, sent by cli/promql.py's
+    client, and the backlog is above 0."""
     nodes = [Node(tmp_path, i) for i in range(1, 4)]
     metrics = [free_port() for _ in nodes]
     stop = threading.Event()
@@ -145,6 +136,9 @@ def test_prometheus_answers_the_consoles_backlog_lag_and_latency_queries(tmp_pat
         asyncio.run(create())
         worker.start()
         with running_prometheus(tmp_path, metrics) as port:
+            for value in AWKWARD_VALUES:
+                [quoted] = query(port, f'label_replace(vector(1), "v", {promql.quote(value)}, "", "")')
+                assert quoted["metric"] == ({"v": value} if value else {}), (value, quoted)  # type: ignore[index]
             answered: dict[str, list[dict[str, object]]] = {}
             deadline = time.monotonic() + 60
             while len(answered) < len(QUERIES) and time.monotonic() < deadline and not errors:
@@ -154,7 +148,7 @@ def test_prometheus_answers_the_consoles_backlog_lag_and_latency_queries(tmp_pat
                 time.sleep(1)
             assert not errors, errors
             assert set(answered) == set(QUERIES), f"no data for {set(QUERIES) - set(answered)}"
-            [backlog] = answered["backlog"]
+            [backlog] = answered["backlog_messages"]
             assert backlog["metric"] == {"topic": TOPIC, "subscription": "console"}
             assert float(backlog["value"][1]) > 0  # type: ignore[index]
     finally:
