@@ -5,7 +5,7 @@ it) or streamable HTTP (`--transport http --listen HOST:PORT`, path /mcp). It
 dials the broker with the credentials `danube admin` was given (--token-file,
 --server-key, --client-keys), so the broker's RBAC decides what a tool may do.
 Read-only unless `--allow-writes`. With `--prometheus-url` its PromQL tools ask that
-Prometheus (cli/promql.py).
+Prometheus (client/promql.py).
 
 `--mode ui` runs the web console of console/ (Starlette, served by uvicorn) at
 http://HOST:PORT/. Every user logs in with their own Danube token (the token
@@ -50,8 +50,8 @@ DEFAULT_UI_LISTEN = "127.0.0.1:8780"
 @click.option("--metrics-url", default=None, metavar="URL",
               help="The Prometheus page the metrics tool and resource read [default: the connected broker's].")
 @click.option("--prometheus-url", envvar="DANUBE_PROMETHEUS_URL", show_envvar=True, default=None, metavar="URL",
-              help="Prometheus scraping the brokers (http://HOST:9090), for the query_prometheus and"
-                   " topic_metrics tools [default: none; those tools say how to give one].")
+              help="Prometheus scraping the brokers (http://HOST:9090): for the MCP query_prometheus and"
+                   " topic_metrics tools, and the console's charts (history and latency percentiles).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
               help="--mode ui: serve HTTPS with this certificate (PEM); required beyond loopback.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -76,15 +76,15 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
     """
     settings = ctx.parent.obj if ctx.parent is not None else None
     assert settings is not None, "the admin group stores its settings"
+    if prometheus_url is not None and urllib.parse.urlsplit(prometheus_url).scheme not in ("http", "https"):
+        raise click.UsageError(f"--prometheus-url {prometheus_url!r}: expected http://HOST:PORT or https://...")
     if mode == "ui":
-        _serve_ui(settings, listen or DEFAULT_UI_LISTEN, service_url, tls_cert, tls_key, refresh_ms)
+        _serve_ui(settings, listen or DEFAULT_UI_LISTEN, service_url, tls_cert, tls_key, refresh_ms, prometheus_url)
         return
     if tls_cert or tls_key:
         raise click.UsageError("--tls-cert and --tls-key apply to --mode ui only")
     if listen is not None and transport != "http":
         raise click.UsageError("--listen applies to --transport http only")
-    if prometheus_url is not None and urllib.parse.urlsplit(prometheus_url).scheme not in ("http", "https"):
-        raise click.UsageError(f"--prometheus-url {prometheus_url!r}: expected http://HOST:PORT or https://...")
     try:
         from danube_zmq.cli.mcp_server import McpSettings, build_server
     except ImportError as err:
@@ -105,7 +105,7 @@ def serve(ctx: click.Context, mode: str, transport: str, listen: str | None, all
 
 
 def _serve_ui(settings: Any, listen: str, service_url: str | None, tls_cert: str | None, tls_key: str | None,
-              refresh_ms: int) -> None:
+              refresh_ms: int, prometheus_url: str | None) -> None:
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("give --tls-cert and --tls-key together")
     host, port = host_port(listen, DEFAULT_UI_LISTEN)
@@ -121,7 +121,8 @@ def _serve_ui(settings: Any, listen: str, service_url: str | None, tls_cert: str
         raise InvalidArgument(f"the web console needs its extra ({err}): pip install 'danube-zmq[ui]'") from None
     app = build_app(ConsoleSettings(admin_endpoint=settings.endpoint, timeout_ms=settings.timeout_ms,
                                     server_public_key=os.environ.get("DANUBE_SERVER_KEY") or None,
-                                    service_url=service_url, refresh_ms=refresh_ms),
+                                    service_url=service_url, refresh_ms=refresh_ms,
+                                    prometheus_url=prometheus_url),
                     secure_cookies=tls_cert is not None)
     scheme = "https" if tls_cert else "http"
     click.echo(f"Danube console on {scheme}://{host}:{port}/ (broker {settings.endpoint})", err=True)

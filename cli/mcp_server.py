@@ -15,7 +15,7 @@ tools, two prompts and the broker's metrics as a resource, for an LLM agent.
 3. Tools that change the cluster are registered only with `allow_writes`; without it
    they are not listed, and calling one by name is an error that says how to allow it.
 
-4. With `--prometheus-url`, two read tools ask Prometheus' HTTP API (cli/promql.py):
+4. With `--prometheus-url`, two read tools ask Prometheus' HTTP API (client/promql.py):
    `query_prometheus` (any PromQL, instant or range) and `topic_metrics` (the console's
    named queries for a topic over the last minutes). Prometheus answers whatever it
    holds: the broker's RBAC does not filter it, so beyond loopback a caller's token is
@@ -46,8 +46,8 @@ from mcp.types import ToolAnnotations
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
-from danube_zmq.cli import promql as prometheus_api
 from danube_zmq.cli.listen import is_loopback
+from danube_zmq.client import promql as prometheus_api
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.json_records import jsonable as _jsonable
 from danube_zmq.client.schemas import SchemaRegistryClient

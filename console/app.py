@@ -171,7 +171,9 @@ class Console:
                **context: Any) -> Response:
         return self.templates.TemplateResponse(
             request, template, {"session": session, "flashes": session.take_flashes() if session else [],
-                                "refresh_ms": self.settings.refresh_ms, **context}, status_code=status)
+                                "refresh_ms": self.settings.refresh_ms,
+                                "prometheus": self.settings.prometheus_url is not None, **context},
+            status_code=status)
 
     def page(self, title: str, template: str,
              load: Callable[[Request, Session], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:

@@ -8,11 +8,14 @@ the cluster's state beyond its charts' samples (console/history.py).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from danube_zmq.client import promql
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.json_records import jsonable
 from danube_zmq.client.schemas import SchemaRegistryClient
@@ -38,6 +41,22 @@ class ConsoleSettings:
     service_url: str | None = None
     # How often the topic page's charts ask for new points.
     refresh_ms: int = 5000
+    # A Prometheus scraping the brokers: the charts then show its history (the window
+    # below) and latency percentiles; without it, what this console sampled.
+    prometheus_url: str | None = None
+    chart_minutes: int = 15
+
+
+# Each chart of the topic page: its series from Prometheus, as (named query, legend
+# template over the series' labels).
+PROMETHEUS_CHARTS: dict[str, list[tuple[str, str]]] = {
+    "backlog": [("backlog_messages", "backlog {subscription}"), ("unacked_messages", "unacked {subscription}")],
+    "rates": [("publish_rate", "in {topic}"), ("dispatch_rate", "out {subscription}")],
+    "latency": [("produce_ack_p99_seconds", "produce-ack p99 {topic}"),
+                ("end_to_end_p99_seconds", "end-to-end p99 {subscription}")],
+}
+# Points per series a chart asks Prometheus for, whatever the window.
+PROMETHEUS_POINTS = 240
 
 
 class Backend:
@@ -163,11 +182,17 @@ class Backend:
         return await self.admin(token, gather)
 
     async def topic_series(self, token: str | None, topic: str) -> dict[str, Any]:
+        """The topic page's charts: {"source", "charts": {chart: [{name, time_ms, values}]}}."""
         # The admin call first, with the caller's credentials: it is what lets this
-        # caller see the topic's history at all.
+        # caller see the topic's history at all (Prometheus knows no permissions).
         description = await self.admin(token, lambda c: c.describe_topic(topic))
-        self.history.record(topic, topic_sample(description, time.time()))
-        return {"topic": topic, **self.history.series(topic)}
+        now = time.time()
+        url = self.settings.prometheus_url
+        if url is None:
+            self.history.record(topic, topic_sample(description, now))
+            return {"topic": topic, "source": "console", "charts": history_charts(self.history.series(topic))}
+        charts = await asyncio.to_thread(prometheus_charts, url, topic, now, self.settings.chart_minutes * 60)
+        return {"topic": topic, "source": "prometheus", "charts": charts}
 
     async def subscription(self, token: str | None, topic: str, name: str) -> dict[str, Any]:
         async def gather(c: AdminClient) -> dict[str, Any]:
@@ -203,6 +228,35 @@ class Backend:
                     "revoked_tokens": jsonable(await c.list_revoked_tokens())}
         return await self.admin(token, gather)
 
+
+
+def history_charts(series: dict[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:
+    def line(name: str, column: str) -> dict[str, Any]:
+        return {"name": name, "time_ms": series["time_ms"], "values": series[column]}
+    return {"backlog": [line("backlog", "backlog_messages"), line("unacked", "unacked_messages")],
+            "rates": [line("in (msg/s)", "in_rate"), line("out (msg/s)", "out_rate")]}
+
+
+def prometheus_charts(url: str, topic: str, now_s: float, window_s: float) -> dict[str, list[dict[str, Any]]]:
+    """Each chart's series over the last `window_s`, by Prometheus' range queries (the
+    named queries of client/promql.py). Blocking: run in a thread."""
+    step = max(1.0, window_s / PROMETHEUS_POINTS)
+    charts: dict[str, list[dict[str, Any]]] = {}
+    for chart, queries in PROMETHEUS_CHARTS.items():
+        lines = charts[chart] = []
+        for query, legend in queries:
+            answer = promql.range_(url, promql.CONSOLE_QUERIES[query](topic), now_s - window_s, now_s, step)
+            for series in answer.get("result", []):
+                labels = {"topic": topic, "subscription": "", **series.get("metric", {})}
+                lines.append({"name": legend.format_map(labels).strip(),
+                              "time_ms": [int(float(at) * 1000) for at, _ in series["values"]],
+                              "values": [_number(value) for _, value in series["values"]]})
+    return charts
+
+
+def _number(text: str) -> float | None:
+    value = float(text)
+    return None if math.isnan(value) or math.isinf(value) else value
 
 
 def topic_sample(description: TopicDescription, now_s: float) -> Sample:

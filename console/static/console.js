@@ -12,22 +12,20 @@
   // The mode bar on hover only: drawn always, it covers the chart's title.
   const CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover" };
 
-  function traces(kind, series) {
-    const x = series.time_ms.map((ms) => new Date(ms));
-    if (kind === "backlog") {
-      return [
-        { x, y: series.backlog_messages, name: "backlog (messages)", mode: "lines+markers", line: { color: "#2456c9" } },
-        { x, y: series.unacked_messages, name: "unacked", mode: "lines+markers", line: { color: "#d97706" } },
-      ];
-    }
-    return [
-      { x, y: series.in_rate, name: "in (msg/s)", mode: "lines+markers", line: { color: "#1c7c3c" } },
-      { x, y: series.out_rate, name: "out (msg/s)", mode: "lines+markers", line: { color: "#b3261e" } },
-    ];
-  }
+  const TITLES = {
+    backlog: "Backlog and unacked messages",
+    rates: "Publish and dispatch rates (msg/s)",
+    latency: "p99 latency (s)",
+  };
 
-  function title(kind) {
-    return kind === "backlog" ? "Backlog and unacked messages" : "Publish and dispatch rates";
+  function traces(lines) {
+    return lines.map((line) => ({
+      x: line.time_ms.map((ms) => new Date(ms)),
+      y: line.values,
+      name: line.name,
+      mode: "lines+markers",
+      marker: { size: 4 },
+    }));
   }
 
   async function refresh(element) {
@@ -47,9 +45,13 @@
     }
     delete element.dataset.error;
     const kind = element.dataset.kind;
-    const layout = Object.assign({}, LAYOUT, { title: { text: title(kind), font: { size: 14 }, x: 0.02, xanchor: "left" } });
-    await Plotly.react(element, traces(kind, series), layout, CONFIG);
-    element.dataset.points = String(series.time_ms.length);
+    const lines = series.charts[kind] || [];
+    const layout = Object.assign({}, LAYOUT, {
+      title: { text: TITLES[kind] || kind, font: { size: 14 }, x: 0.02, xanchor: "left" },
+    });
+    await Plotly.react(element, traces(lines), layout, CONFIG);
+    element.dataset.points = String(Math.max(0, ...lines.map((line) => line.time_ms.length)));
+    element.dataset.source = series.source;
   }
 
   function start() {

@@ -93,7 +93,9 @@ def test_pages_answer_with_security_headers_and_no_cors(open_console: tuple[Brok
             "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
         assert preflight.status_code == 405 and "access-control-allow-origin" not in preflight.headers
         series = http.get(f"/api/topic-series?topic={TOPIC}").json()
-        assert series["topic"] == TOPIC and len(series["time_ms"]) == 1
+        assert series["topic"] == TOPIC and series["source"] == "console"
+        assert [line["name"] for line in series["charts"]["backlog"]] == ["backlog", "unacked"]
+        assert [len(line["time_ms"]) for line in series["charts"]["rates"]] == [1, 1]
 
 
 def test_session_cookie_is_httponly_and_strict(open_console: tuple[BrokerProcess, str]) -> None:

@@ -1,8 +1,9 @@
-"""The web console in a real headless Chromium against a running broker: every page
-loads without a console error (script errors, failed loads, CSP refusals), the topic
-page's charts draw points sampled over time, and actions (create a topic, set a
-policy, seek a subscription) round-trip through the admin API. A screenshot of each
-page is saved (tests/integration/browser.py: test-artifacts/screenshots/)."""
+"""The web console in a real headless Chromium against a running 3-broker cluster: every
+page loads without a console error (script errors, failed loads, CSP refusals), the
+topic page's charts draw points sampled over time, and actions (create a topic, set a
+policy, seek a subscription, unload a topic to another broker) round-trip through the
+admin API. A screenshot of each page is saved (tests/integration/browser.py:
+test-artifacts/screenshots/)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from tests.integration.browser import console_errors, save_screenshot, wait_for
-from tests.integration.conftest import BrokerProcess, start_broker
 from tests.integration.console_process import console
+from tests.integration.test_cluster import running_cluster
+from tests.integration.test_metadata_cluster import Node
 
 pytestmark = pytest.mark.ui
 
@@ -31,6 +33,7 @@ TOPIC = "/default/orders"
 SUBSCRIPTION = "audit"
 SUBJECT = "orders-value"
 MESSAGES = 20
+MOVING = "/default/moving"
 
 
 def _q(value: str) -> str:
@@ -52,29 +55,28 @@ PAGES = {
 
 
 @pytest.fixture
-def stocked(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker with a reliable 2-partition topic whose subscription holds MESSAGES
-    unacknowledged messages, a schema subject and a role."""
-    broker = start_broker(tmp_path)
+def stocked(tmp_path: Path) -> Iterator[Node]:
+    """A 3-broker cluster (yields the first) with a reliable 2-partition topic whose
+    subscription holds MESSAGES unacknowledged messages, a topic to move, a schema
+    subject and a role."""
+    with running_cluster(tmp_path) as nodes:
+        asyncio.run(_stock(nodes[0]))
+        yield nodes[0]
 
-    async def stock() -> None:
-        async with AdminClient(broker.admin_url) as admin:
-            await admin.create_topic(TOPIC, 2, DispatchStrategy.RELIABLE)
-            await admin.create_role("reader", ["Consume", "Lookup"])
-        async with DanubeClient(broker.url) as client:
-            consumer = await client.subscribe(TOPIC, SUBSCRIPTION, initial_position="earliest")
-            await consumer.close()
-            producer = await client.create_producer(TOPIC, dispatch=DispatchStrategy.RELIABLE)
-            for index in range(MESSAGES):
-                await producer.send(f"m{index}".encode())
-        async with SchemaRegistryClient(broker.url) as registry:
-            await registry.register(SUBJECT, "json_schema", b'{"type": "object"}')
 
-    try:
-        asyncio.run(stock())
-        yield broker
-    finally:
-        assert broker.stop() == 0, broker.log()
+async def _stock(broker: Node) -> None:
+    async with AdminClient(broker.admin_url) as admin:
+        await admin.create_topic(TOPIC, 2, DispatchStrategy.RELIABLE)
+        await admin.create_topic(MOVING)
+        await admin.create_role("reader", ["Consume", "Lookup"])
+    async with DanubeClient(broker.url) as client:
+        consumer = await client.subscribe(TOPIC, SUBSCRIPTION, initial_position="earliest")
+        await consumer.close()
+        producer = await client.create_producer(TOPIC, dispatch=DispatchStrategy.RELIABLE)
+        for index in range(MESSAGES):
+            await producer.send(f"m{index}".encode())
+    async with SchemaRegistryClient(broker.url) as registry:
+        await registry.register(SUBJECT, "json_schema", b'{"type": "object"}')
 
 
 def _log_in(driver: webdriver.Chrome, url: str) -> None:
@@ -91,7 +93,7 @@ def _flash(driver: webdriver.Chrome) -> str:
     return wait_for(driver, ".flash").text
 
 
-def test_every_page_loads_cleanly_and_charts_draw(stocked: BrokerProcess, chromium: webdriver.Chrome,
+def test_every_page_loads_cleanly_and_charts_draw(stocked: Node, chromium: webdriver.Chrome,
                                                    tmp_path: Path) -> None:
     with console(stocked.admin_url, tmp_path, "--refresh-ms", "400") as url:
         _log_in(chromium, url)
@@ -109,11 +111,28 @@ def test_every_page_loads_cleanly_and_charts_draw(stocked: BrokerProcess, chromi
                 backlog = chromium.find_element(By.CSS_SELECTOR, "#subscriptions .backlog").text
                 assert backlog == str(MESSAGES)
                 assert chromium.find_elements(By.CSS_SELECTOR, "#chart-backlog .xaxislayer-above .xtick")
+            if name == "cluster":
+                assert len(chromium.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")) == 3
+                assert len(chromium.find_elements(By.CSS_SELECTOR, "#members tbody tr")) == 3
             assert console_errors(chromium) == [], name
             save_screenshot(chromium, f"page-{name}")
 
+        # Unload: the topic moves to another broker, as the partitions table then shows.
+        owner = asyncio.run(_owner(stocked, MOVING))
+        chromium.get(f"{url}/topic?name={_q(MOVING)}")
+        wait_for(chromium, "#unload-submit").click()
+        assert _flash(chromium) == f"unloaded topic {MOVING}: it moved"
+        assert console_errors(chromium) == []
+    assert asyncio.run(_owner(stocked, MOVING)) not in (owner, None)
 
-def test_actions_round_trip_through_the_admin_api(stocked: BrokerProcess, chromium: webdriver.Chrome,
+
+async def _owner(node: Node, topic: str) -> int | None:
+    async with AdminClient(node.admin_url) as admin:
+        [partition] = (await admin.describe_topic(topic)).partitions
+        return partition.broker_id
+
+
+def test_actions_round_trip_through_the_admin_api(stocked: Node, chromium: webdriver.Chrome,
                                                   tmp_path: Path) -> None:
     with console(stocked.admin_url, tmp_path) as url:
         _log_in(chromium, url)
