@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -22,6 +21,8 @@ from danube_zmq.actors.dispatch.tracker import BACKOFFS, POISON_POLICIES
 from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic, curve_options
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.client.json_records import enum_name as _enum_name
+from danube_zmq.client.json_records import record_fields as _record
 from danube_zmq.transport.admin_protocol import (
     BacklogQuotaInfo,
     BrokerInfo,
@@ -80,32 +81,6 @@ def _namespace(name: str) -> str:
     if name.startswith("/") and name.count("/") == 1:
         name = name[1:]
     return validate_namespace(name)
-
-
-def _enum_name(enum_type: type[enum.IntEnum], value: int) -> str:
-    try:
-        return enum_type(value).name.lower()
-    except ValueError:
-        return str(value)
-
-
-def _record(value: Any) -> Any:
-    """A wire record as plain JSON data: enums by name, no request ids."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        for field in dataclasses.fields(value):
-            if field.name == "request_id":
-                continue
-            item = getattr(value, field.name)
-            if field.name == "dispatch_strategy":
-                item = _enum_name(DispatchStrategy, item)
-            elif field.name == "sub_type":
-                item = _enum_name(SubType, item)
-            out[field.name] = _record(item)
-        return out
-    if isinstance(value, list):
-        return [_record(item) for item in value]
-    return value
 
 
 # -- groups ------------------------------------------------------------------------

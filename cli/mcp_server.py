@@ -15,7 +15,7 @@ tools, two prompts and the broker's metrics as a resource, for an LLM agent.
 3. Tools that change the cluster are registered only with `allow_writes`; without it
    they are not listed, and calling one by name is an error that says how to allow it.
 
-4. With `--prometheus-url`, two read tools ask Prometheus' HTTP API (cli/promql.py):
+4. With `--prometheus-url`, two read tools ask Prometheus' HTTP API (client/promql.py):
    `query_prometheus` (any PromQL, instant or range) and `topic_metrics` (the console's
    named queries for a topic over the last minutes). Prometheus answers whatever it
    holds: the broker's RBAC does not filter it, so beyond loopback a caller's token is
@@ -28,12 +28,9 @@ Prometheus').
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import datetime
-import enum
-import ipaddress
 import logging
 import math
 import os
@@ -49,9 +46,10 @@ from mcp.types import ToolAnnotations
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
-from danube_zmq.cli import promql as prometheus_api
-from danube_zmq.cli.admin import _record as wire_record  # the CLI's JSON form of wire records, shared
+from danube_zmq.cli.listen import is_loopback
+from danube_zmq.client import promql as prometheus_api
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.client.json_records import jsonable as _jsonable
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, NotFound
@@ -109,32 +107,6 @@ class McpSettings:
     require_bearer: bool = False
     # Prometheus' base URL (http://host:9090) for the PromQL tools; None: those tools say how to give one.
     prometheus_url: str | None = None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _jsonable(value: Any) -> Any:
-    """A wire record (or list of them) as JSON data."""
-    value = wire_record(value)
-    if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, enum.Enum):
-        return value.name.lower()
-    return value
 
 
 class _Broker:

@@ -1,1 +1,1 @@
-"""The web console: `danube admin serve --mode ui` (pages, charts and actions over the admin API)."""
+"""The web console of `danube admin serve --mode ui` (Starlette pages over the admin API)."""

@@ -1,4 +1,4 @@
-"""A fake Prometheus HTTP API in a thread, for tests of cli/promql.py and of the MCP
+"""A fake Prometheus HTTP API in a thread, for tests of client/promql.py and of the MCP
 server's PromQL tools: each POSTed request is recorded and answered with what the
 test's `answer(path, form)` returns."""
 

@@ -280,12 +280,17 @@ async def test_an_unreachable_broker_is_the_tools_error_and_the_server_keeps_ser
             PROMETHEUS_ARGUMENTS)
 
 
-def test_serve_refuses_the_ui_mode_and_a_bad_listen() -> None:
-    """`--mode ui` is not built yet and says so; --listen that is not HOST:PORT is named;
-    a --prometheus-url that is not http(s) is refused before serving."""
+def test_serve_refuses_bad_listen_and_tls_options() -> None:
+    """--listen that is not HOST:PORT is named; a --prometheus-url that is not http(s) is
+    refused before serving; the console beyond loopback without TLS is refused (users
+    type their tokens into it), and the TLS options belong to the console only."""
     base = [sys.executable, "-m", "danube_zmq.cli.main", "admin", "serve"]
-    done = subprocess.run([*base, "--mode", "ui"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "not built yet" in done.stderr
+    done = subprocess.run([*base, "--mode", "ui", "--listen", "0.0.0.0:8780"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "serves HTTPS only there" in done.stderr
+    done = subprocess.run([*base, "--mode", "mcp", "--tls-cert", __file__, "--tls-key", __file__],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "apply to --mode ui only" in done.stderr
     done = subprocess.run([*base, "--mode", "mcp", "--transport", "http", "--listen", "nowhere"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "expected HOST:PORT" in done.stderr

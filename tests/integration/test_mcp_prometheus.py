@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from danube_zmq.cli import promql
+from danube_zmq.client import promql
 from tests.fake_prometheus import error, fake_prometheus, success
 from tests.integration.conftest import free_port
 from tests.integration.test_mcp import answer, refusal, stdio_session
@@ -69,7 +69,7 @@ async def test_query_prometheus_runs_instant_and_range_queries_and_passes_on_pro
 
 async def test_topic_metrics_runs_the_consoles_named_queries_for_the_topic() -> None:
     """topic_metrics(topic, subscription, minutes=30) sends each of the console's named
-    queries (cli/promql.py, as built for that topic and subscription) as a range query over
+    queries (client/promql.py, as built for that topic and subscription) as a range query over
     the last 30 minutes, and answers each series' last, min and max (NaN, which JSON
     cannot carry, as null)."""
     with fake_prometheus(lambda path, form: success(matrix(["4", "NaN", "2", "7"]))) as (url, fake):

@@ -19,14 +19,17 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 
 from danube_zmq import SyncClient
-from danube_zmq.cli import promql
+from danube_zmq.client import promql
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from tests.integration.conftest import free_port
+from tests.integration.console_process import console
 from tests.integration.test_cluster import LEASE_ENV, _registered
+from tests.integration.test_console import login
 from tests.integration.test_metadata_cluster import Node, agreed_leader
 
 pytestmark = pytest.mark.cluster
@@ -35,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOPIC = "/default/watched"
 # What a console (and the MCP server's topic_metrics) asks, per topic and subscription.
 QUERIES = {name: build(TOPIC) for name, build in promql.CONSOLE_QUERIES.items()}
-# Label values PromQL must read back exactly as quoted (cli/promql.py's `quote`).
+# Label values PromQL must read back exactly as quoted (client/promql.py's `quote`).
 AWKWARD_VALUES = ['a"b', "back\\slash\\", "new\nline\ttab", "{x=~\".*\"}", "é€😀", "\x01\x7f", ""]
 
 
@@ -98,11 +101,12 @@ def test_prometheus_answers_the_consoles_backlog_lag_and_latency_queries(tmp_pat
     """Three brokers with fixed metrics ports, scraped every second by Prometheus. A
     reliable topic gets a message every 50 ms or so; its consumer acks every other
     message, so the subscription has a backlog. Label values with quotes, backslashes,
-    newlines and non-ASCII, quoted by cli/promql.py, read back from Prometheus as they
-    were. Within 60 s each named console query of cli/promql.py (backlog, its bytes, lag,
+    newlines and non-ASCII, quoted by client/promql.py, read back from Prometheus as they
+    were. Within 60 s each named console query of client/promql.py (backlog, its bytes, lag,
     unacked, produce and end-to-end p99 from the histograms' buckets, publish and dispatch
-    rates, fsync p99) returns data through Prometheus' HTTP API, sent by cli/promql.py's
-    client, and the backlog is above 0."""
+    rates, fsync p99) returns data through Prometheus' HTTP API, sent by client/promql.py's
+    client, and the backlog is above 0. The web console started with --prometheus-url
+    draws its backlog, rate and latency charts from them."""
     nodes = [Node(tmp_path, i) for i in range(1, 4)]
     metrics = [free_port() for _ in nodes]
     stop = threading.Event()
@@ -151,6 +155,16 @@ def test_prometheus_answers_the_consoles_backlog_lag_and_latency_queries(tmp_pat
             [backlog] = answered["backlog_messages"]
             assert backlog["metric"] == {"topic": TOPIC, "subscription": "console"}
             assert float(backlog["value"][1]) > 0  # type: ignore[index]
+
+            # The web console's charts, from the same Prometheus through the same queries.
+            with console(nodes[0].admin_url, tmp_path, "--prometheus-url", f"http://127.0.0.1:{port}") as url, \
+                    httpx.Client(base_url=url) as http:
+                login(http)
+                charts = http.get("/api/topic-series", params={"topic": TOPIC}).json()
+            assert charts["source"] == "prometheus", charts
+            for chart in ("backlog", "rates", "latency"):
+                drawn = [line for line in charts["charts"][chart] if any(v is not None for v in line["values"])]
+                assert drawn, (chart, charts["charts"][chart])
     finally:
         stop.set()
         if worker.is_alive():

@@ -15,6 +15,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from tests.integration.conftest import free_port
@@ -79,6 +80,10 @@ def test_wheel_in_a_clean_venv_has_every_module_and_runs_the_demo(tmp_path: Path
     starts a broker, receives the 5 messages it sent and stops it cleanly. Leaving a
     subpackage out of setup.cfg's `packages` fails here."""
     wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:  # the console's pages and assets are package data
+        shipped = set(archive.namelist())
+    for name in ("templates/base.html", "templates/topic.html", "static/console.js", "static/console.css"):
+        assert f"danube_zmq/console/{name}" in shipped, name
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=INSTALL_TIMEOUT_S)
     python = venv / "bin" / "python"

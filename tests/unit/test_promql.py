@@ -1,4 +1,4 @@
-"""cli/promql.py: label values quoted so that no value breaks out of its PromQL string
+"""client/promql.py: label values quoted so that no value breaks out of its PromQL string
 (checked against JSON's decoder, whose escapes are a subset of PromQL's), topic
 matchers that select a topic and its partitions only, and the HTTP API client against a
 fake Prometheus in a thread: answers, Prometheus' own errors, an unreachable server, a
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.cli import promql
+from danube_zmq.client import promql
 from danube_zmq.transport.errors import InvalidArgument, ResourceExhausted, Timeout, Unavailable
 from tests.fake_prometheus import fake_prometheus, success
 

@@ -1,0 +1,242 @@
+"""`danube admin serve --mode ui` against real brokers, over HTTP as a browser (or an
+attacker's page) would speak to it: no page, chart or action without a login; a login
+is a token the broker authenticates; forms need the session's CSRF token and this
+console's origin; no CORS; actions go through the admin API and the broker's RBAC.
+(The pages in a real browser: tests/integration/test_console_browser.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.security.tokens import TokenSigner
+from danube_zmq.transport.client_protocol import DispatchStrategy
+from danube_zmq.transport.errors import NotFound
+from tests.integration.conftest import BrokerProcess, allow_client_key, make_curve_keys, start_broker, write_jwt_secret
+from tests.integration.console_process import console
+
+TOPIC = "/default/orders"
+PAGES = ["/cluster", "/brokers", "/namespaces", "/namespaces/default", "/topics",
+         f"/topic?name={TOPIC.replace('/', '%2F')}", "/schemas", "/security"]
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, f"no CSRF field in the page:\n{html[:2000]}"
+    return found.group(1)
+
+
+def login(http: httpx.Client, token: str = "") -> httpx.Response:
+    form = http.get("/login")
+    return http.post("/login", data={"csrf": _csrf(form.text), "token": token, "next": "/cluster"})
+
+
+def flashes(html: str) -> list[str]:
+    return re.findall(r'class="flash [a-z]+"[^>]*>([^<]*)<', html)
+
+
+async def _topics(admin_url: str, **credentials: object) -> list[str]:
+    async with AdminClient(admin_url, **credentials) as admin:  # type: ignore[arg-type]
+        return [t.name for t in await admin.list_topics("default")]
+
+
+@pytest.fixture
+def open_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = start_broker(tmp_path)
+
+    async def setup() -> None:
+        async with AdminClient(broker.admin_url) as admin:
+            await admin.create_topic(TOPIC, 2, DispatchStrategy.RELIABLE)
+    asyncio.run(setup())
+    yield broker
+    assert broker.stop() == 0, broker.log()
+
+
+@pytest.fixture
+def open_console(open_broker: BrokerProcess, tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
+    with console(open_broker.admin_url, tmp_path) as url:
+        yield open_broker, url
+
+
+def test_nothing_without_a_login(open_console: tuple[BrokerProcess, str]) -> None:
+    broker, url = open_console
+    with httpx.Client(base_url=url) as http:
+        for page in PAGES:
+            answer = http.get(page)
+            assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next="), page
+        assert http.get(f"/api/topic-series?topic={TOPIC}").status_code == 401
+        answer = http.post("/actions/topics/create", data={"namespace": "default", "name": "sneaky"})
+        assert answer.status_code == 401
+    assert "/default/sneaky" not in asyncio.run(_topics(broker.admin_url))
+
+
+def test_pages_answer_with_security_headers_and_no_cors(open_console: tuple[BrokerProcess, str]) -> None:
+    _, url = open_console
+    with httpx.Client(base_url=url) as http:
+        assert login(http).status_code == 303
+        for page in PAGES:
+            answer = http.get(page, headers={"Origin": "https://evil.example"})
+            assert answer.status_code == 200, (page, answer.text[:500])
+            assert 'id="error"' not in answer.text, (page, answer.text)
+            assert not [h for h in answer.headers if h.lower().startswith("access-control-")], page
+            policy = answer.headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+            assert answer.headers["x-frame-options"] == "DENY" and answer.headers["cache-control"] == "no-store"
+        preflight = http.options("/actions/topics/create", headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert preflight.status_code == 405 and "access-control-allow-origin" not in preflight.headers
+        series = http.get(f"/api/topic-series?topic={TOPIC}").json()
+        assert series["topic"] == TOPIC and series["source"] == "console"
+        assert [line["name"] for line in series["charts"]["backlog"]] == ["backlog", "unacked"]
+        assert [len(line["time_ms"]) for line in series["charts"]["rates"]] == [1, 1]
+
+
+def test_session_cookie_is_httponly_and_strict(open_console: tuple[BrokerProcess, str]) -> None:
+    _, url = open_console
+    with httpx.Client(base_url=url) as http:
+        answer = login(http)
+        cookie = answer.headers["set-cookie"].lower()
+        assert "danube_console=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+
+
+def test_forms_need_the_csrf_token_and_this_origin(open_console: tuple[BrokerProcess, str]) -> None:
+    broker, url = open_console
+    with httpx.Client(base_url=url) as http:
+        login(http)
+        csrf = _csrf(http.get("/namespaces/default").text)
+        create = {"namespace": "default", "name": "made", "partitions": "0", "dispatch": "reliable"}
+        assert http.post("/actions/topics/create", data=create).status_code == 403  # no token
+        assert http.post("/actions/topics/create", data={**create, "csrf": "x" * 43}).status_code == 403
+        assert http.post("/actions/topics/create", data={**create, "csrf": csrf},
+                         headers={"Origin": "https://evil.example"}).status_code == 403
+        assert http.post("/actions/topics/create", data={**create, "csrf": csrf},
+                         headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+        assert "/default/made" not in asyncio.run(_topics(broker.admin_url))
+
+        done = http.post("/actions/topics/create", data={**create, "csrf": csrf}, headers={"Origin": url})
+        assert done.status_code == 303
+        page = http.get(done.headers["location"])
+        assert "created topic /default/made" in flashes(page.text)
+        assert "/default/made" in asyncio.run(_topics(broker.admin_url))
+
+
+def test_policies_and_delete_round_trip_through_the_admin_api(open_console: tuple[BrokerProcess, str]) -> None:
+    broker, url = open_console
+    with httpx.Client(base_url=url, follow_redirects=True) as http:
+        login(http)
+        page = http.get(f"/topic?name={TOPIC}")
+        csrf = _csrf(page.text)
+        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": TOPIC, "max_consumers_per_topic": "7"})
+        assert "set max_consumers_per_topic=7 on /default/orders" in flashes(page.text)
+        assert re.search(r'data-policy="max_consumers_per_topic"><td>max_consumers_per_topic</td>\s*'
+                         r'<td class="value">7</td>\s*<td>topic</td>', page.text), page.text
+
+        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": TOPIC, "max_consumers_per_topic": "-1"})
+        assert any("is not a whole number" in text for text in flashes(page.text))
+
+        async def policy() -> int:
+            async with AdminClient(broker.admin_url) as admin:
+                return (await admin.get_topic_policies(TOPIC)).values["max_consumers_per_topic"]
+        assert asyncio.run(policy()) == 7
+
+        page = http.post("/actions/topics/delete", data={"csrf": csrf, "topic": TOPIC, "confirm": "wrong"})
+        assert any("to confirm the delete" in text for text in flashes(page.text))
+        assert TOPIC in asyncio.run(_topics(broker.admin_url))
+        page = http.post("/actions/topics/delete", data={"csrf": csrf, "topic": TOPIC, "confirm": TOPIC})
+        assert f"deleted topic {TOPIC}" in flashes(page.text)
+        assert TOPIC not in asyncio.run(_topics(broker.admin_url))
+        assert http.get(f"/topic?name={TOPIC}").status_code == 404
+
+
+def test_login_redirect_stays_on_the_console(open_console: tuple[BrokerProcess, str]) -> None:
+    _, url = open_console
+    with httpx.Client(base_url=url) as http:
+        form = http.get("/login?next=//evil.example/x")
+        assert 'name="next" value="/cluster"' in form.text
+        answer = http.post("/login", data={"csrf": _csrf(form.text), "token": "", "next": "https://evil.example/"})
+        assert answer.headers["location"] == "/cluster"
+        # The login form's own CSRF token: a cross-site login (fixing a victim's session) fails.
+        fresh = httpx.Client(base_url=url)
+        assert fresh.post("/login", data={"csrf": "guess", "token": ""}).status_code == 403
+
+
+def test_logout_ends_the_session(open_console: tuple[BrokerProcess, str]) -> None:
+    _, url = open_console
+    with httpx.Client(base_url=url) as http:
+        login(http)
+        cookie = http.cookies.get("danube_console")
+        csrf = _csrf(http.get("/cluster").text)
+        assert http.post("/logout", data={"csrf": csrf}).status_code == 303
+    with httpx.Client(base_url=url, cookies={"danube_console": cookie}) as replay:
+        assert replay.get("/cluster").status_code == 303  # the old session id is gone server-side
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str, TokenSigner]]:
+    """A broker in security.mode curve with JWTs (alice a super admin). Yields the broker,
+    the cluster's public key and a signer of tokens."""
+    keys = make_curve_keys(tmp_path / "keys")
+    secret, secret_env = write_jwt_secret(tmp_path)
+    broker = start_broker(tmp_path, env={**keys.broker_env(), **secret_env})
+    try:
+        allow_client_key([broker], keys)
+        yield broker, keys.server_public_key, TokenSigner("HS256", secret, issuer="danube", audience="danube",
+                                                         now_s=time.time)
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+def test_a_secured_cluster_needs_a_token_and_the_broker_decides(
+        secured: tuple[BrokerProcess, str, TokenSigner], tmp_path: Path) -> None:
+    """No way in without a token the broker accepts; a token with no role logs in but
+    sees and changes nothing (the broker's PERMISSION_DENIED is shown); alice's token
+    (a super admin) sees and changes. The token the console was started with is never
+    used for its users."""
+    broker, server_key, signer = secured
+    operator_token = tmp_path / "alice.jwt"
+    operator_token.write_text(signer.create("alice", "user", 600))
+    flags = ("--server-key", server_key, "--token-file", str(operator_token))
+    with console(broker.admin_url, tmp_path, admin_flags=flags) as url:
+        with httpx.Client(base_url=url) as http:
+            refused = login(http)
+            assert refused.status_code == 401 and "this cluster needs a token" in refused.text
+            refused = login(http, "not-a-jwt")
+            assert refused.status_code == 401 and "UNAUTHENTICATED" in refused.text
+            forged = TokenSigner("HS256", b"x" * 32, issuer="danube", audience="danube", now_s=time.time)
+            assert login(http, forged.create("alice", "user", 600)).status_code == 401
+            assert http.get("/cluster").status_code == 303
+
+        with httpx.Client(base_url=url, follow_redirects=True) as http:
+            landed = login(http, signer.create("nobody", "user", 600))
+            assert landed.url.path == "/cluster" and landed.status_code == 403 and "PERMISSION_DENIED" in landed.text
+            page = http.get("/namespaces")
+            assert page.status_code == 403 and "PERMISSION_DENIED" in page.text
+            csrf = _csrf(page.text)
+            page = http.post("/actions/topics/create", data={"csrf": csrf, "namespace": "default", "name": "evil"})
+            assert any(text.startswith("PERMISSION_DENIED") for text in flashes(page.text))
+
+        with httpx.Client(base_url=url, follow_redirects=True) as http:
+            landed = login(http, signer.create("alice", "user", 600))
+            assert landed.url.path == "/cluster" and landed.status_code == 200
+            assert http.get("/namespaces").status_code == 200
+            csrf = _csrf(http.get("/security").text)
+            page = http.post("/actions/topics/create", data={"csrf": csrf, "namespace": "default", "name": "granted"})
+            assert "created topic /default/granted" in flashes(page.text)
+
+    as_alice = {"server_public_key": server_key, "token": signer.create("alice", "user", 600), "use_env": False}
+    names = asyncio.run(_topics(broker.admin_url, **as_alice))
+    assert "/default/granted" in names and "/default/evil" not in names
+    with pytest.raises(NotFound):
+        asyncio.run(_describe(broker.admin_url, "/default/evil", as_alice))
+
+
+async def _describe(admin_url: str, topic: str, credentials: dict[str, object]) -> None:
+    async with AdminClient(admin_url, **credentials) as admin:  # type: ignore[arg-type]
+        await admin.describe_topic(topic)
