@@ -369,26 +369,30 @@ def _routes(console: Console) -> list[Any]:
         await backend.admin(session.token, lambda c: c.unload_topic(topic))
         return f"/topic?name={urllib.parse.quote(topic, safe='')}", f"unloaded topic {topic}: it moved"
 
+    async def apply_policies(session: Session, form: FormData, *, back: str, what: str, fallback: str,
+                             remove: Callable[[Any], Awaitable[None]],
+                             put: Callable[[Any, dict[str, int | None]], Awaitable[None]]) -> tuple[str, str]:
+        if form.get("remove"):
+            await backend.admin(session.token, remove)
+            return back, f"removed the policies of {what}: {fallback}"
+        values = _policy_values(form)
+        await backend.admin(session.token, lambda c: put(c, values))
+        return back, f"set {', '.join(f'{k}={v}' for k, v in values.items())} on {what}"
+
     async def topic_policies(session: Session, form: FormData) -> tuple[str, str]:
         topic = str(form.get("topic") or "")
-        back = f"/topic?name={urllib.parse.quote(topic, safe='')}"
-        if form.get("remove"):
-            await backend.admin(session.token, lambda c: c.remove_topic_policies(topic))
-            return back, f"removed the policies of {topic}: it follows its namespace's"
-        values = _policy_values(form)
-        await backend.admin(session.token, lambda c: c.set_topic_policies(topic, **values))
-        return back, f"set {', '.join(f'{k}={v}' for k, v in values.items())} on {topic}"
+        return await apply_policies(
+            session, form, back=f"/topic?name={urllib.parse.quote(topic, safe='')}", what=topic,
+            fallback="it follows its namespace's", remove=lambda c: c.remove_topic_policies(topic),
+            put=lambda c, values: c.set_topic_policies(topic, **values))
 
     async def namespace_policies(session: Session, form: FormData) -> tuple[str, str]:
         namespace = str(form.get("namespace") or "")
         validate_namespace(namespace)
-        back = f"/namespaces/{namespace}"
-        if form.get("remove"):
-            await backend.admin(session.token, lambda c: c.remove_namespace_policies(namespace))
-            return back, f"removed the policies of namespace {namespace}: the broker's defaults apply"
-        values = _policy_values(form)
-        await backend.admin(session.token, lambda c: c.set_namespace_policies(namespace, **values))
-        return back, f"set {', '.join(f'{k}={v}' for k, v in values.items())} on namespace {namespace}"
+        return await apply_policies(
+            session, form, back=f"/namespaces/{namespace}", what=f"namespace {namespace}",
+            fallback="the broker's defaults apply", remove=lambda c: c.remove_namespace_policies(namespace),
+            put=lambda c, values: c.set_namespace_policies(namespace, **values))
 
     async def seek(session: Session, form: FormData) -> tuple[str, str]:
         topic = str(form.get("topic") or "")
