@@ -20,6 +20,7 @@ import zmq.asyncio
 from danube_zmq.actors.broker_topic_policies import BrokerTopicPolicies
 from danube_zmq.actors.config import BrokerConfig, BrokerSection
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.pending_tells import PendingTells
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.clock import SystemClock
@@ -34,6 +35,7 @@ from danube_zmq.transport.internal_protocol import (
     PublishTokensDue,
     Tick,
     TopicPoliciesChanged,
+    TopicPoliciesPending,
 )
 from danube_zmq.transport.topic_name import parse_topic
 from tests.unit.full_mailbox import FakeReplica, Staller
@@ -48,8 +50,7 @@ class StandInBroker(BrokerTopicPolicies, Actor):
         self.config = config
         self.metadata = replica
         self.topics: dict[str, TopicEntry] = {}
-        self.policies_pending: set[str] = set()
-        self.policies_retry_due = False
+        self.policies_pending = PendingTells("topic policies", TopicPoliciesPending())
 
 
 @dataclass
