@@ -9,7 +9,6 @@ replica of the metadata store (and answers what a reliable topic asks its broker
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,9 +31,7 @@ from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.internal_protocol import (
     BacklogQuotasChanged,
     BacklogQuotasPending,
-    PersistedSubscriptions,
     PublishTokensDue,
-    SubscriptionsOf,
     Tick,
 )
 from danube_zmq.transport.topic_name import parse_topic
@@ -131,20 +128,3 @@ async def test_a_quota_change_told_while_the_topics_mailbox_stays_full_still_rea
     Staller.release.set()
     await until(lambda: _quota(system, setup.topic) == (8192, "consumer_backlog_eviction"),
                 "the topic applied the last quota change", deadline_s=5)
-
-
-async def test_the_broker_answers_others_while_a_topics_mailbox_is_full(setup: Setup) -> None:
-    """Telling a quota change to a topic whose mailbox is full does not hold up the
-    broker: a request right behind the change is answered well before the ask timeout
-    (what a waiting `send` would hold the broker for)."""
-    system = setup.system
-    await _fill(system, setup)
-    _set_topic_quota(setup.replica, 4096, "producer_request_hold")
-    assert system.tell(setup.broker, BacklogQuotasChanged())
-    started = time.monotonic()
-    answer = await system.ask(setup.broker, SubscriptionsOf(topic=TOPIC), timeout_ms=10 * ASK_TIMEOUT_MS)
-    assert isinstance(answer, PersistedSubscriptions)
-    assert time.monotonic() - started < ASK_TIMEOUT_MS / 1000
-    Staller.release.set()
-    await until(lambda: _quota(system, setup.topic) == (4096, "producer_request_hold"),
-                "the topic applied the quota change", deadline_s=5)
