@@ -80,6 +80,7 @@ from danube_zmq.actors.ownership import (
     reliable_start,
     seal_state,
 )
+from danube_zmq.actors.pending_tells import PendingTells
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic.wal_storage import publish_cursor_tail
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
@@ -114,6 +115,7 @@ from danube_zmq.transport.internal_protocol import (
     AssignmentChanged,
     AssignmentsResync,
     BacklogQuotasChanged,
+    BacklogQuotasPending,
     ChildStopped,
     ClearProducers,
     ClientRequest,
@@ -144,6 +146,7 @@ from danube_zmq.transport.internal_protocol import (
     SubscriptionsOf,
     SubscriptionState,
     TopicPoliciesChanged,
+    TopicPoliciesPending,
     TopicReleased,
     TopicSchemaChanged,
     TopicSealed,
@@ -198,10 +201,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         self.metrics_url = metrics_url
         self.rng = rng
         self.topics: dict[str, TopicEntry] = {}
-        # Topics whose mailbox was full when told the topic policies in force: told again
-        # (`BrokerTopicPolicies`) until one tell gets through or the topic goes.
-        self.policies_pending: set[str] = set()
-        self.policies_retry_due = False
+        # Topics whose mailbox was full when told the topic policies or the backlog quota
+        # in force: told again (`BrokerTopicPolicies`, `BrokerBacklogQuotas`) until one
+        # tell gets through or the topic goes.
+        self.policies_pending = PendingTells("topic policies", TopicPoliciesPending())
+        self.quotas_pending = PendingTells("backlog quota", BacklogQuotasPending())
         # Reliable topics assigned here and not served: their WAL is damaged (until an
         # operator repairs them, or they move or are deleted).
         self.damaged: dict[str, WalDamaged] = {}

@@ -11,7 +11,11 @@
 2. Every broker watches the prefix (a `MetadataWatch` child, `metadata_watch.py`, tells
    it `BacklogQuotasChanged`): on any change it works out the quota in force for
    each reliable topic it serves (the topic's, else its namespace's, else the broker's
-   `policies`) and tells the topic; the topic ignores an unchanged quota.
+   `policies`) and tells the topic; the topic ignores an unchanged quota. Nothing is
+   lost to a full mailbox, and the broker never waits for a topic's room: a topic
+   whose mailbox is full is kept pending and told again by a timer message
+   (`BacklogQuotasPending`) with the quota the store holds then (`pending_tells.py`,
+   as the topic policies).
 3. A topic loaded here (a start, a restart, a move) is spawned with the quota in force
    read from the local replica of the store, so a quota survives restarts and follows
    the topic to its next broker.
@@ -19,21 +23,19 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
+from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InvalidArgument, NotFound
-from danube_zmq.transport.internal_protocol import ApplyBacklogQuota, BacklogQuotasChanged
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound
+from danube_zmq.transport.internal_protocol import ApplyBacklogQuota, BacklogQuotasChanged, BacklogQuotasPending
 from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_namespace
-
-log = logging.getLogger("danube_zmq.broker")
 
 # Far above any disk; keeps the value an int64 on the wire and in the store.
 _LIMIT_BYTES_MAX = 2**62
@@ -58,18 +60,24 @@ class BrokerBacklogQuotas:
         policies = self.config.policies
         return policies.backlog_quota_bytes_max, policies.backlog_quota_policy, "broker"
 
-    async def handle_BacklogQuotasChanged(self, msg: BacklogQuotasChanged) -> None:
-        await self._apply_backlog_quotas()
+    def handle_BacklogQuotasChanged(self, msg: BacklogQuotasChanged) -> None:
+        self._apply_backlog_quotas()
 
-    async def _apply_backlog_quotas(self) -> None:
-        for entry in list(self.topics.values()):
-            if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
-                continue
-            limit_bytes, policy, _ = self.backlog_quota_of(entry.name)
-            try:
-                await self.system.send(entry.endpoint, ApplyBacklogQuota(limit_bytes=limit_bytes, policy=policy))
-            except DanubeError as exc:  # stopped meanwhile: its next start reads the store
-                log.info("topic %s: backlog quota not told (%s)", entry.name.full, exc)
+    def handle_BacklogQuotasPending(self, msg: BacklogQuotasPending) -> None:
+        self._tell_backlog_quotas(self.quotas_pending.due(self.topics))
+
+    def _apply_backlog_quotas(self) -> None:
+        self._tell_backlog_quotas(list(self.topics.values()))
+
+    def _tell_backlog_quotas(self, entries: list[TopicEntry]) -> None:
+        self.quotas_pending.tell(
+            self.system, self.endpoint, [entry for entry in entries
+                                         if entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE],
+            self._backlog_quota_message)
+
+    def _backlog_quota_message(self, entry: TopicEntry) -> ApplyBacklogQuota:
+        limit_bytes, policy, _ = self.backlog_quota_of(entry.name)
+        return ApplyBacklogQuota(limit_bytes=limit_bytes, policy=policy)
 
     async def _policy_level(self, msg: Any, what: str) -> tuple[str | None, Any]:
         """The level an admin request about `what` (a namespace's or a topic's backlog
@@ -107,7 +115,7 @@ class BrokerBacklogQuotas:
             raise InvalidArgument(f"limit_bytes must be in 0..{_LIMIT_BYTES_MAX} (0: no limit), got {msg.limit_bytes}")
         key, _ = await self._quota_key(msg)
         await self.metadata.put(key, cr.encode(cr.BacklogQuotaRecord(limit_bytes=msg.limit_bytes, policy=msg.policy)))
-        await self._apply_backlog_quotas()  # here before the answer; other brokers follow their watch
+        self._apply_backlog_quotas()  # queued here before the answer; other brokers follow their watch
         return Ok(request_id=msg.request_id)
 
     async def handle_GetBacklogQuota(self, msg: ap.GetBacklogQuota, origin: Origin) -> Message:
@@ -130,5 +138,5 @@ class BrokerBacklogQuotas:
             raise NotFound(f"{what} has no backlog quota of its own")
         if not await self.metadata.transaction({key: current.version}, {}, [key]):
             raise FailedPrecondition(f"the backlog quota of {what} changed meanwhile; retry")
-        await self._apply_backlog_quotas()
+        self._apply_backlog_quotas()
         return Ok(request_id=msg.request_id)

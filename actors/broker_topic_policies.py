@@ -18,16 +18,16 @@ a part of `BrokerActor`.
    timeout, and a `send` that gave up lost the change): a topic whose mailbox is
    full is kept pending and told again by a timer message (`TopicPoliciesPending`),
    with the policies the store holds then, so the last change wins whatever the
-   order of the retries. The topic tells its subscriptions from inside its group
-   (they are its guests): those tells take the group's local lane, which has no
-   bound, so a subscription's full mailbox loses nothing either.
+   order of the retries (`pending_tells.py`, shared with the backlog quotas). The
+   topic tells its subscriptions from inside its group (they are its guests): those
+   tells take the group's local lane, which has no bound, so a subscription's full
+   mailbox loses nothing either.
 3. A topic loaded here (a start, a restart, a move) is spawned with the policies in
    force read from the local replica of the store.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from danube_zmq.actors.config import TOPIC_POLICY_NAMES, topic_policy_default
@@ -41,13 +41,8 @@ from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Interna
 from danube_zmq.transport.internal_protocol import ApplyTopicPolicies, TopicPoliciesChanged, TopicPoliciesPending
 from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_namespace
 
-log = logging.getLogger("danube_zmq.broker")
-
 # The counts' and rates' range (as the broker's own, actors/config.py): int64 on the wire.
 _VALUE_MAX = 2**63 - 1
-# How long a topic whose mailbox was full waits before it is told the policies again:
-# a topic drains up to 256 messages a round, well within this.
-_PENDING_RETRY_MS = 50
 
 
 def _record(key: str, data: bytes) -> cr.TopicPoliciesRecord:
@@ -90,30 +85,13 @@ class BrokerTopicPolicies:
         self._apply_topic_policies()
 
     def handle_TopicPoliciesPending(self, msg: TopicPoliciesPending) -> None:
-        self.policies_retry_due = False
-        pending, self.policies_pending = self.policies_pending, set()
-        # A topic gone meanwhile is dropped: its next start here reads the store.
-        self._tell_topic_policies([self.topics[full] for full in pending if full in self.topics])
+        self._tell_topic_policies(self.policies_pending.due(self.topics))
 
     def _apply_topic_policies(self) -> None:
         self._tell_topic_policies(list(self.topics.values()))
 
     def _tell_topic_policies(self, entries: list[TopicEntry]) -> None:
-        """Tell each topic the policies in force; those with a full mailbox are told
-        again later. No bound on the retries: a change must not be lost, and the set
-        holds at most the topics served here, each until its mailbox drains or it stops."""
-        for entry in entries:
-            policies, _ = self.topic_policies_of(entry.name)
-            if self.system.tell(entry.endpoint, policies):
-                self.policies_pending.discard(entry.name.full)
-            elif self.system.is_alive(entry.endpoint):
-                self.policies_pending.add(entry.name.full)
-            else:  # stopped meanwhile: its next start reads the store
-                self.policies_pending.discard(entry.name.full)
-                log.info("topic %s: topic policies not told (stopped)", entry.name.full)
-        if self.policies_pending and not self.policies_retry_due:
-            self.policies_retry_due = True
-            self.system.schedule_once(self.endpoint, _PENDING_RETRY_MS, TopicPoliciesPending())
+        self.policies_pending.tell(self.system, self.endpoint, entries, lambda entry: self.topic_policies_of(entry.name)[0])
 
     async def _policies_key(self, msg: Any) -> tuple[str, str]:
         """(key in the store, what it names) of a request's namespace or topic, which

@@ -1116,6 +1116,14 @@ class TopicPoliciesPending(Message):
 
 
 @wire
+class BacklogQuotasPending(Message):
+    """Broker -> itself while some reliable topic's mailbox was full when it was told
+    the backlog quota in force: tell those topics again (what the store holds then)."""
+
+    TAG = 342
+
+
+@wire
 class ResyncNext(Message):
     """Broker -> itself: follow the next slice of the resync `generation` (a resync of
     tens of thousands of topics is a series of these, so client requests queued in
@@ -1169,7 +1177,7 @@ INTERNAL_PROTOCOL = Protocol(
         HolderLives, HolderLiveness,
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
-        TopicPoliciesPending, PublishTokensDue, DispatchTokensDue,
+        TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue,
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

@@ -20,6 +20,7 @@ import zmq.asyncio
 from danube_zmq.actors.broker_topic_policies import BrokerTopicPolicies
 from danube_zmq.actors.config import BrokerConfig, BrokerSection
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.pending_tells import PendingTells
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.clock import SystemClock
@@ -34,47 +35,22 @@ from danube_zmq.transport.internal_protocol import (
     PublishTokensDue,
     Tick,
     TopicPoliciesChanged,
+    TopicPoliciesPending,
 )
 from danube_zmq.transport.topic_name import parse_topic
+from tests.unit.full_mailbox import FakeReplica, Staller
 from tests.waiting import until
 
 TOPIC = "/default/policed"
 MAILBOX_MAX = 8
 
 
-@dataclass
-class _Value:
-    value: bytes
-
-
-class _Replica:
-    """The local replica's reads `BrokerTopicPolicies` makes: one topic's record."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, bytes] = {}
-
-    def local_get(self, key: str) -> _Value | None:
-        data = self.records.get(key)
-        return None if data is None else _Value(data)
-
-
 class StandInBroker(BrokerTopicPolicies, Actor):
-    def __init__(self, config: BrokerConfig, replica: _Replica) -> None:
+    def __init__(self, config: BrokerConfig, replica: FakeReplica) -> None:
         self.config = config
         self.metadata = replica
         self.topics: dict[str, TopicEntry] = {}
-        self.policies_pending: set[str] = set()
-        self.policies_retry_due = False
-
-
-class Staller(Actor):
-    """A guest of the topic's group: while it waits in its handler, the group's one task
-    (the topic's and its subscriptions') handles nothing, so their mailboxes fill."""
-
-    release: asyncio.Event
-
-    async def handle_Tick(self, msg: Tick) -> None:
-        await Staller.release.wait()
+        self.policies_pending = PendingTells("topic policies", TopicPoliciesPending())
 
 
 @dataclass
@@ -84,7 +60,7 @@ class Setup:
     topic: str
     subscription: str
     staller: str
-    replica: _Replica
+    replica: FakeReplica
 
 
 @pytest.fixture
@@ -93,7 +69,7 @@ async def setup() -> AsyncIterator[Setup]:
     # A short ask timeout: what `send` waits for room before it gives up.
     system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=MAILBOX_MAX, ask_timeout_ms=300)
     config = BrokerConfig(broker=BrokerSection(listen="inproc://policy-delivery"))
-    replica = _Replica()
+    replica = FakeReplica()
     stand_in = StandInBroker(config, replica)
     broker = await system.spawn(lambda: stand_in, name="broker")
     topic = await system.spawn(lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE,
@@ -116,7 +92,7 @@ async def setup() -> AsyncIterator[Setup]:
         context.term()
 
 
-def _set_topic_policies(replica: _Replica, **values: Any) -> None:
+def _set_topic_policies(replica: FakeReplica, **values: Any) -> None:
     replica.records[cr.topic_policies_key(TOPIC)] = cr.encode(cr.TopicPoliciesRecord(**values))
 
 
