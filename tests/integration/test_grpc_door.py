@@ -149,3 +149,39 @@ async def test_lookup_connects_here_and_unknown_topic_fails(theirs: danube.Danub
     missing = await theirs.lookup_service.lookup_topic(grpc_url, "/default/no-such-topic")
     assert missing.response_type == 2
     assert await theirs.lookup_service.topic_partitions(grpc_url, "/default/door-lookup") == ["/default/door-lookup"]
+
+
+async def test_producer_created_again_under_its_name_gets_its_id(theirs: danube.DanubeClient,
+                                                                 door_broker: tuple[BrokerProcess, str]) -> None:
+    """Danube's semantics: CreateProducer with a name already attached on the topic is a
+    re-attach and answers the same producer id (one native producer behind it)."""
+    topic = "/default/door-reattach"
+    first = theirs.new_producer().with_topic(topic).with_name("same").build()
+    await first.create()
+    again = theirs.new_producer().with_topic(topic).with_name("same").build()
+    await again.create()
+    assert first._producers[0].producer_id == again._producers[0].producer_id != 0
+
+
+async def test_key_shared_key_filters_route_by_key(theirs: danube.DanubeClient) -> None:
+    """Key-Shared with key filters through the door: each consumer gets only the keys
+    its glob filter matches."""
+    topic = "/default/door-keys"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    queues = {}
+    for prefix in ("eu", "us"):
+        consumer = (theirs.new_consumer().with_topic(topic).with_consumer_name(f"c-{prefix}")
+                    .with_subscription("keys").with_subscription_type(danube.SubType.KEY_SHARED)
+                    .with_key_filter(f"{prefix}-*").build())
+        await consumer.subscribe()
+        queues[prefix] = await consumer.receive()
+    await asyncio.sleep(0.3)
+    for i in range(4):
+        await producer.send_with_key(f"eu{i}".encode(), None, f"eu-{i}")
+        await producer.send_with_key(f"us{i}".encode(), None, f"us-{i}")
+    for prefix, queue in queues.items():
+        got = await _take(queue, 4)
+        assert sorted(m.payload for m in got) == [f"{prefix}{i}".encode() for i in range(4)]
+        assert all(m.routing_key.startswith(f"{prefix}-") for m in got)
