@@ -125,6 +125,17 @@ class BrokerSection:
     # secured broker with spare cores a second one takes that work off the first.
     # 1..16, default 1 (docs/performance.md "Security overhead" has the measurement).
     io_threads: int = 1
+    # Danube's gRPC client door (docs/danube-compat.md): http://HOST:PORT the broker
+    # binds for Danube's own clients (danube-client, danube-cli), serving DanubeApi.proto
+    # as a gateway into this broker's client port. Port 0 picks a free one. Default None:
+    # off, nothing is bound and the gRPC modules are not even imported.
+    grpc_listen: str | None = None
+    # http://HOST:PORT Danube clients are told (lookup answers, other brokers' redirects)
+    # when grpc_listen is not reachable as written. Default None: the bound address.
+    grpc_advertised_url: str | None = None
+    # Producers and consumers the gRPC door holds at once (each is one attachment on the
+    # client port); one more is refused RESOURCE_EXHAUSTED. 1..100,000, default 1,000.
+    grpc_attachments_max: int = 1_000
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -157,6 +168,11 @@ class BrokerSection:
         _check_range("broker.metrics_connections_max", self.metrics_connections_max, 1, 1024)
         _check_range("broker.metrics_topics_max", self.metrics_topics_max, 0, 1_000_000)
         _check_range("broker.io_threads", self.io_threads, 1, 16)
+        if self.grpc_listen is not None:
+            _check_http_endpoint("broker.grpc_listen", self.grpc_listen)
+        if self.grpc_advertised_url is not None:
+            _check_http_endpoint("broker.grpc_advertised_url", self.grpc_advertised_url)
+        _check_range("broker.grpc_attachments_max", self.grpc_attachments_max, 1, 100_000)
         if not self.data_dir:
             raise _error("broker.data_dir", "must not be empty")
 
@@ -922,6 +938,10 @@ class BrokerConfig:
                 f"got {self.limits.frame_bytes_max}",
                 "policies.max_message_size",
             )
+        if self.broker.grpc_listen is not None and self.security.mode != "none":
+            # Not yet: the door would have to map `authorization: Bearer` onto the
+            # client port's CURVE session and serve TLS (issue 24's later increments).
+            raise _error("broker.grpc_listen", "is not supported with security.mode curve yet", "security.mode")
         if self.cluster.move_chunk_bytes_max > self.limits.frame_bytes_max - 64 * 1024:
             raise _error(
                 "cluster.move_chunk_bytes_max",
@@ -1058,6 +1078,14 @@ def _check_endpoint(key: str, endpoint: str) -> None:
                 key,
                 f"expected tcp://HOST:PORT with PORT 0..{_PORT_MAX} or *, got {endpoint!r}",
             )
+
+
+def _check_http_endpoint(key: str, endpoint: str) -> None:
+    """A gRPC address as Danube's clients are given one: http://HOST:PORT."""
+    host, colon, port = endpoint.removeprefix("http://").rpartition(":")
+    port_ok = port.isascii() and port.isdigit() and int(port) <= _PORT_MAX
+    if not (endpoint.startswith("http://") and colon and host and port_ok) or "/" in host:
+        raise _error(key, f"expected http://HOST:PORT with PORT 0..{_PORT_MAX}, got {endpoint!r}")
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,8 @@
             +-- LoadManagerActor   assigns topics to brokers while this peer leads
             +-- Gateway        client ROUTER (broker.listen) + outbox
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
+      +-- GrpcDoor       broker.grpc_listen: Danube's gRPC API for Danube's clients, a
+                         gateway into the client port (`actors/grpc_door.py`); else absent
       +-- InboundWatch   a child process holding what libzmq buffers of both ports' input
                          to limits.inbound_bytes_per_connection_max and inbound_bytes_max
       +-- ZapService     security.mode curve: the context's ZAP handler, started before any
@@ -31,6 +33,7 @@ import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -70,6 +73,8 @@ class BrokerService:
         self.client_url = ""
         self.admin_url = ""
         self.metrics_url: str | None = None
+        self.grpc_url: str | None = None
+        self._grpc_door: Any = None  # a GrpcDoor; its module (grpcio) is imported only when on
         self._context: zmq.asyncio.Context | None = None
         self._system: ActorSystem | None = None
         self.metadata: RaftMetadataStore | None = None
@@ -150,6 +155,9 @@ class BrokerService:
             admin = system.actor(admin_endpoint)
             assert isinstance(admin, AdminGateway)
             self.admin_url = admin.bound_url
+            if config.broker.grpc_listen is not None:
+                # Bound before the broker actor starts, which registers the door's URL.
+                await self._start_grpc_door()
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
             system.load_manager_endpoint = await system.spawn(
                 lambda: LoadManagerActor(config=config, broker_id=self.broker_id, metadata=self.metadata),
@@ -160,8 +168,21 @@ class BrokerService:
         except BaseException:
             await self.stop()
             raise
-        log.info("broker %d listening: clients %s, admin %s, metrics %s", self.broker_id, self.client_url,
-                 self.admin_url, self.metrics_url or "off")
+        log.info("broker %d listening: clients %s, admin %s, metrics %s, gRPC %s", self.broker_id, self.client_url,
+                 self.admin_url, self.metrics_url or "off", self.grpc_url or "off")
+
+    async def _start_grpc_door(self) -> None:
+        from danube_zmq.actors.grpc_door import GrpcDoor
+
+        broker = self.config.broker
+        assert broker.grpc_listen is not None
+        door = GrpcDoor(listen=broker.grpc_listen, advertised_url=broker.grpc_advertised_url,
+                        client_url=self.client_url, broker_url=self.advertised_url,
+                        attachments_max=broker.grpc_attachments_max, metadata=self.metadata,
+                        rng=random.Random(self.rng.getrandbits(64)))
+        await door.start()
+        self._grpc_door = door
+        self.grpc_url = door.url
 
     async def _bootstrap_namespaces(self) -> None:
         """Standalone, the bootstrap namespaces are written before any port is bound, so
@@ -188,7 +209,8 @@ class BrokerService:
         return BrokerActor(config=self.config, broker_id=self.broker_id, broker_url=self.advertised_url,
                            admin_url=self.admin_url,
                            metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)),
-                           executor=self._executor, metadata=self.metadata, curve=self.curve)
+                           executor=self._executor, metadata=self.metadata, curve=self.curve,
+                           grpc_url=self.grpc_url)
 
     def _stored_broker_id(self) -> int:
         """The id this data directory's broker had before (its topics are assigned to
@@ -215,6 +237,9 @@ class BrokerService:
         return self.config.broker.advertised_url or self.client_url or self.config.broker.listen
 
     async def stop(self) -> None:
+        if self._grpc_door is not None:  # its native clients leave while the broker still answers
+            await self._grpc_door.stop()
+            self._grpc_door = None
         if self._system is not None:
             await self._system.shutdown()
             self._system = None

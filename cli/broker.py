@@ -56,6 +56,11 @@ def broker() -> None:
     help="Admin endpoint; overrides broker.admin_listen [tcp://127.0.0.1:50051].",
 )
 @click.option(
+    "--grpc-listen",
+    metavar="URL",
+    help="Danube's gRPC door for Danube's own clients, http://HOST:PORT; overrides broker.grpc_listen [off].",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     help="Prometheus port, 0 disables; overrides broker.metrics_port [9040].",
@@ -76,6 +81,7 @@ def start(
     data_dir: str | None,
     listen: str | None,
     admin_listen: str | None,
+    grpc_listen: str | None,
     metrics_port: int | None,
     event_loop: str | None,
     force_new_cluster: bool = False,
@@ -98,6 +104,7 @@ def start(
         overrides={
             "broker.listen": listen,
             "broker.admin_listen": admin_listen,
+            "broker.grpc_listen": grpc_listen,
             "broker.metrics_port": metrics_port,
             "broker.data_dir": data_dir,
             "broker.event_loop": event_loop,
@@ -136,6 +143,7 @@ async def _run(config: Any) -> None:
         emit_line(
             f"danube broker {service.broker_id} listening: clients {service.client_url}, "
             f"admin {service.admin_url}, metrics {service.metrics_url or 'off'}"
+            + (f", gRPC {service.grpc_url}" if service.grpc_url else "")
         )
         # A broker process only: in a process that embeds BrokerService (tests) the
         # collector is the host's business.

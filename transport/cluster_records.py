@@ -184,6 +184,9 @@ class BrokerRegistration(Message):
     raft_node_id: int
     started_ms: int
     metrics_url: str | None = None
+    # Its gRPC door for Danube's clients (broker.grpc_listen), if on: where a lookup
+    # on another broker's door redirects them.
+    grpc_url: str | None = None
 
 
 @wire

@@ -575,3 +575,32 @@ def test_metrics_topics_max_is_range_checked(tmp_path: Path) -> None:
     for bad in (-1, 1_000_001):
         with pytest.raises(ConfigError, match=r"broker.metrics_topics_max.*between 0 and 1000000"):
             load_config(write(tmp_path, f"broker:\n  metrics_topics_max: {bad}\n"))
+
+
+def test_grpc_door_is_off_by_default() -> None:
+    """No broker.grpc_listen unless asked: a broker binds no gRPC port by default."""
+    broker = load_config(env={}).broker
+    assert (broker.grpc_listen, broker.grpc_advertised_url, broker.grpc_attachments_max) == (None, None, 1_000)
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:6651", "tcp://127.0.0.1:6651", "http://127.0.0.1",
+                                      "http://:6651", "http://127.0.0.1:99999", "http://h/x:1"])
+def test_bad_grpc_endpoints(endpoint: str) -> None:
+    """The gRPC door's addresses are http://HOST:PORT, as Danube's clients are given them."""
+    for key in ("broker.grpc_listen", "broker.grpc_advertised_url"):
+        message = load_error(overrides={key: endpoint})
+        assert message.startswith(f"config key {key!r}: expected http://HOST:PORT"), message
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:0", "http://0.0.0.0:6651", "http://[::1]:6651"])
+def test_good_grpc_endpoints(endpoint: str) -> None:
+    assert load_config(env={}, overrides={"broker.grpc_listen": endpoint}).broker.grpc_listen == endpoint
+
+
+def test_grpc_door_refused_with_curve_until_it_maps_tokens(tmp_path: Path) -> None:
+    """The door does not yet carry Danube's bearer tokens onto CURVE sessions: on with
+    security.mode curve it would be an unauthenticated way in, so the config says no."""
+    message = load_error(overrides={"broker.grpc_listen": "http://127.0.0.1:0", "security.mode": "curve",
+                                    "security.broker_key_file": str(tmp_path / "k"),
+                                    "security.broker_public_keys_dir": str(tmp_path)})
+    assert message.startswith("config key 'broker.grpc_listen': is not supported with security.mode curve"), message

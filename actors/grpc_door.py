@@ -1,0 +1,240 @@
+"""Danube's gRPC client door: `DanubeApi.proto` served for Danube's own clients.
+
+    danube-client (gRPC) ──▶ GrpcDoor (grpc.aio server, broker.grpc_listen)
+                               │  Discovery, HealthCheck          (this module)
+                               │  ProducerService, ConsumerService (grpc_door_services.py)
+                               ▼  one native DanubeClient per gRPC producer / consumer,
+                            this broker's client port (broker.listen), as any client
+
+A gateway, not a second broker: every producer and consumer a Danube client creates
+here is one of ours (`client/`) attached to this broker's own client port, so topics,
+subscriptions, offsets, acks, redeliveries and limits are the broker's, shared with
+native clients. The door holds no state about topics or subscriptions, only which
+native attachment a Danube producer or consumer id stands for.
+
+1. Lookup: the native lookup names the owner's client URL; this broker: Connect to this
+   door; another broker that registered a gRPC door (`BrokerRegistration.grpc_url`):
+   Redirect there; one without: Connect here (the native client follows the redirect).
+2. Errors map onto Danube's gRPC codes (`GRPC_STATUS`): UNAVAILABLE makes Danube's
+   client look up again, PERMISSION_DENIED is the Exclusive conflict (CONSUMER_BUSY).
+3. Danube's API has no close for producers or consumers: an attachment that has had
+   no call, no health check and no open stream for `IDLE_MS` is closed (`_reap`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from danube_zmq.client.client import DanubeClient
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
+from danube_zmq.transport.danube_proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, NotFound
+
+log = logging.getLogger("danube_zmq.grpc_door")
+
+# Danube's client health-checks every 5 s; three missed checks and no call or stream
+# mean the client is gone (its process died or it closed without telling: the API has
+# no close).
+IDLE_MS = 15_000
+_REAP_EVERY_S = 5.0
+
+GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNSUPPORTED_VERSION: grpc.StatusCode.FAILED_PRECONDITION,
+    # Danube's client retries DEADLINE_EXCEEDED, as ours retries TIMEOUT.
+    ErrorCode.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # The producer name is held by another live connection: Danube's client gives up
+    # on ALREADY_EXISTS ("producer already exists"), as ours does on a first create.
+    ErrorCode.PRODUCER_BUSY: grpc.StatusCode.ALREADY_EXISTS,
+    # Danube answers the Exclusive conflict (another consumer name) PERMISSION_DENIED.
+    ErrorCode.CONSUMER_BUSY: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+}
+
+
+async def abort_with(context: grpc.aio.ServicerContext, error: DanubeError) -> None:
+    """End the call with the gRPC status Danube's clients expect for `error` (raises)."""
+    await context.abort(GRPC_STATUS.get(error.code, grpc.StatusCode.INTERNAL), f"{type(error).__name__}: {error}")
+
+
+def native_target(client_url: str) -> str:
+    """The URL this broker's own clients dial: a wildcard bind address is dialed on loopback."""
+    for wildcard in ("tcp://0.0.0.0:", "tcp://*:"):
+        if client_url.startswith(wildcard):
+            return "tcp://127.0.0.1:" + client_url[len(wildcard):]
+    if client_url.startswith("inproc://"):
+        raise InvalidArgument("broker.grpc_listen needs broker.listen on tcp:// or ipc:// (the door dials it)")
+    return client_url
+
+
+class Attachment:
+    """A Danube producer or consumer id and the native client holding it."""
+
+    def __init__(self, client: DanubeClient, now_ms: int) -> None:
+        self.client = client
+        self.last_seen_ms = now_ms
+        self.streams = 0
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class GrpcDoor:
+    """The gRPC server of one broker. `start()` binds `listen` (http://HOST:PORT);
+    `stop()` ends the calls, closes every native attachment, then the server."""
+
+    def __init__(self, *, listen: str, advertised_url: str | None, client_url: str, broker_url: str,
+                 attachments_max: int, metadata: RaftMetadataStore | None, rng: random.Random,
+                 monotonic_ms: Callable[[], int] | None = None) -> None:
+        self.listen = listen
+        self._advertised = advertised_url
+        self.native_url = native_target(client_url)
+        self.broker_url = broker_url  # this broker's advertised client URL (what lookups name)
+        self.attachments_max = attachments_max
+        self.metadata = metadata
+        self.rng = rng
+        self.monotonic_ms = monotonic_ms or (lambda: int(time.monotonic() * 1000))
+        self.url = ""
+        self.attachments: dict[int, Any] = {}
+        self._server: grpc.aio.Server | None = None
+        self._control: DanubeClient | None = None
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        from danube_zmq.actors.grpc_door_services import ConsumerDoor, ProducerDoor
+
+        server = grpc.aio.server()
+        pb_grpc.add_DiscoveryServicer_to_server(DiscoveryDoor(self), server)
+        pb_grpc.add_HealthCheckServicer_to_server(HealthDoor(self), server)
+        pb_grpc.add_ProducerServiceServicer_to_server(ProducerDoor(self), server)
+        pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerDoor(self), server)
+        host, _, port = self.listen.removeprefix("http://").rpartition(":")
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise InvalidArgument(f"broker.grpc_listen: cannot bind {self.listen}")
+        await server.start()
+        self._server = server
+        self.url = self._advertised or f"http://{host}:{bound}"
+        self._control = DanubeClient(self.native_url, client_name="grpc-door-control")
+        self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="grpc-door-reaper")
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+            self._server = None
+        attachments, self.attachments = list(self.attachments.values()), {}
+        for attachment in attachments:
+            await attachment.close()
+        if self._control is not None:
+            await self._control.close()
+            self._control = None
+
+    @property
+    def control(self) -> DanubeClient:
+        assert self._control is not None, "the door is not started"
+        return self._control
+
+    def new_id(self) -> int:
+        while True:
+            candidate = self.rng.getrandbits(63)
+            if candidate and candidate not in self.attachments:
+                return candidate
+
+    def native_client(self, name: str) -> DanubeClient:
+        return DanubeClient(self.native_url, client_name=name)
+
+    def touch(self, attachment_id: int) -> Any:
+        attachment = self.attachments.get(attachment_id)
+        if attachment is not None:
+            attachment.last_seen_ms = self.monotonic_ms()
+        return attachment
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(_REAP_EVERY_S)
+            now = self.monotonic_ms()
+            idle = [(i, a) for i, a in self.attachments.items() if a.streams == 0 and now - a.last_seen_ms > IDLE_MS]
+            for attachment_id, attachment in idle:
+                self.attachments.pop(attachment_id, None)
+                log.info("closing idle gRPC attachment %d (%r)", attachment_id, attachment)
+                try:
+                    await attachment.close()
+                except DanubeError as exc:
+                    log.warning("closing idle gRPC attachment %d: %s", attachment_id, exc)
+
+    # ---------------------------------------------------------------- lookups
+
+    def grpc_url_of(self, broker_url: str) -> str | None:
+        """The gRPC door of the broker whose client URL is `broker_url`, if it registered one."""
+        if broker_url == self.broker_url:
+            return self.url
+        if self.metadata is None:
+            return None
+        for _, value in self.metadata.local_scan(cr.REGISTER):
+            registration = cr.decode(value.value, cr.BrokerRegistration)
+            if registration.broker_url == broker_url:
+                return registration.grpc_url
+        return None
+
+
+class DiscoveryDoor(pb_grpc.DiscoveryServicer):
+    def __init__(self, door: GrpcDoor) -> None:
+        self.door = door
+
+    async def TopicLookup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            owner = await self.door.control.lookup(request.topic)
+        except DanubeError as exc:
+            if isinstance(exc, NotFound):
+                # Danube answers an unknown topic with a Failed lookup, not an error.
+                return pb.TopicLookupResponse(request_id=request.request_id,
+                                              response_type=pb.TopicLookupResponse.Failed)
+            await abort_with(context, exc)
+        target = self.door.grpc_url_of(owner)
+        if target is None or target == self.door.url:
+            # This broker, or an owner without a door: the native client here follows
+            # the redirect itself.
+            return pb.TopicLookupResponse(request_id=request.request_id, response_type=pb.TopicLookupResponse.Connect,
+                                          connect_url=self.door.url, broker_url=self.door.url, proxy=False)
+        return pb.TopicLookupResponse(request_id=request.request_id, response_type=pb.TopicLookupResponse.Redirect,
+                                      connect_url=target, broker_url=target, proxy=False)
+
+    async def TopicPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            partitions = await self.door.control.get_partitions(request.topic)
+        except DanubeError as exc:
+            await abort_with(context, exc)
+        return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)
+
+
+class HealthDoor(pb_grpc.HealthCheckServicer):
+    """OK while the door holds the producer or consumer; CLOSE once it does not (reaped,
+    or the broker restarted): Danube's client then creates it again."""
+
+    def __init__(self, door: GrpcDoor) -> None:
+        self.door = door
+
+    async def HealthCheck(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        attachment = self.door.touch(request.id)
+        status = pb.HealthCheckResponse.OK if attachment is not None else pb.HealthCheckResponse.CLOSE
+        return pb.HealthCheckResponse(status=status)

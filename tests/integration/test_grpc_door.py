@@ -1,0 +1,187 @@
+"""The broker's gRPC door driven by Danube's own Python client (`danube-client` from PyPI).
+
+A real broker process with `--grpc-listen` on a free port; Danube's client produces and
+consumes through the door, and our native client shares the same topics and
+subscriptions with it (docs/danube-compat.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from danube_zmq.client import DanubeClient as NativeClient
+from tests.integration.conftest import BrokerProcess, free_port, start_broker
+
+danube = pytest.importorskip("danube", reason="danube-client (the test extra) is not installed")
+
+RECEIVE_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def door_broker(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
+    grpc_url = f"http://127.0.0.1:{free_port()}"
+    process = start_broker(tmp_path, "--grpc-listen", grpc_url)
+    yield process, grpc_url
+    code = process.stop()
+    assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"
+
+
+@pytest.fixture
+async def theirs(door_broker: tuple[BrokerProcess, str]) -> AsyncIterator[danube.DanubeClient]:
+    _, grpc_url = door_broker
+    yield await danube.DanubeClientBuilder().service_url(grpc_url).build()
+
+
+async def _subscribe(client: danube.DanubeClient, topic: str, subscription: str, name: str,
+                     sub_type: danube.SubType = danube.SubType.EXCLUSIVE) -> tuple[danube.Consumer, asyncio.Queue]:
+    consumer = (client.new_consumer().with_topic(topic).with_consumer_name(name)
+                .with_subscription(subscription).with_subscription_type(sub_type).build())
+    await consumer.subscribe()
+    return consumer, await consumer.receive()
+
+
+async def _take(queue: asyncio.Queue, count: int) -> list:
+    out = []
+    async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+        while len(out) < count:
+            out.append(await queue.get())
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["NON_RELIABLE", "RELIABLE"])
+async def test_danube_producer_to_danube_consumer(theirs: danube.DanubeClient, strategy: str) -> None:
+    """Danube's producer and consumer, both through the door, on a topic the producer
+    creates with its dispatch strategy: every message arrives in order with its
+    attributes and routing key, and acks are accepted."""
+    topic = f"/default/door-{strategy.lower()}"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(getattr(danube.DispatchStrategy, strategy)).build())
+    await producer.create()
+    consumer, queue = await _subscribe(theirs, topic, "s1", "c1")
+    await asyncio.sleep(0.3)  # the stream is open before the first message (a new subscription starts at the tail)
+    for i in range(20):
+        await producer.send(f"m{i}".encode(), {"i": str(i)})
+    await producer.send_with_key(b"keyed", None, "k-1")
+    got = await _take(queue, 21)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(20)] + [b"keyed"]
+    assert got[3].attributes["i"] == "3" and got[3].producer_name == "p1"
+    assert got[-1].routing_key == "k-1"
+    if strategy == "RELIABLE":
+        assert [m.msg_id.topic_offset for m in got] == list(range(21))
+    for message in got:
+        await consumer.ack(message)
+    await consumer.close()
+    await producer.close()
+
+
+async def test_reliable_unacked_message_comes_back_after_nack(theirs: danube.DanubeClient) -> None:
+    """A nack through the door is the broker's nack: the message is delivered again."""
+    topic = "/default/door-nack"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    consumer, queue = await _subscribe(theirs, topic, "s1", "c1")
+    await asyncio.sleep(0.3)
+    await producer.send(b"again")
+    (first,) = await _take(queue, 1)
+    await consumer.nack(first, delay_ms=0)
+    (second,) = await _take(queue, 1)
+    assert second.payload == b"again" and second.msg_id.topic_offset == first.msg_id.topic_offset
+    await consumer.ack(second)
+    await consumer.close()
+
+
+async def test_danube_producer_to_native_consumer_and_back(door_broker: tuple[BrokerProcess, str],
+                                                           theirs: danube.DanubeClient) -> None:
+    """Mixed: what Danube's producer sends through the door our native consumer reads,
+    and what our native producer sends Danube's consumer reads, on one reliable topic."""
+    broker, _ = door_broker
+    topic = "/default/door-mixed"
+    producer = (theirs.new_producer().with_topic(topic).with_name("danube-p")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    async with NativeClient(broker.url) as ours:
+        native_consumer = await ours.subscribe(topic, "native-sub", sub_type="exclusive")
+        danube_consumer, queue = await _subscribe(theirs, topic, "danube-sub", "danube-c")
+        await asyncio.sleep(0.3)
+        await producer.send(b"from-danube", {"origin": "danube"})
+        native_producer = await ours.create_producer(topic, name="native-p", dispatch="reliable")
+        await native_producer.send(b"from-native", attributes={"origin": "native"})
+        async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+            read = [await native_consumer.receive(), await native_consumer.receive()]
+        assert [(m.payload, m.producer_name, dict(m.attributes)) for m in read] == [
+            (b"from-danube", "danube-p", {"origin": "danube"}), (b"from-native", "native-p", {"origin": "native"})]
+        got = await _take(queue, 2)
+        assert [(m.payload, m.producer_name) for m in got] == [(b"from-danube", "danube-p"),
+                                                               (b"from-native", "native-p")]
+        await danube_consumer.close()
+
+
+async def test_exclusive_conflict_is_permission_denied(theirs: danube.DanubeClient) -> None:
+    """A second consumer name on an Exclusive subscription is refused PERMISSION_DENIED,
+    as Danube's broker refuses it (its client does not retry that code)."""
+    topic = "/default/door-exclusive"
+    producer = theirs.new_producer().with_topic(topic).with_name("p1").build()
+    await producer.create()
+    first, _ = await _subscribe(theirs, topic, "only", "c1")
+    second = (theirs.new_consumer().with_topic(topic).with_consumer_name("c2").with_subscription("only")
+              .with_subscription_type(danube.SubType.EXCLUSIVE).build())
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await second.subscribe()
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    await first.close()
+
+
+async def test_lookup_connects_here_and_unknown_topic_fails(theirs: danube.DanubeClient,
+                                                            door_broker: tuple[BrokerProcess, str]) -> None:
+    """A standalone broker's door answers Connect with its own gRPC URL for a topic it
+    serves, Failed for a topic that does not exist, and lists a topic's partitions."""
+    _, grpc_url = door_broker
+    producer = theirs.new_producer().with_topic("/default/door-lookup").with_name("p1").build()
+    await producer.create()
+    answer = await theirs.lookup_service.lookup_topic(grpc_url, "/default/door-lookup")
+    assert (answer.response_type, answer.connect_url, answer.broker_url) == (1, grpc_url, grpc_url)
+    missing = await theirs.lookup_service.lookup_topic(grpc_url, "/default/no-such-topic")
+    assert missing.response_type == 2
+    assert await theirs.lookup_service.topic_partitions(grpc_url, "/default/door-lookup") == ["/default/door-lookup"]
+
+
+async def test_producer_created_again_under_its_name_gets_its_id(theirs: danube.DanubeClient,
+                                                                 door_broker: tuple[BrokerProcess, str]) -> None:
+    """Danube's semantics: CreateProducer with a name already attached on the topic is a
+    re-attach and answers the same producer id (one native producer behind it)."""
+    topic = "/default/door-reattach"
+    first = theirs.new_producer().with_topic(topic).with_name("same").build()
+    await first.create()
+    again = theirs.new_producer().with_topic(topic).with_name("same").build()
+    await again.create()
+    assert first._producers[0].producer_id == again._producers[0].producer_id != 0
+
+
+async def test_key_shared_key_filters_route_by_key(theirs: danube.DanubeClient) -> None:
+    """Key-Shared with key filters through the door: each consumer gets only the keys
+    its glob filter matches."""
+    topic = "/default/door-keys"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    queues = {}
+    for prefix in ("eu", "us"):
+        consumer = (theirs.new_consumer().with_topic(topic).with_consumer_name(f"c-{prefix}")
+                    .with_subscription("keys").with_subscription_type(danube.SubType.KEY_SHARED)
+                    .with_key_filter(f"{prefix}-*").build())
+        await consumer.subscribe()
+        queues[prefix] = await consumer.receive()
+    await asyncio.sleep(0.3)
+    for i in range(4):
+        await producer.send_with_key(f"eu{i}".encode(), None, f"eu-{i}")
+        await producer.send_with_key(f"us{i}".encode(), None, f"us-{i}")
+    for prefix, queue in queues.items():
+        got = await _take(queue, 4)
+        assert sorted(m.payload for m in got) == [f"{prefix}{i}".encode() for i in range(4)]
+        assert all(m.routing_key.startswith(f"{prefix}-") for m in got)
