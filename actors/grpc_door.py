@@ -38,6 +38,7 @@ from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, NotFound
+from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.grpc_door")
 
@@ -196,6 +197,27 @@ class GrpcDoor:
                 return registration.grpc_url
         return None
 
+    def loose_partitions(self, topic: str) -> list[str]:
+        """`{topic}-part-N` topics that exist on their own while `topic` does not, in
+        partition order. Danube's producer with N partitions creates them one by one
+        (it names no partition count to any broker), and Danube's `TopicPartitions`
+        answers them by prefix: so does the door, for Danube's consumer to find them."""
+        if self.metadata is None:
+            return []
+        try:
+            base = parse_topic(topic)
+        except InvalidArgument:
+            return []
+        found: dict[int, str] = {}
+        for key, _ in self.metadata.local_scan(cr.topic_record_key(f"{base.full}-part-")):
+            full = key.removeprefix("/topics")
+            if full.count("/") != 2:
+                continue  # a subscription's or producer's key under a topic
+            name = parse_topic(full)
+            if name.partition_index is not None and name.base == base:
+                found[name.partition_index] = full
+        return [found[i] for i in sorted(found)]
+
 
 class DiscoveryDoor(pb_grpc.DiscoveryServicer):
     def __init__(self, door: GrpcDoor) -> None:
@@ -222,6 +244,10 @@ class DiscoveryDoor(pb_grpc.DiscoveryServicer):
     async def TopicPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             partitions = await self.door.control.get_partitions(request.topic)
+        except NotFound as exc:
+            partitions = self.door.loose_partitions(request.topic)
+            if not partitions:
+                await abort_with(context, exc)
         except DanubeError as exc:
             await abort_with(context, exc)
         return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)

@@ -185,3 +185,52 @@ async def test_key_shared_key_filters_route_by_key(theirs: danube.DanubeClient) 
         got = await _take(queue, 4)
         assert sorted(m.payload for m in got) == [f"{prefix}{i}".encode() for i in range(4)]
         assert all(m.routing_key.startswith(f"{prefix}-") for m in got)
+
+
+@pytest.mark.parametrize("created_by", ["admin", "danube"])
+async def test_partitioned_topic_danube_and_native_clients(door_broker: tuple[BrokerProcess, str],
+                                                           theirs: danube.DanubeClient, created_by: str) -> None:
+    """A partitioned topic made by our admin API: Danube's producer (`with_partitions`,
+    a producer per `{topic}-part-{i}`) and ours spread messages over the partitions, and
+    Danube's consumer (subscribed to every partition the door lists) and ours read them
+    all. Made by Danube's producer instead, the partitions are topics of their own (it
+    names no partition count): the door lists them by prefix as Danube's broker does,
+    and our native client reaches them by their names."""
+    from danube_zmq.client.admin import AdminClient
+
+    broker, grpc_url = door_broker
+    topic = f"/default/door-parts-{created_by}"
+    partitions = [f"{topic}-part-{i}" for i in range(3)]
+    if created_by == "admin":
+        async with AdminClient(broker.admin_url) as admin:
+            await admin.create_topic(topic, partitions=3, dispatch_strategy=1)
+    producer = (theirs.new_producer().with_topic(topic).with_name("danube-p").with_partitions(3)
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    assert await theirs.lookup_service.topic_partitions(grpc_url, topic) == partitions
+    native_topics = [topic] if created_by == "admin" else partitions
+    async with NativeClient(broker.url) as ours:
+        native_consumers = [await ours.subscribe(t, "native-sub", sub_type="exclusive") for t in native_topics]
+        danube_consumer, queue = await _subscribe(theirs, topic, "danube-sub", "danube-c")
+        await asyncio.sleep(0.3)
+        for i in range(6):
+            await producer.send(f"d{i}".encode())
+        for i, native_topic in enumerate(native_topics):
+            native_producer = await ours.create_producer(native_topic, name=f"native-p{i}", dispatch="reliable")
+            for j in range(3):
+                await native_producer.send(f"n{i}-{j}".encode(), key=f"k{j}")
+        expected = sorted([f"d{i}".encode() for i in range(6)]
+                          + [f"n{i}-{j}".encode() for i in range(len(native_topics)) for j in range(3)])
+        got = await _take(queue, len(expected))
+        assert sorted(m.payload for m in got) == expected
+        # Danube's round robin put two of its messages on each partition.
+        assert sorted(m.msg_id.topic_name for m in got if m.producer_name.startswith("danube-p")) == \
+            sorted(partitions * 2)
+        for message in got:
+            await danube_consumer.ack(message)
+        each = len(expected) // len(native_consumers)  # admin: one consumer; else 2 + 3 per partition
+        async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+            read = [await c.receive() for c in native_consumers for _ in range(each)]
+        assert sorted(m.payload for m in read) == expected
+        await danube_consumer.close()
+    await producer.close()
