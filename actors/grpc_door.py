@@ -3,6 +3,7 @@
     danube-client (gRPC) ──▶ GrpcDoor (grpc.aio server, broker.grpc_listen)
                                │  Discovery, HealthCheck          (this module)
                                │  ProducerService, ConsumerService (grpc_door_services.py)
+                               │  SchemaRegistry                  (grpc_door_schemas.py)
                                ▼  one native DanubeClient per gRPC producer / consumer,
                             this broker's client port (broker.listen), as any client
 
@@ -116,11 +117,16 @@ class GrpcDoor:
         self._server: grpc.aio.Server | None = None
         self._control: DanubeClient | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._schemas: Any = None  # SchemaRegistryDoor, imported at start
 
     async def start(self) -> None:
+        from danube_zmq.actors.grpc_door_schemas import SchemaRegistryDoor
         from danube_zmq.actors.grpc_door_services import ConsumerDoor, ProducerDoor
+        from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
         server = grpc.aio.server()
+        self._schemas = SchemaRegistryDoor(self)
+        spb_grpc.add_SchemaRegistryServicer_to_server(self._schemas, server)
         pb_grpc.add_DiscoveryServicer_to_server(DiscoveryDoor(self), server)
         pb_grpc.add_HealthCheckServicer_to_server(HealthDoor(self), server)
         pb_grpc.add_ProducerServiceServicer_to_server(ProducerDoor(self), server)
@@ -149,6 +155,9 @@ class GrpcDoor:
         if self._control is not None:
             await self._control.close()
             self._control = None
+        if self._schemas is not None:
+            self._schemas.close()
+            self._schemas = None
 
     @property
     def control(self) -> DanubeClient:

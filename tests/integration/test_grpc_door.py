@@ -234,3 +234,69 @@ async def test_partitioned_topic_danube_and_native_clients(door_broker: tuple[Br
         assert sorted(m.payload for m in read) == expected
         await danube_consumer.close()
     await producer.close()
+
+
+ORDER_V1 = b'{"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}'
+ORDER_V2 = (b'{"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"}},'
+            b' "required": ["id"]}')
+
+
+async def test_schema_registered_through_the_door_and_produced_with(door_broker: tuple[BrokerProcess, str],
+                                                                    theirs: danube.DanubeClient) -> None:
+    """Danube's client registers a schema through the door's SchemaRegistry (our registry:
+    our native registry client reads the same ids), checks and lists versions, then
+    produces with a schema reference: every message carries the schema id and version,
+    for Danube's consumer and ours."""
+    from danube_zmq.client.schemas import SchemaRegistryClient as NativeRegistry
+
+    broker, _ = door_broker
+    registry = theirs.schema()
+    first = await (registry.register_schema("orders").with_type(danube.SchemaType.JSON_SCHEMA)
+                   .with_schema_data(ORDER_V1).with_description("v1").execute())
+    compatible, reasons = await registry.check_compatibility("orders", ORDER_V2, danube.SchemaType.JSON_SCHEMA)
+    assert compatible, reasons
+    second = await (registry.register_schema("orders").with_type(danube.SchemaType.JSON_SCHEMA)
+                    .with_schema_data(ORDER_V2).execute())
+    latest = await registry.get_latest_schema("orders")
+    assert (latest.schema_id, latest.version, latest.subject) == (second, 2, "orders")
+    assert await registry.list_versions("orders") == [1, 2]
+    assert (await registry.get_schema_version(first, 1)).schema_definition_as_string() != ""
+    async with NativeRegistry(broker.url) as ours:
+        info = await ours.get_schema(subject="orders")
+        assert (info.schema_id, info.version, info.fingerprint) == (latest.schema_id, 2, latest.fingerprint)
+
+    topic = "/default/door-schema"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1").with_schema_version("orders", 1)
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    async with NativeClient(broker.url) as native:
+        native_consumer = await native.subscribe(topic, "native-sub", sub_type="exclusive")
+        consumer, queue = await _subscribe(theirs, topic, "s1", "c1")
+        await asyncio.sleep(0.3)
+        await producer.send(b'{"id": 7}')
+        (got,) = await _take(queue, 1)
+        assert (got.payload, got.schema_id, got.schema_version) == (b'{"id": 7}', first, 1)
+        async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+            read = await native_consumer.receive()
+        assert (read.schema_id, read.schema_version, read.value()) == (first, 1, {"id": 7})
+        await consumer.close()
+    await producer.close()
+
+
+async def test_schema_errors_keep_their_codes(theirs: danube.DanubeClient) -> None:
+    """A definition that is not a schema is INVALID_ARGUMENT, an unknown subject
+    NOT_FOUND, and a producer naming an unknown subject is refused at create
+    FAILED_PRECONDITION (the broker's own refusal, passed through)."""
+    registry = theirs.schema()
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await (registry.register_schema("broken").with_type(danube.SchemaType.JSON_SCHEMA)
+               .with_schema_data(b"{not json").execute())
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await registry.get_latest_schema("no-such-subject")
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    producer = (theirs.new_producer().with_topic("/default/door-no-schema").with_name("p1")
+                .with_schema_subject("no-such-subject").build())
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await producer.create()
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
