@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from danube_zmq.client import DanubeClient as NativeClient
+from danube_zmq.transport.errors import Timeout
 from tests.integration.conftest import BrokerProcess, free_port, start_broker
 
 danube = pytest.importorskip("danube", reason="danube-client (the test extra) is not installed")
@@ -300,3 +301,88 @@ async def test_schema_errors_keep_their_codes(theirs: danube.DanubeClient) -> No
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await producer.create()
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_shared_subscription_spreads_over_danube_consumers(theirs: danube.DanubeClient) -> None:
+    """Shared through the door: two Danube consumers of one subscription each get a part
+    of the messages, and together every one exactly once."""
+    topic = "/default/door-shared"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    consumers = [await _subscribe(theirs, topic, "work", f"c{i}", danube.SubType.SHARED) for i in range(2)]
+    await asyncio.sleep(0.3)
+    for i in range(20):
+        await producer.send(f"m{i}".encode())
+    got: list[list[bytes]] = [[], []]
+    async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+        while sum(map(len, got)) < 20:
+            for index, (consumer, queue) in enumerate(consumers):
+                while not queue.empty():
+                    message = queue.get_nowait()
+                    got[index].append(message.payload)
+                    await consumer.ack(message)
+            await asyncio.sleep(0.02)
+    assert all(got), got
+    assert sorted(got[0] + got[1]) == sorted(f"m{i}".encode() for i in range(20))
+    for consumer, _ in consumers:
+        await consumer.close()
+
+
+async def test_failover_subscription_feeds_one_danube_consumer(door_broker: tuple[BrokerProcess, str],
+                                                               theirs: danube.DanubeClient) -> None:
+    """Failover through the door: the first consumer is the active one and gets every
+    message in order; a standby (Danube's or ours) gets none while it is live."""
+    broker, _ = door_broker
+    topic = "/default/door-failover"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    active, active_queue = await _subscribe(theirs, topic, "fo", "c-active", danube.SubType.FAILOVER)
+    standby, standby_queue = await _subscribe(theirs, topic, "fo", "c-standby", danube.SubType.FAILOVER)
+    async with NativeClient(broker.url) as ours:
+        native_standby = await ours.subscribe(topic, "fo", sub_type="failover", consumer_name="native-standby")
+        await asyncio.sleep(0.3)
+        for i in range(10):
+            await producer.send(f"m{i}".encode())
+        got = await _take(active_queue, 10)
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(10)]
+        for message in got:
+            await active.ack(message)
+        await asyncio.sleep(0.3)
+        assert standby_queue.empty()
+        with pytest.raises(Timeout):
+            await native_standby.receive(timeout=0.2)
+    await active.close()
+    await standby.close()
+
+
+async def test_unacked_message_is_redelivered_then_dead_lettered(door_broker: tuple[BrokerProcess, str],
+                                                                 theirs: danube.DanubeClient) -> None:
+    """The subscription's failure policy holds for a Danube consumer: a message it never
+    acks comes back after the ack timeout, and once past max_redelivery_count it is
+    moved to the dead-letter topic, where another Danube consumer reads it."""
+    from danube_zmq.client.admin import AdminClient
+
+    broker, _ = door_broker
+    topic, dead_letters = "/default/door-poison", "/default/door-poison-dlq"
+    producer = (theirs.new_producer().with_topic(topic).with_name("p1")
+                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    consumer, queue = await _subscribe(theirs, topic, "s1", "c1")
+    async with AdminClient(broker.admin_url) as admin:
+        await admin.create_topic(dead_letters, dispatch_strategy=1)
+        await admin.set_failure_policy(topic, "s1", max_redelivery_count=1, ack_timeout_ms=300,
+                                       base_redelivery_delay_ms=0, max_redelivery_delay_ms=0, backoff="fixed",
+                                       poison_policy="dead_letter", dead_letter_topic=dead_letters)
+    dlq_consumer, dlq_queue = await _subscribe(theirs, dead_letters, "dlq", "c-dlq")
+    await asyncio.sleep(0.3)
+    await producer.send(b"poison", {"n": "1"})
+    first, again = await _take(queue, 2)  # delivered, then redelivered after the ack timeout; never acked
+    assert first.payload == again.payload == b"poison"
+    assert first.msg_id.topic_offset == again.msg_id.topic_offset
+    (lettered,) = await _take(dlq_queue, 1)
+    assert lettered.payload == b"poison"
+    await dlq_consumer.ack(lettered)
+    await dlq_consumer.close()
+    await consumer.close()
