@@ -282,6 +282,11 @@ async def test_schema_registered_through_the_door_and_produced_with(door_broker:
         assert (read.schema_id, read.schema_version, read.value()) == (first, 1, {"id": 7})
         await consumer.close()
     await producer.close()
+    assert (await registry.set_compatibility_mode("orders", danube.CompatibilityMode.FULL))[0]
+    assert (await registry.delete_schema_version("orders", 2))[0]
+    assert await registry.list_versions("orders") == [1]
+    async with NativeRegistry(broker.url) as ours:
+        assert await ours.get_compatibility("orders") == "full"
 
 
 async def test_schema_errors_keep_their_codes(theirs: danube.DanubeClient) -> None:
