@@ -3,6 +3,7 @@
     danube-client (gRPC) ──▶ GrpcDoor (grpc.aio server, broker.grpc_listen)
                                │  Discovery, HealthCheck          (this module)
                                │  ProducerService, ConsumerService (grpc_door_services.py)
+                               │  SchemaRegistry                  (grpc_door_schemas.py)
                                ▼  one native DanubeClient per gRPC producer / consumer,
                             this broker's client port (broker.listen), as any client
 
@@ -38,6 +39,7 @@ from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, NotFound
+from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.grpc_door")
 
@@ -115,11 +117,16 @@ class GrpcDoor:
         self._server: grpc.aio.Server | None = None
         self._control: DanubeClient | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._schemas: Any = None  # SchemaRegistryDoor, imported at start
 
     async def start(self) -> None:
+        from danube_zmq.actors.grpc_door_schemas import SchemaRegistryDoor
         from danube_zmq.actors.grpc_door_services import ConsumerDoor, ProducerDoor
+        from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
         server = grpc.aio.server()
+        self._schemas = SchemaRegistryDoor(self)
+        spb_grpc.add_SchemaRegistryServicer_to_server(self._schemas, server)
         pb_grpc.add_DiscoveryServicer_to_server(DiscoveryDoor(self), server)
         pb_grpc.add_HealthCheckServicer_to_server(HealthDoor(self), server)
         pb_grpc.add_ProducerServiceServicer_to_server(ProducerDoor(self), server)
@@ -148,6 +155,9 @@ class GrpcDoor:
         if self._control is not None:
             await self._control.close()
             self._control = None
+        if self._schemas is not None:
+            self._schemas.close()
+            self._schemas = None
 
     @property
     def control(self) -> DanubeClient:
@@ -196,6 +206,27 @@ class GrpcDoor:
                 return registration.grpc_url
         return None
 
+    def loose_partitions(self, topic: str) -> list[str]:
+        """`{topic}-part-N` topics that exist on their own while `topic` does not, in
+        partition order. Danube's producer with N partitions creates them one by one
+        (it names no partition count to any broker), and Danube's `TopicPartitions`
+        answers them by prefix: so does the door, for Danube's consumer to find them."""
+        if self.metadata is None:
+            return []
+        try:
+            base = parse_topic(topic)
+        except InvalidArgument:
+            return []
+        found: dict[int, str] = {}
+        for key, _ in self.metadata.local_scan(cr.topic_record_key(f"{base.full}-part-")):
+            full = key.removeprefix("/topics")
+            if full.count("/") != 2:
+                continue  # a subscription's or producer's key under a topic
+            name = parse_topic(full)
+            if name.partition_index is not None and name.base == base:
+                found[name.partition_index] = full
+        return [found[i] for i in sorted(found)]
+
 
 class DiscoveryDoor(pb_grpc.DiscoveryServicer):
     def __init__(self, door: GrpcDoor) -> None:
@@ -222,6 +253,10 @@ class DiscoveryDoor(pb_grpc.DiscoveryServicer):
     async def TopicPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             partitions = await self.door.control.get_partitions(request.topic)
+        except NotFound as exc:
+            partitions = self.door.loose_partitions(request.topic)
+            if not partitions:
+                await abort_with(context, exc)
         except DanubeError as exc:
             await abort_with(context, exc)
         return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)

@@ -72,6 +72,23 @@ def _check_room(door: GrpcDoor) -> None:
                                 " (broker.grpc_attachments_max)")
 
 
+def _schema_choice(request: Any) -> dict[str, Any]:
+    """The native producer's schema arguments for a `ProducerRequest.schema_ref`: it binds
+    the topic to the subject and stamps every message with the schema id and version,
+    the same ones Danube's client reads from the door's SchemaRegistry."""
+    if not request.HasField("schema_ref"):
+        return {}
+    ref = request.schema_ref
+    if not ref.subject:
+        raise InvalidArgument("schema_ref.subject must not be empty")
+    which = ref.WhichOneof("version_ref")
+    if which == "pinned_version":
+        return {"schema_subject": ref.subject, "schema_version": ref.pinned_version}
+    if which == "min_version":
+        return {"schema_subject": ref.subject, "schema_min_version": ref.min_version}
+    return {"schema_subject": ref.subject}  # use_latest, or no version named
+
+
 class ProducerDoor(pb_grpc.ProducerServiceServicer):
     def __init__(self, door: GrpcDoor) -> None:
         self.door = door
@@ -92,9 +109,6 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
                                        producer_name=request.producer_name)
         client = None
         try:
-            if request.HasField("schema_ref"):
-                # Danube's client then fetches the schema from SchemaRegistry, not served yet.
-                raise InvalidArgument("schema references are not served by the gRPC door yet (docs/danube-compat.md)")
             if not request.producer_name:
                 raise InvalidArgument("producer_name must not be empty")
             _check_room(door)
@@ -103,7 +117,7 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
             # Batching as for any producer: a lone SendMessage leaves on the next loop
             # turn, concurrent ones share a batch (and an fsync on a reliable topic).
             producer = await client.create_producer(request.topic_name, name=request.producer_name,
-                                                    dispatch=strategy)
+                                                    dispatch=strategy, **_schema_choice(request))
         except DanubeError as exc:
             if client is not None:
                 await client.close()

@@ -58,3 +58,21 @@ def test_a_broker_without_the_door_loads_no_grpc_module() -> None:
             "print(sorted(m for m in sys.modules if 'grpc_door' in m or 'danube_proto' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(("version_ref", "expected"), [
+    ({"use_latest": True}, {"schema_subject": "orders"}),
+    ({"pinned_version": 3}, {"schema_subject": "orders", "schema_version": 3}),
+    ({"min_version": 2}, {"schema_subject": "orders", "schema_min_version": 2}),
+    ({}, {"schema_subject": "orders"}),
+])
+def test_schema_reference_becomes_the_native_producers_choice(version_ref: dict, expected: dict) -> None:
+    from danube_zmq.actors.grpc_door_services import _schema_choice
+    from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
+
+    request = pb.ProducerRequest(producer_name="p", topic_name="/default/t",
+                                 schema_ref=pb.SchemaReference(subject="orders", **version_ref))
+    assert _schema_choice(request) == expected
+    assert _schema_choice(pb.ProducerRequest(producer_name="p", topic_name="/default/t")) == {}
+    with pytest.raises(InvalidArgument):
+        _schema_choice(pb.ProducerRequest(schema_ref=pb.SchemaReference(subject="", use_latest=True)))
