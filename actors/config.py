@@ -180,7 +180,7 @@ class BrokerSection:
         _check_range("broker.grpc_attachments_max", self.grpc_attachments_max, 1, 100_000)
         if self.grpc_admin_listen is not None:
             _check_http_endpoint("broker.grpc_admin_listen", self.grpc_admin_listen)
-            if self.grpc_admin_listen == self.grpc_listen and not self.grpc_listen.endswith(":0"):
+            if self.grpc_listen == self.grpc_admin_listen and not self.grpc_admin_listen.endswith(":0"):
                 raise _error("broker.grpc_admin_listen", f"must differ from broker.grpc_listen, both are"
                              f" {self.grpc_listen!r}", "broker.grpc_listen")
         if not self.data_dir:

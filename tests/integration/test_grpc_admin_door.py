@@ -35,9 +35,13 @@ async def stubs(admin_door_broker: tuple[BrokerProcess, str]) -> AsyncIterator[S
     _, url = admin_door_broker
     async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
         # The door binds last in the broker's start: the admin port may answer first.
+        brokers = pb_grpc.BrokerAdminStub(channel)
         async with asyncio.timeout(10):
             await channel.channel_ready()
-        yield SimpleNamespace(brokers=pb_grpc.BrokerAdminStub(channel), cluster=pb_grpc.ClusterAdminStub(channel),
+            # The broker registers itself (its lease) just after its ports answer.
+            while not (await brokers.ListBrokers(pb.Empty())).brokers:
+                await asyncio.sleep(0.05)
+        yield SimpleNamespace(brokers=brokers, cluster=pb_grpc.ClusterAdminStub(channel),
                               namespaces=pb_grpc.NamespaceAdminStub(channel), topics=pb_grpc.TopicAdminStub(channel),
                               security=pb_grpc.SecurityAdminStub(channel))
 
