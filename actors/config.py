@@ -136,6 +136,11 @@ class BrokerSection:
     # Producers and consumers the gRPC door holds at once (each is one attachment on the
     # client port); one more is refused RESOURCE_EXHAUSTED. 1..100,000, default 1,000.
     grpc_attachments_max: int = 1_000
+    # Danube's gRPC admin door (docs/danube-compat.md): http://HOST:PORT the broker binds
+    # for Danube's admin tools, serving DanubeAdmin.proto as a gateway into this broker's
+    # admin port (broker.admin_listen). Port 0 picks a free one. Default None: off,
+    # nothing is bound and the gRPC modules are not even imported.
+    grpc_admin_listen: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -173,6 +178,11 @@ class BrokerSection:
         if self.grpc_advertised_url is not None:
             _check_http_endpoint("broker.grpc_advertised_url", self.grpc_advertised_url)
         _check_range("broker.grpc_attachments_max", self.grpc_attachments_max, 1, 100_000)
+        if self.grpc_admin_listen is not None:
+            _check_http_endpoint("broker.grpc_admin_listen", self.grpc_admin_listen)
+            if self.grpc_listen == self.grpc_admin_listen and not self.grpc_admin_listen.endswith(":0"):
+                raise _error("broker.grpc_admin_listen", f"must differ from broker.grpc_listen, both are"
+                             f" {self.grpc_listen!r}", "broker.grpc_listen")
         if not self.data_dir:
             raise _error("broker.data_dir", "must not be empty")
 
@@ -942,6 +952,11 @@ class BrokerConfig:
             # Not yet: the door would have to map `authorization: Bearer` onto the
             # client port's CURVE session and serve TLS (issue 24's later increments).
             raise _error("broker.grpc_listen", "is not supported with security.mode curve yet", "security.mode")
+        if self.broker.grpc_admin_listen is not None and self.security.mode != "none":
+            # Not yet, as grpc_listen: no bearer tokens nor TLS on the gRPC admin door, and
+            # it would be an unauthenticated way into the admin port.
+            raise _error("broker.grpc_admin_listen", "is not supported with security.mode curve yet",
+                         "security.mode")
         if self.cluster.move_chunk_bytes_max > self.limits.frame_bytes_max - 64 * 1024:
             raise _error(
                 "cluster.move_chunk_bytes_max",

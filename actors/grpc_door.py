@@ -75,13 +75,14 @@ async def abort_with(context: grpc.aio.ServicerContext, error: DanubeError) -> N
     await context.abort(GRPC_STATUS.get(error.code, grpc.StatusCode.INTERNAL), f"{type(error).__name__}: {error}")
 
 
-def native_target(client_url: str) -> str:
-    """The URL this broker's own clients dial: a wildcard bind address is dialed on loopback."""
+def native_target(client_url: str, door_key: str = "broker.grpc_listen", port_key: str = "broker.listen") -> str:
+    """The URL a door dials its own broker's port on (`port_key`): a wildcard bind
+    address is dialed on loopback."""
     for wildcard in ("tcp://0.0.0.0:", "tcp://*:"):
         if client_url.startswith(wildcard):
             return "tcp://127.0.0.1:" + client_url[len(wildcard):]
     if client_url.startswith("inproc://"):
-        raise InvalidArgument("broker.grpc_listen needs broker.listen on tcp:// or ipc:// (the door dials it)")
+        raise InvalidArgument(f"{door_key} needs {port_key} on tcp:// or ipc:// (the door dials it)")
     return client_url
 
 

@@ -13,6 +13,8 @@
             +-- AdminGateway   admin ROUTER (broker.admin_listen) + admin outbox
       +-- GrpcDoor       broker.grpc_listen: Danube's gRPC API for Danube's clients, a
                          gateway into the client port (`actors/grpc_door.py`); else absent
+      +-- GrpcAdminDoor  broker.grpc_admin_listen: Danube's admin gRPC API, a gateway into
+                         the admin port (`actors/grpc_admin_door.py`); else absent
       +-- InboundWatch   a child process holding what libzmq buffers of both ports' input
                          to limits.inbound_bytes_per_connection_max and inbound_bytes_max
       +-- ZapService     security.mode curve: the context's ZAP handler, started before any
@@ -75,6 +77,8 @@ class BrokerService:
         self.metrics_url: str | None = None
         self.grpc_url: str | None = None
         self._grpc_door: Any = None  # a GrpcDoor; its module (grpcio) is imported only when on
+        self.grpc_admin_url: str | None = None
+        self._grpc_admin_door: Any = None  # a GrpcAdminDoor, likewise
         self._context: zmq.asyncio.Context | None = None
         self._system: ActorSystem | None = None
         self.metadata: RaftMetadataStore | None = None
@@ -165,11 +169,15 @@ class BrokerService:
             system.snapshot_endpoint = await system.spawn(
                 lambda: SnapshotActor(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
                 name="snapshots")
+            if config.broker.grpc_admin_listen is not None:
+                # Last: its calls go to the admin port, which needs the broker actor.
+                await self._start_grpc_admin_door()
         except BaseException:
             await self.stop()
             raise
-        log.info("broker %d listening: clients %s, admin %s, metrics %s, gRPC %s", self.broker_id, self.client_url,
-                 self.admin_url, self.metrics_url or "off", self.grpc_url or "off")
+        log.info("broker %d listening: clients %s, admin %s, metrics %s, gRPC %s, gRPC admin %s", self.broker_id,
+                 self.client_url, self.admin_url, self.metrics_url or "off", self.grpc_url or "off",
+                 self.grpc_admin_url or "off")
 
     async def _start_grpc_door(self) -> None:
         from danube_zmq.actors.grpc_door import GrpcDoor
@@ -183,6 +191,16 @@ class BrokerService:
         await door.start()
         self._grpc_door = door
         self.grpc_url = door.url
+
+    async def _start_grpc_admin_door(self) -> None:
+        from danube_zmq.actors.grpc_admin_door import GrpcAdminDoor
+
+        listen = self.config.broker.grpc_admin_listen
+        assert listen is not None
+        door = GrpcAdminDoor(listen=listen, admin_url=self.admin_url)
+        await door.start()
+        self._grpc_admin_door = door
+        self.grpc_admin_url = door.url
 
     async def _bootstrap_namespaces(self) -> None:
         """Standalone, the bootstrap namespaces are written before any port is bound, so
@@ -237,6 +255,9 @@ class BrokerService:
         return self.config.broker.advertised_url or self.client_url or self.config.broker.listen
 
     async def stop(self) -> None:
+        if self._grpc_admin_door is not None:
+            await self._grpc_admin_door.stop()
+            self._grpc_admin_door = None
         if self._grpc_door is not None:  # its native clients leave while the broker still answers
             await self._grpc_door.stop()
             self._grpc_door = None

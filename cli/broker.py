@@ -61,6 +61,11 @@ def broker() -> None:
     help="Danube's gRPC door for Danube's own clients, http://HOST:PORT; overrides broker.grpc_listen [off].",
 )
 @click.option(
+    "--grpc-admin-listen",
+    metavar="URL",
+    help="Danube's gRPC admin door (DanubeAdmin.proto), http://HOST:PORT; overrides broker.grpc_admin_listen [off].",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     help="Prometheus port, 0 disables; overrides broker.metrics_port [9040].",
@@ -82,6 +87,7 @@ def start(
     listen: str | None,
     admin_listen: str | None,
     grpc_listen: str | None,
+    grpc_admin_listen: str | None,
     metrics_port: int | None,
     event_loop: str | None,
     force_new_cluster: bool = False,
@@ -105,6 +111,7 @@ def start(
             "broker.listen": listen,
             "broker.admin_listen": admin_listen,
             "broker.grpc_listen": grpc_listen,
+            "broker.grpc_admin_listen": grpc_admin_listen,
             "broker.metrics_port": metrics_port,
             "broker.data_dir": data_dir,
             "broker.event_loop": event_loop,
@@ -144,6 +151,7 @@ async def _run(config: Any) -> None:
             f"danube broker {service.broker_id} listening: clients {service.client_url}, "
             f"admin {service.admin_url}, metrics {service.metrics_url or 'off'}"
             + (f", gRPC {service.grpc_url}" if service.grpc_url else "")
+            + (f", gRPC admin {service.grpc_admin_url}" if service.grpc_admin_url else "")
         )
         # A broker process only: in a process that embeds BrokerService (tests) the
         # collector is the host's business.

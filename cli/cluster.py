@@ -121,20 +121,34 @@ def cluster_group() -> None:
                    " and a token of the super admin `admin` (admin.jwt) in this directory, made when missing.")
 @click.option("--admin-token-ttl", type=click.IntRange(60, 365 * 86_400), default=86_400, show_default=True,
               metavar="SECONDS", help="Lifetime of the admin.jwt that --security-dir writes at each `up`.")
+@click.option("--danube-compat", is_flag=True,
+              help="Also open Danube's gRPC doors on every broker (docs/danube-compat.md): a gRPC client port"
+                   " for Danube's clients and a gRPC admin port for its admin tools.")
+@click.option("--grpc-port", type=click.IntRange(1, 65000), default=6660, show_default=True,
+              help="With --danube-compat: gRPC client port of the first broker; the others count up.")
+@click.option("--grpc-admin-port", type=click.IntRange(1, 65000), default=50060, show_default=True,
+              help="With --danube-compat: gRPC admin port of the first broker; the others count up.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_port: int, admin_port: int,
        raft_port: int, metrics_port: int, supervisor_port: int, convention: str | None, first_node_id: int,
        peers: str | None, host_name: str | None, place: str | None, security_dir: Path | None,
-       admin_token_ttl: int, output: str) -> None:
+       admin_token_ttl: int, danube_compat: bool, grpc_port: int, grpc_admin_port: int, output: str) -> None:
     """Start COUNT brokers forming one cluster, supervised, and print their endpoints.
 
     Every port is checked first: one in use fails `up` before anything starts. A
     failure once the supervisor started stops what `up` started.
 
     With --security-dir every port of every broker uses CURVE and every request is
-    checked: clients need DANUBE_SERVER_KEY and a token (the lines printed at the end)."""
+    checked: clients need DANUBE_SERVER_KEY and a token (the lines printed at the end).
+
+    With --danube-compat every broker also serves Danube's gRPC client and admin APIs,
+    for Danube's own clients and admin tools (not yet with --security-dir)."""
     from danube_zmq.cli.host_supervisor import BrokerSpec, StartBrokers, Status
 
+    if danube_compat and security_dir is not None:
+        # The gRPC doors carry no bearer tokens yet: brokers refuse them with security on.
+        raise click.UsageError("--danube-compat cannot be combined with --security-dir yet"
+                               " (the gRPC doors do not map Danube's bearer tokens; docs/danube-compat.md)")
     data_dir = data_dir.resolve()
     _refuse_running(data_dir)
     hosts = _placement(place) if place else [(None, bind)]
@@ -147,6 +161,9 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
                         "raft": f"tcp://{address}:{raft_port + i}",
                         "metrics_port": metrics_port + i if metrics_port else 0,
                         "data_dir": str(data_dir / f"broker-{node}"), "log": str(data_dir / f"broker-{node}.log")})
+        if danube_compat:
+            brokers[-1].update(grpc_url=f"http://{address}:{grpc_port + i}",
+                               grpc_admin_url=f"http://{address}:{grpc_admin_port + i}")
     check_ports(_port_uses(bind, supervisor_port, brokers))
     data_dir.mkdir(parents=True, exist_ok=True)
     security = _secure(security_dir, config_path, admin_token_ttl) if security_dir is not None else None
@@ -157,6 +174,8 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
                 "--listen", b["url"], "--admin-listen", b["admin_url"], "--metrics-port", str(b["metrics_port"])]
         if config_path is not None:
             argv += ["--config", str(config_path.resolve())]
+        if danube_compat:
+            argv += ["--grpc-listen", b["grpc_url"], "--grpc-admin-listen", b["grpc_admin_url"]]
         # Metrics on the broker's address like its other ports (the config's
         # metrics_host would put every broker of a placement on its own loopback).
         env = {"DANUBE_CLUSTER__NODE_ID": str(b["node_id"]), "DANUBE_CLUSTER__RAFT_LISTEN": b["raft"],
@@ -186,9 +205,10 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
     if output == "json":
         emit_json({**layout, "leader_node_id": leader})
         return
-    emit_table(["BROKER", "NODE", "CLIENT-URL", "ADMIN-URL", "RAFT", "METRICS", "LOG"],
-               [[b["name"], b["node_id"], b["url"], b["admin_url"], b["raft"], b["metrics_url"] or "off", b["log"]]
-                for b in brokers])
+    emit_table(["BROKER", "NODE", "CLIENT-URL", "ADMIN-URL", "RAFT", "METRICS", *(_GRPC_HEADERS if danube_compat else ()),
+                "LOG"],
+               [[b["name"], b["node_id"], b["url"], b["admin_url"], b["raft"], b["metrics_url"] or "off",
+                 *_grpc_cells(b), b["log"]] for b in brokers])
     emit_line(f"cluster up: {count} brokers, Raft leader node {leader}; supervisor on {bind}:{supervisor_port};"
               f" `danube cluster status --data-dir {data_dir}`")
     if security is not None:
@@ -197,6 +217,14 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
         emit_line(f"  export DANUBE_SERVER_KEY={described['server_key_file']}"
                   f" DANUBE_TOKEN_FILE={described['admin_token_file']}"
                   f" DANUBE_ADMIN_ENDPOINT={brokers[0]['admin_url']}")
+
+
+_GRPC_HEADERS = ("GRPC-URL", "GRPC-ADMIN-URL")
+
+
+def _grpc_cells(broker: dict[str, Any]) -> list[str]:
+    """A --danube-compat broker's gRPC doors (none for a cluster without them)."""
+    return [broker["grpc_url"], broker["grpc_admin_url"]] if "grpc_url" in broker else []
 
 
 def _refuse_running(data_dir: Path) -> None:
@@ -224,6 +252,10 @@ def _port_uses(bind: str, supervisor_port: int, brokers: list[dict[str, Any]]) -
             uses.append(PortUse(b["address"], int(url.rsplit(":", 1)[1]), option, f"the {what} port of {b['name']}"))
         if b["metrics_port"]:
             uses.append(PortUse(b["address"], b["metrics_port"], "--metrics-port", f"the metrics port of {b['name']}"))
+        for option, what, key in (("--grpc-port", "gRPC client", "grpc_url"),
+                                  ("--grpc-admin-port", "gRPC admin", "grpc_admin_url")):
+            if key in b:
+                uses.append(PortUse(b["address"], int(b[key].rsplit(":", 1)[1]), option, f"the {what} port of {b['name']}"))
     return uses
 
 
@@ -388,15 +420,17 @@ def status(data_dir: Path, output: str) -> None:
                      "metrics_url": broker.get("metrics_url", b.get("metrics_url")), "host": process.host if process else "",
                      "pid": process.pid if process else None, "running": bool(process and process.running),
                      "stopped": bool(process and process.stopped),
+                     **({"grpc_url": b["grpc_url"], "grpc_admin_url": b["grpc_admin_url"]} if "grpc_url" in b else {}),
                      "restarts": process.restarts if process else 0, "raft_role": broker.get("raft_role", "down"),
                      "status": broker.get("status", "unknown"), "topics": broker.get("topics", 0),
                      "load": broker.get("load", 0.0)})
     if output == "json":
         emit_json({"leader_node_id": info["leader"], "term": info["term"], "cv": info["cv"], "brokers": rows})
         return
-    emit_table(["BROKER", "NODE", "HOST", "CLIENT-URL", "METRICS", "PID", "RUNNING", "RESTARTS", "RAFT", "STATUS",
-                "TOPICS", "LOAD"],
-               [[r["name"], r["node_id"], r["host"], r["url"], r["metrics_url"] or "off", r["pid"],
+    compat = any("grpc_url" in b for b in layout["brokers"])
+    emit_table(["BROKER", "NODE", "HOST", "CLIENT-URL", "METRICS", *(_GRPC_HEADERS if compat else ()), "PID", "RUNNING",
+                "RESTARTS", "RAFT", "STATUS", "TOPICS", "LOAD"],
+               [[r["name"], r["node_id"], r["host"], r["url"], r["metrics_url"] or "off", *_grpc_cells(r), r["pid"],
                  "stopped" if r["stopped"] else r["running"], r["restarts"], r["raft_role"], r["status"], r["topics"],
                  f"{r['load']:.2f}"] for r in rows])
     emit_line(f"Raft leader: node {info['leader']} (term {info['term']}); load CV {info['cv']:.2f}")

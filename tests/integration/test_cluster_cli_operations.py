@@ -145,3 +145,66 @@ async def _raft_status(admin_url: str) -> ClusterStatusInfo:
     async with AdminClient(admin_url, timeout_ms=5000) as admin:
         return await admin.cluster_status()
 
+
+
+def test_danube_compat_gives_every_broker_its_grpc_doors(tmp_path: Path) -> None:
+    """`up --danube-compat`: each broker serves Danube's gRPC client and admin APIs on
+    ports of their own (counting up like the others), printed by `up` and `status`; the
+    admin door of one broker lists both brokers, the client door answers a lookup."""
+    import grpc
+
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as admin_pb
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as admin_grpc
+    from danube_zmq.transport.danube_proto import DanubeApi_pb2 as api_pb
+    from danube_zmq.transport.danube_proto import DanubeApi_pb2_grpc as api_grpc
+
+    data_dir = tmp_path / "cluster"
+    supervisor_port, grpc_port, grpc_admin_port = _ports(1), _ports(2), _ports(2)
+    up = danube(*_up_args(data_dir, 2, supervisor_port, 0), "--danube-compat", "--grpc-port", str(grpc_port),
+                "--grpc-admin-port", str(grpc_admin_port))
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        layout = json.loads(up.stdout)
+        assert [(b["grpc_url"], b["grpc_admin_url"]) for b in layout["brokers"]] == [
+            (f"http://127.0.0.1:{grpc_port + i}", f"http://127.0.0.1:{grpc_admin_port + i}") for i in range(2)]
+        status = _status(data_dir)
+        assert [b["grpc_admin_url"] for b in status["brokers"]] == [b["grpc_admin_url"] for b in layout["brokers"]]
+        table = danube("cluster", "status", "--data-dir", str(data_dir))
+        assert "GRPC-ADMIN-URL" in table.stdout and layout["brokers"][1]["grpc_url"] in table.stdout, table.stdout
+
+        async def ask() -> tuple[list[str], int]:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_admin_port}") as channel:
+                brokers = await admin_grpc.BrokerAdminStub(channel).ListBrokers(admin_pb.Empty(), timeout=10)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port + 1}") as channel:
+                lookup = await api_grpc.DiscoveryStub(channel).TopicLookup(
+                    api_pb.TopicLookupRequest(request_id=1, topic="/default/nowhere"), timeout=10)
+            return sorted(b.broker_addr for b in brokers.brokers), lookup.response_type
+
+        addresses, answer = asyncio.run(ask())
+        assert addresses == sorted(b["url"] for b in layout["brokers"])
+        assert answer == api_pb.TopicLookupResponse.Failed
+    finally:
+        down = danube("cluster", "down", "--data-dir", str(data_dir))
+    assert down.returncode == 0, down.stderr + down.stdout
+    _assert_nothing_left(data_dir, supervisor_port)
+
+
+def test_danube_compat_checks_its_ports_and_refuses_security(tmp_path: Path) -> None:
+    """A busy gRPC port fails `up --danube-compat` before anything starts, naming the
+    option; with --security-dir (bearer tokens are not mapped yet) it is refused."""
+    data_dir = tmp_path / "cluster"
+    supervisor_port, grpc_admin_port = _ports(1), _ports(2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", grpc_admin_port + 1))
+        busy.listen()
+        done = danube(*_up_args(data_dir, 2, supervisor_port, 0), "--danube-compat", "--grpc-port", str(_ports(2)),
+                      "--grpc-admin-port", str(grpc_admin_port))
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert f"port {grpc_admin_port + 1} on 127.0.0.1 is in use; it would be the gRPC admin port of broker-2" \
+        in done.stderr, done.stderr
+    assert "pass --grpc-admin-port " in done.stderr
+    _assert_nothing_left(data_dir, supervisor_port)
+    secured = danube(*_up_args(data_dir, 1, supervisor_port, 0), "--danube-compat", "--security-dir",
+                     str(tmp_path / "keys"))
+    assert secured.returncode == 2 and "--danube-compat cannot be combined with --security-dir" in secured.stderr
+    assert not (tmp_path / "keys").exists()

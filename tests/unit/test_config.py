@@ -581,13 +581,14 @@ def test_grpc_door_is_off_by_default() -> None:
     """No broker.grpc_listen unless asked: a broker binds no gRPC port by default."""
     broker = load_config(env={}).broker
     assert (broker.grpc_listen, broker.grpc_advertised_url, broker.grpc_attachments_max) == (None, None, 1_000)
+    assert broker.grpc_admin_listen is None
 
 
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:6651", "tcp://127.0.0.1:6651", "http://127.0.0.1",
                                       "http://:6651", "http://127.0.0.1:99999", "http://h/x:1"])
 def test_bad_grpc_endpoints(endpoint: str) -> None:
     """The gRPC door's addresses are http://HOST:PORT, as Danube's clients are given them."""
-    for key in ("broker.grpc_listen", "broker.grpc_advertised_url"):
+    for key in ("broker.grpc_listen", "broker.grpc_advertised_url", "broker.grpc_admin_listen"):
         message = load_error(overrides={key: endpoint})
         assert message.startswith(f"config key {key!r}: expected http://HOST:PORT"), message
 
@@ -604,3 +605,22 @@ def test_grpc_door_refused_with_curve_until_it_maps_tokens(tmp_path: Path) -> No
                                     "security.broker_key_file": str(tmp_path / "k"),
                                     "security.broker_public_keys_dir": str(tmp_path)})
     assert message.startswith("config key 'broker.grpc_listen': is not supported with security.mode curve"), message
+
+
+def test_grpc_admin_door_refused_with_curve(tmp_path: Path) -> None:
+    """The admin door carries no bearer tokens either: with security.mode curve it would
+    be an unauthenticated way into the admin port."""
+    message = load_error(overrides={"broker.grpc_admin_listen": "http://127.0.0.1:0", "security.mode": "curve",
+                                    "security.broker_key_file": str(tmp_path / "k"),
+                                    "security.broker_public_keys_dir": str(tmp_path)})
+    assert message.startswith("config key 'broker.grpc_admin_listen': is not supported with security.mode curve"), \
+        message
+
+
+def test_grpc_doors_need_two_ports() -> None:
+    message = load_error(overrides={"broker.grpc_listen": "http://127.0.0.1:6651",
+                                    "broker.grpc_admin_listen": "http://127.0.0.1:6651"})
+    assert message.startswith("config key 'broker.grpc_admin_listen': must differ from broker.grpc_listen"), message
+    both_free = load_config(env={}, overrides={"broker.grpc_listen": "http://127.0.0.1:0",
+                                               "broker.grpc_admin_listen": "http://127.0.0.1:0"})
+    assert both_free.broker.grpc_admin_listen == "http://127.0.0.1:0"

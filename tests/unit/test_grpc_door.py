@@ -53,9 +53,10 @@ def test_registration_without_grpc_url_still_decodes() -> None:
 
 def test_a_broker_without_the_door_loads_no_grpc_module() -> None:
     """Off by default means off: starting the broker's service module imports neither
-    the door nor the vendored stubs."""
+    door (client or admin), nor the vendored stubs, nor grpcio itself."""
     code = ("import sys, danube_zmq.actors.service, danube_zmq.cli.broker; "
-            "print(sorted(m for m in sys.modules if 'grpc_door' in m or 'danube_proto' in m))")
+            "print(sorted(m for m in sys.modules if 'grpc_door' in m or 'grpc_admin' in m or 'danube_proto' in m"
+            " or m.split('.')[0] == 'grpc'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -1,0 +1,44 @@
+"""The gRPC admin door's mappings between Danube's admin messages and ours."""
+
+from __future__ import annotations
+
+import pytest
+
+from danube_zmq.actors.grpc_admin_door import GrpcAdminDoor, partition_names
+from danube_zmq.actors.grpc_admin_topics import _binding, _scope, _topic_infos
+from danube_zmq.transport.admin_protocol import BindingInfo, PartitionOwner, TopicInfo
+from danube_zmq.transport.errors import InvalidArgument
+
+
+@pytest.mark.parametrize(("scope", "resource", "ours"), [("cluster", "", "cluster"),
+                                                          ("namespace", "default", "namespace:default"),
+                                                          ("topic", "/default/t", "topic:/default/t")])
+def test_binding_scope_round_trip(scope: str, resource: str, ours: str) -> None:
+    assert _scope(scope, resource) == ours
+    back = _binding(BindingInfo(binding_id="b1", principal="ann", principal_type="user", roles=["r"], scope=ours))
+    assert (back.scope, back.resource_name, back.id, back.principal_name) == (scope, resource, "b1", "ann")
+
+
+@pytest.mark.parametrize(("scope", "resource"), [("namespace", ""), ("tenant", "x"), ("", "")])
+def test_bad_binding_scope(scope: str, resource: str) -> None:
+    with pytest.raises(InvalidArgument):
+        _scope(scope, resource)
+
+
+def test_partitions_are_listed_with_their_own_brokers() -> None:
+    """Danube lists each partition as a topic; each names the broker serving it, empty
+    while unassigned."""
+    topic = TopicInfo(name="/default/p", dispatch_strategy=1, partitions=2, broker_id=7,
+                      owners=[PartitionOwner(name="/default/p-part-0", broker_id=7, broker_url="tcp://a:1"),
+                              PartitionOwner(name="/default/p-part-1", broker_id=None, broker_url=None)])
+    assert partition_names(topic) == ["/default/p-part-0", "/default/p-part-1"]
+    assert [(t.name, t.broker_id, t.delivery) for t in _topic_infos(topic)] == [
+        ("/default/p-part-0", "7", "Reliable"), ("/default/p-part-1", "", "Reliable")]
+    plain = TopicInfo(name="/default/t", dispatch_strategy=0, partitions=0, broker_id=3)
+    assert [(t.name, t.broker_id, t.delivery) for t in _topic_infos(plain)] == [("/default/t", "3", "NonReliable")]
+
+
+def test_admin_door_dials_its_own_admin_port() -> None:
+    assert GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://0.0.0.0:5").admin_target == "tcp://127.0.0.1:5"
+    with pytest.raises(InvalidArgument, match=r"broker\.grpc_admin_listen needs broker\.admin_listen"):
+        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="inproc://admin")
