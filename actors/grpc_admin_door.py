@@ -54,7 +54,7 @@ def gateway(rpc: Rpc) -> Rpc:
 
     @functools.wraps(rpc)
     async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        _CALLER.set(await caller_of(context))
+        _CALLER.set(await caller_of(context, self.door.security))
         try:
             return await rpc(self, request, context)
         except DanubeError as exc:

@@ -48,6 +48,7 @@ class SchemaRegistryDoor(spb_grpc.SchemaRegistryServicer):
     `close()` at the door's stop."""
 
     def __init__(self, door: GrpcDoor) -> None:
+        self._security = door.security
         async def open_registry(caller: Caller) -> SchemaRegistryClient:
             registry = SchemaRegistryClient(door.native_url, client_name="grpc-door-schemas",
                                             **door.security.credentials(caller))
@@ -67,7 +68,7 @@ class SchemaRegistryDoor(spb_grpc.SchemaRegistryServicer):
     async def _call(self, context: grpc.aio.ServicerContext,
                     call: Callable[[SchemaRegistryClient], Awaitable[T]]) -> T:
         """`call` on the caller's registry client; a `DanubeError` ends the gRPC call."""
-        caller = await caller_of(context)
+        caller = await caller_of(context, self._security)
         try:
             return await call(await self._registries.get(caller))
         except DanubeError as exc:

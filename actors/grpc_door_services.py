@@ -105,7 +105,7 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
 
     async def CreateProducer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         door = self.door
-        caller = await caller_of(context)
+        caller = await caller_of(context, self.door.security)
         existing = self._existing(request.topic_name, request.producer_name, caller)
         if existing is not None:
             door.touch(existing, caller)
@@ -160,7 +160,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
 
     async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         door = self.door
-        caller = await caller_of(context)
+        caller = await caller_of(context, self.door.security)
         for attachment_id, a in self._consumers(caller):
             c = a.consumer
             if (c.topic, c.subscription, c.consumer_name) == (request.topic_name, request.subscription,
@@ -228,7 +228,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         return fallback, MessageId(msg_id.topic_name, msg_id.topic_offset, msg_id.producer_id)
 
     async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        found = self._owner(request.msg_id, request.subscription_name, await caller_of(context))
+        found = self._owner(request.msg_id, request.subscription_name, await caller_of(context, self.door.security))
         if found is None:
             await abort_with(context, NotFound(f"no consumer of subscription {request.subscription_name!r}"
                                                   f" on {request.msg_id.topic_name} on this gRPC door"))
@@ -240,7 +240,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         return pb.AckResponse(request_id=request.request_id)
 
     async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        found = self._owner(request.msg_id, request.subscription_name, await caller_of(context))
+        found = self._owner(request.msg_id, request.subscription_name, await caller_of(context, self.door.security))
         if found is None:
             await abort_with(context, NotFound(f"no consumer of subscription {request.subscription_name!r}"
                                                   f" on {request.msg_id.topic_name} on this gRPC door"))
@@ -256,7 +256,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
 async def _attachment(door: GrpcDoor, attachment_id: int, context: grpc.aio.ServicerContext) -> Any:
     """The attachment a call names, if the call's token created it (else the call ends
     PERMISSION_DENIED); None if the door holds none by that id."""
-    caller = await caller_of(context)
+    caller = await caller_of(context, door.security)
     try:
         return door.touch(attachment_id, caller)
     except DanubeError as exc:

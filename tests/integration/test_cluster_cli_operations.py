@@ -191,7 +191,7 @@ def test_danube_compat_gives_every_broker_its_grpc_doors(tmp_path: Path) -> None
 
 def test_danube_compat_checks_its_ports_and_refuses_security(tmp_path: Path) -> None:
     """A busy gRPC port fails `up --danube-compat` before anything starts, naming the
-    option; with --security-dir (bearer tokens are not mapped yet) it is refused."""
+    option; with --security-dir but no TLS for the doors in the config it is refused."""
     data_dir = tmp_path / "cluster"
     supervisor_port, grpc_admin_port = _ports(1), _ports(2)
     with socket.socket() as busy:
@@ -206,5 +206,7 @@ def test_danube_compat_checks_its_ports_and_refuses_security(tmp_path: Path) -> 
     _assert_nothing_left(data_dir, supervisor_port)
     secured = danube(*_up_args(data_dir, 1, supervisor_port, 0), "--danube-compat", "--security-dir",
                      str(tmp_path / "keys"))
-    assert secured.returncode == 2 and "--danube-compat cannot be combined with --security-dir" in secured.stderr
+    assert secured.returncode == 2, secured.stderr
+    assert "--danube-compat with --security-dir needs TLS on the gRPC doors: give a --config that sets" \
+        " security.grpc_tls_cert_file" in " ".join(secured.stderr.split()), secured.stderr
     assert not (tmp_path / "keys").exists()
