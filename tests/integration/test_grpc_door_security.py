@@ -151,6 +151,16 @@ async def test_a_producer_answers_only_the_token_that_created_it(doors: SecuredD
                     pb.HealthCheckRequest(request_id=3, client=pb.HealthCheckRequest.Producer, id=created.producer_id),
                     metadata=metadata)
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        consumers = pb_grpc.ConsumerServiceStub(channel)
+        subscribed = await consumers.Subscribe(
+            pb.ConsumerRequest(request_id=5, topic_name="/default/secured-owned", consumer_name="alices-c",
+                               subscription="s"), metadata=bearer(doors.alice))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in consumers.ReceiveMessages(pb.ReceiveRequest(request_id=6,
+                                                                       consumer_id=subscribed.consumer_id),
+                                                     metadata=bearer(doors.bob)):
+                pass
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         # Bob naming alice's producer creates his own, which the broker refuses him.
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await producers.CreateProducer(
