@@ -15,6 +15,7 @@ Under `security.mode curve` a door serves TLS only (`security.grpc_tls_cert_file
 
 from __future__ import annotations
 
+import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -77,9 +78,12 @@ class DoorSecurity:
             raise ConfigError(f"security.grpc_tls_cert_file / _key_file (for {key}): cannot read"
                               f" {exc.filename!r}: {exc.strerror}") from None
         try:
-            return server.add_secure_port(address, grpc.ssl_server_credentials([(private, cert)]))
-        except RuntimeError as exc:  # grpc's answer to a key and certificate it cannot use
-            raise ConfigError(f"security.grpc_tls_cert_file / _key_file (for {key}): {exc}") from None
+            # Checked here first: grpc logs why it cannot use them, and raises only "Failed to bind".
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"security.grpc_tls_cert_file / _key_file (for {key}): cannot load"
+                              f" {self.tls_cert_file!r} and {self.tls_key_file!r}: {exc.reason or exc}") from None
+        return server.add_secure_port(address, grpc.ssl_server_credentials([(private, cert)]))
 
 
 class PerCaller(Generic[C]):
