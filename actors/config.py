@@ -868,6 +868,12 @@ class SecuritySection:
     # metrics password`); requests without a listed user and password get 401.
     # Default null: no authentication.
     metrics_basic_auth_file: str | None = None
+    # PEM certificate (chain) and private key of the gRPC doors (broker.grpc_listen,
+    # broker.grpc_admin_listen): with both set they serve TLS only. Required for the
+    # doors with security.mode curve, whose callers send their token in every call.
+    # Default null: plaintext gRPC.
+    grpc_tls_cert_file: str | None = None
+    grpc_tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.super_admins, list):
@@ -896,6 +902,9 @@ class SecuritySection:
         if (self.metrics_tls_cert_file is None) != (self.metrics_tls_key_file is None):
             raise _error("security.metrics_tls_key_file", "and security.metrics_tls_cert_file go together: set both"
                          " (HTTPS) or neither (HTTP)", "security.metrics_tls_cert_file")
+        if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
+            raise _error("security.grpc_tls_key_file", "and security.grpc_tls_cert_file go together: set both"
+                         " (TLS) or neither (plaintext)", "security.grpc_tls_cert_file")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -948,15 +957,12 @@ class BrokerConfig:
                 f"got {self.limits.frame_bytes_max}",
                 "policies.max_message_size",
             )
-        if self.broker.grpc_listen is not None and self.security.mode != "none":
-            # Not yet: the door would have to map `authorization: Bearer` onto the
-            # client port's CURVE session and serve TLS (issue 24's later increments).
-            raise _error("broker.grpc_listen", "is not supported with security.mode curve yet", "security.mode")
-        if self.broker.grpc_admin_listen is not None and self.security.mode != "none":
-            # Not yet, as grpc_listen: no bearer tokens nor TLS on the gRPC admin door, and
-            # it would be an unauthenticated way into the admin port.
-            raise _error("broker.grpc_admin_listen", "is not supported with security.mode curve yet",
-                         "security.mode")
+        for door in ("grpc_listen", "grpc_admin_listen"):
+            if (getattr(self.broker, door) is not None and self.security.mode != "none"
+                    and self.security.grpc_tls_cert_file is None):
+                # The door's callers send their bearer token in every call: never in clear.
+                raise _error(f"broker.{door}", "needs TLS with security.mode curve: set"
+                             " security.grpc_tls_cert_file and security.grpc_tls_key_file", "security.mode")
         if self.cluster.move_chunk_bytes_max > self.limits.frame_bytes_max - 64 * 1024:
             raise _error(
                 "cluster.move_chunk_bytes_max",

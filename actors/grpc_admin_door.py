@@ -12,10 +12,15 @@ with the client door). What the door answers is therefore what `danube admin` wo
 
 An RPC our admin API has no equivalent for answers UNIMPLEMENTED with what to use
 instead (`unimplemented`); docs/danube-compat.md lists them.
+
+Every call runs on an admin client dialed with the caller's bearer token and a fresh
+CURVE key pair (`actors/grpc_door_auth.py`), kept for that caller's next calls only: the
+admin port's RBAC decides as for `danube admin` with that token.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,16 +29,22 @@ from typing import Any, NoReturn
 
 import grpc
 
-from danube_zmq.actors.grpc_door import abort_with, native_target
+from danube_zmq.actors.grpc_door import abort_with, caller_of, native_target
+from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as pb_grpc
-from danube_zmq.transport.errors import DanubeError, InvalidArgument, Unavailable
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, Unauthenticated, Unavailable
 
 # Connected admin clients kept for the next calls. Calls run at once, each on a client
 # of its own (an AdminClient has one request in flight): a slow UnloadTopic must not
 # hold up ListBrokers.
 IDLE_CLIENTS_MAX = 4
+# Callers whose idle admin clients are kept; past it the least recent caller's are closed.
+IDLE_CALLERS_MAX = 64
+
+# The token of the call being served (set by `gateway`), for `GrpcAdminDoor.admin`.
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("grpc_admin_caller", default=None)
 
 Rpc = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -43,6 +54,7 @@ def gateway(rpc: Rpc) -> Rpc:
 
     @functools.wraps(rpc)
     async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        _CALLER.set(await caller_of(context, self.door.security))
         try:
             return await rpc(self, request, context)
         except DanubeError as exc:
@@ -65,12 +77,14 @@ class GrpcAdminDoor:
     """The gRPC admin server of one broker. `start()` binds `listen` (http://HOST:PORT);
     `stop()` ends the calls and closes the admin clients."""
 
-    def __init__(self, *, listen: str, admin_url: str) -> None:
+    def __init__(self, *, listen: str, admin_url: str, security: DoorSecurity | None = None) -> None:
         self.listen = listen
         self.admin_target = native_target(admin_url, "broker.grpc_admin_listen", "broker.admin_listen")
+        self.security = security or DoorSecurity()
         self.url = ""
         self._server: grpc.aio.Server | None = None
-        self._idle: list[AdminClient] = []
+        # caller -> their connected idle clients, the least recent caller first
+        self._idle: dict[Caller, list[AdminClient]] = {}
 
     async def start(self) -> None:
         from danube_zmq.actors.grpc_admin_topics import SecurityAdminDoor, TopicAdminDoor
@@ -82,7 +96,7 @@ class GrpcAdminDoor:
         pb_grpc.add_TopicAdminServicer_to_server(TopicAdminDoor(self), server)
         pb_grpc.add_SecurityAdminServicer_to_server(SecurityAdminDoor(self), server)
         host, _, port = self.listen.removeprefix("http://").rpartition(":")
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = self.security.bind(server, f"{host}:{port}", "broker.grpc_admin_listen")
         if bound == 0:
             raise InvalidArgument(f"broker.grpc_admin_listen: cannot bind {self.listen}")
         await server.start()
@@ -93,17 +107,22 @@ class GrpcAdminDoor:
         if self._server is not None:
             await self._server.stop(grace=1.0)
             self._server = None
-        idle, self._idle = self._idle, []
-        for client in idle:
-            client.close()
+        idle, self._idle = self._idle, {}
+        for clients in idle.values():
+            for client in clients:
+                client.close()
 
     @asynccontextmanager
     async def admin(self) -> AsyncIterator[AdminClient]:
-        """A connected admin client of this broker's admin port, for one call."""
-        if self._idle:
-            client = self._idle.pop()
+        """A connected admin client of this broker's admin port for one call, the caller's
+        own (their token, a key pair of its own)."""
+        caller = _CALLER.get()
+        idle = self._idle.get(caller)
+        if idle:
+            client = idle.pop()
         else:
-            client = AdminClient(self.admin_target, client_name="grpc-admin-door", use_env=False)
+            client = AdminClient(self.admin_target, client_name="grpc-admin-door",
+                                 **self.security.credentials(caller))
             try:
                 await client.connect()
             except BaseException:
@@ -116,13 +135,23 @@ class GrpcAdminDoor:
         except DanubeError as exc:
             # A timed-out request may still be answered later: that client's next call
             # would skip the stale reply, but a fresh client is simpler to reason about.
-            keep = not isinstance(exc, Unavailable)
+            # A refused token: the caller's next call dials afresh (it may bring another).
+            keep = not isinstance(exc, Unavailable | Unauthenticated)
             raise
         finally:
-            if keep and self._server is not None and len(self._idle) < IDLE_CLIENTS_MAX:
-                self._idle.append(client)
-            else:
-                client.close()
+            self._put_back(caller, client, keep)
+
+    def _put_back(self, caller: Caller, client: AdminClient, keep: bool) -> None:
+        pool = self._idle.pop(caller, [])  # re-inserted last: the most recent caller
+        if keep and self._server is not None and len(pool) < IDLE_CLIENTS_MAX:
+            pool.append(client)
+        else:
+            client.close()
+        if pool:
+            self._idle[caller] = pool
+        while len(self._idle) > IDLE_CALLERS_MAX:
+            for stale in self._idle.pop(next(iter(self._idle))):
+                stale.close()
 
 
 class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):

@@ -20,6 +20,9 @@ native attachment a Danube producer or consumer id stands for.
    client look up again, PERMISSION_DENIED is the Exclusive conflict (CONSUMER_BUSY).
 3. Danube's API has no close for producers or consumers: an attachment that has had
    no call, no health check and no open stream for `IDLE_MS` is closed (`_reap`).
+4. Security (`actors/grpc_door_auth.py`): every native connection is the caller's own,
+   dialed with their bearer token; a producer or consumer answers only calls with the
+   token that created it.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from typing import Any
 
 import grpc
 
+from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity, PerCaller, bearer_token, check_owner
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeApi_pb2_grpc as pb_grpc
-from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, NotFound
+from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, NotFound, Unauthenticated
 from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.grpc_door")
@@ -48,6 +52,8 @@ log = logging.getLogger("danube_zmq.grpc_door")
 # no close).
 IDLE_MS = 15_000
 _REAP_EVERY_S = 5.0
+# Callers whose lookup connection is kept open (`PerCaller`).
+CONTROL_CLIENTS_MAX = 64
 
 GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -75,6 +81,19 @@ async def abort_with(context: grpc.aio.ServicerContext, error: DanubeError) -> N
     await context.abort(GRPC_STATUS.get(error.code, grpc.StatusCode.INTERNAL), f"{type(error).__name__}: {error}")
 
 
+async def caller_of(context: grpc.aio.ServicerContext, security: DoorSecurity) -> Caller:
+    """The call's bearer token (None: anonymous); a malformed header ends the call. With
+    security off the broker reads no token, and neither does the door: every caller is
+    the same anonymous one."""
+    if security.server_public_key is None:
+        return None
+    try:
+        return bearer_token(context)
+    except DanubeError as exc:
+        await abort_with(context, exc)
+        raise AssertionError("abort returns only by raising") from exc
+
+
 def native_target(client_url: str, door_key: str = "broker.grpc_listen", port_key: str = "broker.listen") -> str:
     """The URL a door dials its own broker's port on (`port_key`): a wildcard bind
     address is dialed on loopback."""
@@ -89,10 +108,11 @@ def native_target(client_url: str, door_key: str = "broker.grpc_listen", port_ke
 class Attachment:
     """A Danube producer or consumer id and the native client holding it."""
 
-    def __init__(self, client: DanubeClient, now_ms: int) -> None:
+    def __init__(self, client: DanubeClient, now_ms: int, owner: Caller = None) -> None:
         self.client = client
         self.last_seen_ms = now_ms
         self.streams = 0
+        self.owner = owner  # the token it was created with
 
     async def close(self) -> None:
         await self.client.close()
@@ -104,8 +124,9 @@ class GrpcDoor:
 
     def __init__(self, *, listen: str, advertised_url: str | None, client_url: str, broker_url: str,
                  attachments_max: int, metadata: RaftMetadataStore | None, rng: random.Random,
-                 monotonic_ms: Callable[[], int] | None = None) -> None:
+                 monotonic_ms: Callable[[], int] | None = None, security: DoorSecurity | None = None) -> None:
         self.listen = listen
+        self.security = security or DoorSecurity()
         self._advertised = advertised_url
         self.native_url = native_target(client_url)
         self.broker_url = broker_url  # this broker's advertised client URL (what lookups name)
@@ -116,7 +137,7 @@ class GrpcDoor:
         self.url = ""
         self.attachments: dict[int, Any] = {}
         self._server: grpc.aio.Server | None = None
-        self._control: DanubeClient | None = None
+        self._control: PerCaller[DanubeClient] | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._schemas: Any = None  # SchemaRegistryDoor, imported at start
 
@@ -133,13 +154,23 @@ class GrpcDoor:
         pb_grpc.add_ProducerServiceServicer_to_server(ProducerDoor(self), server)
         pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerDoor(self), server)
         host, _, port = self.listen.removeprefix("http://").rpartition(":")
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = self.security.bind(server, f"{host}:{port}", "broker.grpc_listen")
         if bound == 0:
             raise InvalidArgument(f"broker.grpc_listen: cannot bind {self.listen}")
         await server.start()
         self._server = server
-        self.url = self._advertised or f"http://{host}:{bound}"
-        self._control = DanubeClient(self.native_url, client_name="grpc-door-control")
+        # https when it serves TLS, as Danube names its TLS brokers (its clients choose
+        # TLS from their own options, not from the URL).
+        scheme = "https" if self.security.tls_cert_file else "http"
+        self.url = self._advertised or f"{scheme}://{host}:{bound}"
+
+        async def open_control(caller: Caller) -> DanubeClient:
+            return self.native_client("grpc-door-control", caller)
+
+        async def close_control(client: DanubeClient) -> None:
+            await client.close()
+
+        self._control = PerCaller(open_control, close_control, CONTROL_CLIENTS_MAX)
         self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="grpc-door-reaper")
 
     async def stop(self) -> None:
@@ -157,13 +188,18 @@ class GrpcDoor:
             await self._control.close()
             self._control = None
         if self._schemas is not None:
-            self._schemas.close()
+            await self._schemas.close()
             self._schemas = None
 
-    @property
-    def control(self) -> DanubeClient:
+    async def control(self, caller: Caller, call: Callable[[DanubeClient], Any]) -> Any:
+        """`call` on `caller`'s lookup client; one the broker refused is not kept."""
         assert self._control is not None, "the door is not started"
-        return self._control
+        client = await self._control.get(caller)
+        try:
+            return await call(client)
+        except Unauthenticated:
+            await self._control.drop(caller)
+            raise
 
     def new_id(self) -> int:
         while True:
@@ -171,12 +207,15 @@ class GrpcDoor:
             if candidate and candidate not in self.attachments:
                 return candidate
 
-    def native_client(self, name: str) -> DanubeClient:
-        return DanubeClient(self.native_url, client_name=name)
+    def native_client(self, name: str, caller: Caller) -> DanubeClient:
+        return DanubeClient(self.native_url, client_name=name, **self.security.credentials(caller))
 
-    def touch(self, attachment_id: int) -> Any:
+    def touch(self, attachment_id: int, caller: Caller) -> Any:
+        """The attachment `attachment_id`, None if there is none; `PermissionDenied` if
+        another token created it."""
         attachment = self.attachments.get(attachment_id)
         if attachment is not None:
+            check_owner(attachment.owner, caller, f"{attachment_id}")
             attachment.last_seen_ms = self.monotonic_ms()
         return attachment
 
@@ -234,8 +273,9 @@ class DiscoveryDoor(pb_grpc.DiscoveryServicer):
         self.door = door
 
     async def TopicLookup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        caller = await caller_of(context, self.door.security)
         try:
-            owner = await self.door.control.lookup(request.topic)
+            owner = await self.door.control(caller, lambda c: c.lookup(request.topic))
         except DanubeError as exc:
             if isinstance(exc, NotFound):
                 # Danube answers an unknown topic with a Failed lookup, not an error.
@@ -252,8 +292,9 @@ class DiscoveryDoor(pb_grpc.DiscoveryServicer):
                                       connect_url=target, broker_url=target, proxy=False)
 
     async def TopicPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        caller = await caller_of(context, self.door.security)
         try:
-            partitions = await self.door.control.get_partitions(request.topic)
+            partitions = await self.door.control(caller, lambda c: c.get_partitions(request.topic))
         except NotFound as exc:
             partitions = self.door.loose_partitions(request.topic)
             if not partitions:
@@ -271,6 +312,10 @@ class HealthDoor(pb_grpc.HealthCheckServicer):
         self.door = door
 
     async def HealthCheck(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        attachment = self.door.touch(request.id)
+        caller = await caller_of(context, self.door.security)
+        try:
+            attachment = self.door.touch(request.id, caller)
+        except DanubeError as exc:
+            await abort_with(context, exc)
         status = pb.HealthCheckResponse.OK if attachment is not None else pb.HealthCheckResponse.CLOSE
         return pb.HealthCheckResponse(status=status)

@@ -9,21 +9,29 @@ Danube's topic-binding RPCs (`ConfigureTopicSchema`, `UpdateTopicValidationPolic
 `GetTopicSchemaConfig`) are admin operations here (`danube admin topics ...`), not
 served on the client port: they answer UNIMPLEMENTED. A producer naming a subject
 binds its topic all the same (`CreateProducer` with a schema reference).
+
+Each caller's calls go on a registry client of their own, dialed with their token
+(`actors/grpc_door_auth.py`): the broker's RBAC decides each as for a native client.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 
-from danube_zmq.actors.grpc_door import GrpcDoor, abort_with
+from danube_zmq.actors.grpc_door import GrpcDoor, abort_with, caller_of
+from danube_zmq.actors.grpc_door_auth import Caller, PerCaller
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.danube_proto import SchemaRegistry_pb2 as spb
 from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
-from danube_zmq.transport.errors import DanubeError, NotFound
+from danube_zmq.transport.errors import DanubeError, NotFound, Unauthenticated
+
+# Callers whose registry connection is kept open.
+REGISTRY_CLIENTS_MAX = 64
+T = TypeVar("T")
 
 
 def _schema_response(info: cp.SchemaInfo) -> Any:
@@ -35,60 +43,67 @@ def _schema_response(info: cp.SchemaInfo) -> Any:
 
 
 class SchemaRegistryDoor(spb_grpc.SchemaRegistryServicer):
-    """Owns one native registry client to this broker's client port; `close()` at the
-    door's stop."""
+    """Owns the callers' native registry clients to this broker's client port, each
+    connected at the caller's first schema call (most Danube clients never make one);
+    `close()` at the door's stop."""
 
     def __init__(self, door: GrpcDoor) -> None:
-        self._registry = SchemaRegistryClient(door.native_url, client_name="grpc-door-schemas")
-        self._connecting = asyncio.Lock()
+        self._security = door.security
+        async def open_registry(caller: Caller) -> SchemaRegistryClient:
+            registry = SchemaRegistryClient(door.native_url, client_name="grpc-door-schemas",
+                                            **door.security.credentials(caller))
+            try:
+                await registry.connect()
+            except BaseException:
+                registry.close()
+                raise
+            return registry
 
-    async def _connected(self) -> SchemaRegistryClient:
-        # Connected at the first schema call: most Danube clients never make one.
-        async with self._connecting:
-            if self._registry.connected is None:
-                try:
-                    await self._registry.connect()
-                except BaseException:
-                    self._registry.close()  # the next call connects afresh
-                    raise
-        return self._registry
+        async def close_registry(registry: SchemaRegistryClient) -> None:
+            registry.close()
 
-    def close(self) -> None:
-        self._registry.close()
+        self._registries: PerCaller[SchemaRegistryClient] = PerCaller(open_registry, close_registry,
+                                                                      REGISTRY_CLIENTS_MAX)
+
+    async def _call(self, context: grpc.aio.ServicerContext,
+                    call: Callable[[SchemaRegistryClient], Awaitable[T]]) -> T:
+        """`call` on the caller's registry client; a `DanubeError` ends the gRPC call."""
+        caller = await caller_of(context, self._security)
+        try:
+            return await call(await self._registries.get(caller))
+        except DanubeError as exc:
+            if isinstance(exc, Unauthenticated):
+                await self._registries.drop(caller)  # the next call dials afresh
+            await abort_with(context, exc)
+            raise AssertionError("abort returns only by raising") from exc
+
+    async def close(self) -> None:
+        await self._registries.close()
 
     async def RegisterSchema(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            done = await (await self._connected()).register(request.subject, request.schema_type, request.schema_definition,
-                                                description=request.description)
-        except DanubeError as exc:
-            await abort_with(context, exc)
+        done = await self._call(context, lambda r: r.register(request.subject, request.schema_type,
+                                                              request.schema_definition,
+                                                              description=request.description))
         return spb.RegisterSchemaResponse(schema_id=done.schema_id, version=done.version,
                                           is_new_version=done.is_new, fingerprint=done.fingerprint)
 
     async def GetSchema(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         version = request.version if request.HasField("version") else None
-        try:
-            info = await (await self._connected()).get_schema(schema_id=request.schema_id, version=version)
-        except DanubeError as exc:
-            await abort_with(context, exc)
+        info = await self._call(context, lambda r: r.get_schema(schema_id=request.schema_id, version=version))
         return _schema_response(info)
 
     async def GetLatestSchema(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            info = await (await self._connected()).get_schema(subject=request.subject)
-        except DanubeError as exc:
-            await abort_with(context, exc)
-        return _schema_response(info)
+        return _schema_response(await self._call(context, lambda r: r.get_schema(subject=request.subject)))
 
     async def ListVersions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            versions = await (await self._connected()).versions(request.subject)
+        async def versions_and_id(registry: SchemaRegistryClient) -> tuple[list[Any], int]:
+            versions = await registry.versions(request.subject)
             try:
-                schema_id = (await (await self._connected()).get_schema(subject=request.subject)).schema_id
+                return versions, (await registry.get_schema(subject=request.subject)).schema_id
             except NotFound:
-                schema_id = 0  # every version deleted: nothing live to name
-        except DanubeError as exc:
-            await abort_with(context, exc)
+                return versions, 0  # every version deleted: nothing live to name
+
+        versions, schema_id = await self._call(context, versions_and_id)
         # A deleted version stays readable by id and version, but is no longer one to
         # produce with: Danube's client lists versions to pick one.
         return spb.ListVersionsResponse(versions=[
@@ -98,33 +113,21 @@ class SchemaRegistryDoor(spb_grpc.SchemaRegistryServicer):
 
     async def CheckCompatibility(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         mode = request.compatibility_mode if request.HasField("compatibility_mode") else None
-        try:
-            check = await (await self._connected()).check(request.subject, request.schema_type, request.new_schema_definition,
-                                              mode=mode)
-        except DanubeError as exc:
-            await abort_with(context, exc)
+        check = await self._call(context, lambda r: r.check(request.subject, request.schema_type,
+                                                            request.new_schema_definition, mode=mode))
         return spb.CheckCompatibilityResponse(is_compatible=check.compatible, errors=list(check.reasons))
 
     async def DeleteSchemaVersion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            await (await self._connected()).delete_version(request.subject, request.version)
-        except DanubeError as exc:
-            await abort_with(context, exc)
+        await self._call(context, lambda r: r.delete_version(request.subject, request.version))
         return spb.DeleteSchemaVersionResponse(success=True,
                                                message=f"version {request.version} of {request.subject} deleted")
 
     async def SetCompatibilityMode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            mode = await (await self._connected()).set_compatibility(request.subject, request.compatibility_mode)
-        except DanubeError as exc:
-            await abort_with(context, exc)
+        mode = await self._call(context, lambda r: r.set_compatibility(request.subject, request.compatibility_mode))
         return spb.SetCompatibilityModeResponse(success=True, message=f"{request.subject}: compatibility {mode}")
 
     async def ListSubjects(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            subjects = await (await self._connected()).list_subjects()
-        except DanubeError as exc:
-            await abort_with(context, exc)
+        subjects = await self._call(context, lambda r: r.list_subjects())
         return spb.ListSubjectsResponse(subjects=[
             spb.SubjectSummary(subject=s.subject, schema_type=s.schema_type, latest_version=s.latest_version or 0,
                                compatibility_mode=s.compatibility, schema_id=s.schema_id)

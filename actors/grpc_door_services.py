@@ -22,7 +22,8 @@ from typing import Any
 
 import grpc
 
-from danube_zmq.actors.grpc_door import Attachment, GrpcDoor, abort_with
+from danube_zmq.actors.grpc_door import Attachment, GrpcDoor, abort_with, caller_of
+from danube_zmq.actors.grpc_door_auth import Caller
 from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.message import Message, MessageId
 from danube_zmq.client.producer import Producer
@@ -42,8 +43,8 @@ DELIVERED_MAX = 10_000
 
 
 class DoorProducer(Attachment):
-    def __init__(self, client: Any, producer: Producer, now_ms: int) -> None:
-        super().__init__(client, now_ms)
+    def __init__(self, client: Any, producer: Producer, now_ms: int, owner: Caller) -> None:
+        super().__init__(client, now_ms, owner)
         self.producer = producer
 
     def __repr__(self) -> str:
@@ -51,8 +52,8 @@ class DoorProducer(Attachment):
 
 
 class DoorConsumer(Attachment):
-    def __init__(self, client: Any, consumer: Consumer, now_ms: int) -> None:
-        super().__init__(client, now_ms)
+    def __init__(self, client: Any, consumer: Consumer, now_ms: int, owner: Caller) -> None:
+        super().__init__(client, now_ms, owner)
         self.consumer = consumer
         self.delivered: OrderedDict[tuple[str, int], Message] = OrderedDict()
 
@@ -93,18 +94,21 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
     def __init__(self, door: GrpcDoor) -> None:
         self.door = door
 
-    def _existing(self, topic: str, name: str) -> int | None:
-        # Danube: a producer created again under its name gets its id back.
+    def _existing(self, topic: str, name: str, caller: Caller) -> int | None:
+        # Danube: a producer created again under its name gets its id back; only by the
+        # token that created it (another one's native producer meets PRODUCER_BUSY).
         for attachment_id, a in self.door.attachments.items():
-            if isinstance(a, DoorProducer) and a.producer.topic == topic and a.producer.name == name:
+            if (isinstance(a, DoorProducer) and a.owner == caller and a.producer.topic == topic
+                    and a.producer.name == name):
                 return attachment_id
         return None
 
     async def CreateProducer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         door = self.door
-        existing = self._existing(request.topic_name, request.producer_name)
+        caller = await caller_of(context, self.door.security)
+        existing = self._existing(request.topic_name, request.producer_name, caller)
         if existing is not None:
-            door.touch(existing)
+            door.touch(existing, caller)
             return pb.ProducerResponse(request_id=request.request_id, producer_id=existing,
                                        producer_name=request.producer_name)
         client = None
@@ -112,7 +116,7 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
             if not request.producer_name:
                 raise InvalidArgument("producer_name must not be empty")
             _check_room(door)
-            client = door.native_client(f"grpc-producer-{request.producer_name}")
+            client = door.native_client(f"grpc-producer-{request.producer_name}", caller)
             strategy = DispatchStrategy(int(request.dispatch_strategy))
             # Batching as for any producer: a lone SendMessage leaves on the next loop
             # turn, concurrent ones share a batch (and an fsync on a reliable topic).
@@ -127,12 +131,12 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
                 await client.close()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown dispatch_strategy {request.dispatch_strategy}")
         producer_id = door.new_id()
-        door.attachments[producer_id] = DoorProducer(client, producer, door.monotonic_ms())
+        door.attachments[producer_id] = DoorProducer(client, producer, door.monotonic_ms(), caller)
         return pb.ProducerResponse(request_id=request.request_id, producer_id=producer_id,
                                    producer_name=request.producer_name)
 
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        attachment = self.door.touch(request.msg_id.producer_id)
+        attachment = await _attachment(self.door, request.msg_id.producer_id, context)
         if not isinstance(attachment, DoorProducer):
             # Danube's client creates the producer again (lookup first) on NOT_FOUND... and on
             # UNAVAILABLE: a reaped producer or a restarted broker comes back through it.
@@ -149,17 +153,20 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
     def __init__(self, door: GrpcDoor) -> None:
         self.door = door
 
-    def _consumers(self) -> list[tuple[int, DoorConsumer]]:
-        return [(i, a) for i, a in self.door.attachments.items() if isinstance(a, DoorConsumer)]
+    def _consumers(self, caller: Caller) -> list[tuple[int, DoorConsumer]]:
+        # Only the caller's own: an Ack or a re-subscribe never reaches a consumer another
+        # token created.
+        return [(i, a) for i, a in self.door.attachments.items() if isinstance(a, DoorConsumer) and a.owner == caller]
 
     async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         door = self.door
-        for attachment_id, a in self._consumers():
+        caller = await caller_of(context, self.door.security)
+        for attachment_id, a in self._consumers(caller):
             c = a.consumer
             if (c.topic, c.subscription, c.consumer_name) == (request.topic_name, request.subscription,
                                                                request.consumer_name):
                 # Danube: the same consumer name subscribing again is a reconnect.
-                door.touch(attachment_id)
+                door.touch(attachment_id, caller)
                 return pb.ConsumerResponse(request_id=request.request_id, consumer_id=attachment_id,
                                            consumer_name=request.consumer_name)
         client = None
@@ -167,7 +174,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
             if not request.consumer_name or not request.subscription:
                 raise InvalidArgument("consumer_name and subscription must not be empty")
             _check_room(door)
-            client = door.native_client(f"grpc-consumer-{request.consumer_name}")
+            client = door.native_client(f"grpc-consumer-{request.consumer_name}", caller)
             consumer = await client.subscribe(
                 request.topic_name, request.subscription, sub_type=SubType(int(request.subscription_type)),
                 consumer_name=request.consumer_name, key_filters=list(request.key_filters) or None,
@@ -182,12 +189,12 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown subscription_type {request.subscription_type}")
         consumer_id = door.new_id()
-        door.attachments[consumer_id] = DoorConsumer(client, consumer, door.monotonic_ms())
+        door.attachments[consumer_id] = DoorConsumer(client, consumer, door.monotonic_ms(), caller)
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=consumer_id,
                                    consumer_name=request.consumer_name)
 
     async def ReceiveMessages(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        attachment = self.door.touch(request.consumer_id)
+        attachment = await _attachment(self.door, request.consumer_id, context)
         if not isinstance(attachment, DoorConsumer):
             await abort_with(context, NotFound(f"no consumer {request.consumer_id} on this gRPC door"))
         attachment.streams += 1
@@ -205,10 +212,10 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
             attachment.streams -= 1
             attachment.last_seen_ms = self.door.monotonic_ms()
 
-    def _owner(self, msg_id: Any, subscription: str) -> tuple[DoorConsumer, Message | MessageId] | None:
+    def _owner(self, msg_id: Any, subscription: str, caller: Caller) -> tuple[DoorConsumer, Message | MessageId] | None:
         key = (msg_id.topic_name, msg_id.topic_offset)
         fallback = None
-        for _, a in self._consumers():
+        for _, a in self._consumers(caller):
             c = a.consumer
             if c.subscription != subscription or msg_id.topic_name not in c.partitions:
                 continue
@@ -221,7 +228,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         return fallback, MessageId(msg_id.topic_name, msg_id.topic_offset, msg_id.producer_id)
 
     async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        found = self._owner(request.msg_id, request.subscription_name)
+        found = self._owner(request.msg_id, request.subscription_name, await caller_of(context, self.door.security))
         if found is None:
             await abort_with(context, NotFound(f"no consumer of subscription {request.subscription_name!r}"
                                                   f" on {request.msg_id.topic_name} on this gRPC door"))
@@ -233,7 +240,7 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         return pb.AckResponse(request_id=request.request_id)
 
     async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        found = self._owner(request.msg_id, request.subscription_name)
+        found = self._owner(request.msg_id, request.subscription_name, await caller_of(context, self.door.security))
         if found is None:
             await abort_with(context, NotFound(f"no consumer of subscription {request.subscription_name!r}"
                                                   f" on {request.msg_id.topic_name} on this gRPC door"))
@@ -244,6 +251,16 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         except DanubeError as exc:
             await abort_with(context, exc)
         return pb.NackResponse(request_id=request.request_id)
+
+
+async def _attachment(door: GrpcDoor, attachment_id: int, context: grpc.aio.ServicerContext) -> Any:
+    """The attachment a call names, if the call's token created it (else the call ends
+    PERMISSION_DENIED); None if the door holds none by that id."""
+    caller = await caller_of(context, door.security)
+    try:
+        return door.touch(attachment_id, caller)
+    except DanubeError as exc:
+        await abort_with(context, exc)
 
 
 def _stream_message(message: Message, subscription: str, broker_addr: str) -> Any:

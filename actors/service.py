@@ -187,7 +187,7 @@ class BrokerService:
         door = GrpcDoor(listen=broker.grpc_listen, advertised_url=broker.grpc_advertised_url,
                         client_url=self.client_url, broker_url=self.advertised_url,
                         attachments_max=broker.grpc_attachments_max, metadata=self.metadata,
-                        rng=random.Random(self.rng.getrandbits(64)))
+                        rng=random.Random(self.rng.getrandbits(64)), security=self._door_security())
         await door.start()
         self._grpc_door = door
         self.grpc_url = door.url
@@ -197,10 +197,19 @@ class BrokerService:
 
         listen = self.config.broker.grpc_admin_listen
         assert listen is not None
-        door = GrpcAdminDoor(listen=listen, admin_url=self.admin_url)
+        door = GrpcAdminDoor(listen=listen, admin_url=self.admin_url, security=self._door_security())
         await door.start()
         self._grpc_admin_door = door
         self.grpc_admin_url = door.url
+
+    def _door_security(self) -> Any:
+        """The gRPC doors' TLS, and the cluster's public key their callers' connections
+        dial with (never its key pair: a door acts only as its caller)."""
+        from danube_zmq.actors.grpc_door_auth import DoorSecurity
+
+        security = self.config.security
+        return DoorSecurity(server_public_key=self.curve.keys.public if self.curve is not None else None,
+                            tls_cert_file=security.grpc_tls_cert_file, tls_key_file=security.grpc_tls_key_file)
 
     async def _bootstrap_namespaces(self) -> None:
         """Standalone, the bootstrap namespaces are written before any port is bound, so

@@ -142,13 +142,19 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
     checked: clients need DANUBE_SERVER_KEY and a token (the lines printed at the end).
 
     With --danube-compat every broker also serves Danube's gRPC client and admin APIs,
-    for Danube's own clients and admin tools (not yet with --security-dir)."""
+    for Danube's own clients and admin tools; with --security-dir too, over TLS with the
+    certificate the --config names (security.grpc_tls_cert_file / _key_file)."""
     from danube_zmq.cli.host_supervisor import BrokerSpec, StartBrokers, Status
 
     if danube_compat and security_dir is not None:
-        # The gRPC doors carry no bearer tokens yet: brokers refuse them with security on.
-        raise click.UsageError("--danube-compat cannot be combined with --security-dir yet"
-                               " (the gRPC doors do not map Danube's bearer tokens; docs/danube-compat.md)")
+        from danube_zmq.actors.config import load_config
+
+        # Danube's clients send their token in every call: the doors need TLS, whose
+        # certificate `up` cannot make for the user's hosts (checked before anything starts).
+        if load_config(config_path).security.grpc_tls_cert_file is None:
+            raise click.UsageError("--danube-compat with --security-dir needs TLS on the gRPC doors: give a --config"
+                                   " that sets security.grpc_tls_cert_file and security.grpc_tls_key_file"
+                                   " (docs/danube-compat.md)")
     data_dir = data_dir.resolve()
     _refuse_running(data_dir)
     hosts = _placement(place) if place else [(None, bind)]

@@ -134,6 +134,7 @@ class DanubeClient:
     again with the new token, producers and consumers re-attach, and the refused request
     is retried. With a fixed token UNAUTHENTICATED is raised, with the broker's reason.
     Neither given: DANUBE_TOKEN, if set. A token is never logged nor shown by `repr`.
+    `use_env=False` reads none of DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS, DANUBE_TOKEN.
     `clock` and `rng` are injectable for tests.
     """
 
@@ -155,6 +156,7 @@ class DanubeClient:
         client_keys: ClientKeys | None = None,
         token: str | None = None,
         token_provider: TokenProvider | None = None,
+        use_env: bool = True,
     ) -> None:
         _check_name("service_url", service_url)
         if type(write_linger_us) is not int or not 0 <= write_linger_us <= 1_000_000:
@@ -181,8 +183,11 @@ class DanubeClient:
         self.write_linger_us = write_linger_us
         # CURVE to every broker (one cluster server key); left None, from DANUBE_SERVER_KEY
         # and DANUBE_CLIENT_KEYS; without client keys, one fresh pair for this client.
-        self.curve: ClientCurve | None = client_curve(server_public_key, client_keys, env=os.environ)
-        self._tokens: TokenSource | None = token_source(token, token_provider, env=os.environ)
+        # use_env=False: a broker's own clients (the gRPC door's) act for a caller, with
+        # that caller's credentials alone, never with what the broker's environment holds.
+        env = os.environ if use_env else None
+        self.curve: ClientCurve | None = client_curve(server_public_key, client_keys, env=env)
+        self._tokens: TokenSource | None = token_source(token, token_provider, env=env)
         self._context: zmq.asyncio.Context | None = None
         self._connections: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()

@@ -191,7 +191,7 @@ def test_danube_compat_gives_every_broker_its_grpc_doors(tmp_path: Path) -> None
 
 def test_danube_compat_checks_its_ports_and_refuses_security(tmp_path: Path) -> None:
     """A busy gRPC port fails `up --danube-compat` before anything starts, naming the
-    option; with --security-dir (bearer tokens are not mapped yet) it is refused."""
+    option; with --security-dir but no TLS for the doors in the config it is refused."""
     data_dir = tmp_path / "cluster"
     supervisor_port, grpc_admin_port = _ports(1), _ports(2)
     with socket.socket() as busy:
@@ -206,5 +206,50 @@ def test_danube_compat_checks_its_ports_and_refuses_security(tmp_path: Path) -> 
     _assert_nothing_left(data_dir, supervisor_port)
     secured = danube(*_up_args(data_dir, 1, supervisor_port, 0), "--danube-compat", "--security-dir",
                      str(tmp_path / "keys"))
-    assert secured.returncode == 2 and "--danube-compat cannot be combined with --security-dir" in secured.stderr
+    assert secured.returncode == 2, secured.stderr
+    assert "--danube-compat with --security-dir needs TLS on the gRPC doors: give a --config that sets" \
+        " security.grpc_tls_cert_file" in " ".join(secured.stderr.split()), secured.stderr
     assert not (tmp_path / "keys").exists()
+
+
+def test_danube_compat_with_security_serves_tls_and_takes_the_admin_token(tmp_path: Path) -> None:
+    """`up --danube-compat --security-dir` with a config naming the doors' certificate:
+    the admin door answers over TLS with the admin token `up` wrote, and refuses a call
+    without one; plaintext fails."""
+    import grpc
+
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as admin_pb
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as admin_grpc
+    from tests.tls_certs import self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    config = tmp_path / "tls.yml"
+    config.write_text(f"security:\n  grpc_tls_cert_file: {cert}\n  grpc_tls_key_file: {key}\n")
+    data_dir, keys = tmp_path / "cluster", tmp_path / "keys"
+    supervisor_port, grpc_admin_port = _ports(1), _ports(1)
+    up = danube(*_up_args(data_dir, 1, supervisor_port, 0), "--config", str(config), "--security-dir", str(keys),
+                "--danube-compat", "--grpc-port", str(_ports(1)), "--grpc-admin-port", str(grpc_admin_port))
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        token = (keys / "admin.jwt").read_text().strip()
+
+        async def ask() -> None:
+            credentials = grpc.ssl_channel_credentials(cert.read_bytes())
+            async with grpc.aio.secure_channel(f"127.0.0.1:{grpc_admin_port}", credentials) as channel:
+                brokers = admin_grpc.BrokerAdminStub(channel)
+                listed = await brokers.ListBrokers(admin_pb.Empty(), metadata=(("authorization", f"Bearer {token}"),),
+                                                   timeout=10)
+                assert len(listed.brokers) == 1
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await brokers.ListBrokers(admin_pb.Empty(), timeout=10)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_admin_port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await admin_grpc.BrokerAdminStub(channel).ListBrokers(admin_pb.Empty(), timeout=5)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        asyncio.run(ask())
+    finally:
+        down = danube("cluster", "down", "--data-dir", str(data_dir))
+    assert down.returncode == 0, down.stderr + down.stdout
+    _assert_nothing_left(data_dir, supervisor_port)

@@ -598,23 +598,25 @@ def test_good_grpc_endpoints(endpoint: str) -> None:
     assert load_config(env={}, overrides={"broker.grpc_listen": endpoint}).broker.grpc_listen == endpoint
 
 
-def test_grpc_door_refused_with_curve_until_it_maps_tokens(tmp_path: Path) -> None:
-    """The door does not yet carry Danube's bearer tokens onto CURVE sessions: on with
-    security.mode curve it would be an unauthenticated way in, so the config says no."""
-    message = load_error(overrides={"broker.grpc_listen": "http://127.0.0.1:0", "security.mode": "curve",
-                                    "security.broker_key_file": str(tmp_path / "k"),
-                                    "security.broker_public_keys_dir": str(tmp_path)})
-    assert message.startswith("config key 'broker.grpc_listen': is not supported with security.mode curve"), message
+@pytest.mark.parametrize("door", ["broker.grpc_listen", "broker.grpc_admin_listen"])
+def test_grpc_doors_need_tls_with_curve(tmp_path: Path, door: str) -> None:
+    """A door's callers send their bearer token in every call: with security.mode curve
+    the config refuses a door that would take it in clear, and names what to set."""
+    curve = {door: "http://127.0.0.1:0", "security.mode": "curve",
+             "security.broker_key_file": str(tmp_path / "k"), "security.broker_public_keys_dir": str(tmp_path)}
+    message = load_error(overrides=curve)
+    assert message.startswith(f"config key {door!r}: needs TLS with security.mode curve: set"
+                              " security.grpc_tls_cert_file and security.grpc_tls_key_file"), message
+    tls = {"security.grpc_tls_cert_file": str(tmp_path / "door.crt"),
+           "security.grpc_tls_key_file": str(tmp_path / "door.key")}
+    config = load_config(env={}, overrides={**curve, **tls})
+    assert config.security.grpc_tls_cert_file == str(tmp_path / "door.crt")
 
 
-def test_grpc_admin_door_refused_with_curve(tmp_path: Path) -> None:
-    """The admin door carries no bearer tokens either: with security.mode curve it would
-    be an unauthenticated way into the admin port."""
-    message = load_error(overrides={"broker.grpc_admin_listen": "http://127.0.0.1:0", "security.mode": "curve",
-                                    "security.broker_key_file": str(tmp_path / "k"),
-                                    "security.broker_public_keys_dir": str(tmp_path)})
-    assert message.startswith("config key 'broker.grpc_admin_listen': is not supported with security.mode curve"), \
-        message
+def test_grpc_tls_files_go_together(tmp_path: Path) -> None:
+    message = load_error(overrides={"security.grpc_tls_cert_file": str(tmp_path / "door.crt")})
+    assert message.startswith("config key 'security.grpc_tls_key_file': and security.grpc_tls_cert_file go"
+                              " together"), message
 
 
 def test_grpc_doors_need_two_ports() -> None:
