@@ -83,10 +83,12 @@ class BrokerProcess:
         return self.process.returncode
 
 
-def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: float = 20.0,
+def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: float = 60.0,
                env: dict[str, str] | None = None) -> None:
     """Poll the admin socket with Connect until the broker answers (over CURVE when the
-    broker's `env` sets security.mode curve: dialed with its own cluster key pair)."""
+    broker's `env` sets security.mode curve: dialed with its own cluster key pair).
+    Generous: a broker with its gRPC doors imports grpc first, and a loaded 2-core
+    machine can take many seconds for that; a broker that died is seen at once."""
     ctx = zmq.Context.instance()
     cluster_key_file = (env or {}).get("DANUBE_SECURITY__BROKER_KEY_FILE") \
         if (env or {}).get("DANUBE_SECURITY__MODE") == "curve" else None
