@@ -136,6 +136,8 @@ class GrpcDoor:
         self.monotonic_ms = monotonic_ms or (lambda: int(time.monotonic() * 1000))
         self.url = ""
         self.attachments: dict[int, Any] = {}
+        # Payload bytes of sends awaiting the broker (grpc_door_services.SENDING_BYTES_MAX).
+        self.sending_bytes = 0
         self._server: grpc.aio.Server | None = None
         self._control: PerCaller[DanubeClient] | None = None
         self._reaper: asyncio.Task[None] | None = None

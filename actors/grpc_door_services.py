@@ -37,9 +37,14 @@ log = logging.getLogger("danube_zmq.grpc_door")
 # Messages a door consumer's native inbox holds (and so permits the broker holds for it):
 # Danube's broker buffers 4 per consumer; a few dozen keep a gRPC stream busy.
 RECEIVER_QUEUE_SIZE = 64
-# Handed-out, unacknowledged messages remembered per consumer to route Ack/Nack; past it
-# the oldest are forgotten (non-reliable subscriptions need no acks at all).
+# Handed-out, unacknowledged message ids remembered per consumer to route Ack/Nack; past
+# it the oldest are forgotten (non-reliable subscriptions need no acks at all). Ids only,
+# never payloads: a few hundred bytes each, whatever the messages' size.
 DELIVERED_MAX = 10_000
+# Payload bytes of `SendMessage` calls awaiting the broker's receipt, door-wide: past it a
+# call is answered RESOURCE_EXHAUSTED at once (Danube's client backs off and retries)
+# rather than held, so concurrent calls cannot pile up payloads without bound.
+SENDING_BYTES_MAX = 64 * 1024 * 1024
 
 
 class DoorProducer(Attachment):
@@ -55,10 +60,10 @@ class DoorConsumer(Attachment):
     def __init__(self, client: Any, consumer: Consumer, now_ms: int, owner: Caller) -> None:
         super().__init__(client, now_ms, owner)
         self.consumer = consumer
-        self.delivered: OrderedDict[tuple[str, int], Message] = OrderedDict()
+        self.delivered: OrderedDict[tuple[str, int], MessageId] = OrderedDict()
 
     def remember(self, message: Message) -> None:
-        self.delivered[(message.topic, message.offset)] = message
+        self.delivered[(message.topic, message.offset)] = message.message_id
         if len(self.delivered) > DELIVERED_MAX:
             self.delivered.popitem(last=False)
 
@@ -141,11 +146,19 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
             # Danube's client creates the producer again (lookup first) on NOT_FOUND... and on
             # UNAVAILABLE: a reaped producer or a restarted broker comes back through it.
             await abort_with(context, NotFound(f"no producer {request.msg_id.producer_id} on this gRPC door"))
+        size = len(request.payload)
+        if self.door.sending_bytes + size > SENDING_BYTES_MAX:
+            await abort_with(context, ResourceExhausted(
+                f"the gRPC door holds {self.door.sending_bytes} bytes of sends awaiting the broker"
+                f" (at most {SENDING_BYTES_MAX}): retry"))
+        self.door.sending_bytes += size
         try:
             await attachment.producer.send(request.payload, key=request.routing_key or None,
                                            attributes=dict(request.attributes) or None)
         except DanubeError as exc:
             await abort_with(context, exc)
+        finally:
+            self.door.sending_bytes -= size
         return pb.MessageResponse(request_id=request.request_id)
 
 
@@ -212,16 +225,16 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
             attachment.streams -= 1
             attachment.last_seen_ms = self.door.monotonic_ms()
 
-    def _owner(self, msg_id: Any, subscription: str, caller: Caller) -> tuple[DoorConsumer, Message | MessageId] | None:
+    def _owner(self, msg_id: Any, subscription: str, caller: Caller) -> tuple[DoorConsumer, MessageId] | None:
         key = (msg_id.topic_name, msg_id.topic_offset)
         fallback = None
         for _, a in self._consumers(caller):
             c = a.consumer
             if c.subscription != subscription or msg_id.topic_name not in c.partitions:
                 continue
-            message = a.delivered.pop(key, None)
-            if message is not None:
-                return a, message
+            remembered = a.delivered.pop(key, None)
+            if remembered is not None:
+                return a, remembered
             fallback = fallback or a
         if fallback is None:
             return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import subprocess
 import sys
 
@@ -9,8 +11,11 @@ import grpc
 import msgpack
 import pytest
 
-from danube_zmq.actors.grpc_door import GRPC_STATUS, native_target
+from danube_zmq.actors.grpc_door import GRPC_STATUS, GrpcDoor, native_target
+from danube_zmq.actors.grpc_door_services import SENDING_BYTES_MAX, DoorConsumer, DoorProducer, ProducerDoor
+from danube_zmq.client.message import Message, MessageId
 from danube_zmq.transport import cluster_records as cr
+from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
 from danube_zmq.transport.errors import ErrorCode, InvalidArgument
 
 
@@ -77,3 +82,77 @@ def test_schema_reference_becomes_the_native_producers_choice(version_ref: dict,
     assert _schema_choice(pb.ProducerRequest(producer_name="p", topic_name="/default/t")) == {}
     with pytest.raises(InvalidArgument):
         _schema_choice(pb.ProducerRequest(schema_ref=pb.SchemaReference(subject="", use_latest=True)))
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What the door's handlers use of a grpc.aio context (security off: no metadata read)."""
+
+    def __init__(self) -> None:
+        self.code: grpc.StatusCode | None = None
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.code = code
+        raise _Aborted(details)
+
+
+class _Client:
+    async def close(self) -> None:
+        pass
+
+
+class _HeldProducer:
+    """A native producer whose sends wait until released (the broker's receipt late)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sent = 0
+
+    async def send(self, payload: bytes, **_: object) -> None:
+        await self.release.wait()
+        self.sent += 1
+
+
+def _door() -> GrpcDoor:
+    return GrpcDoor(listen="http://127.0.0.1:0", advertised_url=None, client_url="tcp://127.0.0.1:1",
+                    broker_url="tcp://127.0.0.1:1", attachments_max=10, metadata=None, rng=random.Random(7))
+
+
+async def test_sends_awaiting_the_broker_are_bounded_in_bytes() -> None:
+    """Concurrent SendMessage calls held by a slow broker stop at SENDING_BYTES_MAX of
+    payload: the next is answered RESOURCE_EXHAUSTED at once (Danube's client retries
+    it), and once the held ones complete the budget is whole again."""
+    door = _door()
+    producer = _HeldProducer()
+    door.attachments[1] = DoorProducer(_Client(), producer, door.monotonic_ms(), None)  # type: ignore[arg-type]
+    service = ProducerDoor(door)
+    chunk = b"x" * (8 * 1024 * 1024)
+
+    def request() -> pb.StreamMessage:
+        return pb.StreamMessage(request_id=1, msg_id=pb.MsgID(producer_id=1), payload=chunk)
+
+    held = [asyncio.create_task(service.SendMessage(request(), _Context())) for _ in range(SENDING_BYTES_MAX // len(chunk))]
+    await asyncio.sleep(0)
+    assert door.sending_bytes == SENDING_BYTES_MAX
+    refused = _Context()
+    with pytest.raises(_Aborted, match="bytes of sends awaiting the broker"):
+        await service.SendMessage(request(), refused)
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    producer.release.set()
+    await asyncio.gather(*held)
+    assert door.sending_bytes == 0 and producer.sent == len(held)
+    await service.SendMessage(request(), _Context())
+
+
+def test_a_door_consumer_remembers_ids_not_payloads() -> None:
+    """What a door consumer keeps to route Danube's Ack/Nack is the message's id: a
+    payload is never held past its delivery."""
+    consumer = DoorConsumer(_Client(), None, 0, None)  # type: ignore[arg-type]
+    message = Message(topic="/default/t", offset=3, producer_id=9, payload=b"y" * 1_000_000, publish_time=0,
+                      producer_name="p", attributes={})
+    consumer.remember(message)
+    assert list(consumer.delivered.values()) == [MessageId("/default/t", 3, 9)]
+    assert type(next(iter(consumer.delivered.values()))) is MessageId
