@@ -117,11 +117,21 @@ def _status_of(error: str | None) -> int:
             "UNAUTHENTICATED": 401}.get(code, 502)
 
 
+def _whole(name: str, text: str) -> int:
+    """`text` as a whole number >= 0 of at most 19 ASCII digits (an int64): `isdigit`
+    would pass `²` and a 5,000-digit number, which `int` then refuses with an error no
+    page answers."""
+    text = text.strip()
+    if not re.fullmatch(r"[0-9]{1,19}", text):
+        raise InvalidArgument(f"{name}: {text[:40]!r} is not a whole number >= 0")
+    return int(text)
+
+
 def _seek_time_ms(text: str) -> int:
     """A publish time as ms since the epoch, from digits (ms) or ISO 8601 with a zone."""
     text = text.strip()
-    if text.isdigit():
-        return int(text)
+    if re.fullmatch(r"[0-9]+", text):
+        return _whole("publish time", text)
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -139,9 +149,7 @@ def _policy_values(form: FormData) -> dict[str, int | None]:
         raw = str(form.get(name) or "").strip()
         if not raw:
             continue
-        if not re.fullmatch(r"\d{1,19}", raw):
-            raise InvalidArgument(f"{name}: {raw!r} is not a whole number >= 0")
-        values[name] = int(raw)
+        values[name] = _whole(name, raw)
     if not values:
         raise InvalidArgument("fill in at least one policy")
     return values
@@ -348,11 +356,9 @@ def _routes(console: Console) -> list[Any]:
         namespace = str(form.get("namespace") or "")
         name = str(form.get("name") or "").strip().strip("/")
         topic = f"/{namespace}/{name}"
-        partitions_text = str(form.get("partitions") or "0").strip()
-        if not partitions_text.isdigit():
-            raise InvalidArgument(f"partitions: {partitions_text!r} is not a whole number >= 0")
+        partitions = _whole("partitions", str(form.get("partitions") or "0"))
         strategy = DispatchStrategy.RELIABLE if form.get("dispatch") == "reliable" else DispatchStrategy.NON_RELIABLE
-        await backend.admin(session.token, lambda c: c.create_topic(topic, int(partitions_text), strategy))
+        await backend.admin(session.token, lambda c: c.create_topic(topic, partitions, strategy))
         return f"/topic?name={urllib.parse.quote(topic, safe='')}", f"created topic {topic}"
 
     async def delete_topic(session: Session, form: FormData) -> tuple[str, str]:
@@ -399,9 +405,8 @@ def _routes(console: Console) -> list[Any]:
         subscription = str(form.get("subscription") or "")
         value = str(form.get("value") or "").strip()
         if form.get("mode") == "offset":
-            if not value.isdigit():
-                raise InvalidArgument(f"offset: {value!r} is not a whole number >= 0")
-            await backend.admin(session.token, lambda c: c.seek_subscription(topic, subscription, offset=int(value)))
+            offset = _whole("offset", value)
+            await backend.admin(session.token, lambda c: c.seek_subscription(topic, subscription, offset=offset))
             where = f"offset {value}"
         else:
             when = _seek_time_ms(value)

@@ -120,6 +120,13 @@ def test_forms_need_the_csrf_token_and_this_origin(open_console: tuple[BrokerPro
                          headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
         assert "/default/made" not in asyncio.run(_topics(broker.admin_url))
 
+        # Numbers a form cannot hold (past int64, or digits `int` refuses) are the user's
+        # error on the page, never a server error.
+        for partitions in ("9" * 5000, "\u00b2", "-1"):
+            refused = http.post("/actions/topics/create", data={**create, "partitions": partitions, "csrf": csrf})
+            assert refused.status_code == 303, (partitions, refused.status_code)
+            assert any("partitions:" in text and "is not a whole number" in text
+                       for text in flashes(http.get(refused.headers["location"]).text)), partitions
         done = http.post("/actions/topics/create", data={**create, "csrf": csrf}, headers={"Origin": url})
         assert done.status_code == 303
         page = http.get(done.headers["location"])
