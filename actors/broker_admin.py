@@ -321,7 +321,9 @@ class BrokerAdmin:
     async def handle_DeleteTopic(self, msg: ap.DeleteTopic, origin: Origin) -> Message:
         resolved = await self._existing(parse_topic(msg.topic))
         if resolved.name.full != resolved.base.full:
-            raise FailedPrecondition(f"{resolved.name.full} is a partition; delete {resolved.base.full} instead")
+            # Danube's wording: danube-admin users (and Danube's own CLI test) look for it.
+            raise FailedPrecondition(f"Cannot delete individual partition '{resolved.name.full}'. Delete the base"
+                                     f" topic instead: {resolved.base.full}")
         key = cr.topic_record_key(resolved.base.full)
         current = await self.metadata.get(key)
         if current is None:
