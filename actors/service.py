@@ -209,7 +209,8 @@ class BrokerService:
 
         security = self.config.security
         return DoorSecurity(server_public_key=self.curve.keys.public if self.curve is not None else None,
-                            tls_cert_file=security.grpc_tls_cert_file, tls_key_file=security.grpc_tls_key_file)
+                            tls_cert_file=security.grpc_tls_cert_file, tls_key_file=security.grpc_tls_key_file,
+                            tls_client_ca_file=security.grpc_tls_client_ca_file)
 
     async def _bootstrap_namespaces(self) -> None:
         """Standalone, the bootstrap namespaces are written before any port is bound, so
