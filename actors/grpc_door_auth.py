@@ -65,6 +65,12 @@ class DoorSecurity:
     # The CAs of the clients' certificates: set, the doors require mutual TLS.
     tls_client_ca_file: str | None = None
 
+    @property
+    def scheme(self) -> str:
+        """How a door that binds with this security names itself: https when it serves TLS,
+        as Danube names its TLS brokers and as danube-admin picks TLS from an address."""
+        return "https" if self.tls_cert_file is not None else "http"
+
     def credentials(self, caller: Caller) -> dict[str, Any]:
         """The native client's keyword arguments for `caller`: their token and a fresh
         key pair (client_keys left out), none of the broker's environment."""

@@ -142,3 +142,15 @@ async def test_a_client_without_a_certificate_the_clients_ca_signed_is_refused(d
             await call(doors, doors.good, metadata)
         assert refused.value.code() == code, refused.value.details()
 
+
+async def test_admin_door_names_itself_https(doors: MutualDoors) -> None:
+    """ListBrokers' admin_addr is the broker's gRPC admin door, as Danube's admin tools
+    dial it, https since it serves TLS; the broker's start line says so too."""
+    async with grpc.aio.secure_channel(doors.admin_door, doors.credentials(doors.good)) as channel:
+        brokers = apb_grpc.BrokerAdminStub(channel)
+        async with asyncio.timeout(10):
+            while not (listed := await brokers.ListBrokers(apb.Empty(), metadata=bearer(doors.alice))).brokers:
+                await asyncio.sleep(0.05)  # the broker registers just after its ports answer
+    (me,) = listed.brokers
+    assert (me.broker_addr, me.admin_addr) == (doors.broker.url, f"https://{doors.admin_door}")
+    assert f"gRPC https://{doors.door}, gRPC admin https://{doors.admin_door}" in doors.broker.log()
