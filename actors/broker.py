@@ -184,9 +184,11 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
     def __init__(self, *, config: BrokerConfig, broker_id: int, broker_url: str, admin_url: str,
                  metrics_url: str | None, rng: random.Random, executor: Executor,
                  metadata: RaftMetadataStore, curve: ClusterCurve | None = None,
-                 grpc_url: str | None = None) -> None:
+                 grpc_url: str | None = None, grpc_admin_url: str | None = None) -> None:
         self.config = config
         self.grpc_url = grpc_url  # the gRPC door's URL (broker.grpc_listen), registered for redirects
+        # The gRPC admin door's URL (broker.grpc_admin_listen), registered for ListBrokers.
+        self.grpc_admin_url = grpc_admin_url
         self.curve = curve  # security.mode curve: how this broker dials the others (hand-overs, remote admin)
         self.executor = executor
         self.metadata = metadata
@@ -374,7 +376,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         registration = cr.encode(cr.BrokerRegistration(
             broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
             raft_node_id=cluster.node_id, started_ms=self.system.clock.now_ms(), metrics_url=self.metrics_url,
-            grpc_url=self.grpc_url))
+            grpc_url=self.grpc_url, grpc_admin_url=self.grpc_admin_url))
         metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
         await self.system.spawn(lambda: LeaseKeeper(
             metadata=metadata, broker_endpoint=broker, broker_id=broker_id, key=cr.register_key(broker_id),

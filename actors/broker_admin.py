@@ -530,7 +530,7 @@ class BrokerAdmin:
             role = "standalone" if standalone else ("leader" if registration.broker_id == leader_id else "follower")
             brokers.append(ap.BrokerInfo(broker_id=registration.broker_id, broker_url=registration.broker_url,
                                          admin_url=registration.admin_url, metrics_url=registration.metrics_url,
-                                         role=role, status=str(status)))
+                                         role=role, status=str(status), grpc_admin_url=registration.grpc_admin_url))
         return ap.BrokerList(request_id=msg.request_id, brokers=brokers)
 
     # ------------------------------------------------------------- admin: reliable subscriptions

@@ -874,6 +874,12 @@ class SecuritySection:
     # Default null: plaintext gRPC.
     grpc_tls_cert_file: str | None = None
     grpc_tls_key_file: str | None = None
+    # PEM file of the certificate authorities that sign the doors' clients: when set,
+    # both doors require mutual TLS, a client certificate that one of them signed (a
+    # client without one fails the handshake). It admits a connection only; the
+    # bearer token stays the caller's identity for RBAC. Needs grpc_tls_cert_file and
+    # grpc_tls_key_file; read when the doors start. Default null: server TLS only.
+    grpc_tls_client_ca_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.super_admins, list):
@@ -905,6 +911,9 @@ class SecuritySection:
         if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
             raise _error("security.grpc_tls_key_file", "and security.grpc_tls_cert_file go together: set both"
                          " (TLS) or neither (plaintext)", "security.grpc_tls_cert_file")
+        if self.grpc_tls_client_ca_file is not None and self.grpc_tls_cert_file is None:
+            raise _error("security.grpc_tls_client_ca_file", "needs security.grpc_tls_cert_file and"
+                         " security.grpc_tls_key_file (mutual TLS is TLS first)", "security.grpc_tls_cert_file")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,8 +74,9 @@ def delivery(dispatch_strategy: int) -> str:
 
 
 class GrpcAdminDoor:
-    """The gRPC admin server of one broker. `start()` binds `listen` (http://HOST:PORT);
-    `stop()` ends the calls and closes the admin clients."""
+    """The gRPC admin server of one broker. `start()` binds `listen` (http://HOST:PORT) and
+    names the door `url` as it serves (https:// with TLS); `stop()` ends the calls and
+    closes the admin clients."""
 
     def __init__(self, *, listen: str, admin_url: str, security: DoorSecurity | None = None) -> None:
         self.listen = listen
@@ -101,7 +102,7 @@ class GrpcAdminDoor:
             raise InvalidArgument(f"broker.grpc_admin_listen: cannot bind {self.listen}")
         await server.start()
         self._server = server
-        self.url = f"http://{host}:{bound}"
+        self.url = f"{self.security.scheme}://{host}:{bound}"
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -162,9 +163,13 @@ class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):
     async def ListBrokers(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             brokers = await admin.list_brokers()
+        # Danube's tools dial `admin_addr` as the broker's gRPC admin API: the admin door a
+        # broker registered; for one serving none, our admin port's zmq URL says where its
+        # admin API is (no Danube tool can dial it).
         return pb.BrokerListResponse(brokers=[
             pb.BrokerInfo(broker_id=str(b.broker_id), broker_addr=b.broker_url, broker_role=b.role,
-                          admin_addr=b.admin_url, metrics_addr=b.metrics_url or "", broker_status=b.status)
+                          admin_addr=b.grpc_admin_url or b.admin_url, metrics_addr=b.metrics_url or "",
+                          broker_status=b.status)
             for b in brokers])
 
     @gateway

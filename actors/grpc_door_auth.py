@@ -11,6 +11,9 @@ There is no internal-broker header nor any other way to act as the broker.
 
 Under `security.mode curve` a door serves TLS only (`security.grpc_tls_cert_file` /
 `_key_file`, checked by the config), so that a token never crosses in clear.
+With `security.grpc_tls_client_ca_file` the doors also require a client certificate
+that CA signed (mutual TLS): it decides who may connect at all, not who the caller is;
+the bearer token stays the identity the broker authorizes.
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ class DoorSecurity:
     server_public_key: bytes | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # The CAs of the clients' certificates: set, the doors require mutual TLS.
+    tls_client_ca_file: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        """How a door that binds with this security names itself: https when it serves TLS,
+        as Danube names its TLS brokers and as danube-admin picks TLS from an address."""
+        return "https" if self.tls_cert_file is not None else "http"
 
     def credentials(self, caller: Caller) -> dict[str, Any]:
         """The native client's keyword arguments for `caller`: their token and a fresh
@@ -83,7 +94,28 @@ class DoorSecurity:
         except ssl.SSLError as exc:
             raise ConfigError(f"security.grpc_tls_cert_file / _key_file (for {key}): cannot load"
                               f" {self.tls_cert_file!r} and {self.tls_key_file!r}: {exc.reason or exc}") from None
-        return server.add_secure_port(address, grpc.ssl_server_credentials([(private, cert)]))
+        client_ca = self._client_ca(key)
+        credentials = grpc.ssl_server_credentials([(private, cert)], root_certificates=client_ca,
+                                                  require_client_auth=client_ca is not None)
+        return server.add_secure_port(address, credentials)
+
+    def _client_ca(self, key: str) -> bytes | None:
+        """The client CA certificates (PEM), None without mutual TLS; checked as the
+        server's pair is, for the same reason."""
+        if self.tls_client_ca_file is None:
+            return None
+        try:
+            pem = Path(self.tls_client_ca_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"security.grpc_tls_client_ca_file (for {key}): cannot read {exc.filename!r}:"
+                              f" {exc.strerror}") from None
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=pem.decode("ascii"))
+        except (ssl.SSLError, UnicodeDecodeError) as exc:
+            reason = exc.reason if isinstance(exc, ssl.SSLError) else "not PEM text"
+            raise ConfigError(f"security.grpc_tls_client_ca_file (for {key}): cannot load"
+                              f" {self.tls_client_ca_file!r} as PEM CA certificates: {reason or exc}") from None
+        return pem
 
 
 class PerCaller(Generic[C]):

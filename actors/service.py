@@ -162,6 +162,11 @@ class BrokerService:
             if config.broker.grpc_listen is not None:
                 # Bound before the broker actor starts, which registers the door's URL.
                 await self._start_grpc_door()
+            if config.broker.grpc_admin_listen is not None:
+                # Likewise (ListBrokers names it). Its calls go to the admin port, which
+                # answers "broker busy; retry" until the broker actor below is up, as it
+                # does for `danube admin` in that moment.
+                await self._start_grpc_admin_door()
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
             system.load_manager_endpoint = await system.spawn(
                 lambda: LoadManagerActor(config=config, broker_id=self.broker_id, metadata=self.metadata),
@@ -169,9 +174,6 @@ class BrokerService:
             system.snapshot_endpoint = await system.spawn(
                 lambda: SnapshotActor(config=config, broker_id=self.broker_id, broker_url=self.advertised_url),
                 name="snapshots")
-            if config.broker.grpc_admin_listen is not None:
-                # Last: its calls go to the admin port, which needs the broker actor.
-                await self._start_grpc_admin_door()
         except BaseException:
             await self.stop()
             raise
@@ -209,7 +211,8 @@ class BrokerService:
 
         security = self.config.security
         return DoorSecurity(server_public_key=self.curve.keys.public if self.curve is not None else None,
-                            tls_cert_file=security.grpc_tls_cert_file, tls_key_file=security.grpc_tls_key_file)
+                            tls_cert_file=security.grpc_tls_cert_file, tls_key_file=security.grpc_tls_key_file,
+                            tls_client_ca_file=security.grpc_tls_client_ca_file)
 
     async def _bootstrap_namespaces(self) -> None:
         """Standalone, the bootstrap namespaces are written before any port is bound, so
@@ -237,7 +240,7 @@ class BrokerService:
                            admin_url=self.admin_url,
                            metrics_url=self.metrics_url, rng=random.Random(self.rng.getrandbits(64)),
                            executor=self._executor, metadata=self.metadata, curve=self.curve,
-                           grpc_url=self.grpc_url)
+                           grpc_url=self.grpc_url, grpc_admin_url=self.grpc_admin_url)
 
     def _stored_broker_id(self) -> int:
         """The id this data directory's broker had before (its topics are assigned to

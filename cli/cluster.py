@@ -146,12 +146,14 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
     certificate the --config names (security.grpc_tls_cert_file / _key_file)."""
     from danube_zmq.cli.host_supervisor import BrokerSpec, StartBrokers, Status
 
-    if danube_compat and security_dir is not None:
+    doors_tls = False
+    if danube_compat:
         from danube_zmq.actors.config import load_config
 
+        doors_tls = load_config(config_path).security.grpc_tls_cert_file is not None
         # Danube's clients send their token in every call: the doors need TLS, whose
         # certificate `up` cannot make for the user's hosts (checked before anything starts).
-        if load_config(config_path).security.grpc_tls_cert_file is None:
+        if security_dir is not None and not doors_tls:
             raise click.UsageError("--danube-compat with --security-dir needs TLS on the gRPC doors: give a --config"
                                    " that sets security.grpc_tls_cert_file and security.grpc_tls_key_file"
                                    " (docs/danube-compat.md)")
@@ -168,8 +170,11 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
                         "metrics_port": metrics_port + i if metrics_port else 0,
                         "data_dir": str(data_dir / f"broker-{node}"), "log": str(data_dir / f"broker-{node}.log")})
         if danube_compat:
-            brokers[-1].update(grpc_url=f"http://{address}:{grpc_port + i}",
-                               grpc_admin_url=f"http://{address}:{grpc_admin_port + i}")
+            # Named as the doors serve (https:// with the config's certificate), as `up`
+            # and `status` print them and Danube's tools pick TLS from the address.
+            scheme = "https" if doors_tls else "http"
+            brokers[-1].update(grpc_url=f"{scheme}://{address}:{grpc_port + i}",
+                               grpc_admin_url=f"{scheme}://{address}:{grpc_admin_port + i}")
     check_ports(_port_uses(bind, supervisor_port, brokers))
     data_dir.mkdir(parents=True, exist_ok=True)
     security = _secure(security_dir, config_path, admin_token_ttl) if security_dir is not None else None
@@ -181,7 +186,7 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
         if config_path is not None:
             argv += ["--config", str(config_path.resolve())]
         if danube_compat:
-            argv += ["--grpc-listen", b["grpc_url"], "--grpc-admin-listen", b["grpc_admin_url"]]
+            argv += ["--grpc-listen", _grpc_listen(b["grpc_url"]), "--grpc-admin-listen", _grpc_listen(b["grpc_admin_url"])]
         # Metrics on the broker's address like its other ports (the config's
         # metrics_host would put every broker of a placement on its own loopback).
         env = {"DANUBE_CLUSTER__NODE_ID": str(b["node_id"]), "DANUBE_CLUSTER__RAFT_LISTEN": b["raft"],
@@ -231,6 +236,12 @@ _GRPC_HEADERS = ("GRPC-URL", "GRPC-ADMIN-URL")
 def _grpc_cells(broker: dict[str, Any]) -> list[str]:
     """A --danube-compat broker's gRPC doors (none for a cluster without them)."""
     return [broker["grpc_url"], broker["grpc_admin_url"]] if "grpc_url" in broker else []
+
+
+def _grpc_listen(url: str) -> str:
+    """The address a door binds, `http://HOST:PORT` as the config takes it: whether it
+    serves TLS is the config's certificate, not the scheme."""
+    return "http://" + url.partition("://")[2]
 
 
 def _refuse_running(data_dir: Path) -> None:

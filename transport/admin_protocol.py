@@ -195,6 +195,8 @@ class BrokerInfo(Struct):
     metrics_url: str | None
     role: str
     status: str
+    # The broker's gRPC admin door (Danube's admin API), None when it serves none.
+    grpc_admin_url: str | None = None
 
 
 @wire

@@ -187,6 +187,9 @@ class BrokerRegistration(Message):
     # Its gRPC door for Danube's clients (broker.grpc_listen), if on: where a lookup
     # on another broker's door redirects them.
     grpc_url: str | None = None
+    # Its gRPC admin door for Danube's admin tools (broker.grpc_admin_listen), if on:
+    # what the admin door's ListBrokers names as the broker's `admin_addr`.
+    grpc_admin_url: str | None = None
 
 
 @wire

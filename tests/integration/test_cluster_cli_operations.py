@@ -215,7 +215,8 @@ def test_danube_compat_checks_its_ports_and_refuses_security(tmp_path: Path) -> 
 def test_danube_compat_with_security_serves_tls_and_takes_the_admin_token(tmp_path: Path) -> None:
     """`up --danube-compat --security-dir` with a config naming the doors' certificate:
     the admin door answers over TLS with the admin token `up` wrote, and refuses a call
-    without one; plaintext fails."""
+    without one; plaintext fails. `up`, `status` and ListBrokers' admin_addr name the
+    doors https://, as they serve."""
     import grpc
 
     from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as admin_pb
@@ -226,12 +227,17 @@ def test_danube_compat_with_security_serves_tls_and_takes_the_admin_token(tmp_pa
     config = tmp_path / "tls.yml"
     config.write_text(f"security:\n  grpc_tls_cert_file: {cert}\n  grpc_tls_key_file: {key}\n")
     data_dir, keys = tmp_path / "cluster", tmp_path / "keys"
-    supervisor_port, grpc_admin_port = _ports(1), _ports(1)
+    supervisor_port, grpc_port, grpc_admin_port = _ports(1), _ports(1), _ports(1)
     up = danube(*_up_args(data_dir, 1, supervisor_port, 0), "--config", str(config), "--security-dir", str(keys),
-                "--danube-compat", "--grpc-port", str(_ports(1)), "--grpc-admin-port", str(grpc_admin_port))
+                "--danube-compat", "--grpc-port", str(grpc_port), "--grpc-admin-port", str(grpc_admin_port))
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         token = (keys / "admin.jwt").read_text().strip()
+        doors = (f"https://127.0.0.1:{grpc_port}", f"https://127.0.0.1:{grpc_admin_port}")
+        assert [(b["grpc_url"], b["grpc_admin_url"]) for b in json.loads(up.stdout)["brokers"]] == [doors]
+        assert [(b["grpc_url"], b["grpc_admin_url"]) for b in _status(data_dir)["brokers"]] == [doors]
+        table = danube("cluster", "status", "--data-dir", str(data_dir))
+        assert all(url in table.stdout for url in doors), table.stdout
 
         async def ask() -> None:
             credentials = grpc.ssl_channel_credentials(cert.read_bytes())
@@ -239,7 +245,7 @@ def test_danube_compat_with_security_serves_tls_and_takes_the_admin_token(tmp_pa
                 brokers = admin_grpc.BrokerAdminStub(channel)
                 listed = await brokers.ListBrokers(admin_pb.Empty(), metadata=(("authorization", f"Bearer {token}"),),
                                                    timeout=10)
-                assert len(listed.brokers) == 1
+                assert [b.admin_addr for b in listed.brokers] == [doors[1]]
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await brokers.ListBrokers(admin_pb.Empty(), timeout=10)
                 assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

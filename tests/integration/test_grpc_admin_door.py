@@ -34,7 +34,7 @@ def admin_door_broker(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
 async def stubs(admin_door_broker: tuple[BrokerProcess, str]) -> AsyncIterator[SimpleNamespace]:
     _, url = admin_door_broker
     async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
-        # The door binds last in the broker's start: the admin port may answer first.
+        # The door is bound before the broker answers on its admin port; this bounds the connect.
         brokers = pb_grpc.BrokerAdminStub(channel)
         async with asyncio.timeout(10):
             await channel.channel_ready()
@@ -48,11 +48,12 @@ async def stubs(admin_door_broker: tuple[BrokerProcess, str]) -> AsyncIterator[S
 
 async def test_brokers_namespaces_and_cluster_status(admin_door_broker: tuple[BrokerProcess, str],
                                                      stubs: SimpleNamespace) -> None:
-    process, _ = admin_door_broker
+    process, url = admin_door_broker
     brokers = (await stubs.brokers.ListBrokers(pb.Empty())).brokers
     assert len(brokers) == 1
     (me,) = brokers
-    assert (me.broker_addr, me.admin_addr, me.broker_role) == (process.url, process.admin_url, "standalone")
+    # admin_addr: where Danube's admin tools reach the broker, its gRPC admin door.
+    assert (me.broker_addr, me.admin_addr, me.broker_role) == (process.url, url, "standalone")
     assert (await stubs.brokers.GetLeaderBroker(pb.Empty())).leader == me.broker_id
     assert "default" in (await stubs.brokers.ListNamespaces(pb.Empty())).namespaces
     await stubs.namespaces.CreateNamespace(pb.NamespaceRequest(name="shop"))

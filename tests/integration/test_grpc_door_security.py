@@ -75,7 +75,7 @@ def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredDoors]:
 
 
 async def _ready(channel: grpc.aio.Channel) -> None:
-    async with asyncio.timeout(10):  # the admin door binds last in the broker's start
+    async with asyncio.timeout(10):  # the first TLS handshake, bounded
         await channel.channel_ready()
 
 

@@ -619,6 +619,18 @@ def test_grpc_tls_files_go_together(tmp_path: Path) -> None:
                               " together"), message
 
 
+def test_grpc_client_ca_needs_the_doors_tls(tmp_path: Path) -> None:
+    """Mutual TLS asks for the client's certificate within a TLS handshake: a client CA
+    without the doors' own certificate is refused, naming what to set."""
+    ca = {"security.grpc_tls_client_ca_file": str(tmp_path / "clients-ca.pem")}
+    message = load_error(overrides=ca)
+    assert message.startswith("config key 'security.grpc_tls_client_ca_file': needs security.grpc_tls_cert_file"
+                              " and security.grpc_tls_key_file (mutual TLS is TLS first)"), message
+    config = load_config(env={}, overrides={**ca, "security.grpc_tls_cert_file": str(tmp_path / "door.crt"),
+                                            "security.grpc_tls_key_file": str(tmp_path / "door.key")})
+    assert config.security.grpc_tls_client_ca_file == str(tmp_path / "clients-ca.pem")
+
+
 def test_grpc_doors_need_two_ports() -> None:
     message = load_error(overrides={"broker.grpc_listen": "http://127.0.0.1:6651",
                                     "broker.grpc_admin_listen": "http://127.0.0.1:6651"})

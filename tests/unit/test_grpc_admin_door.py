@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from danube_zmq.actors.grpc_admin_door import GrpcAdminDoor, partition_names
 from danube_zmq.actors.grpc_admin_topics import _binding, _scope, _topic_infos
+from danube_zmq.actors.grpc_door_auth import DoorSecurity
 from danube_zmq.transport.admin_protocol import BindingInfo, PartitionOwner, TopicInfo
 from danube_zmq.transport.errors import InvalidArgument
+from tests.tls_certs import self_signed_cert
 
 
 @pytest.mark.parametrize(("scope", "resource", "ours"), [("cluster", "", "cluster"),
@@ -42,3 +46,18 @@ def test_admin_door_dials_its_own_admin_port() -> None:
     assert GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://0.0.0.0:5").admin_target == "tcp://127.0.0.1:5"
     with pytest.raises(InvalidArgument, match=r"broker\.grpc_admin_listen needs broker\.admin_listen"):
         GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="inproc://admin")
+
+
+async def test_admin_door_url_is_https_when_it_serves_tls(tmp_path: Path) -> None:
+    """Danube's admin tools choose TLS from an https:// address: the door names itself
+    as it serves, http:// without a certificate, https:// with one."""
+    cert, key = self_signed_cert(tmp_path)
+    for security, scheme in ((DoorSecurity(), "http"),
+                             (DoorSecurity(tls_cert_file=str(cert), tls_key_file=str(key)), "https")):
+        door = GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://127.0.0.1:5", security=security)
+        await door.start()
+        try:
+            host, _, port = door.url.rpartition(":")
+            assert host == f"{scheme}://127.0.0.1" and int(port) > 0, door.url
+        finally:
+            await door.stop()

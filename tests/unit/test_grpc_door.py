@@ -45,15 +45,18 @@ def test_door_cannot_dial_inproc() -> None:
         native_target("inproc://broker")
 
 
-def test_registration_without_grpc_url_still_decodes() -> None:
-    """Records written before the door existed (one field fewer) decode with grpc_url None."""
+def test_registration_without_grpc_urls_still_decodes() -> None:
+    """Records written before the doors existed (fields fewer) decode with grpc_url and
+    grpc_admin_url None."""
     record = cr.BrokerRegistration(broker_id=1, broker_url="tcp://a:1", admin_url="tcp://a:2", raft_node_id=1,
-                                   started_ms=5, grpc_url="http://a:3")
+                                   started_ms=5, grpc_url="http://a:3", grpc_admin_url="https://a:4")
     fields = msgpack.unpackb(cr.encode(record), raw=False)
-    assert fields[-1] == "http://a:3"
-    old = msgpack.packb(fields[:-1], use_bin_type=True)
-    assert cr.decode(old, cr.BrokerRegistration).grpc_url is None
-    assert cr.decode(cr.encode(record), cr.BrokerRegistration).grpc_url == "http://a:3"
+    assert fields[-2:] == ["http://a:3", "https://a:4"]
+    before_admin_door = cr.decode(msgpack.packb(fields[:-1], use_bin_type=True), cr.BrokerRegistration)
+    assert (before_admin_door.grpc_url, before_admin_door.grpc_admin_url) == ("http://a:3", None)
+    before_doors = cr.decode(msgpack.packb(fields[:-2], use_bin_type=True), cr.BrokerRegistration)
+    assert (before_doors.grpc_url, before_doors.grpc_admin_url) == (None, None)
+    assert cr.decode(cr.encode(record), cr.BrokerRegistration) == record
 
 
 def test_a_broker_without_the_door_loads_no_grpc_module() -> None:
