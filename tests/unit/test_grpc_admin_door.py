@@ -39,6 +39,10 @@ def test_partitions_are_listed_with_their_own_brokers() -> None:
 
 
 def test_admin_door_dials_its_own_admin_port() -> None:
-    assert GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://0.0.0.0:5").admin_target == "tcp://127.0.0.1:5"
+    door = GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://0.0.0.0:5", client_url="tcp://*:6")
+    assert (door.admin_target, door.client_target) == ("tcp://127.0.0.1:5", "tcp://127.0.0.1:6")
     with pytest.raises(InvalidArgument, match=r"broker\.grpc_admin_listen needs broker\.admin_listen"):
-        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="inproc://admin")
+        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="inproc://admin", client_url="tcp://127.0.0.1:6")
+    # Its SchemaRegistry dials the client port.
+    with pytest.raises(InvalidArgument, match=r"broker\.grpc_admin_listen needs broker\.listen"):
+        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://127.0.0.1:5", client_url="inproc://clients")
