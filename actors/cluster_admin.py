@@ -146,7 +146,8 @@ async def _schema_config(registry: SchemaRegistry, rid: int, config: topic_bindi
     return TopicSchemaConfigInfo(request_id=rid, topic=config.topic, subject=config.subject,
                                  validation_policy=config.validation_policy.value,
                                  payload_validation=config.payload_validation, schema_id=summary.schema_id,
-                                 latest_version=summary.latest_version)
+                                 latest_version=summary.latest_version, schema_type=str(summary.schema_type),
+                                 compatibility=str(summary.compatibility))
 
 
 def status(store: RaftMetadataStore, request_id: int) -> ClusterStatusInfo:

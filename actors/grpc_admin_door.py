@@ -3,7 +3,9 @@
     danube-admin (gRPC) ──▶ GrpcAdminDoor (grpc.aio server, broker.grpc_admin_listen)
                               │  BrokerAdmin, ClusterAdmin, NamespaceAdmin (this module)
                               │  TopicAdmin, SecurityAdmin                 (grpc_admin_topics.py)
-                              ▼  AdminClient, this broker's admin port (broker.admin_listen)
+                              │  SchemaRegistry                            (grpc_door_schemas.py)
+                              ▼  AdminClient, this broker's admin port (broker.admin_listen);
+                                 the registry calls: this broker's client port (broker.listen)
 
 A gateway, not a second admin API: each RPC is one or a few calls of our own admin API
 (`client/admin.py`) on this broker's admin port, its records mapped onto Danube's
@@ -13,9 +15,13 @@ with the client door). What the door answers is therefore what `danube admin` wo
 An RPC our admin API has no equivalent for answers UNIMPLEMENTED with what to use
 instead (`unimplemented`); docs/danube-compat.md lists them.
 
+Danube's broker serves its SchemaRegistry on the admin endpoint as well as the client
+one (danube-admin's `schemas ...` and `topics configure-schema | set-validation-policy |
+get-schema-config` call it there): so does this door, with the client door's servicer.
+
 Every call runs on an admin client dialed with the caller's bearer token and a fresh
-CURVE key pair (`actors/grpc_door_auth.py`), kept for that caller's next calls only: the
-admin port's RBAC decides as for `danube admin` with that token.
+CURVE key pair (`actors/grpc_admin_clients.py`), kept for that caller's next calls only:
+the admin port's RBAC decides as for `danube admin` with that token.
 """
 
 from __future__ import annotations
@@ -23,25 +29,19 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, NoReturn
 
 import grpc
 
+from danube_zmq.actors.grpc_admin_clients import AdminClients
 from danube_zmq.actors.grpc_door import abort_with, caller_of, native_target
 from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as pb_grpc
-from danube_zmq.transport.errors import DanubeError, InvalidArgument, Unauthenticated, Unavailable
-
-# Connected admin clients kept for the next calls. Calls run at once, each on a client
-# of its own (an AdminClient has one request in flight): a slow UnloadTopic must not
-# hold up ListBrokers.
-IDLE_CLIENTS_MAX = 4
-# Callers whose idle admin clients are kept; past it the least recent caller's are closed.
-IDLE_CALLERS_MAX = 64
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, Unavailable
 
 # The token of the call being served (set by `gateway`), for `GrpcAdminDoor.admin`.
 _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("grpc_admin_caller", default=None)
@@ -76,19 +76,28 @@ def delivery(dispatch_strategy: int) -> str:
 class GrpcAdminDoor:
     """The gRPC admin server of one broker. `start()` binds `listen` (http://HOST:PORT) and
     names the door `url` as it serves (https:// with TLS); `stop()` ends the calls and
-    closes the admin clients."""
+    closes the admin and registry clients."""
 
-    def __init__(self, *, listen: str, admin_url: str, security: DoorSecurity | None = None) -> None:
+    def __init__(self, *, listen: str, admin_url: str, client_url: str, security: DoorSecurity | None = None) -> None:
         self.listen = listen
-        self.admin_target = native_target(admin_url, "broker.grpc_admin_listen", "broker.admin_listen")
         self.security = security or DoorSecurity()
+        self.admins = AdminClients(native_target(admin_url, "broker.grpc_admin_listen", "broker.admin_listen"),
+                                   self.security, "grpc-admin-door")
+        # Danube's admin endpoint serves its SchemaRegistry too (danube-admin's `schemas`
+        # and `topics configure-schema ...`): the registry calls go to the client port.
+        self.client_target = native_target(client_url, "broker.grpc_admin_listen", "broker.listen")
         self.url = ""
         self._server: grpc.aio.Server | None = None
-        # caller -> their connected idle clients, the least recent caller first
-        self._idle: dict[Caller, list[AdminClient]] = {}
+        self._schemas: Any = None  # SchemaRegistryDoor, imported at start
+
+    @property
+    def admin_target(self) -> str:
+        return self.admins.admin_target
 
     async def start(self) -> None:
         from danube_zmq.actors.grpc_admin_topics import SecurityAdminDoor, TopicAdminDoor
+        from danube_zmq.actors.grpc_door_schemas import SchemaRegistryDoor
+        from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
         server = grpc.aio.server()
         pb_grpc.add_BrokerAdminServicer_to_server(BrokerAdminDoor(self), server)
@@ -96,6 +105,9 @@ class GrpcAdminDoor:
         pb_grpc.add_NamespaceAdminServicer_to_server(NamespaceAdminDoor(self), server)
         pb_grpc.add_TopicAdminServicer_to_server(TopicAdminDoor(self), server)
         pb_grpc.add_SecurityAdminServicer_to_server(SecurityAdminDoor(self), server)
+        self._schemas = SchemaRegistryDoor(security=self.security, client_target=self.client_target,
+                                           admins=self.admins)
+        spb_grpc.add_SchemaRegistryServicer_to_server(self._schemas, server)
         host, _, port = self.listen.removeprefix("http://").rpartition(":")
         bound = self.security.bind(server, f"{host}:{port}", "broker.grpc_admin_listen")
         if bound == 0:
@@ -108,51 +120,15 @@ class GrpcAdminDoor:
         if self._server is not None:
             await self._server.stop(grace=1.0)
             self._server = None
-        idle, self._idle = self._idle, {}
-        for clients in idle.values():
-            for client in clients:
-                client.close()
+        if self._schemas is not None:
+            await self._schemas.close()
+            self._schemas = None
+        self.admins.close()
 
-    @asynccontextmanager
-    async def admin(self) -> AsyncIterator[AdminClient]:
+    def admin(self) -> AbstractAsyncContextManager[AdminClient]:
         """A connected admin client of this broker's admin port for one call, the caller's
         own (their token, a key pair of its own)."""
-        caller = _CALLER.get()
-        idle = self._idle.get(caller)
-        if idle:
-            client = idle.pop()
-        else:
-            client = AdminClient(self.admin_target, client_name="grpc-admin-door",
-                                 **self.security.credentials(caller))
-            try:
-                await client.connect()
-            except BaseException:
-                client.close()
-                raise
-        keep = False
-        try:
-            yield client
-            keep = True
-        except DanubeError as exc:
-            # A timed-out request may still be answered later: that client's next call
-            # would skip the stale reply, but a fresh client is simpler to reason about.
-            # A refused token: the caller's next call dials afresh (it may bring another).
-            keep = not isinstance(exc, Unavailable | Unauthenticated)
-            raise
-        finally:
-            self._put_back(caller, client, keep)
-
-    def _put_back(self, caller: Caller, client: AdminClient, keep: bool) -> None:
-        pool = self._idle.pop(caller, [])  # re-inserted last: the most recent caller
-        if keep and self._server is not None and len(pool) < IDLE_CLIENTS_MAX:
-            pool.append(client)
-        else:
-            client.close()
-        if pool:
-            self._idle[caller] = pool
-        while len(self._idle) > IDLE_CALLERS_MAX:
-            for stale in self._idle.pop(next(iter(self._idle))):
-                stale.close()
+        return self.admins.client(_CALLER.get())
 
 
 class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):

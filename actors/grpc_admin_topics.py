@@ -140,6 +140,11 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
             reply.schema_id = schema.schema_id
             if schema.latest_version is not None:
                 reply.schema_version = schema.latest_version
+            if schema.schema_type is not None:
+                reply.schema_type = schema.schema_type
+            if schema.compatibility is not None:
+                # Danube's DescribeTopic names the mode in capitals ("BACKWARD").
+                reply.compatibility_mode = schema.compatibility.upper()
         return reply
 
     @gateway

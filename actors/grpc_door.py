@@ -5,7 +5,8 @@
                                │  ProducerService, ConsumerService (grpc_door_services.py)
                                │  SchemaRegistry                  (grpc_door_schemas.py)
                                ▼  one native DanubeClient per gRPC producer / consumer,
-                            this broker's client port (broker.listen), as any client
+                            this broker's client port (broker.listen), as any client;
+                            SchemaRegistry's topic-binding calls: its admin port
 
 A gateway, not a second broker: every producer and consumer a Danube client creates
 here is one of ours (`client/`) attached to this broker's own client port, so topics,
@@ -36,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from danube_zmq.actors.grpc_admin_clients import AdminClients
 from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity, PerCaller, bearer_token, check_owner
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
@@ -122,13 +124,16 @@ class GrpcDoor:
     """The gRPC server of one broker. `start()` binds `listen` (http://HOST:PORT);
     `stop()` ends the calls, closes every native attachment, then the server."""
 
-    def __init__(self, *, listen: str, advertised_url: str | None, client_url: str, broker_url: str,
+    def __init__(self, *, listen: str, advertised_url: str | None, client_url: str, admin_url: str, broker_url: str,
                  attachments_max: int, metadata: RaftMetadataStore | None, rng: random.Random,
                  monotonic_ms: Callable[[], int] | None = None, security: DoorSecurity | None = None) -> None:
         self.listen = listen
         self.security = security or DoorSecurity()
         self._advertised = advertised_url
         self.native_url = native_target(client_url)
+        # SchemaRegistry's topic-binding calls are admin operations: the admin port.
+        self._admins = AdminClients(native_target(admin_url, "broker.grpc_listen", "broker.admin_listen"),
+                                    self.security, "grpc-door-schemas")
         self.broker_url = broker_url  # this broker's advertised client URL (what lookups name)
         self.attachments_max = attachments_max
         self.metadata = metadata
@@ -149,7 +154,8 @@ class GrpcDoor:
         from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
         server = grpc.aio.server()
-        self._schemas = SchemaRegistryDoor(self)
+        self._schemas = SchemaRegistryDoor(security=self.security, client_target=self.native_url,
+                                           admins=self._admins)
         spb_grpc.add_SchemaRegistryServicer_to_server(self._schemas, server)
         pb_grpc.add_DiscoveryServicer_to_server(DiscoveryDoor(self), server)
         pb_grpc.add_HealthCheckServicer_to_server(HealthDoor(self), server)
@@ -192,6 +198,7 @@ class GrpcDoor:
         if self._schemas is not None:
             await self._schemas.close()
             self._schemas = None
+        self._admins.close()
 
     async def control(self, caller: Caller, call: Callable[[DanubeClient], Any]) -> Any:
         """`call` on `caller`'s lookup client; one the broker refused is not kept."""

@@ -14,7 +14,8 @@
       +-- GrpcDoor       broker.grpc_listen: Danube's gRPC API for Danube's clients, a
                          gateway into the client port (`actors/grpc_door.py`); else absent
       +-- GrpcAdminDoor  broker.grpc_admin_listen: Danube's admin gRPC API, a gateway into
-                         the admin port (`actors/grpc_admin_door.py`); else absent
+                         the admin port, and its SchemaRegistry into the client port
+                         (`actors/grpc_admin_door.py`); else absent
       +-- InboundWatch   a child process holding what libzmq buffers of both ports' input
                          to limits.inbound_bytes_per_connection_max and inbound_bytes_max
       +-- ZapService     security.mode curve: the context's ZAP handler, started before any
@@ -187,7 +188,7 @@ class BrokerService:
         broker = self.config.broker
         assert broker.grpc_listen is not None
         door = GrpcDoor(listen=broker.grpc_listen, advertised_url=broker.grpc_advertised_url,
-                        client_url=self.client_url, broker_url=self.advertised_url,
+                        client_url=self.client_url, admin_url=self.admin_url, broker_url=self.advertised_url,
                         attachments_max=broker.grpc_attachments_max, metadata=self.metadata,
                         rng=random.Random(self.rng.getrandbits(64)), security=self._door_security())
         await door.start()
@@ -199,7 +200,8 @@ class BrokerService:
 
         listen = self.config.broker.grpc_admin_listen
         assert listen is not None
-        door = GrpcAdminDoor(listen=listen, admin_url=self.admin_url, security=self._door_security())
+        door = GrpcAdminDoor(listen=listen, admin_url=self.admin_url, client_url=self.client_url,
+                             security=self._door_security())
         await door.start()
         self._grpc_admin_door = door
         self.grpc_admin_url = door.url

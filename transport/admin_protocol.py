@@ -498,6 +498,10 @@ class TopicSchemaConfigInfo(Message):
     payload_validation: bool
     schema_id: int
     latest_version: int | None
+    # The subject's type and compatibility mode (Danube's DescribeTopic names them);
+    # None from a broker that predates them.
+    schema_type: str | None = None
+    compatibility: str | None = None
 
 
 # WAL snapshots (53-59): `danube admin snapshots ...`, answered by the snapshot actor.

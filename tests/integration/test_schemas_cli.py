@@ -70,7 +70,8 @@ def test_register_check_evolve_and_survive_a_restart(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout) == {"topic": "/default/orders", "subject": "orders", "validation_policy": "enforce",
                                           "payload_validation": True, "schema_id": first["schema_id"],
-                                          "latest_version": 2}
+                                          "latest_version": 2, "schema_type": "json_schema",
+                                          "compatibility": "backward"}
         out = danube(*admin, "configure-schema", "/default/orders", "--subject", "missing")
         assert out.returncode == 1 and "not found" in out.stderr
 

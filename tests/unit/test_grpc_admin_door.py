@@ -43,9 +43,13 @@ def test_partitions_are_listed_with_their_own_brokers() -> None:
 
 
 def test_admin_door_dials_its_own_admin_port() -> None:
-    assert GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://0.0.0.0:5").admin_target == "tcp://127.0.0.1:5"
+    door = GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://0.0.0.0:5", client_url="tcp://*:6")
+    assert (door.admin_target, door.client_target) == ("tcp://127.0.0.1:5", "tcp://127.0.0.1:6")
     with pytest.raises(InvalidArgument, match=r"broker\.grpc_admin_listen needs broker\.admin_listen"):
-        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="inproc://admin")
+        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="inproc://admin", client_url="tcp://127.0.0.1:6")
+    # Its SchemaRegistry dials the client port.
+    with pytest.raises(InvalidArgument, match=r"broker\.grpc_admin_listen needs broker\.listen"):
+        GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://127.0.0.1:5", client_url="inproc://clients")
 
 
 async def test_admin_door_url_is_https_when_it_serves_tls(tmp_path: Path) -> None:
@@ -54,7 +58,8 @@ async def test_admin_door_url_is_https_when_it_serves_tls(tmp_path: Path) -> Non
     cert, key = self_signed_cert(tmp_path)
     for security, scheme in ((DoorSecurity(), "http"),
                              (DoorSecurity(tls_cert_file=str(cert), tls_key_file=str(key)), "https")):
-        door = GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://127.0.0.1:5", security=security)
+        door = GrpcAdminDoor(listen="http://127.0.0.1:0", admin_url="tcp://127.0.0.1:5",
+                             client_url="tcp://127.0.0.1:6", security=security)
         await door.start()
         try:
             host, _, port = door.url.rpartition(":")

@@ -121,7 +121,8 @@ class _HeldProducer:
 
 def _door() -> GrpcDoor:
     return GrpcDoor(listen="http://127.0.0.1:0", advertised_url=None, client_url="tcp://127.0.0.1:1",
-                    broker_url="tcp://127.0.0.1:1", attachments_max=10, metadata=None, rng=random.Random(7))
+                    admin_url="tcp://127.0.0.1:2", broker_url="tcp://127.0.0.1:1", attachments_max=10, metadata=None,
+                    rng=random.Random(7))
 
 
 async def test_sends_awaiting_the_broker_are_bounded_in_bytes() -> None:
