@@ -130,7 +130,7 @@ class BrokerSection:
     # as a gateway into this broker's client port. Port 0 picks a free one. Default None:
     # off, nothing is bound and the gRPC modules are not even imported.
     grpc_listen: str | None = None
-    # http://HOST:PORT Danube clients are told (lookup answers, other brokers' redirects)
+    # http(s)://HOST:PORT Danube clients are told (lookup answers, other brokers' redirects)
     # when grpc_listen is not reachable as written. Default None: the bound address.
     grpc_advertised_url: str | None = None
     # Producers and consumers the gRPC door holds at once (each is one attachment on the
@@ -176,7 +176,9 @@ class BrokerSection:
         if self.grpc_listen is not None:
             _check_http_endpoint("broker.grpc_listen", self.grpc_listen)
         if self.grpc_advertised_url is not None:
-            _check_http_endpoint("broker.grpc_advertised_url", self.grpc_advertised_url)
+            # https:// for a door serving TLS (or behind a proxy that does): Danube's
+            # tools pick TLS from the scheme they are told.
+            _check_http_endpoint("broker.grpc_advertised_url", self.grpc_advertised_url, ("http", "https"))
         _check_range("broker.grpc_attachments_max", self.grpc_attachments_max, 1, 100_000)
         if self.grpc_admin_listen is not None:
             _check_http_endpoint("broker.grpc_admin_listen", self.grpc_admin_listen)
@@ -1110,12 +1112,15 @@ def _check_endpoint(key: str, endpoint: str) -> None:
             )
 
 
-def _check_http_endpoint(key: str, endpoint: str) -> None:
-    """A gRPC address as Danube's clients are given one: http://HOST:PORT."""
-    host, colon, port = endpoint.removeprefix("http://").rpartition(":")
+def _check_http_endpoint(key: str, endpoint: str, schemes: tuple[str, ...] = ("http",)) -> None:
+    """A gRPC address as Danube's clients are given one: http://HOST:PORT (or another of
+    `schemes`)."""
+    scheme, sep, rest = endpoint.partition("://")
+    host, colon, port = rest.rpartition(":")
     port_ok = port.isascii() and port.isdigit() and int(port) <= _PORT_MAX
-    if not (endpoint.startswith("http://") and colon and host and port_ok) or "/" in host:
-        raise _error(key, f"expected http://HOST:PORT with PORT 0..{_PORT_MAX}, got {endpoint!r}")
+    if not (sep and scheme in schemes and colon and host and port_ok) or "/" in host:
+        shown = "|".join(schemes)
+        raise _error(key, f"expected {shown}://HOST:PORT with PORT 0..{_PORT_MAX}, got {endpoint!r}")
 
 
 # --------------------------------------------------------------------------

@@ -588,9 +588,20 @@ def test_grpc_door_is_off_by_default() -> None:
                                       "http://:6651", "http://127.0.0.1:99999", "http://h/x:1"])
 def test_bad_grpc_endpoints(endpoint: str) -> None:
     """The gRPC door's addresses are http://HOST:PORT, as Danube's clients are given them."""
-    for key in ("broker.grpc_listen", "broker.grpc_advertised_url", "broker.grpc_admin_listen"):
+    for key in ("broker.grpc_listen", "broker.grpc_admin_listen"):
         message = load_error(overrides={key: endpoint})
         assert message.startswith(f"config key {key!r}: expected http://HOST:PORT"), message
+    message = load_error(overrides={"broker.grpc_advertised_url": endpoint})
+    assert message.startswith("config key 'broker.grpc_advertised_url': expected http|https://HOST:PORT"), message
+
+
+def test_grpc_advertised_url_may_say_https() -> None:
+    """A door serving TLS is advertised as https:// (Danube's tools pick TLS from the
+    scheme they are told); it binds http://HOST:PORT all the same."""
+    overrides = {"broker.grpc_listen": "http://0.0.0.0:6651", "broker.grpc_advertised_url": "https://b1.example:6651"}
+    assert load_config(env={}, overrides=overrides).broker.grpc_advertised_url == "https://b1.example:6651"
+    message = load_error(overrides={**overrides, "broker.grpc_listen": "https://0.0.0.0:6651"})
+    assert message.startswith("config key 'broker.grpc_listen': expected http://HOST:PORT"), message
 
 
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:0", "http://0.0.0.0:6651", "http://[::1]:6651"])
