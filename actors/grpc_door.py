@@ -4,6 +4,7 @@
                                │  Discovery, HealthCheck          (this module)
                                │  ProducerService, ConsumerService (grpc_door_services.py)
                                │  SchemaRegistry                  (grpc_door_schemas.py)
+                               │  StorageService                  (grpc_door_storage.py)
                                ▼  one native DanubeClient per gRPC producer / consumer,
                             this broker's client port (broker.listen), as any client;
                             SchemaRegistry's topic-binding calls: its admin port
@@ -151,6 +152,7 @@ class GrpcDoor:
     async def start(self) -> None:
         from danube_zmq.actors.grpc_door_schemas import SchemaRegistryDoor
         from danube_zmq.actors.grpc_door_services import ConsumerDoor, ProducerDoor
+        from danube_zmq.actors.grpc_door_storage import StorageDoor
         from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
         server = grpc.aio.server()
@@ -161,6 +163,7 @@ class GrpcDoor:
         pb_grpc.add_HealthCheckServicer_to_server(HealthDoor(self), server)
         pb_grpc.add_ProducerServiceServicer_to_server(ProducerDoor(self), server)
         pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerDoor(self), server)
+        pb_grpc.add_StorageServiceServicer_to_server(StorageDoor(self), server)
         host, _, port = self.listen.removeprefix("http://").rpartition(":")
         bound = self.security.bind(server, f"{host}:{port}", "broker.grpc_listen")
         if bound == 0:

@@ -196,3 +196,21 @@ async def test_admin_door_takes_the_callers_token(doors: SecuredDoors) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await brokers.ListNamespaces(apb.Empty(), metadata=bearer(doors.bob))
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_storage_service_is_the_brokers_to_allow(doors: SecuredDoors) -> None:
+    """Danube's StorageService skips RBAC; ours lists a topic's segments only to a caller
+    the broker lets look the topic up."""
+    topic = "/default/secured-storage"
+    async with doors.channel() as channel:
+        await pb_grpc.ProducerServiceStub(channel).CreateProducer(
+            pb.ProducerRequest(request_id=1, producer_name="p", topic_name=topic), metadata=bearer(doors.alice))
+        storage = pb_grpc.StorageServiceStub(channel)
+        listing = pb.ListSegmentDescriptorsRequest(topic=topic)
+        answer = await storage.ListSegmentDescriptors(listing, metadata=bearer(doors.alice))
+        assert list(answer.segments) == []  # local storage mode: nothing uploaded
+        for metadata, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                               (bearer(doors.bob), grpc.StatusCode.PERMISSION_DENIED)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await storage.ListSegmentDescriptors(listing, metadata=metadata)
+            assert refused.value.code() == code, (metadata, refused.value.details())
