@@ -145,6 +145,8 @@ class DoorConsumer(Attachment):
         carried, self.carried = self.carried, None
         if carried is not None:
             return carried
+        if consumer.queued:
+            return await consumer.receive()  # no wait: nothing for a takeover to interrupt
         receive = asyncio.ensure_future(consumer.receive())
         try:
             await asyncio.wait((receive, stream.ended), return_when=asyncio.FIRST_COMPLETED)
