@@ -21,7 +21,10 @@ native attachment a Danube producer or consumer id stands for.
 2. Errors map onto Danube's gRPC codes (`GRPC_STATUS`): UNAVAILABLE makes Danube's
    client look up again, PERMISSION_DENIED is the Exclusive conflict (CONSUMER_BUSY).
 3. Danube's API has no close for producers or consumers: an attachment that has had
-   no call, no health check and no open stream for `IDLE_MS` is closed (`_reap`).
+   no call, no health check and no open stream for `IDLE_MS` is closed (`_reap`). A
+   consumer whose stream ended (its client closed it or died) gives its place in the
+   subscription up sooner, as Danube's broker marks it inactive at once
+   (`DoorConsumer.tick`, actors/grpc_door_services.py).
 4. Security (`actors/grpc_door_auth.py`): every native connection is the caller's own,
    dialed with their bearer token; a producer or consumer answers only calls with the
    token that created it.
@@ -54,7 +57,9 @@ log = logging.getLogger("danube_zmq.grpc_door")
 # mean the client is gone (its process died or it closed without telling: the API has
 # no close).
 IDLE_MS = 15_000
-_REAP_EVERY_S = 5.0
+# Also how often attachments are asked to tidy up (`Attachment.tick`): a consumer's lost
+# stream is noticed within this of its grace running out.
+_REAP_EVERY_S = 0.5
 # Callers whose lookup connection is kept open (`PerCaller`).
 CONTROL_CLIENTS_MAX = 64
 
@@ -114,10 +119,19 @@ class Attachment:
     def __init__(self, client: DanubeClient, now_ms: int, owner: Caller = None) -> None:
         self.client = client
         self.last_seen_ms = now_ms
-        self.streams = 0
         self.owner = owner  # the token it was created with
+        self.closed = False
+
+    def busy(self) -> bool:
+        """True while a call that outlives a request (a consumer's stream) is open: the
+        attachment is not idle whatever `last_seen_ms` says."""
+        return False
+
+    async def tick(self, now_ms: int) -> None:
+        """Called by the reaper every `_REAP_EVERY_S` while the attachment is kept."""
 
     async def close(self) -> None:
+        self.closed = True
         await self.client.close()
 
 
@@ -235,14 +249,22 @@ class GrpcDoor:
         while True:
             await asyncio.sleep(_REAP_EVERY_S)
             now = self.monotonic_ms()
-            idle = [(i, a) for i, a in self.attachments.items() if a.streams == 0 and now - a.last_seen_ms > IDLE_MS]
-            for attachment_id, attachment in idle:
-                self.attachments.pop(attachment_id, None)
+            for attachment_id, attachment in list(self.attachments.items()):
+                if attachment.busy() or now - attachment.last_seen_ms <= IDLE_MS:
+                    await attachment.tick(now)
+                    continue
                 log.info("closing idle gRPC attachment %d (%r)", attachment_id, attachment)
-                try:
-                    await attachment.close()
-                except DanubeError as exc:
-                    log.warning("closing idle gRPC attachment %d: %s", attachment_id, exc)
+                await self.drop(attachment_id)
+
+    async def drop(self, attachment_id: int) -> None:
+        """Forget and close an attachment (health checks then answer CLOSE for its id)."""
+        attachment = self.attachments.pop(attachment_id, None)
+        if attachment is None:
+            return
+        try:
+            await attachment.close()
+        except DanubeError as exc:
+            log.warning("closing gRPC attachment %d: %s", attachment_id, exc)
 
     # ---------------------------------------------------------------- lookups
 

@@ -12,10 +12,22 @@ slow reader), the native inbox holds at most `RECEIVER_QUEUE_SIZE`, and the brok
 delivers only within the permits that inbox gives back. `Ack` and `Nack` name a message
 by topic, offset and subscription (no consumer id), so each consumer remembers what it
 handed out (bounded: `DELIVERED_MAX`) to find the consumer a message came from.
+
+A consumer has one stream at a time, as on Danube's broker: a newer `ReceiveMessages`
+(or `Subscribe` under the same name) ends the open one, which finishes with status OK.
+A stream that ends with no successor (the client closed the consumer, or died) leaves
+the consumer `STREAM_GRACE_MS` to come back; then the door closes its native consumer
+(detached), so the broker hands an Exclusive or Failover place to the next consumer and
+redelivers what it had not acknowledged. The Danube id stays: a later stream or
+`Subscribe` attaches a native consumer again (at the end of a Failover line).
+
+Publish times are the Danube producer's (`StreamMessage.publish_time`, ms since the
+epoch), as Danube's broker keeps them; 0 means none given (the door's clock stamps it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -45,6 +57,12 @@ DELIVERED_MAX = 10_000
 # call is answered RESOURCE_EXHAUSTED at once (Danube's client backs off and retries)
 # rather than held, so concurrent calls cannot pile up payloads without bound.
 SENDING_BYTES_MAX = 64 * 1024 * 1024
+# A consumer whose stream ended with no successor keeps its place this long. Danube's
+# client opens a new stream at once when one breaks (no backoff), so one still running is
+# back well within it; past it the door closes the native consumer, as Danube's broker
+# marks a consumer without a stream inactive at once (freeing the place, not losing one
+# that merely reconnects: that is what the grace buys over Danube's "at once").
+STREAM_GRACE_MS = 2_000
 
 
 class DoorProducer(Attachment):
@@ -56,20 +74,135 @@ class DoorProducer(Attachment):
         return f"<DoorProducer {self.producer.name} on {self.producer.topic}>"
 
 
+class _Stream:
+    """One `ReceiveMessages` call of a consumer; `ended` is done once a newer call (or a
+    `Subscribe` under the consumer's name) took over."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self) -> None:
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def end(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
 class DoorConsumer(Attachment):
-    def __init__(self, client: Any, consumer: Consumer, now_ms: int, owner: Caller) -> None:
+    """A Danube consumer id: its subscription, and the native consumer standing for it
+    (None while detached: its stream was lost for `STREAM_GRACE_MS`)."""
+
+    def __init__(self, client: Any, consumer: Consumer, now_ms: int, owner: Caller,
+                 options: dict[str, Any]) -> None:
         super().__init__(client, now_ms, owner)
-        self.consumer = consumer
+        self.consumer: Consumer | None = consumer
+        self.options = options  # `client.subscribe`'s arguments: how to attach again
         self.delivered: OrderedDict[tuple[str, int], MessageId] = OrderedDict()
+        self.stream: _Stream | None = None  # the open stream: at most one
+        self.stream_lost_ms: int | None = None  # when the last stream ended with no successor
+        # A message taken from the native consumer for a stream that ended before sending
+        # it: the next stream sends it first. At most one, since one stream runs at a time.
+        self.carried: Message | None = None
+        self._attaching = asyncio.Lock()  # attach and detach are awaited: one at a time
+
+    @property
+    def names(self) -> tuple[str, str, str]:
+        o = self.options
+        return o["topic"], o["subscription"], o["consumer_name"]
+
+    def busy(self) -> bool:
+        return self.stream is not None
 
     def remember(self, message: Message) -> None:
         self.delivered[(message.topic, message.offset)] = message.message_id
         if len(self.delivered) > DELIVERED_MAX:
             self.delivered.popitem(last=False)
 
+    # ------------------------------------------------------------ streams
+    def open_stream(self) -> _Stream:
+        """The consumer's new stream; the one open until now ends (Danube: the newest
+        stream takes over)."""
+        if self.stream is not None:
+            self.stream.end()
+        self.stream = _Stream()
+        self.stream_lost_ms = None
+        return self.stream
+
+    def end_stream(self) -> None:
+        if self.stream is not None:
+            self.stream.end()
+
+    def stream_ended(self, stream: _Stream, now_ms: int) -> None:
+        self.last_seen_ms = now_ms
+        if self.stream is stream:  # no successor: the grace starts
+            self.stream = None
+            self.stream_lost_ms = now_ms
+
+    async def next_message(self, stream: _Stream, consumer: Consumer) -> Message | None:
+        """The next message for `stream`, None once another stream took over."""
+        if stream.ended.done():
+            return None
+        carried, self.carried = self.carried, None
+        if carried is not None:
+            return carried
+        if consumer.queued:
+            return await consumer.receive()  # no wait: nothing for a takeover to interrupt
+        receive = asyncio.ensure_future(consumer.receive())
+        try:
+            await asyncio.wait((receive, stream.ended), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the client went away
+            self._carry(receive)
+            raise
+        if stream.ended.done():
+            self._carry(receive)
+            return None
+        return receive.result()
+
+    def _carry(self, receive: asyncio.Future[Message]) -> None:
+        """What `receive` took goes to the next stream; a receive still waiting is
+        cancelled (the native inbox gives nothing up to a cancelled wait)."""
+        if not receive.done():
+            receive.cancel()
+        elif not receive.cancelled() and receive.exception() is None:
+            assert self.carried is None, "one stream at a time carries at most one message"
+            self.carried = receive.result()
+
+    # ------------------------------------------------------------ attach, detach
+    async def attached(self) -> Consumer:
+        """The native consumer; subscribed again if the consumer was detached."""
+        async with self._attaching:
+            if self.closed:
+                raise NotFound(f"consumer {self.options['consumer_name']} is closed")
+            if self.consumer is None:
+                self.consumer = await self.client.subscribe(**self.options)
+            return self.consumer
+
+    async def tick(self, now_ms: int) -> None:
+        lost = self.stream_lost_ms
+        if self.stream is None and lost is not None and now_ms - lost >= STREAM_GRACE_MS:
+            await self.detach()
+
+    async def detach(self) -> None:
+        """Close the native consumer (its stream is gone): the broker gives its place to
+        the next consumer and redelivers what it had not acknowledged."""
+        async with self._attaching:
+            consumer = self.consumer
+            if self.stream is not None or consumer is None or self.closed:
+                return
+            self.consumer, self.carried, self.stream_lost_ms = None, None, None
+            log.info("gRPC consumer %r: no stream for %d ms, detached", self, STREAM_GRACE_MS)
+            try:
+                await consumer.close()
+            except DanubeError as exc:
+                log.warning("gRPC consumer %r: closing its native consumer: %s", self, exc)
+
+    async def close(self) -> None:
+        self.end_stream()
+        await super().close()
+
     def __repr__(self) -> str:
-        c = self.consumer
-        return f"<DoorConsumer {c.consumer_name} of {c.subscription} on {c.topic}>"
+        topic, subscription, name = self.names
+        return f"<DoorConsumer {name} of {subscription} on {topic}>"
 
 
 def _check_room(door: GrpcDoor) -> None:
@@ -153,8 +286,10 @@ class ProducerDoor(pb_grpc.ProducerServiceServicer):
                 f" (at most {SENDING_BYTES_MAX}): retry"))
         self.door.sending_bytes += size
         try:
+            # The Danube producer's publish time, as Danube's broker keeps it (0: none given).
             await attachment.producer.send(request.payload, key=request.routing_key or None,
-                                           attributes=dict(request.attributes) or None)
+                                           attributes=dict(request.attributes) or None,
+                                           publish_time=request.publish_time or None)
         except DanubeError as exc:
             await abort_with(context, exc)
         finally:
@@ -175,11 +310,16 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         door = self.door
         caller = await caller_of(context, self.door.security)
         for attachment_id, a in self._consumers(caller):
-            c = a.consumer
-            if (c.topic, c.subscription, c.consumer_name) == (request.topic_name, request.subscription,
-                                                               request.consumer_name):
-                # Danube: the same consumer name subscribing again is a reconnect.
+            if a.names == (request.topic_name, request.subscription, request.consumer_name):
+                # Danube: the same consumer name subscribing again is a reconnect; it takes
+                # over (the open stream ends) and is active again at once.
                 door.touch(attachment_id, caller)
+                a.end_stream()
+                try:
+                    await a.attached()
+                except DanubeError as exc:
+                    await door.drop(attachment_id)
+                    await abort_with(context, exc)
                 return pb.ConsumerResponse(request_id=request.request_id, consumer_id=attachment_id,
                                            consumer_name=request.consumer_name)
         client = None
@@ -188,10 +328,10 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
                 raise InvalidArgument("consumer_name and subscription must not be empty")
             _check_room(door)
             client = door.native_client(f"grpc-consumer-{request.consumer_name}", caller)
-            consumer = await client.subscribe(
-                request.topic_name, request.subscription, sub_type=SubType(int(request.subscription_type)),
-                consumer_name=request.consumer_name, key_filters=list(request.key_filters) or None,
-                receiver_queue_size=RECEIVER_QUEUE_SIZE)
+            options = {"topic": request.topic_name, "subscription": request.subscription,
+                       "sub_type": SubType(int(request.subscription_type)), "consumer_name": request.consumer_name,
+                       "key_filters": list(request.key_filters) or None, "receiver_queue_size": RECEIVER_QUEUE_SIZE}
+            consumer = await client.subscribe(**options)
         except DanubeError as exc:
             if client is not None:
                 await client.close()
@@ -202,40 +342,48 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown subscription_type {request.subscription_type}")
         consumer_id = door.new_id()
-        door.attachments[consumer_id] = DoorConsumer(client, consumer, door.monotonic_ms(), caller)
+        door.attachments[consumer_id] = DoorConsumer(client, consumer, door.monotonic_ms(), caller, options)
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=consumer_id,
                                    consumer_name=request.consumer_name)
 
     async def ReceiveMessages(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        attachment = await _attachment(self.door, request.consumer_id, context)
+        door = self.door
+        attachment = await _attachment(door, request.consumer_id, context)
         if not isinstance(attachment, DoorConsumer):
             await abort_with(context, NotFound(f"no consumer {request.consumer_id} on this gRPC door"))
-        attachment.streams += 1
-        consumer = attachment.consumer
+        stream = attachment.open_stream()
         try:
-            while True:
-                try:
-                    message = await consumer.receive()
-                except DanubeError as exc:
-                    await abort_with(context, exc)
-                attachment.remember(message)
-                attachment.last_seen_ms = self.door.monotonic_ms()
-                yield _stream_message(message, consumer.subscription, self.door.url)
+            try:
+                consumer = await attachment.attached()
+                while True:
+                    message = await attachment.next_message(stream, consumer)
+                    if message is None:
+                        return  # another stream took over: Danube ends this one with no error
+                    attachment.remember(message)
+                    attachment.last_seen_ms = door.monotonic_ms()
+                    yield _stream_message(message, consumer.subscription, door.url)
+            except DanubeError as exc:
+                # Attaching again failed (another consumer holds the Exclusive place) or
+                # the native consumer cannot go on: the door forgets the id, its health
+                # check answers CLOSE, and Danube's client subscribes again, meeting the
+                # error there instead of reopening this stream in a loop.
+                await door.drop(request.consumer_id)
+                await abort_with(context, exc)
         finally:
-            attachment.streams -= 1
-            attachment.last_seen_ms = self.door.monotonic_ms()
+            attachment.stream_ended(stream, door.monotonic_ms())
 
-    def _owner(self, msg_id: Any, subscription: str, caller: Caller) -> tuple[DoorConsumer, MessageId] | None:
+    def _owner(self, msg_id: Any, subscription: str, caller: Caller) -> tuple[Consumer, MessageId] | None:
         key = (msg_id.topic_name, msg_id.topic_offset)
         fallback = None
         for _, a in self._consumers(caller):
             c = a.consumer
-            if c.subscription != subscription or msg_id.topic_name not in c.partitions:
+            # A detached consumer acks nothing: the broker redelivers what it held anyway.
+            if c is None or c.subscription != subscription or msg_id.topic_name not in c.partitions:
                 continue
             remembered = a.delivered.pop(key, None)
             if remembered is not None:
-                return a, remembered
-            fallback = fallback or a
+                return c, remembered
+            fallback = fallback or c
         if fallback is None:
             return None
         return fallback, MessageId(msg_id.topic_name, msg_id.topic_offset, msg_id.producer_id)
@@ -245,9 +393,9 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         if found is None:
             await abort_with(context, NotFound(f"no consumer of subscription {request.subscription_name!r}"
                                                   f" on {request.msg_id.topic_name} on this gRPC door"))
-        attachment, message = found
+        consumer, message = found
         try:
-            await attachment.consumer.ack(message)
+            await consumer.ack(message)
         except DanubeError as exc:
             await abort_with(context, exc)
         return pb.AckResponse(request_id=request.request_id)
@@ -257,10 +405,10 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         if found is None:
             await abort_with(context, NotFound(f"no consumer of subscription {request.subscription_name!r}"
                                                   f" on {request.msg_id.topic_name} on this gRPC door"))
-        attachment, message = found
+        consumer, message = found
         delay_ms = request.delay_ms if request.HasField("delay_ms") else None
         try:
-            await attachment.consumer.nack(message, delay_ms)
+            await consumer.nack(message, delay_ms)
         except DanubeError as exc:
             await abort_with(context, exc)
         return pb.NackResponse(request_id=request.request_id)

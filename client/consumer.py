@@ -269,6 +269,11 @@ class Consumer:
     def partitions(self) -> list[str]:
         return [p.topic for p in self._partitions]
 
+    @property
+    def queued(self) -> int:
+        """Messages in the receive queue now: `receive` waits for none while this is > 0."""
+        return self._inbox.size
+
     def statistics(self) -> ConsumerStatistics:
         return ConsumerStatistics(
             topic=self.topic,

@@ -43,6 +43,7 @@ from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.routing import RoundRobin, partition_for_key
 from danube_zmq.client.schema_cache import CachedSchema
 from danube_zmq.transport.client_protocol import (
+    PUBLISH_TIME_MS_MAX,
     CloseProducer,
     CreateProducer,
     DispatchStrategy,
@@ -115,6 +116,16 @@ class ProducerStatistics:
     batches_sent: int
     send_retries: int
     reattaches: int
+
+
+def _check_publish_time(publish_time: int | None) -> int | None:
+    """A given publish time, checked; None when none is given (0 too: stamp now)."""
+    if publish_time is None:
+        return None
+    if type(publish_time) is not int or not 0 <= publish_time <= PUBLISH_TIME_MS_MAX:
+        raise InvalidArgument(f"publish_time must be an int of ms since the epoch, 0..{PUBLISH_TIME_MS_MAX}"
+                              f" (the end of year 9999), not {publish_time!r}")
+    return publish_time or None
 
 
 class _Batch:
@@ -321,18 +332,24 @@ class Producer:
     # ---------------------------------------------------------------- sending
 
     async def send(
-        self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None
+        self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
+        publish_time: int | None = None,
     ) -> MessageId:
         """Publish one message and wait for the broker's receipt. Waits for room when
         `pending_messages_max` messages are already pending (backpressure). Without a
         schema `payload` is bytes or str (UTF-8); with one, bytes are sent as they are and
-        any other value is encoded with the producer's schema version."""
+        any other value is encoded with the producer's schema version.
+
+        `publish_time` (ms since the epoch, 0..`PUBLISH_TIME_MS_MAX`): the message's
+        publish time when it was stamped elsewhere (a gateway passing on its own
+        client's); None or 0 stamps it now, as every message is by default."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
+        stamped = _check_publish_time(publish_time)
         await self._budget.take()
         if self._closing:
             self._budget.give(1)
             raise AlreadyClosed(f"producer {self.name} is closed")
-        return await partition.add(payload_bytes, key, attrs, None)
+        return await partition.add(payload_bytes, key, attrs, None, stamped)
 
     def send_nowait(
         self,
@@ -341,17 +358,20 @@ class Producer:
         key: str | None = None,
         attributes: Mapping[str, str] | None = None,
         callback: SendCallback | None = None,
+        publish_time: int | None = None,
     ) -> PendingSend:
         """Queue one message and return its `PendingSend` at once (await it for the
         `MessageId`); raise `ProducerQueueFull` when `pending_messages_max` messages are
         already pending. `callback(error, message_id)`, if given, runs when the receipt
-        (or the failure) arrives; a partition's callbacks run in send order."""
+        (or the failure) arrives; a partition's callbacks run in send order. `publish_time`
+        as for `send`."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
+        stamped = _check_publish_time(publish_time)
         if not self._budget.try_take():
             raise ProducerQueueFull(
                 f"producer {self.name} has {self.pending_messages_max} messages pending (pending_messages_max)"
             )
-        return partition.add(payload_bytes, key, attrs, callback)
+        return partition.add(payload_bytes, key, attrs, callback, stamped)
 
     def _prepare(
         self, payload: Any, key: Any, attributes: Any
@@ -538,7 +558,7 @@ class _PartitionProducer(Attachment):
         return self._frame_room
 
     def add(self, payload: bytes, key: str | None, attributes: dict[str, str] | None,
-            callback: SendCallback | None) -> PendingSend:
+            callback: SendCallback | None, publish_time: int | None = None) -> PendingSend:
         if self.connection is not self._limits_of:
             self._limits()
         size = entry_bytes(payload, key, attributes)
@@ -559,7 +579,7 @@ class _PartitionProducer(Attachment):
                 self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
         index = len(batch.payloads)
         batch.payloads.append(payload)
-        batch.publish_times.append(self._now_ms())
+        batch.publish_times.append(publish_time or self._now_ms())
         if key is not None:
             if batch.keys is None:
                 batch.keys = [None] * index

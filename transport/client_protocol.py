@@ -14,6 +14,12 @@ from __future__ import annotations
 from danube_zmq.transport.codec import Message, Protocol, Struct, peek_ints, wire
 from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Connect, Enum, Ping
 
+# A publish time is ms since the epoch, stamped by the producer (its clock, not the
+# broker's), at most the last ms of year 9999: the largest a `datetime` holds, and well
+# inside the int64 microseconds of backlog reports and snapshot Parquet files. The topic
+# refuses a `Send` with a time outside 0..PUBLISH_TIME_MS_MAX (INVALID_ARGUMENT).
+PUBLISH_TIME_MS_MAX = 253_402_300_799_999
+
 
 class DispatchStrategy(Enum):
     NON_RELIABLE = 0

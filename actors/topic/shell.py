@@ -341,6 +341,12 @@ class TopicActor(Actor):
                 or _column_mismatch(msg.attributes, count):
             raise InvalidArgument("a Send needs at least one message and one entry per message"
                                   " in publish_times (and in keys/attributes when given)")
+        # Producers stamp publish times with their own clocks (ours, and Danube's through
+        # the gRPC door): a wild one must not reach the WAL, where snapshots, reports and
+        # seeks by time read it. Two passes in C over a list the batch carries anyway.
+        if min(msg.publish_times) < 0 or max(msg.publish_times) > cp.PUBLISH_TIME_MS_MAX:
+            raise InvalidArgument(f"publish_time must be ms since the epoch, 0..{cp.PUBLISH_TIME_MS_MAX}"
+                                  " (the end of year 9999)")
         size_max = self.policies.max_message_size
         # The whole frame is smaller than the limit in the common case: no per-message check.
         if len(req.frame) > size_max:

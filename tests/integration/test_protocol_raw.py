@@ -251,6 +251,8 @@ BAD_BATCHES = {
     "no messages": ([], []),
     "publish_times short": ([b"a", b"b"], [0]),
     "publish time as str": ([b"a"], ["noon"]),
+    "publish time negative": ([b"a", b"b"], [1_700_000_000_000, -1]),
+    "publish time past year 9999": ([b"a"], [253_402_300_800_000]),
 }
 
 

@@ -12,7 +12,13 @@ import msgpack
 import pytest
 
 from danube_zmq.actors.grpc_door import GRPC_STATUS, GrpcDoor, native_target
-from danube_zmq.actors.grpc_door_services import SENDING_BYTES_MAX, DoorConsumer, DoorProducer, ProducerDoor
+from danube_zmq.actors.grpc_door_services import (
+    SENDING_BYTES_MAX,
+    STREAM_GRACE_MS,
+    DoorConsumer,
+    DoorProducer,
+    ProducerDoor,
+)
 from danube_zmq.client.message import Message, MessageId
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
@@ -154,9 +160,75 @@ async def test_sends_awaiting_the_broker_are_bounded_in_bytes() -> None:
 def test_a_door_consumer_remembers_ids_not_payloads() -> None:
     """What a door consumer keeps to route Danube's Ack/Nack is the message's id: a
     payload is never held past its delivery."""
-    consumer = DoorConsumer(_Client(), None, 0, None)  # type: ignore[arg-type]
+    consumer = DoorConsumer(_Client(), None, 0, None, {})  # type: ignore[arg-type]
     message = Message(topic="/default/t", offset=3, producer_id=9, payload=b"y" * 1_000_000, publish_time=0,
                       producer_name="p", attributes={})
     consumer.remember(message)
     assert list(consumer.delivered.values()) == [MessageId("/default/t", 3, 9)]
     assert type(next(iter(consumer.delivered.values()))) is MessageId
+
+
+class _Native:
+    """A native consumer fed by the test: `receive` waits on a queue."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[str] = asyncio.Queue()
+        self.closed = False
+
+    @property
+    def queued(self) -> int:
+        return 0  # always the waiting path, where a takeover can land
+
+    async def receive(self) -> str:
+        return await self.inbox.get()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_message_taken_as_its_stream_is_replaced_goes_to_the_next_stream() -> None:
+    """The native receive and the takeover complete in the same turn: the old stream
+    ends (None) and the message it took is the new stream's first, not lost."""
+    native = _Native()
+    consumer = DoorConsumer(_Client(), native, 0, None, {})  # type: ignore[arg-type]
+    first = consumer.open_stream()
+    waiting = asyncio.ensure_future(consumer.next_message(first, native))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    native.inbox.put_nowait("m1")
+    second = consumer.open_stream()
+    assert await waiting is None
+    consumer.stream_ended(first, 1)
+    assert consumer.stream is second and consumer.stream_lost_ms is None  # replaced, not lost
+    native.inbox.put_nowait("m2")
+    assert [await consumer.next_message(second, native), await consumer.next_message(second, native)] == [  # type: ignore[arg-type]
+        "m1", "m2"]
+
+
+async def test_a_message_taken_as_the_client_leaves_waits_for_its_next_stream() -> None:
+    """The client cancels the stream while the native receive has just taken a message:
+    the message is kept for the consumer's next stream."""
+    native = _Native()
+    consumer = DoorConsumer(_Client(), native, 0, None, {})  # type: ignore[arg-type]
+    stream = consumer.open_stream()
+    waiting = asyncio.ensure_future(consumer.next_message(stream, native))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    native.inbox.put_nowait("m1")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    consumer.stream_ended(stream, 1)
+    assert await consumer.next_message(consumer.open_stream(), native) == "m1"  # type: ignore[arg-type]
+
+
+async def test_a_lost_stream_detaches_its_consumer_after_the_grace_only() -> None:
+    """No stream for less than STREAM_GRACE_MS: the native consumer stays; past it, it is
+    closed (the broker then hands its place on) and the consumer is detached."""
+    native = _Native()
+    consumer = DoorConsumer(_Client(), native, 0, None, {})  # type: ignore[arg-type]
+    stream = consumer.open_stream()
+    consumer.stream_ended(stream, 1_000)
+    assert not consumer.busy()
+    await consumer.tick(1_000 + STREAM_GRACE_MS - 1)
+    assert consumer.consumer is native and not native.closed
+    await consumer.tick(1_000 + STREAM_GRACE_MS)
+    assert consumer.consumer is None and native.closed
