@@ -359,9 +359,13 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
                     message = await attachment.next_message(stream, consumer)
                     if message is None:
                         return  # another stream took over: Danube ends this one with no error
-                    attachment.remember(message)
+                    # Danube's non-reliable messages carry topic offset 0 (nothing is
+                    # stored; danube-cli tells them apart by it) and need no ack to route.
+                    stored = consumer.reliable is not False
+                    if stored:
+                        attachment.remember(message)
                     attachment.last_seen_ms = door.monotonic_ms()
-                    yield _stream_message(message, consumer.subscription, door.url)
+                    yield _stream_message(message, consumer.subscription, door.url, stored)
             except DanubeError as exc:
                 # Attaching again failed (another consumer holds the Exclusive place) or
                 # the native consumer cannot go on: the door forgets the id, its health
@@ -424,11 +428,11 @@ async def _attachment(door: GrpcDoor, attachment_id: int, context: grpc.aio.Serv
         await abort_with(context, exc)
 
 
-def _stream_message(message: Message, subscription: str, broker_addr: str) -> Any:
+def _stream_message(message: Message, subscription: str, broker_addr: str, stored: bool = True) -> Any:
     out = pb.StreamMessage(
         request_id=message.offset,
         msg_id=pb.MsgID(producer_id=message.producer_id, topic_name=message.topic, broker_addr=broker_addr,
-                        topic_offset=message.offset),
+                        topic_offset=message.offset if stored else 0),
         payload=message.payload, publish_time=message.publish_time, producer_name=message.producer_name,
         subscription_name=subscription, attributes=dict(message.attributes))
     if message.key is not None:

@@ -270,6 +270,14 @@ class Consumer:
         return [p.topic for p in self._partitions]
 
     @property
+    def reliable(self) -> bool | None:
+        """Whether the topic is reliable (its messages are stored and need acks), as the
+        broker said when the consumer attached; None before that, or from a broker that
+        does not say."""
+        said = {p.reliable for p in self._partitions}
+        return said.pop() if len(said) == 1 else None
+
+    @property
     def queued(self) -> int:
         """Messages in the receive queue now: `receive` waits for none while this is > 0."""
         return self._inbox.size
@@ -491,6 +499,7 @@ class _PartitionConsumer(Attachment):
         self.window = window
         self.flow_threshold = max(1, window // 2)
         self.consumer_id: int | None = None
+        self.reliable: bool | None = None  # as the broker said at the last attach
         # Permit accounting. Invariant (per attach): permits the broker holds + `queued`
         # <= window, because we only grant back what the application has taken.
         self.queued = 0
@@ -530,6 +539,7 @@ class _PartitionConsumer(Attachment):
         if not isinstance(reply, Subscribed):
             raise InternalError(f"broker answered Subscribe with {type(reply).__name__}")
         self.consumer_id = reply.consumer_id
+        self.reliable = reply.reliable
         connection.register_consumer(reply.consumer_id, self)
         # A new broker-side consumer holds no permits: grant the room the queue has.
         self.unflowed = 0

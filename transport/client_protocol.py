@@ -208,6 +208,9 @@ class Subscribed(Message):
     consumer_id: int
     consumer_name: str
     topic: str
+    # Whether the topic stores messages (reliable dispatch). None: a broker from before
+    # the field, which did not say.
+    reliable: bool | None = None
 
 
 @wire

@@ -183,7 +183,8 @@ class SubscriptionActor(Actor):
         self.consumers[consumer.consumer_id] = consumer
         self.rule.add_consumer(consumer.consumer_id, consumer.name, filters)
         subscribed = cp.Subscribed(request_id=request.request_id, consumer_id=consumer.consumer_id,
-                                   consumer_name=consumer.name, topic=self.topic)
+                                   consumer_name=consumer.name, topic=self.topic,
+                                   reliable=isinstance(self.delivery, TrackedDelivery))
         self.system.tell(self.system.gateway_endpoint, ConsumerAttached(
             identity=msg.identity, consumer_id=consumer.consumer_id, endpoint=self.endpoint,
             reply=cp.CLIENT_PROTOCOL.encode(subscribed), topic=self.topic))

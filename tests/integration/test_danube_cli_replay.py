@@ -225,11 +225,6 @@ def _printed_as(messages: list[Any]) -> list[tuple[str, bytes]]:
     return printed
 
 
-# Differs from Danube (docs/danube-compat.md, "Danube's CLIs"): a non-reliable message
-# through our door carries its topic offset (Danube's carry 0), so danube-cli prints it
-# in its reliable form and the Rust test's grep for "Received message: <payload>" does
-# not match; what the grep asked for (the payload, received) is checked apart.
-NON_RELIABLE_PRINTED_AS = "reliable"
 
 
 async def _cli_consume(doors_broker: SimpleNamespace, topic: str, subscription: str,
@@ -257,8 +252,8 @@ async def test_produce_and_consume_messages(doors_broker: SimpleNamespace) -> No
     "Init message" -c 1` makes the topic (non-reliable), `consume -m test-subscription`
     (Shared) starts, `produce -m "Hello from integration test" -c 5 -i 100` prints
     "Success: 5", and the consumer prints "Received message: Hello from integration
-    test" and "Total received:" (which it prints with every message). All five arrive;
-    danube-cli would print them in its reliable form (NON_RELIABLE_PRINTED_AS)."""
+    test" and "Total received:" (which it prints with every message). All five arrive,
+    each printed plain: topic offset 0, as Danube's non-reliable messages carry."""
     topic = unique_topic()
     assert await _cli_produce(doors_broker, topic, b"Init message") == 1
     _, consumer, queue = await _cli_consume(doors_broker, topic, "test-subscription")
@@ -267,7 +262,7 @@ async def test_produce_and_consume_messages(doors_broker: SimpleNamespace) -> No
     assert await _cli_produce(doors_broker, topic, hello, 5, interval_s=0.1) == 5
     got = await _consumed(consumer, queue, 5)
     assert [m.payload for m in got] == [hello] * 5
-    assert _printed_as(got) == [(NON_RELIABLE_PRINTED_AS, hello)] * 5
+    assert _printed_as(got) == [("plain", hello)] * 5
 
 
 async def test_produce_with_attributes_and_reliable(doors_broker: SimpleNamespace) -> None:
@@ -290,7 +285,7 @@ async def test_subscription_types(doors_broker: SimpleNamespace) -> None:
     "Received message: Test message" for `produce -m "Test message" -c 3`, then (the
     exclusive run killed) a `consume -m shared-sub --sub-type shared` run under the same
     consumer name prints "Received message: Shared test message" for `produce -m "Shared
-    test message" -c 3`. All arrive; printed in the reliable form (NON_RELIABLE_PRINTED_AS)."""
+    test message" -c 3`. All arrive, each printed plain."""
     topic = unique_topic()
     assert await _cli_produce(doors_broker, topic, b"Init message") == 1
     for subscription, sub_type, message in (("exclusive-sub", danube.SubType.EXCLUSIVE, b"Test message"),
@@ -300,7 +295,7 @@ async def test_subscription_types(doors_broker: SimpleNamespace) -> None:
         assert await _cli_produce(doors_broker, topic, message, 3) == 3
         got = await _consumed(consumer, queue, 3)
         assert [m.payload for m in got] == [message] * 3
-        assert _printed_as(got) == [(NON_RELIABLE_PRINTED_AS, message)] * 3
+        assert _printed_as(got) == [("plain", message)] * 3
 
 
 async def _cli_schema_register(doors_broker: SimpleNamespace, subject: str, definition: str) -> int:

@@ -181,8 +181,8 @@ def test_raw_producer_and_raw_consumer_exchange_a_batch(broker, ctx):
 
     subscribed = consumer.request(SUBSCRIBE, topic, "raw-sub", "raw-consumer", EXCLUSIVE, EARLIEST)
     assert subscribed[0] == SUBSCRIBED, subscribed
-    _, _, consumer_id, consumer_name, subscribed_topic = subscribed
-    assert (consumer_name, subscribed_topic) == ("raw-consumer", topic)
+    _, _, consumer_id, consumer_name, subscribed_topic, reliable = subscribed
+    assert (consumer_name, subscribed_topic, reliable) == ("raw-consumer", topic, False)
     consumer.send(FLOW, consumer_id, 100)  # no request id, no reply
 
     payloads = [b"first", b"\x00\xffbinary", b""]

@@ -106,6 +106,17 @@ async def test_second_exclusive_consumer_is_rejected(broker) -> None:
             await client.subscribe("/default/excl", "only", sub_type=SubType.EXCLUSIVE, consumer_name="second")
 
 
+async def test_a_consumer_knows_whether_its_topic_is_reliable(broker) -> None:
+    """The broker says at attach whether the topic stores messages (the gRPC door hands
+    Danube's clients topic offset 0 for the ones it does not)."""
+    async with DanubeClient(broker.url) as client:
+        await client.create_producer("/default/stored", dispatch="reliable")
+        await client.create_producer("/default/unstored")
+        stored = await client.subscribe("/default/stored", "s")
+        unstored = await client.subscribe("/default/unstored", "s")
+        assert (stored.reliable, unstored.reliable) == (True, False)
+
+
 async def test_key_shared_keeps_each_key_on_one_consumer(broker) -> None:
     """With Key-Shared, every message of a key goes to the same consumer, in order."""
     async with DanubeClient(broker.url) as client:
