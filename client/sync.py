@@ -142,9 +142,11 @@ class SyncProducer:
         return self.producer.name
 
     def send(
-        self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None
+        self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
+        publish_time: int | None = None,
     ) -> MessageId:
-        return self._runner.call(self.producer.send(payload, key=key, attributes=attributes))
+        return self._runner.call(self.producer.send(payload, key=key, attributes=attributes,
+                                                    publish_time=publish_time))
 
     def send_nowait(
         self,
@@ -153,13 +155,15 @@ class SyncProducer:
         key: str | None = None,
         attributes: Mapping[str, str] | None = None,
         callback: SendCallback | None = None,
+        publish_time: int | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message; returns a `concurrent.futures.Future` of its id. Raises
         `ProducerQueueFull` at once when the producer is full."""
         result: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
 
         async def enqueue() -> None:
-            future = self.producer.send_nowait(payload, key=key, attributes=attributes, callback=callback)
+            future = self.producer.send_nowait(payload, key=key, attributes=attributes, callback=callback,
+                                               publish_time=publish_time)
 
             def copy(done: asyncio.Future[MessageId]) -> None:
                 if done.cancelled():

@@ -71,6 +71,16 @@ def test_sync_send_nowait_returns_concurrent_future(broker: FakeBroker) -> None:
         assert len([m for m in broker.received if isinstance(m, Send)]) in (1, 2)
 
 
+def test_sync_sends_carry_a_given_publish_time(broker: FakeBroker) -> None:
+    """A publish time stamped elsewhere travels as given, blocking or queued."""
+    with SyncClient(broker.url, request_timeout_ms=2_000) as client:
+        producer = client.create_producer(TOPIC, name="stamped")
+        producer.send(b"a", publish_time=1_700_000_000_000)
+        producer.send_nowait(b"b", publish_time=1_700_000_000_001).result(2)
+        consumer = client.subscribe(TOPIC, "sub", initial_position="earliest")
+        assert [consumer.receive(timeout=2).publish_time for _ in range(2)] == [1_700_000_000_000, 1_700_000_000_001]
+
+
 def test_sync_iteration_stops_on_close(broker: FakeBroker) -> None:
     """`for msg in consumer` ends when another thread closes the consumer."""
     with SyncClient(broker.url, request_timeout_ms=2_000) as client:
