@@ -29,7 +29,7 @@ from tests.tls_certs import certificate_authority
 
 danube = pytest.importorskip("danube", reason="danube-client (the test extra) is not installed")
 
-RECEIVE_TIMEOUT_S = 10.0
+from tests.integration.test_grpc_door_security import round_trip  # noqa: E402  (needs danube-client)
 
 
 @dataclass
@@ -93,26 +93,7 @@ async def test_danube_client_with_mtls_produces_and_consumes(doors: MutualDoors)
     client = await (danube.DanubeClientBuilder().service_url(f"https://{doors.door}")
                     .with_mtls(str(doors.server_ca), str(doors.client_cert), str(doors.client_key))
                     .with_token(doors.alice).build())
-    topic = "/default/mtls-door"
-    producer = (client.new_producer().with_topic(topic).with_name("p1")
-                .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
-    await producer.create()
-    consumer = (client.new_consumer().with_topic(topic).with_consumer_name("c1").with_subscription("s1")
-                .with_subscription_type(danube.SubType.EXCLUSIVE).build())
-    await consumer.subscribe()
-    queue = await consumer.receive()
-    await asyncio.sleep(0.3)  # the stream is open before the first message
-    for i in range(3):
-        await producer.send(f"m{i}".encode(), {})
-    got = []
-    async with asyncio.timeout(RECEIVE_TIMEOUT_S):
-        while len(got) < 3:
-            got.append(await queue.get())
-    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(3)]
-    for message in got:
-        await consumer.ack(message)
-    await consumer.close()
-    await producer.close()
+    await round_trip(client, "/default/mtls-door", 3)
 
 
 async def _lookup(doors: MutualDoors, cert: tuple[Path, Path] | None, metadata: object) -> object:

@@ -79,10 +79,9 @@ async def _ready(channel: grpc.aio.Channel) -> None:
         await channel.channel_ready()
 
 
-async def test_danube_client_over_tls_with_a_token_produces_and_consumes(doors: SecuredDoors) -> None:
-    client = await (danube.DanubeClientBuilder().service_url(f"https://{doors.door}")
-                    .with_tls(str(doors.ca_file)).with_token(doors.alice).build())
-    topic = "/default/secured-door"
+async def round_trip(client: danube.DanubeClient, topic: str, count: int) -> None:
+    """A reliable producer and an Exclusive consumer of Danube's client on `topic`: `count`
+    messages sent, received in order and acked."""
     producer = (client.new_producer().with_topic(topic).with_name("p1")
                 .with_dispatch_strategy(danube.DispatchStrategy.RELIABLE).build())
     await producer.create()
@@ -91,17 +90,23 @@ async def test_danube_client_over_tls_with_a_token_produces_and_consumes(doors: 
     await consumer.subscribe()
     queue = await consumer.receive()
     await asyncio.sleep(0.3)  # the stream is open before the first message
-    for i in range(5):
+    for i in range(count):
         await producer.send(f"m{i}".encode(), {})
     got = []
     async with asyncio.timeout(RECEIVE_TIMEOUT_S):
-        while len(got) < 5:
+        while len(got) < count:
             got.append(await queue.get())
-    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(5)]
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(count)]
     for message in got:
         await consumer.ack(message)
     await consumer.close()
     await producer.close()
+
+
+async def test_danube_client_over_tls_with_a_token_produces_and_consumes(doors: SecuredDoors) -> None:
+    client = await (danube.DanubeClientBuilder().service_url(f"https://{doors.door}")
+                    .with_tls(str(doors.ca_file)).with_token(doors.alice).build())
+    await round_trip(client, "/default/secured-door", 5)
 
 
 async def test_no_token_is_unauthenticated_and_no_role_is_denied(doors: SecuredDoors) -> None:
