@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -23,10 +22,11 @@ danube = pytest.importorskip("danube", reason="danube-client (the test extra) is
 RECEIVE_TIMEOUT_S = 10.0
 
 
-@pytest.fixture
-def door_broker(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
+@pytest.fixture(scope="module")
+def door_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
+    """One broker with the client door for a module's tests (each uses topics of its own)."""
     grpc_url = f"http://127.0.0.1:{free_port()}"
-    process = start_broker(tmp_path, "--grpc-listen", grpc_url)
+    process = start_broker(tmp_path_factory.mktemp("door"), "--grpc-listen", grpc_url)
     yield process, grpc_url
     code = process.stop()
     assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"

@@ -18,35 +18,25 @@ import asyncio
 import sys
 import textwrap
 import types
-from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
 
 from danube_zmq.client import DanubeClient as NativeClient
 from danube_zmq.transport.client_protocol import PUBLISH_TIME_MS_MAX
-from tests.integration.conftest import BrokerProcess, free_port, start_broker
+from tests.integration.conftest import BrokerProcess
 
 danube = pytest.importorskip("danube", reason="danube-client (the test extra) is not installed")
 from danube.proto import DanubeApi_pb2 as dpb  # noqa: E402  (after the skip: the package may be missing)
 from danube.proto import DanubeApi_pb2_grpc as dpb_grpc  # noqa: E402
 
+from tests.integration import test_grpc_door  # noqa: E402
+
+# The door tests' fixtures, here for this module's own broker.
+door_broker = test_grpc_door.door_broker
+theirs = test_grpc_door.theirs
+
 RECEIVE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def door_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
-    grpc_url = f"http://127.0.0.1:{free_port()}"
-    process = start_broker(tmp_path_factory.mktemp("door-consumers"), "--grpc-listen", grpc_url)
-    yield process, grpc_url
-    code = process.stop()
-    assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"
-
-
-@pytest.fixture
-async def theirs(door_broker: tuple[BrokerProcess, str]) -> AsyncIterator[danube.DanubeClient]:
-    _, grpc_url = door_broker
-    yield await danube.DanubeClientBuilder().service_url(grpc_url).build()
 
 
 async def _producer(client: danube.DanubeClient, topic: str) -> danube.Producer:
