@@ -47,9 +47,11 @@ async def _topics(admin_url: str, **credentials: object) -> list[str]:
         return [t.name for t in await admin.list_topics("default")]
 
 
-@pytest.fixture
-def open_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    broker = start_broker(tmp_path)
+@pytest.fixture(scope="module")
+def open_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker for the module's open-console tests (a test that deletes a topic
+    deletes one of its own)."""
+    broker = start_broker(tmp_path_factory.mktemp("console-broker"))
 
     async def setup() -> None:
         async with AdminClient(broker.admin_url) as admin:
@@ -59,9 +61,10 @@ def open_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     assert broker.stop() == 0, broker.log()
 
 
-@pytest.fixture
-def open_console(open_broker: BrokerProcess, tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
-    with console(open_broker.admin_url, tmp_path) as url:
+@pytest.fixture(scope="module")
+def open_console(open_broker: BrokerProcess,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
+    with console(open_broker.admin_url, tmp_path_factory.mktemp("console")) as url:
         yield open_broker, url
 
 
@@ -136,30 +139,36 @@ def test_forms_need_the_csrf_token_and_this_origin(open_console: tuple[BrokerPro
 
 def test_policies_and_delete_round_trip_through_the_admin_api(open_console: tuple[BrokerProcess, str]) -> None:
     broker, url = open_console
+    doomed = "/default/doomed"
+
+    async def create() -> None:
+        async with AdminClient(broker.admin_url) as admin:
+            await admin.create_topic(doomed, 0, DispatchStrategy.RELIABLE)
+    asyncio.run(create())
     with httpx.Client(base_url=url, follow_redirects=True) as http:
         login(http)
-        page = http.get(f"/topic?name={TOPIC}")
+        page = http.get(f"/topic?name={doomed}")
         csrf = _csrf(page.text)
-        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": TOPIC, "max_consumers_per_topic": "7"})
-        assert "set max_consumers_per_topic=7 on /default/orders" in flashes(page.text)
+        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": doomed, "max_consumers_per_topic": "7"})
+        assert "set max_consumers_per_topic=7 on /default/doomed" in flashes(page.text)
         assert re.search(r'data-policy="max_consumers_per_topic"><td>max_consumers_per_topic</td>\s*'
                          r'<td class="value">7</td>\s*<td>topic</td>', page.text), page.text
 
-        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": TOPIC, "max_consumers_per_topic": "-1"})
+        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": doomed, "max_consumers_per_topic": "-1"})
         assert any("is not a whole number" in text for text in flashes(page.text))
 
         async def policy() -> int:
             async with AdminClient(broker.admin_url) as admin:
-                return (await admin.get_topic_policies(TOPIC)).values["max_consumers_per_topic"]
+                return (await admin.get_topic_policies(doomed)).values["max_consumers_per_topic"]
         assert asyncio.run(policy()) == 7
 
-        page = http.post("/actions/topics/delete", data={"csrf": csrf, "topic": TOPIC, "confirm": "wrong"})
+        page = http.post("/actions/topics/delete", data={"csrf": csrf, "topic": doomed, "confirm": "wrong"})
         assert any("to confirm the delete" in text for text in flashes(page.text))
-        assert TOPIC in asyncio.run(_topics(broker.admin_url))
-        page = http.post("/actions/topics/delete", data={"csrf": csrf, "topic": TOPIC, "confirm": TOPIC})
-        assert f"deleted topic {TOPIC}" in flashes(page.text)
-        assert TOPIC not in asyncio.run(_topics(broker.admin_url))
-        assert http.get(f"/topic?name={TOPIC}").status_code == 404
+        assert doomed in asyncio.run(_topics(broker.admin_url))
+        page = http.post("/actions/topics/delete", data={"csrf": csrf, "topic": doomed, "confirm": doomed})
+        assert f"deleted topic {doomed}" in flashes(page.text)
+        assert doomed not in asyncio.run(_topics(broker.admin_url))
+        assert http.get(f"/topic?name={doomed}").status_code == 404
 
 
 def test_login_redirect_stays_on_the_console(open_console: tuple[BrokerProcess, str]) -> None:
