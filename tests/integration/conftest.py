@@ -36,6 +36,20 @@ _PORTS_RNG = random.Random()  # seeded from the OS, whatever a test does to `ran
 _PORTS_GIVEN: set[int] = set()
 
 
+def _port_range(low: int, high: int) -> tuple[int, int]:
+    """This test process's share of low..high: under pytest-xdist each worker (gwN of
+    PYTEST_XDIST_WORKER_COUNT) picks from a slice of its own, so two workers never pick
+    the same port in the moment before either binds it."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    index, share = int(worker[2:]), (high - low + 1) // int(count)
+    return low + index * share, low + (index + 1) * share - 1
+
+
+_PORTS = _port_range(10_000, _EPHEMERAL[0] - 1)
+
+
 def free_port() -> int:
     """A free port outside the kernel's ephemeral range: a port picked now and bound a
     moment later (a broker's, a cluster node's chosen up front) cannot be taken in
@@ -43,7 +57,7 @@ def free_port() -> int:
     port twice in one test process (two picked before either is bound would clash), and
     from a generator of its own (a test may seed the global `random`)."""
     for _ in range(200):
-        port = _PORTS_RNG.randint(10_000, _EPHEMERAL[0] - 1)
+        port = _PORTS_RNG.randint(*_PORTS)
         if port in _PORTS_GIVEN:
             continue
         with socket.socket() as sock:
