@@ -31,6 +31,17 @@ from danube_zmq.transport.danube_proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_zmq.transport.errors import DanubeError, Unavailable
 from danube_zmq.transport.topic_name import parse_topic
 
+# Descriptors in one answer: a long-lived topic may hold more segments than a gRPC message
+# (4 MiB by default) carries. The rest come on the next poll: callers poll with the last
+# start offset they saw as `after_offset` (Danube's danube-iceberg does).
+DESCRIPTORS_PER_ANSWER_MAX = 10_000
+
+
+def segments_after(segments: list[SegmentDescriptor], after_offset: int,
+                   limit: int = DESCRIPTORS_PER_ANSWER_MAX) -> list[SegmentDescriptor]:
+    """The first `limit` of `segments` (in offset order) starting past `after_offset`."""
+    return [s for s in segments if s.base_offset > after_offset][:limit]
+
 
 def descriptor_proto(segment: SegmentDescriptor) -> Any:
     return pb.SegmentDescriptorProto(
@@ -59,4 +70,4 @@ class StorageDoor(pb_grpc.StorageServiceServicer):
         except DanubeError as exc:
             await abort_with(context, exc)
         return pb.ListSegmentDescriptorsResponse(segments=[
-            descriptor_proto(s) for s in segments if s.base_offset > request.after_offset])
+            descriptor_proto(s) for s in segments_after(segments, request.after_offset)])

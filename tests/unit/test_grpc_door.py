@@ -232,3 +232,21 @@ async def test_a_lost_stream_detaches_its_consumer_after_the_grace_only() -> Non
     assert consumer.consumer is native and not native.closed
     await consumer.tick(1_000 + STREAM_GRACE_MS)
     assert consumer.consumer is None and native.closed
+
+
+def test_a_segment_listing_is_bounded_and_polls_on() -> None:
+    """One answer holds at most DESCRIPTORS_PER_ANSWER_MAX descriptors (a topic may hold
+    more than a gRPC message carries); polling from the last start offset seen gets the
+    rest, in offset order, none twice."""
+    from danube_zmq.actors.grpc_door_storage import segments_after
+    from danube_zmq.storage.catalog import SegmentDescriptor
+
+    segments = [SegmentDescriptor(topic="/default/t", base_offset=base, end_offset=base + 9, record_count=10,
+                                  size_bytes=100, crc32c=0, object_key=f"default/t/{base:020d}.seg", created_ms=0)
+                for base in range(0, 250, 10)]
+    seen, after = [], 0
+    while page := segments_after(segments, after, limit=7):
+        assert len(page) <= 7
+        seen += [s.base_offset for s in page]
+        after = page[-1].base_offset
+    assert seen == list(range(10, 250, 10))  # Danube's filter: never the segment at 0
