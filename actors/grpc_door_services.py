@@ -355,13 +355,14 @@ class ConsumerDoor(pb_grpc.ConsumerServiceServicer):
         try:
             try:
                 consumer = await attachment.attached()
+                # Danube's non-reliable messages carry topic offset 0 (nothing is stored;
+                # danube-cli tells them apart by it) and need no ack to route. A topic's
+                # dispatch strategy never changes: asked once a stream.
+                stored = consumer.reliable is not False
                 while True:
                     message = await attachment.next_message(stream, consumer)
                     if message is None:
                         return  # another stream took over: Danube ends this one with no error
-                    # Danube's non-reliable messages carry topic offset 0 (nothing is
-                    # stored; danube-cli tells them apart by it) and need no ack to route.
-                    stored = consumer.reliable is not False
                     if stored:
                         attachment.remember(message)
                     attachment.last_seen_ms = door.monotonic_ms()
