@@ -234,8 +234,14 @@ class Gateway(Actor):
         # Fail loudly (EHOSTUNREACH / EAGAIN) instead of dropping silently, so that
         # frames to gone or slow clients are counted.
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A client reconnecting with the same identity replaces a half-open old pipe.
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # A connection never displaces a live one with the same routing id: with
+        # ROUTER_HANDOVER anyone who learned a session's id (no key, no token) took its
+        # pipe and every later Deliver. A duplicate stays unread until the first pipe is
+        # gone; ZMTP heartbeats end a half-open first pipe within the session timeout, so
+        # a client reconnecting with its id is not locked out for longer than that.
+        router.setsockopt(zmq.ROUTER_HANDOVER, 0)
+        router.setsockopt(zmq.HEARTBEAT_IVL, self.config.broker.heartbeat_interval_ms)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.config.broker.session_timeout_ms)
         # A peer that does not finish the ZMTP handshake in time is dropped by libzmq;
         # one that does but sends no Connect is dropped by the peer guard.
         router.setsockopt(zmq.HANDSHAKE_IVL, limits.connect_timeout_ms)
@@ -521,15 +527,23 @@ class Gateway(Actor):
 
     def _foreign_key(self, identity: bytes, session: Session, request_id: int | None) -> bool:
         """Whether the frame being handled came with another CURVE key than the session's
-        Connect (a connection that took over the session's identity): refused, answered
-        UNAUTHENTICATED, the session untouched."""
-        if key_of_frame(self._frame) == session.public_key:
+        Connect. Its connection holds the session's routing id, which it can only have
+        taken once the session's own connection was gone: the session ends now (nothing
+        of it may be routed to this pipe), and the connection is cut."""
+        key = key_of_frame(self._frame)
+        if key == session.public_key:
             return False
         self.bad_frames += 1
+        log.warning("connection %s came with CURVE key %s, not its session's (%s): session closed, connection cut",
+                    identity.hex(), (key or b"none").decode("ascii", "replace"), session.client_name)
         if request_id is not None:
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAUTHENTICATED,
                                         message="this connection's CURVE key is not the key its session connected"
                                                 " with: send Connect"))
+        self._close_session(identity, session)
+        fd = _source_fd(self._frame)
+        if fd >= 0:
+            shutdown_peer(fd, None)
         return True
 
     def _send_permitted(self, identity: bytes, session: Session, ids: tuple[int, int]) -> bool:

@@ -22,6 +22,7 @@ import enum
 import logging
 import os
 import random
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -135,7 +136,8 @@ class DanubeClient:
     is retried. With a fixed token UNAUTHENTICATED is raised, with the broker's reason.
     Neither given: DANUBE_TOKEN, if set. A token is never logged nor shown by `repr`.
     `use_env=False` reads none of DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS, DANUBE_TOKEN.
-    `clock` and `rng` are injectable for tests.
+    `clock` and `rng` (the jitter of retry backoff) are injectable for tests; routing ids
+    and generated names come from `secrets`, never from `rng`.
     """
 
     def __init__(
@@ -173,7 +175,7 @@ class DanubeClient:
         self._rng = rng if rng is not None else random.Random()
         self._clock: Clock = clock if clock is not None else SystemClock()
         self.service_url = service_url
-        self.client_name = client_name or f"danube-zmq-{self._rng.getrandbits(48):012x}"
+        self.client_name = client_name or f"danube-zmq-{secrets.token_hex(6)}"
         self.request_timeout_ms = request_timeout_ms
         self.operation_retries_max = operation_retries_max
         self.pending_requests_max = pending_requests_max
@@ -405,7 +407,7 @@ class DanubeClient:
             raise AlreadyClosed("client is closed")
 
     def _unique_name(self, kind: str) -> str:
-        return f"{kind}-{self._rng.getrandbits(48):012x}"
+        return f"{kind}-{secrets.token_hex(6)}"
 
     def _forget(self, obj: Producer | Consumer) -> None:
         self._producers.pop(obj, None)  # type: ignore[call-overload]

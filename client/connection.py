@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -81,6 +82,17 @@ HEARTBEAT_INTERVAL_MS_DEFAULT = 1_000
 """Only used before the first handshake; afterwards the broker's value applies."""
 
 IDENTITY_BYTES = 16
+
+
+def new_identity() -> bytes:
+    """A routing id for a client socket: 128 bits from `secrets`. The broker never lets a
+    second connection displace a live one with the same id, but an id still names a
+    session, so it must not be guessable from a seeded `random`. Never a leading zero
+    byte (libzmq's generated ids start with one)."""
+    while True:
+        identity = secrets.token_bytes(IDENTITY_BYTES)
+        if identity[0]:
+            return identity
 
 # How the broker says "I have no session for this socket" (it restarted or dropped us).
 # The protocol has no dedicated code for it, so this is matched on the message text of
@@ -235,9 +247,7 @@ class Connection:
         # zmq.asyncio's future and poller registration per receive (a fifth of a client's
         # loop at 5k msg/s).
         sock = zmq.Context.shadow(self._context.underlying).socket(zmq.DEALER)
-        # The identity must not start with a zero byte (reserved by zmq for generated ones).
-        identity = bytes([self._rng.randrange(1, 256)]) + self._rng.randbytes(IDENTITY_BYTES - 1)
-        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.IDENTITY, new_identity())
         sock.setsockopt(zmq.LINGER, 0)  # closing must never hang on unsent frames
         sock.setsockopt(zmq.SNDHWM, self._socket_hwm_messages)
         sock.setsockopt(zmq.RCVHWM, self._socket_hwm_messages)
