@@ -46,7 +46,7 @@ from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import DanubeError, InvalidArgument
 from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
-__all__ = ["COOKIE", "Console", "build_app"]
+__all__ = ["COOKIE", "Console", "build_app", "console_hosts"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,56 @@ class _SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class _AllowedHosts:
+    """Serves only requests whose Host header names this console (421 otherwise). A page
+    at evil.example that rebinds its name to 127.0.0.1 sends `Host: evil.example` and a
+    matching Origin: without this, the Origin check (which compares against the Host)
+    passes and the page can log in to an open cluster and act."""
+
+    def __init__(self, app: ASGIApp, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = _host_name(dict(scope["headers"]).get(b"host", b"").decode("latin-1"))
+            if host not in self.hosts:
+                response = PlainTextResponse(
+                    f"this console does not answer to the host name {host[:100]!r}: it answers to"
+                    f" {', '.join(sorted(self.hosts))}; start it with --allowed-host NAME for another name",
+                    status_code=421)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """The name of a Host header, without its port, lower case ('[::1]:80' -> '::1')."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def console_hosts(listen_host: str, allowed: tuple[str, ...] = ()) -> frozenset[str]:
+    """The host names a console listening on `listen_host` answers to: that address,
+    loopback's names, the names given (--allowed-host), and on a wildcard address this
+    machine's names and addresses."""
+    hosts = {"localhost", "127.0.0.1", "::1", *(_host_name(name) for name in allowed)}
+    if listen_host in ("0.0.0.0", "::", ""):
+        import socket
+
+        import psutil
+
+        hosts.update({socket.gethostname().lower(), socket.getfqdn().lower()})
+        for addresses in psutil.net_if_addrs().values():
+            hosts.update(a.address.partition("%")[0].lower() for a in addresses
+                         if a.family in (socket.AF_INET, socket.AF_INET6))
+    else:
+        hosts.add(_host_name(listen_host) if ":" not in listen_host else listen_host.lower())
+    return frozenset(hosts)
 
 
 def _local_path(target: str | None, default: str = "/cluster") -> str:
@@ -463,11 +513,13 @@ def _routes(console: Console) -> list[Any]:
     ]
 
 
-def build_app(settings: ConsoleSettings, *, sessions: SessionStore | None = None,
+def build_app(settings: ConsoleSettings, *, hosts: frozenset[str], sessions: SessionStore | None = None,
               clock: Callable[[], float] = time.time, secure_cookies: bool = False) -> Starlette:
+    """The console app; it answers only to the host names `hosts` (`console_hosts`)."""
     console = Console(settings, sessions=sessions, clock=clock, secure_cookies=secure_cookies)
     app = Starlette(routes=_routes(console))
     app.add_middleware(_SecurityHeaders)
+    app.add_middleware(_AllowedHosts, hosts=hosts)
     app.state.console = console
     return app
 

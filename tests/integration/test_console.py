@@ -137,6 +137,33 @@ def test_forms_need_the_csrf_token_and_this_origin(open_console: tuple[BrokerPro
         assert "/default/made" in asyncio.run(_topics(broker.admin_url))
 
 
+def test_a_rebound_host_name_is_refused(open_console: tuple[BrokerProcess, str]) -> None:
+    """DNS rebinding: a page at evil.example whose name now resolves to 127.0.0.1 speaks to
+    the console with `Host: evil.example` and a matching Origin, so the Origin check alone
+    passes. The Host must be one the console listens as: nothing is served, no login, no
+    topic created."""
+    broker, url = open_console
+    rebound = {"Host": "evil.example:80", "Origin": "http://evil.example:80"}
+    with httpx.Client(base_url=url) as http:
+        for path in ("/login", "/cluster", "/static/console.css"):
+            answer = http.get(path, headers=rebound)
+            assert answer.status_code == 421, (path, answer.status_code)
+            assert "evil.example" in answer.text and "--allowed-host" in answer.text
+        form = http.get("/login")
+        login_csrf = _csrf(form.text)
+        answer = http.post("/login", data={"csrf": login_csrf, "token": "", "next": "/cluster"}, headers=rebound)
+        assert answer.status_code == 421 and "set-cookie" not in answer.headers
+        login(http)
+        csrf = _csrf(http.get("/namespaces/default").text)
+        create = {"namespace": "default", "name": "rebound", "partitions": "0", "dispatch": "reliable",
+                  "csrf": csrf}
+        assert http.post("/actions/topics/create", data=create, headers=rebound).status_code == 421
+        assert "/default/rebound" not in asyncio.run(_topics(broker.admin_url))
+        # The names it does listen as: localhost too.
+        port = url.rpartition(":")[2]
+        assert http.get("/cluster", headers={"Host": f"localhost:{port}"}).status_code == 200
+
+
 def test_policies_and_delete_round_trip_through_the_admin_api(open_console: tuple[BrokerProcess, str]) -> None:
     broker, url = open_console
     doomed = "/default/doomed"

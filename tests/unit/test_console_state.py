@@ -86,3 +86,14 @@ def test_history_rates_follow_the_counters_and_skip_a_reset() -> None:
     assert history.series("/a/t")["in_rate"] == [None, 100.0, None]
     history.forget("/a/t")
     assert history.series("/a/t")["time_ms"] == []
+
+
+def test_the_console_answers_to_its_listen_address_loopback_and_the_names_given() -> None:
+    from danube_zmq.console.app import _host_name, console_hosts
+
+    assert _host_name("Evil.Example:8780") == "evil.example"
+    assert _host_name("[::1]:8780") == "::1"
+    assert _host_name("::1") == "::1"
+    hosts = console_hosts("10.0.0.5", ("console.example.com:443",))
+    assert {"10.0.0.5", "localhost", "127.0.0.1", "::1", "console.example.com"} == hosts
+    assert "127.0.0.1" in console_hosts("0.0.0.0") and "evil.example" not in console_hosts("0.0.0.0")
