@@ -6,10 +6,12 @@ tools, two prompts and the broker's metrics as a resource, for an LLM agent.
                                               ▼
                                    broker admin port (RBAC decides) / client port (schemas)
 
-1. A tool call opens an admin connection with the caller's credentials: the token and
-   CURVE keys `danube admin` was given (--token-file, --server-key, DANUBE_*), or over
-   HTTP the request's `Authorization: Bearer <jwt>` (then a fresh CURVE key pair, so that
-   the broker binds that token to this connection alone). The broker's RBAC decides.
+1. A tool call opens an admin connection with the caller's credentials: over stdio the
+   token and CURVE keys `danube admin` was given (--token-file, --server-key, DANUBE_*);
+   over HTTP the request's `Authorization: Bearer <jwt>` (then a fresh CURVE key pair, so
+   that the broker binds that token to this connection alone), required on every call
+   unless `--trust-loopback` lets a loopback server's callers use the server's own. The
+   broker's RBAC decides.
 2. The answer is returned as JSON data (wire records by field, enums by name, bytes as
    text). A `DanubeError` is the tool's error, with its code, never a crash.
 3. Tools that change the cluster are registered only with `allow_writes`; without it
@@ -103,10 +105,15 @@ class McpSettings:
     service_url: str | None = None
     # The Prometheus page for the metrics resource and tool; None: the connected broker's.
     metrics_url: str | None = None
-    # Over HTTP from beyond loopback: every call must bring its own bearer token.
+    # Over HTTP (unless --trust-loopback): every call must bring its own bearer token, so
+    # that no local process acts with the credentials the server was started with.
     require_bearer: bool = False
     # Prometheus' base URL (http://host:9090) for the PromQL tools; None: those tools say how to give one.
     prometheus_url: str | None = None
+
+
+_TRUST_LOOPBACK_HINT = ("on loopback, `serve --trust-loopback` lets a call without one act with the credentials"
+                        " the server was started with")
 
 
 class _Broker:
@@ -125,8 +132,8 @@ class _Broker:
             return {"token": bearer.strip(), "server_public_key": os.environ.get("DANUBE_SERVER_KEY") or None,
                     "use_env": False}
         if self.settings.require_bearer:
-            raise ToolError("this MCP server listens beyond loopback: send your Danube token as"
-                            " 'Authorization: Bearer <jwt>'")
+            raise ToolError(f"this MCP server serves HTTP: send your Danube token as 'Authorization: Bearer <jwt>'"
+                            f" ({_TRUST_LOOPBACK_HINT})")
         return {}  # the token and keys `danube admin` was started with (DANUBE_TOKEN, ...)
 
     async def admin(self, ctx: Context | None, operation: Callable[[AdminClient], Awaitable[T]]) -> T:
@@ -660,8 +667,8 @@ def build_server(settings: McpSettings) -> McpServer:
         # broker's metrics URL is looked up with the server's own credentials, which a server
         # beyond loopback does not use.
         if settings.require_bearer and settings.metrics_url is None:
-            raise ResourceError("this MCP server listens beyond loopback: start it with --metrics-url to serve"
-                                f" {METRICS_URI} (or call get_metrics with your bearer token)")
+            raise ResourceError(f"this MCP server serves HTTP: start it with --metrics-url to serve {METRICS_URI}"
+                                f" (or call get_metrics with your bearer token; {_TRUST_LOOPBACK_HINT})")
         try:
             return await broker.metrics_text(None)
         except ToolError as err:

@@ -245,7 +245,7 @@ async def test_http_with_allow_writes_lists_and_runs_write_tools(stocked: Broker
     changing the cluster; create_topic creates a topic the broker then lists,
     set_dispatch_config changes what get_subscription_policies reads, delete_topic
     removes it; a broker's refusal comes back as the tool's error with its code."""
-    async with http_server(stocked, "--allow-writes") as url, http_session(url) as session:
+    async with http_server(stocked, "--allow-writes", "--trust-loopback") as url, http_session(url) as session:
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
         assert set(tools) == set(READ_ARGUMENTS) | set(PROMETHEUS_ARGUMENTS) | set(WRITE_TOOLS)
         assert tools["delete_topic"].description.startswith("CHANGES THE CLUSTER")
@@ -330,10 +330,33 @@ async def test_secured_broker_decides_with_the_callers_token(secured, tmp_path: 
         assert "PERMISSION_DENIED" in refusal(await session.call_tool("list_namespaces", {}))
         assert "PERMISSION_DENIED" in refusal(await session.call_tool("create_namespace", {"namespace": "evil"}))
 
-    async with http_server(broker, "--allow-writes", admin_flags=flags) as url:
+    async with http_server(broker, "--allow-writes", "--trust-loopback", admin_flags=flags) as url:
         async with http_session(url) as session:
             assert "PERMISSION_DENIED" in refusal(await session.call_tool("list_namespaces", {}))
         async with http_session(url, bearer=signer.create("alice", "user", 600)) as session:
             answer(await session.call_tool("create_namespace", {"namespace": "granted"}))
             namespaces = answer(await session.call_tool("list_namespaces", {}))["namespaces"]
             assert "granted" in namespaces and "evil" not in namespaces
+
+
+async def test_an_http_call_without_a_bearer_never_acts_as_the_operator(secured, tmp_path: Path) -> None:
+    """The server was started with a super admin's token. Over HTTP, even on loopback, a
+    call that brings no bearer token is refused, saying what to send, and creates nothing;
+    only `--trust-loopback` lets such a call act with the server's own token."""
+    broker, env, signer = secured
+    token_file = tmp_path / "alice.jwt"
+    token_file.write_text(signer.create("alice", "user", 600))
+    flags = ("--server-key", env["DANUBE_SERVER_KEY"], "--token-file", str(token_file))
+    async with http_server(broker, "--allow-writes", admin_flags=flags) as url:
+        async with http_session(url) as session:
+            why = refusal(await session.call_tool("create_namespace", {"namespace": "stolen"}))
+            assert "Authorization: Bearer" in why and "--trust-loopback" in why
+            assert "Authorization: Bearer" in refusal(await session.call_tool("list_namespaces", {}))
+    async with http_server(broker, "--allow-writes", "--trust-loopback", admin_flags=flags) as url:
+        async with http_session(url) as session:
+            namespaces = answer(await session.call_tool("list_namespaces", {}))["namespaces"]
+            assert "stolen" not in namespaces
+    done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "admin", "serve", "--mode", "mcp",
+                           "--transport", "http", "--listen", "0.0.0.0:1", "--trust-loopback"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--trust-loopback applies to" in done.stderr
