@@ -291,7 +291,7 @@ METRICS = _Metrics(
     frames_dropped=RUNTIME_METRICS.frames_dropped,
     topics=Gauge("danube_broker_topics_owned", "Topics (partitions) served by this broker"),
     messages_in=ScrapeCounter("danube_topic_messages_in_total", "Messages published", ["topic"]),
-    bytes_in=ScrapeCounter("danube_topic_bytes_in_total", "Payload bytes published", ["topic"]),
+    bytes_in=ScrapeCounter("danube_topic_bytes_in_total", "Bytes published: payloads, keys and attributes", ["topic"]),
     messages_out=ScrapeCounter("danube_subscription_messages_out_total", "Messages delivered to consumers",
                          ["topic", "subscription"]),
     messages_dropped=ScrapeCounter("danube_subscription_messages_dropped_total",

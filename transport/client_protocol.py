@@ -167,6 +167,20 @@ class Send(Message):
     sequence: int | None = None
 
 
+def batch_bytes(payloads: list[bytes], keys: list[str | None] | None,
+                attributes: list[dict[str, str] | None] | None) -> int:
+    """The bytes a batch's messages carry: payloads, keys and attribute names and values
+    (UTF-8 lengths counted as characters: the bound is what matters, not the last byte).
+    What a topic counts as bytes in: attributes 700 times a payload's size are bytes
+    published too."""
+    size = sum(map(len, payloads))
+    if keys is not None:
+        size += sum(len(key) for key in keys if key is not None)
+    if attributes is not None:
+        size += sum(len(name) + len(value) for attrs in attributes if attrs for name, value in attrs.items())
+    return size
+
+
 def peek_send(frame: bytes | memoryview) -> tuple[int, int] | None:
     """(request_id, producer_id) of a `Send` frame without decoding its batch; None
     when the frame is not a `Send` in the usual shape."""

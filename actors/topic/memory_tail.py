@@ -61,7 +61,7 @@ class MemoryTail:
         self.next_offset += count
         reply_client(shell.system, req.identity, cp.SendReceipt(
             request_id=msg.request_id, producer_id=msg.producer_id, offsets=list(range(base_offset, self.next_offset))))
-        shell.count_in(count, sum(map(len, msg.payloads)))
+        shell.count_in(count, cp.batch_bytes(msg.payloads, msg.keys, msg.attributes))
         publish = Publish(
             topic=shell.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,

@@ -623,8 +623,7 @@ class WalStorage:
                                publish.producer_name, keys=publish.keys, attributes=publish.attributes,
                                schema_id=publish.schema_id, schema_version=publish.schema_version)
         self.next_offset += count
-        size = sum(map(len, publish.payloads))
-        self.shell.count_in(count, size)
+        self.shell.count_in(count, cp.batch_bytes(publish.payloads, publish.keys, publish.attributes))
         self.queued.append(_Batch(encoded, publish, identity, request_id, sequence, time.perf_counter()))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()

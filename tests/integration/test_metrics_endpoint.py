@@ -116,6 +116,17 @@ def test_per_topic_and_subscription_counters_count_what_passed(broker_factory) -
     assert 'danube_subscription_messages_out_total{subscription="s",topic="/default/counted"} 7.0' in body
     assert "# TYPE danube_subscription_messages_dropped_total counter" in body
 
+    # Keys and attributes are bytes published too, on either path: one message of one
+    # byte with a key of 9 and an attribute of 3 + 700 adds 713.
+    reliable = "/default/counted-reliable"
+    with SyncClient(broker.url) as client:
+        for topic, dispatch in (("/default/counted", "non_reliable"), (reliable, "reliable")):
+            producer = client.create_producer(topic, dispatch=dispatch)
+            producer.send(b"x", key="k" * 9, attributes={"big": "a" * 700})
+    _, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert 'danube_topic_bytes_in_total{topic="/default/counted"} 783.0' in body
+    assert f'danube_topic_bytes_in_total{{topic="{reliable}"}} 713.0' in body
+
 
 def danube_admin(broker, *args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "admin", "--endpoint", broker.admin_url,
