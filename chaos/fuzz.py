@@ -43,7 +43,7 @@ import types
 import typing
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,24 @@ class Case:
 # Kinds and their weights: mostly frames that get past msgpack and into the handlers,
 # where the bugs live; the costly ones (oversize, many parts) rarely.
 KINDS = {"valid": 12, "mutated": 30, "wrong_tag": 6, "fields": 8, "truncated": 8, "bitflip": 10,
-         "random": 6, "bomb": 8, "empty": 2, "multipart": 6, "too_many_parts": 1, "oversize": 1}
+         "random": 6, "bomb": 8, "empty": 2, "multipart": 6, "too_many_parts": 1, "oversize": 1,
+         "hostile_schema": 1}
+REGISTER_SCHEMA_TAG = 39
+# Schema definitions that stalled or bloated the broker (issue 37): a backtracking
+# pattern, deep nesting, a property bomb, a $ref cycle, a recursive Avro record.
+HOSTILE_SCHEMAS: tuple[tuple[str, Callable[[random.Random], bytes]], ...] = (
+    ("json_schema", lambda rng: b'{"type":"string","pattern":"^(a+)+$"}'),
+    ("json_schema", lambda rng: b'{"type":"object","properties":{"e":{"type":"string","pattern":'
+                                b'"^([a-zA-Z0-9]+\\\\.?)+@x$"}}}'),
+    ("json_schema", lambda rng: b'{"items":' * (depth := rng.choice((200, 2000))) + b'{}' + b'}' * depth),
+    ("json_schema", lambda rng: json.dumps({"type": "object", "patternProperties": {
+        f"^p{i}(a+)+$": {"type": "string"} for i in range(rng.choice((1000, 20_000)))}}).encode()),
+    ("json_schema", lambda rng: b'{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}'),
+    ("avro", lambda rng: b'{"type":"record","name":"R","fields":[{"name":"n","type":["null","R"]}]}'),
+    ("avro", lambda rng: (b'{"type":"record","name":"R0","fields":[' + b''.join(
+        b'{"name":"f","type":{"type":"record","name":"R%d","fields":[' % i for i in range(1, 2000))
+        + b']}}' * 1999 + b']}')),
+)
 
 
 class FrameGenerator:
@@ -284,6 +301,15 @@ class FrameGenerator:
         ping = self._pack([PING_TAG, 1])
         return [ping] * count
 
+    def _hostile_schema(self) -> list[bytes]:
+        """A RegisterSchema of a definition built to stall or bloat the registry (client
+        port only; elsewhere a mutated frame)."""
+        if not any(cls.TAG == REGISTER_SCHEMA_TAG for cls in self.requests):
+            return self._mutated()
+        schema_type, make = self.rng.choice(HOSTILE_SCHEMAS)
+        definition = make(self.rng)[: self.frame_bytes_max - 1024]
+        return [self._pack([REGISTER_SCHEMA_TAG, self.rng.randint(0, 100), "fuzz-hostile", schema_type, definition])]
+
     def _oversize(self) -> list[bytes]:
         # A Send-shaped frame one to a thousand bytes over the limit: libzmq cuts the
         # connection at the header (ZMQ_MAXMSGSIZE), the broker never sees it.
@@ -305,6 +331,8 @@ class Report:
     unreadable_answers: int = 0  # a reply that is not a msgpack [tag, ...]: a broker bug
     connections_cut: int = 0  # DISCONNECTED events at the fuzzing DEALERs
     bystander_acked: int = 0
+    takeovers_tried: int = 0  # connections made with the bystander's routing id
+    frames_stolen: int = 0  # answers to the bystander's requests that reached such a connection
     bystander_consumed: int = 0
     actor_failures: float = -1.0
     log_failures: list[str] = field(default_factory=list)
@@ -468,7 +496,8 @@ class _Bystander:
     def __init__(self, ctx: zmq.Context[Any], url: str) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTING_ID, b"\x01bystander-" + os.urandom(4))
+        self.identity = b"\x01bystander-" + os.urandom(4)
+        self.sock.setsockopt(zmq.ROUTING_ID, self.identity)
         self.sock.connect(url)
         self.next_id = 1
         self.pending: dict[int, bytes] = {}  # request id -> payload
@@ -523,6 +552,28 @@ class _Bystander:
             self.drain()
 
 
+class _Thief:
+    """The session takeover of issue 37: a connection with the bystander's routing id
+    (and a Ping), now and then. It must never displace the bystander nor receive
+    anything of its session (a receipt for one of its sends)."""
+
+    def __init__(self, ctx: zmq.Context[Any], url: str, identity: bytes) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTING_ID, identity)
+        self.sock.connect(url)
+        self.sock.send(msgpack.packb([PING_TAG, 1], use_bin_type=True))
+
+    def drain(self, bystander: _Bystander, report: Report) -> None:
+        while self.sock.poll(0):
+            reply = msgpack.unpackb(self.sock.recv(), raw=False)
+            if reply[0] != PONG_TAG and reply[0] != ERROR_TAG and reply[1] in bystander.pending:
+                report.frames_stolen += 1
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
 def fuzz(broker: FuzzBroker, seed: int, seconds: float, *, client_peers: int = 4, admin_peers: int = 2,
          rss_budget_bytes: int = RSS_BUDGET_BYTES) -> Report:
     """Fuzz `broker` for `seconds` from `seed`, then check it; the report's `problems`
@@ -543,6 +594,7 @@ def fuzz(broker: FuzzBroker, seed: int, seconds: float, *, client_peers: int = 4
         report.rss_start_bytes = report.rss_peak_bytes = broker.rss()
         deadline = time.monotonic() + seconds
         last_bystander = last_rss = 0.0
+        thief: _Thief | None = None
         while time.monotonic() < deadline and broker.process.poll() is None:
             peer = rng.choice(peers)
             if not peer.send(peer.gen.case(), report):
@@ -550,6 +602,8 @@ def fuzz(broker: FuzzBroker, seed: int, seconds: float, *, client_peers: int = 4
             now = time.monotonic()
             if now - last_bystander > 0.05:
                 last_bystander = now
+                if thief is not None:
+                    thief.drain(bystander, report)
                 bystander.send(int(time.time() * 1000))
                 bystander.drain()
                 for each in peers:
@@ -557,6 +611,11 @@ def fuzz(broker: FuzzBroker, seed: int, seconds: float, *, client_peers: int = 4
             if now - last_rss > 0.25:
                 last_rss = now
                 report.rss_peak_bytes = max(report.rss_peak_bytes, broker.rss())
+                if rng.random() < 0.1:  # the bystander's routing id, tried by another connection
+                    if thief is not None:
+                        thief.close()
+                    thief = _Thief(ctx, broker.url, bystander.identity)
+                    report.takeovers_tried += 1
                 if rng.random() < 0.2:  # a fresh connection now and then (identity, handshake, cut)
                     index = rng.randrange(len(peers))
                     old = peers[index]
@@ -564,10 +623,16 @@ def fuzz(broker: FuzzBroker, seed: int, seconds: float, *, client_peers: int = 4
                     url = old.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
                     old.close()
                     peers[index] = _Peer(ctx, url, old.gen, rng)
+        if thief is not None:
+            thief.drain(bystander, report)
+            thief.close()
+            thief = None
         _check(broker, report, bystander, peers, rss_budget_bytes)
     finally:
         for peer in peers:
             peer.close()
+        if thief is not None:
+            thief.close()
         bystander.sock.close(linger=0)
         ctx.term()
     return report
@@ -608,6 +673,9 @@ def _check(broker: FuzzBroker, report: Report, bystander: _Bystander, peers: lis
                            if re.search(r"handler for \S+ raised|Traceback|CRITICAL", line)][:20]
     if report.log_failures:
         report.problems.append(f"{len(report.log_failures)} failure lines in the broker log")
+    if report.frames_stolen:
+        report.problems.append(f"{report.frames_stolen} answers to the bystander reached a connection that only"
+                               " took its routing id")
     if report.unreadable_answers:
         report.problems.append(f"{report.unreadable_answers} answers were not msgpack [tag, ...]")
 

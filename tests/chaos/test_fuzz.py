@@ -29,6 +29,9 @@ def _assert_passed(report: Report) -> None:
     # were cut (oversize frames), and the bystander's acknowledged messages were consumed.
     assert report.errors_answered and report.connections_cut > 0
     assert report.bystander_acked > 0 and report.bystander_consumed == report.bystander_acked
+    # The attacks of issue 37 were made: connections with the bystander's routing id, and
+    # schema definitions built to stall or bloat the registry.
+    assert report.takeovers_tried > 0 and report.by_kind["hostile_schema"] > 0
     assert report.rss_peak_bytes <= report.rss_start_bytes + RSS_BUDGET_BYTES
 
 
@@ -36,8 +39,9 @@ def _assert_passed(report: Report) -> None:
 @pytest.mark.timeout(300)  # 60 s of fuzzing, a broker start and the checks (up to 30 s each)
 def test_sixty_seconds_of_bad_frames_leave_the_broker_serving_within_its_memory_budget() -> None:
     """60 s of generated frames (valid, mutated, truncated, wrong tags, msgpack bombs,
-    oversize, too many parts) over 4 client and 2 admin connections, with a producer
-    sending valid batches alongside: afterwards a produce/consume round trip finds every
+    oversize, too many parts, hostile schema definitions) over 4 client and 2 admin
+    connections, with a producer sending valid batches alongside and other connections
+    taking its routing id now and then (never answered for it): afterwards a produce/consume round trip finds every
     acknowledged message, the admin port answers, no actor failed
     (danube_actor_failures_total = 0, no handler failure in the log) and RSS grew by
     less than 64 MiB."""
