@@ -238,3 +238,33 @@ def test_unresolvable_remote_ref_fails_without_network() -> None:
     definition = js({"$ref": "https://example.invalid/schema.json"})
     with pytest.raises(InvalidArgument, match="cannot be resolved"):
         JSON_SCHEMA.validate(definition, b"{}")
+
+
+def test_a_backtracking_pattern_is_matched_in_linear_time_and_named() -> None:
+    # Python's re takes minutes on this input (2^40 paths); the linear engine microseconds.
+    definition = js(obj({"name": {"type": "string", "pattern": "^(a+)+$"}}))
+    with pytest.raises(InvalidArgument, match=r'at \$\.name: "a+!" does not match "\^\(a\+\)\+\$"'):
+        JSON_SCHEMA.validate(definition, json.dumps({"name": "a" * 40 + "!"}).encode())
+    JSON_SCHEMA.validate(definition, json.dumps({"name": "a" * 40}).encode())
+
+
+@pytest.mark.parametrize(("schema", "expected"), [
+    ({"type": "string", "pattern": "^(?=.*[A-Z])x"}, "linear-time engine"),
+    ({"patternProperties": {"(a)\\1": {}}}, "linear-time engine"),
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "type": "string"}, "is not supported"),
+])
+def test_definitions_only_a_backtracking_validator_could_run_are_refused(schema: Any, expected: str) -> None:
+    with pytest.raises(InvalidArgument, match=expected):
+        JSON_SCHEMA.normalize(js(schema))
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    {"type": "object", "properties": {"next": {"$ref": "#"}}},
+])
+def test_ref_cycles_validate_without_a_hang(schema: Any) -> None:
+    deep = b'{"next": ' * 900 + b"{}" + b"}" * 900
+    JSON_SCHEMA.validate(js(schema), deep)
+    with pytest.raises(InvalidArgument, match="not valid JSON"):  # deeper than the parser takes
+        JSON_SCHEMA.validate(js(schema), b'{"next": ' * 100_000 + b"{}" + b"}" * 100_000)
