@@ -52,7 +52,8 @@ __all__ = [
     "load_config",
 ]
 
-MIB = 1024 * 1024
+KIB = 1024
+MIB = 1024 * KIB
 # Room a frame needs around the largest message: wire envelope, topic name,
 # producer name, attributes. `limits.frame_bytes_max` must exceed
 # `policies.max_message_size` by more than this.
@@ -269,6 +270,19 @@ class LimitsSection:
     # The same map's bytes (each entry: its key, principal name and token id,
     # plus 128); the oldest go first past it. At least 65536, default 4 MiB.
     admin_principals_bytes_max: int = 4 * MIB
+    # A schema definition (register, check) longer than this is refused before it is
+    # parsed. 1 KiB..1 MiB (the metadata store's value bound), default 256 KiB.
+    schema_definition_bytes_max: int = 256 * KIB
+    # JSON values (objects, arrays, strings, numbers, ...) in a JSON Schema or Avro
+    # definition: the work of compiling it grows with them. 16..1,000,000, default 20,000.
+    schema_nodes_max: int = 20_000
+    # How deeply a JSON Schema or Avro definition nests (an Avro record in a record is
+    # about 4 levels deeper). 8..1,000, default 64.
+    schema_depth_max: int = 64
+    # Time a topic spends validating one batch's payloads against their schema; past it
+    # the batch is refused with INVALID_ARGUMENT (send smaller batches). 1..60,000 ms,
+    # default 200.
+    schema_validation_budget_ms: int = 200
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -297,6 +311,10 @@ class LimitsSection:
         _check_range("limits.requests_per_message_max", self.requests_per_message_max, 64, 65536)
         _check_range("limits.admin_principals_max", self.admin_principals_max, 1, _INT_MAX)
         _check_range("limits.admin_principals_bytes_max", self.admin_principals_bytes_max, 65536, _INT_MAX)
+        _check_range("limits.schema_definition_bytes_max", self.schema_definition_bytes_max, KIB, MIB)
+        _check_range("limits.schema_nodes_max", self.schema_nodes_max, 16, 1_000_000)
+        _check_range("limits.schema_depth_max", self.schema_depth_max, 8, 1_000)
+        _check_range("limits.schema_validation_budget_ms", self.schema_validation_budget_ms, 1, 60_000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

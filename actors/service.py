@@ -59,6 +59,7 @@ from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
 from danube_zmq.runtime.metrics import MailboxCollector
 from danube_zmq.runtime.system import ActorSystem
+from danube_zmq.schemas.limits import SchemaLimits
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.security.curve import ClusterCurve, Credentials, ZapService
 from danube_zmq.transport import cluster_records as cr
@@ -128,7 +129,10 @@ class BrokerService:
             await self.metadata.start()
             if config.cluster.raft_listen is None:
                 await self._bootstrap_namespaces()
-            self.schemas = SchemaRegistry(self.metadata)
+            limits = config.limits
+            self.schemas = SchemaRegistry(self.metadata, limits=SchemaLimits(
+                definition_bytes_max=limits.schema_definition_bytes_max, nodes_max=limits.schema_nodes_max,
+                depth_max=limits.schema_depth_max))
             self._raft_collector = RaftCollector(self.metadata.peer)
             REGISTRY.register(self._raft_collector)
             if config.broker.metrics_port:

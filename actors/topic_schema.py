@@ -21,13 +21,18 @@ Policy (Danube's `validate_message`):
 - `enforce`: such a batch is refused with FAILED_PRECONDITION.
 Payload validation, when enabled, decodes every payload of a batch written with the
 topic's subject against its exact version and refuses the batch with INVALID_ARGUMENT
-naming the message and the field at fault, whatever the policy. A topic with policy
+naming the message and the field at fault, whatever the policy. Validating one batch may
+take `limits.schema_validation_budget_ms`: past it the rest of the batch is not looked at
+and the batch is refused with INVALID_ARGUMENT, so a batch of many costly payloads holds
+the event loop about that long at most (each payload's own check is linear in its size:
+jsonschema-rs's regex engine does not backtrack). A topic with policy
 `none` and no payload validation has no guard at all: its send path does not change.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.schemas import topic_binding
@@ -88,8 +93,9 @@ async def resolve_producer_schema(registry: SchemaRegistry, msg: cp.CreateProduc
 class TopicSchemaGuard:
     """The checks of one topic bound to a subject; see the module docstring."""
 
-    def __init__(self, topic: str, state: TopicSchemaState) -> None:
+    def __init__(self, topic: str, state: TopicSchemaState, *, budget_ms: int = 200) -> None:
         self.topic = topic
+        self.budget_s = budget_ms / 1000
         self.update(state)
         # Definitions of the subject's versions producers attached with, for payload validation.
         self.versions: dict[int, tuple[SchemaFormat, bytes]] = {}
@@ -137,7 +143,14 @@ class TopicSchemaGuard:
             raise InvalidArgument(f"schema {state.subject!r} version {version} is not known to topic {self.topic};"
                                   " re-create the producer")
         fmt, definition = known
+        deadline = time.monotonic() + self.budget_s
         for index, payload in enumerate(payloads):
+            if index and time.monotonic() > deadline:
+                self._rejected.inc(len(payloads))
+                raise InvalidArgument(
+                    f"validating this batch against schema {state.subject!r} version {version} took over"
+                    f" {round(self.budget_s * 1000)} ms ({index} of {len(payloads)} messages checked;"
+                    " limits.schema_validation_budget_ms): send smaller batches")
             try:
                 fmt.validate(definition, payload)
             except InvalidArgument as exc:

@@ -22,6 +22,13 @@ Rules:
   location (`/fields/1/type`, the checker's notation) and field name (`address.zip`).
 - `validate`, `encode` and `decode` use fastavro on the schemaless binary encoding (no
   container header, no schema id); the parsed schemas are cached per definition.
+- A recursive schema (a named type reachable from itself, e.g. a linked list) lets a
+  payload nest as deep as it has bytes; fastavro's compiled reader recurses in C and a
+  100 KB payload overflowed the stack (a crash of the whole broker). Such a schema is read
+  with fastavro's pure-Python reader, under Python's recursion limit, and a payload
+  nesting deeper than it allows is refused (`InvalidArgument`). A schema that is not
+  recursive nests no deeper than its definition, which the registry bounds
+  (`limits.schema_depth_max`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +45,7 @@ import avro.compatibility as avro_compat
 import avro.errors
 import avro.schema
 import fastavro
+import fastavro._read_py
 import fastavro.read
 import fastavro.schema
 import fastavro.validation
@@ -57,6 +66,7 @@ class _Compiled:
     doc: Any  # the JSON document, aliases qualified
     avro: avro.schema.Schema
     fast: Any  # fastavro's parsed schema
+    recursive: bool  # a named type reachable from itself: read with the pure-Python reader
 
 
 # ---------------------------------------------------------------- parsing
@@ -165,7 +175,41 @@ def _compile(definition: bytes) -> _Compiled:
     doc = _qualify_aliases(_load_json(definition), None)
     parsed = _parse_avro(doc)
     _refuse_zero_byte_arrays(parsed, "", set())
-    return _Compiled(doc=doc, avro=parsed, fast=_parse_fast(doc))
+    return _Compiled(doc=doc, avro=parsed, fast=_parse_fast(doc), recursive=_is_recursive(parsed))
+
+
+def _children(schema: avro.schema.Schema) -> list[avro.schema.Schema]:
+    if isinstance(schema, avro.schema.RecordSchema):
+        return [f.type for f in schema.fields]
+    if isinstance(schema, avro.schema.ArraySchema):
+        return [schema.items]
+    if isinstance(schema, avro.schema.MapSchema):
+        return [schema.values]
+    if isinstance(schema, avro.schema.UnionSchema):
+        return list(schema.schemas)
+    return []
+
+
+def _is_recursive(root: avro.schema.Schema) -> bool:
+    """Whether some schema is reachable from itself (only a named type can be)."""
+    on_path: set[int] = set()
+    done: set[int] = set()
+    stack: list[tuple[avro.schema.Schema, bool]] = [(root, False)]
+    while stack:  # a depth-first walk without recursion: leaving a node pops it off the path
+        schema, leaving = stack.pop()
+        key = id(schema)
+        if leaving:
+            on_path.discard(key)
+            done.add(key)
+            continue
+        if key in on_path:
+            return True
+        if key in done:
+            continue
+        on_path.add(key)
+        stack.append((schema, True))
+        stack.extend((child, False) for child in _children(schema))
+    return False
 
 
 def _compiled(definition: bytes | bytearray | memoryview) -> _Compiled:
@@ -302,28 +346,39 @@ def _join(path: str, segment: str) -> str:
 # ---------------------------------------------------------------- binary encoding
 
 
-def _failing_field(doc: Any, payload: bytes) -> str | None:
+def _failing_field(compiled: _Compiled, payload: bytes) -> str | None:
     """Name the top-level record field where decoding `payload` breaks (error path only).
 
     fastavro's read errors never name a field, so this decodes growing prefixes of the
     record's field list; the first prefix that fails ends with the field at fault.
     """
+    doc = compiled.doc
     if not isinstance(doc, dict) or doc.get("type") not in ("record", "error"):
         return None
     fields = doc.get("fields") or []
+    read = _reader_for(compiled)
     for n in range(1, len(fields) + 1):
         try:
             prefix = fastavro.parse_schema({**doc, "fields": fields[:n]})
-            fastavro.schemaless_reader(io.BytesIO(payload), prefix, None)
+            read(io.BytesIO(payload), prefix, None)
         except Exception:  # any failure marks the field; the caller reports the real error
             return str(fields[n - 1].get("name"))
     return None
 
 
+def _reader_for(*schemas: _Compiled | None) -> Any:
+    if any(s is not None and s.recursive for s in schemas):
+        return fastavro._read_py.schemaless_reader
+    return fastavro.schemaless_reader
+
+
 def _read(compiled: _Compiled, payload: bytes, reader: _Compiled | None) -> Any:
     stream = io.BytesIO(payload)
     try:
-        value = fastavro.schemaless_reader(stream, compiled.fast, reader.fast if reader else None)
+        value = _reader_for(compiled, reader)(stream, compiled.fast, reader.fast if reader else None)
+    except RecursionError:
+        raise InvalidArgument("payload nests deeper than the broker decodes (a recursive schema, read under"
+                              f" Python's recursion limit of {sys.getrecursionlimit()} frames)") from None
     except fastavro.read.SchemaResolutionError as e:
         raise InvalidArgument(f"cannot read the payload with the reader schema: {e}") from None
     except (EOFError, StopIteration) as e:
@@ -339,7 +394,7 @@ def _read(compiled: _Compiled, payload: bytes, reader: _Compiled | None) -> Any:
 
 
 def _with_field(problem: str, compiled: _Compiled, payload: bytes) -> str:
-    field = _failing_field(compiled.doc, payload)
+    field = _failing_field(compiled, payload)
     return f"{problem} at field {field!r}" if field else problem
 
 

@@ -25,6 +25,11 @@ Keys:
     /schemas/ids/{schema_id:020d}                the subject's name
     counter /schemas/next_id
 
+A definition is checked against `SchemaLimits` (its size before anything parses it, then
+its node count and depth) and then compiled, normalized and compared with the subject's
+versions in a worker thread of the registry's own, one at a time: a large schema's
+compile no longer holds the event loop for its whole length.
+
 A registration writes the subject record and the new version's definition in one
 transaction guarded by the record's version, so concurrent registrations on any brokers
 never interleave (the loser re-reads and retries).
@@ -32,15 +37,18 @@ never interleave (the loser re-reads and retries).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import msgpack
 
 from danube_zmq.consensus.metadata_store import MetadataStore
 from danube_zmq.schemas.formats import format_for
+from danube_zmq.schemas.limits import SchemaLimits, check_definition
 from danube_zmq.schemas.types import CompatibilityMode, SchemaType
 from danube_zmq.storage.paths import show
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -180,9 +188,26 @@ def compatibility_errors(
 class SchemaRegistry:
     """The registry over a `MetadataStore`; every method is one or a few store rounds."""
 
-    def __init__(self, store: MetadataStore, *, default_mode: CompatibilityMode = CompatibilityMode.BACKWARD) -> None:
+    def __init__(self, store: MetadataStore, *, default_mode: CompatibilityMode = CompatibilityMode.BACKWARD,
+                 limits: SchemaLimits | None = None) -> None:
         self.store = store
         self.default_mode = default_mode
+        self.limits = limits or SchemaLimits()
+        # One compile at a time: concurrent registrations of large schemas queue here
+        # instead of multiplying the memory and CPU they take.
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="schema-compile")
+
+    async def _off_loop(self, work: object, *args: object) -> object:
+        return await asyncio.get_running_loop().run_in_executor(self._compiler, work, *args)  # type: ignore[arg-type]
+
+    async def _normalize(self, schema_type: SchemaType, definition: bytes) -> bytes:
+        """The normalized definition, once it passed the limits (checked on the loop: cheap)."""
+        check_definition(schema_type, definition, self.limits)
+        return await self._off_loop(format_for(schema_type).normalize, definition)  # type: ignore[return-value]
+
+    async def _compatibility(self, schema_type: SchemaType, mode: CompatibilityMode, new: bytes,
+                             existing: list[bytes]) -> list[str]:
+        return await self._off_loop(compatibility_errors, schema_type, mode, new, existing)  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ reads
 
@@ -280,8 +305,7 @@ class SchemaRegistry:
     ) -> list[str]:
         """Why `definition` could not be registered under `subject` (empty: it could).
         `mode` overrides the subject's mode for this check only."""
-        fmt = format_for(schema_type)
-        normalized = fmt.normalize(definition)
+        normalized = await self._normalize(schema_type, definition)
         try:
             record, _ = await self._subject(subject)
         except NotFound:
@@ -289,7 +313,7 @@ class SchemaRegistry:
         if record.schema_type is not schema_type:
             return [f"subject {subject!r} holds {record.schema_type.value} schemas, not {schema_type.value}"]
         existing = [await self._definition(subject, v.version) for v in record.live()]
-        return compatibility_errors(schema_type, mode or record.mode, normalized, existing)
+        return await self._compatibility(schema_type, mode or record.mode, normalized, existing)
 
     # ------------------------------------------------------------------ writes
 
@@ -297,7 +321,7 @@ class SchemaRegistry:
         self, subject: str, schema_type: SchemaType, definition: bytes, *, description: str = ""
     ) -> Registered:
         check_subject(subject)
-        normalized = format_for(schema_type).normalize(definition)
+        normalized = await self._normalize(schema_type, definition)
         fingerprint = hashlib.sha256(normalized).hexdigest()
         for _attempt in range(_RETRIES_MAX):
             value = await self.store.get(_subject_key(subject))
@@ -337,7 +361,7 @@ class SchemaRegistry:
             if info.fingerprint == fingerprint:
                 return Registered(record.schema_id, info.version, False, fingerprint)
         existing = [await self._definition(subject, v.version) for v in live]
-        reasons = compatibility_errors(schema_type, record.mode, normalized, existing)
+        reasons = await self._compatibility(schema_type, record.mode, normalized, existing)
         if reasons:
             raise IncompatibleSchema(
                 f"schema is not compatible with subject {subject!r} (mode {record.mode.value}): " + "; ".join(reasons),

@@ -319,7 +319,7 @@ class TopicActor(Actor):
             return
         guard = self.schema_guard
         if guard is None or guard.state.schema_id != state.schema_id:
-            guard = TopicSchemaGuard(self.topic, state)
+            guard = TopicSchemaGuard(self.topic, state, budget_ms=self.config.limits.schema_validation_budget_ms)
             for producer in self.producers.values():
                 if producer.schema is not None:
                     guard.learn(producer.schema)

@@ -310,3 +310,13 @@ def test_arrays_of_zero_byte_items_are_refused(items: str) -> None:
 def test_arrays_of_non_empty_items_are_fine() -> None:
     definition = b'{"type": "array", "items": ["null", "int"]}'  # a union index is one byte at least
     assert AVRO.decode(definition, AVRO.encode(definition, [None, 1])) == [None, 1]
+
+
+def test_a_recursive_schema_refuses_a_payload_nested_past_the_recursion_limit() -> None:
+    # fastavro's compiled reader overflowed the C stack on this 100 KB payload (the broker died).
+    definition = json.dumps({"type": "record", "name": "Node",
+                             "fields": [{"name": "next", "type": ["null", "Node"]}]}).encode()
+    AVRO.validate(definition, b"\x02" * 50 + b"\x00")
+    assert AVRO.decode(definition, b"\x02\x00") == {"next": {"next": None}}
+    with pytest.raises(InvalidArgument, match="nests deeper than the broker decodes"):
+        AVRO.validate(definition, b"\x02" * 100_000 + b"\x00")
