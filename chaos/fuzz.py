@@ -306,9 +306,12 @@ class FrameGenerator:
         port only; elsewhere a mutated frame)."""
         if not any(cls.TAG == REGISTER_SCHEMA_TAG for cls in self.requests):
             return self._mutated()
-        schema_type, make = self.rng.choice(HOSTILE_SCHEMAS)
+        index = self.rng.randrange(len(HOSTILE_SCHEMAS))
+        schema_type, make = HOSTILE_SCHEMAS[index]
         definition = make(self.rng)[: self.frame_bytes_max - 1024]
-        return [self._pack([REGISTER_SCHEMA_TAG, self.rng.randint(0, 100), "fuzz-hostile", schema_type, definition])]
+        # A subject of its own per definition: each is compiled, not refused as incompatible.
+        return [self._pack([REGISTER_SCHEMA_TAG, self.rng.randint(0, 100), f"fuzz-hostile-{index}", schema_type,
+                            definition])]
 
     def _oversize(self) -> list[bytes]:
         # A Send-shaped frame one to a thousand bytes over the limit: libzmq cuts the
