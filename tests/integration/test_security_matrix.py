@@ -388,3 +388,35 @@ async def test_a_token_of_principal_type_broker_is_refused_at_connect(matrix: Ma
         else:
             async with SchemaRegistryClient(matrix.broker.url, timeout_ms=TIMEOUT_MS, use_env=False, **creds):
                 pass
+
+
+async def test_the_attacks_of_round_three_find_nothing(matrix: Matrix) -> None:
+    """Issue 37 on the secured broker: a connection with a fresh CURVE key, no token and
+    the routing id of mx-valid's consumer receives none of its messages (the consumer
+    gets them all); a schema definition built to stall the registry, sent by a principal
+    holding ManageSchema on its subject, is refused at once by its bound, and a second
+    registration right after is answered."""
+    from tests.integration.test_session_takeover import _attack, _identity_of
+
+    creds = matrix.credentials("valid", "consume")
+    async with DanubeClient(matrix.broker.url, request_timeout_ms=TIMEOUT_MS, **creds) as client:
+        consumer = await client.subscribe(TOPIC, f"matrix-{secrets.token_hex(4)}")
+        attack = asyncio.create_task(_attack(matrix.broker.url, _identity_of(client),
+                                             matrix.keys.server_public_key))
+        await asyncio.sleep(0.5)
+        async with DanubeClient(matrix.broker.url, request_timeout_ms=TIMEOUT_MS, **matrix.alice()) as alice:
+            producer = await alice.create_producer(TOPIC, dispatch="reliable")
+            sent = [(await producer.send(f"secret {i}".encode())).offset for i in range(10)]
+        stolen = await attack
+        assert not [m for m in stolen if type(m).__name__ == "Deliver"]
+        got = [(await consumer.receive(timeout=DEADLINE_S)).offset for _ in sent]
+        assert got == sent
+
+    bomb = b'{"items":' * 500 + b"{}" + b"}" * 500
+    async with SchemaRegistryClient(matrix.broker.url, timeout_ms=TIMEOUT_MS, use_env=False,
+                                    **matrix.credentials("valid", "schema")) as registry:
+        started = time.monotonic()
+        with pytest.raises(DanubeError, match=r"limits\.schema_depth_max"):
+            await registry.register(SUBJECT, "json_schema", bomb)
+        assert time.monotonic() - started < DEADLINE_S
+        assert (await registry.register(SUBJECT, "json_schema", SCHEMA)).schema_id > 0
