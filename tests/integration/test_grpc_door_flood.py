@@ -23,8 +23,8 @@ import grpc
 import psutil
 import pytest
 
-from danube_zmq.client.admin import AdminClient
 from danube_zmq.client import DanubeClient as NativeClient
+from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as admin_pb
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as admin_pb_grpc
 from tests.integration.conftest import BrokerProcess, free_port, start_broker
