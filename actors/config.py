@@ -142,6 +142,23 @@ class BrokerSection:
     # admin port (broker.admin_listen). Port 0 picks a free one. Default None: off,
     # nothing is bound and the gRPC modules are not even imported.
     grpc_admin_listen: str | None = None
+    # TCP connections the gRPC client door holds at once, TLS or HTTP/2 handshake done
+    # or not; one more is closed at once by grpc itself (nothing read from it). Counted
+    # with the native ports against the broker's file descriptors: the broker refuses
+    # to start when the doors' share does not fit RLIMIT_NOFILE (docs/security.md).
+    # 1..1,000,000, default 1,000.
+    grpc_connections_max: int = 1_000
+    # The same for the gRPC admin door. 1..1,000,000, default 64.
+    grpc_admin_connections_max: int = 64
+    # A connection to either gRPC door that has not finished its TLS handshake and sent
+    # its HTTP/2 settings within this is closed (an HTTP/2 GOAWAY, then the socket).
+    # 100..600,000, default 5,000 ms.
+    grpc_handshake_timeout_ms: int = 5_000
+    # A connection to either gRPC door with no call open for this long is closed (a
+    # GOAWAY; Danube's clients dial again when they next call). Danube's client health-
+    # checks every 5 s while it holds a producer or consumer, so only an unused
+    # connection goes. 1,000..86,400,000, default 60,000 ms.
+    grpc_idle_timeout_ms: int = 60_000
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -181,6 +198,10 @@ class BrokerSection:
             # tools pick TLS from the scheme they are told.
             _check_http_endpoint("broker.grpc_advertised_url", self.grpc_advertised_url, ("http", "https"))
         _check_range("broker.grpc_attachments_max", self.grpc_attachments_max, 1, 100_000)
+        _check_range("broker.grpc_connections_max", self.grpc_connections_max, 1, 1_000_000)
+        _check_range("broker.grpc_admin_connections_max", self.grpc_admin_connections_max, 1, 1_000_000)
+        _check_range("broker.grpc_handshake_timeout_ms", self.grpc_handshake_timeout_ms, 100, 600_000)
+        _check_range("broker.grpc_idle_timeout_ms", self.grpc_idle_timeout_ms, 1_000, 86_400_000)
         if self.grpc_admin_listen is not None:
             _check_http_endpoint("broker.grpc_admin_listen", self.grpc_admin_listen)
             if self.grpc_listen == self.grpc_admin_listen and not self.grpc_admin_listen.endswith(":0"):

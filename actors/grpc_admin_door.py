@@ -35,9 +35,11 @@ from typing import Any, NoReturn
 
 import grpc
 
+from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.grpc_admin_clients import AdminClients
 from danube_zmq.actors.grpc_door import abort_with, caller_of, native_target
 from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity
+from danube_zmq.actors.grpc_door_limits import ADMIN_CALLS_MAX, DoorLimits
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as pb_grpc
@@ -78,9 +80,11 @@ class GrpcAdminDoor:
     names the door `url` as it serves (https:// with TLS); `stop()` ends the calls and
     closes the admin and registry clients."""
 
-    def __init__(self, *, listen: str, admin_url: str, client_url: str, security: DoorSecurity | None = None) -> None:
+    def __init__(self, *, listen: str, admin_url: str, client_url: str, security: DoorSecurity | None = None,
+                 limits: DoorLimits | None = None) -> None:
         self.listen = listen
-        self.security = security or DoorSecurity()
+        self.security = (security or DoorSecurity()).with_context()
+        self.limits = limits or DoorLimits.admin_door(BrokerConfig())
         self.admins = AdminClients(native_target(admin_url, "broker.grpc_admin_listen", "broker.admin_listen"),
                                    self.security, "grpc-admin-door")
         # Danube's admin endpoint serves its SchemaRegistry too (danube-admin's `schemas`
@@ -99,7 +103,8 @@ class GrpcAdminDoor:
         from danube_zmq.actors.grpc_door_schemas import SchemaRegistryDoor
         from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
-        server = grpc.aio.server()
+        # Each call holds an admin client (a connection to the admin port) while it runs.
+        server = grpc.aio.server(options=self.limits.server_options(), maximum_concurrent_rpcs=ADMIN_CALLS_MAX)
         pb_grpc.add_BrokerAdminServicer_to_server(BrokerAdminDoor(self), server)
         pb_grpc.add_ClusterAdminServicer_to_server(ClusterAdminDoor(self), server)
         pb_grpc.add_NamespaceAdminServicer_to_server(NamespaceAdminDoor(self), server)
@@ -124,6 +129,8 @@ class GrpcAdminDoor:
             await self._schemas.close()
             self._schemas = None
         self.admins.close()
+        assert self.security.context is not None
+        self.security.context.destroy(linger=0)
 
     def admin(self) -> AbstractAsyncContextManager[AdminClient]:
         """A connected admin client of this broker's admin port for one call, the caller's

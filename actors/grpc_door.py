@@ -41,8 +41,10 @@ from typing import Any
 
 import grpc
 
+from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.grpc_admin_clients import AdminClients
 from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity, PerCaller, bearer_token, check_owner
+from danube_zmq.actors.grpc_door_limits import DoorLimits
 from danube_zmq.client.client import DanubeClient
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.transport import cluster_records as cr
@@ -141,9 +143,11 @@ class GrpcDoor:
 
     def __init__(self, *, listen: str, advertised_url: str | None, client_url: str, admin_url: str, broker_url: str,
                  attachments_max: int, metadata: RaftMetadataStore | None, rng: random.Random,
-                 monotonic_ms: Callable[[], int] | None = None, security: DoorSecurity | None = None) -> None:
+                 monotonic_ms: Callable[[], int] | None = None, security: DoorSecurity | None = None,
+                 limits: DoorLimits | None = None) -> None:
         self.listen = listen
-        self.security = security or DoorSecurity()
+        self.security = (security or DoorSecurity()).with_context()
+        self.limits = limits or DoorLimits.client_door(BrokerConfig())
         self._advertised = advertised_url
         self.native_url = native_target(client_url)
         # SchemaRegistry's topic-binding calls are admin operations: the admin port.
@@ -169,7 +173,7 @@ class GrpcDoor:
         from danube_zmq.actors.grpc_door_storage import StorageDoor
         from danube_zmq.transport.danube_proto import SchemaRegistry_pb2_grpc as spb_grpc
 
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=self.limits.server_options())
         self._schemas = SchemaRegistryDoor(security=self.security, client_target=self.native_url,
                                            admins=self._admins)
         spb_grpc.add_SchemaRegistryServicer_to_server(self._schemas, server)
@@ -216,6 +220,8 @@ class GrpcDoor:
             await self._schemas.close()
             self._schemas = None
         self._admins.close()
+        assert self.security.context is not None
+        self.security.context.destroy(linger=0)
 
     async def control(self, caller: Caller, call: Callable[[DanubeClient], Any]) -> Any:
         """`call` on `caller`'s lookup client; one the broker refused is not kept."""

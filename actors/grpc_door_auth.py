@@ -18,14 +18,16 @@ the bearer token stays the identity the broker authorizes.
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
+import zmq
+import zmq.asyncio
 
 from danube_zmq.transport.errors import ConfigError, PermissionDenied, Unauthenticated
 
@@ -54,7 +56,7 @@ def check_owner(owner: Caller, caller: Caller, what: str) -> None:
         raise PermissionDenied(f"{what} was created with another token")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class DoorSecurity:
     """How a door serves (TLS or not) and dials its broker for a caller (CURVE or not)."""
 
@@ -64,6 +66,20 @@ class DoorSecurity:
     tls_key_file: str | None = None
     # The CAs of the clients' certificates: set, the doors require mutual TLS.
     tls_client_ca_file: str | None = None
+    # The ZeroMQ context the door's native clients open their sockets in (the door's
+    # own, `with_context`): one I/O thread for them all, not one and a few descriptors
+    # per client (grpc_door_limits.NATIVE_CLIENT_FDS).
+    context: zmq.asyncio.Context | None = None
+
+    def with_context(self) -> DoorSecurity:
+        """The same, with a context of its own for a door to open clients in (and
+        destroy when it stops)."""
+        context = zmq.asyncio.Context()
+        context.setsockopt(zmq.LINGER, 0)
+        # A client holds a few sockets (its DEALER, a handshake monitor's pair): lift
+        # libzmq's default of 1023 sockets a context, as the broker's own context does.
+        context.set(zmq.MAX_SOCKETS, 65_536)
+        return dataclasses.replace(self, context=context)
 
     @property
     def scheme(self) -> str:
@@ -74,9 +90,10 @@ class DoorSecurity:
     def credentials(self, caller: Caller) -> dict[str, Any]:
         """The native client's keyword arguments for `caller`: their token and a fresh
         key pair (client_keys left out), none of the broker's environment."""
+        shared = {"use_env": False, "context": self.context}
         if self.server_public_key is None:
-            return {"use_env": False}  # security.mode none: the broker reads no token
-        return {"server_public_key": self.server_public_key, "token": caller, "use_env": False}
+            return shared  # security.mode none: the broker reads no token
+        return {"server_public_key": self.server_public_key, "token": caller, **shared}
 
     def bind(self, server: grpc.aio.Server, address: str, key: str) -> int:
         """Bind `address` (HOST:PORT) with TLS when configured; the bound port, 0 if not."""

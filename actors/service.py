@@ -105,6 +105,10 @@ class BrokerService:
 
     async def start(self) -> None:
         config = self.config
+        if config.broker.grpc_listen is not None or config.broker.grpc_admin_listen is not None:
+            from danube_zmq.actors.grpc_door_limits import check_fd_budget
+
+            check_fd_budget(config)  # before any bind: the doors must not take the native ports' descriptors
         loaded = load_cluster_curve(config.security)  # a bad key file stops the start before any bind
         if loaded is not None:
             self.curve, self.credentials = loaded
@@ -188,24 +192,27 @@ class BrokerService:
 
     async def _start_grpc_door(self) -> None:
         from danube_zmq.actors.grpc_door import GrpcDoor
+        from danube_zmq.actors.grpc_door_limits import DoorLimits
 
         broker = self.config.broker
         assert broker.grpc_listen is not None
         door = GrpcDoor(listen=broker.grpc_listen, advertised_url=broker.grpc_advertised_url,
                         client_url=self.client_url, admin_url=self.admin_url, broker_url=self.advertised_url,
                         attachments_max=broker.grpc_attachments_max, metadata=self.metadata,
-                        rng=random.Random(self.rng.getrandbits(64)), security=self._door_security())
+                        rng=random.Random(self.rng.getrandbits(64)), security=self._door_security(),
+                        limits=DoorLimits.client_door(self.config))
         await door.start()
         self._grpc_door = door
         self.grpc_url = door.url
 
     async def _start_grpc_admin_door(self) -> None:
         from danube_zmq.actors.grpc_admin_door import GrpcAdminDoor
+        from danube_zmq.actors.grpc_door_limits import DoorLimits
 
         listen = self.config.broker.grpc_admin_listen
         assert listen is not None
         door = GrpcAdminDoor(listen=listen, admin_url=self.admin_url, client_url=self.client_url,
-                             security=self._door_security())
+                             security=self._door_security(), limits=DoorLimits.admin_door(self.config))
         await door.start()
         self._grpc_admin_door = door
         self.grpc_admin_url = door.url

@@ -159,6 +159,7 @@ class DanubeClient:
         token: str | None = None,
         token_provider: TokenProvider | None = None,
         use_env: bool = True,
+        context: zmq.asyncio.Context | None = None,
     ) -> None:
         _check_name("service_url", service_url)
         if type(write_linger_us) is not int or not 0 <= write_linger_us <= 1_000_000:
@@ -190,7 +191,10 @@ class DanubeClient:
         env = os.environ if use_env else None
         self.curve: ClientCurve | None = client_curve(server_public_key, client_keys, env=env)
         self._tokens: TokenSource | None = token_source(token, token_provider, env=env)
-        self._context: zmq.asyncio.Context | None = None
+        # A context of the caller's (a gRPC door's, shared by its many clients: no I/O
+        # thread and descriptors each) is used, never destroyed; else one of our own.
+        self._context: zmq.asyncio.Context | None = context
+        self._owns_context = context is None
         self._connections: dict[str, Connection] = {}
         self._connect_lock = asyncio.Lock()
         self._producers: dict[Producer, None] = {}
@@ -216,9 +220,9 @@ class DanubeClient:
         for connection in reversed(list(self._connections.values())):
             await connection.close()
         self._connections.clear()
-        if self._context is not None:
+        if self._context is not None and self._owns_context:
             self._context.destroy(linger=0)
-            self._context = None
+        self._context = None
 
     async def __aenter__(self) -> DanubeClient:
         await self.start()

@@ -93,13 +93,16 @@ class RequestClient:
         token: str | None = None,
         token_provider: TokenProvider | None = None,
         use_env: bool = True,
+        context: zmq.asyncio.Context | None = None,
     ) -> None:
         """`server_public_key` (Z85 or a `.key` file) makes the connection CURVE; `client_keys`
         (a `.key_secret` file or a (public, secret) pair; default a fresh pair) are this
         client's. `token` (a JWT) or `token_provider` (a callable, sync or async, returning
         one; asked at every `Connect` and after UNAUTHENTICATED) goes in `Connect`. Left
         None, they come from DANUBE_SERVER_KEY, DANUBE_CLIENT_KEYS and DANUBE_TOKEN unless
-        `use_env` is False (a broker's own clients, configured by the broker alone)."""
+        `use_env` is False (a broker's own clients, configured by the broker alone).
+        `context`: a ZeroMQ context of the caller's to open the socket in (a gRPC door's,
+        shared by its many clients), never terminated here; default one of our own."""
         if timeout_ms <= 0:
             raise InvalidArgument(f"timeout_ms must be > 0, got {timeout_ms}")
         self.endpoint = check_endpoint(endpoint, self.WHAT)
@@ -111,6 +114,7 @@ class RequestClient:
         self._reconnects: _Reconnects | None = None  # watched only when Connect carries a token
         self.sessions_opened = 0
         """`Connect`s answered: 1 after `connect()`, one more per reconnect or renewal."""
+        self._shared_context = context
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._next_request_id = 1
@@ -138,7 +142,7 @@ class RequestClient:
     async def connect(self) -> Connected:
         """Open the socket and do the `Connect` handshake."""
         assert self._socket is None, "connect() called twice"
-        self._context = zmq.asyncio.Context()
+        self._context = self._shared_context or zmq.asyncio.Context()
         sock = self._context.socket(zmq.DEALER)
         # Linger 0: a request to a dead broker must not keep the process alive at exit.
         sock.setsockopt(zmq.LINGER, 0)
@@ -192,9 +196,9 @@ class RequestClient:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
-        if self._context is not None:
+        if self._context is not None and self._context is not self._shared_context:
             self._context.term()
-            self._context = None
+        self._context = None
 
 
     # -- plumbing ----------------------------------------------------------

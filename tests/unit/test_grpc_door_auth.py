@@ -31,9 +31,9 @@ def test_bearer_token() -> None:
 
 
 def test_credentials_never_read_the_environment() -> None:
-    assert DoorSecurity().credentials("t") == {"use_env": False}
+    assert DoorSecurity().credentials("t") == {"use_env": False, "context": None}
     assert DoorSecurity(server_public_key=b"k" * 40).credentials(None) == {
-        "server_public_key": b"k" * 40, "token": None, "use_env": False}
+        "server_public_key": b"k" * 40, "token": None, "use_env": False, "context": None}
 
 
 async def test_bad_certificate_is_a_config_error(tmp_path: Path) -> None:
