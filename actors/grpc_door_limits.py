@@ -98,18 +98,34 @@ def native_fds(config: BrokerConfig) -> int:
     return limits.connections_max + 2 * limits.connections_pending_max + FDS_RESERVED
 
 
+def raise_nofile(wanted: int) -> int:
+    """This process's soft RLIMIT_NOFILE, raised towards `wanted` as far as the hard
+    limit allows (as Go's runtime does for nats-server): a soft limit of 1024 is a
+    distribution's default for interactive shells, not a choice made for a broker."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft
+        return target
+    return soft
+
+
 def check_fd_budget(config: BrokerConfig, nofile: int | None = None) -> None:
     """Refuse a configuration whose doors could take descriptors the native ports need:
-    both together must fit `nofile` (default: this process's soft RLIMIT_NOFILE)."""
+    both together must fit `nofile` (default: this process's soft RLIMIT_NOFILE, first
+    raised up to the hard limit when that is short)."""
     doors = door_fds(config)
     if doors == 0:
         return
-    if nofile is None:
-        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if nofile == resource.RLIM_INFINITY:
-        return
     native = native_fds(config)
-    if doors + native <= nofile:
+    if nofile is None:
+        nofile = raise_nofile(doors + native)
+    if nofile == resource.RLIM_INFINITY or doors + native <= nofile:
         return
     broker = config.broker
     raise ConfigError(
@@ -119,4 +135,4 @@ def check_fd_budget(config: BrokerConfig, nofile: int | None = None) -> None:
         f" broker.grpc_attachments_max {broker.grpc_attachments_max}) and the native ports {native}"
         f" (limits.connections_max {config.limits.connections_max}, 2 x limits.connections_pending_max"
         f" {config.limits.connections_pending_max}, {FDS_RESERVED} reserved): {doors + native} in all, over"
-        f" this process's RLIMIT_NOFILE of {nofile}. Raise `ulimit -n` or lower these settings.")
+        f" this process's RLIMIT_NOFILE of {nofile} (its hard limit). Raise `ulimit -Hn` or lower these settings.")

@@ -61,7 +61,7 @@ def test_doors_over_the_budget_stop_the_start_naming_the_settings() -> None:
         check_fd_budget(config, nofile=1024)
     message = str(refused.value)
     for key in ("broker.grpc_connections_max", "broker.grpc_admin_connections_max", "broker.grpc_attachments_max",
-                "limits.connections_max", "limits.connections_pending_max", "RLIMIT_NOFILE of 1024", "ulimit -n"):
+                "limits.connections_max", "limits.connections_pending_max", "RLIMIT_NOFILE of 1024", "ulimit -Hn"):
         assert key in message, message
     # Lowering the native ports' share makes room for the same doors.
     smaller = BrokerConfig(broker=BOTH_DOORS, limits=LimitsSection(connections_max=100, connections_pending_max=100))
@@ -94,3 +94,22 @@ async def test_a_doors_native_clients_share_its_context_and_leave_it_open() -> N
     assert not context.closed
     await door.stop()
     assert context.closed
+
+
+def test_a_short_soft_limit_is_raised_up_to_the_hard_one() -> None:
+    """A soft RLIMIT_NOFILE of 1024 (a shell's default) under a hard limit that fits the
+    doors is raised, in a child process so this one's limit stays as it was."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "from danube_zmq.actors.grpc_door_limits import raise_nofile\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))\n"
+        "wanted = min(4096, hard)\n"
+        "assert raise_nofile(wanted) == wanted, resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == wanted\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
