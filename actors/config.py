@@ -120,6 +120,13 @@ class BrokerSection:
     # beyond it add up in one `topic="_other"` child, so a broker serving 100,000
     # partitions does not export millions of series. 0..1,000,000, default 1,000.
     metrics_topics_max: int = 1_000
+    # Subscriptions of each named topic with series of their own (`subscription`
+    # label, about 27 series each); the topic's others add up in one
+    # `subscription="_other"` child, so a principal that may only consume cannot grow
+    # /metrics by making subscriptions. Per topic: one tenant never pushes another
+    # topic's subscriptions out of their names. 0: none by name (Pulsar's
+    # exposeConsumerLevelMetricsInPrometheus off). 0..1,000,000, default 10.
+    metrics_subscriptions_max: int = 10
     # libzmq I/O threads of the broker's ZeroMQ context: they move every byte of every
     # socket, and with security.mode curve they also encrypt and decrypt it, so on a
     # secured broker with spare cores a second one takes that work off the first.
@@ -172,6 +179,7 @@ class BrokerSection:
             raise _error("broker.metrics_host", f"must be an address or host name, got {self.metrics_host!r}")
         _check_range("broker.metrics_connections_max", self.metrics_connections_max, 1, 1024)
         _check_range("broker.metrics_topics_max", self.metrics_topics_max, 0, 1_000_000)
+        _check_range("broker.metrics_subscriptions_max", self.metrics_subscriptions_max, 0, 1_000_000)
         _check_range("broker.io_threads", self.io_threads, 1, 16)
         if self.grpc_listen is not None:
             _check_http_endpoint("broker.grpc_listen", self.grpc_listen)
