@@ -360,6 +360,8 @@ TOPIC_POLICY_NAMES = (
     # Retention of a reliable topic's sealed segments (0: kept), over `storage.retention_*`.
     "retention_time_ms",
     "retention_bytes_max",
+    # Subscriptions without a consumer for this long are removed (0: never).
+    "subscription_expiration_ms",
 )
 _RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
 
@@ -449,6 +451,17 @@ class PoliciesSection:
     # 1..1000000 (the metadata store holds at most 1,000,000 keys). Default 10000.
     # A namespace's own limit (`namespaces set-limits`) overrides it.
     topics_per_namespace_max: int = 10_000
+    # A subscription with no consumer attached for this long is removed with its
+    # cursor (Pulsar's subscriptionExpirationTimeMinutes), freeing the log it held back
+    # and its place under max_subscriptions_per_topic; a namespace or topic may set its
+    # own (0: never, Pulsar's default). Idle counts from its last consumer leaving, or
+    # from the broker loading its topic (a restart starts the count again).
+    # Default 604800000 (7 days): a subscription nobody attached to for a week is
+    # abandoned by any reasonable measure, while a consumer down over a long weekend
+    # keeps its place; set more for consumers that come back less often (a weekly
+    # job: 14 days). Anyone who may consume can make subscriptions, and each one left
+    # behind holds a reliable topic's log up to the backlog quota.
+    subscription_expiration_ms: int = 7 * 24 * 3_600_000
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -467,6 +480,7 @@ class PoliciesSection:
             "max_consumers_per_subscription",
             "max_publish_rate",
             "max_dispatch_rate",
+            "subscription_expiration_ms",
         ):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)

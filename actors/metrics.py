@@ -315,6 +315,7 @@ class _Metrics:
     requests_refused: Counter
     load_decisions: Counter
     lease_renewals: Counter
+    subscriptions_expired: Counter
 
 
 METRICS = _Metrics(
@@ -393,6 +394,9 @@ METRICS = _Metrics(
                            " or unload started)", ["decision"]),
     lease_renewals=Counter("danube_broker_lease_renewals_total",
                            "Renewals of this broker's registration lease, by result (renewed, failed)", ["result"]),
+    subscriptions_expired=Counter("danube_subscriptions_expired_total",
+                                  "Subscriptions removed with their cursors after no consumer was attached for"
+                                  " their topic's subscription_expiration_ms"),
 )
 
 
