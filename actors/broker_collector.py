@@ -8,8 +8,9 @@ on the loop's thread, between handlers, it walks the topics the broker actor ser
 and reads each topic's and subscription's counts (plain reads: no message; each
 topic's counts are as of one instant, and the walk yields to the loop every 2,000
 topics). The scrape thread then builds the families. Topics past
-`broker.metrics_topics_max` add up under `topic="_other"` (`actors/metrics.py`
-TopicSeries).
+`broker.metrics_topics_max` add up under `topic="_other"`, and a topic's subscriptions
+past `broker.metrics_subscriptions_max` under `subscription="_other"`
+(`actors/metrics.py` TopicSeries).
 
 Reading other actors' state is the broker service's privilege as the system's owner
 (`ActorSystem.actor`); actors themselves never do it.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.metrics import OTHER, TOPIC_SERIES
+from danube_zmq.actors.metrics import TOPIC_SERIES
 from danube_zmq.actors.subscription.shell import SubscriptionActor
 from danube_zmq.actors.topic.shell import TopicActor
 from danube_zmq.actors.topic.wal_storage import WalStorage
@@ -125,7 +126,7 @@ class BrokerCollector:
                 if not isinstance(actor, SubscriptionActor):
                     continue
                 counts = actor.delivery.sample()
-                key = (label, OTHER if label == OTHER else name)
+                key = (label, TOPIC_SERIES.subscription_label(topic.topic, name))
                 sub = sample.subscriptions.setdefault(key, _SubscriptionRow())
                 sub.consumers += len(actor.consumers)
                 sub.backlog_messages += counts.backlog_messages

@@ -110,7 +110,8 @@ class BrokerTopicPolicies:
                 raise InvalidArgument(f"max_message_size must be in 1..{size_max} (the broker's"
                                       f" policies.max_message_size, which clients check too), got {value}")
         elif not 0 <= value <= _VALUE_MAX:
-            raise InvalidArgument(f"{policy} must be in 0..{_VALUE_MAX} (0: unlimited), got {value}")
+            zero = "never" if policy == "subscription_expiration_ms" else "unlimited"
+            raise InvalidArgument(f"{policy} must be in 0..{_VALUE_MAX} (0: {zero}), got {value}")
 
     async def handle_SetTopicPolicies(self, msg: ap.SetTopicPolicies, origin: Origin) -> Message:
         given = {policy: getattr(msg, policy) for policy in TOPIC_POLICY_NAMES if getattr(msg, policy) is not None}

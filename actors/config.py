@@ -121,6 +121,13 @@ class BrokerSection:
     # beyond it add up in one `topic="_other"` child, so a broker serving 100,000
     # partitions does not export millions of series. 0..1,000,000, default 1,000.
     metrics_topics_max: int = 1_000
+    # Subscriptions of each named topic with series of their own (`subscription`
+    # label, about 27 series each); the topic's others add up in one
+    # `subscription="_other"` child, so a principal that may only consume cannot grow
+    # /metrics by making subscriptions. Per topic: one tenant never pushes another
+    # topic's subscriptions out of their names. 0: none by name (Pulsar's
+    # exposeConsumerLevelMetricsInPrometheus off). 0..1,000,000, default 10.
+    metrics_subscriptions_max: int = 10
     # libzmq I/O threads of the broker's ZeroMQ context: they move every byte of every
     # socket, and with security.mode curve they also encrypt and decrypt it, so on a
     # secured broker with spare cores a second one takes that work off the first.
@@ -190,6 +197,7 @@ class BrokerSection:
             raise _error("broker.metrics_host", f"must be an address or host name, got {self.metrics_host!r}")
         _check_range("broker.metrics_connections_max", self.metrics_connections_max, 1, 1024)
         _check_range("broker.metrics_topics_max", self.metrics_topics_max, 0, 1_000_000)
+        _check_range("broker.metrics_subscriptions_max", self.metrics_subscriptions_max, 0, 1_000_000)
         _check_range("broker.io_threads", self.io_threads, 1, 16)
         if self.grpc_listen is not None:
             _check_http_endpoint("broker.grpc_listen", self.grpc_listen)
@@ -391,6 +399,8 @@ TOPIC_POLICY_NAMES = (
     # Retention of a reliable topic's sealed segments (0: kept), over `storage.retention_*`.
     "retention_time_ms",
     "retention_bytes_max",
+    # Subscriptions without a consumer for this long are removed (0: never).
+    "subscription_expiration_ms",
 )
 _RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
 
@@ -480,6 +490,17 @@ class PoliciesSection:
     # 1..1000000 (the metadata store holds at most 1,000,000 keys). Default 10000.
     # A namespace's own limit (`namespaces set-limits`) overrides it.
     topics_per_namespace_max: int = 10_000
+    # A subscription with no consumer attached for this long is removed with its
+    # cursor (Pulsar's subscriptionExpirationTimeMinutes), freeing the log it held back
+    # and its place under max_subscriptions_per_topic; a namespace or topic may set its
+    # own (0: never, Pulsar's default). Idle counts from its last consumer leaving, or
+    # from the broker loading its topic (a restart starts the count again).
+    # Default 604800000 (7 days): a subscription nobody attached to for a week is
+    # abandoned by any reasonable measure, while a consumer down over a long weekend
+    # keeps its place; set more for consumers that come back less often (a weekly
+    # job: 14 days). Anyone who may consume can make subscriptions, and each one left
+    # behind holds a reliable topic's log up to the backlog quota.
+    subscription_expiration_ms: int = 7 * 24 * 3_600_000
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -498,6 +519,7 @@ class PoliciesSection:
             "max_consumers_per_subscription",
             "max_publish_rate",
             "max_dispatch_rate",
+            "subscription_expiration_ms",
         ):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)

@@ -23,50 +23,76 @@ if TYPE_CHECKING:
     from danube_zmq.consensus.peer import RaftPeer
 
 
-# The `topic` (and `subscription`) label of every topic past `broker.metrics_topics_max`.
+# The `topic` label of every topic past `broker.metrics_topics_max`, and the
+# `subscription` label of its subscriptions and of those past
+# `broker.metrics_subscriptions_max` on a named topic.
 OTHER = "_other"
 
 
 class TopicSeries:
-    """Which topics have series of their own, and when their label children go.
+    """Which topics and subscriptions have series of their own, and when their label
+    children go.
 
     At most `topics_max` topics (set by the broker at start) are labelled by name; the
     series of any other topic add up under `topic="_other"` (its subscriptions under
     `subscription="_other"`), so the number of series stays bounded however many
-    partitions a broker serves. A topic's actor and each of its subscriptions' actors
-    hold its name (`acquire`, idempotent per holder, so an actor rebuilt by a restart
-    holds it once); when the last lets go (the topic deleted, unloaded or moved away)
-    its children are removed from every per-topic family, and its place is free.
-    Holders are keyed by their actor system too: tests run several brokers in one
-    process, and a topic moving between two of them is held by both for a moment."""
+    partitions a broker serves. Likewise at most `subscriptions_max` subscriptions of
+    each named topic are labelled by name, the others adding up under
+    `{topic=<it>, subscription="_other"}`: a principal that may only consume can make
+    many subscriptions, about 27 series each. The bound is per topic, so one tenant's
+    subscriptions never push another topic's out of their names, and a topic keeps its
+    names on whichever broker serves it; the broker's total is bounded by
+    topics_max x (subscriptions_max + 1) subscription rows.
+
+    A topic's actor and each of its subscriptions' actors hold its name (`acquire`,
+    idempotent per holder, so an actor rebuilt by a restart holds it once); when the
+    last lets go (the topic deleted, unloaded or moved away) its children are removed
+    from every per-topic family, and its place is free. A subscription's place frees
+    when it goes likewise. Holders are keyed by their actor system too: tests run
+    several brokers in one process, and a topic moving between two of them is held by
+    both for a moment."""
 
     def __init__(self) -> None:
         self.topics_max = 1_000
-        self._holders: dict[str, set[tuple[int, str]]] = {}
+        self.subscriptions_max = 10
+        # topic -> holder name ("" the topic's actor, else a named subscription) -> the
+        # actor systems holding it.
+        self._holders: dict[str, dict[str, set[int]]] = {}
         self._families: list[_PerTopic] = []
 
     def acquire(self, topic: str, holder: tuple[int, str], *, admit: bool = True) -> str:
         """The label `holder` (an actor system's id and "" for the topic's actor, or a
         subscription's name) counts `topic` under: `topic`, or OTHER when full. A
-        subscription does not `admit` its topic: it counts where its topic does."""
+        subscription does not `admit` its topic: it counts where its topic does, and by
+        its own name only while the topic has fewer than `subscriptions_max` named."""
+        system, name = holder
         holders = self._holders.get(topic)
         if holders is None:
             if not admit or len(self._holders) >= self.topics_max:
                 return OTHER
-            holders = self._holders[topic] = set()
-        holders.add(holder)
+            holders = self._holders[topic] = {}
+        systems = holders.get(name)
+        if systems is None:
+            if name and len(holders) - ("" in holders) >= self.subscriptions_max:
+                return topic  # counted under subscription="_other"
+            systems = holders[name] = set()
+        systems.add(system)
         return topic
 
     def release(self, topic: str, holder: tuple[int, str]) -> None:
         """`holder` stopped for good; a subscription's own children go at once, the
         topic's when its last holder is gone."""
+        system, name = holder
         holders = self._holders.get(topic)
-        if holders is None or holder not in holders:
+        systems = holders.get(name) if holders is not None else None
+        if holders is None or systems is None or system not in systems:
             return  # counted under OTHER: its counts stay in the sum
-        holders.discard(holder)
-        if holder[1] and not any(other[1] == holder[1] for other in holders):
-            for family in self._families:
-                family.remove(topic, holder[1])
+        systems.discard(system)
+        if not systems:
+            del holders[name]
+            if name:
+                for family in self._families:
+                    family.remove(topic, name)
         if not holders:
             del self._holders[topic]
             for family in self._families:
@@ -75,6 +101,11 @@ class TopicSeries:
     def label(self, topic: str) -> str:
         """`topic` if it has series of its own, else OTHER."""
         return topic if topic in self._holders else OTHER
+
+    def subscription_label(self, topic: str, subscription: str) -> str:
+        """`subscription` if it has series of its own (its topic too), else OTHER."""
+        holders = self._holders.get(topic)
+        return subscription if holders is not None and subscription and subscription in holders else OTHER
 
     def register(self, family: _PerTopic) -> None:
         self._families.append(family)
@@ -120,7 +151,8 @@ class _PerTopic:
 
     def labels(self, **labels: str) -> Any:
         topic = self._series.label(labels["topic"])
-        key = (topic,) if len(self.labelnames) == 1 else (topic, OTHER if topic == OTHER else labels["subscription"])
+        key = (topic,) if len(self.labelnames) == 1 else (
+            topic, self._series.subscription_label(labels["topic"], labels["subscription"]))
         children = self._children.get(topic)
         if children is None:
             children = self._children[topic] = {}
@@ -283,6 +315,7 @@ class _Metrics:
     requests_refused: Counter
     load_decisions: Counter
     lease_renewals: Counter
+    subscriptions_expired: Counter
 
 
 METRICS = _Metrics(
@@ -361,6 +394,9 @@ METRICS = _Metrics(
                            " or unload started)", ["decision"]),
     lease_renewals=Counter("danube_broker_lease_renewals_total",
                            "Renewals of this broker's registration lease, by result (renewed, failed)", ["result"]),
+    subscriptions_expired=Counter("danube_subscriptions_expired_total",
+                                  "Subscriptions removed with their cursors after no consumer was attached for"
+                                  " their topic's subscription_expiration_ms"),
 )
 
 

@@ -126,6 +126,7 @@ class BrokerService:
         self._mailbox_collector = MailboxCollector(system.statistics)
         REGISTRY.register(self._mailbox_collector)
         TOPIC_SERIES.topics_max = config.broker.metrics_topics_max
+        TOPIC_SERIES.subscriptions_max = config.broker.metrics_subscriptions_max
         self._broker_collector = BrokerCollector(system, asyncio.get_running_loop(), credentials=self.credentials)
         REGISTRY.register(self._broker_collector)
         try:

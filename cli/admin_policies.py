@@ -37,6 +37,8 @@ _HELP = {
                          " subscription has passed them.",
     "retention_bytes_max": "Reliable topics: sealed segments past this many bytes (oldest first) are deleted"
                            " once every subscription has passed them.",
+    "subscription_expiration_ms": "A subscription with no consumer attached for this long (ms) is removed"
+                                  " with its cursor.",
 }
 
 
@@ -44,7 +46,7 @@ def _policy_options(command: F) -> F:
     for policy in reversed(TOPIC_POLICY_NAMES):
         low = 1 if policy == "max_message_size" else 0
         suffix = "" if policy == "max_message_size" else " 0: kept." if policy.startswith("retention") \
-            else " 0: unlimited."
+            else " 0: never." if policy == "subscription_expiration_ms" else " 0: unlimited."
         command = click.option(f"--{policy.replace('_', '-')}", policy, type=click.IntRange(min=low), default=None,
                                help=_HELP[policy] + suffix)(command)
     return command

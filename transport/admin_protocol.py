@@ -959,6 +959,9 @@ class SetTopicPolicies(Message):
     # deleted once every cursor passed them (0: kept).
     retention_time_ms: int | None = None
     retention_bytes_max: int | None = None
+    # Subscriptions without a consumer for this long are removed with their cursors
+    # (0: never; Pulsar's subscriptionExpirationTimeMinutes).
+    subscription_expiration_ms: int | None = None
 
 
 @wire

@@ -379,6 +379,7 @@ class TopicPoliciesRecord(Message):
     max_dispatch_rate: int | None = None
     retention_time_ms: int | None = None  # 0: kept
     retention_bytes_max: int | None = None
+    subscription_expiration_ms: int | None = None  # 0: never
 
 
 @wire

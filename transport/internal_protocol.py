@@ -1082,6 +1082,7 @@ class ApplyTopicPolicies(Message):
     max_dispatch_rate: int
     retention_time_ms: int = 0  # 0: kept (storage.retention_time_ms null)
     retention_bytes_max: int = 0
+    subscription_expiration_ms: int = 0  # 0: never
 
 
 @wire
@@ -1098,6 +1099,14 @@ class PublishTokensDue(Message):
     the bucket has refilled enough for the first one."""
 
     TAG = 278
+
+
+@wire
+class ExpireSubscriptions(Message):
+    """Topic -> itself when its first idle subscription falls due under the topic's
+    `subscription_expiration_ms` (actors/topic/expiry.py)."""
+
+    TAG = 345
 
 
 @wire
@@ -1177,7 +1186,7 @@ INTERNAL_PROTOCOL = Protocol(
         HolderLives, HolderLiveness,
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
-        TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue,
+        TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue, ExpireSubscriptions,
         ResyncNext,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

@@ -22,6 +22,8 @@ stores and how it publishes is its storage side, chosen at spawn (`factory.make_
    subscription. Non-reliable topics refuse them with FAILED_PRECONDITION.
 5. The policies in force (limits, message size, rates) come from the broker at spawn and
    with each change (`ApplyTopicPolicies`), which the topic passes to its subscriptions.
+   Subscriptions without a consumer for `subscription_expiration_ms` are removed
+   (`expiry.py`, a timer message `ExpireSubscriptions`).
 6. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage;
    a topic with another storage logs and counts them as unrecognized.
 
@@ -43,6 +45,7 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
 from danube_zmq.actors.rate_limit import TokenBucket
 from danube_zmq.actors.subscription import Delivery, SubscriptionActor
+from danube_zmq.actors.topic.expiry import SubscriptionExpiry
 from danube_zmq.actors.topic.storage import TopicStorage
 from danube_zmq.actors.topic.wal_storage import WalStorage, refused_first
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
@@ -74,6 +77,7 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscription,
     DetachProducer,
     Done,
+    ExpireSubscriptions,
     FailurePolicyState,
     FlushDone,
     GetSubscriptionDispatchConfig,
@@ -131,6 +135,7 @@ class _Subscription:
     endpoint: str
     sub_type: int
     consumers: int = 0
+    idle_since_ms: int | None = None  # monotonic; None: a consumer is attached (expiry.py)
 
 
 class TopicActor(Actor):
@@ -168,6 +173,7 @@ class TopicActor(Actor):
         self.schema_guard: TopicSchemaGuard | None = None
         self.schema_revision = -1
         self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
+        self.expiry = SubscriptionExpiry(self)
         storage.bind(self)
 
     async def on_start(self) -> None:
@@ -245,6 +251,7 @@ class TopicActor(Actor):
             name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
         subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
         self.subscriptions[name] = subscription
+        self.expiry.touch(subscription)
         return subscription
 
     # ------------------------------------------------------------- client requests
@@ -380,6 +387,7 @@ class TopicActor(Actor):
         self.policies = msg
         for subscription in self.subscriptions.values():
             self.system.tell(subscription.endpoint, msg)
+        self.expiry.arm()
 
     def _set_publish_rate(self, rate: int) -> None:
         self._publish_bucket = TokenBucket(rate, self.system.clock.monotonic_ms()) if rate else None
@@ -444,6 +452,8 @@ class TopicActor(Actor):
             want = cp.SubType(msg.sub_type).name.lower()
             raise FailedPrecondition(f"subscription '{msg.subscription}' on {self.topic} is {have};"
                                      f" a {want} consumer cannot attach")
+        else:
+            self.expiry.touch(subscription)  # a consumer is attaching: not idle meanwhile
         consumer_id = self.rng.getrandbits(63)
         if not self.system.tell(subscription.endpoint, AttachConsumer(
                 identity=req.identity, frame=req.frame, consumer_id=consumer_id, replay=replay)):
@@ -467,7 +477,10 @@ class TopicActor(Actor):
     def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
         subscription = self.subscriptions.get(msg.subscription)
         if subscription is not None:
-            subscription.consumers = msg.consumers
+            self.expiry.counted(subscription, msg.consumers)
+
+    async def handle_ExpireSubscriptions(self, msg: ExpireSubscriptions) -> None:
+        await self.expiry.due()
 
     async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
         subscription = self.subscriptions.pop(msg.subscription, None)
@@ -476,12 +489,18 @@ class TopicActor(Actor):
             self._forget_subscription(msg.subscription)
 
     async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
-        subscription = self.subscriptions.pop(msg.subscription, None)
-        if subscription is None:
+        if not await self.remove_subscription(msg.subscription):
             raise NotFound(f"subscription '{msg.subscription}' does not exist on {self.topic}")
-        await self.system.stop(subscription.endpoint)
-        self._forget_subscription(msg.subscription)
         return Done()
+
+    async def remove_subscription(self, name: str) -> bool:
+        """Stop a subscription's actor and forget it (False: there is none)."""
+        subscription = self.subscriptions.pop(name, None)
+        if subscription is None:
+            return False
+        await self.system.stop(subscription.endpoint)
+        self._forget_subscription(name)
+        return True
 
     async def handle_DescribePartition(self, msg: DescribePartition) -> Message:
         subscriptions = []

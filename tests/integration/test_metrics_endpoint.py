@@ -255,6 +255,47 @@ def test_topics_past_metrics_topics_max_add_up_under_other(broker_factory) -> No
             '{topic="/default/t2"}': 2.0, '{topic="/default/t4"}': 1.0, '{topic="_other"}': 3.0}
 
 
+def test_subscriptions_past_metrics_subscriptions_max_add_up_under_other(broker_factory) -> None:
+    """The cardinality attack of issue 37 (a Consume-only principal making hundreds of
+    subscriptions on one topic, ~27 series each): with broker.metrics_subscriptions_max
+    10, 60 subscriptions of one topic, each with a consumer that received 2 messages,
+    export 11 subscription label values (10 by name, the rest under
+    subscription="_other"), the totals still add up (120 delivered, 60 consumers), and
+    /metrics grows by no more than one rollup over what 11 subscriptions cost."""
+    from danube_zmq import SyncClient
+
+    port = free_port()
+    broker = broker_factory("--metrics-port", str(port), env={"DANUBE_BROKER__METRICS_SUBSCRIPTIONS_MAX": "10"})
+    topic = "/default/fanout"
+    with SyncClient(broker.url) as client:
+        producer = client.create_producer(topic)
+        consumers = []
+        sizes = {}
+        for i in range(60):
+            consumers.append(client.subscribe(topic, f"sub-{i:02d}"))
+            if len(consumers) in (11, 60):
+                for _ in range(2):
+                    producer.send(b"x")
+                for consumer in consumers:
+                    consumer.receive(timeout=30)
+                    consumer.receive(timeout=30)
+                _, body = get(f"http://127.0.0.1:{port}/metrics")
+                sizes[len(consumers)] = len(body)
+        delivered = series(body, "danube_subscription_messages_out_total")
+        labels = {key.split(",")[0] for key in delivered if f'topic="{topic}"' in key}
+        assert len(labels) == 11 and '{subscription="_other"' in labels, labels
+        # 11 subscriptions got the first 2 messages, then all 60 got the next 2.
+        assert sum(delivered.values()) == 11 * 2 + 60 * 2, delivered
+        assert sum(series(body, "danube_subscription_active_consumers").values()) == 60
+        assert delivered['{subscription="_other",topic="/default/fanout"}'] == 1 * 4 + 49 * 2, delivered
+        # Only the values differ between the two scrapes (49 more subscriptions without
+        # the cap would add ~3 KB each).
+        assert sizes[60] - sizes[11] < 2_000, sizes
+        for consumer in consumers:
+            consumer.close()
+        producer.close()
+
+
 def test_uploads_lease_and_load_manager_series(broker_factory, tmp_path: Path) -> None:
     """storage.mode shared_fs with seal_every_flush: 3 reliable sends upload 3 or more
     segments (objects and bytes counted, none pending or failed) and each receipt,

@@ -53,6 +53,43 @@ def test_a_subscription_going_removes_only_its_own_children() -> None:
     assert 'subscription="s1"' not in text and 't_out_total{subscription="s2",topic="a"} 3.0' in text
 
 
+def test_subscriptions_past_their_bound_count_under_other_and_a_freed_place_is_reused() -> None:
+    """With room for 2 subscriptions a topic: s1, s2 by name; s3 under the topic's
+    subscription="_other". When s1 goes, a new s4 takes its place; s3 stays under
+    _other (its counts stay in the sum). Another topic has room of its own."""
+    series, _, out, registry = _families(10)
+    series.subscriptions_max = 2
+    series.acquire("a", (BROKER, ""))
+    for name in ("s1", "s2", "s3"):
+        series.acquire("a", (BROKER, name), admit=False)
+        out.labels(topic="a", subscription=name).inc(1)
+    assert [series.subscription_label("a", n) for n in ("s1", "s2", "s3")] == ["s1", "s2", OTHER]
+    text = generate_latest(registry).decode()
+    assert 't_out_total{subscription="_other",topic="a"} 1.0' in text and '"s3"' not in text
+    series.release("a", (BROKER, "s3"))  # never named: nothing to remove
+    series.release("a", (BROKER, "s1"))
+    series.acquire("a", (BROKER, "s4"), admit=False)
+    assert series.subscription_label("a", "s4") == "s4" and series.subscription_label("a", "s3") == OTHER
+    assert 't_out_total{subscription="_other",topic="a"} 1.0' in generate_latest(registry).decode()
+    series.acquire("b", (BROKER, ""))
+    series.acquire("b", (BROKER, "s1"), admit=False)
+    assert series.subscription_label("b", "s1") == "s1"
+
+
+def test_no_subscription_is_named_with_a_bound_of_zero() -> None:
+    """subscriptions_max 0 (Pulsar's consumer-level metrics off): every subscription of
+    a named topic adds up under subscription="_other"; the topic keeps its name."""
+    series, _, out, registry = _families(10)
+    series.subscriptions_max = 0
+    series.acquire("a", (BROKER, ""))
+    for name in ("s1", "s2"):
+        series.acquire("a", (BROKER, name), admit=False)
+        out.labels(topic="a", subscription=name).inc(2)
+    assert 't_out_total{subscription="_other",topic="a"} 4.0' in generate_latest(registry).decode()
+    series.release("a", (BROKER, ""))
+    assert 'topic="a"' not in generate_latest(registry).decode()
+
+
 def test_holders_are_idempotent_and_per_actor_system() -> None:
     """A restarted actor acquires again: still one holder. The same topic held on two
     brokers of one process (a move between them) keeps its series until both let go."""
