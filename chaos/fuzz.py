@@ -337,6 +337,7 @@ class Report:
     takeovers_tried: int = 0  # connections made with the bystander's routing id
     frames_stolen: int = 0  # answers to the bystander's requests that reached such a connection
     bystander_consumed: int = 0
+    bystander_stored_unacked: int = 0  # refused after they were written: stored all the same
     actor_failures: float = -1.0
     log_failures: list[str] = field(default_factory=list)
     rss_start_bytes: int = 0
@@ -697,11 +698,19 @@ async def _round_trip(broker: FuzzBroker, bystander: _Bystander, report: Report)
         final = await producer.send(b"after the fuzzing")
         expected = {**bystander.acked, final.offset: b"after the fuzzing"}
         seen: dict[int, bytes] = {}
-        while len(seen) < len(expected):
+        # Read up to the last offset, not up to as many messages as were acknowledged: the
+        # topic may hold more. A batch refused after it was written (the topic stopped with
+        # its flush in flight, "... before this batch was acknowledged; send it again") is
+        # stored all the same (at least once), and takes offsets below the final message.
+        last, reached = max(expected), -1
+        while reached < last:
             msg = await consumer.receive(timeout=30)
             seen[msg.message_id.offset] = bytes(msg.payload)
+            reached = max(reached, msg.message_id.offset)
             await consumer.ack(msg)
-        report.bystander_consumed = len(seen) - 1
+        report.bystander_consumed = sum(seen.get(offset) == payload for offset, payload in bystander.acked.items())
+        report.bystander_stored_unacked = sum(payload.startswith(b"bystander-") for offset, payload in seen.items()
+                                              if offset not in expected)
         missing = [offset for offset, payload in expected.items() if seen.get(offset) != payload]
         if missing:
             report.problems.append(f"acknowledged bystander messages not consumed: offsets {missing[:10]}")

@@ -8,13 +8,18 @@ it tests is the broker's parsing and bounds, not the network).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
+import signal
+import time
+from typing import Any
 
 import pytest
+import zmq
 
-from danube_zmq.chaos.fuzz import RSS_BUDGET_BYTES, Report, run
+from danube_zmq.chaos.fuzz import RSS_BUDGET_BYTES, Report, _Bystander, _round_trip, fuzz_broker, run
 
 
 def _seed() -> int:
@@ -54,3 +59,52 @@ def test_ten_minutes_of_bad_frames_leave_the_broker_serving_within_its_memory_bu
     """The smoke's checks after 10 minutes of fuzzing (memory that grows slowly, rare
     frame shapes)."""
     _assert_passed(run(_seed(), 600.0))
+
+
+# A lease short enough that a stop of a few seconds outlasts it.
+_LEASE_TTL_MS = 1500
+
+
+@pytest.mark.chaos_smoke
+@pytest.mark.timeout(180)
+def test_the_bystander_check_reads_past_batches_stored_but_refused_when_the_lease_ran_out() -> None:
+    """A broker stopped (SIGSTOP) for longer than its lease while the bystander keeps
+    sending: when it runs again, it reads the sends queued meanwhile, writes them and
+    then, its lease gone, unloads the topic and refuses them ("moved before this batch was
+    acknowledged"). Those batches are stored all the same (at least once), below the final
+    message of the check. The check must read up to that message, not stop after as
+    many messages as were acknowledged (it reported the final message as an acknowledged
+    message lost)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    with fuzz_broker({"DANUBE_CLUSTER__LEASE_TTL_MS": str(_LEASE_TTL_MS)}) as broker:
+        bystander = _Bystander(ctx, broker.url)
+        try:
+            bystander.start()
+            _send_for(bystander, 1.0)
+            broker.process.send_signal(signal.SIGSTOP)
+            try:
+                _send_for(bystander, 3 * _LEASE_TTL_MS / 1000)
+            finally:
+                broker.process.send_signal(signal.SIGCONT)
+            _send_for(bystander, 3.0)
+            bystander.settle()
+            assert not bystander.pending
+            moved = [reply for reply in bystander.failed if "moved before this batch" in str(reply[3])]
+            assert moved, f"the topic did not move away with sends in flight: {bystander.failed[:3]}"
+            report = Report(seed=0, seconds=0)
+            asyncio.run(_round_trip(broker, bystander, report))
+        finally:
+            bystander.sock.close(linger=0)
+            ctx.term()
+    assert report.problems == []
+    assert report.bystander_consumed == len(bystander.acked) > 0
+    # Refused and stored anyway: what the check must read past.
+    assert report.bystander_stored_unacked > 0
+
+
+def _send_for(bystander: _Bystander, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        bystander.send(int(time.time() * 1000))
+        bystander.drain()
+        time.sleep(0.05)
