@@ -399,11 +399,12 @@ class Producer:
         if len(data) > partition.message_bytes_max:
             raise InvalidArgument(
                 f"message of {len(data)} bytes is over the broker's message_bytes_max {partition.message_bytes_max}"
+                " (its policies.max_message_size)"
             )
         if (key is not None or attrs) and entry_bytes(data, key, attrs) > partition.frame_room:
             raise InvalidArgument(
                 "message with its key and attributes does not fit the broker's "
-                f"frame_bytes_max {partition.connection.limits.frame_bytes_max}"
+                f"frame_bytes_max {partition.connection.limits.frame_bytes_max} (its limits.frame_bytes_max)"
             )
         return partition, data, key, attrs
 

@@ -1,0 +1,76 @@
+"""Messages near 20 MB, on a broker whose limits were raised for them (issue 38, item 2).
+
+The client's inbound frame cap (ZMQ_MAXMSGSIZE) stayed at its 16 MiB default whatever the
+broker's limits.frame_bytes_max: libzmq reads the option when the socket connects, and
+setting it after `Connected` changed nothing. A Deliver over 16 MiB reset the client's
+connection, the receipt of the send went with it, and the send hung in a reconnect loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+import zmq
+
+from danube_zmq.client import DanubeClient
+from danube_zmq.transport.errors import InvalidArgument
+
+MIB = 1024 * 1024
+MESSAGE_MAX = 20_000_000  # policies.max_message_size: the at-limit message
+FRAME_MAX = 24 * MIB  # limits.frame_bytes_max: over MESSAGE_MAX + the 1 MiB envelope
+RAISED = {"DANUBE_POLICIES__MAX_MESSAGE_SIZE": str(MESSAGE_MAX), "DANUBE_LIMITS__FRAME_BYTES_MAX": str(FRAME_MAX)}
+PROMPT_S = 20.0  # a hung send fails the test instead of hanging it; a loaded 2-core machine takes ~1 s
+
+# Tags and codes of docs/protocol.md (sections 6, 7 and 11).
+CONNECT, CONNECTED, ERROR, CREATE_PRODUCER, PRODUCER_CREATED, SEND = 1, 2, 3, 20, 21, 23
+INVALID_ARGUMENT = 1
+
+
+@pytest.mark.parametrize("dispatch", ["non_reliable", "reliable"])
+async def test_an_at_limit_message_of_20_mb_makes_the_round_trip(broker_factory, dispatch: str) -> None:
+    broker = broker_factory(env=RAISED)
+    payload = bytes(range(256)) * (MESSAGE_MAX // 256) + b"!" * (MESSAGE_MAX % 256)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer(f"/default/large-{dispatch}", dispatch=dispatch)
+        consumer = await client.subscribe(f"/default/large-{dispatch}", "s")
+        receipt = await asyncio.wait_for(producer.send(payload), PROMPT_S)
+        assert receipt.offset == 0
+        message = await asyncio.wait_for(consumer.receive(), PROMPT_S)
+        assert message.payload == payload
+        await consumer.ack(message)
+        # The connection carries on: a small message after the large one.
+        await asyncio.wait_for(producer.send(b"after"), PROMPT_S)
+        assert (await asyncio.wait_for(consumer.receive(), PROMPT_S)).payload == b"after"
+
+
+async def test_an_over_limit_message_fails_at_once_naming_the_setting(broker_factory) -> None:
+    """The client refuses it before sending (it knows the limit from `Connected`); a peer
+    that sends it anyway gets INVALID_ARGUMENT from the broker naming the same setting."""
+    broker = broker_factory(env=RAISED)
+    over = b"x" * (MESSAGE_MAX + 1)
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/over")
+        with pytest.raises(InvalidArgument, match=rf"message_bytes_max {MESSAGE_MAX} \(its policies.max_message_size\)"):
+            await asyncio.wait_for(producer.send(over), PROMPT_S)
+
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, int(PROMPT_S * 1000))
+        sock.connect(broker.url)
+
+        def request(*items: object) -> list[object]:
+            sock.send(msgpack.packb(list(items), use_bin_type=True))
+            return msgpack.unpackb(sock.recv(), raw=False)
+
+        assert request(CONNECT, 1, 1, "raw")[0] == CONNECTED
+        created = request(CREATE_PRODUCER, 2, "/default/over", "raw")
+        assert created[0] == PRODUCER_CREATED, created
+        refused = request(SEND, 3, created[2], [over], [0])
+        assert refused[:3] == [ERROR, 3, INVALID_ARGUMENT], refused[:3]
+        assert f"exceeds max_message_size ({MESSAGE_MAX} bytes" in refused[3], refused[3]
+        assert "policies.max_message_size" in refused[3], refused[3]
+    finally:
+        ctx.destroy(linger=0)
