@@ -74,3 +74,23 @@ async def test_an_over_limit_message_fails_at_once_naming_the_setting(broker_fac
         assert "policies.max_message_size" in refused[3], refused[3]
     finally:
         ctx.destroy(linger=0)
+
+
+async def test_a_client_follows_a_broker_restarted_with_raised_limits(broker_factory) -> None:
+    """A connection made to a broker with the default 16 MiB frames reconnects to it
+    restarted with larger ones, and takes a message over 16 MiB from it."""
+    broker = broker_factory()
+    payload = b"y" * MESSAGE_MAX
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/restarted")
+        with pytest.raises(InvalidArgument, match="policies.max_message_size"):
+            await producer.send(payload)
+        broker.stop()
+        broker_factory(env=RAISED, url=broker.url, admin_url=broker.admin_url)
+        # The stop closed the topic and its producer; the client's connection reconnects.
+        producer = await client.create_producer("/default/restarted")
+        consumer = await client.subscribe("/default/restarted", "s")
+        receipt = await asyncio.wait_for(producer.send(payload), PROMPT_S)
+        message = await asyncio.wait_for(consumer.receive(), PROMPT_S)
+        assert message.payload == payload and message.message_id == receipt
+        assert [c.connections_lost for c in client.statistics().connections] == [1]
