@@ -94,3 +94,18 @@ async def test_a_client_follows_a_broker_restarted_with_raised_limits(broker_fac
         message = await asyncio.wait_for(consumer.receive(), PROMPT_S)
         assert message.payload == payload and message.message_id == receipt
         assert [c.connections_lost for c in client.statistics().connections] == [1]
+
+
+async def test_a_burst_of_large_messages_stays_within_the_brokers_inbound_budget(broker_factory) -> None:
+    """Five 20 MB messages sent at once: a producer's batches in flight are at most a frame's
+    worth, so the broker never holds more than limits.inbound_bytes_per_connection_max
+    (here its least, a frame and a MiB) unread from the connection. With a window of 16
+    batches of any size it cut the connection, and the sends took a reconnect each."""
+    broker = broker_factory(env={**RAISED, "DANUBE_LIMITS__INBOUND_BYTES_PER_CONNECTION_MAX": str(FRAME_MAX + MIB)})
+    payload = b"z" * MESSAGE_MAX
+    async with DanubeClient(broker.url) as client:
+        producer = await client.create_producer("/default/burst")
+        receipts = await asyncio.wait_for(asyncio.gather(*(producer.send(payload) for _ in range(5))), PROMPT_S)
+        assert [r.offset for r in receipts] == [0, 1, 2, 3, 4]
+        assert [c.connections_lost for c in client.statistics().connections] == [0]
+    assert "inbound_bytes_per_connection_max" not in broker.log()
