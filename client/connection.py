@@ -76,7 +76,10 @@ _POLLIN = int(zmq.POLLIN)
 _BLOCKED_RETRY_S = 0.01  # a round refused at the high-water mark is tried again this soon, should the FD's edge be missed
 
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
-"""Inbound frame cap (ZMQ_MAXMSGSIZE) before `Connected` tells us the broker's."""
+"""The broker's frame_bytes_max before `Connected` tells us its own (its default)."""
+DELIVER_ROOM_BYTES = 1024 * 1024
+"""The socket's inbound cap (ZMQ_MAXMSGSIZE) is the broker's frame_bytes_max and this: a
+`Deliver` adds topic and producer names to the batch it carries (docs/protocol.md, 3)."""
 
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1_000
 """Only used before the first handshake; afterwards the broker's value applies."""
@@ -198,7 +201,7 @@ class Connection:
         self._token_renewals = 0
 
         self._socket: zmq.Socket | None = None
-        self._frame_cap = FRAME_BYTES_MAX_DEFAULT  # the socket's ZMQ_MAXMSGSIZE
+        self._frame_cap = 0  # the socket's ZMQ_MAXMSGSIZE
         self._receive_task: asyncio.Task[None] | None = None
         # The socket's ZMQ_FD is watched by the event loop (`_on_socket_event`): it wakes
         # the receive loop and any send waiting for room (see `_receive_loop`).
@@ -248,7 +251,7 @@ class Connection:
         # A plain socket on the same libzmq context: its FD is watched directly, without
         # zmq.asyncio's future and poller registration per receive (a fifth of a client's
         # loop at 5k msg/s).
-        sock = self._open_socket(FRAME_BYTES_MAX_DEFAULT)
+        sock = self._open_socket(FRAME_BYTES_MAX_DEFAULT + DELIVER_ROOM_BYTES)
         # Watched until the first handshake: a refused one (CURVE against plaintext, a wrong
         # server key) fails start() at once with its cause; later ones are not watched.
         watch = HandshakeWatch(sock, self._context, url=self.url, curve=self._curve is not None)
@@ -676,10 +679,10 @@ class Connection:
         frame_bytes_max is over the socket's cap gets a new socket with its cap, and a
         second `Connect`: a Deliver as large as the broker may send must get through."""
         limits = await self._connect_round_trip(timeout_ms)
-        if limits.frame_bytes_max > self._frame_cap:
-            await self._replace_socket(limits.frame_bytes_max)
+        if limits.frame_bytes_max + DELIVER_ROOM_BYTES > self._frame_cap:
+            await self._replace_socket(limits.frame_bytes_max + DELIVER_ROOM_BYTES)
             limits = await self._connect_round_trip(timeout_ms)
-            if limits.frame_bytes_max > self._frame_cap:
+            if limits.frame_bytes_max + DELIVER_ROOM_BYTES > self._frame_cap:
                 raise Unavailable(f"broker {self.url} changed its frame_bytes_max while connecting; try again")
         self._limits = limits
         self._last_rx_ms = self._clock.monotonic_ms()
