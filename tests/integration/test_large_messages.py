@@ -13,8 +13,8 @@ import msgpack
 import pytest
 import zmq
 
-from danube_zmq.client import DanubeClient
-from danube_zmq.transport.errors import InvalidArgument
+from danube_zmq.client import DanubeClient, SubType
+from danube_zmq.transport.errors import DanubeError, InvalidArgument
 
 MIB = 1024 * 1024
 MESSAGE_MAX = 20_000_000  # policies.max_message_size: the at-limit message
@@ -112,3 +112,22 @@ async def test_a_burst_of_large_messages_stays_within_the_brokers_inbound_budget
         assert [r.offset for r in receipts] == [0, 1, 2, 3, 4]
         assert [c.connections_lost for c in client.statistics().connections] == [0]
     assert "inbound_bytes_per_connection_max" not in broker.log()
+
+
+async def test_a_stored_message_over_a_lowered_frame_limit_fails_the_consumer_at_once(broker_factory) -> None:
+    """A reliable topic keeps a 20 MB message written while the limits were raised; the
+    broker restarted with the default 16 MiB frames cannot deliver it in one. The consumer
+    is told so, naming the setting, instead of its connection being reset by every try."""
+    raised = broker_factory(env=RAISED)
+    async with DanubeClient(raised.url) as client:
+        producer = await client.create_producer("/default/kept", dispatch="reliable")
+        consumer = await client.subscribe("/default/kept", "s", sub_type=SubType.SHARED)
+        await asyncio.wait_for(producer.send(b"k" * MESSAGE_MAX), PROMPT_S)
+        await consumer.close()
+    raised.stop()
+    lowered = broker_factory(url=raised.url, admin_url=raised.admin_url)
+    async with DanubeClient(lowered.url) as client:
+        consumer = await client.subscribe("/default/kept", "s", sub_type=SubType.SHARED)
+        with pytest.raises(DanubeError, match=r"limits\.frame_bytes_max"):
+            await asyncio.wait_for(consumer.receive(), PROMPT_S)
+    assert "limits.frame_bytes_max" in lowered.log()
