@@ -35,6 +35,7 @@ from typing import ClassVar
 
 import yaml
 
+from danube_zmq.storage.wal.format import RECORD_BODY_BYTES_MAX
 from danube_zmq.transport.errors import ConfigError, InvalidArgument
 from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
@@ -231,8 +232,11 @@ class LimitsSection:
     SECTION: ClassVar[str] = "limits"
 
     # Largest ZeroMQ frame accepted or sent, in bytes; bigger frames are
-    # refused. Default 16 MiB. Must be greater than policies.max_message_size
-    # + 1 MiB, the room for the envelope around the largest message.
+    # refused. Default 16 MiB, at most 64 MiB (a WAL record's bound). Must be
+    # greater than policies.max_message_size + 1 MiB, the room for the envelope
+    # around the largest message; clients take it from the broker at connect.
+    # Raising it may need inbound_bytes_per_connection_max and mailbox_bytes_max
+    # raised (docs/operations.md, "Large messages").
     frame_bytes_max: int = 16 * MIB
     # Client connections open at once; one more is refused with
     # RESOURCE_EXHAUSTED. Default 10000.
@@ -243,8 +247,9 @@ class LimitsSection:
     # Bytes the messages waiting in one actor's mailbox may carry (a client's
     # frames, a batch's payloads; counted once, when a message is sent). Past it
     # the mailbox refuses more as when full by count: a producer's batch is
-    # answered RESOURCE_EXHAUSTED (retriable), an actor sending waits. A message
-    # bigger than this still passes an empty mailbox. Default 64 MiB.
+    # answered RESOURCE_EXHAUSTED (retriable), an actor sending waits. At least
+    # frame_bytes_max, so that the largest frame passes a mailbox not empty.
+    # Default 64 MiB.
     mailbox_bytes_max: int = 64 * MIB
     # Producers one client connection may open at once. Default 1000.
     producers_per_connection_max: int = 1000
@@ -315,11 +320,15 @@ class LimitsSection:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        # A reliable topic writes a message as one WAL record, whose body a scan takes
+        # for damage past RECORD_BODY_BYTES_MAX; the gRPC door and the admin client
+        # take 64 MiB too.
+        if not 1 <= self.frame_bytes_max <= RECORD_BODY_BYTES_MAX:
+            raise _error("limits.frame_bytes_max", f"must be between 1 and {RECORD_BODY_BYTES_MAX} (64 MiB, the largest"
+                         f" WAL record), got {self.frame_bytes_max}")
         for name in (
-            "frame_bytes_max",
             "connections_max",
             "mailbox_messages_max",
-            "mailbox_bytes_max",
             "producers_per_connection_max",
             "consumers_per_connection_max",
             "outbound_bytes_per_connection_max",
@@ -329,14 +338,20 @@ class LimitsSection:
         _check_range(
             "limits.outbound_frames_max", self.outbound_frames_max, 1, _C_INT_MAX
         )
-        _check_range("limits.outbound_bytes_max", self.outbound_bytes_max,
-                     self.outbound_bytes_per_connection_max, _INT_MAX)
+        _check_at_least("limits.mailbox_bytes_max", self.mailbox_bytes_max,
+                        "limits.frame_bytes_max", self.frame_bytes_max,
+                        "the largest frame (limits.frame_bytes_max)")
+        _check_at_least("limits.outbound_bytes_max", self.outbound_bytes_max, "limits.outbound_bytes_per_connection_max",
+                        self.outbound_bytes_per_connection_max,
+                        "one connection's budget (limits.outbound_bytes_per_connection_max)")
         _check_range("limits.outbound_stall_timeout_ms", self.outbound_stall_timeout_ms, 100, 86_400_000)
         _check_range("limits.connect_timeout_ms", self.connect_timeout_ms, 100, 86_400_000)
-        _check_range("limits.inbound_bytes_per_connection_max", self.inbound_bytes_per_connection_max,
-                     self.frame_bytes_max + 1, _INT_MAX)
-        _check_range("limits.inbound_bytes_max", self.inbound_bytes_max, self.inbound_bytes_per_connection_max,
-                     _INT_MAX)
+        _check_at_least("limits.inbound_bytes_per_connection_max", self.inbound_bytes_per_connection_max,
+                        "limits.frame_bytes_max", self.frame_bytes_max + 1,
+                        "a frame and a byte (limits.frame_bytes_max + 1)")
+        _check_at_least("limits.inbound_bytes_max", self.inbound_bytes_max, "limits.inbound_bytes_per_connection_max",
+                        self.inbound_bytes_per_connection_max,
+                        "one connection's budget (limits.inbound_bytes_per_connection_max)")
         _check_range("limits.requests_per_message_max", self.requests_per_message_max, 64, 65536)
         _check_range("limits.admin_principals_max", self.admin_principals_max, 1, _INT_MAX)
         _check_range("limits.admin_principals_bytes_max", self.admin_principals_bytes_max, 65536, _INT_MAX)
@@ -358,8 +373,9 @@ class DispatchSection:
     pending_messages_max: int = 10000
     # Non-reliable topics: bytes of message payload one subscription holds
     # the same way; whichever of the two bounds is reached first applies.
-    # Default 16 MiB. Below policies.max_message_size, a message that large is
-    # always dropped when consumers lack permits.
+    # Default 16 MiB. At least policies.max_message_size: a subscription whose
+    # consumers are paused (no permits, or their connection's outbound budget
+    # half full) must be able to hold the largest message.
     pending_bytes_max: int = 16 * MIB
     # Receiver queue size (permits) a client is told to use when it does not
     # choose one. Only informational: the broker does not enforce it.
@@ -438,7 +454,8 @@ class PoliciesSection:
     max_consumers_per_subscription: int = 0
     # Largest message payload accepted from a producer, in bytes; at least 1
     # (no "unlimited": a frame has a size). Default 10485760 (10 MiB).
-    # Must be less than limits.frame_bytes_max - 1 MiB.
+    # Must be less than limits.frame_bytes_max - 1 MiB, and at most
+    # dispatch.pending_bytes_max.
     max_message_size: int = 10 * MIB
     # Messages per second one topic (each partition) accepts from all its producers
     # together; 0 = unlimited. Past it the topic delays its answers to the producers'
@@ -1029,6 +1046,9 @@ class BrokerConfig:
                 f"got {self.limits.frame_bytes_max}",
                 "policies.max_message_size",
             )
+        _check_at_least("dispatch.pending_bytes_max", self.dispatch.pending_bytes_max, "policies.max_message_size",
+                        self.policies.max_message_size,
+                        "the largest message (policies.max_message_size)")
         for door in ("grpc_listen", "grpc_admin_listen"):
             if (getattr(self.broker, door) is not None and self.security.mode != "none"
                     and self.security.grpc_tls_cert_file is None):
@@ -1147,6 +1167,14 @@ def _check_range(key: str, value: int, low: int, high: int) -> None:
         too_small_only = value < low and high == _INT_MAX
         bound = f">= {low}" if too_small_only else f"between {low} and {high}"
         raise _error(key, f"must be {bound}, got {value}")
+
+
+def _check_at_least(key: str, value: int, floor_key: str, floor: int, what: str) -> None:
+    """`value` of `key` must be at least `floor`, which `floor_key` sets: an error naming
+    both keys and the value needed, so that raising one limit says which other to raise."""
+    if value < floor:
+        raise _error(key, f"must be at least {floor}, {what}, got {value}: raise it, or lower {floor_key}",
+                     floor_key)
 
 
 def _is_ephemeral(endpoint: str) -> bool:

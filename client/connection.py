@@ -76,7 +76,10 @@ _POLLIN = int(zmq.POLLIN)
 _BLOCKED_RETRY_S = 0.01  # a round refused at the high-water mark is tried again this soon, should the FD's edge be missed
 
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
-"""Inbound frame cap (ZMQ_MAXMSGSIZE) before `Connected` tells us the broker's."""
+"""The broker's frame_bytes_max before `Connected` tells us its own (its default)."""
+DELIVER_ROOM_BYTES = 1024 * 1024
+"""The socket's inbound cap (ZMQ_MAXMSGSIZE) is the broker's frame_bytes_max and this: a
+`Deliver` adds topic and producer names to the batch it carries (docs/protocol.md, 3)."""
 
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1_000
 """Only used before the first handshake; afterwards the broker's value applies."""
@@ -198,6 +201,8 @@ class Connection:
         self._token_renewals = 0
 
         self._socket: zmq.Socket | None = None
+        self._frame_cap = 0  # the socket's ZMQ_MAXMSGSIZE
+        self._receive_task: asyncio.Task[None] | None = None
         # The socket's ZMQ_FD is watched by the event loop (`_on_socket_event`): it wakes
         # the receive loop and any send waiting for room (see `_receive_loop`).
         self._rx_wake = asyncio.Event()
@@ -246,17 +251,7 @@ class Connection:
         # A plain socket on the same libzmq context: its FD is watched directly, without
         # zmq.asyncio's future and poller registration per receive (a fifth of a client's
         # loop at 5k msg/s).
-        sock = zmq.Context.shadow(self._context.underlying).socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, new_identity())
-        sock.setsockopt(zmq.LINGER, 0)  # closing must never hang on unsent frames
-        sock.setsockopt(zmq.SNDHWM, self._socket_hwm_messages)
-        sock.setsockopt(zmq.RCVHWM, self._socket_hwm_messages)
-        sock.setsockopt(zmq.MAXMSGSIZE, FRAME_BYTES_MAX_DEFAULT)
-        # zmq's own TCP reconnect follows the same 100 ms -> 5 s curve as our handshakes.
-        sock.setsockopt(zmq.RECONNECT_IVL, BACKOFF_MS_MIN)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, BACKOFF_MS_MAX)
-        if self._curve is not None:
-            self._curve.apply(sock)
+        sock = self._open_socket(FRAME_BYTES_MAX_DEFAULT + DELIVER_ROOM_BYTES)
         # Watched until the first handshake: a refused one (CURVE against plaintext, a wrong
         # server key) fails start() at once with its cause; later ones are not watched.
         watch = HandshakeWatch(sock, self._context, url=self.url, curve=self._curve is not None)
@@ -268,7 +263,7 @@ class Connection:
             self._state = "closed"
             raise InvalidArgument(f"cannot connect to {self.url!r}: {exc}") from None
         self._socket = sock
-        self._spawn(self._receive_loop(), "receive")
+        self._receive_task = self._spawn(self._receive_loop(), "receive")
         try:
             await race_handshake(watch, self._handshake())
         except BaseException as exc:
@@ -276,6 +271,50 @@ class Connection:
             await self._shutdown(error)
             raise
         self._spawn(self._heartbeat_loop(), "heartbeat")
+
+    def _open_socket(self, frame_cap: int) -> zmq.Socket:
+        """A DEALER with a new identity whose inbound frame cap (ZMQ_MAXMSGSIZE) is
+        `frame_cap`, not connected yet."""
+        # A plain socket on the same libzmq context: its FD is watched directly, without
+        # zmq.asyncio's future and poller registration per receive (a fifth of a client's
+        # loop at 5k msg/s).
+        sock = zmq.Context.shadow(self._context.underlying).socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, new_identity())
+        sock.setsockopt(zmq.LINGER, 0)  # closing must never hang on unsent frames
+        sock.setsockopt(zmq.SNDHWM, self._socket_hwm_messages)
+        sock.setsockopt(zmq.RCVHWM, self._socket_hwm_messages)
+        sock.setsockopt(zmq.MAXMSGSIZE, frame_cap)
+        # zmq's own TCP reconnect follows the same 100 ms -> 5 s curve as our handshakes.
+        sock.setsockopt(zmq.RECONNECT_IVL, BACKOFF_MS_MIN)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, BACKOFF_MS_MAX)
+        if self._curve is not None:
+            self._curve.apply(sock)
+        self._frame_cap = frame_cap
+        return sock
+
+    async def _replace_socket(self, frame_cap: int) -> None:
+        """Close the socket and its session, and connect a new one capped at `frame_cap`.
+
+        libzmq reads ZMQ_MAXMSGSIZE when a socket connects and its reconnects keep that
+        value: setting it later changes nothing. A frame over the cap resets the TCP
+        connection and the DEALER stops sending (libzmq 4.3), so a Deliver of a message
+        larger than the cap took the connection down, its receipts with it, again at
+        every redelivery: a send that hung in a reconnect loop (issue 38)."""
+        assert self._socket is not None
+        receive = self._receive_task
+        if receive is not None:
+            receive.cancel()
+            await asyncio.gather(receive, return_exceptions=True)
+        self._socket.close(linger=0)  # the broker ends the session on the disconnect
+        self._round.clear()
+        self._round_bytes = 0
+        self._write_blocked = False
+        self._socket = sock = self._open_socket(frame_cap)
+        try:
+            sock.connect(self.url)
+        except zmq.ZMQError as exc:  # the URL connected a moment ago: not expected
+            raise InternalError(f"cannot connect to {self.url!r} again: {exc}") from None
+        self._receive_task = self._spawn(self._receive_loop(), "receive")
 
     async def close(self) -> None:
         """Fail what is pending with `AlreadyClosed`, stop the tasks, close the socket."""
@@ -502,7 +541,7 @@ class Connection:
         if self._limits is not None and len(frame) > self._limits.frame_bytes_max:
             raise InvalidArgument(
                 f"{type(msg).__name__} of {len(frame)} bytes is over the broker's "
-                f"frame_bytes_max {self._limits.frame_bytes_max}"
+                f"frame_bytes_max {self._limits.frame_bytes_max} (its limits.frame_bytes_max)"
             )
 
     def _try_send(self, frame: bytes) -> bool:
@@ -636,7 +675,23 @@ class Connection:
     # ---------------------------------------------------------------- session
 
     async def _handshake(self, timeout_ms: int | None = None) -> None:
-        """One `Connect` round trip; on success the connection is ready."""
+        """One `Connect` round trip; on success the connection is ready. A broker whose
+        frame_bytes_max is over the socket's cap gets a new socket with its cap, and a
+        second `Connect`: a Deliver as large as the broker may send must get through."""
+        limits = await self._connect_round_trip(timeout_ms)
+        if limits.frame_bytes_max + DELIVER_ROOM_BYTES > self._frame_cap:
+            await self._replace_socket(limits.frame_bytes_max + DELIVER_ROOM_BYTES)
+            limits = await self._connect_round_trip(timeout_ms)
+            if limits.frame_bytes_max + DELIVER_ROOM_BYTES > self._frame_cap:
+                raise Unavailable(f"broker {self.url} changed its frame_bytes_max while connecting; try again")
+        self._limits = limits
+        self._last_rx_ms = self._clock.monotonic_ms()
+        self._handshakes += 1
+        self._state = "ready"
+        self._ready.set()
+
+    async def _connect_round_trip(self, timeout_ms: int | None) -> BrokerLimits:
+        """`Connect` and its `Connected`: the broker's limits, checked."""
         request_id = self._take_request_id()
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -676,16 +731,8 @@ class Connection:
             limits.session_timeout_ms <= limits.heartbeat_interval_ms
         ):
             raise InternalError(f"broker sent unusable limits: {limits}")
-        previous = self._limits
-        if self._socket is not None and (previous is None or previous.frame_bytes_max != limits.frame_bytes_max):
-            # zmq applies this to the next TCP connection; the broker never sends more anyway.
-            self._socket.setsockopt(zmq.MAXMSGSIZE, limits.frame_bytes_max)
-        self._limits = limits
         self._session_request_id = request_id
-        self._last_rx_ms = self._clock.monotonic_ms()
-        self._handshakes += 1
-        self._state = "ready"
-        self._ready.set()
+        return limits
 
     def _lose(self, error: DanubeError) -> None:
         """The session is gone: fail what is in flight, tell listeners, start reconnecting."""

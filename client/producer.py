@@ -399,11 +399,12 @@ class Producer:
         if len(data) > partition.message_bytes_max:
             raise InvalidArgument(
                 f"message of {len(data)} bytes is over the broker's message_bytes_max {partition.message_bytes_max}"
+                " (its policies.max_message_size)"
             )
         if (key is not None or attrs) and entry_bytes(data, key, attrs) > partition.frame_room:
             raise InvalidArgument(
                 "message with its key and attributes does not fit the broker's "
-                f"frame_bytes_max {partition.connection.limits.frame_bytes_max}"
+                f"frame_bytes_max {partition.connection.limits.frame_bytes_max} (its limits.frame_bytes_max)"
             )
         return partition, data, key, attrs
 
@@ -495,6 +496,11 @@ class _PartitionProducer(Attachment):
         # answer yet): how many are in flight, and the oldest is the one a re-attach
         # tells the broker to expect.
         self._outstanding: set[int] = set()
+        # Their bytes: at most a frame's room (`_has_room`), whatever the window. The broker
+        # cuts a connection holding more than limits.inbound_bytes_per_connection_max it has
+        # not read yet, which its config keeps above frame_bytes_max: 16 batches of 20 MB
+        # sent at once were cut, and sent again, and cut (issue 38).
+        self._outstanding_bytes = 0
 
     async def _attach_on(self, connection: Connection) -> None:
         producer = self._producer
@@ -609,7 +615,7 @@ class _PartitionProducer(Attachment):
 
     def _delay_over(self) -> None:
         self._timer = None
-        if not self._waiting and len(self._outstanding) < self._window:
+        if not self._waiting and self._has_room(self._batch):
             self.cut()
         else:
             # The window is full: this batch could not leave now anyway. It keeps filling
@@ -630,10 +636,18 @@ class _PartitionProducer(Attachment):
             return
         self._batch = None
         self._producer._batch_cut(batch)
-        if self._waiting or len(self._outstanding) >= self._window:
+        if self._waiting or not self._has_room(batch):
             self._waiting.append(batch)
         else:
             self._launch(batch)
+
+    def _has_room(self, batch: _Batch | None) -> bool:
+        """Whether `batch` may go now: a slot of the window, and room for its bytes in a
+        frame's worth in flight (one batch always goes alone)."""
+        if not self._outstanding:
+            return True
+        size = batch.bytes if batch is not None else 0
+        return len(self._outstanding) < self._window and self._outstanding_bytes + size <= self.frame_room
 
     def _launch(self, batch: _Batch) -> None:
         """Give `batch` a slot of the window and its sequence number, and send it: at
@@ -642,6 +656,7 @@ class _PartitionProducer(Attachment):
         batch.sequence = sequence = self._sequence
         self._sequence += 1
         self._outstanding.add(sequence)
+        self._outstanding_bytes += batch.bytes
         if not self._unsent and not self._closing and self._send_now(batch):
             self._fast[sequence] = batch
             return
@@ -713,15 +728,17 @@ class _PartitionProducer(Attachment):
             self._finished(batch, sent)
 
     def _finished(self, batch: _Batch, sent: bool) -> None:
-        self._outstanding.discard(batch.sequence)
+        if batch.sequence in self._outstanding:
+            self._outstanding.remove(batch.sequence)
+            self._outstanding_bytes -= batch.bytes
         self._on_wire(batch.sequence)  # given up on (or done): later batches go on
         self._producer._batch_finished(batch, sent)
         # The freed slot goes to the oldest waiting batch, in order.
         waiting = self._waiting
-        while waiting and len(self._outstanding) < self._window:
+        while waiting and self._has_room(waiting[0]):
             self._launch(waiting.popleft())
         # The pipe drained, or this batch's slot in the window is free for an overdue one.
-        room = len(self._outstanding) < self._window
+        room = self._has_room(self._batch)
         if self._batch is not None and (self._pipe_idle() or (self._overdue and not waiting and room)):
             self.cut()
 

@@ -190,6 +190,10 @@ class SubscriptionActor(Actor):
             reply=cp.CLIENT_PROTOCOL.encode(subscribed), topic=self.topic))
         self._report_count()
 
+    def detach(self, consumer_id: int, *, reason: str) -> None:
+        """Detach a consumer for good, telling its client `reason`."""
+        self._detach(consumer_id, reason=reason)
+
     def _detach(self, consumer_id: int, *, reason: str | None = None, reply: bytes | None = None) -> None:
         consumer = self.consumers.pop(consumer_id, None)
         if consumer is None:

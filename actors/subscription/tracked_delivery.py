@@ -139,6 +139,8 @@ class TrackedDelivery:
         self.sub_type = sub_type
         self.config = config
         self.rule = make_rule(cp.SubType(sub_type))
+        # Consumers a record is too large for, found in a dispatch pass: detached after it.
+        self._too_large: dict[int, str] = {}
         reliable = config.reliable
         self.window = reliable.max_unacked_messages
         self.policy = FailurePolicy(
@@ -296,6 +298,12 @@ class TrackedDelivery:
     # ------------------------------------------------------------- dispatch
     def dispatch(self) -> None:
         self._dispatch()
+        while self._too_large:
+            # Detached after the pass, which holds the consumers' capacities; their
+            # deliveries go back to the tracker (`consumer_left`).
+            consumer_id, reason = self._too_large.popitem()
+            log.error("subscription %r: consumer %d detached: %s", self.subscription, consumer_id, reason)
+            self.shell.detach(consumer_id, reason=reason)
         # Ticks (ack timeouts, due redeliveries, poison, cursor flushes) are armed here, after
         # whatever changed the tracker: every path that does ends in a dispatch (or in
         # `consumer_left`, `read_result`).
@@ -384,6 +392,8 @@ class TrackedDelivery:
         """One `Deliver` per run of offsets from one producer and schema version with one
         redelivery count, cut where it would outgrow a frame: a run gathers records of many
         publishes, and a frame over the client's ZMQ_MAXMSGSIZE is dropped whole."""
+        if consumer.consumer_id in self._too_large:
+            return
         records = list(map(self.records.__getitem__, offsets))
         keys = map(_run_key, records) if counts is None else zip(map(_run_key, records), map(counts.__getitem__, offsets),
                                                                 strict=True)
@@ -393,6 +403,8 @@ class TrackedDelivery:
             end = start + sum(1 for _ in group)
             count = key[1] if counts is not None else 0
             for cut_start, cut_end in _cuts(records, start, end, budget):
+                if consumer.consumer_id in self._too_large:
+                    return
                 self._deliver_run(consumer, offsets[cut_start:cut_end], records[cut_start:cut_end], count)
             start = end
 
@@ -409,9 +421,19 @@ class TrackedDelivery:
             attributes=attributes if any(attributes) else None,
             offsets=None if contiguous else run, redelivery_count=count,
             schema_id=first.schema_id, schema_version=first.schema_version)
+        frame = cp.CLIENT_PROTOCOL.encode(deliver)
+        if len(frame) > self.config.limits.frame_bytes_max + ENVELOPE_BYTES_MAX:
+            # A record stored while the limits were higher: no client takes the frame (its
+            # ZMQ_MAXMSGSIZE resets the connection, again at every redelivery). Its consumer
+            # is told why, after this dispatch pass; the record stays for a raised limit.
+            self._too_large.setdefault(consumer.consumer_id, (
+                f"message at offset {run[0]} of {self.topic} is {len(records[0].payload)} bytes, a frame of"
+                f" {len(frame)} over what a client takes (limits.frame_bytes_max {self.config.limits.frame_bytes_max}"
+                f" + 1 MiB): raise limits.frame_bytes_max to read it"))
+            return
         consumer.permits -= len(run)
         self.shell.dispatched(len(run))
-        if self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(deliver)]):
+        if self.shell.system.push_frames(OUTBOX, [consumer.identity, frame]):
             self.shell.delivered_messages += len(run)
             self.shell.out_metric.inc(len(run))
             if not count:  # a first delivery (as the rule's: one observation a frame, see there)

@@ -359,7 +359,8 @@ class TopicActor(Actor):
         if len(req.frame) > size_max:
             largest = max(map(len, msg.payloads))
             if largest > size_max:
-                raise InvalidArgument(f"message of {largest} bytes exceeds max_message_size ({size_max} bytes)")
+                raise InvalidArgument(f"message of {largest} bytes exceeds max_message_size ({size_max} bytes:"
+                                      " the topic's or namespace's policy, else policies.max_message_size)")
         bucket = self._publish_bucket
         if bucket is not None and (self._held_sends or not bucket.take(count, self.system.clock.monotonic_ms())):
             hold_max = self.config.policies.publish_rate_hold_bytes_max

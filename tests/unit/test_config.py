@@ -282,7 +282,7 @@ def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
     ("key", "value", "expected"),
     [
         ("limits.connections_max", 0, "must be >= 1, got 0"),
-        ("limits.mailbox_bytes_max", 0, "must be >= 1, got 0"),
+        ("limits.mailbox_bytes_max", 0, f"must be at least {16 * MIB}, the largest frame"),
         ("limits.outbound_frames_max", 2**31, "must be between 1 and 2147483647"),
         ("dispatch.pending_messages_max", -1, "must be >= 1, got -1"),
         ("policies.max_producers_per_topic", -1, "must be >= 0, got -1"),
@@ -501,6 +501,52 @@ def test_broker_inbound_budget_is_at_least_one_connections() -> None:
     with pytest.raises(ConfigError, match=r"limits\.inbound_bytes_max"):
         LimitsSection(inbound_bytes_per_connection_max=32 * MIB, inbound_bytes_max=32 * MIB - 1)
     LimitsSection(inbound_bytes_per_connection_max=32 * MIB, inbound_bytes_max=32 * MIB)
+
+
+# Each limit that depends on another: (its key, a value too small for the other's
+# default or for `others`, the others, the value it needs). Raising one limit past its
+# dependent's is refused at load, naming both keys and the value needed (issue 38).
+DEPENDENT_LIMITS = [
+    ("limits.inbound_bytes_per_connection_max", 24 * MIB, {"limits.frame_bytes_max": 24 * MIB},
+     24 * MIB + 1, "limits.frame_bytes_max"),
+    ("limits.inbound_bytes_max", 63 * MIB, {}, 64 * MIB, "limits.inbound_bytes_per_connection_max"),
+    ("limits.outbound_bytes_max", 31 * MIB, {}, 32 * MIB, "limits.outbound_bytes_per_connection_max"),
+    ("limits.mailbox_bytes_max", 32 * MIB, {"limits.frame_bytes_max": 48 * MIB,
+                                            "limits.inbound_bytes_per_connection_max": 64 * MIB + 1},
+     48 * MIB, "limits.frame_bytes_max"),
+    ("dispatch.pending_bytes_max", 16 * MIB, {"policies.max_message_size": 20_000_000,
+                                              "limits.frame_bytes_max": 24 * MIB},
+     20_000_000, "policies.max_message_size"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "others", "needed", "other_key"), DEPENDENT_LIMITS)
+def test_a_limit_below_the_one_it_depends_on_is_refused_naming_both(
+        key: str, value: int, others: dict[str, int], needed: int, other_key: str) -> None:
+    message = load_error(overrides={**others, key: value})
+    assert message.startswith(f"config key {key!r}: must be at least {needed}, "), message
+    assert f"got {value}: raise it, or lower {other_key}" in message, message
+    assert load_config(env={}, overrides={**others, key: needed}) is not None
+
+
+def test_the_frame_is_at_most_a_wal_record() -> None:
+    """A reliable topic writes a message as one WAL record, at most 64 MiB: a larger frame
+    would let a message through that the WAL cannot hold."""
+    edge = {"limits.frame_bytes_max": 64 * MIB, "limits.inbound_bytes_per_connection_max": 64 * MIB + 1,
+            "limits.inbound_bytes_max": 256 * MIB}
+    assert load_config(env={}, overrides=edge).limits.frame_bytes_max == 64 * MIB
+    message = load_error(overrides={**edge, "limits.frame_bytes_max": 64 * MIB + 1})
+    assert message.startswith("config key 'limits.frame_bytes_max': must be between 1 and 67108864 (64 MiB, the"
+                              " largest WAL record)"), message
+
+
+def test_the_limits_raised_for_a_20_mb_message_are_the_documented_ones() -> None:
+    """docs/operations.md's recipe for 20 MB messages loads as written."""
+    text = Path(__file__).resolve().parents[2].joinpath("docs", "operations.md").read_text()
+    recipe = text[text.index("<!-- large-messages-recipe -->"):]
+    env = dict(line.split("=", 1) for line in recipe.split("```")[1].split() if line.startswith("DANUBE_"))
+    config = load_config(env=env)
+    assert config.policies.max_message_size >= 20_000_000
 
 
 def test_curve_mode_requires_the_broker_keys(tmp_path: Path) -> None:
