@@ -146,7 +146,8 @@ class BrokerService:
                     config.broker.metrics_host, config.broker.metrics_port,
                     tls_cert_file=security.metrics_tls_cert_file, tls_key_file=security.metrics_tls_key_file,
                     basic_auth_file=security.metrics_basic_auth_file,
-                    connections_max=config.broker.metrics_connections_max)
+                    connections_max=config.broker.metrics_connections_max,
+                    process_collectors=config.broker.metrics_process_collectors)
                 self.metrics_url = self._metrics_server.url
             # The gateways find the broker actor through `system.broker_endpoint` when a
             # request arrives, so they start first and the broker learns their URLs.
