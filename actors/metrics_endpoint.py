@@ -32,8 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, REGISTRY, disable_created_metrics,
-                               make_wsgi_app)
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, REGISTRY, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 
