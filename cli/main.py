@@ -91,6 +91,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
                  "Keys, tokens, roles and bindings of a secured cluster (security.mode curve)."),
 }
 _AFTER_LOAD: dict[str, Callable[[click.Group], None]] = {"admin": _attach_admin_groups}
+# Packages of extras (setup.cfg) a command may need: import name -> (package, extra).
+_EXTRAS = {"numpy": ("numpy", "bench"), "hdrh": ("hdrhistogram", "bench")}
 
 
 class DanubeGroup(click.Group):
@@ -104,7 +106,15 @@ class DanubeGroup(click.Group):
         command = self.commands.get(cmd_name)
         if command is None and cmd_name in LAZY_COMMANDS:
             module, attribute, _ = LAZY_COMMANDS[cmd_name]
-            command = getattr(importlib.import_module(module), attribute)
+            try:
+                command = getattr(importlib.import_module(module), attribute)
+            except ModuleNotFoundError as err:
+                top = (err.name or "").partition(".")[0]
+                if top not in _EXTRAS:
+                    raise
+                package, extra = _EXTRAS[top]
+                raise CliError(f"danube {cmd_name} needs {package}, which is not installed; install the {extra}"
+                               f" extra: pip install 'danube-zmq[{extra}]'") from None
             if cmd_name in _AFTER_LOAD:
                 _AFTER_LOAD[cmd_name](command)
             self.add_command(command, cmd_name)
