@@ -129,6 +129,11 @@ class BrokerSection:
     # topic's subscriptions out of their names. 0: none by name (Pulsar's
     # exposeConsumerLevelMetricsInPrometheus off). 0..1,000,000, default 10.
     metrics_subscriptions_max: int = 10
+    # Also export prometheus_client's process and runtime families after danube's:
+    # process_* (resident memory, CPU seconds, open and maximum file descriptors: what an
+    # operator alerts on, and what Prometheus' standard dashboards read), python_info and
+    # python_gc_*. About 25 lines a scrape. Default true; false: only danube_* families.
+    metrics_process_collectors: bool = True
     # libzmq I/O threads of the broker's ZeroMQ context: they move every byte of every
     # socket, and with security.mode curve they also encrypt and decrypt it, so on a
     # secured broker with spare cores a second one takes that work off the first.

@@ -13,6 +13,12 @@ port on a network needs:
    each; one more is closed at once.
 
 It binds `broker.metrics_host` (loopback by default) and runs in daemon threads.
+
+What it serves: danube's own families first (`curl /metrics | head` shows the broker,
+not the interpreter), then, with `broker.metrics_process_collectors` (default on),
+prometheus_client's process_*, python_info and python_gc_* families. No `_created`
+series: prometheus_client adds one to every counter and histogram child, doubling the
+counter lines for a timestamp Prometheus does not ingest by default.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, make_wsgi_app
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, REGISTRY, disable_created_metrics, make_wsgi_app
+from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from danube_zmq.security.basic_auth import BasicAuth
@@ -37,6 +44,41 @@ log = logging.getLogger("danube_zmq.metrics")
 # A scrape that has not sent its request (or finished the TLS handshake) in this long is cut.
 REQUEST_TIMEOUT_S = 10.0
 _REALM = 'Basic realm="danube metrics", charset="UTF-8"'
+
+
+# prometheus_client registers these in its default registry when imported, so they come
+# before anything the broker registers; the endpoint serves them after danube's instead.
+PROCESS_COLLECTORS = (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR)
+
+
+class _Families:
+    """One collector yielding everything a registry holds (danube's families)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def describe(self) -> list[Metric]:
+        return []  # no names: a `name[]` query still reaches every family through it
+
+    def collect(self) -> Iterable[Metric]:
+        return self._registry.collect()
+
+
+def exposition(registry: CollectorRegistry = REGISTRY, *, process_collectors: bool = True) -> CollectorRegistry:
+    """What the endpoint serves: `registry`'s families, then the process collectors when
+    asked for; no `_created` series (a process-wide switch of prometheus_client)."""
+    disable_created_metrics()
+    for collector in PROCESS_COLLECTORS:
+        try:
+            registry.unregister(collector)
+        except KeyError:
+            pass  # not there: another registry, or taken out by an earlier broker of this process
+    served = CollectorRegistry(auto_describe=False)
+    served.register(_Families(registry))
+    if process_collectors:
+        for collector in PROCESS_COLLECTORS:
+            served.register(collector)
+    return served
 
 
 def _with_basic_auth(app: Callable[..., Iterable[bytes]], auth: BasicAuth) -> Callable[..., Iterable[bytes]]:
@@ -129,9 +171,9 @@ def _tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
 
 def start_metrics_server(host: str, port: int, *, tls_cert_file: str | None = None, tls_key_file: str | None = None,
                          basic_auth_file: str | None = None, connections_max: int = 16,
-                         registry: CollectorRegistry = REGISTRY) -> MetricsServer:
-    """Serve `registry` on host:port (port 0 picks one) in a daemon thread."""
-    app = make_wsgi_app(registry)
+                         registry: CollectorRegistry = REGISTRY, process_collectors: bool = True) -> MetricsServer:
+    """Serve `registry` (see `exposition`) on host:port (port 0 picks one) in a daemon thread."""
+    app = make_wsgi_app(exposition(registry, process_collectors=process_collectors))
     if basic_auth_file is not None:
         app = _with_basic_auth(app, BasicAuth.from_file(basic_auth_file))
     context = _tls_context(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None

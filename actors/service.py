@@ -106,8 +106,9 @@ class BrokerService:
     async def start(self) -> None:
         config = self.config
         if config.broker.grpc_listen is not None or config.broker.grpc_admin_listen is not None:
-            from danube_zmq.actors.grpc_door_limits import check_fd_budget
+            from danube_zmq.actors.grpc_door_limits import check_fd_budget, check_grpc_installed
 
+            check_grpc_installed(config)
             check_fd_budget(config)  # before any bind: the doors must not take the native ports' descriptors
         loaded = load_cluster_curve(config.security)  # a bad key file stops the start before any bind
         if loaded is not None:
@@ -146,7 +147,8 @@ class BrokerService:
                     config.broker.metrics_host, config.broker.metrics_port,
                     tls_cert_file=security.metrics_tls_cert_file, tls_key_file=security.metrics_tls_key_file,
                     basic_auth_file=security.metrics_basic_auth_file,
-                    connections_max=config.broker.metrics_connections_max)
+                    connections_max=config.broker.metrics_connections_max,
+                    process_collectors=config.broker.metrics_process_collectors)
                 self.metrics_url = self._metrics_server.url
             # The gateways find the broker actor through `system.broker_endpoint` when a
             # request arrives, so they start first and the broker learns their URLs.

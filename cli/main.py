@@ -20,26 +20,13 @@ did not expect is one line too; `--log-level debug` adds its traceback.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
+from collections.abc import Callable
 
 import click
-import zmq
-from rich.logging import RichHandler
 
-from danube_zmq.cli.admin import admin, namespaces, topics
-from danube_zmq.cli.admin_cluster import cluster, metadata
-from danube_zmq.cli.admin_policies import namespace_policies, topic_policies
-from danube_zmq.cli.admin_serve import serve
-from danube_zmq.cli.admin_snapshots import snapshots
-from danube_zmq.cli.bench import bench
-from danube_zmq.cli.broker import broker
-from danube_zmq.cli.cluster import cluster_group
-from danube_zmq.cli.consume import consume
-from danube_zmq.cli.output import stderr_console
-from danube_zmq.cli.produce import produce
-from danube_zmq.cli.report import report
-from danube_zmq.cli.schemas import schemas
-from danube_zmq.cli.security import security
 from danube_zmq.transport.errors import DanubeError
 
 __all__ = ["CliError", "cli", "main"]
@@ -69,8 +56,84 @@ def _leaf(err: BaseException) -> BaseException:
     return err
 
 
+def _attach_admin_groups(admin: click.Group) -> None:
+    """`danube admin`'s groups that live in modules of their own (they import cli/admin.py)."""
+    from danube_zmq.cli.admin import namespaces, topics
+    from danube_zmq.cli.admin_cluster import cluster, metadata
+    from danube_zmq.cli.admin_policies import namespace_policies, topic_policies
+    from danube_zmq.cli.admin_serve import serve
+    from danube_zmq.cli.admin_snapshots import snapshots
+
+    for command in (cluster, metadata, snapshots, serve):
+        admin.add_command(command)
+    namespaces.add_command(namespace_policies)
+    topics.add_command(topic_policies)
+
+
+# The subcommands, imported when used: `danube produce` loads cli/produce.py and what it
+# needs, not the admin protocol, the load generator (numpy) or the report (pyarrow).
+# name -> (module, attribute, the summary `danube --help` shows without importing it;
+# tests/unit/test_cli_startup.py checks each against the command's own help).
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "admin": ("danube_zmq.cli.admin", "admin", "Manage namespaces, topics, subscriptions; list brokers."),
+    "bench": ("danube_zmq.cli.bench", "bench",
+              "Load a broker and measure throughput, latency, loss and the broker's resources."),
+    "broker": ("danube_zmq.cli.broker", "broker", "Run a broker."),
+    "cluster": ("danube_zmq.cli.cluster", "cluster_group",
+                "Run a local cluster of brokers under the thespian supervisor."),
+    "consume": ("danube_zmq.cli.consume", "consume", "Receive messages from a topic, print and acknowledge them."),
+    "produce": ("danube_zmq.cli.produce", "produce", "Send messages to a topic."),
+    "report": ("danube_zmq.cli.report", "report",
+               "Reports computed from WAL snapshots (danube admin snapshots), in Python or with Spark."),
+    "schemas": ("danube_zmq.cli.schemas", "schemas",
+                "Register, inspect and evolve schemas (subjects, versions, compatibility)."),
+    "security": ("danube_zmq.cli.security", "security",
+                 "Keys, tokens, roles and bindings of a secured cluster (security.mode curve)."),
+}
+_AFTER_LOAD: dict[str, Callable[[click.Group], None]] = {"admin": _attach_admin_groups}
+# Packages of extras (setup.cfg) a command may need: import name -> (package, extra).
+_EXTRAS = {"numpy": ("numpy", "bench"), "hdrh": ("hdrhistogram", "bench")}
+
+
 class DanubeGroup(click.Group):
-    """The root group: turns the world's faults into `CliError` for every subcommand."""
+    """The root group: loads a subcommand's module when it is used (LAZY_COMMANDS), and
+    turns the world's faults into `CliError` for every subcommand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is None and cmd_name in LAZY_COMMANDS:
+            module, attribute, _ = LAZY_COMMANDS[cmd_name]
+            try:
+                command = getattr(importlib.import_module(module), attribute)
+            except ModuleNotFoundError as err:
+                top = (err.name or "").partition(".")[0]
+                if top not in _EXTRAS:
+                    raise
+                package, extra = _EXTRAS[top]
+                raise CliError(f"danube {cmd_name} needs {package}, which is not installed; install the {extra}"
+                               f" extra: pip install 'danube-zmq[{extra}]'") from None
+            if cmd_name in _AFTER_LOAD:
+                _AFTER_LOAD[cmd_name](command)
+            self.add_command(command, cmd_name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing, from the summaries in LAZY_COMMANDS for commands not loaded:
+        `danube --help` imports no subcommand."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            if name in self.commands:
+                rows.append((name, self.commands[name].get_short_help_str(limit)))
+            else:
+                summary = click.Command(name, help=LAZY_COMMANDS[name][2])  # click's own shortening
+                rows.append((name, summary.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -81,9 +144,10 @@ class DanubeGroup(click.Group):
             err = _leaf(raw)
             if isinstance(err, (click.ClickException, click.exceptions.Exit, click.exceptions.Abort)):
                 raise err from None
+            zmq = sys.modules.get("zmq")  # a ZMQError means zmq was imported; the CLI does not import it itself
             if isinstance(err, DanubeError):
                 message = str(err)
-            elif isinstance(err, zmq.ZMQError):
+            elif zmq is not None and isinstance(err, zmq.ZMQError):
                 message = f"ZeroMQ: {err.strerror}"
             elif isinstance(err, OSError):
                 message = str(err)
@@ -96,19 +160,22 @@ class DanubeGroup(click.Group):
             raise CliError(_one_line(message)) from None
 
 
-class _CliLogHandler(RichHandler):
-    """The one handler the CLI adds to the root logger (found again by its class)."""
-
-
 def setup_logging(level: str) -> None:
     """Logs go to stderr through rich; colour follows the NO_COLOR / TTY rules.
 
-    Adds one handler and leaves any others alone (no `basicConfig(force=True)`),
-    so calling the CLI in-process, as tests do, does not undo their log capture.
+    Adds one handler (marked `_danube_cli`) and leaves any others alone (no
+    `basicConfig(force=True)`), so calling the CLI in-process, as tests do, does not undo
+    their log capture. rich's handler is imported here, once a command runs.
     """
     root = logging.getLogger()
-    if not any(isinstance(handler, _CliLogHandler) for handler in root.handlers):
-        root.addHandler(_CliLogHandler(console=stderr_console(), show_path=False, markup=False))
+    if not any(getattr(handler, "_danube_cli", False) for handler in root.handlers):
+        from rich.logging import RichHandler
+
+        from danube_zmq.cli.output import stderr_console
+
+        handler = RichHandler(console=stderr_console(), show_path=False, markup=False)
+        handler._danube_cli = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
     root.setLevel(level.upper())
 
 
@@ -134,23 +201,6 @@ def cli(log_level: str) -> None:
       danube consume -t /default/orders -m my-sub --json
     """
     setup_logging(log_level)
-
-
-cli.add_command(broker)
-cli.add_command(cluster_group)
-cli.add_command(produce)
-cli.add_command(consume)
-cli.add_command(admin)
-cli.add_command(schemas)
-admin.add_command(cluster)
-admin.add_command(metadata)
-admin.add_command(snapshots)
-namespaces.add_command(namespace_policies)
-topics.add_command(topic_policies)
-admin.add_command(serve)
-cli.add_command(report)
-cli.add_command(bench)
-cli.add_command(security)
 
 
 def main() -> None:

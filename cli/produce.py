@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from danube_zmq.cli.options import (
     attributes_callback,
@@ -235,6 +234,8 @@ def schema_value(schema_type: SchemaType, payload: bytes) -> Any:
 
 
 async def _produce(plan: _Plan) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # not for --help
+
     DanubeClient = load_client()
     total = plan.count if plan.payload is not None else None
     sent = 0

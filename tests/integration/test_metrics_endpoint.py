@@ -56,6 +56,30 @@ def test_metrics_bind_loopback_by_default(broker_factory) -> None:
     assert status == 200 and "danube_" in body
 
 
+@pytest.mark.parametrize("process_collectors", [True, False])
+def test_danube_families_come_first_without_created_series(broker_factory, process_collectors: bool) -> None:
+    """`curl /metrics | head` shows the broker: the first families are danube_*; no
+    `_created` series anywhere; process_*, python_info and python_gc_* come after every
+    danube_ family with broker.metrics_process_collectors true (the default) and are
+    absent with false."""
+    port = free_port()
+    env = {} if process_collectors else {"DANUBE_BROKER__METRICS_PROCESS_COLLECTORS": "false"}
+    broker_factory("--metrics-port", str(port), env=env)
+    status, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    lines = body.splitlines()
+    assert all("danube_" in line for line in lines[:10]), lines[:10]
+    assert not [line for line in lines if "_created" in line]
+    families = [line.split()[2] for line in lines if line.startswith("# TYPE ")]
+    others = [name for name in families if not name.startswith("danube_")]
+    if process_collectors:
+        assert {"process_resident_memory_bytes", "process_open_fds", "python_info",
+                "python_gc_objects_collected_total"} <= set(others)
+        assert families.index(others[0]) > max(i for i, name in enumerate(families) if name.startswith("danube_"))
+    else:
+        assert others == []
+
+
 def test_metrics_over_https_with_basic_auth(broker_factory, tmp_path: Path) -> None:
     """HTTPS with the right user and password: 200 and danube_ series; a wrong password or
     none: 401 asking for Basic; plain HTTP to the TLS port gets no answer; the broker keeps

@@ -21,7 +21,7 @@ from pathlib import Path
 from tests.integration.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-# Generous: a cold pip cache downloads pyarrow and grpcio-tools (about 18 s warm).
+# Generous: a cold pip cache downloads pyarrow (about 18 s warm).
 INSTALL_TIMEOUT_S = 600
 
 # Run by the installed interpreter: every module of the source tree must be found, and
@@ -42,6 +42,17 @@ if not typed.exists():
     missing.append("danube_zmq/py.typed")
 print("\\n".join(missing))
 sys.exit(1 if missing else 0)
+"""
+
+
+# Only in extras (setup.cfg): the gRPC doors' grpcio, the stub generator, danube bench's
+# numpy and hdrhistogram. A command that needs one names its extra.
+EXTRAS_ONLY = ("grpc", "grpc_tools", "numpy", "hdrh")
+_CHECK_ABSENT = """
+import importlib.util, sys
+found = [name for name in sys.argv[1:] if importlib.util.find_spec(name) is not None]
+print("\\n".join(found))
+sys.exit(1 if found else 0)
 """
 
 
@@ -76,7 +87,9 @@ def build_wheel(work: Path) -> Path:
 def test_wheel_in_a_clean_venv_has_every_module_and_runs_the_demo(tmp_path: Path) -> None:
     """Build the wheel, `pip install` it (dependencies resolved by pip) into a new venv,
     then from a directory outside the tree: every source module is found inside the venv,
-    the `danube` entry point answers, and examples/quickstart.py (what `./run demo` runs)
+    the `danube` entry point answers, the extras' packages (EXTRAS_ONLY) are not installed
+    and the commands that need them name their extra (`danube bench`, a broker with a
+    gRPC door), and examples/quickstart.py (what `./run demo` runs)
     starts a broker, receives the 5 messages it sent and stops it cleanly. Leaving a
     subpackage out of setup.cfg's `packages` fails here."""
     wheel = build_wheel(tmp_path)
@@ -104,6 +117,20 @@ def test_wheel_in_a_clean_venv_has_every_module_and_runs_the_demo(tmp_path: Path
                                capture_output=True, text=True, timeout=60)
     assert help_text.returncode == 0, help_text.stdout + help_text.stderr
     assert "broker" in help_text.stdout
+
+    absent = subprocess.run([str(python), "-c", _CHECK_ABSENT, *EXTRAS_ONLY], cwd=outside, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert absent.returncode == 0, "in the base install, not only in an extra:\n" + absent.stdout + absent.stderr
+    bench = subprocess.run([str(venv / "bin" / "danube"), "bench", "e2e", "--help"], cwd=outside, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert (bench.returncode, bench.stderr.strip()) == (1, "error: danube bench needs numpy, which is not installed;"
+                                                           " install the bench extra: pip install 'danube-zmq[bench]'")
+    door = subprocess.run([str(venv / "bin" / "danube"), "broker", "start", "--data-dir", str(outside / "data"),
+                           "--listen", f"tcp://127.0.0.1:{free_port()}", "--admin-listen",
+                           f"tcp://127.0.0.1:{free_port()}", "--metrics-port", "0",
+                           "--grpc-listen", f"http://127.0.0.1:{free_port()}"],
+                          cwd=outside, env=env, capture_output=True, text=True, timeout=60)
+    assert door.returncode != 0 and "pip install 'danube-zmq[grpc]'" in door.stderr, door.stdout + door.stderr
 
     url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     demo = subprocess.run([str(python), "quickstart.py", "--listen", url, "--admin-listen", admin_url],

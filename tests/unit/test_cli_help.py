@@ -13,7 +13,10 @@ from danube_zmq.cli.main import cli
 
 def _command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     paths = [prefix]
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the root's commands load when asked for (cli/main.py)
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             paths.extend(_command_paths(command, (*prefix, name)))
         else:

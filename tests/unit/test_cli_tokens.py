@@ -155,7 +155,10 @@ def test_a_token_file_wins_over_danube_token_and_both_flags_are_refused(
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, click.Command]]:
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the root's commands load when asked for (cli/main.py)
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         yield " ".join((*path, name)), command
         if isinstance(command, click.Group):
             yield from _commands(command, (*path, name))
