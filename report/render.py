@@ -10,6 +10,7 @@ import html
 import io
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -133,17 +134,34 @@ def _colours(count: int) -> list[tuple[float, float, float, float]]:
     return [colormaps["hsv"](i / count) for i in range(count)]
 
 
+def _time_span(report: BacklogReport) -> tuple[datetime, datetime]:
+    """The x range every chart shares: the window's first to last point, padded 5% (at
+    least 30 s) each side. matplotlib's own limits for a lone point (one rate from two
+    snapshots) span years, and its ticks then all fall on midnight."""
+    times = [t for series in (report.backlog_series, report.produce_series, report.consume_series)
+             for points in series.values() for t, _ in points] or [report.snapshot_ms]
+    low, high = min(times), max(times)
+    pad = max((high - low) / 20, 30_000)
+    return (datetime.fromtimestamp((low - pad) / 1000, tz=UTC), datetime.fromtimestamp((high + pad) / 1000, tz=UTC))
+
+
+# Tick labels by tick spacing (days): the coarsest that still tells ticks apart.
+_TICK_FORMATS = {365.0: "%Y", 30.0: "%Y-%m", 1.0: "%Y-%m-%d", 1 / 24: "%m-%d %H:%M", 1 / 1440: "%H:%M",
+                 1 / 86400: "%H:%M:%S"}
+
+
 def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
     """(title, matplotlib Figure) per chart: backlog over time per subscription, then
-    produce vs consume rate per topic. Every x axis is a UTC date axis, every series has
-    its own colour and a legend entry. The caller closes the figures."""
+    produce vs consume rate per topic. Every x axis is a UTC date axis over the same span,
+    every series has its own colour and a legend entry. The caller closes the figures."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from datetime import UTC, datetime
-
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
+
+    start, end = _time_span(report)
+    xlabel = f"time (UTC), {start:%Y-%m-%d}" if start.date() == end.date() else "time (UTC)"
 
     def chart(title: str, series: list[tuple[str, list[tuple[int, int]] | list[tuple[int, float]]]], ylabel: str,
               height: float) -> Any:
@@ -152,8 +170,13 @@ def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
         for (label, points), colour in zip(series, _colours(len(series)), strict=True):
             axes.plot([datetime.fromtimestamp(t / 1000, tz=UTC) for t, _ in points], [v for _, v in points],
                       marker="o", markersize=3, color=colour, label=label)
-        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=UTC))
-        axes.set_xlabel("time (UTC)")
+        locator = mdates.AutoDateLocator(tz=UTC)
+        formatter = mdates.AutoDateFormatter(locator, tz=UTC)
+        formatter.scaled = dict(_TICK_FORMATS)
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(formatter)
+        axes.set_xlim(start, end)
+        axes.set_xlabel(xlabel)
         axes.set_ylabel(ylabel)
         axes.set_title(title)
         if series:
