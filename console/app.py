@@ -220,6 +220,8 @@ class Console:
         self.templates.env.globals["policy_names"] = TOPIC_POLICY_NAMES
         self.templates.env.filters["quote"] = lambda value: urllib.parse.quote(str(value), safe="")
         self.templates.env.filters["when"] = _when
+        self.templates.env.filters["policy_value"] = _policy_value
+        self.templates.env.filters["bytes"] = _bytes
 
     # -- sessions ------------------------------------------------------------------
 
@@ -384,6 +386,39 @@ def _when(ms: int | None) -> str:
     if not ms:
         return ""
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _bytes(count: int) -> str:
+    """`10,485,760 bytes (10 MiB)`: the exact number to type, and its size at a glance."""
+    size, unit = float(count), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{count:,} bytes" + ("" if unit == "bytes" else f" ({size:.3g} {unit})")
+
+
+def _duration(ms: int) -> str:
+    for unit, length in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= length:
+            return f"{ms:,} ms ({ms / length:.3g} {unit})"
+    return f"{ms:,} ms"
+
+
+def _policy_value(value: Any, name: str) -> str:
+    """A policy's value as the policies table shows it: 0 is unlimited, byte counts and
+    milliseconds also in larger units."""
+    if value is None:
+        return ""
+    if value == 0:
+        return "0 (unlimited)"
+    if not isinstance(value, int):
+        return str(value)
+    if name.endswith(("_size", "_bytes_max", "_bytes")):
+        return _bytes(value)
+    if name.endswith("_ms"):
+        return _duration(value)
+    return f"{value:,}"
 
 
 # -- pages: what each loads ------------------------------------------------------------

@@ -112,6 +112,12 @@ def test_every_page_loads_cleanly_and_charts_draw(stocked: Node, chromium: webdr
                 backlog = chromium.find_element(By.CSS_SELECTOR, "#subscriptions .backlog").text
                 assert backlog == str(MESSAGES)
                 assert chromium.find_elements(By.CSS_SELECTOR, "#chart-backlog .xaxislayer-above .xtick")
+                for chart in ("chart-backlog", "chart-rates"):
+                    # Rates of an idle topic are all 0: drawn from 0 up, not on a -1..1 axis.
+                    axes = chromium.execute_script(
+                        f"const l = document.getElementById('{chart}')._fullLayout;"
+                        " return [l.yaxis.range, l.xaxis.title.text];")
+                    assert axes[0][0] >= 0 and axes[1] == "time (UTC)", (chart, axes)
             if name == "cluster":
                 assert len(chromium.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")) == 3
                 assert len(chromium.find_elements(By.CSS_SELECTOR, "#members tbody tr")) == 3
