@@ -176,6 +176,7 @@ def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
         axes.xaxis.set_major_locator(locator)
         axes.xaxis.set_major_formatter(formatter)
         axes.set_xlim(start, end)
+        axes.set_ylim(bottom=0)  # counts and rates: 55 against 60 a minute is not a sixfold gap
         axes.set_xlabel(xlabel)
         axes.set_ylabel(ylabel)
         axes.set_title(title)

@@ -138,6 +138,7 @@ def test_chart_ticks_are_distinct_utc_times_across_the_window(span_ms: int) -> N
             low, high = (mdates.num2date(x, tz=datetime.UTC) for x in axes.get_xlim())
             assert low <= first and last <= high, title
             assert (high - low).total_seconds() <= span_ms / 1000 * 1.2 + 60, (title, low, high)
+            assert axes.get_ylim()[0] == 0 and axes.get_ylim()[1] > 55.5, (title, axes.get_ylim())
             labels = [label.get_text() for label in axes.get_xticklabels()]
             assert len(labels) >= 3 and len(set(labels)) == len(labels), (title, labels)
             for tick, label in zip(axes.get_xticks(), labels, strict=True):
