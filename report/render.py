@@ -164,7 +164,7 @@ def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
     xlabel = f"time (UTC), {start:%Y-%m-%d}" if start.date() == end.date() else "time (UTC)"
 
     def chart(title: str, series: list[tuple[str, list[tuple[int, int]] | list[tuple[int, float]]]], ylabel: str,
-              height: float) -> Any:
+              height: float, empty: str) -> Any:
         figure, axes = plt.subplots(figsize=(9, height))
         axes.xaxis_date(tz=UTC)  # a date axis even when a series is empty
         for (label, points), colour in zip(series, _colours(len(series)), strict=True):
@@ -182,18 +182,21 @@ def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
         axes.set_title(title)
         if series:
             axes.legend(fontsize="small")
+        if not any(points for _, points in series):
+            axes.text(0.5, 0.5, empty, transform=axes.transAxes, ha="center", va="center", color="0.4")
         figure.autofmt_xdate()
         return figure
 
     charts = [("backlog over time per subscription",
                chart("backlog over time per subscription (messages)", sorted(report.backlog_series.items()),
-                     "messages", 4))]
+                     "messages", 4, "no subscription in the window"))]
     for topic in report.topics:
         series: list[tuple[str, list[tuple[int, float]]]] = [("produced", report.produce_series.get(topic.topic, []))]
         series += [(f"consumed by {name.rsplit(':', 1)[1]}", points)
                    for name, points in sorted(report.consume_series.items()) if name.rsplit(":", 1)[0] == topic.topic]
         charts.append((f"produce vs consume rate: {topic.topic}",
-                       chart(f"produce vs consume rate, {topic.topic}", series, "messages per minute", 3.5)))
+                       chart(f"produce vs consume rate, {topic.topic}", series, "messages per minute", 3.5,
+                             "no rate yet: a rate needs two snapshots in the window")))
     return charts
 
 

@@ -147,3 +147,19 @@ def test_chart_ticks_are_distinct_utc_times_across_the_window(span_ms: int) -> N
     finally:
         for _, figure in charts:
             plt.close(figure)
+
+
+@pytest.mark.spark  # matplotlib comes with the report extra
+def test_an_empty_chart_says_why() -> None:
+    """One snapshot in the window: a backlog point, but no rate yet."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    report = sample()
+    charts = chart_figures(report)
+    try:
+        texts = [[text.get_text() for text in figure.axes[0].texts] for _, figure in charts]
+        assert texts == [[], ["no rate yet: a rate needs two snapshots in the window"]]
+    finally:
+        for _, figure in charts:
+            plt.close(figure)
