@@ -7,7 +7,8 @@ pages (Jinja2), a JSON endpoint for the charts, and form actions.
 
 Rules every response keeps:
 1. No page, chart or action without a session; a session starts at /login with a token
-   the broker authenticates (or, where the broker lets anonymous callers in, none).
+   the broker authenticates or, where the broker lets anonymous callers in (security
+   off), at the first page a browser navigates to, without a login.
 2. Every POST carries the session's CSRF token and, when the browser sends one, an
    Origin of this console; the session cookie is HttpOnly and SameSite=Strict.
 3. No CORS: no Access-Control-* header is ever sent, so no other origin reads an
@@ -219,6 +220,8 @@ class Console:
         self.templates.env.globals["policy_names"] = TOPIC_POLICY_NAMES
         self.templates.env.filters["quote"] = lambda value: urllib.parse.quote(str(value), safe="")
         self.templates.env.filters["when"] = _when
+        self.templates.env.filters["policy_value"] = _policy_value
+        self.templates.env.filters["bytes"] = _bytes
 
     # -- sessions ------------------------------------------------------------------
 
@@ -240,16 +243,32 @@ class Console:
 
         async def endpoint(request: Request) -> Response:
             session = self.session_of(request)
+            opened = None
             if session is None:
-                return self._to_login(request)
+                session = opened = await self._open_session(request)
+                if session is None:
+                    return self._to_login(request)
             data, error = await gather_or_error(load(request, session))
             if error is not None and error.startswith("UNAUTHENTICATED"):
                 # The token expired or was revoked since login: log in again.
                 self.sessions.drop(session.session_id)
                 return self._to_login(request)
-            return self.render(request, template, session, status=_status_of(error), title=title, data=data,
-                               error=error, query=request.query_params)
+            response = self.render(request, template, session, status=_status_of(error), title=title, data=data,
+                                   error=error, query=request.query_params)
+            if opened is not None:
+                self._set_cookie(response, COOKIE, opened.session_id, None)
+            return response
         return endpoint
+
+    async def _open_session(self, request: Request) -> Session | None:
+        """A session without a token when the broker lets an anonymous caller in (security
+        off), as the login would make from an empty token: nobody has one to type. Only
+        for a page the browser navigates to (not another site's image or fetch, which
+        would only churn sessions); actions still need the session's CSRF token."""
+        if request.headers.get("sec-fetch-mode", "navigate") != "navigate":
+            return None
+        _, error = await gather_or_error(self.backend.check_login(None))
+        return None if error is not None else self.sessions.create(None, self.clock())
 
     def action(self, run: Callable[[Session, FormData], Awaitable[tuple[str, str]]]
                ) -> Callable[[Request], Awaitable[Response]]:
@@ -367,6 +386,39 @@ def _when(ms: int | None) -> str:
     if not ms:
         return ""
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _bytes(count: int) -> str:
+    """`10,485,760 bytes (10 MiB)`: the exact number to type, and its size at a glance."""
+    size, unit = float(count), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{count:,} bytes" + ("" if unit == "bytes" else f" ({size:.3g} {unit})")
+
+
+def _duration(ms: int) -> str:
+    for unit, length in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= length:
+            return f"{ms:,} ms ({ms / length:.3g} {unit})"
+    return f"{ms:,} ms"
+
+
+def _policy_value(value: Any, name: str) -> str:
+    """A policy's value as the policies table shows it: 0 is unlimited, byte counts and
+    milliseconds also in larger units."""
+    if value is None:
+        return ""
+    if value == 0:
+        return "0 (unlimited)"
+    if not isinstance(value, int):
+        return str(value)
+    if name.endswith(("_size", "_bytes_max", "_bytes")):
+        return _bytes(value)
+    if name.endswith("_ms"):
+        return _duration(value)
+    return f"{value:,}"
 
 
 # -- pages: what each loads ------------------------------------------------------------

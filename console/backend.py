@@ -207,7 +207,8 @@ class Backend:
                 failure = jsonable(await c.get_failure_policy(topic, name))
                 dispatch = jsonable(await c.get_dispatch_config(topic, name))
             return {"topic": topic, "name": name, "reliable": reliable, "partitions": rows,
-                    "failure_policy": failure, "dispatch_config": dispatch}
+                    "failure_policy": failure, "dispatch_config": dispatch,
+                    "settings": subscription_settings(failure, dispatch) if reliable else []}
         return await self.admin(token, gather)
 
     async def schema_subjects(self, token: str | None) -> list[dict[str, Any]]:
@@ -228,6 +229,28 @@ class Backend:
                     "revoked_tokens": jsonable(await c.list_revoked_tokens())}
         return await self.admin(token, gather)
 
+
+
+def subscription_settings(failure: dict[str, Any], dispatch: dict[str, Any]) -> list[tuple[str, str]]:
+    """A reliable subscription's failure policy and dispatch window as (label, value)
+    rows for people, each with where it comes from: set on the subscription, or the
+    broker's `reliable:` defaults (each record's own `explicit`)."""
+    def source(explicit: bool, default: str) -> str:
+        return "set on this subscription" if explicit else f"the broker's default ({default})"
+
+    poison = {"block": "stop the subscription at it", "drop": "skip it",
+              "dead_letter": "send it to the dead-letter topic"}
+    return [
+        ("Max unacked per consumer", f"{dispatch['max_unacked_messages']:,}"),
+        ("Dispatch window from", source(dispatch["explicit"], "reliable.max_unacked_messages")),
+        ("Ack timeout", f"{failure['ack_timeout_ms']:,} ms"),
+        ("Max redeliveries", f"{failure['max_redelivery_count']:,}"),
+        ("Redelivery delay", f"{failure['base_redelivery_delay_ms']:,} ms, at most"
+                             f" {failure['max_redelivery_delay_ms']:,} ms ({failure['backoff']} backoff)"),
+        ("After the last redelivery", poison.get(failure["poison_policy"], failure["poison_policy"])),
+        ("Dead-letter topic", failure["dead_letter_topic"] or "none"),
+        ("Failure policy from", source(failure["explicit"], "reliable:")),
+    ]
 
 
 def history_charts(series: dict[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:

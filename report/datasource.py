@@ -14,27 +14,37 @@ Options:
 | snapshot | latest | `records`: the snapshot id to read (`latest`: the newest) |
 | topic | all | a glob over topic and partition names (`/default/orders*`) |
 | from, to | all | `subscriptions`/`topics`: snapshots taken in [from, to] (ms since the epoch) |
-| payload | false | `records`: add the `payload` column (null if the snapshot left payloads out) |
+| payload | false | `records`: add the `payload` column; the snapshot must hold payloads |
+| | | (`snapshots.include_payloads` on when it was taken), else the read is refused |
 
 `records` has a Kafka-like schema (`RECORDS_SCHEMA`); its partitions are the snapshot's
 Parquet files, read on the executors through fsspec as Arrow batches. A file that is
-missing or damaged fails the read with an error naming it.
+missing or damaged fails the read with an error naming it. Batch reads only:
+`spark.readStream` is refused at once (`streamReader`).
+
+Importing this module points Spark's Python workers at this interpreter
+(`PYSPARK_PYTHON`, unless set), which has danube-zmq: Spark's default, the first
+`python3` on the PATH, usually has not, and its workers then fail to unpickle the data
+source with `ModuleNotFoundError`.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark import SparkContext
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from danube_zmq.report.records import read_batches, topic_matches
 from danube_zmq.snapshots.manifest import Manifest
 from danube_zmq.snapshots.store import SnapshotStore, select_manifests
-from danube_zmq.transport.errors import InvalidArgument, NotFound
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound
 
 __all__ = ["RECORDS_SCHEMA", "SUBSCRIPTIONS_SCHEMA", "TOPICS_SCHEMA", "DanubeDataSource"]
 
@@ -61,6 +71,21 @@ _SPARK_ARROW = pa.schema([
     ("attributes", pa.map_(pa.string(), pa.string())), ("schema_id", pa.int64()), ("schema_version", pa.int32()),
 ])
 _SPARK_ARROW_PAYLOAD = _SPARK_ARROW.append(pa.field("payload", pa.binary()))
+
+
+def _workers_run_this_interpreter() -> None:
+    """`PYSPARK_PYTHON` for sessions started after this import; a context already running
+    with Spark's default (`python3`, PYSPARK_PYTHON unset) registers data sources with its
+    `pythonExec`, so that is pointed here too."""
+    if os.environ.get("PYSPARK_PYTHON"):
+        return
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    context = SparkContext._active_spark_context
+    if context is not None and context.pythonExec == "python3":
+        context.pythonExec = sys.executable
+
+
+_workers_run_this_interpreter()
 
 
 def _flag(options: dict[str, str], name: str) -> bool:
@@ -106,6 +131,14 @@ class DanubeDataSource(DataSource):  # type: ignore[misc]
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(dict(self.options))
 
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        # Spark falls back to simpleStreamReader when this is not implemented, and that
+        # fails later, inside start(), with an internal error naming neither.
+        raise InvalidArgument("the danube data source reads snapshots in batch only, not as a stream:"
+                              " use spark.read.format('danube'), not spark.readStream")
+
+    simpleStreamReader = streamReader
+
 
 class _Reader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
@@ -132,11 +165,18 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
 
     def _records_manifest(self, store: SnapshotStore) -> Manifest:
         if self.snapshot != "latest":
-            return store.manifest(self.snapshot)
-        ids = store.snapshot_ids()
-        if not ids:
-            raise NotFound(f"no snapshot at {self.url}")
-        return store.manifest(ids[-1])
+            manifest = store.manifest(self.snapshot)
+        else:
+            ids = store.snapshot_ids()
+            if not ids:
+                raise NotFound(f"no snapshot at {self.url}")
+            manifest = store.manifest(ids[-1])
+        if self.payload and not manifest.include_payloads:
+            raise FailedPrecondition(
+                f"snapshot {manifest.snapshot_id} at {self.url} was taken without payloads, so option('payload',"
+                " 'true') has none to read: turn snapshots.include_payloads on in the brokers' config"
+                " (DANUBE_SNAPSHOTS__INCLUDE_PAYLOADS=true) and take a new snapshot")
+        return manifest
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         store = SnapshotStore(self.url)

@@ -10,6 +10,7 @@ import html
 import io
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -133,43 +134,69 @@ def _colours(count: int) -> list[tuple[float, float, float, float]]:
     return [colormaps["hsv"](i / count) for i in range(count)]
 
 
+def _time_span(report: BacklogReport) -> tuple[datetime, datetime]:
+    """The x range every chart shares: the window's first to last point, padded 5% (at
+    least 30 s) each side. matplotlib's own limits for a lone point (one rate from two
+    snapshots) span years, and its ticks then all fall on midnight."""
+    times = [t for series in (report.backlog_series, report.produce_series, report.consume_series)
+             for points in series.values() for t, _ in points] or [report.snapshot_ms]
+    low, high = min(times), max(times)
+    pad = max((high - low) / 20, 30_000)
+    return (datetime.fromtimestamp((low - pad) / 1000, tz=UTC), datetime.fromtimestamp((high + pad) / 1000, tz=UTC))
+
+
+# Tick labels by tick spacing (days): the coarsest that still tells ticks apart.
+_TICK_FORMATS = {365.0: "%Y", 30.0: "%Y-%m", 1.0: "%Y-%m-%d", 1 / 24: "%m-%d %H:%M", 1 / 1440: "%H:%M",
+                 1 / 86400: "%H:%M:%S"}
+
+
 def chart_figures(report: BacklogReport) -> list[tuple[str, Any]]:
     """(title, matplotlib Figure) per chart: backlog over time per subscription, then
-    produce vs consume rate per topic. Every x axis is a UTC date axis, every series has
-    its own colour and a legend entry. The caller closes the figures."""
+    produce vs consume rate per topic. Every x axis is a UTC date axis over the same span,
+    every series has its own colour and a legend entry. The caller closes the figures."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from datetime import UTC, datetime
-
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
+    start, end = _time_span(report)
+    xlabel = f"time (UTC), {start:%Y-%m-%d}" if start.date() == end.date() else "time (UTC)"
+
     def chart(title: str, series: list[tuple[str, list[tuple[int, int]] | list[tuple[int, float]]]], ylabel: str,
-              height: float) -> Any:
+              height: float, empty: str) -> Any:
         figure, axes = plt.subplots(figsize=(9, height))
         axes.xaxis_date(tz=UTC)  # a date axis even when a series is empty
         for (label, points), colour in zip(series, _colours(len(series)), strict=True):
             axes.plot([datetime.fromtimestamp(t / 1000, tz=UTC) for t, _ in points], [v for _, v in points],
                       marker="o", markersize=3, color=colour, label=label)
-        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=UTC))
-        axes.set_xlabel("time (UTC)")
+        locator = mdates.AutoDateLocator(tz=UTC)
+        formatter = mdates.AutoDateFormatter(locator, tz=UTC)
+        formatter.scaled = dict(_TICK_FORMATS)
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(formatter)
+        axes.set_xlim(start, end)
+        axes.set_ylim(bottom=0)  # counts and rates: 55 against 60 a minute is not a sixfold gap
+        axes.set_xlabel(xlabel)
         axes.set_ylabel(ylabel)
         axes.set_title(title)
         if series:
             axes.legend(fontsize="small")
+        if not any(points for _, points in series):
+            axes.text(0.5, 0.5, empty, transform=axes.transAxes, ha="center", va="center", color="0.4")
         figure.autofmt_xdate()
         return figure
 
     charts = [("backlog over time per subscription",
                chart("backlog over time per subscription (messages)", sorted(report.backlog_series.items()),
-                     "messages", 4))]
+                     "messages", 4, "no subscription in the window"))]
     for topic in report.topics:
         series: list[tuple[str, list[tuple[int, float]]]] = [("produced", report.produce_series.get(topic.topic, []))]
         series += [(f"consumed by {name.rsplit(':', 1)[1]}", points)
                    for name, points in sorted(report.consume_series.items()) if name.rsplit(":", 1)[0] == topic.topic]
         charts.append((f"produce vs consume rate: {topic.topic}",
-                       chart(f"produce vs consume rate, {topic.topic}", series, "messages per minute", 3.5)))
+                       chart(f"produce vs consume rate, {topic.topic}", series, "messages per minute", 3.5,
+                             "no rate yet: a rate needs two snapshots in the window")))
     return charts
 
 

@@ -6,7 +6,12 @@
 (function () {
   const LAYOUT = {
     margin: { l: 56, r: 16, t: 36, b: 40 },
-    xaxis: { type: "date", title: { text: "time" } },
+    // Epoch ms on a date axis read as UTC, as every other time the console shows (a JS
+    // Date would be drawn in the browser's zone).
+    xaxis: { type: "date", title: { text: "time (UTC)" } },
+    // Counts, rates and latencies are never negative: an all-zero series is drawn at the
+    // bottom of the chart, not in the middle of a -1..1 axis.
+    yaxis: { rangemode: "nonnegative" },
     legend: { orientation: "h", y: -0.2 },
   };
   // The mode bar on hover only: drawn always, it covers the chart's title.
@@ -20,7 +25,7 @@
 
   function traces(lines) {
     return lines.map((line) => ({
-      x: line.time_ms.map((ms) => new Date(ms)),
+      x: line.time_ms,
       y: line.values,
       name: line.name,
       mode: "lines+markers",

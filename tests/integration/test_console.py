@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.security.tokens import TokenSigner
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -68,15 +69,30 @@ def open_console(open_broker: BrokerProcess,
         yield open_broker, url
 
 
-def test_nothing_without_a_login(open_console: tuple[BrokerProcess, str]) -> None:
+def test_an_open_cluster_opens_without_a_login(open_console: tuple[BrokerProcess, str]) -> None:
+    """security.mode none: the broker lets anonymous callers in, so there is no token to
+    type; each page a browser opens starts a session of its own. Charts and actions still
+    need a session (and actions its CSRF token), and another site's image or fetch of a
+    page starts none."""
     broker, url = open_console
+    # Not the topic page: a view of it samples its charts, which the next test counts.
+    for page in [page for page in PAGES if not page.startswith("/topic?")]:
+        with httpx.Client(base_url=url) as http:
+            answer = http.get(page, headers={"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Site": "none"})
+            assert answer.status_code == 200 and 'id="error"' not in answer.text, (page, answer.text[:500])
+            cookie = answer.headers["set-cookie"].lower()
+            assert "danube_console=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+            assert 'id="logout"' in answer.text
     with httpx.Client(base_url=url) as http:
-        for page in PAGES:
-            answer = http.get(page)
-            assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next="), page
+        answer = http.get("/cluster", headers={"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "cross-site"})
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next=")
+        assert "set-cookie" not in answer.headers
         assert http.get(f"/api/topic-series?topic={TOPIC}").status_code == 401
         answer = http.post("/actions/topics/create", data={"namespace": "default", "name": "sneaky"})
         assert answer.status_code == 401
+        assert http.get("/topics").status_code == 200  # a session now: the action still needs its CSRF token
+        answer = http.post("/actions/topics/create", data={"namespace": "default", "name": "sneaky"})
+        assert answer.status_code == 403
     assert "/default/sneaky" not in asyncio.run(_topics(broker.admin_url))
 
 
@@ -218,7 +234,13 @@ def test_logout_ends_the_session(open_console: tuple[BrokerProcess, str]) -> Non
         csrf = _csrf(http.get("/cluster").text)
         assert http.post("/logout", data={"csrf": csrf}).status_code == 303
     with httpx.Client(base_url=url, cookies={"danube_console": cookie}) as replay:
-        assert replay.get("/cluster").status_code == 303  # the old session id is gone server-side
+        # The old session id is gone server-side: its form is refused, and a page opens a
+        # new session (the cluster is open).
+        create = {"csrf": csrf, "namespace": "default", "name": "replayed"}
+        assert replay.post("/actions/topics/create", data=create).status_code == 401
+        page = replay.get("/cluster")
+        assert page.status_code == 200 and "danube_console=" in page.headers["set-cookie"]
+        assert f"danube_console={cookie}" not in page.headers["set-cookie"]
 
 
 @pytest.fixture
@@ -248,6 +270,10 @@ def test_a_secured_cluster_needs_a_token_and_the_broker_decides(
     flags = ("--server-key", server_key, "--token-file", str(operator_token))
     with console(broker.admin_url, tmp_path, admin_flags=flags) as url:
         with httpx.Client(base_url=url) as http:
+            for page in PAGES:
+                answer = http.get(page)
+                assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next="), page
+            assert http.get(f"/api/topic-series?topic={TOPIC}").status_code == 401
             refused = login(http)
             assert refused.status_code == 401 and "this cluster needs a token" in refused.text
             refused = login(http, "not-a-jwt")
@@ -283,3 +309,54 @@ def test_a_secured_cluster_needs_a_token_and_the_broker_decides(
 async def _describe(admin_url: str, topic: str, credentials: dict[str, object]) -> None:
     async with AdminClient(admin_url, **credentials) as admin:  # type: ignore[arg-type]
         await admin.describe_topic(topic)
+
+
+def _facts(html: str, dl_id: str) -> list[tuple[str, str]]:
+    block = re.search(rf'<dl class="facts" id="{dl_id}">(.*?)</dl>', html, re.S)
+    assert block, html[:3000]
+    return re.findall(r"<dt>([^<]*)</dt><dd>([^<]*)</dd>", block.group(1))
+
+
+def test_the_subscription_page_labels_its_settings_for_people(open_console: tuple[BrokerProcess, str]) -> None:
+    """A reliable subscription's failure policy and dispatch window, in words, once each,
+    and where each comes from (the broker's defaults until set on the subscription)."""
+    broker, url = open_console
+    topic = "/default/labelled"
+
+    async def setup() -> None:
+        async with AdminClient(broker.admin_url) as admin:
+            await admin.create_topic(topic, 0, DispatchStrategy.RELIABLE)
+        async with DanubeClient(broker.url) as client:
+            await (await client.subscribe(topic, "billing", sub_type=SubType.SHARED)).close()
+        async with AdminClient(broker.admin_url) as admin:
+            await admin.set_dispatch_config(topic, "billing", max_unacked_messages=50)
+    asyncio.run(setup())
+    with httpx.Client(base_url=url) as http:
+        page = http.get(f"/subscription?topic={topic.replace('/', '%2F')}&name=billing")
+    assert page.status_code == 200, page.text[:2000]
+    facts = _facts(page.text, "failure-policy")
+    labels = [label for label, _ in facts]
+    assert len(labels) == len(set(labels)), labels
+    assert dict(facts) == {
+        "Max unacked per consumer": "50", "Dispatch window from": "set on this subscription",
+        "Ack timeout": "30,000 ms", "Max redeliveries": "5",
+        "Redelivery delay": "1,000 ms, at most 60,000 ms (exponential backoff)",
+        "After the last redelivery": "stop the subscription at it", "Dead-letter topic": "none",
+        "Failure policy from": "the broker&#39;s default (reliable:)"}
+
+
+def test_policy_values_read_in_units(open_console: tuple[BrokerProcess, str]) -> None:
+    """Byte counts and milliseconds in the policies tables, exactly and at a glance."""
+    _, url = open_console
+    with httpx.Client(base_url=url) as http:
+        page = http.get("/namespaces/default").text
+
+    def value(name: str) -> str:
+        found = re.search(rf'data-policy="{name}"><td>{name}</td>\s*<td class="value">([^<]*)</td>', page)
+        assert found, (name, page)
+        return found.group(1)
+    assert value("max_message_size") == "10,485,760 bytes (10 MiB)"
+    assert value("subscription_expiration_ms") == "604,800,000 ms (7 d)"
+    assert value("retention_time_ms") == "0 (unlimited)"
+    assert value("topics_per_namespace_max") == "10,000"
+    assert value("backlog_quota") == "10,737,418,240 bytes (10 GiB), producer_exception"

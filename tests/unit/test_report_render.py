@@ -12,7 +12,7 @@ import pytest
 
 from danube_zmq.cli.report import parse_time
 from danube_zmq.report.backlog import BacklogReport, SubscriptionBacklog, TopicGrowth
-from danube_zmq.report.render import render
+from danube_zmq.report.render import chart_figures, render
 
 
 def sample() -> BacklogReport:
@@ -89,7 +89,7 @@ def test_charts_have_date_axes_and_a_colour_per_series() -> None:
                                                 ["produced", "consumed by billing"]], strict=True):
             axes = figure.axes[0]
             assert isinstance(axes.xaxis.get_major_locator(), mdates.DateLocator)
-            assert isinstance(axes.xaxis.get_major_formatter(), mdates.DateFormatter)
+            assert isinstance(axes.xaxis.get_major_formatter(), mdates.AutoDateFormatter)
             lines = axes.get_lines()
             assert [line.get_label() for line in lines] == labels
             assert [t.get_text() for t in axes.get_legend().get_texts()] == labels
@@ -104,6 +104,62 @@ def test_charts_have_date_axes_and_a_colour_per_series() -> None:
         assert len({to_hex(line.get_color()) for line in many[0][1].axes[0].get_lines()}) == 25
         for _, figure in many:
             plt.close(figure)
+    finally:
+        for _, figure in charts:
+            plt.close(figure)
+
+
+@pytest.mark.spark  # matplotlib comes with the report extra
+@pytest.mark.parametrize("span_ms", [12_000, 2 * 3_600_000, 3 * 86_400_000])
+def test_chart_ticks_are_distinct_utc_times_across_the_window(span_ms: int) -> None:
+    """Two snapshots make one rate point: its chart once spanned years with every tick
+    at midnight, all reading 00:00:00. Every chart spans the window's points, and each
+    tick reads its own UTC time at the precision the spacing needs."""
+    pytest.importorskip("matplotlib")
+    import datetime
+
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    t0 = 1_795_255_100_000
+    report = sample()
+    report.backlog_series = {"/default/orders:billing": [(t0, 1000), (t0 + span_ms, 1200)]}
+    report.produce_series["/default/orders"] = [(t0 + span_ms, 60.0)]
+    report.consume_series["/default/orders:billing"] = [(t0 + span_ms, 55.5)]
+    first = datetime.datetime.fromtimestamp(t0 / 1000, tz=datetime.UTC)
+    last = datetime.datetime.fromtimestamp((t0 + span_ms) / 1000, tz=datetime.UTC)
+    formats = ["%Y", "%Y-%m", "%Y-%m-%d", "%m-%d %H:%M", "%H:%M", "%H:%M:%S"]
+    charts = chart_figures(report)
+    try:
+        assert len(charts) == 2
+        for title, figure in charts:
+            figure.canvas.draw()
+            axes = figure.axes[0]
+            low, high = (mdates.num2date(x, tz=datetime.UTC) for x in axes.get_xlim())
+            assert low <= first and last <= high, title
+            assert (high - low).total_seconds() <= span_ms / 1000 * 1.2 + 60, (title, low, high)
+            assert axes.get_ylim()[0] == 0 and axes.get_ylim()[1] > 55.5, (title, axes.get_ylim())
+            labels = [label.get_text() for label in axes.get_xticklabels()]
+            assert len(labels) >= 3 and len(set(labels)) == len(labels), (title, labels)
+            for tick, label in zip(axes.get_xticks(), labels, strict=True):
+                when = mdates.num2date(tick, tz=datetime.UTC)
+                assert low <= when <= high and label in {when.strftime(f) for f in formats}, (title, when, label)
+    finally:
+        for _, figure in charts:
+            plt.close(figure)
+
+
+@pytest.mark.spark  # matplotlib comes with the report extra
+def test_an_empty_chart_says_why() -> None:
+    """One snapshot in the window: a backlog point, but no rate yet."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    report = sample()
+    charts = chart_figures(report)
+    try:
+        texts = [[text.get_text() for text in figure.axes[0].texts] for _, figure in charts]
+        assert texts == [[], ["no rate yet: a rate needs two snapshots in the window"]]
     finally:
         for _, figure in charts:
             plt.close(figure)
