@@ -203,8 +203,11 @@ class BrokerAdmin:
         if endpoint is None or not self.system.is_alive(endpoint):
             url, timeout_ms, name = msg.admin_url, self.config.cluster.request_timeout_ms, f"broker-{self.broker_id}"
             curve = self.curve
+            # Closed well before the peer's admin port cuts it idle (the cluster shares limits).
+            idle_ms = self.config.limits.connect_timeout_ms // 2
             endpoint = await self.system.spawn(
-                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name, curve=curve),
+                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name, idle_ms=idle_ms,
+                                    curve=curve),
                 name=f"remote admin {url}", parent=self.endpoint)
             self.remote_admins[url] = endpoint
         return ip.RemoteAdminAt(endpoint=endpoint)

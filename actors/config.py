@@ -979,6 +979,30 @@ class SecuritySection:
                          " security.grpc_tls_key_file (mutual TLS is TLS first)", "security.grpc_tls_cert_file")
 
 
+LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoggingSection:
+    """How the broker writes its log on stderr (`cli/logs.py`)."""
+
+    SECTION: ClassVar[str] = "logging"
+
+    # text: rich on a terminal, one plain line per record otherwise (a file, a pipe);
+    # json: one JSON object per line (time, level, logger, message, exc). Default text.
+    format: str = "text"
+    # A warning with the same logger and template as one logged less than this long ago
+    # is held back; the next one let through says how many were. 0: log every one, ms.
+    # Default 60000.
+    repeat_interval_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.format not in LOG_FORMATS:
+            raise _error("logging.format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.format!r}")
+        _check_range("logging.repeat_interval_ms", self.repeat_interval_ms, 0, 86_400_000)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
     """The whole broker configuration: one field per section, plus top-level keys."""
@@ -995,6 +1019,7 @@ class BrokerConfig:
     load_manager: LoadManagerSection = field(default_factory=LoadManagerSection)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
     security: SecuritySection = field(default_factory=SecuritySection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
@@ -1073,6 +1098,7 @@ _SECTIONS: tuple[type, ...] = (
     LoadManagerSection,
     SnapshotsSection,
     SecuritySection,
+    LoggingSection,
 )
 
 

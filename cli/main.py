@@ -24,7 +24,6 @@ import logging
 
 import click
 import zmq
-from rich.logging import RichHandler
 
 from danube_zmq.cli.admin import admin, namespaces, topics
 from danube_zmq.cli.admin_cluster import cluster, metadata
@@ -35,7 +34,7 @@ from danube_zmq.cli.bench import bench
 from danube_zmq.cli.broker import broker
 from danube_zmq.cli.cluster import cluster_group
 from danube_zmq.cli.consume import consume
-from danube_zmq.cli.output import stderr_console
+from danube_zmq.cli.logs import setup_logging
 from danube_zmq.cli.produce import produce
 from danube_zmq.cli.report import report
 from danube_zmq.cli.schemas import schemas
@@ -94,22 +93,6 @@ class DanubeGroup(click.Group):
                     "(run with --log-level debug for the traceback)"
                 )
             raise CliError(_one_line(message)) from None
-
-
-class _CliLogHandler(RichHandler):
-    """The one handler the CLI adds to the root logger (found again by its class)."""
-
-
-def setup_logging(level: str) -> None:
-    """Logs go to stderr through rich; colour follows the NO_COLOR / TTY rules.
-
-    Adds one handler and leaves any others alone (no `basicConfig(force=True)`),
-    so calling the CLI in-process, as tests do, does not undo their log capture.
-    """
-    root = logging.getLogger()
-    if not any(isinstance(handler, _CliLogHandler) for handler in root.handlers):
-        root.addHandler(_CliLogHandler(console=stderr_console(), show_path=False, markup=False))
-    root.setLevel(level.upper())
 
 
 @click.group(cls=DanubeGroup, context_settings={"help_option_names": ["-h", "--help"]})
