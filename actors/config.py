@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import types
 import typing
@@ -824,11 +825,19 @@ class LoadManagerSection:
     rebalancing_min_topic_age_s: int = 300
     # Topics never moved: exact names (/ns/topic) or whole namespaces (/ns/*).
     rebalancing_blacklist: tuple[str, ...] = ()
+    # `brokers balance` flags a broker OVERLOADED when its load is above the cluster's
+    # mean + one standard deviation and at least this. A topic's load is 0.2, plus 0.3
+    # per MiB/s in and out, 0.3 per producer or consumer and 0.2 per 10,000 messages of
+    # backlog. Default 10.0 (50 idle topics, or about 30 MiB/s).
+    overload_threshold: float = 10.0
 
     def __post_init__(self) -> None:
         if isinstance(self.rebalancing_blacklist, list):
             object.__setattr__(self, "rebalancing_blacklist", tuple(self.rebalancing_blacklist))
         _check_types(self)
+        object.__setattr__(self, "overload_threshold", float(self.overload_threshold))
+        if not 0.0 <= self.overload_threshold <= 1e9:
+            raise _error("load_manager.overload_threshold", f"must be in 0..1e9, got {self.overload_threshold}")
         if self.assignment_strategy not in ASSIGNMENT_STRATEGIES:
             raise _error("load_manager.assignment_strategy",
                          f"must be one of {', '.join(ASSIGNMENT_STRATEGIES)}, got {self.assignment_strategy!r}")
@@ -1126,6 +1135,8 @@ def _accepts(hint: object, value: object) -> bool:
     if hint is int:
         # bool is an int subclass; `true` is not a number of anything.
         return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     if hint is type(None):
@@ -1145,6 +1156,8 @@ def _describe(hint: object) -> str:
         return "a boolean (true or false)"
     if hint is int:
         return "an integer"
+    if hint is float:
+        return "a number"
     if hint is str:
         return "a string"
     if hint is type(None):

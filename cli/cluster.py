@@ -370,6 +370,7 @@ async def _wait_for_leader(system: Any, brokers: list[dict[str, Any]],
     """The leader the brokers agree on, and each broker's metrics URL as registered (by
     client URL). A broker that exits before then fails `up` at once."""
     from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.admin_protocol import BROKER_DOWN
 
     deadline = time.monotonic() + _UP_TIMEOUT_S
     last = "no answer"
@@ -381,7 +382,7 @@ async def _wait_for_leader(system: Any, brokers: list[dict[str, Any]],
             for b in brokers:
                 async with AdminClient(b["admin_url"], timeout_ms=1000, **options) as admin:
                     leaders.add((await admin.cluster_status()).leader_id)
-                    registered = await admin.list_brokers()
+                    registered = [b for b in await admin.list_brokers() if b.status != BROKER_DOWN]
             if len(leaders) == 1 and None not in leaders and len(registered) >= len(brokers):
                 return leaders.pop(), {r.broker_url: r.metrics_url for r in registered}  # type: ignore[return-value]
             last = f"leaders {leaders}, {len(registered)} brokers registered"
