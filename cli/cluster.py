@@ -434,7 +434,7 @@ def status(data_dir: Path, output: str) -> None:
     for b in layout["brokers"]:
         process = by_name.get(b["name"])
         broker = info["brokers"].get(b["url"], {})
-        rows.append({"name": b["name"], "node_id": b["node_id"], "url": b["url"],
+        rows.append({"name": b["name"], "node_id": b["node_id"], "broker_id": broker.get("broker_id"), "url": b["url"],
                      "metrics_url": broker.get("metrics_url", b.get("metrics_url")), "host": process.host if process else "",
                      "pid": process.pid if process else None, "running": bool(process and process.running),
                      "stopped": bool(process and process.stopped),
@@ -469,8 +469,9 @@ async def _cluster_info(brokers: list[dict[str, Any]], options: dict[str, Any]) 
                     listed = await admin.list_brokers()
                     registered = {r.broker_id: r.broker_url for r in listed}
                     statuses = {r.broker_id: r.status for r in listed}
-                    for r in listed:
-                        out["brokers"].setdefault(r.broker_url, {})["metrics_url"] = r.metrics_url
+                    for r in listed:  # a stopped broker too: `down` once its lease is gone
+                        out["brokers"].setdefault(r.broker_url, {}).update(metrics_url=r.metrics_url, status=r.status,
+                                                                         broker_id=r.broker_id)
                     balance = await admin.cluster_balance()
                     out["cv"] = balance.coefficient_of_variation
                     for load in balance.brokers:
