@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from rich.logging import RichHandler
 
@@ -108,7 +109,16 @@ def _append(record: logging.LogRecord, text: str) -> None:
 
 
 class _DanubeLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The plain handler the CLI adds (found again by its class)."""
+    """The plain handler the CLI adds (found again by its class). It writes to the
+    sys.stderr of the moment, as rich's console does: tests swap the stream."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always sys.stderr
 
 
 class _DanubeRichHandler(RichHandler):
@@ -130,7 +140,7 @@ def setup_logging(level: str | None, fmt: str = "text", repeat_interval_ms: int 
     if fmt == "text" and sys.stderr.isatty():
         handler = _DanubeRichHandler(console=stderr_console(), show_path=False, markup=False)
     else:
-        handler = _DanubeLogHandler(sys.stderr)
+        handler = _DanubeLogHandler()
         handler.setFormatter(JsonFormatter() if fmt == "json" else LineFormatter())
     handler.addFilter(RepeatFilter(repeat_interval_ms))
     root.addHandler(handler)
