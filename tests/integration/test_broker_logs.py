@@ -97,3 +97,27 @@ def test_brokers_describing_each_others_topics_log_no_repeated_cut(tmp_path: Pat
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_grpc_admin_door_call_leaves_no_connection_to_cut(tmp_path: Path) -> None:
+    """The gRPC admin door answers a call through an admin client of the admin port and
+    keeps it for the caller's next call. It used to keep it for ever: the admin port cut
+    it once idle, the DEALER reconnected at once, was cut again, a warning each time. Now
+    the door closes it idle first."""
+    import grpc
+
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as pb_grpc
+    from tests.integration.conftest import free_port
+
+    port = free_port()
+    broker = start_broker(tmp_path, "--grpc-admin-listen", f"http://127.0.0.1:{port}",
+                          env={"DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "1000"})
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            listed = pb_grpc.BrokerAdminStub(channel).ListBrokers(pb.Empty(), timeout=30)
+        assert len(listed.brokers) == 1
+        time.sleep(4.0)  # four of the admin port's connect timeouts
+        assert CUT not in broker.log(), broker.log()
+    finally:
+        assert broker.stop() == 0, broker.log()
