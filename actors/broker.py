@@ -341,6 +341,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             await self.metadata.compare_and_swap(cr.namespace_key(namespace), 0, b"")
         await self.metadata.compare_and_swap(cr.state_key(self.broker_id), 0,
                                              cr.encode(cr.BrokerStateRecord(mode=cr.BrokerMode.ACTIVE)))
+        # Outlives the lease: `brokers list` shows this broker as down once it is gone.
+        await self.metadata.put(cr.seen_key(self.broker_id), cr.encode(self._own_registration()))
         await self._import_local_registry()
 
     async def _import_local_registry(self) -> None:
@@ -373,14 +375,17 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         """The registration lease is held by a child actor (`lease_keeper.py`), which
         tells this one `LeaseChanged`."""
         cluster = self.config.cluster
-        registration = cr.encode(cr.BrokerRegistration(
-            broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
-            raft_node_id=cluster.node_id, started_ms=self.system.clock.now_ms(), metrics_url=self.metrics_url,
-            grpc_url=self.grpc_url, grpc_admin_url=self.grpc_admin_url))
+        registration = cr.encode(self._own_registration())
         metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
         await self.system.spawn(lambda: LeaseKeeper(
             metadata=metadata, broker_endpoint=broker, broker_id=broker_id, key=cr.register_key(broker_id),
             registration=registration, ttl_ms=cluster.lease_ttl_ms), name=f"lease keeper {broker_id}", parent=broker)
+
+    def _own_registration(self) -> cr.BrokerRegistration:
+        return cr.BrokerRegistration(
+            broker_id=self.broker_id, broker_url=self.broker_url, admin_url=self.admin_url,
+            raft_node_id=self.config.cluster.node_id, started_ms=self.system.clock.now_ms(),
+            metrics_url=self.metrics_url, grpc_url=self.grpc_url, grpc_admin_url=self.grpc_admin_url)
 
     def _lease_valid(self) -> bool:
         """Serving: the lease is held and has not run out. The time is checked here too,

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from danube_zmq.actors.admin_gateway import reply_admin
+from danube_zmq.actors.broker_listing import Registered, broker_rows
 from danube_zmq.actors.config import TOPIC_POLICY_NAMES
 from danube_zmq.actors.remote_admin import RemoteAdmin
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
@@ -203,8 +204,11 @@ class BrokerAdmin:
         if endpoint is None or not self.system.is_alive(endpoint):
             url, timeout_ms, name = msg.admin_url, self.config.cluster.request_timeout_ms, f"broker-{self.broker_id}"
             curve = self.curve
+            # Closed well before the peer's admin port cuts it idle (the cluster shares limits).
+            idle_ms = self.config.limits.connect_timeout_ms // 2
             endpoint = await self.system.spawn(
-                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name, curve=curve),
+                lambda: RemoteAdmin(admin_url=url, timeout_ms=timeout_ms, client_name=name, idle_ms=idle_ms,
+                                    curve=curve),
                 name=f"remote admin {url}", parent=self.endpoint)
             self.remote_admins[url] = endpoint
         return ip.RemoteAdminAt(endpoint=endpoint)
@@ -521,17 +525,18 @@ class BrokerAdmin:
         store = self.metadata
         leader = store.local_get(cr.LEADER)
         leader_id = cr.decode(leader.value, cr.LeaderRecord).broker_id if leader is not None else None
-        standalone = self.config.cluster.raft_listen is None
-        brokers = []
-        for _key, value in store.local_scan(cr.REGISTER):
+        registered = []
+        for key, value in store.local_scan(cr.REGISTER):
             registration = cr.decode(value.value, cr.BrokerRegistration)
             mode = store.local_get(cr.state_key(registration.broker_id))
-            status = cr.decode(mode.value, cr.BrokerStateRecord).mode if mode is not None else cr.BrokerMode.ACTIVE
-            role = "standalone" if standalone else ("leader" if registration.broker_id == leader_id else "follower")
-            brokers.append(ap.BrokerInfo(broker_id=registration.broker_id, broker_url=registration.broker_url,
-                                         admin_url=registration.admin_url, metrics_url=registration.metrics_url,
-                                         role=role, status=str(status), grpc_admin_url=registration.grpc_admin_url))
-        return ap.BrokerList(request_id=msg.request_id, brokers=brokers)
+            registered.append(Registered(
+                registration=registration, renewing=not store.stopped_renewing(key),
+                mode=str(cr.decode(mode.value, cr.BrokerStateRecord).mode if mode is not None else cr.BrokerMode.ACTIVE)))
+        seen = [cr.decode(value.value, cr.BrokerRegistration)
+                for key, value in store.local_scan(cr.BROKERS) if key.endswith("/seen")]
+        members = {member.node_id for member in store.members()}
+        return ap.BrokerList(request_id=msg.request_id, brokers=broker_rows(
+            registered, seen, members, leader_id, standalone=self.config.cluster.raft_listen is None))
 
     # ------------------------------------------------------------- admin: reliable subscriptions
     async def _seek_subscription(self, msg: ap.SeekSubscription) -> Message:

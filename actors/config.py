@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import types
 import typing
@@ -846,11 +847,19 @@ class LoadManagerSection:
     rebalancing_min_topic_age_s: int = 300
     # Topics never moved: exact names (/ns/topic) or whole namespaces (/ns/*).
     rebalancing_blacklist: tuple[str, ...] = ()
+    # `brokers balance` flags a broker OVERLOADED when its load is above the cluster's
+    # mean + one standard deviation and at least this. A topic's load is 0.2, plus 0.3
+    # per MiB/s in and out, 0.3 per producer or consumer and 0.2 per 10,000 messages of
+    # backlog. Default 10.0 (50 idle topics, or about 30 MiB/s).
+    overload_threshold: float = 10.0
 
     def __post_init__(self) -> None:
         if isinstance(self.rebalancing_blacklist, list):
             object.__setattr__(self, "rebalancing_blacklist", tuple(self.rebalancing_blacklist))
         _check_types(self)
+        object.__setattr__(self, "overload_threshold", float(self.overload_threshold))
+        if not 0.0 <= self.overload_threshold <= 1e9:
+            raise _error("load_manager.overload_threshold", f"must be in 0..1e9, got {self.overload_threshold}")
         if self.assignment_strategy not in ASSIGNMENT_STRATEGIES:
             raise _error("load_manager.assignment_strategy",
                          f"must be one of {', '.join(ASSIGNMENT_STRATEGIES)}, got {self.assignment_strategy!r}")
@@ -1001,6 +1010,30 @@ class SecuritySection:
                          " security.grpc_tls_key_file (mutual TLS is TLS first)", "security.grpc_tls_cert_file")
 
 
+LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoggingSection:
+    """How the broker writes its log on stderr (`cli/logs.py`)."""
+
+    SECTION: ClassVar[str] = "logging"
+
+    # text: rich on a terminal, one plain line per record otherwise (a file, a pipe);
+    # json: one JSON object per line (time, level, logger, message, exc). Default text.
+    format: str = "text"
+    # A warning with the same logger and template as one logged less than this long ago
+    # is held back; the next one let through says how many were. 0: log every one, ms.
+    # Default 60000.
+    repeat_interval_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.format not in LOG_FORMATS:
+            raise _error("logging.format", f"must be one of {', '.join(LOG_FORMATS)}, got {self.format!r}")
+        _check_range("logging.repeat_interval_ms", self.repeat_interval_ms, 0, 86_400_000)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
     """The whole broker configuration: one field per section, plus top-level keys."""
@@ -1017,6 +1050,7 @@ class BrokerConfig:
     load_manager: LoadManagerSection = field(default_factory=LoadManagerSection)
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
     security: SecuritySection = field(default_factory=SecuritySection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
     # Create a topic when a producer first uses it (in an existing
     # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
     auto_create_topics: bool = True
@@ -1098,6 +1132,7 @@ _SECTIONS: tuple[type, ...] = (
     LoadManagerSection,
     SnapshotsSection,
     SecuritySection,
+    LoggingSection,
 )
 
 
@@ -1125,6 +1160,8 @@ def _accepts(hint: object, value: object) -> bool:
     if hint is int:
         # bool is an int subclass; `true` is not a number of anything.
         return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     if hint is type(None):
@@ -1144,6 +1181,8 @@ def _describe(hint: object) -> str:
         return "a boolean (true or false)"
     if hint is int:
         return "an integer"
+    if hint is float:
+        return "a number"
     if hint is str:
         return "a string"
     if hint is type(None):

@@ -1,6 +1,7 @@
 """The gRPC doors' admin connections: connected `AdminClient`s of this broker's admin
 port, each dialed for one caller (`actors/grpc_door_auth.py`), kept for that caller's
-next calls only.
+next calls only, and closed once idle for `idle_ms` (the admin port would cut it, the
+DEALER reconnect at once, and so on, each cut a warning in the log).
 
 Used by the admin door for every call (`actors/grpc_admin_door.py`) and by the
 SchemaRegistry on either door for its topic-binding calls (`actors/grpc_door_schemas.py`):
@@ -9,6 +10,7 @@ the admin port's RBAC decides each as for `danube admin` with the caller's token
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,8 +30,11 @@ class AdminClients:
     """Admin clients of `admin_target` (a dialable zmq URL), per caller. `client(caller)`
     lends one for a call; `close()` closes the idle ones and every one lent afterwards."""
 
-    def __init__(self, admin_target: str, security: DoorSecurity, client_name: str) -> None:
+    def __init__(self, admin_target: str, security: DoorSecurity, client_name: str, idle_ms: int = 5000) -> None:
         self.admin_target = admin_target
+        self._idle_s = idle_ms / 1000
+        self._idle_since: dict[int, float] = {}  # id(an idle client) -> the loop time it was put back
+        self._expiry: asyncio.TimerHandle | None = None
         self._security = security
         self._client_name = client_name
         self._closed = False
@@ -66,6 +71,9 @@ class AdminClients:
 
     def close(self) -> None:
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         idle, self._idle = self._idle, {}
         for clients in idle.values():
             for client in clients:
@@ -75,6 +83,10 @@ class AdminClients:
         pool = self._idle.pop(caller, [])  # re-inserted last: the most recent caller
         if keep and not self._closed and len(pool) < IDLE_CLIENTS_MAX:
             pool.append(client)
+            loop = asyncio.get_running_loop()
+            self._idle_since[id(client)] = loop.time()
+            if self._expiry is None:
+                self._expiry = loop.call_later(self._idle_s, self._close_idle)
         else:
             client.close()
         if pool:
@@ -82,3 +94,24 @@ class AdminClients:
         while len(self._idle) > IDLE_CALLERS_MAX:
             for stale in self._idle.pop(next(iter(self._idle))):
                 stale.close()
+
+    def _close_idle(self) -> None:
+        """Close the clients idle for `idle_s`; look again while some are left."""
+        loop = asyncio.get_running_loop()
+        self._expiry = None
+        now = loop.time()
+        for caller in list(self._idle):
+            fresh = []
+            for client in self._idle[caller]:
+                if now - self._idle_since.get(id(client), now) >= self._idle_s:
+                    client.close()
+                else:
+                    fresh.append(client)
+            if fresh:
+                self._idle[caller] = fresh
+            else:
+                del self._idle[caller]
+        live = {id(c) for pool in self._idle.values() for c in pool}
+        self._idle_since = {k: v for k, v in self._idle_since.items() if k in live}
+        if self._idle_since and not self._closed:  # when the oldest one left turns idle_s
+            self._expiry = loop.call_later(min(self._idle_since.values()) + self._idle_s - now, self._close_idle)

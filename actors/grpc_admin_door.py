@@ -86,7 +86,7 @@ class GrpcAdminDoor:
         self.security = (security or DoorSecurity()).with_context()
         self.limits = limits or DoorLimits.admin_door(BrokerConfig())
         self.admins = AdminClients(native_target(admin_url, "broker.grpc_admin_listen", "broker.admin_listen"),
-                                   self.security, "grpc-admin-door")
+                                   self.security, "grpc-admin-door", idle_ms=self.limits.admin_client_idle_ms)
         # Danube's admin endpoint serves its SchemaRegistry too (danube-admin's `schemas`
         # and `topics configure-schema ...`): the registry calls go to the client port.
         self.client_target = native_target(client_url, "broker.grpc_admin_listen", "broker.listen")

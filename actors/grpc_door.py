@@ -152,7 +152,7 @@ class GrpcDoor:
         self.native_url = native_target(client_url)
         # SchemaRegistry's topic-binding calls are admin operations: the admin port.
         self._admins = AdminClients(native_target(admin_url, "broker.grpc_listen", "broker.admin_listen"),
-                                    self.security, "grpc-door-schemas")
+                                    self.security, "grpc-door-schemas", idle_ms=self.limits.admin_client_idle_ms)
         self.broker_url = broker_url  # this broker's advertised client URL (what lookups name)
         self.attachments_max = attachments_max
         self.metadata = metadata

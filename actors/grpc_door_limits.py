@@ -51,6 +51,10 @@ class DoorLimits:
     # port would take passes the door and one over policies.max_message_size is refused
     # by the broker with its own reason (grpc's default would be 4 MiB).
     message_bytes_max: int
+    # The door's pooled admin clients are closed idle this long: well before the admin
+    # port cuts an idle connection (limits.connect_timeout_ms), which a kept DEALER would
+    # answer by reconnecting at once, over and over.
+    admin_client_idle_ms: int = 5000
 
     @classmethod
     def client_door(cls, config: BrokerConfig) -> DoorLimits:
@@ -64,7 +68,8 @@ class DoorLimits:
     def _of(cls, config: BrokerConfig, connections_max: int) -> DoorLimits:
         broker = config.broker
         return cls(connections_max=connections_max, handshake_timeout_ms=broker.grpc_handshake_timeout_ms,
-                   idle_timeout_ms=broker.grpc_idle_timeout_ms, message_bytes_max=config.limits.frame_bytes_max)
+                   idle_timeout_ms=broker.grpc_idle_timeout_ms, message_bytes_max=config.limits.frame_bytes_max,
+                   admin_client_idle_ms=config.limits.connect_timeout_ms // 2)
 
     def server_options(self) -> list[tuple[str, int]]:
         return [

@@ -461,17 +461,21 @@ class LoadManagerActor(Actor):
         assigned = {t: b for t, (b, _) in cluster.view.assignments.items()}
         active = [b for b, s in cluster.view.brokers.items() if s is BrokerState.ACTIVE]
         loads = broker_loads(active, assigned, cluster.loads())
-        balance = measure(loads)
+        balance = measure(loads, self.config.load_manager.overload_threshold)
         brokers = [ap.BrokerLoadInfo(broker_id=b, load=loads.get(b, 0.0),
                                      topic_count=sum(1 for owner in assigned.values() if owner == b),
                                      overloaded=b in balance.overloaded, underloaded=b in balance.underloaded,
-                                     status=cluster.view.brokers[b].value)
+                                     status=cluster.view.brokers[b].value, name=self._name_of(b))
                    for b in sorted(cluster.view.brokers)]
         values = list(loads.values()) or [0.0]
         return ap.ClusterBalance(request_id=request_id, coefficient_of_variation=balance.cv, mean_load=balance.mean,
                                  max_load=max(values), min_load=min(values), std_deviation=balance.std,
                                  brokers=brokers, assignment_strategy=self.strategy.value,
                                  rebalancing=self.config.load_manager.rebalancing)
+
+    def _name_of(self, broker: int) -> str | None:
+        value = self.metadata.local_get(cr.register_key(broker))
+        return cr.broker_name(cr.decode(value.value, cr.BrokerRegistration).raft_node_id) if value is not None else None
 
     async def _drain(self, cluster: _Cluster, request: ap.UnloadBroker) -> ap.Rebalanced:
         broker = request.broker_id

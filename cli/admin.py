@@ -20,7 +20,7 @@ from danube_zmq.actors.config import BACKLOG_QUOTA_POLICIES
 from danube_zmq.actors.dispatch.tracker import BACKOFFS, POISON_POLICIES
 from danube_zmq.cli.options import DEFAULT_ADMIN_ENDPOINT, check_topic, curve_options
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
-from danube_zmq.client.admin import AdminClient
+from danube_zmq.client.admin import AdminClient, broker_label
 from danube_zmq.client.json_records import enum_name as _enum_name
 from danube_zmq.client.json_records import record_fields as _record
 from danube_zmq.transport.admin_protocol import (
@@ -29,8 +29,6 @@ from danube_zmq.transport.admin_protocol import (
     DispatchConfigInfo,
     FailurePolicyInfo,
     NamespaceLimitsInfo,
-    TopicDescription,
-    TopicInfo,
     TopicSchemaConfigInfo,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
@@ -180,27 +178,30 @@ def namespaces_delete(ctx: click.Context, namespace: str) -> None:
 def topics_list(ctx: click.Context, namespace: str, output: str) -> None:
     """List the topics of NAMESPACE."""
     namespace = _namespace(namespace)
-    found: list[TopicInfo] = _call(ctx, lambda client: client.list_topics(namespace))
     if output == "json":
-        emit_json(_record(found))
+        emit_json(_record(_call(ctx, lambda client: client.list_topics(namespace))))
         return
+    found, names = _call(ctx, lambda client: _with_names(client, client.list_topics(namespace)))
     rows = []
     for t in found:
         dispatch = _enum_name(DispatchStrategy, t.dispatch_strategy)
         if t.owners is None:  # a broker from before per-partition owners
-            rows.append([t.name, t.partitions or "-", dispatch, t.broker_id, "-"])
+            rows.append([t.name, t.partitions or "-", dispatch, broker_label(t.broker_id, names), "-"])
             continue
         if t.partitions:
             rows.append([t.name, t.partitions, dispatch, "", ""])
-        rows += [[o.name, "-", dispatch, *_broker_cells(o.broker_id, o.broker_url)] for o in t.owners]
+        rows += [[o.name, "-", dispatch, *_broker_cells(o.broker_id, o.broker_url, names)] for o in t.owners]
     emit_table(["TOPIC", "PARTITIONS", "DISPATCH", "BROKER", "BROKER-URL"], rows)
 
 
-def _broker_cells(broker_id: int | None, broker_url: str | None) -> list[Any]:
-    """A partition's BROKER and BROKER-URL cells: "unassigned" while it has no broker."""
-    if broker_id is None:
-        return ["unassigned", "-"]
-    return [broker_id, broker_url]
+async def _with_names(client: AdminClient, answer: Awaitable[T]) -> tuple[T, dict[int, str]]:
+    """An answer naming brokers by id, and their names to show beside the ids."""
+    return await answer, await client.broker_names()
+
+
+def _broker_cells(broker_id: int | None, broker_url: str | None, names: dict[int, str]) -> list[Any]:
+    """A partition's BROKER (name and id) and BROKER-URL cells: "unassigned" while it has no broker."""
+    return [broker_label(broker_id, names), "-" if broker_id is None else broker_url]
 
 
 @topics.command("create")
@@ -325,19 +326,19 @@ def _emit_reassignment(report: Any) -> None:
 def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
     """Show TOPIC's partitions, producers, subscriptions and counters."""
     topic = check_topic(topic)
-    description: TopicDescription = _call(ctx, lambda client: client.describe_topic(topic))
     if output == "json":
-        emit_json(_record(description))
+        emit_json(_record(_call(ctx, lambda client: client.describe_topic(topic))))
         return
+    description, names = _call(ctx, lambda client: _with_names(client, client.describe_topic(topic)))
     emit_line(
         f"topic {description.name}  dispatch {_enum_name(DispatchStrategy, description.dispatch_strategy)}"
-        f"  broker {description.broker_id}  partitions {len(description.partitions)}"
+        f"  broker {broker_label(description.broker_id, names)}  partitions {len(description.partitions)}"
     )
     emit_table(
         ["PARTITION", "BROKER", "BROKER-URL", "NEXT-OFFSET", "MESSAGES-IN", "BYTES-IN", "DROPPED", "EVICTED",
          "PRODUCERS"],
         [
-            [p.name, *_broker_cells(p.broker_id, p.broker_url), p.next_offset, p.messages_in, p.bytes_in,
+            [p.name, *_broker_cells(p.broker_id, p.broker_url, names), p.next_offset, p.messages_in, p.bytes_in,
              p.dropped_messages, p.evicted_messages, p.producers]
             for p in description.partitions
         ],
@@ -783,8 +784,8 @@ def brokers_list(ctx: click.Context, output: str) -> None:
         emit_json(_record(found))
         return
     emit_table(
-        ["BROKER-ID", "CLIENT-URL", "ADMIN-URL", "METRICS-URL", "ROLE", "STATUS"],
-        [[b.broker_id, b.broker_url, b.admin_url, b.metrics_url, b.role, b.status] for b in found],
+        ["NAME", "BROKER-ID", "CLIENT-URL", "ADMIN-URL", "METRICS-URL", "ROLE", "STATUS"],
+        [[b.name or "-", b.broker_id, b.broker_url, b.admin_url, b.metrics_url, b.role, b.status] for b in found],
     )
 
 
@@ -800,12 +801,13 @@ def brokers_balance(ctx: click.Context, output: str) -> None:
     emit_line(f"coefficient of variation {info.coefficient_of_variation:.3f} (mean {info.mean_load:.2f},"
               f" min {info.min_load:.2f}, max {info.max_load:.2f}); strategy {info.assignment_strategy},"
               f" rebalancing {'on' if info.rebalancing else 'off'}")
-    emit_table(["BROKER-ID", "LOAD", "TOPICS", "STATUS", "OVERLOADED", "UNDERLOADED"],
-               [[b.broker_id, f"{b.load:.2f}", b.topic_count, b.status, b.overloaded, b.underloaded]
+    emit_table(["NAME", "BROKER-ID", "LOAD", "TOPICS", "STATUS", "OVERLOADED", "UNDERLOADED"],
+               [[b.name or "-", b.broker_id, f"{b.load:.2f}", b.topic_count, b.status, b.overloaded, b.underloaded]
                 for b in info.brokers])
 
 
-def _emit_moves(result: Any, output: str, verb: str) -> None:
+def _emit_moves(answer: tuple[Any, dict[int, str]], output: str, verb: str) -> None:
+    result, names = answer
     if output == "json":
         emit_json(_record(result))
         return
@@ -813,7 +815,8 @@ def _emit_moves(result: Any, output: str, verb: str) -> None:
         emit_line(f"no moves: {result.why_none or 'nothing to move'}")
         return
     emit_table(["TOPIC", "FROM", "TO", "LOAD"],
-               [[m.topic, m.from_broker, m.to_broker, f"{m.estimated_load:.2f}"] for m in result.moves])
+               [[m.topic, broker_label(m.from_broker, names), broker_label(m.to_broker, names),
+                 f"{m.estimated_load:.2f}"] for m in result.moves])
     emit_line(f"{len(result.moves)} moves {verb}")
 
 
@@ -824,7 +827,7 @@ def _emit_moves(result: Any, output: str, verb: str) -> None:
 @click.pass_context
 def brokers_rebalance(ctx: click.Context, dry_run: bool, max_moves: int | None, output: str) -> None:
     """Rebalance now: move topics from the most to the least loaded brokers."""
-    result = _call(ctx, lambda client: client.rebalance(dry_run=dry_run, max_moves=max_moves))
+    result = _call(ctx, lambda client: _with_names(client, client.rebalance(dry_run=dry_run, max_moves=max_moves)))
     _emit_moves(result, output, "planned (dry run)" if dry_run else "started")
 
 
@@ -834,8 +837,8 @@ def brokers_rebalance(ctx: click.Context, dry_run: bool, max_moves: int | None, 
 @click.pass_context
 def brokers_unload(ctx: click.Context, broker_id: int, output: str) -> None:
     """Drain a broker: it takes no new topics and its topics move to the others."""
-    result = _call(ctx, lambda client: client.unload_broker(broker_id))
-    _emit_moves(result, output, f"started; broker {broker_id} is drained once they are done")
+    result = _call(ctx, lambda client: _with_names(client, client.unload_broker(broker_id)))
+    _emit_moves(result, output, f"started; broker {broker_label(broker_id, result[1])} is drained once they are done")
 
 
 @brokers.command("activate")

@@ -1,6 +1,7 @@
 """`danube broker start`: load the config, run one broker until SIGTERM/SIGINT.
 
-1. Config: defaults < `--config FILE` < `DANUBE_*` environment < flags.
+1. Config: defaults < `--config FILE` < `DANUBE_*` environment < flags; then the
+   log handler as its `logging:` section says (`cli/logs.py`).
 2. Start `BrokerService`, print one line saying where it listens.
 3. Wait for SIGTERM/SIGINT (or the service stopping by itself), then stop it
    cleanly and exit 0. A second signal during shutdown is not caught.
@@ -23,6 +24,7 @@ from typing import Any
 import click
 
 from danube_zmq.actors.config import EVENT_LOOPS
+from danube_zmq.cli.logs import setup_logging
 from danube_zmq.cli.options import Interrupted, StopSignals
 from danube_zmq.cli.output import emit_line
 from danube_zmq.runtime.event_loop import run
@@ -117,6 +119,7 @@ def start(
             "broker.event_loop": event_loop,
         },
     )
+    setup_logging(None, config.logging.format, config.logging.repeat_interval_ms)
     if force_new_cluster:
         _force_new_cluster(config)
     faulthandler.register(signal.SIGUSR1, all_threads=True)

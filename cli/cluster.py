@@ -370,6 +370,7 @@ async def _wait_for_leader(system: Any, brokers: list[dict[str, Any]],
     """The leader the brokers agree on, and each broker's metrics URL as registered (by
     client URL). A broker that exits before then fails `up` at once."""
     from danube_zmq.client.admin import AdminClient
+    from danube_zmq.transport.admin_protocol import BROKER_DOWN
 
     deadline = time.monotonic() + _UP_TIMEOUT_S
     last = "no answer"
@@ -381,7 +382,7 @@ async def _wait_for_leader(system: Any, brokers: list[dict[str, Any]],
             for b in brokers:
                 async with AdminClient(b["admin_url"], timeout_ms=1000, **options) as admin:
                     leaders.add((await admin.cluster_status()).leader_id)
-                    registered = await admin.list_brokers()
+                    registered = [b for b in await admin.list_brokers() if b.status != BROKER_DOWN]
             if len(leaders) == 1 and None not in leaders and len(registered) >= len(brokers):
                 return leaders.pop(), {r.broker_url: r.metrics_url for r in registered}  # type: ignore[return-value]
             last = f"leaders {leaders}, {len(registered)} brokers registered"
@@ -433,7 +434,7 @@ def status(data_dir: Path, output: str) -> None:
     for b in layout["brokers"]:
         process = by_name.get(b["name"])
         broker = info["brokers"].get(b["url"], {})
-        rows.append({"name": b["name"], "node_id": b["node_id"], "url": b["url"],
+        rows.append({"name": b["name"], "node_id": b["node_id"], "broker_id": broker.get("broker_id"), "url": b["url"],
                      "metrics_url": broker.get("metrics_url", b.get("metrics_url")), "host": process.host if process else "",
                      "pid": process.pid if process else None, "running": bool(process and process.running),
                      "stopped": bool(process and process.stopped),
@@ -468,8 +469,9 @@ async def _cluster_info(brokers: list[dict[str, Any]], options: dict[str, Any]) 
                     listed = await admin.list_brokers()
                     registered = {r.broker_id: r.broker_url for r in listed}
                     statuses = {r.broker_id: r.status for r in listed}
-                    for r in listed:
-                        out["brokers"].setdefault(r.broker_url, {})["metrics_url"] = r.metrics_url
+                    for r in listed:  # a stopped broker too: `down` once its lease is gone
+                        out["brokers"].setdefault(r.broker_url, {}).update(metrics_url=r.metrics_url, status=r.status,
+                                                                         broker_id=r.broker_id)
                     balance = await admin.cluster_balance()
                     out["cv"] = balance.coefficient_of_variation
                     for load in balance.brokers:

@@ -160,25 +160,6 @@ class DanubeGroup(click.Group):
             raise CliError(_one_line(message)) from None
 
 
-def setup_logging(level: str) -> None:
-    """Logs go to stderr through rich; colour follows the NO_COLOR / TTY rules.
-
-    Adds one handler (marked `_danube_cli`) and leaves any others alone (no
-    `basicConfig(force=True)`), so calling the CLI in-process, as tests do, does not undo
-    their log capture. rich's handler is imported here, once a command runs.
-    """
-    root = logging.getLogger()
-    if not any(getattr(handler, "_danube_cli", False) for handler in root.handlers):
-        from rich.logging import RichHandler
-
-        from danube_zmq.cli.output import stderr_console
-
-        handler = RichHandler(console=stderr_console(), show_path=False, markup=False)
-        handler._danube_cli = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    root.setLevel(level.upper())
-
-
 @click.group(cls=DanubeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="danube-zmq", prog_name="danube")
 @click.option(
@@ -200,6 +181,8 @@ def cli(log_level: str) -> None:
       danube produce -t /default/orders -m "hello" -c 10
       danube consume -t /default/orders -m my-sub --json
     """
+    from danube_zmq.cli.logs import setup_logging  # once a command runs: rich stays unloaded for --help
+
     setup_logging(log_level)
 
 

@@ -239,6 +239,12 @@ WRITE_TOOLS: dict[str, str] = {
 }
 
 
+async def _with_names(client: Any, answer: Any) -> tuple[Any, dict[str, str]]:
+    """An answer naming brokers by id, and {id: name} beside it (JSON keys are strings)."""
+    result = await answer
+    return result, {str(broker_id): name for broker_id, name in (await client.broker_names()).items()}
+
+
 def _namespace(name: str) -> str:
     return name[1:] if name.startswith("/") and name.count("/") == 1 else name
 
@@ -319,15 +325,19 @@ def build_server(settings: McpSettings) -> McpServer:
 
     # -- topics and subscriptions ----------------------------------------------
 
-    @read("The topics of a namespace: name, partitions, dispatch strategy (reliable or non_reliable), broker.")
+    @read("The topics of a namespace: name, partitions, dispatch strategy (reliable or non_reliable), broker;"
+          " broker_names maps each broker id to its name (broker-N, its Raft node).")
     async def list_topics(namespace: Namespace, ctx: Context) -> dict[str, Any]:
         namespace = _namespace(namespace)
-        return {"namespace": namespace, "topics": _jsonable(await broker.admin(ctx, lambda c: c.list_topics(namespace)))}
+        topics, names = await broker.admin(ctx, lambda c: _with_names(c, c.list_topics(namespace)))
+        return {"namespace": namespace, "topics": _jsonable(topics), "broker_names": names}
 
     @read("A topic (/namespace/topic) in full: every partition's next offset, producers, counters, WAL damage,"
-          " and every subscription's type, consumers and (reliable topics) cursor, backlog and unacked messages.")
+          " and every subscription's type, consumers and (reliable topics) cursor, backlog and unacked messages;"
+          " broker_names maps each broker id to its name (broker-N, its Raft node).")
     async def describe_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
-        return _jsonable(await broker.admin(ctx, lambda c: c.describe_topic(topic)))
+        description, names = await broker.admin(ctx, lambda c: _with_names(c, c.describe_topic(topic)))
+        return {**_jsonable(description), "broker_names": names}
 
     @read("The subscription names of a topic.")
     async def list_subscriptions(topic: Topic, ctx: Context) -> dict[str, Any]:

@@ -98,12 +98,18 @@ from danube_zmq.transport.admin_protocol import (
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import (
-    InvalidArgument,
-)
+from danube_zmq.transport.errors import InvalidArgument, PermissionDenied
 from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
-__all__ = ["AdminClient", "check_endpoint"]
+__all__ = ["AdminClient", "broker_label", "check_endpoint"]
+
+
+def broker_label(broker_id: int | None, names: dict[int, str]) -> str:
+    """`broker-2 (7212...)`: a broker's name beside its id, wherever a broker is named."""
+    if broker_id is None:
+        return "unassigned"
+    name = names.get(broker_id)
+    return f"{name} ({broker_id})" if name else str(broker_id)
 
 
 class AdminClient(RequestClient):
@@ -421,8 +427,18 @@ class AdminClient(RequestClient):
     # -- brokers -----------------------------------------------------------
 
     async def list_brokers(self) -> list[BrokerInfo]:
+        """Every broker: the registered ones and, with status `down`, the Raft members whose
+        broker is gone (`actors/broker_listing.py`)."""
         reply = await self._call(lambda rid: ListBrokers(request_id=rid), BrokerList)
         return reply.brokers
+
+    async def broker_names(self) -> dict[int, str]:
+        """Broker id -> name (broker-{raft node id}), for views that show a broker id; {}
+        when the caller may not list brokers or the brokers predate names."""
+        try:
+            return {b.broker_id: b.name for b in await self.list_brokers() if b.name}
+        except PermissionDenied:  # allowed to describe a topic, not to list brokers
+            return {}
 
     # -- topic schemas -------------------------------------------------------
 

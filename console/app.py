@@ -41,6 +41,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from danube_zmq.actors.config import TOPIC_POLICY_NAMES
+from danube_zmq.client.admin import broker_label
 from danube_zmq.console.backend import Backend, ConsoleSettings, gather_or_error
 from danube_zmq.console.sessions import Session, SessionStore
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -219,6 +220,7 @@ class Console:
         self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
         self.templates.env.globals["policy_names"] = TOPIC_POLICY_NAMES
         self.templates.env.filters["quote"] = lambda value: urllib.parse.quote(str(value), safe="")
+        self.templates.env.globals["broker_label"] = broker_label
         self.templates.env.filters["when"] = _when
         self.templates.env.filters["policy_value"] = _policy_value
         self.templates.env.filters["bytes"] = _bytes

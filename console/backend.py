@@ -143,15 +143,16 @@ class Backend:
                     "topics": jsonable(await c.list_topics(namespace)),
                     "policies": jsonable(await c.get_namespace_policies(namespace)),
                     "limits": jsonable(await c.get_namespace_limits(namespace)),
-                    "backlog_quota": jsonable(await c.get_namespace_backlog_quota(namespace))}
+                    "backlog_quota": jsonable(await c.get_namespace_backlog_quota(namespace)),
+                    "broker_names": await c.broker_names()}
         return await self.admin(token, gather)
 
-    async def topics(self, token: str | None) -> list[dict[str, Any]]:
-        async def gather(c: AdminClient) -> list[dict[str, Any]]:
+    async def topics(self, token: str | None) -> dict[str, Any]:
+        async def gather(c: AdminClient) -> dict[str, Any]:
             out: list[dict[str, Any]] = []
             for namespace in (await c.list_namespaces())[:NAMESPACES_SCANNED_MAX]:
                 out.extend(jsonable(await c.list_topics(namespace)))
-            return out
+            return {"topics": out, "broker_names": await c.broker_names()}
         return await self.admin(token, gather)
 
     async def topic(self, token: str | None, topic: str) -> dict[str, Any]:
@@ -178,7 +179,7 @@ class Backend:
             except DanubeError as err:
                 schema = {"error": f"{err.code.name}: {err}"}
             return {"description": jsonable(description), "subscriptions": list(subscriptions.values()),
-                    "schema": schema}
+                    "schema": schema, "broker_names": await c.broker_names()}
         return await self.admin(token, gather)
 
     async def topic_series(self, token: str | None, topic: str) -> dict[str, Any]:

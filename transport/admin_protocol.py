@@ -197,6 +197,17 @@ class BrokerInfo(Struct):
     status: str
     # The broker's gRPC admin door (Danube's admin API), None when it serves none.
     grpc_admin_url: str | None = None
+    # Its name for people, broker-{raft node id} (`danube cluster up` and `cluster status`
+    # name brokers so), and that node id; None from a broker before names.
+    name: str | None = None
+    node_id: int | None = None
+
+
+# BrokerInfo.status besides a BrokerMode (active, draining, drained): registered but its
+# lease not renewed for half its TTL (it may be dead), and no registration at all (its
+# lease ended, or it stopped): a Raft member's last registration, until it comes back.
+BROKER_UNREACHABLE = "unreachable"
+BROKER_DOWN = "down"
 
 
 @wire
@@ -614,6 +625,7 @@ class BrokerLoadInfo(Struct):
     overloaded: bool
     underloaded: bool
     status: str
+    name: str | None = None  # broker-{raft node id}, as BrokerInfo.name
 
 
 @wire

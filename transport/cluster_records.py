@@ -7,6 +7,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /topics/{ns}/{topic}                  TopicRecord         a topic (partitioned: one record for the base)
     /cluster/register/{broker_id}         BrokerRegistration  a live broker (TTL lease, renewed)
     /cluster/brokers/{broker_id}/state    BrokerStateRecord   active / draining / drained
+    /cluster/brokers/{broker_id}/seen     BrokerRegistration  its last registration (no TTL): listed as down when gone
     /cluster/assignments/{ns}/{topic}     Assignment          who serves a topic or partition
     /cluster/unassigned/{ns}/{topic}      Unassigned          a topic or partition waiting for a broker
     /cluster/leader                       LeaderRecord        the broker whose Raft peer leads
@@ -113,6 +114,15 @@ def register_key(broker_id: int) -> str:
 
 def state_key(broker_id: int) -> str:
     return f"{BROKERS}{broker_id}/state"
+
+
+def seen_key(broker_id: int) -> str:
+    return f"{BROKERS}{broker_id}/seen"
+
+
+def broker_name(raft_node_id: int) -> str:
+    """A broker's name for people: its Raft node id, as `danube cluster up` names brokers."""
+    return f"broker-{raft_node_id}"
 
 
 def assignment_key(topic: str) -> str:

@@ -862,6 +862,15 @@ class RemoteAdminAnswer(Message):
 
 
 @wire
+class RemoteAdminIdle(Message):
+    """A `RemoteAdmin` -> itself, a while after a call: still no call since call
+    number `calls`, so its connection is closed (`actors/remote_admin.py`)."""
+
+    TAG = 307
+    calls: int
+
+
+@wire
 class HandOverBegin(Message):
     """Hand-over -> itself: (begin again to) offer the WAL to the receiving broker,
     which says how much of each file it holds; a timer message after an interruption."""
@@ -1192,7 +1201,7 @@ INTERNAL_PROTOCOL = Protocol(
         ReserveOffsetsFor, TopicReleased, WriteReservations,
         FlushCursors, SubscriptionsOf, PersistedSubscriptions, ForgetTopicRecords, ClearProducers, RecordDamage,
         ForgetDamage, WatchNext, JoinCluster, WalSyncDue,
-        RemoteAdminFor, RemoteAdminAt, RemoteAdminCall, RemoteAdminAnswer, HandOverBegin, HandOverNextChunk,
+        RemoteAdminFor, RemoteAdminAt, RemoteAdminCall, RemoteAdminAnswer, RemoteAdminIdle, HandOverBegin, HandOverNextChunk,
         JoinAttempted,
         ClientRequests,
     ),

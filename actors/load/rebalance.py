@@ -93,7 +93,7 @@ class Balance:
     mean: float
     std: float
     cv: float
-    overloaded: frozenset[int]  # load > mean + std
+    overloaded: frozenset[int]  # load > mean + std and >= the overload threshold
     underloaded: frozenset[int]  # load < mean - std and < mean / 2
 
 
@@ -114,14 +114,18 @@ class Plan:
     after: dict[int, float] = field(default_factory=dict)  # broker loads once the moves are done
 
 
-def measure(loads: Mapping[int, float]) -> Balance:
+def measure(loads: Mapping[int, float], overload_threshold: float = 0.0) -> Balance:
+    """How uneven `loads` are. A broker is overloaded when it carries more than its share
+    (above mean + std) and, absolutely, at least `overload_threshold`: on a near-idle
+    cluster (one topic, load 0.2) the broker with a topic is above the mean and no more
+    loaded for that (`load_manager.overload_threshold`)."""
     values = list(loads.values())
     mean = statistics.fmean(values) if values else 0.0
     std = statistics.pstdev(values) if len(values) > 1 else 0.0
     cv = std / mean if mean > 0 else 0.0
     return Balance(
         loads=dict(loads), mean=mean, std=std, cv=cv,
-        overloaded=frozenset(b for b, v in loads.items() if v > mean + std),
+        overloaded=frozenset(b for b, v in loads.items() if v > mean + std and v >= overload_threshold),
         underloaded=frozenset(b for b, v in loads.items() if v < mean - std and v < mean / 2),
     )
 

@@ -117,6 +117,25 @@ def test_pages_answer_with_security_headers_and_no_cors(open_console: tuple[Brok
         assert [len(line["time_ms"]) for line in series["charts"]["rates"]] == [1, 1]
 
 
+def test_pages_name_brokers_beside_their_ids(open_console: tuple[BrokerProcess, str]) -> None:
+    """The brokers and cluster pages have a name column (broker-1: the standalone broker's
+    Raft node), and the topic, topics and broker pages show `broker-1 (ID)`."""
+    broker, url = open_console
+
+    async def broker_id() -> int:
+        async with AdminClient(broker.admin_url) as admin:
+            return (await admin.list_brokers())[0].broker_id
+
+    label = f"broker-1 ({asyncio.run(broker_id())})"
+    with httpx.Client(base_url=url) as http:
+        assert login(http).status_code == 303
+        for page in ("/brokers", "/cluster"):
+            assert "<th>name</th>" in http.get(page).text and "<td>broker-1</td>" in http.get(page).text, page
+        for page in (f"/topic?name={TOPIC.replace('/', '%2F')}", "/topics", "/namespaces/default"):
+            assert label in http.get(page).text, page
+        assert f"Broker {label}" in http.get(f"/brokers/{label.split('(')[1].rstrip(')')}").text
+
+
 def test_session_cookie_is_httponly_and_strict(open_console: tuple[BrokerProcess, str]) -> None:
     _, url = open_console
     with httpx.Client(base_url=url) as http:

@@ -174,6 +174,10 @@ def check_read_answers(answers: dict[str, dict[str, Any]]) -> None:
     assert [t["name"] for t in answers["list_topics"]["topics"]] == [TOPIC]
     assert answers["list_topics"]["topics"][0]["dispatch_strategy"] == "reliable"
     assert answers["describe_topic"]["partitions"][0]["next_offset"] == MESSAGES
+    broker = answers["list_brokers"]["brokers"][0]
+    assert (broker["name"], broker["node_id"]) == ("broker-1", 1)  # beside its id, as `cluster status` names it
+    assert answers["describe_topic"]["broker_names"] == {str(broker["broker_id"]): "broker-1"}
+    assert answers["list_topics"]["broker_names"] == {str(broker["broker_id"]): "broker-1"}
     assert answers["list_subscriptions"]["subscriptions"] == [SUBSCRIPTION]
     assert answers["get_namespace_policies"]["limits"]["topics_max_source"]
     assert answers["get_topic_policies"]["schema"] is None
