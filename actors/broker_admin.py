@@ -278,6 +278,7 @@ class BrokerAdmin:
         if not await self.metadata.transaction({key: current.version}, {},
                                                [key, cr.namespace_backlog_quota_key(namespace),
                                                 cr.namespace_limits_key(namespace),
+                                                cr.auto_topic_creation_key(namespace),
                                                 cr.namespace_topic_policies_key(namespace)]):
             raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
