@@ -252,7 +252,7 @@ async def test_creating_a_topic_by_subscribing_needs_produce_as_a_producers_crea
             await until_async(lambda: both.subscribe("/enf-auto/made", "s"), "the bindings")
         async with client(secured, token=secured.token("sub-only")) as reader:
             await until_async(lambda: reader.subscribe("/enf-auto/made", "s"), "the bindings")  # it exists
-            with pytest.raises(NotFound, match="needs the Produce permission.*lacks Produce on topic /enf-auto/not"):
+            with pytest.raises(NotFound, match=r"needs the Produce permission.*lacks Produce on topic /enf-auto/not"):
                 await reader.subscribe("/enf-auto/not", "s")
         assert [t.name for t in await alice.list_topics("enf-auto")] == ["/enf-auto/made"]
 
