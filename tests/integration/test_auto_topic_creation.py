@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +110,26 @@ async def test_a_dead_letter_topic_is_subscribed_before_its_first_dead_letter(br
         await consumer.nack(message)
         letter = await dead.receive(timeout=20)
         assert letter.payload == b"poison"
+
+
+def test_the_operations_guide_commands_run_as_written(broker) -> None:
+    """docs/operations.md's auto topic creation commands, as written (the admin endpoint
+    from DANUBE_ADMIN_ENDPOINT): the namespace ends with creation off, its type,
+    partitions and dispatch as the first command set them."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("**Auto topic creation**", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "operations.md's auto topic creation has no bash block"
+    env = {**os.environ, "DANUBE_ADMIN_ENDPOINT": broker.admin_url}
+    for line in block.group(1).replace("\\\n", " ").splitlines():
+        argv = shlex.split(line, comments=True)
+        assert argv[0] == "danube", line
+        done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", *argv[1:]], capture_output=True,
+                              text=True, env=env, timeout=30)
+        assert done.returncode == 0, done.stdout + done.stderr
+    shown = json.loads(danube("admin", "--endpoint", broker.admin_url, "namespaces", "policies", "get", "default",
+                              "-o", "json").stdout)
+    assert {name: shown[name]["value"] for name in ("allow_auto_topic_creation", "allow_auto_topic_creation_type",
+                                                      "default_num_partitions", "auto_topic_creation_dispatch")} \
+        == {"allow_auto_topic_creation": False, "allow_auto_topic_creation_type": "partitioned",
+            "default_num_partitions": 4, "auto_topic_creation_dispatch": "reliable"}
