@@ -3,7 +3,8 @@ broker processes, the client and the CLI: subscribing to a missing topic creates
 its namespace's policy says (shape and dispatch), `namespaces policies set
 --no-allow-auto-topic-creation` or the broker's `policies.allow_auto_topic_creation`
 false bring back Danube's NOT_FOUND (producers still create), and a dead-letter topic
-can be subscribed before its first dead letter.
+(created reliable when a failure policy names it) can be subscribed before its first
+dead letter.
 """
 
 from __future__ import annotations
@@ -94,22 +95,26 @@ async def test_the_broker_setting_turns_it_off_and_bad_policies_are_refused(brok
 
 
 async def test_a_dead_letter_topic_is_subscribed_before_its_first_dead_letter(broker) -> None:
-    """The dead-letter topic does not exist until a message is dead-lettered; its
-    consumer subscribes first all the same (the namespace makes subscriber topics
-    reliable, as the broker makes dead-letter topics), and receives the dead letter."""
-    await _cli(broker.admin_url, "namespaces", "policies", "set", "default", "--auto-topic-creation-dispatch",
-               "reliable")
+    """Naming a dead-letter topic in a failure policy creates it, reliable as the first
+    dead letter would (whatever the namespace's auto topic creation says): its consumer
+    subscribes before any letter and receives the first one. A dead-letter topic in a
+    missing namespace is refused when the policy is set, not found out at the first
+    letter."""
     async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
-        dead = await client.subscribe("/default/orders-dlq", "audit", initial_position="earliest")
-        consumer = await client.subscribe("/default/orders-dl", "billing", initial_position="earliest")
         producer = await client.create_producer("/default/orders-dl", dispatch="reliable")
+        consumer = await client.subscribe("/default/orders-dl", "billing", initial_position="earliest")
         await admin.set_failure_policy("/default/orders-dl", "billing", max_redelivery_count=0,
                                        poison_policy="dead_letter", dead_letter_topic="/default/orders-dlq")
+        info = next(t for t in await admin.list_topics("default") if t.name == "/default/orders-dlq")
+        assert info.dispatch_strategy == DispatchStrategy.RELIABLE
+        dead = await client.subscribe("/default/orders-dlq", "audit", initial_position="earliest")
         await producer.send(b"poison")
         message = await consumer.receive(timeout=10)
         await consumer.nack(message)
         letter = await dead.receive(timeout=20)
         assert letter.payload == b"poison"
+        with pytest.raises(NotFound, match="namespace 'nowhere' does not exist"):
+            await admin.set_failure_policy("/default/orders-dl", "billing", dead_letter_topic="/nowhere/dlq")
 
 
 def test_the_operations_guide_commands_run_as_written(broker) -> None:
