@@ -1056,6 +1056,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         partitioned = policy.allow_auto_topic_creation_type == "partitioned" and name.partition_index is None
         partitions = policy.default_num_partitions if partitioned else 0
         dispatch = cp.DispatchStrategy[policy.auto_topic_creation_dispatch.upper()]
+        if name.full == self.config.reliable.dead_letter_topic:
+            # The broker's own dead-letter topic, subscribed before its first letter: made
+            # as that letter would make it (a subscription's is made when its policy is set).
+            partitions, dispatch = 0, cp.DispatchStrategy.RELIABLE
         try:
             await self._write_topic(name, partitions, dispatch)
         except AlreadyExists:
