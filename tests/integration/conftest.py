@@ -214,7 +214,9 @@ def make_curve_keys(directory: Path) -> CurveKeys:
 def write_jwt_secret(directory: Path) -> tuple[bytes, dict[str, str]]:
     """A fresh HS256 secret in `directory/jwt.secret` (mode 0600, as a user keeps it) and
     the broker environment that names it."""
-    secret = secrets.token_bytes(32)
+    # Text, as a user keeps it: random bytes end in a line end one time in 256, which the
+    # broker strips (a pasted secret's newline), and the secret is then a byte short.
+    secret = secrets.token_hex(32).encode()
     secret_file = directory / "jwt.secret"
     secret_file.write_bytes(secret)
     secret_file.chmod(0o600)
