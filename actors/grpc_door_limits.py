@@ -11,7 +11,6 @@ start when the doors' worst case does not fit beside the native ports' (`check_f
 
 from __future__ import annotations
 
-import importlib.util
 import resource
 from dataclasses import dataclass
 
@@ -119,15 +118,6 @@ def raise_nofile(wanted: int) -> int:
             return soft
         return target
     return soft
-
-
-def check_grpc_installed(config: BrokerConfig) -> None:
-    """Refuse a configured door when grpcio is missing: it is the `grpc` extra, not part of
-    the base install (the doors are off by default)."""
-    if importlib.util.find_spec("grpc") is None:
-        key = "broker.grpc_listen" if config.broker.grpc_listen is not None else "broker.grpc_admin_listen"
-        raise ConfigError(f"config key '{key}': the gRPC doors need grpcio, which is not installed;"
-                          " install the grpc extra: pip install 'danube-zmq[grpc]'")
 
 
 def check_fd_budget(config: BrokerConfig, nofile: int | None = None) -> None:

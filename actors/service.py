@@ -106,9 +106,8 @@ class BrokerService:
     async def start(self) -> None:
         config = self.config
         if config.broker.grpc_listen is not None or config.broker.grpc_admin_listen is not None:
-            from danube_zmq.actors.grpc_door_limits import check_fd_budget, check_grpc_installed
+            from danube_zmq.actors.grpc_door_limits import check_fd_budget
 
-            check_grpc_installed(config)
             check_fd_budget(config)  # before any bind: the doors must not take the native ports' descriptors
         loaded = load_cluster_curve(config.security)  # a bad key file stops the start before any bind
         if loaded is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections import OrderedDict
@@ -64,7 +65,9 @@ class JsonFormatter(logging.Formatter):
 
 
 class RepeatFilter(logging.Filter):
-    """Warnings and worse: one record per (logger, level, template) each `interval_ms`.
+    """Warnings and worse: one record per (logger, level, message with its numbers folded)
+    each `interval_ms`. Numbers fold (a peer's port, a count, an id), names do not: the
+    first refusal of another principal or topic is always shown.
 
     A record held back is counted; the next one let through for that key ends with
     `(N more like it in the last S s not shown)`. Below WARNING every record passes
@@ -83,7 +86,7 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.interval_ms <= 0 or record.levelno < logging.WARNING:
             return True
-        key = (record.name, record.levelno, str(record.msg))
+        key = self.key(record)
         now = self._now_ms()
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.interval_ms:
@@ -96,6 +99,14 @@ class RepeatFilter(logging.Filter):
         while len(self._seen) > self._keys_max:
             self._seen.popitem(last=False)
         return True
+
+
+    @staticmethod
+    def key(record: logging.LogRecord) -> tuple[str, int, str]:
+        return record.name, record.levelno, _DIGITS.sub("#", record.getMessage())
+
+
+_DIGITS = re.compile(r"\d+")
 
 
 def _append(record: logging.LogRecord, text: str) -> None:

@@ -68,7 +68,7 @@ def test_an_actor_that_exhausts_its_restarts_stops_the_broker_with_exit_70(tmp_p
             process.wait(10)
     log = log_path.read_text(errors="replace")
     assert code == EXIT_FATAL, log[-3000:]
-    flat = " ".join(log.split())  # the console handler wraps long lines
-    assert "CRITICAL actor snapshots failed 6 times" in flat and "planted bug" in flat, log[-3000:]
+    flat = " ".join(log.split())
+    assert "CRITICAL danube_zmq.actors: actor snapshots failed 6 times" in flat and "planted bug" in flat, log[-3000:]
     assert f"exiting with {EXIT_FATAL}" in flat
 
