@@ -1022,8 +1022,8 @@ class LoggingSection:
     # text: rich on a terminal, one plain line per record otherwise (a file, a pipe);
     # json: one JSON object per line (time, level, logger, message, exc). Default text.
     format: str = "text"
-    # A warning with the same logger and template as one logged less than this long ago
-    # is held back; the next one let through says how many were. 0: log every one, ms.
+    # A warning with the same logger and message (numbers folded) as one logged less
+    # than this long ago is held back; the next one let through says how many were. 0: log every one, ms.
     # Default 60000.
     repeat_interval_ms: int = 60_000
 

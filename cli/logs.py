@@ -8,7 +8,7 @@ A file never gets rich's output: rich wraps at 80 columns when it cannot measure
 terminal, and one record would then span several lines. In a line, newlines of a
 message or a traceback are written as `\\n`, so one line is always one record.
 
-`RepeatFilter` lets one warning of a logger and template through per interval; the
+`RepeatFilter` lets one warning of a logger and message (numbers folded) through per interval; the
 next one let through says how many it held back. The broker sets both from its
 `logging:` section (`logging.format`, `logging.repeat_interval_ms`).
 """
