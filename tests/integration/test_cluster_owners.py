@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,11 +92,12 @@ def test_list_and_describe_show_each_partitions_broker_and_follow_an_unload(clus
 
     table = _admin(other, "topics", "describe", TOPIC)
     for partition, (broker_id, url) in expected.items():
-        [row] = [line.split() for line in table.splitlines() if line.split()[:1] == [partition]]
-        assert row[1:3] == [str(broker_id), url], table
+        # The broker by name and id ("broker-2 (7160...)"), then its URL.
+        assert re.search(rf"^{partition}\s+broker-\d+ \({broker_id}\)\s+{re.escape(url)}\s", table, re.M), table
     listing = _admin(first, "topics", "list", "default")
     for partition, (broker_id, url) in expected.items():
-        assert [partition, "-", "non_reliable", str(broker_id), url] in [line.split() for line in listing.splitlines()]
+        assert re.search(rf"^{partition}\s+-\s+non_reliable\s+broker-\d+ \({broker_id}\)\s+{re.escape(url)}\s*$",
+                         listing, re.M), listing
 
     moving = PARTITIONS[1]
     _admin(other, "topics", "unload", moving)
