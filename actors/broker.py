@@ -1041,10 +1041,35 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 raise NotFound(f"topic {name.full} does not exist")
             if not self.config.auto_create_topics:
                 raise NotFound(f"topic {name.full} does not exist and auto_create_topics is off")
-            resolved = await self._create_or_existing(name, msg.partitions, msg.dispatch_strategy)
-        elif msg.create:
+            if msg.for_subscription:
+                resolved = await self._create_for_subscriber(name)
+            else:
+                resolved = await self._create_or_existing(name, msg.partitions, msg.dispatch_strategy)
+        elif msg.create and not msg.for_subscription:
             _check_shape(resolved, msg.partitions, msg.dispatch_strategy)
         return cp.Partitions(request_id=msg.request_id, topic=name.full, partitions=resolved.served_names())
+
+    async def _create_for_subscriber(self, name: TopicName) -> Resolved:
+        """A subscriber's missing topic, created as its namespace's auto topic creation
+        policy says (Pulsar's allowAutoTopicCreation); whatever shape it has when another
+        client created it meanwhile."""
+        if not await self._namespace_exists(name.namespace):
+            raise NotFound(f"namespace '{name.namespace}' does not exist")
+        policy = self.auto_topic_creation_of(name.namespace)
+        if not policy.allow_auto_topic_creation:
+            raise NotFound(f"topic {name.full} does not exist and {policy.refusal(name.namespace)}")
+        partitioned = policy.allow_auto_topic_creation_type == "partitioned" and name.partition_index is None
+        partitions = policy.default_num_partitions if partitioned else 0
+        dispatch = cp.DispatchStrategy[policy.auto_topic_creation_dispatch.upper()]
+        if name.full == self.config.reliable.dead_letter_topic:
+            # The broker's own dead-letter topic, subscribed before its first letter: made
+            # as that letter would make it (a subscription's is made when its policy is set).
+            partitions, dispatch = 0, cp.DispatchStrategy.RELIABLE
+        try:
+            await self._write_topic(name, partitions, dispatch)
+        except AlreadyExists:
+            pass
+        return await self._existing(name)
 
     async def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> Message | None:
         name = parse_topic(msg.topic)

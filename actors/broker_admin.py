@@ -56,7 +56,7 @@ from danube_zmq.transport.internal_protocol import (
     PartitionStats,
     PersistCursor,
 )
-from danube_zmq.transport.topic_name import parse_topic, validate_namespace
+from danube_zmq.transport.topic_name import TopicName, parse_topic, validate_namespace
 
 log = logging.getLogger("danube_zmq.broker")
 
@@ -282,6 +282,7 @@ class BrokerAdmin:
         if not await self.metadata.transaction({key: current.version}, {},
                                                [key, cr.namespace_backlog_quota_key(namespace),
                                                 cr.namespace_limits_key(namespace),
+                                                cr.auto_topic_creation_key(namespace),
                                                 cr.namespace_topic_policies_key(namespace)]):
             raise FailedPrecondition(f"namespace '{namespace}' changed meanwhile; retry")
         return Ok(request_id=msg.request_id)
@@ -557,6 +558,8 @@ class BrokerAdmin:
         if msg.dead_letter_topic is not None:
             parse_topic(msg.dead_letter_topic)  # a bad name is refused before any lookup
         resolved = await self._reliable(msg.topic)
+        if msg.dead_letter_topic:
+            await self._dead_letter_topic(parse_topic(msg.dead_letter_topic))
         policy = ip.FailurePolicyState(
             max_redelivery_count=msg.max_redelivery_count, ack_timeout_ms=msg.ack_timeout_ms,
             base_redelivery_delay_ms=msg.base_redelivery_delay_ms, max_redelivery_delay_ms=msg.max_redelivery_delay_ms,
@@ -571,6 +574,17 @@ class BrokerAdmin:
             await self._on_owner(msg, partition, local)
         await self._flush_cursors()  # stored before the answer: the policy survives a crash right after
         return Ok(request_id=msg.request_id)
+
+    async def _dead_letter_topic(self, name: TopicName) -> None:
+        """Create a subscription's dead-letter topic now, reliable as the first dead
+        letter would, so that its consumers can subscribe before that letter (and an
+        unusable name, a missing namespace, is refused here, not found out at the first
+        letter)."""
+        if await self._resolve(name) is None:
+            try:
+                await self._write_topic(name, 0, cp.DispatchStrategy.RELIABLE)
+            except AlreadyExists:
+                pass
 
     async def _get_failure_policy(self, msg: ap.GetFailurePolicy) -> Message:
         resolved = await self._reliable(msg.topic)

@@ -1,5 +1,6 @@
-"""Limits per namespace on topics and on partitions per topic (Pulsar's
-`set-max-topics-per-namespace`), a part of `BrokerActor`.
+"""What a namespace allows of topic creation, a part of `BrokerActor`: limits on topics
+and on partitions per topic (Pulsar's `set-max-topics-per-namespace`), and the auto
+topic creation policy of subscribers (Pulsar's `set-auto-topic-creation`).
 
     admin SetNamespaceLimits ──▶ any broker ──Raft──▶ /policies/namespace-limits/{ns}
                                                             │ local replica
@@ -13,12 +14,20 @@
    the broker's own limits they are checked on the applied state, so creates racing on
    several brokers may pass them by the ones in flight.
 3. Deleting the namespace deletes its limits.
+4. The auto topic creation policy (/policies/auto-topic-creation/{ns}) is set, read and
+   removed the same way, policy by policy over the broker's `policies`; a subscriber's
+   `GetPartitions(create, for_subscription)` reads it from the local replica.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from danube_zmq.actors.config import (
+    AUTO_TOPIC_CREATION_DISPATCHES,
+    AUTO_TOPIC_CREATION_POLICIES,
+    AUTO_TOPIC_CREATION_TYPES,
+)
 from danube_zmq.runtime.actor import Origin
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
@@ -52,15 +61,40 @@ class NamespaceLimits(NamedTuple):
         return "policies.partitions_per_topic_max"
 
 
+class AutoTopicCreation(NamedTuple):
+    """The auto topic creation policy in force for a namespace, with each one's source
+    ("namespace" or "broker")."""
 
-def _limits_record(key: str, data: bytes) -> cr.NamespaceLimitsRecord:
+    allow_auto_topic_creation: bool
+    allow_auto_topic_creation_type: str
+    default_num_partitions: int
+    auto_topic_creation_dispatch: str
+    sources: dict[str, str]
+
+    def refusal(self, namespace: str) -> str:
+        """Why a subscriber meets NOT_FOUND, naming the setting that decides."""
+        if self.sources["allow_auto_topic_creation"] == "namespace":
+            return (f"auto topic creation is off in namespace '{namespace}' (allow_auto_topic_creation,"
+                    " set by danube admin namespaces policies set)")
+        return "auto topic creation is off (the broker's policies.allow_auto_topic_creation)"
+
+
+def _decoded(key: str, data: bytes, record_type: type, what: str) -> Any:
     """A record that cannot be read is an error naming it: a limit silently dropped
     would let the namespace grow past it."""
     try:
-        return cr.decode(data, cr.NamespaceLimitsRecord)
+        return cr.decode(data, record_type)
     except DanubeError as exc:
-        raise InternalError(f"metadata record {key} cannot be read ({exc}): the namespace's limits are unknown;"
-                            f" fix it (danube admin metadata put/delete {key}) or remove the limits") from None
+        raise InternalError(f"metadata record {key} cannot be read ({exc}): {what} unknown;"
+                            f" fix it (danube admin metadata put/delete {key}) or remove it") from None
+
+
+def _limits_record(key: str, data: bytes) -> cr.NamespaceLimitsRecord:
+    return _decoded(key, data, cr.NamespaceLimitsRecord, "the namespace's limits are")
+
+
+def _creation_record(key: str, data: bytes) -> cr.AutoTopicCreationRecord:
+    return _decoded(key, data, cr.AutoTopicCreationRecord, "the namespace's auto topic creation policy is")
 
 
 class BrokerNamespaceLimits:
@@ -77,6 +111,62 @@ class BrokerNamespaceLimits:
         partitions = (record.partitions_max, "namespace") if record.partitions_max is not None else (
             policies.partitions_per_topic_max, "broker")
         return NamespaceLimits(*topics, *partitions)
+
+    def auto_topic_creation_of(self, namespace: str) -> AutoTopicCreation:
+        """The auto topic creation policy in force for `namespace`, from the local replica."""
+        key = cr.auto_topic_creation_key(namespace)
+        value = self.metadata.local_get(key)
+        record = cr.AutoTopicCreationRecord() if value is None else _creation_record(key, value.value)
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for policy in AUTO_TOPIC_CREATION_POLICIES:
+            own = getattr(record, policy)
+            values[policy], sources[policy] = (own, "namespace") if own is not None else (
+                getattr(self.config.policies, policy), "broker")
+        return AutoTopicCreation(**values, sources=sources)
+
+    async def handle_SetAutoTopicCreation(self, msg: ap.SetAutoTopicCreation, origin: Origin) -> Message:
+        given = {p: getattr(msg, p) for p in AUTO_TOPIC_CREATION_POLICIES if getattr(msg, p) is not None}
+        if not given:
+            raise InvalidArgument(f"name at least one of {', '.join(AUTO_TOPIC_CREATION_POLICIES)}")
+        kind = given.get("allow_auto_topic_creation_type")
+        if kind is not None and kind not in AUTO_TOPIC_CREATION_TYPES:
+            raise InvalidArgument(f"allow_auto_topic_creation_type must be one of"
+                                  f" {', '.join(AUTO_TOPIC_CREATION_TYPES)}, got {kind!r}")
+        dispatch = given.get("auto_topic_creation_dispatch")
+        if dispatch is not None and dispatch not in AUTO_TOPIC_CREATION_DISPATCHES:
+            raise InvalidArgument(f"auto_topic_creation_dispatch must be one of"
+                                  f" {', '.join(AUTO_TOPIC_CREATION_DISPATCHES)}, got {dispatch!r}")
+        partitions = given.get("default_num_partitions")
+        if partitions is not None and not 1 <= partitions <= _PARTITIONS_MAX:
+            raise InvalidArgument(f"default_num_partitions must be in 1..{_PARTITIONS_MAX}, got {partitions}")
+        namespace = await self._existing_namespace(msg.namespace)
+        key = cr.auto_topic_creation_key(namespace)
+        current = await self.metadata.get(key)
+        old = cr.AutoTopicCreationRecord() if current is None else _creation_record(key, current.value)
+        record = cr.AutoTopicCreationRecord(**{p: given.get(p, getattr(old, p)) for p in AUTO_TOPIC_CREATION_POLICIES})
+        if not await self.metadata.transaction({key: 0 if current is None else current.version},
+                                               {key: cr.encode(record)}):
+            raise FailedPrecondition(f"the auto topic creation policy of namespace '{namespace}' changed meanwhile;"
+                                     " retry")
+        return Ok(request_id=msg.request_id)
+
+    async def handle_GetAutoTopicCreation(self, msg: ap.GetAutoTopicCreation, origin: Origin) -> Message:
+        await self.metadata.get(cr.LEADER)  # a barrier: read the replica as of now
+        namespace = await self._existing_namespace(msg.namespace)
+        return ap.AutoTopicCreationInfo(request_id=msg.request_id, namespace=namespace,
+                                        **self.auto_topic_creation_of(namespace)._asdict())
+
+    async def handle_RemoveAutoTopicCreation(self, msg: ap.RemoveAutoTopicCreation, origin: Origin) -> Message:
+        namespace = await self._existing_namespace(msg.namespace)
+        key = cr.auto_topic_creation_key(namespace)
+        current = await self.metadata.get(key)
+        if current is None:
+            raise NotFound(f"namespace '{namespace}' has no auto topic creation policy of its own")
+        if not await self.metadata.transaction({key: current.version}, {}, [key]):
+            raise FailedPrecondition(f"the auto topic creation policy of namespace '{namespace}' changed meanwhile;"
+                                     " retry")
+        return Ok(request_id=msg.request_id)
 
     async def _existing_namespace(self, namespace: str) -> str:
         namespace = validate_namespace(namespace)

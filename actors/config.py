@@ -408,6 +408,18 @@ class DispatchSection:
 
 
 BACKLOG_QUOTA_POLICIES = ("producer_exception", "producer_request_hold", "consumer_backlog_eviction")
+# A subscriber-created topic's shape and dispatch (policies.allow_auto_topic_creation_type,
+# auto_topic_creation_dispatch; Pulsar's spelling of the types).
+AUTO_TOPIC_CREATION_TYPES = ("non-partitioned", "partitioned")
+AUTO_TOPIC_CREATION_DISPATCHES = ("non_reliable", "reliable")
+# The `policies` keys a namespace may override for its subscriber-created topics
+# (`namespaces policies set`, actors/broker_namespace_limits.py).
+AUTO_TOPIC_CREATION_POLICIES = (
+    "allow_auto_topic_creation",
+    "allow_auto_topic_creation_type",
+    "default_num_partitions",
+    "auto_topic_creation_dispatch",
+)
 # The `policies` keys a namespace or a topic may override (`namespaces|topics policies
 # set`, actors/broker_topic_policies.py); each 0 = unlimited but max_message_size.
 TOPIC_POLICY_NAMES = (
@@ -524,9 +536,37 @@ class PoliciesSection:
     # job: 14 days). Anyone who may consume can make subscriptions, and each one left
     # behind holds a reliable topic's log up to the backlog quota.
     subscription_expiration_ms: int = 7 * 24 * 3_600_000
+    # Pulsar's allowAutoTopicCreation, for subscribers: a consumer subscribing to a
+    # topic that does not exist creates it (its principal needs Produce on it, as a
+    # producer's create does) instead of meeting NOT_FOUND; false: Danube's behaviour,
+    # only producers and admins create topics. A namespace may set its own
+    # (danube admin namespaces policies set); broker.auto_create_topics false turns
+    # off every client's creation whatever this says. Default true.
+    allow_auto_topic_creation: bool = True
+    # The shape of a topic a subscriber creates (Pulsar's allowAutoTopicCreationType):
+    # non-partitioned, or partitioned with default_num_partitions partitions. A
+    # producer names its own shape. Default non-partitioned.
+    allow_auto_topic_creation_type: str = "non-partitioned"
+    # Partitions of a partitioned topic a subscriber creates (Pulsar's
+    # defaultNumPartitions); 1..partitions_per_topic_max. Default 1.
+    default_num_partitions: int = 1
+    # The dispatch strategy of a topic a subscriber creates: non_reliable (the
+    # producers' default, so a default producer attaches after the subscriber) or
+    # reliable (WAL; a reliable producer's topic). Default non_reliable.
+    auto_topic_creation_dispatch: str = "non_reliable"
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.allow_auto_topic_creation_type not in AUTO_TOPIC_CREATION_TYPES:
+            raise _error("policies.allow_auto_topic_creation_type",
+                         f"must be one of {', '.join(AUTO_TOPIC_CREATION_TYPES)},"
+                         f" got {self.allow_auto_topic_creation_type!r}")
+        if self.auto_topic_creation_dispatch not in AUTO_TOPIC_CREATION_DISPATCHES:
+            raise _error("policies.auto_topic_creation_dispatch",
+                         f"must be one of {', '.join(AUTO_TOPIC_CREATION_DISPATCHES)},"
+                         f" got {self.auto_topic_creation_dispatch!r}")
+        _check_range("policies.default_num_partitions", self.default_num_partitions, 1,
+                     self.partitions_per_topic_max)
         if self.backlog_quota_policy not in BACKLOG_QUOTA_POLICIES:
             raise _error("policies.backlog_quota_policy",
                          f"must be one of {', '.join(BACKLOG_QUOTA_POLICIES)}, got {self.backlog_quota_policy!r}")
@@ -1051,8 +1091,9 @@ class BrokerConfig:
     snapshots: SnapshotsSection = field(default_factory=SnapshotsSection)
     security: SecuritySection = field(default_factory=SecuritySection)
     logging: LoggingSection = field(default_factory=LoggingSection)
-    # Create a topic when a producer first uses it (in an existing
-    # namespace) instead of refusing with NOT_FOUND; consumers never create. Default true.
+    # Create a topic when a client first uses it (in an existing namespace) instead of
+    # refusing with NOT_FOUND: a producer, or a subscriber where
+    # policies.allow_auto_topic_creation allows it. False: only admins create. Default true.
     auto_create_topics: bool = True
     # Namespaces created at cluster start if missing; each a valid namespace
     # name (1..255 of A-Z a-z 0-9 _ -), no duplicates. Default [default].

@@ -15,11 +15,17 @@ from typing import Any, TypeVar
 
 import click
 
-from danube_zmq.actors.config import TOPIC_POLICY_NAMES
+from danube_zmq.actors.config import (
+    AUTO_TOPIC_CREATION_DISPATCHES,
+    AUTO_TOPIC_CREATION_POLICIES,
+    AUTO_TOPIC_CREATION_TYPES,
+    TOPIC_POLICY_NAMES,
+)
 from danube_zmq.cli.admin import _call, _namespace, output_option
 from danube_zmq.cli.options import check_topic
 from danube_zmq.cli.output import emit_json, emit_line, emit_table
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport.errors import NotFound
 
 __all__ = ["namespace_policies", "topic_policies"]
 
@@ -52,12 +58,34 @@ def _policy_options(command: F) -> F:
     return command
 
 
-def _given(policies: dict[str, int | None]) -> dict[str, int]:
+def _creation_options(command: F) -> F:
+    """The namespace's auto topic creation policy (Pulsar's set-auto-topic-creation)."""
+    options = [
+        click.option("--allow-auto-topic-creation/--no-allow-auto-topic-creation", "allow_auto_topic_creation",
+                     default=None, help="Whether subscribing to a missing topic creates it (Produce permission"
+                     " needed); off: NOT_FOUND, Danube's behaviour."),
+        click.option("--allow-auto-topic-creation-type", "allow_auto_topic_creation_type",
+                     type=click.Choice(AUTO_TOPIC_CREATION_TYPES, case_sensitive=False), default=None,
+                     help="The shape of a topic a subscriber creates."),
+        click.option("--default-num-partitions", "default_num_partitions", type=click.IntRange(min=1), default=None,
+                     help="Partitions of a partitioned topic a subscriber creates."),
+        click.option("--auto-topic-creation-dispatch", "auto_topic_creation_dispatch",
+                     type=click.Choice(AUTO_TOPIC_CREATION_DISPATCHES, case_sensitive=False), default=None,
+                     help="The dispatch strategy of a topic a subscriber creates."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _given(policies: dict[str, Any]) -> tuple[dict[str, int], dict[str, Any]]:
+    """(topic policies, auto topic creation policies) given, at least one."""
     given = {name: value for name, value in policies.items() if value is not None}
     if not given:
-        raise click.UsageError("give at least one policy: "
-                               + ", ".join(f"--{name.replace('_', '-')}" for name in TOPIC_POLICY_NAMES))
-    return given
+        raise click.UsageError("give at least one policy: " + ", ".join(
+            f"--{name.replace('_', '-')}" for name in TOPIC_POLICY_NAMES + AUTO_TOPIC_CREATION_POLICIES))
+    creation = {name: given.pop(name) for name in AUTO_TOPIC_CREATION_POLICIES if name in given}
+    return given, creation
 
 
 def _emit(rows: list[tuple[str, Any, str]], output: str) -> None:
@@ -84,6 +112,7 @@ def namespace_policies() -> None:
     \b
     Examples:
       danube admin namespaces policies set default --max-message-size 1048576 --max-publish-rate 1000
+      danube admin namespaces policies set default --no-allow-auto-topic-creation
       danube admin namespaces policies get default
       danube admin namespaces policies remove default
     """
@@ -103,8 +132,10 @@ def namespace_policies_get(ctx: click.Context, namespace: str, output: str) -> N
         rows = await _rows(client, lambda: client.get_namespace_policies(namespace),
                            lambda: client.get_namespace_backlog_quota(namespace))
         limits = await client.get_namespace_limits(namespace)
+        creation = await client.get_namespace_auto_topic_creation(namespace)
         return rows + [("topics_per_namespace_max", limits.topics_max, limits.topics_max_source),
-                       ("partitions_per_topic_max", limits.partitions_max, limits.partitions_max_source)]
+                       ("partitions_per_topic_max", limits.partitions_max, limits.partitions_max_source)] + [
+            (name, getattr(creation, name), creation.sources[name]) for name in AUTO_TOPIC_CREATION_POLICIES]
 
     _emit(_call(ctx, read), output)
 
@@ -112,23 +143,46 @@ def namespace_policies_get(ctx: click.Context, namespace: str, output: str) -> N
 @namespace_policies.command("set")
 @click.argument("namespace")
 @_policy_options
+@_creation_options
 @click.pass_context
-def namespace_policies_set(ctx: click.Context, namespace: str, **policies: int | None) -> None:
+def namespace_policies_set(ctx: click.Context, namespace: str, **policies: Any) -> None:
     """Set topic policies of NAMESPACE, over the broker's: only those given change.
-    Live topics apply them at once (those with a policy of their own keep it)."""
+    Live topics apply them at once (those with a policy of their own keep it). The
+    auto topic creation options decide what subscribing to a missing topic does."""
     namespace = _namespace(namespace)
-    given = _given(policies)
-    _call(ctx, lambda client: client.set_namespace_policies(namespace, **given))
-    emit_line(f"set policies of namespace {namespace}: " + ", ".join(f"{k} {v}" for k, v in given.items()))
+    given, creation = _given(policies)
+
+    async def write(client: AdminClient) -> None:
+        if given:
+            await client.set_namespace_policies(namespace, **given)
+        if creation:
+            await client.set_namespace_auto_topic_creation(namespace, **creation)
+
+    _call(ctx, write)
+    emit_line(f"set policies of namespace {namespace}: "
+              + ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in {**given, **creation}.items()))
 
 
 @namespace_policies.command("remove")
 @click.argument("namespace")
 @click.pass_context
 def namespace_policies_remove(ctx: click.Context, namespace: str) -> None:
-    """Remove every topic policy set on NAMESPACE: the broker's apply."""
+    """Remove every topic policy and the auto topic creation policy set on NAMESPACE:
+    the broker's apply."""
     namespace = _namespace(namespace)
-    _call(ctx, lambda client: client.remove_namespace_policies(namespace))
+
+    async def remove(client: AdminClient) -> None:
+        removed = False
+        for call in (client.remove_namespace_policies, client.remove_namespace_auto_topic_creation):
+            try:
+                await call(namespace)
+                removed = True
+            except NotFound:
+                pass
+        if not removed:
+            raise NotFound(f"namespace '{namespace}' has no policies of its own")
+
+    _call(ctx, remove)
     emit_line(f"removed the policies of namespace {namespace}")
 
 
@@ -164,7 +218,7 @@ def topic_policies_set(ctx: click.Context, topic: str, **policies: int | None) -
     """Set policies of TOPIC (every partition), over its namespace's: only those given
     change. The topic applies them at once."""
     topic = check_topic(topic)
-    given = _given(policies)
+    given, _ = _given(policies)
     _call(ctx, lambda client: client.set_topic_policies(topic, **given))
     emit_line(f"set policies of topic {topic}: " + ", ".join(f"{k} {v}" for k, v in given.items()))
 

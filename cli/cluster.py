@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -222,12 +223,21 @@ def up(count: int, config_path: Path | None, data_dir: Path, bind: str, client_p
                  *_grpc_cells(b), b["log"]] for b in brokers])
     emit_line(f"cluster up: {count} brokers, Raft leader node {leader}; supervisor on {bind}:{supervisor_port};"
               f" `danube cluster status --data-dir {data_dir}`")
-    if security is not None:
-        described = security[0].describe()
+    described = security[0].describe() if security is not None else None
+    if described is not None:
         emit_line(f"secured (security.mode curve, HS256 tokens; super admin `admin`), keys in {described['dir']}:")
-        emit_line(f"  export DANUBE_SERVER_KEY={described['server_key_file']}"
-                  f" DANUBE_TOKEN_FILE={described['admin_token_file']}"
-                  f" DANUBE_ADMIN_ENDPOINT={brokers[0]['admin_url']}")
+    else:
+        emit_line("for the CLI and clients (any broker will do):")
+    emit_line(export_line(brokers[0], described))
+
+
+def export_line(broker: dict[str, Any], security: dict[str, Any] | None) -> str:
+    """The `export` of what the CLI and the clients read (DANUBE_SERVICE_URL,
+    DANUBE_ADMIN_ENDPOINT; secured: the server key and the admin token too), for the
+    cluster's first broker."""
+    secured = "" if security is None else (f" DANUBE_SERVER_KEY={shlex.quote(security['server_key_file'])}"
+                                           f" DANUBE_TOKEN_FILE={shlex.quote(security['admin_token_file'])}")
+    return f"  export DANUBE_SERVICE_URL={broker['url']} DANUBE_ADMIN_ENDPOINT={broker['admin_url']}{secured}"
 
 
 _GRPC_HEADERS = ("GRPC-URL", "GRPC-ADMIN-URL")

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from danube_zmq.client.client import parse_enum
 from danube_zmq.client.rpc import RequestClient, check_endpoint
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
     ActivateBroker,
     AddClusterNode,
+    AutoTopicCreationInfo,
     BacklogQuotaInfo,
     BrokerInfo,
     BrokerList,
@@ -44,6 +46,7 @@ from danube_zmq.transport.admin_protocol import (
     DescribeTopic,
     DispatchConfigInfo,
     FailurePolicyInfo,
+    GetAutoTopicCreation,
     GetBacklogQuota,
     GetClusterBalance,
     GetDispatchConfig,
@@ -70,12 +73,14 @@ from danube_zmq.transport.admin_protocol import (
     ReassignTopic,
     RebalanceCluster,
     Rebalanced,
+    RemoveAutoTopicCreation,
     RemoveBacklogQuota,
     RemoveClusterNode,
     RemoveNamespaceLimits,
     RemoveTopicPolicies,
     RepairTopic,
     SeekSubscription,
+    SetAutoTopicCreation,
     SetBacklogQuota,
     SetDispatchConfig,
     SetFailurePolicy,
@@ -158,6 +163,44 @@ class AdminClient(RequestClient):
         validate_namespace(namespace)
         await self._call(lambda rid: RemoveNamespaceLimits(request_id=rid, namespace=namespace), Ok)
 
+    # -- auto topic creation per namespace (over the broker's policies) ------
+
+    async def set_namespace_auto_topic_creation(
+        self,
+        namespace: str,
+        *,
+        allow_auto_topic_creation: bool | None = None,
+        allow_auto_topic_creation_type: str | None = None,
+        default_num_partitions: int | None = None,
+        auto_topic_creation_dispatch: DispatchStrategy | str | None = None,
+    ) -> None:
+        """Set whether a subscriber creates a missing topic of `namespace` (Pulsar's
+        allowAutoTopicCreation) and what it creates: `allow_auto_topic_creation_type`
+        "non-partitioned" or "partitioned" (with `default_num_partitions`), and
+        `auto_topic_creation_dispatch` (the enum or its name). Only those given change."""
+        validate_namespace(namespace)
+        kind = allow_auto_topic_creation_type
+        if kind is not None:
+            if not isinstance(kind, str):
+                raise InvalidArgument(f"allow_auto_topic_creation_type must be a str, got {kind!r}")
+            kind = kind.strip().lower().replace("_", "-")
+        dispatch = None if auto_topic_creation_dispatch is None else parse_enum(
+            auto_topic_creation_dispatch, DispatchStrategy, "auto_topic_creation_dispatch").name.lower()
+        await self._call(lambda rid: SetAutoTopicCreation(
+            request_id=rid, namespace=namespace, allow_auto_topic_creation=allow_auto_topic_creation,
+            allow_auto_topic_creation_type=kind, default_num_partitions=default_num_partitions,
+            auto_topic_creation_dispatch=dispatch), Ok)
+
+    async def get_namespace_auto_topic_creation(self, namespace: str) -> AutoTopicCreationInfo:
+        """The auto topic creation policy in force for `namespace` and where each is set."""
+        validate_namespace(namespace)
+        return await self._call(lambda rid: GetAutoTopicCreation(request_id=rid, namespace=namespace),
+                                AutoTopicCreationInfo)
+
+    async def remove_namespace_auto_topic_creation(self, namespace: str) -> None:
+        validate_namespace(namespace)
+        await self._call(lambda rid: RemoveAutoTopicCreation(request_id=rid, namespace=namespace), Ok)
+
     # -- backlog quotas (a topic's over its namespace's over the broker's) -----
 
     async def set_namespace_backlog_quota(self, namespace: str, *, limit_bytes: int, policy: str) -> None:
@@ -236,18 +279,20 @@ class AdminClient(RequestClient):
         self,
         topic: str,
         partitions: int = 0,
-        dispatch_strategy: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
+        dispatch_strategy: DispatchStrategy | str = DispatchStrategy.NON_RELIABLE,
     ) -> None:
-        """Create `topic`; `partitions` > 0 creates `topic-part-0..N-1`."""
+        """Create `topic`; `partitions` > 0 creates `topic-part-0..N-1`. `dispatch_strategy`:
+        the enum, or its name in any case ("reliable", "non-reliable"), as a producer's."""
         parse_topic(topic)
-        if partitions < 0:
-            raise InvalidArgument(f"partitions must be >= 0, got {partitions}")
+        strategy = parse_enum(dispatch_strategy, DispatchStrategy, "dispatch_strategy")
+        if type(partitions) is not int or partitions < 0:
+            raise InvalidArgument(f"partitions must be an int >= 0, got {partitions!r}")
         await self._call(
             lambda rid: CreateTopic(
                 request_id=rid,
                 topic=topic,
                 partitions=partitions,
-                dispatch_strategy=int(DispatchStrategy(dispatch_strategy)),
+                dispatch_strategy=int(strategy),
             ),
             Ok,
         )

@@ -49,7 +49,14 @@ from danube_zmq.transport.client_protocol import (
     SubType,
 )
 from danube_zmq.transport.codec import Message as TransportMessage
-from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, ResourceExhausted
+from danube_zmq.transport.errors import (
+    DanubeError,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
 
 log = logging.getLogger("danube_zmq.client")
 
@@ -349,8 +356,11 @@ class DanubeClient:
         pending_acks_max: int = 10_000,
         reader_schema: bytes | str | None = None,
     ) -> Consumer:
-        """A consumer of `subscription` on `topic` (every partition of it). The topic must
-        exist (`NotFound` otherwise). A new subscription starts at `initial_position`
+        """A consumer of `subscription` on `topic` (every partition of it). A missing topic
+        is created as its namespace's auto topic creation policy says (Pulsar's
+        allowAutoTopicCreation; by default not partitioned, non-reliable), which needs the
+        Produce permission a producer's create needs; `NotFound` where the policy is off
+        (Danube's behaviour). A new subscription starts at `initial_position`
         ("latest" or "earliest"), or at `start_offset` on a reliable topic. An existing one
         resumes where it was. `receiver_queue_size` bounds the messages buffered here, and
         so the permits the broker holds, across all partitions. `Message.value()` decodes
@@ -377,7 +387,7 @@ class DanubeClient:
             raise InvalidArgument(f"ack_delay_ms must be an int >= 0, got {ack_delay_ms!r}")
         reader = reader_definition(reader_schema)
         self._check_open()
-        names = await self._retry(lambda: self._get_partitions(topic, create=False))
+        names = await self._retry(lambda: self._partitions_to_subscribe(topic))
         consumer = Consumer(
             self,
             topic=topic,
@@ -443,6 +453,19 @@ class DanubeClient:
 
         return await self._retry(ask)
 
+    async def _partitions_to_subscribe(self, topic: str) -> list[str]:
+        """The topic's partitions; a missing topic is created by the broker's auto topic
+        creation policy, asked in a second request so that only creating needs Produce."""
+        try:
+            return await self._get_partitions(topic, create=False)
+        except NotFound:
+            pass
+        try:
+            return await self._get_partitions(topic, create=True, for_subscription=True)
+        except PermissionDenied as exc:
+            raise NotFound(f"topic {topic} does not exist, and creating it by subscribing needs the Produce"
+                           f" permission a producer's create needs: {exc}") from None
+
     async def _get_partitions(
         self,
         topic: str,
@@ -450,11 +473,13 @@ class DanubeClient:
         create: bool,
         partitions: int = 0,
         dispatch: DispatchStrategy = DispatchStrategy.NON_RELIABLE,
+        for_subscription: bool = False,
     ) -> list[str]:
         connection = await self._service_connection()
         reply = await connection.request(
             GetPartitions(
-                request_id=0, topic=topic, create=create, partitions=partitions, dispatch_strategy=int(dispatch)
+                request_id=0, topic=topic, create=create, partitions=partitions, dispatch_strategy=int(dispatch),
+                for_subscription=for_subscription,
             )
         )
         if not isinstance(reply, Partitions):

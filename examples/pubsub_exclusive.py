@@ -3,7 +3,7 @@
 One producer publishes ten events to a topic with two Exclusive subscriptions,
 "audit" and "billing". Each subscription is its own independent cursor, so both
 receive every event, in order. An Exclusive subscription admits only one consumer:
-a second consumer asking for "audit" is refused.
+a second consumer asking for "audit" is refused (ConsumerBusy).
 
 Run against a broker (`.venv/bin/danube broker start`):
 
@@ -18,7 +18,7 @@ import asyncio
 import os
 import sys
 
-from danube_zmq import DanubeClient, DanubeError, PermissionDenied, SubType
+from danube_zmq import ConsumerBusy, DanubeClient, DanubeError, SubType
 
 SERVICE_URL = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DANUBE_SERVICE_URL", "tcp://127.0.0.1:6650")
 TOPIC = "/default/example-pubsub-exclusive"
@@ -56,7 +56,7 @@ async def main() -> None:
 
         try:
             await client.subscribe(TOPIC, "audit", sub_type=SubType.EXCLUSIVE, consumer_name="audit-2")
-        except PermissionDenied as exc:
+        except ConsumerBusy as exc:  # Pulsar's ConsumerBusy
             print(f"a second consumer on the Exclusive subscription 'audit' is refused: {exc}")
         else:
             check(False, "a second consumer was admitted to an Exclusive subscription")

@@ -17,9 +17,20 @@ ADMIN_PORT=${ADMIN_PORT:-50051}
 RAFT_PORT=${RAFT_PORT:-7650}
 METRICS_PORT=${METRICS_PORT:-9040}
 SUPERVISOR_PORT=${SUPERVISOR_PORT:-1900}
-DANUBE=${DANUBE:-danube}
+# The project's CLI: $DANUBE if set, else the venv beside this script's repo (`./run`
+# and the README make .venv), else `danube` on PATH, else the module under python3.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ -z ${DANUBE:-} ]]; then
+    if [[ -x $ROOT/.venv/bin/danube ]]; then DANUBE=$ROOT/.venv/bin/danube
+    elif command -v danube >/dev/null; then DANUBE=danube
+    elif python3 -c 'import danube_zmq' 2>/dev/null; then DANUBE="python3 -m danube_zmq.cli.main"
+    else
+        echo "no danube CLI: not in $ROOT/.venv (./run demo makes it), on PATH or for python3; or set DANUBE" >&2
+        exit 1
+    fi
+fi
 # Start from a clean shell: no key or token left over from another cluster.
-unset DANUBE_SERVER_KEY DANUBE_CLIENT_KEYS DANUBE_TOKEN DANUBE_TOKEN_FILE DANUBE_ADMIN_ENDPOINT
+unset DANUBE_SERVER_KEY DANUBE_CLIENT_KEYS DANUBE_TOKEN DANUBE_TOKEN_FILE DANUBE_ADMIN_ENDPOINT DANUBE_SERVICE_URL
 
 step() { printf '\n== %s\n' "$*"; }
 refused() {  # run a command that must fail, and show why it did

@@ -139,7 +139,8 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
     # ---- admin port: namespaces and their policies
     ap.ListNamespaces: Requirement(P.MANAGE_NAMESPACE, CLUSTER),
     **_each(P.MANAGE_NAMESPACE, _NAMESPACE, ap.CreateNamespace, ap.DeleteNamespace, ap.SetNamespaceLimits,
-            ap.GetNamespaceLimits, ap.RemoveNamespaceLimits),
+            ap.GetNamespaceLimits, ap.RemoveNamespaceLimits, ap.SetAutoTopicCreation, ap.GetAutoTopicCreation,
+            ap.RemoveAutoTopicCreation),
     **_each(P.MANAGE_NAMESPACE, FirstOf((_TOPIC, _NAMESPACE)), ap.SetBacklogQuota, ap.GetBacklogQuota,
             ap.RemoveBacklogQuota, ap.SetTopicPolicies, ap.GetTopicPolicies, ap.RemoveTopicPolicies),
     # topics and subscriptions
@@ -171,7 +172,7 @@ ANSWERS: frozenset[type[Message]] = frozenset({
     ap.DispatchConfigInfo, ap.ClusterStatusInfo, ap.MetadataEntries, ap.MetadataWritten, ap.TopicSchemaConfigInfo,
     ap.SnapshotCreated, ap.SnapshotList, ap.SnapshotDescription, ap.ClusterBalance, ap.Rebalanced,
     ap.TopicRepaired, ap.BacklogQuotaInfo, ap.HandOverProgress, ap.TopicReassignment, ap.NamespaceLimitsInfo,
-    ap.TopicPoliciesInfo,
+    ap.TopicPoliciesInfo, ap.AutoTopicCreationInfo,
     ap.RoleList, ap.BindingCreated, ap.BindingList, ap.RevokedTokenList, ap.ClientKeyList,
 })
 """Sent by brokers only (answers and pushes): refused when a peer sends one."""

@@ -944,6 +944,60 @@ class RemoveNamespaceLimits(Message):
     namespace: str
 
 
+# ---- auto topic creation per namespace (Pulsar's set-auto-topic-creation), tags 387-390 ----
+# The names are the broker's `policies` keys (actors/config.py AUTO_TOPIC_CREATION_POLICIES).
+
+
+@wire
+class SetAutoTopicCreation(Message):
+    """Set `namespace`'s own auto topic creation policy: whether a subscriber creates a
+    missing topic, and its shape (`allow_auto_topic_creation_type` non-partitioned or
+    partitioned, `default_num_partitions`) and dispatch (non_reliable or reliable). Only
+    those given (at least one) change. Answered `Ok`."""
+
+    TAG = 387
+    request_id: int
+    namespace: str
+    allow_auto_topic_creation: bool | None = None
+    allow_auto_topic_creation_type: str | None = None
+    default_num_partitions: int | None = None
+    auto_topic_creation_dispatch: str | None = None
+
+
+@wire
+class GetAutoTopicCreation(Message):
+    """The auto topic creation policy in force for `namespace`. Answered by
+    `AutoTopicCreationInfo`."""
+
+    TAG = 388
+    request_id: int
+    namespace: str
+
+
+@wire
+class AutoTopicCreationInfo(Message):
+    """Each policy's value in force and `sources` for each: "namespace" or "broker"."""
+
+    TAG = 389
+    request_id: int
+    namespace: str
+    allow_auto_topic_creation: bool
+    allow_auto_topic_creation_type: str
+    default_num_partitions: int
+    auto_topic_creation_dispatch: str
+    sources: dict[str, str]
+
+
+@wire
+class RemoveAutoTopicCreation(Message):
+    """Remove `namespace`'s own auto topic creation policy: the broker's apply.
+    Answered `Ok` (NOT_FOUND: none was set)."""
+
+    TAG = 390
+    request_id: int
+    namespace: str
+
+
 # ---- topic policies per namespace and topic (Pulsar's namespace/topic policies), tags 271-274 ----
 # The policies' names are the broker's `policies` keys (actors/config.py TOPIC_POLICY_NAMES).
 
@@ -1210,6 +1264,7 @@ ADMIN_REQUESTS = (
     SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
     SetNamespaceLimits, GetNamespaceLimits, RemoveNamespaceLimits,
     SetTopicPolicies, GetTopicPolicies, RemoveTopicPolicies,
+    SetAutoTopicCreation, GetAutoTopicCreation, RemoveAutoTopicCreation,
 ) + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
 
@@ -1235,6 +1290,7 @@ ADMIN_PROTOCOL = Protocol(
         ReassignTopic, TopicReassignment,
         SetNamespaceLimits, GetNamespaceLimits, NamespaceLimitsInfo, RemoveNamespaceLimits,
         SetTopicPolicies, GetTopicPolicies, TopicPoliciesInfo, RemoveTopicPolicies,
+        SetAutoTopicCreation, GetAutoTopicCreation, AutoTopicCreationInfo, RemoveAutoTopicCreation,
     )
     + SECURITY_MESSAGES,
 )

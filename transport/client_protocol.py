@@ -79,7 +79,11 @@ class GetPartitions(Message):
     """The partition topics of `topic`: `[topic]` when it is not partitioned. With
     `create`, a missing topic is created first (when the broker auto-creates topics)
     with `partitions` partitions (0: not partitioned) and `dispatch_strategy`; an
-    existing topic whose shape differs is FAILED_PRECONDITION."""
+    existing topic whose shape differs is FAILED_PRECONDITION. With `create` and
+    `for_subscription` (a subscriber's, whose topic was NOT_FOUND): a missing topic is
+    created as its namespace's auto topic creation policy says (`partitions` and
+    `dispatch_strategy` unused; NOT_FOUND where the policy is off), an existing one
+    returned whatever its shape. `create` needs Produce on the topic either way."""
 
     TAG = 18
     request_id: int
@@ -87,6 +91,7 @@ class GetPartitions(Message):
     create: bool = False
     partitions: int = 0
     dispatch_strategy: int = DispatchStrategy.NON_RELIABLE
+    for_subscription: bool = False
 
 
 @wire

@@ -22,6 +22,7 @@ others: declared once, msgpack arrays checked field by field on decode.
     /policies/backlog-quota/{ns}          BacklogQuotaRecord  a namespace's backlog quota (set-backlog-quota)
     /policies/backlog-quota/{ns}/{topic}  BacklogQuotaRecord  a topic's, over its namespace's
     /policies/namespace-limits/{ns}       NamespaceLimitsRecord  a namespace's topic and partition limits
+    /policies/auto-topic-creation/{ns}    AutoTopicCreationRecord  what a subscriber's missing topic becomes
     /policies/topic-policies/{ns}         TopicPoliciesRecord a namespace's topic policies (namespaces policies set)
     /policies/topic-policies/{ns}/{topic} TopicPoliciesRecord a topic's, over its namespace's
     /security/roles/{name}                RoleRecord          a role: its permissions
@@ -66,6 +67,7 @@ POLICIES = "/policies/"
 BACKLOG_QUOTAS = "/policies/backlog-quota/"
 NAMESPACE_LIMITS = "/policies/namespace-limits/"
 TOPIC_POLICIES = "/policies/topic-policies/"
+AUTO_TOPIC_CREATION = "/policies/auto-topic-creation/"
 SECURITY = "/security/"
 ROLES = "/security/roles/"
 BINDINGS = "/security/bindings/"
@@ -93,6 +95,10 @@ def topic_backlog_quota_key(topic: str) -> str:
 
 def namespace_limits_key(namespace: str) -> str:
     return f"{NAMESPACE_LIMITS}{namespace}"
+
+
+def auto_topic_creation_key(namespace: str) -> str:
+    return f"{AUTO_TOPIC_CREATION}{namespace}"
 
 
 def namespace_topic_policies_key(namespace: str) -> str:
@@ -393,6 +399,20 @@ class TopicPoliciesRecord(Message):
 
 
 @wire
+class AutoTopicCreationRecord(Message):
+    """A namespace's own auto topic creation policy (Pulsar's `set-auto-topic-creation`)
+    over the broker's `policies.allow_auto_topic_creation`, `allow_auto_topic_creation_type`,
+    `default_num_partitions` and `auto_topic_creation_dispatch`; None: the broker's
+    applies. Tag 386 (the admin messages take 387-390)."""
+
+    TAG = 386
+    allow_auto_topic_creation: bool | None = None
+    allow_auto_topic_creation_type: str | None = None  # non-partitioned | partitioned
+    default_num_partitions: int | None = None
+    auto_topic_creation_dispatch: str | None = None  # non_reliable | reliable
+
+
+@wire
 class CursorRecord(Message):
     """A reliable subscription's persisted state, written by the broker serving its
     topic (coalesced, `cursor_flush_interval_ms`) and read by the topic's next broker:
@@ -474,7 +494,7 @@ def client_key_key(public_key: str) -> str:
 CLUSTER_RECORDS = Protocol("cluster-records", PROTOCOL_VERSION, [
     TopicRecord, BrokerRegistration, BrokerStateRecord, Assignment, Unassigned, LeaderRecord, TopicState,
     LoadReportRecord, BacklogReportRecord, MoveRecord, ProducerRecord, BacklogQuotaRecord, WalDamageRecord,
-    NamespaceLimitsRecord, CursorRecord, TopicPoliciesRecord,
+    NamespaceLimitsRecord, CursorRecord, TopicPoliciesRecord, AutoTopicCreationRecord,
     RoleRecord, BindingRecord, RevokedTokenRecord, ClientKeyRecord,
 ])
 

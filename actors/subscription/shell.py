@@ -45,7 +45,6 @@ from danube_zmq.transport.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    PermissionDenied,
     ResourceExhausted,
 )
 from danube_zmq.transport.internal_protocol import (
@@ -172,7 +171,9 @@ class SubscriptionActor(Actor):
             self._detach(same_name.consumer_id, reason=f"consumer '{same_name.name}' was re-attached by its connection")
         elif self.sub_type == cp.SubType.EXCLUSIVE and self.consumers:
             holder = next(iter(self.consumers.values()))
-            raise PermissionDenied(
+            # Pulsar's ConsumerBusy ("Exclusive consumer is already connected"): not a
+            # security refusal. The gRPC door still answers Danube's PERMISSION_DENIED.
+            raise ConsumerBusy(
                 f"subscription '{self.subscription}' on {self.topic} is exclusive and consumer '{holder.name}'"
                 f" holds it; a consumer named '{request.consumer_name}' cannot attach")
         limit = self.policies.max_consumers_per_subscription

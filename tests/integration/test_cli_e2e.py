@@ -50,7 +50,7 @@ def test_bad_input_is_one_clear_line(broker) -> None:
     cases = [
         danube("produce", "-s", broker.url, "-t", "/default/bad name", "-m", "x"),
         danube("produce", "-s", broker.url, "-t", "/nowhere/t", "-m", "x"),
-        danube("consume", "-s", broker.url, "-t", "/default/absent", "-m", "s", "--timeout", "1"),
+        danube("consume", "-s", broker.url, "-t", "/nowhere/absent", "-m", "s", "--timeout", "1"),
         danube("admin", "--endpoint", "tcp://127.0.0.1:1", "namespaces", "list", timeout_s=60),
     ]
     for done in cases:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -251,14 +252,26 @@ def test_the_secured_cluster_example_runs_from_zero_with_the_project_commands(tm
     secret and an admin token, starts three brokers in mode curve, and the example's
     roles, bindings, tokens, produce and consume work as written; each request it expects
     refused is refused for the reason it names (not a timeout); `cluster status` and
-    `down` work on the secured cluster. The key files are private to their owner."""
+    `down` work on the secured cluster. The key files are private to their owner.
+    `danube` is not on PATH: the script finds the venv beside its repo (here a copy of
+    the script in a repo whose .venv is this test's environment)."""
     from tests.integration.test_cluster_cli import _ports
 
     data_dir = tmp_path / "secure"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    repo = tmp_path / "repo"
+    (repo / "examples").mkdir(parents=True)
+    script = repo / "examples" / EXAMPLE.name
+    shutil.copy(EXAMPLE, script)
+    (repo / ".venv").mkdir()
+    (repo / ".venv" / "bin").symlink_to(Path(sys.executable).parent)
+    venv_bin = str(Path(sys.executable).parent)
+    path = ":".join(d for d in os.environ["PATH"].split(":") if d and d != venv_bin)
+    assert shutil.which("danube", path=path) is None, "this test needs a PATH without danube"
+    env = {**os.environ, "PATH": path,
            "CLIENT_PORT": str(_ports(3)), "ADMIN_PORT": str(_ports(3)), "RAFT_PORT": str(_ports(3)),
            "METRICS_PORT": str(_ports(3)), "SUPERVISOR_PORT": str(_ports(1))}
-    done = subprocess.run(["bash", str(EXAMPLE), str(data_dir)], capture_output=True, text=True, env=env,
+    env.pop("DANUBE", None)
+    done = subprocess.run(["bash", str(script), str(data_dir)], capture_output=True, text=True, env=env,
                           timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out

@@ -35,7 +35,7 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
-from danube_zmq.transport.errors import DanubeError, ErrorCode, PermissionDenied, Timeout, Unauthenticated
+from danube_zmq.transport.errors import DanubeError, ErrorCode, NotFound, PermissionDenied, Timeout, Unauthenticated
 from tests.integration.conftest import (
     BrokerProcess,
     CurveKeys,
@@ -236,6 +236,25 @@ async def test_a_consumer_bound_at_topic_scope_subscribes_receives_acks_nacks_an
         assert (await consumer.receive(timeout=DEADLINE_S)).offset == offsets[0]
         with pytest.raises(PermissionDenied, match="user 'reader' lacks Lookup on topic /default/enf-other"):
             await reader.subscribe("/default/enf-other", "s")
+
+
+async def test_creating_a_topic_by_subscribing_needs_produce_as_a_producers_create(secured: Secured) -> None:
+    """Subscribing to a missing topic creates it (allow_auto_topic_creation) only for a
+    principal with Produce on it: Consume (and Lookup) alone meets NOT_FOUND naming the
+    permission and nothing is created; Consume and Produce creates it by subscribing."""
+    async with AdminClient(secured.broker.admin_url, use_env=False, **secured.alice()) as alice:
+        await alice.create_namespace("enf-auto")
+        await alice.create_role("sub-only", ["Lookup", "Consume"])
+        await alice.create_role("sub-and-pub", ["Consume", "Produce"])
+        await alice.create_binding("sub-only", "user", ["sub-only"], "namespace:enf-auto")
+        await alice.create_binding("sub-and-pub", "user", ["sub-and-pub"], "namespace:enf-auto")
+        async with client(secured, token=secured.token("sub-and-pub")) as both:
+            await until_async(lambda: both.subscribe("/enf-auto/made", "s"), "the bindings")
+        async with client(secured, token=secured.token("sub-only")) as reader:
+            await until_async(lambda: reader.subscribe("/enf-auto/made", "s"), "the bindings")  # it exists
+            with pytest.raises(NotFound, match=r"needs the Produce permission.*lacks Produce on topic /enf-auto/not"):
+                await reader.subscribe("/enf-auto/not", "s")
+        assert [t.name for t in await alice.list_topics("enf-auto")] == ["/enf-auto/made"]
 
 
 async def test_an_expired_token_is_unauthenticated_at_the_next_request_until_a_new_connect(secured: Secured) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.message import Message
-from danube_zmq.transport.errors import InvalidArgument, NotFound, PermissionDenied, Timeout
+from danube_zmq.transport.errors import ConsumerBusy, InvalidArgument, NotFound, Timeout
 
 
 async def drain(consumer, count: int, timeout_s: float = 10.0) -> list[Message]:
@@ -98,11 +98,12 @@ async def test_shared_consumer_churn_delivers_each_message_once(broker) -> None:
 
 
 async def test_second_exclusive_consumer_is_rejected(broker) -> None:
-    """A different consumer name on a held Exclusive subscription gets PERMISSION_DENIED."""
+    """A different consumer name on a held Exclusive subscription gets CONSUMER_BUSY
+    (Pulsar's ConsumerBusy), not a security refusal."""
     async with DanubeClient(broker.url) as client:
         await client.create_producer("/default/excl")
         await client.subscribe("/default/excl", "only", sub_type=SubType.EXCLUSIVE, consumer_name="first")
-        with pytest.raises(PermissionDenied, match="exclusive"):
+        with pytest.raises(ConsumerBusy, match="exclusive and consumer 'first' holds it"):
             await client.subscribe("/default/excl", "only", sub_type=SubType.EXCLUSIVE, consumer_name="second")
 
 
@@ -195,11 +196,15 @@ async def test_initial_position_earliest_reads_the_tail(broker) -> None:
             await latest.receive(timeout=0.5)
 
 
-async def test_consumer_on_missing_topic_is_not_found(broker) -> None:
-    """Consumers never create topics: a missing one is NOT_FOUND naming it."""
-    async with DanubeClient(broker.url) as client:
+async def test_consumer_on_missing_topic_is_not_found_where_auto_creation_is_off(broker_factory) -> None:
+    """With policies.allow_auto_topic_creation false (Danube's behaviour) consumers create
+    no topics: a missing one is NOT_FOUND naming it, as a missing namespace is."""
+    strict = broker_factory(env={"DANUBE_POLICIES__ALLOW_AUTO_TOPIC_CREATION": "false"})
+    async with DanubeClient(strict.url) as client:
         with pytest.raises(NotFound, match="/default/absent"):
             await client.subscribe("/default/absent", "s")
+        with pytest.raises(NotFound, match="namespace 'nowhere' does not exist"):
+            await client.subscribe("/nowhere/absent", "s")
 
 
 async def test_oversized_message_rejected(broker_factory) -> None:

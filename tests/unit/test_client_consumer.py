@@ -10,7 +10,7 @@ import pytest
 from danube_zmq.client import InitialPosition, Message, MessageId, SubType
 from danube_zmq.client.consumer import split_window
 from danube_zmq.client.errors import AlreadyClosed
-from danube_zmq.transport.client_protocol import Ack, Flow, Nack, Subscribe, Unsubscribe
+from danube_zmq.transport.client_protocol import Ack, Flow, GetPartitions, Nack, Subscribe, Unsubscribe
 from danube_zmq.transport.common import Connect
 from danube_zmq.transport.errors import ErrorCode, FailedPrecondition, InvalidArgument, NotFound, Timeout
 from tests.unit.test_client_fake_broker import FakeBroker, client_for, eventually, running_broker
@@ -53,11 +53,15 @@ async def test_receive_timeout_raises_timeout() -> None:
 
 
 @pytest.mark.asyncio
-async def test_subscribe_to_missing_topic_is_not_found() -> None:
-    """Consumers never create topics: GetPartitions(create=False) -> NotFound."""
+async def test_subscribe_to_missing_topic_asks_to_create_it_and_is_not_found_if_refused() -> None:
+    """A missing topic: GetPartitions, NOT_FOUND, then GetPartitions(create,
+    for_subscription) (only creating needs Produce); the broker's NOT_FOUND to that (auto
+    topic creation off) is the caller's, and no Subscribe is sent."""
     async with running_broker() as broker, client_for(broker) as client:
-        with pytest.raises(NotFound):
+        broker.fail_next(GetPartitions, ErrorCode.NOT_FOUND, "auto topic creation is off", times=2)
+        with pytest.raises(NotFound, match="auto topic creation is off"):
             await client.subscribe("/default/missing", "sub")
+        assert [(m.create, m.for_subscription) for m in broker.of(GetPartitions)] == [(False, False), (True, True)]
         assert broker.of(Subscribe) == []
 
 

@@ -30,7 +30,7 @@ async def test_wire_error_codes_map_to_classes(code: ErrorCode) -> None:
     async with running_broker() as broker, client_for(broker, operation_retries_max=0) as client:
         broker.fail_next(GetPartitions, code, f"boom {code.name}")
         with pytest.raises(DanubeError) as info:
-            await client.subscribe(TOPIC, "sub")
+            await client.get_partitions(TOPIC)
         assert type(info.value) is expected
         assert info.value.code == code
         assert str(info.value) == f"boom {code.name}"
