@@ -120,6 +120,7 @@ from danube_zmq.transport.internal_protocol import (
     ClearProducers,
     ClientRequest,
     DeadLetter,
+    DescribePartition,
     DurableSegment,
     FlushCursors,
     ForgetDamage,
@@ -129,7 +130,9 @@ from danube_zmq.transport.internal_protocol import (
     JoinCluster,
     LeaseChanged,
     ListSnapshotTopics,
+    OpenSubscriptions,
     ParkedExpired,
+    PartitionStats,
     PersistedSubscriptions,
     ProducerRegistry,
     RecordDamage,
@@ -1046,7 +1049,7 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             else:
                 resolved = await self._create_or_existing(name, msg.partitions, msg.dispatch_strategy)
         elif msg.create and not msg.for_subscription:
-            _check_shape(resolved, msg.partitions, msg.dispatch_strategy)
+            resolved = await self._shaped(resolved, msg.partitions, msg.dispatch_strategy)
         return cp.Partitions(request_id=msg.request_id, topic=name.full, partitions=resolved.served_names())
 
     async def _create_for_subscriber(self, name: TopicName) -> Resolved:
@@ -1061,15 +1064,53 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         partitioned = policy.allow_auto_topic_creation_type == "partitioned" and name.partition_index is None
         partitions = policy.default_num_partitions if partitioned else 0
         dispatch = cp.DispatchStrategy[policy.auto_topic_creation_dispatch.upper()]
+        adoptable = True
         if name.full == self.config.reliable.dead_letter_topic:
             # The broker's own dead-letter topic, subscribed before its first letter: made
             # as that letter would make it (a subscription's is made when its policy is set).
-            partitions, dispatch = 0, cp.DispatchStrategy.RELIABLE
+            partitions, dispatch, adoptable = 0, cp.DispatchStrategy.RELIABLE, False
         try:
-            await self._write_topic(name, partitions, dispatch)
+            await self._write_topic(name, partitions, dispatch, adoptable=adoptable)
         except AlreadyExists:
             pass
         return await self._existing(name)
+
+    async def _shaped(self, resolved: Resolved, partitions: int, dispatch_strategy: int) -> Resolved:
+        """`resolved` as a producer with this shape may attach to it: a topic a subscriber
+        made takes the first producer's dispatch strategy (the policy's was a guess, and a
+        producer that meets the other one would be refused); FAILED_PRECONDITION when the
+        shape is another."""
+        if resolved.record.adoptable:
+            key = cr.topic_record_key(resolved.base.full)
+            current = await self.metadata.get(key)  # linearizable: another producer may have come first
+            record = None if current is None else cr.decode(current.value, cr.TopicRecord)
+            if record is not None and record.adoptable:
+                adopted = dataclasses.replace(record, dispatch_strategy=dispatch_strategy, adoptable=False)
+                if await self.metadata.transaction({key: current.version}, {key: cr.encode(adopted)}):
+                    log.info("topic %s takes its first producer's dispatch strategy (%s)", resolved.base.full,
+                             cp.DispatchStrategy(dispatch_strategy).name.lower())
+            resolved = await self._existing(resolved.name)
+        _check_shape(resolved, partitions, dispatch_strategy)
+        return resolved
+
+    async def _serve_as_recorded(self, topic: str, resolved: Resolved) -> None:
+        """Restart the topic's actor here if its dispatch strategy is not the record's
+        (its first producer changed it): its clients are told to attach again."""
+        entry = self.topics.get(topic)
+        if entry is None or entry.dispatch_strategy == resolved.record.dispatch_strategy:
+            return
+        stats = await self.system.ask(entry.endpoint, DescribePartition())
+        assert isinstance(stats, PartitionStats)
+        subscriptions = stats.info.subscriptions
+        await self._stop_topic(topic)
+        if entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
+            await self._delete_local(topic)
+        await self._load(topic)
+        restarted = self.topics.get(topic)
+        if restarted is not None and subscriptions:
+            # Before its consumers attach again (this actor handles their Subscribe next).
+            await self.system.ask(restarted.endpoint, OpenSubscriptions(
+                names=[s.name for s in subscriptions], sub_types=[s.sub_type for s in subscriptions]))
 
     async def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> Message | None:
         name = parse_topic(msg.topic)
@@ -1081,7 +1122,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         if resolved.partitioned_base:
             raise FailedPrecondition(f"topic {name.full} has {resolved.record.partitions} partitions:"
                                      f" attach producers to its partitions {name.partition_name(0)} ...")
-        _check_shape(resolved, 0, msg.dispatch_strategy)
+        resolved = await self._shaped(resolved, 0, msg.dispatch_strategy)
+        await self._serve_as_recorded(name.full, resolved)
         return self._forward(name.full, origin.envelope)
 
     async def handle_Subscribe(self, msg: cp.Subscribe, origin: Origin) -> Message | None:
@@ -1103,11 +1145,10 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
             await self._write_topic(name, partitions, dispatch_strategy)
         except AlreadyExists:
             pass
-        resolved = await self._existing(name)
-        _check_shape(resolved, partitions, dispatch_strategy)
-        return resolved
+        return await self._shaped(await self._existing(name), partitions, dispatch_strategy)
 
-    async def _write_topic(self, name: TopicName, partitions: int, dispatch_strategy: int) -> None:
+    async def _write_topic(self, name: TopicName, partitions: int, dispatch_strategy: int, *,
+                           adoptable: bool = False) -> None:
         """The topic's record and an unassigned marker per partition. A topic with more
         partitions than one metadata batch holds is written in several: the record with
         the first markers, then the rest guarded by the record's version and by each
@@ -1129,7 +1170,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
                 raise AlreadyExists(f"topic {other} already exists")
         self._check_namespace_room(name.namespace, len(names), limits)
         now = self.system.clock.now_ms()
-        record = cr.encode(cr.TopicRecord(dispatch_strategy=dispatch_strategy, partitions=partitions, created_ms=now))
+        record = cr.encode(cr.TopicRecord(dispatch_strategy=dispatch_strategy, partitions=partitions, created_ms=now,
+                                           adoptable=adoptable))
         marker = cr.encode(cr.Unassigned(reason=cr.UnassignedReason.NEW, since_ms=now))
         key = cr.topic_record_key(name.full)
         per_batch = self._keys_per_batch()

@@ -550,9 +550,9 @@ class PoliciesSection:
     # Partitions of a partitioned topic a subscriber creates (Pulsar's
     # defaultNumPartitions); 1..partitions_per_topic_max. Default 1.
     default_num_partitions: int = 1
-    # The dispatch strategy of a topic a subscriber creates: non_reliable (the
-    # producers' default, so a default producer attaches after the subscriber) or
-    # reliable (WAL; a reliable producer's topic). Default non_reliable.
+    # The dispatch strategy of a topic a subscriber creates, until a producer attaches:
+    # the first producer's strategy replaces it (the topic restarts with its
+    # subscriptions). non_reliable or reliable. Default non_reliable.
     auto_topic_creation_dispatch: str = "non_reliable"
 
     def __post_init__(self) -> None:

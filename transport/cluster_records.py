@@ -187,6 +187,9 @@ class TopicRecord(Message):
     dispatch_strategy: int
     partitions: int
     created_ms: int
+    # Made by a subscriber (auto topic creation) and no producer has attached yet: the
+    # first producer's dispatch strategy replaces the policy's, which was a guess.
+    adoptable: bool = False
 
 
 @wire

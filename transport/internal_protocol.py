@@ -220,6 +220,17 @@ class DeleteSubscription(Message):
 
 
 @wire
+class OpenSubscriptions(Message):
+    """Broker -> topic (ask): open these subscriptions (name, sub type) at the log's
+    start where missing: a topic restarted with its first producer's dispatch strategy
+    keeps the subscriptions its consumers made before it."""
+
+    TAG = 346
+    names: list[str]
+    sub_types: list[int]
+
+
+@wire
 class DescribeSubscription(Message):
     TAG = 29
 
@@ -1177,7 +1188,7 @@ INTERNAL_PROTOCOL = Protocol(
     PROTOCOL_VERSION,
     (
         Request, Reply, Tick, ClientRequest, AdminRequest,
-        ProducerAttached, ProducerDetached, ConsumerAttached, ConsumerDetached,
+        ProducerAttached, ProducerDetached, ConsumerAttached, ConsumerDetached, OpenSubscriptions,
         DetachProducer, DetachConsumer, Publish, AttachConsumer, ConsumerCount,
         SubscriptionEnded, DeleteSubscription, DescribeSubscription, SubscriptionStats,
         DescribePartition, PartitionStats, Done, ChildStopped,

@@ -84,6 +84,7 @@ from danube_zmq.transport.internal_protocol import (
     GetSubscriptionPolicy,
     HeldSendsDue,
     OffsetsReserved,
+    OpenSubscriptions,
     PartitionStats,
     PersistCursor,
     ProducerAttached,
@@ -462,6 +463,14 @@ class TopicActor(Actor):
         return None
 
     # ------------------------------------------------------------- internal
+    async def handle_OpenSubscriptions(self, msg: OpenSubscriptions) -> Message:
+        for name, sub_type in zip(msg.names, msg.sub_types, strict=True):
+            if name not in self.subscriptions:
+                await self.storage.start_subscription(cp.Subscribe(
+                    request_id=0, topic=self.topic, subscription=name, consumer_name="", sub_type=sub_type,
+                    initial_position=cp.InitialPosition.EARLIEST))
+        return Done()
+
     def handle_DetachProducer(self, msg: DetachProducer) -> None:
         producer = self.producers.get(msg.producer_id)
         if producer is not None and producer.identity == msg.identity:

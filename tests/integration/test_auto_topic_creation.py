@@ -60,6 +60,39 @@ async def test_subscribing_creates_the_topic_the_namespace_policy_describes(brok
             await client.create_producer("/default/made-by-sub")
 
 
+async def test_the_first_producer_gives_a_subscriber_made_topic_its_dispatch(broker) -> None:
+    """Consumers first, as a pipeline starts: the topic they made (non-reliable by the
+    default policy) takes the first producer's dispatch. A reliable producer gets acks
+    and the consumers that subscribed before it get every message, on the subscriptions
+    they made; once a producer attached, the dispatch is fixed. The reverse too: with
+    the namespace's dispatch reliable, a default producer makes the topic non-reliable."""
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        shared = await client.subscribe("/default/consumers-first", "jobs", sub_type=SubType.SHARED)
+        exclusive = await client.subscribe("/default/consumers-first", "audit")
+        producer = await client.create_producer("/default/consumers-first", dispatch="reliable")
+        for i in range(5):
+            await producer.send(f"m{i}".encode())
+        for consumer in (shared, exclusive):
+            got = [await consumer.receive(timeout=10) for _ in range(5)]
+            assert [m.payload for m in got] == [f"m{i}".encode() for i in range(5)]
+            for message in got:
+                await consumer.ack(message)
+            assert consumer.reliable is True
+        info = next(t for t in await admin.list_topics("default") if t.name == "/default/consumers-first")
+        assert info.dispatch_strategy == DispatchStrategy.RELIABLE
+        assert set(await admin.list_subscriptions("/default/consumers-first")) == {"jobs", "audit"}
+        with pytest.raises(FailedPrecondition, match="is reliable; a non_reliable producer cannot attach"):
+            await client.create_producer("/default/consumers-first")
+
+        await admin.set_namespace_auto_topic_creation("default", auto_topic_creation_dispatch="reliable")
+        consumer = await client.subscribe("/default/plain-first", "s")
+        producer = await client.create_producer("/default/plain-first")
+        await producer.send(b"plain")
+        assert (await consumer.receive(timeout=10)).payload == b"plain"
+        info = next(t for t in await admin.list_topics("default") if t.name == "/default/plain-first")
+        assert info.dispatch_strategy == DispatchStrategy.NON_RELIABLE
+
+
 async def test_a_namespace_with_auto_creation_off_answers_not_found_until_removed(broker) -> None:
     """--no-allow-auto-topic-creation: Danube's behaviour, NOT_FOUND naming the
     namespace's setting, and nothing is created; a producer still creates the topic.
