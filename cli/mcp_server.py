@@ -313,14 +313,16 @@ def build_server(settings: McpSettings) -> McpServer:
 
     @read("The policies in force for a namespace: the topic policies (producer, consumer and subscription"
           " limits, message size, publish and dispatch rates), topic and partition limits, backlog quota,"
-          " and where each is set (namespace or broker default).")
+          " auto topic creation (what subscribing to a missing topic creates), and where each is set"
+          " (namespace or broker default).")
     async def get_namespace_policies(namespace: Namespace, ctx: Context) -> dict[str, Any]:
         namespace = _namespace(namespace)
 
         async def both(c: AdminClient) -> dict[str, Any]:
             return {"policies": _jsonable(await c.get_namespace_policies(namespace)),
                     "limits": _jsonable(await c.get_namespace_limits(namespace)),
-                    "backlog_quota": _jsonable(await c.get_namespace_backlog_quota(namespace))}
+                    "backlog_quota": _jsonable(await c.get_namespace_backlog_quota(namespace)),
+                    "auto_topic_creation": _jsonable(await c.get_namespace_auto_topic_creation(namespace))}
         return {"namespace": namespace, **await broker.admin(ctx, both)}
 
     # -- topics and subscriptions ----------------------------------------------

@@ -144,6 +144,7 @@ class Backend:
                     "policies": jsonable(await c.get_namespace_policies(namespace)),
                     "limits": jsonable(await c.get_namespace_limits(namespace)),
                     "backlog_quota": jsonable(await c.get_namespace_backlog_quota(namespace)),
+                    "auto_topic_creation": jsonable(await c.get_namespace_auto_topic_creation(namespace)),
                     "broker_names": await c.broker_names()}
         return await self.admin(token, gather)
 

@@ -379,3 +379,4 @@ def test_policy_values_read_in_units(open_console: tuple[BrokerProcess, str]) ->
     assert value("retention_time_ms") == "0 (unlimited)"
     assert value("topics_per_namespace_max") == "10,000"
     assert value("backlog_quota") == "10,737,418,240 bytes (10 GiB), producer_exception"
+    assert value("auto_topic_creation_dispatch") == "non_reliable"

@@ -183,6 +183,7 @@ def check_read_answers(answers: dict[str, dict[str, Any]]) -> None:
     assert answers["get_topic_policies"]["schema"] is None
     assert answers["get_topic_policies"]["policies"]["values"]["max_message_size"] > 0
     assert answers["get_namespace_policies"]["policies"]
+    assert answers["get_namespace_policies"]["auto_topic_creation"]["auto_topic_creation_dispatch"] == "non_reliable"
     assert answers["get_subscription_policies"]["dispatch_config"]["max_unacked_messages"] >= 1
     assert [s["subject"] for s in answers["list_schema_subjects"]["subjects"]] == [SUBJECT]
     assert answers["get_schema"]["version"] == 1 and '"integer"' in answers["get_schema"]["definition"]
