@@ -12,6 +12,8 @@ Cases, each a new process of the venv's interpreter (wall time, from spawn to ex
 - `import_client`: `python -c "import danube_zmq.client"` (what `danube produce` loads
   before it connects)
 - `python`: `python -c pass`, the interpreter's own floor
+- `produce`: a whole `danube produce -m hi` (connect, send, receipt, close) against the
+  broker at `--service-url`, when given (start one first: `danube broker start`)
 
 `danube` runs as `python -m danube_zmq.cli.main`, the console script's code path. The
 runs of all cases and venvs alternate, so load on the machine hits all alike. Prints one
@@ -53,16 +55,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15, help="runs of each case (median reported)")
     parser.add_argument("--python", action="append", default=[], metavar="LABEL=PYTHON",
                         help="a venv's interpreter to measure (repeatable); default: this one")
+    parser.add_argument("--service-url", metavar="URL",
+                        help="a running broker's client endpoint: adds the whole `danube produce` case")
     options = parser.parse_args()
+    cases = dict(CASES)
+    if options.service_url:
+        cases["produce"] = ["-m", "danube_zmq.cli.main", "produce", "-s", options.service_url,
+                            "-t", "/default/cli-startup", "-m", "hi"]
     pythons = {label: os.path.abspath(python) for label, python in (entry.split("=", 1) for entry in options.python)}
     pythons = pythons or {"this": sys.executable}
     for python in pythons.values():  # warm: the first start of a venv reads its files from disk
-        for args in CASES.values():
+        for args in cases.values():
             run_once(python, args)
-    samples: dict[str, list[float]] = {f"{case}[{label}]": [] for label in pythons for case in CASES}
+    samples: dict[str, list[float]] = {f"{case}[{label}]": [] for label in pythons for case in cases}
     for _ in range(options.runs):
         for label, python in pythons.items():
-            for case, args in CASES.items():
+            for case, args in cases.items():
                 samples[f"{case}[{label}]"].append(run_once(python, args))
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
