@@ -386,10 +386,13 @@ class Consumer:
     async def ack(self, message: Message | MessageId | Iterable[Message | MessageId]) -> None:
         """Acknowledge a message, or every message of a list (as `batch_receive` returns).
         Returns once the acks are queued (sent within ~10 ms, or at once when
-        `ack_batch_max` are queued); waits while `pending_acks_max` are."""
+        `ack_batch_max` are queued); waits while `pending_acks_max` are. On a
+        non-reliable topic (the broker said so at attach) nothing is kept to acknowledge,
+        so nothing is sent: the call only checks its argument."""
         if isinstance(message, Message | MessageId):
             partition, offset = self._partition_of(message)
-            await partition.queue_acks([offset])
+            if partition.reliable is not False:
+                await partition.queue_acks([offset])
             return
         if isinstance(message, str | bytes) or not isinstance(message, Iterable):
             raise InvalidArgument(f"expected a Message, a MessageId or a list of them, not {type(message).__name__}")
@@ -398,7 +401,8 @@ class Consumer:
             partition, offset = self._partition_of(item)
             by_partition.setdefault(partition, []).append(offset)
         for partition, offsets in by_partition.items():
-            await partition.queue_acks(offsets)
+            if partition.reliable is not False:
+                await partition.queue_acks(offsets)
 
     async def nack(self, message: Message | MessageId, delay_ms: int | None = None) -> None:
         """Ask for redelivery of a message, after `delay_ms` (the broker's policy if None)."""

@@ -132,10 +132,10 @@ class _Batch:
     """One partition's batch: its columns while it fills, then the broker's receipt.
     `keys` and `attributes` stay None until a message has one."""
 
-    __slots__ = ("attributes", "bytes", "callbacks", "done", "error", "keys", "offsets", "on_batch", "payloads",
-                 "producer_id", "publish_times", "sequence", "topic")
+    __slots__ = ("_waiter", "attributes", "bytes", "callbacks", "error", "finished", "keys", "offsets", "on_batch",
+                 "payloads", "producer_id", "publish_times", "sequence", "topic")
 
-    def __init__(self, topic: str, done: asyncio.Future[None], on_batch: BatchCallback | None) -> None:
+    def __init__(self, topic: str, on_batch: BatchCallback | None) -> None:
         self.topic = topic
         self.on_batch = on_batch
         self.payloads: list[bytes] = []
@@ -144,7 +144,10 @@ class _Batch:
         self.attributes: list[dict[str, str] | None] | None = None
         self.callbacks: list[tuple[int, SendCallback]] | None = None
         self.bytes = 0
-        self.done = done  # resolved (never with an exception) once offsets or error is set
+        self.finished = False  # offsets or error is set
+        # Made only for someone who waits (an awaited send, `flush`): most batches of a
+        # `send_nowait` producer are never waited on, and a future each cost it CPU.
+        self._waiter: asyncio.Future[None] | None = None
         self.offsets: list[int] = []
         self.producer_id = 0
         self.error: DanubeError | None = None
@@ -156,11 +159,25 @@ class _Batch:
     def message_id(self, index: int) -> MessageId:
         return MessageId(self.topic, self.offsets[index], self.producer_id)
 
+    def waiter(self) -> asyncio.Future[None]:
+        """A future resolved (never with an exception) once the batch is finished."""
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            if self.finished:
+                self._waiter.set_result(None)
+        return self._waiter
+
+    def settle(self) -> None:
+        """Mark it finished and wake whoever waits (finishing calls this first)."""
+        self.finished = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     def finish(self, offsets: list[int], producer_id: int, error: DanubeError | None) -> None:
-        if self.done.done():
+        if self.finished:
             return
         self.offsets, self.producer_id, self.error = offsets, producer_id, error
-        self.done.set_result(None)
+        self.settle()
         if self.on_batch is not None:
             try:
                 self.on_batch(BatchReceipt(self.topic, producer_id, offsets, len(self.payloads), error))
@@ -189,14 +206,14 @@ class PendingSend(tuple):  # type: ignore[type-arg]
     _index: int = property(itemgetter(1))  # type: ignore[assignment]
 
     def done(self) -> bool:
-        return self._batch.done.done()
+        return self._batch.finished
 
     def cancelled(self) -> bool:
         return False
 
     def result(self) -> MessageId:
         batch = self._batch
-        if not batch.done.done():
+        if not batch.finished:
             raise asyncio.InvalidStateError("the receipt has not arrived yet")
         if batch.error is not None:
             raise copy_error(batch.error)
@@ -204,18 +221,18 @@ class PendingSend(tuple):  # type: ignore[type-arg]
 
     def exception(self) -> DanubeError | None:
         batch = self._batch
-        if not batch.done.done():
+        if not batch.finished:
             raise asyncio.InvalidStateError("the receipt has not arrived yet")
         return copy_error(batch.error) if batch.error is not None else None
 
     def add_done_callback(self, fn: Callable[[PendingSend], Any]) -> None:
-        self._batch.done.add_done_callback(lambda _: fn(self))
+        self._batch.waiter().add_done_callback(lambda _: fn(self))
 
     def __await__(self) -> Generator[Any, None, MessageId]:
-        done = self._batch.done
-        if not done.done():
+        batch = self._batch
+        if not batch.finished:
             # Shielded: cancelling one awaiter must not cancel the batch's shared future.
-            yield from asyncio.shield(done).__await__()
+            yield from asyncio.shield(batch.waiter()).__await__()
         return self.result()
 
     def __repr__(self) -> str:
@@ -269,7 +286,7 @@ class Producer:
         ]
         self._round_robin = RoundRobin(len(partition_topics), client._rng.randrange(len(partition_topics)))
         self._budget = Budget(pending_messages_max)
-        self._open_batches: set[asyncio.Future[None]] = set()
+        self._open_batches: set[_Batch] = set()
         self._closing = False
         self._closed = False
         self._messages_sent = 0
@@ -409,12 +426,11 @@ class Producer:
         return partition, data, key, attrs
 
     def _batch_cut(self, batch: _Batch) -> None:
-        self._open_batches.add(batch.done)
+        self._open_batches.add(batch)
 
     def _batch_finished(self, batch: _Batch, sent: bool) -> None:
-        self._open_batches.discard(batch.done)
-        if not batch.done.done():
-            batch.done.set_result(None)
+        self._open_batches.discard(batch)
+        batch.settle()
         if sent:
             self._messages_sent += len(batch)
             self._batches_sent += 1
@@ -428,7 +444,7 @@ class Producer:
         With `timeout` (seconds), stop waiting then (raising `Timeout`)."""
         for partition in self._partitions:
             partition.cut()
-        pending = list(self._open_batches)
+        pending = [batch.waiter() for batch in self._open_batches]
         if pending:
             _, not_done = await asyncio.wait(pending, timeout=timeout)
             if not_done:
@@ -574,7 +590,7 @@ class _PartitionProducer(Attachment):
             batch = None
         if batch is None:
             loop = asyncio.get_running_loop()
-            batch = self._batch = _Batch(self.topic, loop.create_future(), self._producer.on_batch)
+            batch = self._batch = _Batch(self.topic, self._producer.on_batch)
             if self._pipe_idle():
                 # Nothing in flight: the batch leaves on the loop's next turn, with what
                 # this turn queued, so light traffic does not wait out the delay. Under

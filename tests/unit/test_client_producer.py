@@ -338,18 +338,32 @@ async def test_on_batch_is_told_once_per_batch_before_the_messages() -> None:
 
 
 def test_pending_send_is_a_cheap_pair_that_acts_like_a_future() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        from danube_zmq.client.producer import PendingSend, _Batch, _new
+    """No future until someone waits: a batch nobody awaits never makes one; one made
+    for an awaiter resolves at the receipt, and one asked for after it is resolved."""
+    from danube_zmq.client.producer import PendingSend, _Batch, _new
 
-        batch = _Batch(TOPIC, loop.create_future(), None)
+    async def run() -> None:
+        batch = _Batch(TOPIC, None)
         batch.payloads.append(b"x")
         handle = _new(PendingSend, (batch, 0))
         assert not handle.done()
         batch.finish([7], 3, None)
+        assert batch._waiter is None
         assert handle.done() and handle.result() == MessageId(TOPIC, 7, 3) and handle.exception() is None
-    finally:
-        loop.close()
+        assert await handle == MessageId(TOPIC, 7, 3)
+
+        waited = _Batch(TOPIC, None)
+        waited.payloads.append(b"y")
+        pending = asyncio.ensure_future(_awaited(_new(PendingSend, (waited, 0))))
+        await asyncio.sleep(0)
+        assert waited._waiter is not None and not pending.done()
+        waited.finish([8], 3, None)
+        assert await pending == MessageId(TOPIC, 8, 3)
+    asyncio.run(run())
+
+
+async def _awaited(handle: object) -> object:
+    return await handle  # type: ignore[misc]
 
 
 def test_fnv1a_64_known_vectors() -> None:
