@@ -1080,6 +1080,8 @@ class BrokerActor(BrokerAdmin, BrokerHandOver, BrokerBacklogQuotas, BrokerNamesp
         made takes the first producer's dispatch strategy (the policy's was a guess, and a
         producer that meets the other one would be refused); FAILED_PRECONDITION when the
         shape is another."""
+        if dispatch_strategy not in (cp.DispatchStrategy.NON_RELIABLE, cp.DispatchStrategy.RELIABLE):
+            raise InvalidArgument(f"unknown dispatch strategy {dispatch_strategy}")
         if resolved.record.adoptable:
             key = cr.topic_record_key(resolved.base.full)
             current = await self.metadata.get(key)  # linearizable: another producer may have come first

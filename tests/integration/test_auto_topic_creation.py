@@ -93,6 +93,27 @@ async def test_the_first_producer_gives_a_subscriber_made_topic_its_dispatch(bro
         assert info.dispatch_strategy == DispatchStrategy.NON_RELIABLE
 
 
+async def test_an_unknown_dispatch_strategy_is_refused_and_adopts_nothing(broker) -> None:
+    """A producer naming a dispatch strategy that does not exist, on a topic a subscriber
+    made: INVALID_ARGUMENT for each request that names it, the topic stays adoptable,
+    and the broker keeps serving (the fuzzer's 7 and 2**64-1 stopped the broker actor)."""
+    from danube_zmq.transport import client_protocol as cp
+
+    async with DanubeClient(broker.url) as client:
+        consumer = await client.subscribe("/default/odd-dispatch", "s")
+        connection = await client._connection(broker.url)
+        for strategy in (7, 2**64 - 1):
+            with pytest.raises(InvalidArgument, match=f"unknown dispatch strategy {strategy}"):
+                await connection.request(lambda rid, s=strategy: cp.GetPartitions(
+                    request_id=rid, topic="/default/odd-dispatch", create=True, dispatch_strategy=s))
+            with pytest.raises(InvalidArgument, match=f"unknown dispatch strategy {strategy}"):
+                await connection.request(lambda rid, s=strategy: cp.CreateProducer(
+                    request_id=rid, topic="/default/odd-dispatch", producer_name="odd", dispatch_strategy=s))
+        producer = await client.create_producer("/default/odd-dispatch", dispatch="reliable")
+        await producer.send(b"after")
+        assert (await consumer.receive(timeout=10)).payload == b"after"
+
+
 async def test_a_namespace_with_auto_creation_off_answers_not_found_until_removed(broker) -> None:
     """--no-allow-auto-topic-creation: Danube's behaviour, NOT_FOUND naming the
     namespace's setting, and nothing is created; a producer still creates the topic.
