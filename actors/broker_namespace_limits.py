@@ -159,13 +159,8 @@ class BrokerNamespaceLimits:
 
     async def handle_RemoveAutoTopicCreation(self, msg: ap.RemoveAutoTopicCreation, origin: Origin) -> Message:
         namespace = await self._existing_namespace(msg.namespace)
-        key = cr.auto_topic_creation_key(namespace)
-        current = await self.metadata.get(key)
-        if current is None:
-            raise NotFound(f"namespace '{namespace}' has no auto topic creation policy of its own")
-        if not await self.metadata.transaction({key: current.version}, {}, [key]):
-            raise FailedPrecondition(f"the auto topic creation policy of namespace '{namespace}' changed meanwhile;"
-                                     " retry")
+        await self._remove_own(cr.auto_topic_creation_key(namespace), namespace,
+                               "auto topic creation policy")
         return Ok(request_id=msg.request_id)
 
     async def _existing_namespace(self, namespace: str) -> str:
@@ -201,10 +196,14 @@ class BrokerNamespaceLimits:
 
     async def handle_RemoveNamespaceLimits(self, msg: ap.RemoveNamespaceLimits, origin: Origin) -> Message:
         namespace = await self._existing_namespace(msg.namespace)
-        key = cr.namespace_limits_key(namespace)
+        await self._remove_own(cr.namespace_limits_key(namespace), namespace, "limits")
+        return Ok(request_id=msg.request_id)
+
+    async def _remove_own(self, key: str, namespace: str, what: str) -> None:
+        """Delete the namespace's own record at `key` (its `what`): NOT_FOUND when it has
+        none, FAILED_PRECONDITION when it changed since it was read."""
         current = await self.metadata.get(key)
         if current is None:
-            raise NotFound(f"namespace '{namespace}' has no limits of its own")
+            raise NotFound(f"namespace '{namespace}' has no {what} of its own")
         if not await self.metadata.transaction({key: current.version}, {}, [key]):
-            raise FailedPrecondition(f"the limits of namespace '{namespace}' changed meanwhile; retry")
-        return Ok(request_id=msg.request_id)
+            raise FailedPrecondition(f"the {what} of namespace '{namespace}' changed meanwhile; retry")

@@ -56,6 +56,15 @@ def _pace(start_ns: int, index: int, rate: float) -> float:
     return max(start_ns + int(index * 1e9 / rate) - time.monotonic_ns(), 0) / 1e9
 
 
+async def _turn(mode: str, start_ns: int, index: int, rate: float) -> None:
+    """Before message `index`: paced, wait for its time; bulk, yield every
+    `_YIELD_EVERY` messages."""
+    if mode == "paced":
+        await asyncio.sleep(_pace(start_ns, index, rate))
+    elif index % _YIELD_EVERY == 0:
+        await asyncio.sleep(0)
+
+
 # ---------------------------------------------------------------- ours
 
 
@@ -72,10 +81,7 @@ def danube_producer(ready: Any, url: str, topic: str, mode: str, count: int, rat
             start = time.monotonic_ns()
             last = None
             for i in range(count):
-                if mode == "paced":
-                    await asyncio.sleep(_pace(start, i, rate))
-                elif i % _YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
+                await _turn(mode, start, i, rate)
                 while True:
                     try:
                         last = producer.send_nowait(payload)
@@ -127,10 +133,7 @@ def nats_producer(ready: Any, url: str, subject: str, mode: str, count: int, rat
         cpu = time.process_time()
         start = time.monotonic_ns()
         for i in range(count):
-            if mode == "paced":
-                await asyncio.sleep(_pace(start, i, rate))
-            elif i % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+            await _turn(mode, start, i, rate)
             await nc.publish(subject, payload)
         await nc.flush()
         used = time.process_time() - cpu
