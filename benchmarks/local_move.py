@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.cluster import danube
+from cluster import danube
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 
