@@ -13,6 +13,9 @@ with no broker logic at all, to judge the latency targets against.
   echoes it; the round trip, once with 5 ms between messages (an idle machine: every
   hop wakes a sleeping thread) and once back to back. A producer's receipt is at least
   this.
+- zmq_send: the wall time of one DEALER `send` to a ROUTER in another process, sends
+  200 µs apart (the gap of 5k msg/s): what handing a message to libzmq's I/O thread
+  costs the sending thread when that thread sleeps between messages.
 - fdatasync: one append of `size` bytes and `os.fdatasync` on the file system of
   `--dir` (the broker's data directory by default: the temporary directory), 1 ms
   apart. A reliable receipt (wal_sync always) is at least this plus a round trip.
@@ -39,7 +42,7 @@ from danube_zmq.loadgen.histogram import LatencyHistogram
 from danube_zmq.loadgen.stamp import Stamper, read_stamp
 
 WORKLOAD = "floors"
-FIELDS = ("p50_us", "p90_us", "p99_us", "max_us", "samples")
+FIELDS = ("p50_us", "p90_us", "p99_us", "max_us", "mean_us", "samples")
 _GAP_S = 0.005
 
 
@@ -48,6 +51,7 @@ def _summary(latencies_ns: list[int]) -> dict[str, Any]:
     histogram.record_many_ns(np.array(latencies_ns, dtype=np.int64))
     summary = histogram.summary_us()
     return {"p50_us": summary["p50"], "p90_us": summary["p90"], "p99_us": summary["p99"], "max_us": summary["max"],
+            "mean_us": round(float(np.mean(latencies_ns)) / 1000, 1) if latencies_ns else None,
             "samples": len(latencies_ns)}
 
 
@@ -159,6 +163,50 @@ def zmq_round_trip(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
     return {**_summary(latencies), "gap_ms": gap_s * 1000}
 
 
+# ---------------------------------------------------------------- one send
+
+
+def _sink(url: str, count: int) -> None:
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind(url)
+    for _ in range(count):
+        router.recv_multipart()
+    router.close(linger=0)
+    context.term()
+
+
+def zmq_send(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
+    """The wall time of one `send` of a DEALER to a ROUTER in another process, sends
+    `gap_s` apart: libzmq hands the message to its I/O thread, which it wakes when idle
+    (every send here, as every one-message batch at 5k msg/s meets it)."""
+    url = f"tcp://127.0.0.1:{free_port()}"
+    sink = mp.get_context("spawn").Process(target=_sink, args=(url, count + 1), daemon=True)
+    sink.start()
+    try:
+        context = zmq.Context()
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(url)
+        payload = b"x" * size
+        dealer.send(payload)
+        time.sleep(0.5)  # connected
+        durations = []
+        for _ in range(count):
+            deadline = time.perf_counter() + gap_s
+            while time.perf_counter() < deadline:  # spin: a sleep would idle the core too
+                pass
+            started = time.monotonic_ns()
+            dealer.send(payload, zmq.NOBLOCK)
+            durations.append(time.monotonic_ns() - started)
+        dealer.close(linger=1000)
+        context.term()
+    finally:
+        sink.join(10)
+        if sink.is_alive():
+            sink.kill()
+    return {**_summary(durations), "gap_ms": gap_s * 1000}
+
+
 # ---------------------------------------------------------------- fsync
 
 
@@ -192,6 +240,7 @@ def measure(*, repeat: int, size: int, rate: float, seconds: float, directory: s
             f"zmq_relay_{int(rate)}_per_s": zmq_relay(rate=rate, seconds=seconds, size=size),
             "zmq_round_trip_idle": zmq_round_trip(count=round_trips, gap_s=_GAP_S, size=size),
             "zmq_round_trip_busy": zmq_round_trip(count=round_trips * 4, gap_s=0.0, size=size),
+            "zmq_send_200us_apart": zmq_send(count=round_trips * 4, gap_s=0.0002, size=size),
             "fdatasync_120B": fdatasync(directory=directory, size=120, count=round_trips),
             "fdatasync_128KiB": fdatasync(directory=directory, size=128 * 1024, count=max(round_trips // 4, 20)),
         }

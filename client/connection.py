@@ -149,6 +149,12 @@ class ConnectionStatistics:
     token_renewals: int = 0  # sessions opened again with a provider's new token after UNAUTHENTICATED
 
 
+class TurnCut(Protocol):
+    """What `Connection.cut_soon` cuts: a producer's partition."""
+
+    def cut_if_open(self, batch: object) -> None: ...
+
+
 class ConnectionListener(Protocol):
     def connection_lost(self, connection: Connection, error: DanubeError) -> None: ...
 
@@ -220,6 +226,11 @@ class Connection:
         self._round_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
         self._lingering = False  # the flush waits for the linger, not the turn's end
+        # Producers' batches to cut at the end of this turn (`cut_soon`), before the round
+        # leaves: cut and sent in one callback, where each took a turn of its own.
+        self._turn_cuts: list[tuple[TurnCut, object]] = []
+        self._turn_handle: asyncio.Handle | None = None
+        self._ending_turn = False
         self._write_blocked = False  # the socket refused the round (high-water mark)
         self._flushed_through = 0  # every request id up to this one has left in a round
         self._rounds_sent = 0
@@ -590,15 +601,44 @@ class Connection:
         self._round_bytes += len(frame)
         if len(out) >= ROUND_REQUESTS_MAX or self._round_bytes >= self._round_bytes_max():
             self._flush()
-        elif self._flush_handle is None:
-            loop = asyncio.get_running_loop()
-            if self._write_linger_s and self._awaiting_earlier():
-                self._lingering = True
-                self._flush_handle = loop.call_later(self._write_linger_s, self._flush)
-            else:
-                self._lingering = False
-                self._flush_handle = loop.call_soon(self._flush)
+        elif self._flush_handle is None and not self._ending_turn:
+            self._schedule_flush(at_once=False)
         return True
+
+    def _schedule_flush(self, *, at_once: bool) -> None:
+        """The round leaves after the linger when an earlier round still awaits its
+        reply; else at the turn's end, or now (`at_once`: this is the turn's end)."""
+        if self._write_linger_s and self._awaiting_earlier():
+            self._lingering = True
+            self._flush_handle = asyncio.get_running_loop().call_later(self._write_linger_s, self._flush)
+        elif at_once:
+            self._flush()
+        else:
+            self._lingering = False
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def cut_soon(self, cutter: TurnCut, batch: object) -> None:
+        """`cutter.cut_if_open(batch)` at the end of this turn of the loop, then the
+        round leaves (or lingers, as `_try_send` says): a batch started in this turn goes
+        with what the turn added to it, in one callback for every producer."""
+        self._turn_cuts.append((cutter, batch))
+        if self._turn_handle is None:
+            self._turn_handle = asyncio.get_running_loop().call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._turn_handle = None
+        cuts, self._turn_cuts = self._turn_cuts, []
+        self._ending_turn = True
+        try:
+            for cutter, batch in cuts:
+                try:
+                    cutter.cut_if_open(batch)
+                except Exception:  # a bug of ours: the other producers' batches still go
+                    log.exception("cutting a batch on %s failed", self.url)
+        finally:
+            self._ending_turn = False
+        if self._round and self._flush_handle is None and not self._write_blocked:
+            self._schedule_flush(at_once=True)
 
     def _awaiting_earlier(self) -> bool:
         """A request sent in an earlier round still awaits its reply (`_pending` is in

@@ -24,6 +24,7 @@ Read path:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -114,6 +115,14 @@ class _Chunk:
         ]
 
 
+_EXPIRED = object()
+
+
+def _expire(waiter: asyncio.Future[object]) -> None:
+    if not waiter.done():
+        waiter.set_result(_EXPIRED)
+
+
 class _Inbox:
     """The bounded receive queue. It holds whole `Deliver` batches and hands their
     messages out one by one (or many at once), so a message costs one `Message` built
@@ -124,7 +133,9 @@ class _Inbox:
         self.capacity = capacity
         self.size = 0  # messages in the queue
         self._chunks: deque[_Chunk] = deque()
-        self._nonempty = asyncio.Event()
+        # Takers waiting for a message: a future each, woken by `put` or `fail` (an
+        # `asyncio.Event` under `asyncio.timeout` cost a receive twice the objects).
+        self._waiters: list[asyncio.Future[object]] = []
         self._error: DanubeError | None = None
 
     def __len__(self) -> int:
@@ -138,8 +149,15 @@ class _Inbox:
         if room > 0:
             self._chunks.append(_Chunk(partition, deliver, room))
             self.size += room
-            self._nonempty.set()
+            if self._waiters:
+                self._wake()
         return max(room, 0)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def take_one(self) -> Message:
         """`take(1)` without the lists: the queue must not be empty."""
@@ -155,8 +173,6 @@ class _Inbox:
             d.redelivery_count, d.schema_id, d.schema_version, None, None, None,
         ))
         self.size -= 1
-        if not self.size and self._error is None:
-            self._nonempty.clear()
         chunk.partition.taken(1)
         return msg
 
@@ -173,8 +189,6 @@ class _Inbox:
                 chunks.popleft()
             chunk.partition.taken(count)
         self.size -= len(out)
-        if not self.size and self._error is None:
-            self._nonempty.clear()
         return out
 
     async def wait(self, timeout: float | None, what: str) -> None:
@@ -182,20 +196,24 @@ class _Inbox:
         `Timeout` after `timeout` seconds."""
         if self.size:
             return
-        if timeout is None:
-            await self._wait()
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await self._wait()
-        except TimeoutError:
-            raise Timeout(f"no message on {what} within {timeout} s") from None
-
-    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         while not self.size:
             if self._error is not None:
                 raise copy_error(self._error)
-            await self._nonempty.wait()
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if waiter.cancelled() or waiter.result() is _EXPIRED:
+                    with contextlib.suppress(ValueError):  # not woken: no longer a taker
+                        self._waiters.remove(waiter)
+            if waiter.result() is _EXPIRED and not self.size:
+                raise Timeout(f"no message on {what} within {timeout} s")
 
     def discard(self, partition: _PartitionConsumer) -> int:
         """Drop the queued messages of `partition`, keeping the order of the rest;
@@ -204,8 +222,6 @@ class _Inbox:
         if dropped:
             self._chunks = deque(c for c in self._chunks if c.partition is not partition)
             self.size -= dropped
-            if not self.size and self._error is None:
-                self._nonempty.clear()
         return dropped
 
     def fail(self, error: DanubeError, *, discard: bool = False) -> None:
@@ -216,7 +232,7 @@ class _Inbox:
             self.size = 0
         if self._error is None:
             self._error = error
-        self._nonempty.set()  # wake waiters: they raise once the queue is empty
+        self._wake()  # they raise once the queue is empty
 
 
 class Consumer:

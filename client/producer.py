@@ -589,15 +589,16 @@ class _PartitionProducer(Attachment):
             self.cut()
             batch = None
         if batch is None:
-            loop = asyncio.get_running_loop()
             batch = self._batch = _Batch(self.topic, self._producer.on_batch)
             if self._pipe_idle():
-                # Nothing in flight: the batch leaves on the loop's next turn, with what
-                # this turn queued, so light traffic does not wait out the delay. Under
-                # load batches fill while earlier ones are in flight (`_deliver` cuts the
-                # open one when the pipe drains), up to the size limits or the delay.
-                self._timer = loop.call_soon(self.cut)
+                # Nothing in flight: the batch leaves at the end of this turn of the loop,
+                # with what the turn added, so light traffic does not wait out the delay
+                # (cut and sent in the connection's one end-of-turn callback). Under load
+                # batches fill while earlier ones are in flight (`_deliver` cuts the open
+                # one when the pipe drains), up to the size limits or the delay.
+                self.connection.cut_soon(self, batch)
             else:
+                loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
         index = len(batch.payloads)
         batch.payloads.append(payload)
@@ -640,6 +641,11 @@ class _PartitionProducer(Attachment):
             # behind the window (with `batch_delay_ms=0`, one message each: a reliable
             # producer fell seconds behind at 5k msg/s).
             self._overdue = True
+
+    def cut_if_open(self, batch: object) -> None:
+        """Cut `batch` if it is still the open one (`Connection.cut_soon`)."""
+        if self._batch is batch:
+            self.cut()
 
     def cut(self) -> None:
         """Hand the open batch to the sender now."""

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import dataclasses
 import errno
 import itertools
@@ -287,7 +288,7 @@ class WalStorage:
         # A seek's checkpoint is written and synced before it is answered (`seek_durable`);
         # records a subscription sent before that seek (fewer `seeks`) are dropped after it.
         self.seek_epochs: dict[str, int] = {}
-        self.flush_future: asyncio.Future[None] | None = None  # the write of the flush in flight
+        self.flush_future: concurrent.futures.Future[None] | None = None  # the write of the flush in flight
         # Durable modes with cursors in the WAL: checkpoints written to an active segment
         # that holds no record cannot reach the store in a sealed segment; the segment is
         # published as it is (`cursors_key`) after each flush that wrote some, so the next
@@ -344,7 +345,7 @@ class WalStorage:
             # The WAL is the flush's thread's until it is done (the executor has several
             # threads: closing under it lost the checkpoints the subscriptions told as
             # they stopped, which started that flush).
-            await asyncio.wait([flush])
+            await asyncio.wait([asyncio.wrap_future(flush)])
         if self.wal is not None:
             wal, self.wal = self.wal, None
             last = sorted(self.pending_checkpoints.items())
@@ -724,8 +725,8 @@ class WalStorage:
                               " at the next flush", topic, exc)
                     published.append(_PUBLISH_FAILED)
 
-        def done(future: asyncio.Future[None]) -> None:
-            error = future.exception()
+        def done(written: concurrent.futures.Future[None]) -> None:
+            error = written.exception()
             if error is None:
                 msg = FlushDone(flush_id=flush_id)
             else:
@@ -735,8 +736,12 @@ class WalStorage:
             # The completion must reach the actor even when its mailbox is momentarily full.
             system.post(endpoint, msg)
 
-        future = asyncio.get_running_loop().run_in_executor(self.executor, write)
-        future.add_done_callback(done)
+        # The write thread hands its outcome straight to the loop: through
+        # `run_in_executor` it went to an asyncio future whose callbacks ran a loop turn
+        # later, then to the mailbox (two turns between the fsync and the receipts).
+        loop = asyncio.get_running_loop()
+        future = self.executor.submit(write)
+        future.add_done_callback(lambda written: _to_loop(loop, done, written))
         self.flush_future = future
 
     async def sync_due(self) -> None:
@@ -1302,7 +1307,7 @@ class WalStorage:
         encoded = self._recorded(record)  # the store's record too (a cursor moved back)
         self.pending_checkpoints.pop(name, None)  # older
         if self.flush_future is not None and not self.flush_future.done():
-            await asyncio.wait([self.flush_future])  # its outcome is its FlushDone's
+            await asyncio.wait([asyncio.wrap_future(self.flush_future)])  # its outcome is its FlushDone's
         # Not re-written from the flush that was in flight if that one failed: older.
         self.checkpointing.pop(name, None)
         wal = self.wal
@@ -1540,3 +1545,14 @@ def refused_first(producer: _Producer, msg: cp.Send, error: DanubeError) -> Danu
         expected = producer.next_sequence
         producer.next_sequence = msg.sequence if expected is None else min(expected, msg.sequence)
     return error
+
+
+def _to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[concurrent.futures.Future[None]], None],
+             written: concurrent.futures.Future[None]) -> None:
+    """Run `fn(written)` on `loop` (from the write thread); a loop already closed (the
+    broker stopped while the write ran) has nobody left to tell."""
+    if not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(fn, written)
+        except RuntimeError:  # closed meanwhile
+            pass

@@ -53,6 +53,28 @@ async def test_receive_timeout_raises_timeout() -> None:
 
 
 @pytest.mark.asyncio
+async def test_receives_that_time_out_or_are_cancelled_leave_no_waiter_behind() -> None:
+    """A consumer polled with short timeouts, or whose receive is cancelled, keeps no
+    takers queued (the queue of waiters is bounded by the receives in progress), and a
+    message after them still reaches the next receive."""
+    async with running_broker() as broker, client_for(broker) as client:
+        broker.create_topic(TOPIC)
+        consumer = await client.subscribe(TOPIC, "sub")
+        for _ in range(20):
+            with pytest.raises(Timeout):
+                await consumer.batch_receive(timeout=0.001)
+        task = asyncio.get_running_loop().create_task(consumer.receive())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert consumer._inbox._waiters == []
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"after")
+        assert (await consumer.receive(timeout=5)).payload == b"after"
+
+
+@pytest.mark.asyncio
 async def test_subscribe_to_missing_topic_asks_to_create_it_and_is_not_found_if_refused() -> None:
     """A missing topic: GetPartitions, NOT_FOUND, then GetPartitions(create,
     for_subscription) (only creating needs Produce); the broker's NOT_FOUND to that (auto

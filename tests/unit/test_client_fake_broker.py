@@ -679,3 +679,21 @@ async def test_a_request_lingers_only_while_an_earlier_one_awaits_its_reply() ->
             assert broker.messages[messages_before:] == [1, 2]
             assert [m.payloads for m in broker.of(Send)] == [[b"first"], [b"second"], [b"third"]]
             await eventually(lambda: len(receipts) == 3, what="three receipts")
+
+
+@pytest.mark.asyncio
+async def test_a_batch_started_in_a_turn_is_cut_and_written_at_that_turns_end() -> None:
+    """Two producers' `send_nowait` in one turn: both batches are cut and written as one
+    ZeroMQ message in one end-of-turn callback, before the sender's task runs again (a
+    turn to cut and another to write cost the producer a loop turn per batch)."""
+    async with running_broker() as broker:
+        async with client_for(broker) as client:
+            first = await client.create_producer("/default/turn-a")
+            second = await client.create_producer("/default/turn-b")
+            connection = client._connections[broker.url]
+            rounds_before, messages_before = connection.statistics().rounds_sent, len(broker.messages)
+            pending = [first.send_nowait(b"a"), second.send_nowait(b"b")]
+            await asyncio.sleep(0)  # one turn of the loop
+            assert connection.statistics().rounds_sent == rounds_before + 1
+            await asyncio.gather(*pending)
+            assert broker.messages[messages_before:] == [2]
