@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from cluster import danube
+
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 

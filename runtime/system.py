@@ -213,6 +213,9 @@ class ActorSystem:
         # The group whose messages `handle_now` is handling on the caller's task: what its
         # members tell each other meanwhile goes on its local lane, as on its own task.
         self._inline: _Cell | None = None
+        # The guest whose handler a host's tell is running at this moment (`_try_push`):
+        # what it tells meanwhile takes the local lane, so no handler runs inside itself.
+        self._direct: _Cell | None = None
         self.failures = 0
         self.restarts = 0
         self.dead_letters = 0
@@ -370,7 +373,18 @@ class ActorSystem:
         group = cell.group
         if group.guests is not None and (group is self._inline or (group.task is not None
                                          and group.task is _current_task_on(self._loop))):
-            # Within the group: the local lane, drained before the next outside frame.
+            # Within the group: a guest with nothing queued ahead of it handles the message
+            # now, from the teller's call (a topic's `Publish` dealt by its subscriptions in
+            # the same call as the `Send`: run to completion); else the local lane, drained
+            # before the next outside frame.
+            if cell is not group and self._direct is None and not group.mailbox.local and self._runs_now(cell, frame):
+                self._direct = cell
+                try:
+                    cell.handled += 1
+                    self._run_now(cell, frame, None, None)  # type: ignore[arg-type]
+                finally:
+                    self._direct = None
+                return True
             group.mailbox.push_local(cell, frame)
             return True
         if size is None:
@@ -379,6 +393,18 @@ class ActorSystem:
             return False
         self._wake(group)
         return True
+
+    @staticmethod
+    def _runs_now(cell: _Cell, frame: Frame) -> bool:
+        """Whether a guest may handle `frame` from its teller's call: a message object
+        (not a frame to decode, an ask or a client's request) with a plain handler, for a
+        guest not stopping in a group with no failure waiting for its restart."""
+        if type(frame) is bytes or type(frame) is memoryview or cell.stopping or cell.group.failed is not None:
+            return False
+        if type(frame) is Request or type(frame) is ClientRequests or REQUEST_PORTS.get(type(frame)) is not None:
+            return False
+        entry = cell.instance._handlers.get(type(frame).__name__)
+        return entry is not None and not entry[1]
 
     def open_lane(self, name: str, endpoint: str, frames_max: int) -> None:
         """Frames pushed to `name` go to a queue of the actor at `endpoint` (at most
@@ -604,7 +630,7 @@ class ActorSystem:
                     for sock, _, _ in extra:
                         more = more or bool(sock.getsockopt(_EVENTS) & _POLLIN)
                 if cell.instance is instance:
-                    if more or cell.mailbox or cell.lane:
+                    if more or cell.mailbox or cell.lane or cell.failed is not None:
                         await asyncio.sleep(0)  # frames left after full drains: let the other actors run
                     else:
                         idle = True
@@ -634,6 +660,8 @@ class ActorSystem:
         instance = cell.instance
         mailbox = cell.mailbox
         for _ in range(_DRAIN_MAX):
+            if cell.failed is not None:
+                return True  # a guest failed in a handler run from a tell: restarted first (`_run`)
             item = mailbox.pop()
             if item is None:
                 return True
