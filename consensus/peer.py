@@ -9,15 +9,18 @@ One `RaftPeer` owns a `RaftNode`, its `RaftLogStore` and a `MetadataStateMachine
     DEALER per peer (identity str(node_id)) <--Send--             awaited in a worker thread
                                                                   Apply -> state machine, futures
 
-Only the loop task steps the node and touches the log store (through `asyncio.to_thread`,
-one call at a time). It takes every event already queued (adjacent proposals become one
-`ProposeBatch`), steps them all, then executes their effects completely before it takes
-the next events: first every persist, merged into one synced append (group commit;
-persisting earlier is always allowed), then the rest in order. A snapshot saved or a log
-compacted is a barrier the persists are not moved across. "Persist before anything that
-follows" (raft/README.md) holds by construction. The messages of a segment with
-foreground persists (a follower's acknowledgement, a vote) are sent by the write thread
-right after the synced append, not a loop round later.
+Only the loop task steps the node; the log store is written by one write thread of the
+peer's own, in the order the effects ask (a leader's own appends without waiting, every
+other write as a job the loop awaits). The loop takes every event already queued
+(adjacent proposals become one `ProposeBatch`), steps them all, then executes their
+effects completely before it takes the next events: first every persist, merged into one
+synced append (group commit; persisting earlier is always allowed), then the rest in
+order. A snapshot saved or a log compacted is a barrier the persists are not moved
+across. "Persist before anything that follows" (raft/README.md) holds by construction.
+The messages of a segment with foreground persists (a follower's acknowledgement, a
+vote) are sent by the write thread right after the synced append, not a loop round
+later. The end of a leader's own append is stepped (`LogPersisted`) with the next
+round's events; the write thread wakes the loop for it only when a commit waits for it.
 
 The event queue is bounded (`events_max`): when it is full, client proposals and reads
 fail at once with RESOURCE_EXHAUSTED (retriable). Peer frames skip it: the loop reads at
@@ -290,6 +293,16 @@ class _WriteFailed:
 
     error: BaseException
 
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    """A log store write the loop awaits, run in order on the write thread."""
+
+    call: Callable[[], Any]
+    future: asyncio.Future[Any]
+    result: Any = None
+    error: BaseException | None = None
+
 _WAKE = object()  # no event: only wakes the loop (to see a stop)
 _EVENTS_MAX = 10_000  # events waiting for the loop; past it clients get RESOURCE_EXHAUSTED, peers wait
 _FRAME_BYTES_MAX = 64 << 20  # an InstallSnapshot carries the whole snapshot in one frame
@@ -446,11 +459,28 @@ class RaftPeer:
         # keys): one stuck behind them can reach the leader after its lease ran out.
         self._renewals: collections.deque[Any] = collections.deque()
         self._own_snapshot = False  # the step in progress is our own SnapshotTaken
-        # A leader's own appends waiting for, or in, the background writer (one at a time,
-        # in order; every other write waits until they are on disk).
-        self._writes: list[PersistEntries] = []
-        self._writer: asyncio.Task[None] | None = None
+        # Every write to the log store runs on one thread of its own (`_write_loop`), in
+        # the order the effects asked for it: a leader's own appends without the loop
+        # waiting (all queued while the previous fsync ran become one synced batch), and
+        # the writes the loop awaits (`_Job`). After each batch the thread wakes the loop
+        # once (`_on_written`). The fields below are shared with it under `_write_lock`.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._write_lock = threading.Lock()
+        self._write_ready = threading.Condition(self._write_lock)
+        self._write_queue: list[Any] = []  # PersistEntries (a leader's own append) or _Job
+        self._write_thread: threading.Thread | None = None
+        self._write_stopping = False
+        self._write_signalled = False  # an `_on_written` is on its way to the loop
+        self._writes_pending = 0  # leader appends queued or being written
+        self._jobs_done: list[_Job] = []
         self._write_failed: BaseException | None = None
+        self._write_failure_seen = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._drain_wanted = False
+        # The synced index from which the write thread wakes the loop (0: never): below
+        # it `LogPersisted` commits nothing, and is stepped with the next round's events
+        # (`RaftNode.commit_waits_for_own_copy`, set after every round).
+        self._synced_wake_at = 0
         # (index, term) of the last entry the write thread has synced (set by that thread),
         # and the last such point the core stepped: the loop adds `LogPersisted` to the
         # next round it steps, with the acknowledgements read in it (no task hop between).
@@ -497,6 +527,10 @@ class RaftPeer:
             await asyncio.to_thread(store.close)
             self._store = None
             raise
+        self._loop = asyncio.get_running_loop()
+        self._write_thread = threading.Thread(target=self._write_loop, args=(store,), daemon=True,
+                                              name=f"raft-{self.node_id} log")
+        self._write_thread.start()
         self._running = True
         await self._step(restore)
         self._loop_task = asyncio.create_task(self._run(), name=f"raft-{self.node_id} loop")
@@ -531,6 +565,7 @@ class RaftPeer:
             self._loop_task = None
         with contextlib.suppress(Exception):
             await self._drain_writes()  # the store closes below; a failed append stopped us already
+        await self._stop_write_thread()
         self._close_sockets()
         gone = Unavailable(f"raft peer {self.node_id} stopped")
         pending: list[asyncio.Future[Any]] = [*self._proposals.values(), *self._reads.values(), *self._forwarded.values()]
@@ -684,6 +719,7 @@ class RaftPeer:
                     continue
             try:
                 await self._step_batch(batch)
+                self._await_synced()
             except Exception:
                 # A failed persistence call: the node's memory is ahead of the disk. Stop
                 # serving rather than answer from a state that may not survive a restart.
@@ -700,9 +736,49 @@ class RaftPeer:
             self._synced_stepped = synced
             batch.append(LogPersisted(index=synced[0], term=synced[1]))
 
-    def _on_synced(self) -> None:
-        with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
-            self._events.put_nowait(_WAKE)
+    def _await_synced(self) -> None:
+        """After a round: from which synced index the write thread must wake the loop (a
+        commit waits only for the leader's own copy); woken now if it is already there."""
+        wake_at = self._node.commit_waits_for_own_copy()
+        with self._write_lock:
+            self._synced_wake_at = wake_at
+            synced = self._synced
+        if wake_at and synced is not None and synced[0] >= wake_at and synced != self._synced_stepped:
+            with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+                self._events.put_nowait(_WAKE)
+
+    def _on_written(self) -> None:
+        """In the loop, once after each batch of the write thread: the awaited writes'
+        outcomes, and a wake-up of the loop task when there is something for the core
+        (`LogPersisted`, taken by `_take_synced`) or a failed append."""
+        with self._write_lock:
+            self._write_signalled = False
+            done, self._jobs_done = self._jobs_done, []
+            failed = self._write_failed
+            drained = self._writes_pending == 0
+            if drained:
+                self._drain_wanted = False
+            wake_at = self._synced_wake_at
+        for job in done:
+            if not job.future.done():
+                if job.error is None:
+                    job.future.set_result(job.result)
+                else:
+                    job.future.set_exception(job.error)
+        if drained or failed is not None:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        synced = self._synced
+        wake = bool(wake_at) and synced is not None and synced[0] >= wake_at and synced != self._synced_stepped
+        if failed is not None and not self._write_failure_seen:
+            self._write_failure_seen = True
+            self._own.append(_WriteFailed(failed))
+            wake = True
+        if wake:
+            with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+                self._events.put_nowait(_WAKE)
 
     def _halt(self) -> None:
         self._running = False
@@ -841,8 +917,7 @@ class RaftPeer:
             if type(effect) in (SaveSnapshot, CompactLog):
                 await self._run_segment(store, segment)
                 segment = []
-                await self._drain_writes()
-                await self._execute(effect)
+                await self._execute(effect)  # on the write thread, after every write before it
             else:
                 segment.append(effect)
         await self._run_segment(store, segment)
@@ -861,25 +936,19 @@ class RaftPeer:
     async def _run_segment(self, store: RaftLogStore, effects: list[Effect]) -> None:
         persists = [e for e in effects if type(e) in (PersistEntries, PersistHardState)]
         if persists and all(type(e) is PersistEntries and e.background for e in persists):
-            # A leader's own appends only: the AppendEntries go out now, while the writer
-            # fsyncs (thesis 10.2.1); the core counts them once it steps LogPersisted.
-            self._writes.extend(persists)  # type: ignore[arg-type]
-            if self._writer is None:
-                # Handed to the write thread now, before the AppendEntries below go out
-                # (a task would first wait for a loop round: the fsync started late).
-                writes, self._writes = self._writes, []
-                loop = asyncio.get_running_loop()
-                first = loop.run_in_executor(None, self._append_merged, store, writes, loop)
-                self._writer = asyncio.create_task(self._write_background(store, writes, first),
-                                                   name=f"raft-{self.node_id} append")
+            # A leader's own appends only: handed to the write thread now, and the
+            # AppendEntries below go out while it fsyncs (thesis 10.2.1); the core counts
+            # them once it steps LogPersisted (`_take_synced`).
+            self._submit_writes(persists)
         elif persists:
-            await self._drain_writes()  # writes reach the disk in effect order
-            # The segment's messages (a follower's acknowledgement, a vote) leave from the
-            # write thread as soon as the last append returns: the round trip back to this
-            # loop is not on the leader's commit path. Persist before send still holds;
-            # only their order against local effects (apply, results) changes.
+            # Every write reaches the disk in effect order: the write thread takes them in
+            # turn, after the leader appends queued before. The segment's messages (a
+            # follower's acknowledgement, a vote) leave from the write thread as soon as the
+            # last append returns: the round trip back to this loop is not on the leader's
+            # commit path. Persist before send still holds; only their order against local
+            # effects (apply, results) changes.
             outgoing = [self._frame(e.message) for e in effects if type(e) is Send]
-            await asyncio.to_thread(self._append_then_send, store, persists, outgoing)
+            await self._write(lambda: self._append_then_send(store, persists, outgoing))
             background = [e for e in persists if type(e) is PersistEntries and e.background]
             if background:
                 self._persisted(background[-1])
@@ -894,7 +963,12 @@ class RaftPeer:
             # A commit's notices leave after the proposers' answers (callbacks the apply
             # just scheduled): each send wakes libzmq's I/O thread, which on a busy machine
             # can take the core before the answer goes. A message may always come later.
-            asyncio.get_running_loop().call_soon(self._send_frames, notices)
+            self._call_soon(self._send_frames, notices)
+
+    def _call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
+        loop = self._loop
+        assert loop is not None
+        loop.call_soon(callback, *args)
 
     def _send_frames(self, frames: list[tuple[int, bytes]]) -> None:
         for to_id, frame in frames:
@@ -909,39 +983,97 @@ class RaftPeer:
         for to_id, frame in outgoing:
             self._send_frame(to_id, frame)
 
-    async def _write_background(self, store: RaftLogStore, writes: list[PersistEntries],
-                                first: asyncio.Future[None]) -> None:
-        """After `first` (the append of `writes`, already in the write thread), append
-        what queued up while it ran as one synced batch (group commit), until nothing
-        waits. Each append tells the core itself, from the write thread (`_append_merged`)."""
-        try:
-            await first
-            loop = asyncio.get_running_loop()
-            while self._writes:
-                writes, self._writes = self._writes, []
-                await loop.run_in_executor(None, self._append_merged, store, writes, loop)
-        except Exception as exc:
-            self._writes = []
-            self._write_failed = exc
-            self._own.append(_WriteFailed(exc))
-            with contextlib.suppress(asyncio.QueueFull):
-                self._events.put_nowait(_WAKE)
-        finally:
-            self._writer = None
+    def _submit_writes(self, items: list[Any]) -> None:
+        """To the write thread, in order (PersistEntries a leader does not wait for, or `_Job`s)."""
+        with self._write_ready:
+            self._write_queue.extend(items)
+            self._writes_pending += sum(1 for item in items if type(item) is not _Job)
+            self._write_ready.notify()
 
-    def _append_merged(self, store: RaftLogStore, writes: list[PersistEntries],
-                       loop: asyncio.AbstractEventLoop) -> None:
-        """In the write thread: the leader's own appends as few synced batches; then the
-        loop learns of them at once (`_synced`, stepped in its next round). Through the
-        executor's future and the writer task it took three loop iterations and a
-        round of its own, while a follower's acknowledgement waited for it to commit."""
+    async def _write(self, call: Callable[[], _T]) -> _T:
+        """`call()` on the write thread, after every write queued before it."""
+        loop = self._loop
+        assert loop is not None
+        job = _Job(call, loop.create_future())
+        self._submit_writes([job])
+        return await job.future  # type: ignore[no-any-return]
+
+    def _write_loop(self, store: RaftLogStore) -> None:
+        """The write thread: everything queued since its last batch, as one batch."""
+        ready = self._write_ready
+        while True:
+            with ready:
+                while not self._write_queue and not self._write_stopping:
+                    ready.wait()
+                items, self._write_queue = self._write_queue, []
+            if not items:
+                return  # stopping, and nothing left to write
+            self._write_batch(store, items)
+
+    def _write_batch(self, store: RaftLogStore, items: list[Any]) -> None:
+        """In the write thread: the leader's own appends as few synced batches (group
+        commit) and the awaited jobs, in order; after a failed write nothing more is
+        written. Then the loop learns of it all at once (`_on_written`): `_synced` is set
+        only after the synced append returned."""
+        failed = self._write_failed  # only this thread sets it
+        synced: tuple[int, int] | None = None
+        done: list[_Job] = []
+        appends = 0
         i = 0
-        while i < len(writes):
-            entries, truncate_from, hard_state, i = self._merge_persists(writes, i)  # type: ignore[arg-type]
-            store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
-        last = writes[-1].entries[-1]
-        self._synced = (last.index, last.term)  # only after the synced append returned
-        loop.call_soon_threadsafe(self._on_synced)
+        while i < len(items):
+            item = items[i]
+            if type(item) is _Job:
+                if failed is None:
+                    try:
+                        item.result = item.call()
+                    except BaseException as exc:  # handed to the loop, which stops the peer
+                        item.error = failed = exc
+                else:
+                    item.error = failed
+                done.append(item)
+                i += 1
+                continue
+            entries, truncate_from, hard_state, j = self._merge_persists(items, i)
+            appends += j - i
+            if failed is None:
+                try:
+                    store.append(entries, truncate_from=truncate_from, hard_state=hard_state)
+                except BaseException as exc:
+                    failed = exc
+                else:
+                    last = items[j - 1].entries[-1]
+                    synced = (last.index, last.term)
+            i = j
+        loop = self._loop
+        assert loop is not None
+        with self._write_lock:
+            if failed is not None:
+                self._write_failed = failed
+            if synced is not None:
+                self._synced = synced
+            self._writes_pending -= appends
+            self._jobs_done.extend(done)
+            # The loop is woken for a synced append only when a commit may wait for it.
+            wake_at = self._synced_wake_at
+            wake = (bool(done) or failed is not None
+                    or (synced is not None and wake_at != 0 and synced[0] >= wake_at)
+                    or (self._drain_wanted and self._writes_pending == 0))
+            signal = wake and not self._write_signalled
+            if signal:
+                self._write_signalled = True
+        if signal:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._on_written)
+
+    async def _stop_write_thread(self) -> None:
+        thread = self._write_thread
+        if thread is None:
+            return
+        with self._write_ready:
+            self._write_stopping = True
+            self._write_ready.notify()
+        await asyncio.to_thread(thread.join)
+        self._write_thread = None
 
     def _persisted(self, write: PersistEntries) -> None:
         last = write.entries[-1]
@@ -950,9 +1082,16 @@ class RaftPeer:
             self._events.put_nowait(_WAKE)
 
     async def _drain_writes(self) -> None:
-        """Until the background writer has put every queued append on disk."""
-        while self._writer is not None:
-            await asyncio.shield(self._writer)
+        """Until the write thread has put every queued leader append on disk."""
+        loop = self._loop
+        while loop is not None:
+            with self._write_lock:
+                if not self._writes_pending or self._write_failed is not None:
+                    break
+                self._drain_wanted = True
+            fut: asyncio.Future[None] = loop.create_future()
+            self._drain_waiters.append(fut)
+            await fut
         if self._write_failed is not None:
             raise self._write_failed  # nothing more is written after a failed append
 
@@ -990,16 +1129,16 @@ class RaftPeer:
             case Send(message=msg):
                 self._send(msg)
             case PersistEntries(entries=entries, truncate_from=truncate_from):
-                await asyncio.to_thread(store.append, entries, truncate_from=truncate_from)
+                await self._write(lambda: store.append(entries, truncate_from=truncate_from))
             case PersistHardState(hard_state=hs):
-                await asyncio.to_thread(store.save_hard_state, hs)
+                await self._write(lambda: store.save_hard_state(hs))
             case SaveSnapshot(meta=meta, data=data):
                 if self._own_snapshot:
-                    await asyncio.to_thread(store.save_snapshot, meta, data)
+                    await self._write(lambda: store.save_snapshot(meta, data))
                 else:  # InstallSnapshot from the leader: the store drops or compacts the log itself
-                    await asyncio.to_thread(store.install_snapshot, meta, data)
+                    await self._write(lambda: store.install_snapshot(meta, data))
             case CompactLog(upto_index=upto):
-                await asyncio.to_thread(self._compact, store, upto)
+                await self._write(lambda: self._compact(store, upto))
             case Apply(entries=entries):
                 self._apply(entries)
                 self._refresh_addresses()

@@ -501,7 +501,7 @@ class Simulation:
                 continue
             self._complete_writes(peer, upto_tick=self.now)
             while peer.persisted and peer.node is not None:
-                self._step(peer, peer.persisted.pop(0))
+                self._step_persisted(peer, peer.persisted.pop(0))
             if peer.node is None:
                 continue
             self._step(peer, Tick())
@@ -748,6 +748,18 @@ class Simulation:
     def _do_send(self, peer: Peer, e: Send) -> None:
         assert e.message.from_id == peer.id
         self._send(e.message)
+
+    def _step_persisted(self, peer: Peer, event: LogPersisted) -> None:
+        """A shell wakes for a `LogPersisted` only from `commit_waits_for_own_copy()` on
+        (and steps it late, with other events, below): one below must commit nothing."""
+        node = peer.node
+        assert node is not None
+        wake_at, commit = node.commit_waits_for_own_copy(), node.commit_index
+        self._step(peer, event)
+        if peer.node is node and node.commit_index > commit and not (wake_at and event.index >= wake_at):
+            raise InvariantViolation(
+                f"peer {peer.id}: LogPersisted({event.index}) committed {node.commit_index} (from {commit})"
+                f" though no commit waited for it (commit_waits_for_own_copy() was {wake_at})")
 
     def _complete_writes(self, peer: Peer, upto_tick: int | None = None) -> None:
         """Background writes due by `upto_tick` (all of them: None) reach the disk, in order."""

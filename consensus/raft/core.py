@@ -293,6 +293,22 @@ class RaftNode:
 
     # ------------------------------------------------------------------ events
 
+    def commit_waits_for_own_copy(self) -> int:
+        """The lowest `LogPersisted` index that may commit something now, or 0 when none
+        can: this node does not lead, or the voters' acknowledgements make no majority
+        past the commit index even with all of our log on disk. Until a `LogPersisted`
+        reaches it, stepping one changes nothing but `durable_index`, so a shell may step
+        it late (with the next event) instead of waking for it."""
+        voters = self.membership.voters
+        if self.role is not Role.LEADER or self.id not in voters or self.durable_index >= self.last_index:
+            return 0
+        matches = sorted((self.last_index if v == self.id else self.progress[v].match for v in voters), reverse=True)
+        candidate = matches[quorum(voters) - 1]
+        if candidate <= self.commit_index or self.term_at(candidate) != self.term:
+            return 0  # terms only grow along the log: no lower index commits by counting either
+        # Our own copy at or below the commit index adds no vote past it.
+        return max(self.durable_index, self.commit_index) + 1
+
     def _on_restore(self, ev: Restore) -> None:
         assert not self.restored, "Restore twice"
         self.restored = True

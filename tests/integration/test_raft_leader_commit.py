@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -113,26 +112,17 @@ async def test_the_leader_steps_its_synced_append_with_the_acknowledgement_waiti
     of it waits on the leader's socket (the loop is held until both are true): the next
     round the loop steps must commit and apply the entry. Before, the end of the write
     reached the core through the executor's future and the writer task, and was stepped
-    in a round of its own, so the acknowledgement waited one more round to commit."""
+    in a round of its own, so the acknowledgement waited one more round to commit. (The
+    hold waits until the write thread has finished the batch of the held entry.)"""
     followers = FakeFollowers()
     listen = f"tcp://127.0.0.1:{_free_port()}"
     config = RaftConfig(node_id=1, election_ticks_min=2, election_ticks_max=4)
     leader = RaftPeer(1, tmp_path / "leader", listen, {1: listen, **followers.addresses}, config, tick_ms=100)
     loop = asyncio.get_running_loop()
     appended_by: list[int] = []  # the write thread that synced the held entry
-    item_done = threading.Event()  # ... and the executor's work item around it returned
+    item_done = threading.Event()  # ... and its batch (with the held entry) returned
     held: list[bool] = []
     rounds: list[tuple[bool, bool]] = []  # per step round after the hold: (saw the ack, applied)
-
-    class WatchedExecutor(ThreadPoolExecutor):
-        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-            def run() -> Any:
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    if appended_by and appended_by[0] == threading.get_ident():
-                        item_done.set()
-            return super().submit(run)
 
     def hold() -> None:
         """In the loop: until the write's work item returned and the ack waits on the socket."""
@@ -142,7 +132,6 @@ async def test_the_leader_steps_its_synced_append_with_the_acknowledgement_waiti
         assert router is not None and router.poll(int(_DEADLINE_S * 1000), zmq.POLLIN)
         held.append(True)
 
-    loop.set_default_executor(WatchedExecutor(max_workers=4))
     followers.start(listen)
     try:
         await leader.start()
@@ -161,6 +150,16 @@ async def test_the_leader_steps_its_synced_append_with_the_acknowledgement_waiti
             return out
 
         store.append = watched_append  # type: ignore[method-assign]
+        write_batch = leader._write_batch
+
+        def watched_write_batch(store: Any, items: list[Any]) -> None:
+            try:
+                write_batch(store, items)
+            finally:
+                if appended_by and appended_by[0] == threading.get_ident():
+                    item_done.set()
+
+        leader._write_batch = watched_write_batch  # type: ignore[method-assign]
         step_batch, apply = leader._step_batch, leader._apply
         applied: list[bool] = []
 

@@ -163,3 +163,17 @@ def test_a_leader_counts_only_its_fsynced_entries_toward_a_commit(monkeypatch):
     monkeypatch.setattr(core.RaftNode, "_maybe_commit", counts_memory)
     failures = [run_seed(seed, 3, chaos_ticks=300).failure for seed in async_seeds]
     assert any(f is not None and "durable on too few voters" in f for f in failures), failures
+
+
+def test_a_leader_is_told_when_a_commit_waits_for_its_own_copy(monkeypatch):
+    """The shell wakes for the end of a leader's own append only from
+    `commit_waits_for_own_copy()` on; the simulator checks that a `LogPersisted` below it
+    commits nothing. With the query as it is, seeds with background appends stay clean;
+    a query that never asks for a wake-up is caught committing."""
+    async_seeds = [s for s in range(400) if simulator.Simulation(s, 3).config_base["leader_persist_async"]][:20]
+    for seed in async_seeds:
+        result = run_seed(seed, 3, chaos_ticks=300)
+        assert result.failure is None, result.failure
+    monkeypatch.setattr(core.RaftNode, "commit_waits_for_own_copy", lambda self: 0)
+    failures = [run_seed(seed, 3, chaos_ticks=300).failure for seed in async_seeds]
+    assert any(f is not None and "no commit waited for it" in f for f in failures), failures
