@@ -26,11 +26,13 @@ Medians of `--repeat` runs; every run is appended to benchmarks/results/floors.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -124,29 +126,49 @@ def zmq_relay(*, rate: float, seconds: float, size: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- round trip
 
 
-def _echo(url: str, count: int) -> None:
+def _router(url: str, count: int, echo: bool) -> None:
+    """Another process's ROUTER: takes `count` messages, sending each back with `echo`."""
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.bind(url)
     for _ in range(count):
-        router.send_multipart(router.recv_multipart())
-    router.close(linger=1000)
+        parts = router.recv_multipart()
+        if echo:
+            router.send_multipart(parts)
+    router.close(linger=1000 if echo else 0)
     context.term()
 
 
-def zmq_round_trip(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def _dealer_to_router(count: int, *, echo: bool) -> Iterator[zmq.Socket]:
+    """A DEALER connected to `_router` in a process of its own, taking `count` messages
+    (the first one, sent here, is answered once the connection is up when `echo`)."""
     url = f"tcp://127.0.0.1:{free_port()}"
-    echo = mp.get_context("spawn").Process(target=_echo, args=(url, count + 1), daemon=True)
-    echo.start()
+    router = mp.get_context("spawn").Process(target=_router, args=(url, count + 1, echo), daemon=True)
+    router.start()
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
     try:
-        context = zmq.Context()
-        dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.RCVTIMEO, 10_000)
         dealer.connect(url)
-        payload = b"x" * size
-        dealer.send(payload)  # the connection is up once the first echo is back
-        dealer.recv()
-        latencies = []
+        dealer.send(b"hello")
+        if echo:
+            dealer.recv()
+        else:
+            time.sleep(0.5)  # connected
+        yield dealer
+    finally:
+        dealer.close(linger=1000)
+        context.term()
+        router.join(10)
+        if router.is_alive():
+            router.kill()
+
+
+def zmq_round_trip(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
+    payload = b"x" * size
+    latencies = []
+    with _dealer_to_router(count, echo=True) as dealer:
         for _ in range(count):
             if gap_s:
                 time.sleep(gap_s)
@@ -154,43 +176,19 @@ def zmq_round_trip(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
             dealer.send(payload)
             dealer.recv()
             latencies.append(time.monotonic_ns() - sent)
-        dealer.close(linger=0)
-        context.term()
-    finally:
-        echo.join(10)
-        if echo.is_alive():
-            echo.kill()
     return {**_summary(latencies), "gap_ms": gap_s * 1000}
 
 
 # ---------------------------------------------------------------- one send
 
 
-def _sink(url: str, count: int) -> None:
-    context = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.bind(url)
-    for _ in range(count):
-        router.recv_multipart()
-    router.close(linger=0)
-    context.term()
-
-
 def zmq_send(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
     """The wall time of one `send` of a DEALER to a ROUTER in another process, sends
     `gap_s` apart: libzmq hands the message to its I/O thread, which it wakes when idle
     (every send here, as every one-message batch at 5k msg/s meets it)."""
-    url = f"tcp://127.0.0.1:{free_port()}"
-    sink = mp.get_context("spawn").Process(target=_sink, args=(url, count + 1), daemon=True)
-    sink.start()
-    try:
-        context = zmq.Context()
-        dealer = context.socket(zmq.DEALER)
-        dealer.connect(url)
-        payload = b"x" * size
-        dealer.send(payload)
-        time.sleep(0.5)  # connected
-        durations = []
+    payload = b"x" * size
+    durations = []
+    with _dealer_to_router(count, echo=False) as dealer:
         for _ in range(count):
             deadline = time.perf_counter() + gap_s
             while time.perf_counter() < deadline:  # spin: a sleep would idle the core too
@@ -198,12 +196,6 @@ def zmq_send(*, count: int, gap_s: float, size: int) -> dict[str, Any]:
             started = time.monotonic_ns()
             dealer.send(payload, zmq.NOBLOCK)
             durations.append(time.monotonic_ns() - started)
-        dealer.close(linger=1000)
-        context.term()
-    finally:
-        sink.join(10)
-        if sink.is_alive():
-            sink.kill()
     return {**_summary(durations), "gap_ms": gap_s * 1000}
 
 

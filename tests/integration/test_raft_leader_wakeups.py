@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,26 @@ def _watch_rounds(leader: RaftPeer) -> list[list[Any]]:
     return rounds
 
 
+def _around_marked_append(leader: Any, *, before: Callable[[], None] | None = None,
+                          after: Callable[[], None] | None = None) -> None:
+    """Call `before()` / `after()` around the leader's log append of the marked entry
+    (on its write thread)."""
+    store = leader._store
+    assert store is not None
+    append = store.append
+
+    def watched(entries: Any, **kwargs: Any) -> Any:
+        marked = any(_MARKER in e.data for e in entries)
+        if marked and before is not None:
+            before()
+        out = append(entries, **kwargs)
+        if marked and after is not None:
+            after()
+        return out
+
+    store.append = watched
+
+
 def _is_ack(event: Any) -> bool:
     return type(getattr(event, "message", None)) is AppendEntriesResponse
 
@@ -61,18 +82,8 @@ async def test_the_end_of_the_leaders_own_append_wakes_no_round_while_no_followe
     followers = FakeFollowers()
     try:
         leader = await _settled_leader(tmp_path, followers)
-        store = leader._store
-        assert store is not None
         synced = threading.Event()
-        append = store.append
-
-        def watched_append(entries: Any, **kwargs: Any) -> Any:
-            out = append(entries, **kwargs)
-            if any(_MARKER in e.data for e in entries):
-                synced.set()
-            return out
-
-        store.append = watched_append  # type: ignore[method-assign]
+        _around_marked_append(leader, after=synced.set)
         rounds = _watch_rounds(leader)
         proposal = asyncio.ensure_future(leader.propose(Put(key="/held", value=_MARKER)))
         async with asyncio.timeout(_DEADLINE_S):
@@ -101,17 +112,12 @@ async def test_the_end_of_the_leaders_own_append_wakes_the_loop_when_a_commit_wa
     followers.release.set()  # node 2 acknowledges the marked entry at once
     try:
         leader = await _settled_leader(tmp_path, followers)
-        store = leader._store
-        assert store is not None
         acked = threading.Event()
-        append = store.append
 
-        def slow_append(entries: Any, **kwargs: Any) -> Any:
-            if any(_MARKER in e.data for e in entries):
-                assert acked.wait(_DEADLINE_S)  # the acknowledgement was stepped first
-            return append(entries, **kwargs)
+        def acknowledged_first() -> None:
+            assert acked.wait(_DEADLINE_S)  # the acknowledgement was stepped first
 
-        store.append = slow_append  # type: ignore[method-assign]
+        _around_marked_append(leader, before=acknowledged_first)
         rounds = _watch_rounds(leader)
         step_batch = leader._step_batch
 
