@@ -297,6 +297,13 @@ class LimitsSection:
     # connections holding the most are disconnected until the sum is under it.
     # At least inbound_bytes_per_connection_max. Default 256 MiB.
     inbound_bytes_max: int = 256 * MIB
+    # Whether the watcher process holds the two budgets above. Off (false), the
+    # broker starts where it cannot run (its descriptor copies, pidfd_getfd, are
+    # refused: a container's seccomp profile, Yama ptrace_scope 2-3), and nothing
+    # bounds what ZeroMQ holds of a connection's input: one message of endless
+    # parts grows the broker's memory until it is killed. Only for clients you
+    # trust (docs/operations.md, "The inbound watcher"). Default true.
+    inbound_watcher: bool = True
     # Requests one ZeroMQ message from a client may carry (a part each: the
     # client library sends what one connection writes in a round as one
     # message); a message with more parts is refused whole with

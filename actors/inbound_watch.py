@@ -38,6 +38,7 @@ import itertools
 import logging
 import mmap
 import os
+import re
 import resource
 import shutil
 import socket
@@ -73,7 +74,7 @@ from danube_zmq.actors.inbound_proc import (
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.peers import INBOUND_SLACK_BYTES, Address
 
-__all__ = ["InboundStatistics", "InboundWatch", "MonitorEvent", "choose_cuts"]
+__all__ = ["InboundStatistics", "InboundWatch", "MonitorEvent", "choose_cuts", "remove_stale_dirs"]
 
 log = logging.getLogger("danube_zmq.inbound")
 
@@ -108,6 +109,45 @@ class _Port:
 
 
 _PR_SET_PTRACER = 0x59616D61
+_DIR_PREFIX = "danube-inbound-"
+_DIR_NAME = re.compile(rf"{_DIR_PREFIX}(\d+)-\w+")
+
+
+def remove_stale_dirs(directory: str) -> list[str]:
+    """Remove the watcher directories in `directory` left by brokers of this user that
+    are gone (killed with -9: `stop` never ran); returns their names. A directory
+    names its broker's pid, so one whose broker still runs is kept."""
+    removed = []
+    uid = os.getuid()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _DIR_NAME.fullmatch(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid or _running(int(match.group(1))):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    if removed:
+        log.info("removed %d inbound watcher directories of brokers that are gone: %s", len(removed),
+                 ", ".join(removed))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process has that pid now
+    return True
 
 
 def _allow_ptracer(pid: int) -> None:
@@ -205,7 +245,10 @@ class InboundWatch:
             self._memory = mmap.mmap(memory_fd, size)
             shared = memoryview(self._memory).cast("q")
             self._stats, self.handed = shared[:STAT_SLOTS], shared[STAT_SLOTS:]
-            self._dir = tempfile.mkdtemp(prefix="danube-inbound-")  # 0700: the monitors' ipc endpoints
+            remove_stale_dirs(tempfile.gettempdir())
+            # 0700: the monitors' ipc endpoints; named for this broker, so that the next
+            # start removes it should this broker be killed before its `stop`.
+            self._dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             with theirs:
                 self._process = subprocess.Popen(
@@ -227,7 +270,9 @@ class InboundWatch:
         tag, fields = decode(data) if data else (FAILED, ["the inbound watcher exited at start"])
         if tag != READY:
             self.stop()
-            raise RuntimeError(f"{fields[0]}: inbound bytes cannot be bounded, the broker does not start")
+            raise RuntimeError(f"{fields[0]}: inbound bytes cannot be bounded, the broker does not start"
+                               " (limits.inbound_watcher: false starts it without the watcher, and with no bound on"
+                               " what ZeroMQ holds of a connection's input: docs/operations.md)")
         priority = fields[0]
         if priority == "normal":
             log.warning("the inbound watcher runs at normal priority (no CAP_SYS_NICE, RLIMIT_RTPRIO or"

@@ -151,10 +151,7 @@ class BrokerService:
                 self.metrics_url = self._metrics_server.url
             # The gateways find the broker actor through `system.broker_endpoint` when a
             # request arrives, so they start first and the broker learns their URLs.
-            inbound = self._inbound = InboundWatch(
-                connection_bytes_max=config.limits.inbound_bytes_per_connection_max,
-                broker_bytes_max=config.limits.inbound_bytes_max, on_exit=self._fatal)
-            inbound.start()
+            inbound = self._inbound = self._start_inbound_watch(config)
             system.gateway_endpoint = await system.spawn(
                 lambda: Gateway(config=config, broker_id=self.broker_id, schemas=self.schemas, inbound=inbound,
                                 curve=self.curve, credentials=self.credentials, metadata=self.metadata),
@@ -318,6 +315,19 @@ class BrokerService:
             self._context.destroy(linger=0)
             self._context = None
         self._stopped.set()
+
+    def _start_inbound_watch(self, config: BrokerConfig) -> InboundWatch | None:
+        """The inbound watcher, started; None when `limits.inbound_watcher` is off."""
+        limits = config.limits
+        if not limits.inbound_watcher:
+            log.warning("limits.inbound_watcher is off: nothing bounds what ZeroMQ holds of a connection's input"
+                        " (inbound_bytes_per_connection_max and inbound_bytes_max are not enforced); one message"
+                        " of endless parts grows this broker's memory until it is killed")
+            return None
+        inbound = InboundWatch(connection_bytes_max=limits.inbound_bytes_per_connection_max,
+                               broker_bytes_max=limits.inbound_bytes_max, on_exit=self._fatal)
+        inbound.start()
+        return inbound
 
     def _fatal(self, reason: str) -> None:
         if self.fatal_reason is None:

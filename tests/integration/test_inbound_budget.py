@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,38 @@ def test_a_broker_whose_watcher_dies_stops_loudly_for_its_supervisor(tmp_path: P
         raise AssertionError(f"the broker kept running without its watcher:\n{broker.log()}") from None
     assert code == 70, broker.log()
     assert "inbound watcher" in broker.log()
+
+
+def watcher_dirs(broker_pid: int) -> list[Path]:
+    return sorted(Path(tempfile.gettempdir()).glob(f"danube-inbound-{broker_pid}-*"))
+
+
+def test_a_broker_killed_with_9_leaves_its_watcher_directory_to_the_next_start(tmp_path: Path,
+                                                                               broker_factory: Any) -> None:
+    """`stop` removes the watcher's directory (the monitors' ipc endpoints); a broker
+    killed with -9 cannot, and the next broker's start removes it."""
+    first = broker_factory()
+    served(first.url)
+    left = watcher_dirs(first.process.pid)
+    assert len(left) == 1, left
+    first.stop(signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(first.process.pid), 30, "the broker to be gone")
+    assert left[0].is_dir()
+    second = broker_factory(env={"DANUBE_LOG_LEVEL": "info", "COLUMNS": "400"})
+    served(second.url)
+    assert not left[0].exists()
+    assert len(watcher_dirs(second.process.pid)) == 1
+    assert f"{left[0].name}" in second.log()  # named in the INFO line that removed it
+
+
+def test_a_broker_runs_without_its_watcher_when_told_and_says_what_is_lost(tmp_path: Path,
+                                                                        broker_factory: Any) -> None:
+    """`limits.inbound_watcher: false`: for hosts that refuse pidfd_getfd (seccomp).
+    No watcher process, no directory; the broker serves, and warns that nothing bounds
+    what ZeroMQ holds of a connection's input."""
+    broker = broker_factory(env={"DANUBE_LIMITS__INBOUND_WATCHER": "false"})
+    served(broker.url)
+    assert not [child for child in psutil.Process(broker.process.pid).children()
+                if any(part.endswith("inbound_proc.py") for part in child.cmdline())]
+    assert watcher_dirs(broker.process.pid) == []
+    assert "limits.inbound_watcher is off: nothing bounds what ZeroMQ holds of a connection's input" in broker.log()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +17,7 @@ import zmq.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.inbound_watch import InboundWatch, choose_cuts
+from danube_zmq.actors.inbound_watch import InboundWatch, choose_cuts, remove_stale_dirs
 from danube_zmq.actors.peers import INBOUND_SLACK_BYTES
 
 MIB = 1 << 20
@@ -377,3 +380,24 @@ def test_a_flood_is_cut_within_its_budget_while_the_gil_is_held() -> None:
             ctx.destroy(linger=0)
 
     asyncio.run(run())
+
+
+def test_watcher_directories_of_brokers_that_are_gone_are_removed_and_no_others(tmp_path) -> None:
+    """A broker killed with -9 never removes its watcher's directory; the next start
+    does (`remove_stale_dirs`): only those named for a pid that no longer runs, never a
+    running broker's, a file, a name of another shape or another user's."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale = tmp_path / f"danube-inbound-{ended.pid}-abc123"
+    stale.mkdir()
+    (stale / "1").write_bytes(b"")  # the ipc endpoint's socket file, left behind
+    alive = tmp_path / f"danube-inbound-{os.getpid()}-def456"
+    alive.mkdir()
+    file = tmp_path / f"danube-inbound-{ended.pid}-file"
+    file.write_bytes(b"")
+    other = tmp_path / "danube-inbound-xyz"  # no pid in the name
+    other.mkdir()
+
+    assert remove_stale_dirs(str(tmp_path)) == [stale.name]
+    assert not stale.exists() and alive.is_dir() and file.is_file() and other.is_dir()
+    assert remove_stale_dirs(str(tmp_path / "missing")) == []
