@@ -27,6 +27,9 @@ packages when missing: scripts/install-peers.sh) and runs the workloads named by
   over 20 topics at 10,000 msg/s in all, one consumer per topic: e2e p50/p99/max,
   delivered/sent, the broker's CPU and every bench process's CPU, ours beside NATS core
   and Redis PUB/SUB (--many-producers 1 / 20 / 200 for the issue's three points).
+- transport_floor (benchmarks/transport_floor.py): our path's shape with no logic
+  (producer -> relay -> consumer, a receipt back) on libzmq and on plain asyncio TCP,
+  beside NATS core: latency and each process's CPU per message.
 - cpu_per_batch (benchmarks/cpu_per_batch.py): our broker's CPU per batch at 5,000
   one-message batches/s (fresh broker per run; ours only).
 
@@ -59,13 +62,14 @@ import footprint
 import latency
 import many_producers
 import slow_consumer
+import transport_floor
 from harness import Danube, Servers, append, finish, now_utc, parse_brokers, split_list
 from peer_workloads import NOTES, WORKLOADS, client_stack, run_workload
 
 from danube_zmq.loadgen.compare import median_rates, ratio_rows
 
 WORKLOAD_NAMES = ("throughput", "latency", "fanout", "many_producers", "footprint", "slow_consumer", "floors",
-                  "cpu_per_batch")
+                  "transport_floor", "cpu_per_batch")
 
 
 def run_ours(broker: Danube, reliable: bool, count: int, size: int) -> dict[str, object]:
@@ -139,6 +143,7 @@ def main() -> None:
     footprint.add_arguments(parser, "footprint-")
     slow_consumer.add_arguments(parser, "slow-")
     floors.add_arguments(parser, "floors-")
+    transport_floor.add_arguments(parser, "transport-")
     args = parser.parse_args()
     chosen = split_list(args.workloads)
     for name in set(chosen) - set(WORKLOAD_NAMES):
@@ -181,6 +186,9 @@ def main() -> None:
             finish(slow_consumer, slow_consumer.measure(repeat=args.repeat, **slow_consumer.options(args, "slow-")))
         elif name == "floors":
             finish(floors, floors.measure(repeat=args.repeat, size=100, **floors.options(args, "floors-")))
+        elif name == "transport_floor":
+            finish(transport_floor, transport_floor.measure(repeat=args.repeat, size=100,
+                                                            **transport_floor.options(args, "transport-")))
         elif name == "cpu_per_batch":
             finish(cpu_per_batch, cpu_per_batch.measure(repeat=args.repeat, brokers=brokers, rate=5000.0,
                                                         seconds=args.cpb_seconds, idle_seconds=3.0, topics=1,
