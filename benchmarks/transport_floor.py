@@ -34,6 +34,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,22 @@ class _Framer(asyncio.Protocol):
 
     def on_frame(self, frame: bytes) -> None:
         raise NotImplementedError
+
+
+def _dealer(loop: asyncio.AbstractEventLoop, url: str,
+            on_frame: Callable[[bytes], None]) -> tuple[zmq.Context[Any], zmq.Socket[Any], Callable[[], None]]:
+    """A DEALER connected to `url` whose frames go to `on_frame`, read when the loop sees
+    its ZMQ_FD (edge-triggered: read until ZMQ_EVENTS has no POLLIN); and that drain."""
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(url)
+
+    def drain() -> None:
+        while dealer.getsockopt(_EVENTS) & _POLLIN:
+            on_frame(dealer.recv(_NOBLOCK))
+
+    loop.add_reader(dealer.FD, drain)
+    return context, dealer, drain
 
 
 # ---------------------------------------------------------------- relay
@@ -211,15 +228,7 @@ def _consumer(kind: str, url: str, count: int, ready: Any, results: Any) -> None
             await connection.subscribe("floor", cb=on_message, pending_msgs_limit=count + 1)
             await connection.flush()
         elif kind == "zmq":
-            context = zmq.Context()
-            dealer = context.socket(zmq.DEALER)
-            dealer.connect(url)
-
-            def drain() -> None:
-                while dealer.getsockopt(_EVENTS) & _POLLIN:
-                    on_payload(dealer.recv(_NOBLOCK))
-
-            loop.add_reader(dealer.FD, drain)
+            context, dealer, drain = _dealer(loop, url, on_payload)
             dealer.send(b"hello")
             drain()
         else:
@@ -273,16 +282,7 @@ async def _produce(kind: str, url: str, count: int, rate: float, size: int) -> d
             except StopIteration:
                 on_receipt()  # NATS core has no receipt: a publish is done when buffered
     elif kind == "zmq":
-        context = zmq.Context()
-        dealer = context.socket(zmq.DEALER)
-        dealer.connect(url)
-
-        def drain() -> None:
-            while dealer.getsockopt(_EVENTS) & _POLLIN:
-                dealer.recv(_NOBLOCK)
-                on_receipt()
-
-        loop.add_reader(dealer.FD, drain)
+        context, dealer, drain = _dealer(loop, url, lambda _: on_receipt())
 
         def send(frame: bytes) -> None:
             dealer.send(frame, _NOBLOCK)
