@@ -40,7 +40,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 from collections import deque
@@ -57,13 +56,11 @@ from danube_zmq.actors.inbound_watch import InboundWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.outbound import OutboundLedger
 from danube_zmq.actors.peers import Address, PeerGuard, peer_address, shutdown_peer, zmtp_frame_bytes
-from danube_zmq.actors.topic_schema import binding_state, resolve_producer_schema
+from danube_zmq.actors.topic_schema import resolve_producer_schema, spawn_binding_watch
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
-from danube_zmq.consensus.state_machine import Compacted, WatchEvent
 from danube_zmq.runtime.actor import CLIENT_OUTBOX, Actor, Origin, Watched
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.runtime.system import ActorSystem
-from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.security.curve import ZAP_CLIENT, ClusterCurve, Credentials, key_of_frame
 from danube_zmq.security.enforcement import Enforcer, SessionAuth
@@ -124,7 +121,6 @@ def _send(router: zmq.Socket, part: Any, flags: int) -> None:
         router.send(part, flags, copy=False)  # a Frame (tracked), or big enough to send without a copy
 
 _SCHEMA_TASKS_MAX = 256  # schema requests and producer creations in flight (each waits on metadata-store rounds)
-_WATCH_RETRY_S = 1.0
 _TICK_MS = 125
 _REVIEW_EVERY_TICKS = 2  # sessions, pending connections and outbound budgets: every 250 ms
 _CLIENT_REQUESTS = frozenset(cp.CLIENT_REQUESTS)
@@ -200,7 +196,6 @@ class Gateway(Actor):
         self.broker_id = broker_id
         self.schemas = schemas
         self._schema_tasks = RequestTasks(_SCHEMA_TASKS_MAX)
-        self._binding_watch: asyncio.Task[None] | None = None
         self.sessions: dict[bytes, Session] = {}
         self.router: zmq.asyncio.Socket | None = None
         self.bound_url = ""
@@ -258,8 +253,8 @@ class Gateway(Actor):
         self.router = router
         self._router_sync = zmq.Socket.shadow(router.underlying)
         self.system.schedule_periodic(self.endpoint, _TICK_MS, Tick())
-        if self.schemas is not None:
-            self._binding_watch = asyncio.get_running_loop().create_task(self._watch_bindings(self.schemas))
+        if self.schemas is not None and self.metadata is not None:
+            await spawn_binding_watch(self.system, self.metadata, self.schemas, self.endpoint)
         self.enforcer = make_enforcer(self.config, self.credentials, self.system.clock)
         if self.enforcer is not None:
             self.refusals = Refusals("client", self.system.clock)
@@ -267,10 +262,6 @@ class Gateway(Actor):
                 await spawn_security_watch(self.system, self.metadata, self.endpoint, "client")
 
     async def on_stop(self) -> None:
-        if self._binding_watch is not None:
-            self._binding_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._binding_watch
         await self._schema_tasks.cancel_all()
         if self.peers is not None:
             self.peers.close()
@@ -822,40 +813,9 @@ class Gateway(Actor):
             reply = Error(request_id=msg.request_id, code=exc.code, message=exc.message)
         self._reply(identity, reply)
 
-    async def _watch_bindings(self, registry: SchemaRegistry) -> None:
-        """Tell topic actors every change of a schema binding, made on any broker."""
-        store = registry.store
-        revision, resync = store.revision, False
-        while store.running:
-            try:
-                if resync:  # changes were missed: send every binding as the local state has it
-                    revision = store.revision
-                    for key, value in await store.list_prefix(topic_binding.PREFIX, linearizable=False):
-                        await self._binding_changed(registry, WatchEvent(revision=value.mod_revision, kind=0, key=key,
-                                                                         value=value, prev_version=0))
-                    resync = False
-                async for event in store.watch(topic_binding.PREFIX, revision):
-                    revision = event.revision
-                    await self._binding_changed(registry, event)
-            except Compacted:
-                resync = True
-            except DanubeError as exc:  # the watch ends with the peer; anything else is retried
-                if store.running:
-                    log.warning("watch of schema bindings failed (%s); retrying", exc)
-                    await asyncio.sleep(_WATCH_RETRY_S)
-
-    async def _binding_changed(self, registry: SchemaRegistry, event: WatchEvent) -> None:
-        topic = event.key[len(topic_binding.PREFIX) - 1:]
-        state = None
-        if event.value is not None:
-            config = topic_binding.decode_entry(event.key, event.value.value, event.value.mod_revision)
-            try:
-                state = await binding_state(registry, config)
-            except DanubeError as exc:
-                log.warning("schema binding of %s names subject %r: %s", topic, config.subject, exc)
-                return
-        self.system.post(self.system.broker_endpoint, TopicSchemaChanged(topic=topic, revision=event.revision,
-                                                                         state=state))
+    def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
+        """From the schema bindings watch (`spawn_binding_watch`), for the topics' actors."""
+        self.system.post(self.system.broker_endpoint, msg)
 
     # ------------------------------------------------------------- mailbox
     def handle_ProducerAttached(self, msg: ProducerAttached) -> None:

@@ -10,8 +10,9 @@ topic actor runs on every `Send` of a topic bound to a schema subject.
         validation to each batch.
 
 Binding changes made after producers attached (an admin's `configure-schema`, on any
-broker) reach topic actors from the gateway's watch of the bindings
-(`TopicSchemaChanged`). Each state carries the binding's metadata revision, so a stale
+broker) reach topic actors from the watch of the bindings, a `MetadataWatch` child of
+the client gateway (`spawn_binding_watch`): `TopicSchemaChanged` -> gateway -> broker ->
+the topic's actors. Each state carries the binding's metadata revision, so a stale
 one (a producer's context read before a change the watch already delivered) never
 replaces a newer one.
 
@@ -34,17 +35,27 @@ from __future__ import annotations
 import logging
 import time
 
+from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
+from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.consensus.state_machine import WatchEvent
+from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.schemas import topic_binding
 from danube_zmq.schemas.formats import format_for
 from danube_zmq.schemas.registry import SchemaRegistry
 from danube_zmq.schemas.topic_binding import ValidationPolicy
 from danube_zmq.schemas.types import SchemaFormat, SchemaType
 from danube_zmq.transport import client_protocol as cp
-from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound
-from danube_zmq.transport.internal_protocol import ProducerSchema, SchemaVersionRef, TopicSchemaState
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InvalidArgument, NotFound
+from danube_zmq.transport.internal_protocol import (
+    ProducerSchema,
+    SchemaVersionRef,
+    TopicSchemaChanged,
+    TopicSchemaState,
+)
 
-__all__ = ["TopicSchemaGuard", "binding_state", "resolve_producer_schema"]
+__all__ = ["TopicSchemaGuard", "binding_state", "resolve_producer_schema", "spawn_binding_watch"]
 
 log = logging.getLogger("danube_zmq.topic")
 
@@ -57,6 +68,43 @@ async def binding_state(registry: SchemaRegistry, config: topic_binding.TopicSch
     return TopicSchemaState(subject=config.subject, schema_id=summary.schema_id,
                             validation_policy=config.validation_policy.value,
                             payload_validation=config.payload_validation, revision=config.revision)
+
+
+async def spawn_binding_watch(system: ActorSystem, metadata: RaftMetadataStore, registry: SchemaRegistry,
+                              gateway: str) -> str:
+    """A `MetadataWatch` of the topics' schema bindings, child of the client `gateway`,
+    telling it a `TopicSchemaChanged` per change (the gateway passes it to the broker).
+    Each binding's state is resolved in the watch's own task (a registry read), so the
+    gateway never waits on the store. It follows the changes from the revision of its
+    first spawn (a topic learns its binding when it starts; this watch tells it the
+    later changes), a restart included; past a compacted history it tells every
+    binding again."""
+    since = metadata.local_revision()
+
+    async def changed(event: WatchEvent) -> Message | None:
+        topic = event.key[len(topic_binding.PREFIX) - 1:]
+        if event.value is None:
+            return TopicSchemaChanged(topic=topic, revision=event.revision, state=None)
+        config = topic_binding.decode_entry(event.key, event.value.value, event.value.mod_revision)
+        try:
+            state = await binding_state(registry, config)
+        except DanubeError as exc:
+            log.warning("schema binding of %s names subject %r: %s", topic, config.subject, exc)
+            return None
+        return TopicSchemaChanged(topic=topic, revision=event.revision, state=state)
+
+    async def listing() -> list[Message]:
+        told = []
+        for key, value in await metadata.list_prefix(topic_binding.PREFIX, linearizable=False):  # after the barrier
+            message = await changed(WatchEvent(revision=value.mod_revision, kind=0, key=key, value=value,
+                                               prev_version=0))
+            if message is not None:
+                told.append(message)
+        return told
+
+    return await system.spawn(lambda: MetadataWatch(metadata=metadata, prefix=topic_binding.PREFIX, target=gateway,
+                                                    start_over=listing, on_event=changed, since=since),
+                              name="schema bindings watch", parent=gateway)
 
 
 async def resolve_producer_schema(registry: SchemaRegistry, msg: cp.CreateProducer) -> ProducerSchema:

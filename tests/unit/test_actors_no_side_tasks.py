@@ -17,12 +17,8 @@ _DOOR = ("not an actor: Danube's gRPC door, an adapter above the client on grpc.
          " own; issue 40 moves it out of actors/ to doors/")
 _LOAD = ("the load manager's rounds wait on the metadata store's change signal (`wait_changed`) or its period, in"
          " a task of its own: to become messages (a watch telling it, a timer)")
-_BINDINGS = ("the gateway's schema-binding watch, a long poll on the metadata store's watch in a task of its own:"
-             " to become a MetadataWatch child telling the gateway, as the broker's are")
 # (file, enclosing function, what) -> why it is still there.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("gateway.py", "on_start", "create_task"): _BINDINGS,
-    ("gateway.py", "_watch_bindings", "asyncio.sleep"): _BINDINGS + " (its pause after a failed watch)",
     ("gateway.py", "bind_or_close", "asyncio.sleep"): "no actor's loop: a bind retried for up to REBIND_WAIT_S at"
                                                       " start, before the socket serves (a port a stopping broker"
                                                       " still holds)",

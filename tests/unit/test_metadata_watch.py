@@ -25,7 +25,7 @@ from danube_zmq.clock import Clock, ManualClock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig
-from danube_zmq.consensus.state_machine import MetadataStateMachine, Put, VersionedValue, encode_command
+from danube_zmq.consensus.state_machine import MetadataStateMachine, Put, VersionedValue, WatchEvent, encode_command
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import cluster_records as cr
@@ -342,3 +342,60 @@ async def test_stopping_the_watch_mid_drain_ends_it_cleanly(tmp_path: Path) -> N
             ["/default/t0", "/default/t1"]
         assert len(_told(system, parent)) == 3
 
+
+
+async def test_a_watch_may_tell_several_messages_at_a_start_and_await_or_skip_an_event(tmp_path: Path) -> None:
+    """`start_over` may tell several messages (the schema bindings watch tells one per
+    binding), and `on_event` may await in the watch's own task and tell nothing for an
+    event (a binding naming a subject that is gone): the target gets the start's
+    messages in order, then one message per change that tells something."""
+    async with _running(tmp_path) as (store, system, parent, _):
+        async def start_over() -> list[Message]:
+            return [AssignmentsResync(topics=["/default/one"], revision=-1),
+                    AssignmentsResync(topics=["/default/two"], revision=-2)]
+
+        async def changed(event: WatchEvent) -> Message | None:
+            await asyncio.sleep(0)
+            return None if event.key.endswith("skip") else AssignmentChanged(topic=event.key, broker_id=99,
+                                                                             revision=event.revision)
+
+        def mine() -> list[tuple[str, object]]:
+            return [("resync", m.revision) if isinstance(m, AssignmentsResync) else ("changed", m.topic)
+                    for m in _told(system, parent)
+                    if (isinstance(m, AssignmentsResync) and m.revision < 0)
+                    or (isinstance(m, AssignmentChanged) and m.broker_id == 99)]
+
+        marks = await system.spawn(lambda: MetadataWatch(metadata=store, prefix="/marks/", target=parent,
+                                                         start_over=start_over, on_event=changed),
+                                   name="marks watch", parent=parent)
+        await _until("the start's two messages", lambda: len(mine()) == 2)
+        for key in ("/marks/a", "/marks/skip", "/marks/b"):
+            await store.put(key, b"")
+        await _caught_up(store, system, parent, marks)
+        assert mine() == [("resync", -1), ("resync", -2), ("changed", "/marks/a"), ("changed", "/marks/b")]
+
+
+async def test_a_watch_given_since_follows_from_there_without_starting_over(tmp_path: Path) -> None:
+    """`since` (the schema bindings watch's revision at its first spawn): the changes
+    after it are told, those made before the watch was spawned included, and
+    `start_over` is not called."""
+    async with _running(tmp_path) as (store, system, parent, _):
+        since = store.local_revision()
+        await store.put("/marks/early", b"")
+        starts = []
+
+        async def start_over() -> Message:
+            starts.append(1)
+            return AssignmentsResync(topics=[], revision=-1)
+
+        def changed(event: WatchEvent) -> Message:
+            return AssignmentChanged(topic=event.key, broker_id=99, revision=event.revision)
+
+        marks = await system.spawn(lambda: MetadataWatch(metadata=store, prefix="/marks/", target=parent,
+                                                         start_over=start_over, on_event=changed, since=since),
+                                   name="marks watch", parent=parent)
+        await store.put("/marks/late", b"")
+        await _caught_up(store, system, parent, marks)
+        assert [m.topic for m in _told(system, parent)
+                if isinstance(m, AssignmentChanged) and m.broker_id == 99] == ["/marks/early", "/marks/late"]
+        assert starts == []
