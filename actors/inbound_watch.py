@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import zmq
 
 from danube_zmq.actors import inbound_proc
@@ -110,7 +111,7 @@ class _Port:
 
 _PR_SET_PTRACER = 0x59616D61
 _DIR_PREFIX = "danube-inbound-"
-_DIR_NAME = re.compile(rf"{_DIR_PREFIX}(\d+)-\w+")
+_DIR_NAME = re.compile(rf"{_DIR_PREFIX}(\d{{1,10}})-\w+")  # pids: at most 2**22
 
 
 def remove_stale_dirs(directory: str) -> list[str]:
@@ -128,7 +129,7 @@ def remove_stale_dirs(directory: str) -> list[str]:
         if match is None or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            if entry.stat(follow_symlinks=False).st_uid != uid or _running(int(match.group(1))):
+            if entry.stat(follow_symlinks=False).st_uid != uid or psutil.pid_exists(int(match.group(1))):
                 continue
         except OSError:
             continue
@@ -138,16 +139,6 @@ def remove_stale_dirs(directory: str) -> list[str]:
         log.info("removed %d inbound watcher directories of brokers that are gone: %s", len(removed),
                  ", ".join(removed))
     return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process has that pid now
-    return True
 
 
 def _allow_ptracer(pid: int) -> None:

@@ -5,8 +5,8 @@ the broker has joined the cluster) or of a gateway (security entries; the client
 gateway's schema bindings). Each step is a `WatchNext` message to itself:
 
 1. With no revision yet (the start unless `since` was given, or after a failure): a
-   linearizable barrier, then the target is told where to start from (`start_over`: what is there as of now, one
-   message or several).
+   linearizable barrier, then the target is told where to start from (`start_over`:
+   what is there as of now, one message or several).
 2. Else the changes under the prefix since its revision, each told to the target as
    `on_event` makes it (in revision order, waiting for room in the target's mailbox;
    `on_event` may await, in this actor's task, and return None for an event that

@@ -10,9 +10,10 @@ The message object itself is queued, not an encoded frame of it (an encode and a
 decode per hop). Messages are frozen dataclasses of `transport/` types; an actor never
 changes a message it got or one it told (its lists included), so nothing changeable is
 shared. Frames (bytes) are still accepted (`tell_frame`: a timer's message, the
-records a failed WAL flush left readable) and decoded here. A full mailbox refuses more without holding up the
-others: `tell` never blocks (False when the mailbox is full), `send` waits for room up
-to a deadline. Lanes (`lane.py`) carry raw frames to an actor that owns a socket.
+records a failed WAL flush left readable) and decoded here. A full mailbox refuses
+more without holding up the others: `tell` never blocks (False when the mailbox is
+full), `send` waits for room up to a deadline. Lanes (`lane.py`) carry raw frames to
+an actor that owns a socket.
 
 A child spawned with `share_mailbox=True` (a topic's subscriptions) is a guest of its
 parent: an actor of its own (state, handlers, supervision, endpoint `<parent>/<n>`,

@@ -232,7 +232,7 @@ def test_a_broker_killed_with_9_leaves_its_watcher_directory_to_the_next_start(t
     served(second.url)
     assert not left[0].exists()
     assert len(watcher_dirs(second.process.pid)) == 1
-    assert f"{left[0].name}" in second.log()  # named in the INFO line that removed it
+    assert left[0].name in second.log()  # named in the INFO line that removed it
 
 
 def test_a_broker_runs_without_its_watcher_when_told_and_says_what_is_lost(tmp_path: Path,

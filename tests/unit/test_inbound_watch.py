@@ -385,7 +385,7 @@ def test_a_flood_is_cut_within_its_budget_while_the_gil_is_held() -> None:
 def test_watcher_directories_of_brokers_that_are_gone_are_removed_and_no_others(tmp_path) -> None:
     """A broker killed with -9 never removes its watcher's directory; the next start
     does (`remove_stale_dirs`): only those named for a pid that no longer runs, never a
-    running broker's, a file, a name of another shape or another user's."""
+    running broker's, a file, or a name of another shape (a pid of 30 digits included)."""
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     stale = tmp_path / f"danube-inbound-{ended.pid}-abc123"
@@ -397,7 +397,9 @@ def test_watcher_directories_of_brokers_that_are_gone_are_removed_and_no_others(
     file.write_bytes(b"")
     other = tmp_path / "danube-inbound-xyz"  # no pid in the name
     other.mkdir()
+    huge = tmp_path / f"danube-inbound-{'9' * 30}-abc"  # no pid: a name, not an overflow
+    huge.mkdir()
 
     assert remove_stale_dirs(str(tmp_path)) == [stale.name]
-    assert not stale.exists() and alive.is_dir() and file.is_file() and other.is_dir()
+    assert not stale.exists() and alive.is_dir() and file.is_file() and other.is_dir() and huge.is_dir()
     assert remove_stale_dirs(str(tmp_path / "missing")) == []
