@@ -2,12 +2,16 @@
 topic (and partition) a broker, reassigns the topics of brokers whose lease ran out,
 rebalances, and drains brokers on request.
 
-Every broker runs one; only the leader's acts. It is level-triggered: after each change
-the metadata store applies (or every `_PERIOD_S`), the leader reads the cluster from
-its applied state (registrations, broker states, assignments, markers, topics and the
-brokers' load reports) and carries out `actors/load/assign.plan`. Each write is a
-transaction guarded by the versions it read, so a decision made on a state that moved
-on is refused and made again on the next round, never applied twice.
+Every broker runs one; only the leader's acts. It is level-triggered, and each round
+is a message: a timer (`LoadTick`, every half second) follows the Raft peer's role and
+runs a round when time decides one; while leading, a metadata watch child tells it
+`LoadRoundDue` after a change that needs a round (lease renewals and load reports do
+not). A round reads the cluster from the applied state (registrations, broker states,
+assignments, markers, topics and the brokers' load reports) and carries out
+`actors/load/assign.plan`. Each write is a transaction guarded by the versions it read,
+so a decision made on a state that moved on is refused and made again on the next
+round, never applied twice. Admin requests (balance, rebalance, drain) wait in the
+mailbox behind a round, so they see its writes.
 
     /cluster/unassigned/{t}  --plan-->  /cluster/assignments/{t} = Assignment(broker, epoch + 1)
     /cluster/assignments/{t} of a broker gone for grace  -->  /cluster/unassigned/{t} (failover)
@@ -22,7 +26,6 @@ hourly cap and the cooldowns hold across leader changes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -43,8 +46,10 @@ from danube_zmq.actors.load.rebalance import (
 from danube_zmq.actors.load.rebalance import plan as rebalance_plan
 from danube_zmq.actors.load.reports import BrokerState, LoadReport, TopicLoad, broker_loads, topic_loads
 from danube_zmq.actors.load_report import as_load_report
+from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.consensus.state_machine import WatchEvent
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr
@@ -52,12 +57,12 @@ from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, Unavailable
-from danube_zmq.transport.internal_protocol import LoadManagerReply, LoadManagerRequest
+from danube_zmq.transport.internal_protocol import LoadManagerReply, LoadManagerRequest, LoadRoundDue, LoadTick
 from danube_zmq.transport.topic_name import parse_topic
 
 log = logging.getLogger("danube_zmq.load_manager")
 
-_PERIOD_S = 0.5
+_PERIOD_MS = 500
 # A round with no change that needs one (a new or moving topic, a broker joining or
 # leaving, a state or assignment change) runs this often, for what time decides: suspect
 # brokers, leases run out, the rebalancing interval.
@@ -134,6 +139,33 @@ class _Cluster:
         return dataclasses.replace(self.view, brokers=states)
 
 
+class _Triggers:
+    """The leading load manager's watch filter (it lives in the watch's task): a
+    `LoadRoundDue` for a change that needs a round, and none for the changes a round
+    told since the last has read (it reads the store as of when it begins, at least the
+    revision applied when it was told). Lease renewals and load reports need none."""
+
+    def __init__(self, store: RaftMetadataStore) -> None:
+        self.store = store
+        self.covered = 0
+
+    def __call__(self, event: WatchEvent) -> LoadRoundDue | None:
+        if event.revision <= self.covered or not _needs_round(event):
+            return None
+        self.covered = self.store.local_revision()
+        return LoadRoundDue(revision=event.revision)
+
+    async def start_over(self) -> LoadRoundDue:
+        """After a gap (the history compacted past the watch): anything may have changed."""
+        self.covered = self.store.local_revision()
+        return LoadRoundDue(revision=self.covered)
+
+
+def _needs_round(event: WatchEvent) -> bool:
+    return (event.key.startswith(_TRIGGERS) or _topic_record(event.key)
+            or (event.key.startswith(cr.REGISTER) and (event.value is None or event.prev_version == 0)))
+
+
 class LoadManagerActor(Actor):
     def __init__(self, *, config: BrokerConfig, broker_id: int, metadata: RaftMetadataStore) -> None:
         self.config = config
@@ -151,7 +183,8 @@ class LoadManagerActor(Actor):
         self.absent_since_ms: dict[int, int] = {}
         self.leading = False
         self.next_rebalance_ms = 0
-        self._task: asyncio.Task[None] | None = None
+        self._watch: str | None = None  # the metadata watch's endpoint while leading
+        self._retry = False
         self._states = _Memo(cr.BROKERS, lambda key, data: _decoded(
             key, data, cr.BrokerStateRecord, cr.BrokerStateRecord(mode="active")).mode
             if key.endswith("/state") else None)
@@ -163,64 +196,70 @@ class LoadManagerActor(Actor):
         self._moves = _Memo(cr.MOVES, lambda key, data: _decoded(key, data, cr.MoveRecord, None))
         self._last_round_revision = 0
         self._last_round_at = 0.0
-        self._checked_revision = 0  # events up to here were looked at and needed no round
 
     async def on_start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="load-manager")
+        self.system.schedule_periodic(self.endpoint, _PERIOD_MS, LoadTick())
+        self.system.post(self.endpoint, LoadTick())
 
-    async def on_stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    def _round_needed(self) -> bool:
-        """A change since the last round that needs one, or the idle period is over."""
+    async def handle_LoadTick(self, msg: LoadTick) -> None:
+        """Follow the Raft peer's role; a round when time decides one (the idle period is
+        over: suspect brokers, leases run out, the rebalancing interval) or the last failed."""
         store = self.metadata
-        if asyncio.get_running_loop().time() - self._last_round_at >= _IDLE_ROUND_S:
-            return True
-        # Only the events not looked at yet: rescanning all since the last round at every
-        # change cost the Raft leader quadratic time in a burst of writes that need no round.
-        revision = store.local_revision()
-        try:
-            events = store.local_events_since("", max(self._last_round_revision, self._checked_revision))
-        except DanubeError:  # compacted: assume anything changed
-            return True
-        if any(e.key.startswith(_TRIGGERS) or _topic_record(e.key)
-               or (e.key.startswith(cr.REGISTER) and (e.value is None or e.prev_version == 0)) for e in events):
-            return True
-        self._checked_revision = revision
-        return False
-
-    async def _run(self) -> None:
-        store = self.metadata
-        while store.running:
-            await store.wait_changed(_PERIOD_S)
-            if not store.is_leader:
-                if self.leading:
-                    log.info("broker %d: no longer the leader; load manager idle", self.broker_id)
-                self.leading = False
-                self.absent_since_ms.clear()
-                continue
+        if not store.running:
+            return
+        if not store.is_leader:
+            if self.leading:
+                log.info("broker %d: no longer the leader; load manager idle", self.broker_id)
+                await self._stop_watch()
+            self.leading = False
+            self.absent_since_ms.clear()
+            return
+        if not self.leading:
             try:
-                if not self.leading:
-                    # A linearizable read first: the new leader's applied state is then at
-                    # least what the previous leader committed.
-                    await self.metadata.get(cr.LEADER)
-                    await self.metadata.put(cr.LEADER, cr.encode(cr.LeaderRecord(broker_id=self.broker_id,
-                                                                                 term=store.current_term)))
-                    self.leading = True
-                    self.next_rebalance_ms = self._elapsed() + self.policy.check_interval_s * 1000
-                    log.info("broker %d leads the cluster: load manager active", self.broker_id)
-                elif not self._round_needed():
-                    continue
-                self._last_round_revision = store.local_revision()
-                self._last_round_at = asyncio.get_running_loop().time()
-                await self._round()
+                await self._lead()
             except DanubeError as exc:
-                log.info("load manager round failed (%s); retrying", exc)
-                await asyncio.sleep(_PERIOD_S)
+                log.info("load manager could not take the lead (%s); retrying", exc)
+                return
+        elif not self._retry and asyncio.get_running_loop().time() - self._last_round_at < _IDLE_ROUND_S:
+            return
+        await self._run_round()
+
+    async def handle_LoadRoundDue(self, msg: LoadRoundDue) -> None:
+        # A round that began after the change has read it: a burst of changes costs one.
+        if self.leading and self.metadata.is_leader and msg.revision > self._last_round_revision:
+            await self._run_round()
+
+    async def _lead(self) -> None:
+        store = self.metadata
+        # A linearizable read first: the new leader's applied state is then at least
+        # what the previous leader committed.
+        await store.get(cr.LEADER)
+        await store.put(cr.LEADER, cr.encode(cr.LeaderRecord(broker_id=self.broker_id, term=store.current_term)))
+        self.leading = True
+        self.next_rebalance_ms = self._elapsed() + self.policy.check_interval_s * 1000
+        await self._stop_watch()
+        since = store.local_revision()
+        triggers = _Triggers(store)
+        self._watch = await self.system.spawn(lambda: MetadataWatch(
+            metadata=store, prefix="", target=self.endpoint, since=since, on_event=triggers,
+            start_over=triggers.start_over), name="load-manager-watch", parent=self.endpoint)
+        log.info("broker %d leads the cluster: load manager active", self.broker_id)
+
+    async def _stop_watch(self) -> None:
+        if self._watch is not None:
+            await self.system.stop(self._watch)
+            self._watch = None
+
+    async def _run_round(self) -> None:
+        store = self.metadata
+        self._last_round_revision = store.local_revision()
+        self._last_round_at = asyncio.get_running_loop().time()
+        try:
+            await self._round()
+            self._retry = False
+        except DanubeError as exc:
+            log.info("load manager round failed (%s); retrying", exc)
+            self._retry = True  # at the next tick
 
     def _now(self) -> int:
         """Wall time, for what is written to the store (stamps other nodes read)."""

@@ -1153,6 +1153,25 @@ class BacklogQuotasPending(Message):
 
 
 @wire
+class LoadTick(Message):
+    """Load manager -> itself every half second (a timer message): take or give up the
+    cluster's lead as the Raft peer's role says, and run a round when the idle period is
+    over or the last round failed."""
+
+    TAG = 347
+
+
+@wire
+class LoadRoundDue(Message):
+    """The leading load manager's metadata watch -> the load manager: a change at
+    `revision` needs a round (a topic, marker, assignment, move or broker changed); one
+    that started after it has read it already."""
+
+    TAG = 348
+    revision: int
+
+
+@wire
 class ResyncNext(Message):
     """Broker -> itself: follow the next slice of the resync `generation` (a resync of
     tens of thousands of topics is a series of these, so client requests queued in
@@ -1207,7 +1226,7 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
         TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue, ExpireSubscriptions,
-        ResyncNext,
+        ResyncNext, LoadTick, LoadRoundDue,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,
         FlushCursors, SubscriptionsOf, PersistedSubscriptions, ForgetTopicRecords, ClearProducers, RecordDamage,

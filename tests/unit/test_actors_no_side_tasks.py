@@ -15,8 +15,6 @@ ACTORS = Path(__file__).resolve().parents[2] / "actors"
 
 _DOOR = ("not an actor: Danube's gRPC door, an adapter above the client on grpc.aio, whose attachments are its"
          " own; issue 40 moves it out of actors/ to doors/")
-_LOAD = ("the load manager's rounds wait on the metadata store's change signal (`wait_changed`) or its period, in"
-         " a task of its own: to become messages (a watch telling it, a timer)")
 # (file, enclosing function, what) -> why it is still there.
 ALLOWED: dict[tuple[str, str, str], str] = {
     ("gateway.py", "bind_or_close", "asyncio.sleep"): "no actor's loop: a bind retried for up to REBIND_WAIT_S at"
@@ -28,8 +26,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("grpc_door.py", "start", "create_task"): _DOOR,
     ("grpc_door.py", "_reap", "asyncio.sleep"): _DOOR,
     ("grpc_door_services.py", "__init__", "asyncio.Lock"): _DOOR,
-    ("load_manager.py", "on_start", "create_task"): _LOAD,
-    ("load_manager.py", "_run", "asyncio.sleep"): _LOAD + " (its pause after a failed round)",
 }
 
 
