@@ -40,7 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
@@ -49,11 +49,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field
 
 from danube_zmq.cli.listen import is_loopback
+from danube_zmq.cli.mcp_operations import TOOLS as DERIVED_TOOLS
+from danube_zmq.cli.mcp_operations import tool_of
 from danube_zmq.client import promql as prometheus_api
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.json_records import jsonable as _jsonable
 from danube_zmq.client.schemas import SchemaRegistryClient
-from danube_zmq.transport.client_protocol import DispatchStrategy
+from danube_zmq.transport.admin_operations import by_name
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, NotFound
 
 __all__ = ["WRITE_TOOLS", "McpSettings", "build_server", "is_loopback"]
@@ -83,10 +85,7 @@ Subscription = Annotated[str, Field(description="A subscription name of the topi
 Subject = Annotated[str, Field(description="A schema subject (schemas are registered under subjects).")]
 SchemaType = Annotated[str, Field(description="bytes, string, number, json_schema, avro or protobuf.")]
 Definition = Annotated[str, Field(description="The schema's text: JSON Schema, Avro JSON or Protobuf source.")]
-BrokerId = Annotated[int, Field(description="A broker id, as list_brokers shows it.")]
 SomeSubscription = Annotated[str | None, Field(description="One subscription of the topic; all when left out.")]
-QuotaNamespace = Annotated[str | None, Field(description="The namespace whose quota to set.")]
-QuotaTopic = Annotated[str | None, Field(description="The topic whose quota to set (over its namespace's).")]
 PromQL = Annotated[str, Field(description="A PromQL expression, e.g. sum by (topic) (rate(danube_topic_messages_in_total[1m])).")]
 When = Annotated[str | float | None, Field(
     description="A time: RFC3339 (2026-11-25T12:00:00Z), or a number of seconds ago (900: 15 minutes ago).")]
@@ -213,29 +212,13 @@ class McpServer(MCPServer):
         return await super().call_tool(name, arguments, context)
 
 
-# What each write tool changes: its description's first line, and the refusal's reason.
+# What each write tool changes: its description's first line, and the refusal's reason;
+# a declared operation's is its help (transport/admin_operations.py).
 WRITE_TOOLS: dict[str, str] = {
-    "create_namespace": "creates a namespace",
-    "delete_namespace": "deletes an empty namespace",
-    "create_topic": "creates a topic (and its partitions)",
-    "delete_topic": "deletes a topic with every partition, closing its producers and consumers",
-    "unload_topic": "moves a topic to another broker; its clients reconnect",
-    "unsubscribe": "deletes a subscription and its cursor",
-    "seek_subscription": "moves a subscription's cursor: messages are redelivered or skipped",
-    "set_failure_policy": "sets a subscription's redelivery and dead-letter policy",
-    "set_dispatch_config": "sets a subscription's unacknowledged-delivery window",
-    "set_namespace_limits": "sets a namespace's topic and partition limits",
-    "set_backlog_quota": "sets the backlog quota of a namespace or a topic",
-    "configure_topic_schema": "binds a topic to a schema subject and sets its validation",
-    "register_schema": "registers a schema version under a subject",
-    "set_schema_compatibility_mode": "sets a schema subject's compatibility mode",
-    "rebalance_cluster": "moves topics between brokers (none with dry_run)",
-    "unload_broker": "drains a broker: its topics move to the others",
-    "activate_broker": "lets a drained broker take topics again",
-    "create_role": "creates an RBAC role",
-    "delete_role": "deletes an RBAC role",
-    "create_binding": "gives a principal roles at a scope",
-    "delete_binding": "removes a principal's binding",
+    **{name: by_name(name).help for name in DERIVED_TOOLS if by_name(name).writes},
+    "set_failure_policy": "Sets a subscription's redelivery and dead-letter policy",
+    "register_schema": "Registers a schema version under a subject",
+    "set_schema_compatibility_mode": "Sets a schema subject's compatibility mode",
 }
 
 
@@ -275,23 +258,21 @@ def build_server(settings: McpSettings) -> McpServer:
     def write(*, destructive: bool, idempotent: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             if settings.allow_writes:
-                changes = WRITE_TOOLS[fn.__name__]
+                changes = WRITE_TOOLS[fn.__name__].rstrip(".")
                 server.add_tool(fn, description=f"CHANGES THE CLUSTER: {changes}. {fn.__doc__ or ''}".strip(),
                                 annotations=ToolAnnotations(read_only_hint=False, destructive_hint=destructive,
                                                             idempotent_hint=idempotent, open_world_hint=False))
             return fn
         return register
 
+    # -- one operation each, as declared ---------------------------------------
+
+    for name in DERIVED_TOOLS:
+        op = by_name(name)
+        (write(destructive=op.destructive, idempotent=op.idempotent) if op.writes else read(op.help))(
+            tool_of(op, broker.admin))
+
     # -- cluster ---------------------------------------------------------------
-
-    @read("The Raft metadata cluster as the connected broker sees it: role, term, leader, commit and"
-          " applied index, members.")
-    async def cluster_status(ctx: Context) -> dict[str, Any]:
-        return _jsonable(await broker.admin(ctx, lambda c: c.cluster_status()))
-
-    @read("The brokers of the cluster: id, client, admin and metrics URLs, role, status.")
-    async def list_brokers(ctx: Context) -> dict[str, Any]:
-        return {"brokers": _jsonable(await broker.admin(ctx, lambda c: c.list_brokers()))}
 
     @read("The metadata cluster's Raft leader (node id, address, term) and the broker that holds the cluster's"
           " leadership (role leader, or the one standalone broker), with its URLs.")
@@ -301,15 +282,6 @@ def build_server(settings: McpSettings) -> McpServer:
         leaders = [b for b in brokers if b.role in ("leader", "standalone")]  # standalone: it leads itself
         return {"leader_node_id": status.leader_id, "leader_address": status.leader_address, "term": status.term,
                 "broker": _jsonable(leaders[0]) if leaders else None}
-
-    @read("The cluster's load balance: coefficient of variation, mean/min/max load, each broker's load and"
-          " topic count, the assignment strategy and whether rebalancing is on.")
-    async def get_cluster_balance(ctx: Context) -> dict[str, Any]:
-        return _jsonable(await broker.admin(ctx, lambda c: c.cluster_balance()))
-
-    @read("The namespaces of the cluster.")
-    async def list_namespaces(ctx: Context) -> dict[str, Any]:
-        return {"namespaces": await broker.admin(ctx, lambda c: c.list_namespaces())}
 
     @read("The policies in force for a namespace: the topic policies (producer, consumer and subscription"
           " limits, message size, publish and dispatch rates), topic and partition limits, backlog quota,"
@@ -340,10 +312,6 @@ def build_server(settings: McpSettings) -> McpServer:
     async def describe_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
         description, names = await broker.admin(ctx, lambda c: _with_names(c, c.describe_topic(topic)))
         return {**_jsonable(description), "broker_names": names}
-
-    @read("The subscription names of a topic.")
-    async def list_subscriptions(topic: Topic, ctx: Context) -> dict[str, Any]:
-        return {"topic": topic, "subscriptions": await broker.admin(ctx, lambda c: c.list_subscriptions(topic))}
 
     @read("The policies in force for a topic: the topic policies (limits, message size, publish and dispatch"
           " rates), its backlog quota, each with where it is set, and its schema binding (null when none).")
@@ -390,24 +358,6 @@ def build_server(settings: McpSettings) -> McpServer:
                                          mode: str | None = None) -> dict[str, Any]:
         check = await broker.schemas(ctx, lambda c: c.check(subject, schema_type, definition.encode(), mode=mode))
         return _jsonable(check)
-
-    # -- security ----------------------------------------------------------------
-
-    @read("The RBAC roles and their permissions.")
-    async def list_roles(ctx: Context) -> dict[str, Any]:
-        return {"roles": _jsonable(await broker.admin(ctx, lambda c: c.list_roles()))}
-
-    @read("The RBAC bindings: principal, type, roles, scope (cluster, namespace:NS, topic:/ns/t).")
-    async def list_bindings(ctx: Context) -> dict[str, Any]:
-        return {"bindings": _jsonable(await broker.admin(ctx, lambda c: c.list_bindings()))}
-
-    @read("The CURVE client keys on the allow-list and the principal each stands for.")
-    async def list_client_keys(ctx: Context) -> dict[str, Any]:
-        return {"client_keys": _jsonable(await broker.admin(ctx, lambda c: c.list_client_keys()))}
-
-    @read("The revoked tokens (jti) and when each revocation lapses (the token's expiry).")
-    async def list_revoked_tokens(ctx: Context) -> dict[str, Any]:
-        return {"revoked_tokens": _jsonable(await broker.admin(ctx, lambda c: c.list_revoked_tokens()))}
 
     # -- diagnostics -----------------------------------------------------------
 
@@ -487,54 +437,6 @@ def build_server(settings: McpSettings) -> McpServer:
 
     # -- writes ----------------------------------------------------------------
 
-    @write(destructive=False)
-    async def create_namespace(namespace: Namespace, ctx: Context) -> dict[str, Any]:
-        """Namespace names are letters, digits, '_' and '-'."""
-        namespace = _namespace(namespace)
-        await broker.admin(ctx, lambda c: c.create_namespace(namespace))
-        return {"created_namespace": namespace}
-
-    @write(destructive=True)
-    async def delete_namespace(namespace: Namespace, ctx: Context) -> dict[str, Any]:
-        """The namespace must have no topics."""
-        namespace = _namespace(namespace)
-        await broker.admin(ctx, lambda c: c.delete_namespace(namespace))
-        return {"deleted_namespace": namespace}
-
-    @write(destructive=False)
-    async def create_topic(topic: Topic, ctx: Context, partitions: int = 0,
-                           dispatch_strategy: Literal["non_reliable", "reliable"] = "non_reliable") -> dict[str, Any]:
-        """`partitions` 0 makes a non-partitioned topic; reliable topics are stored and redelivered until acked."""
-        strategy = DispatchStrategy[dispatch_strategy.upper()]
-        await broker.admin(ctx, lambda c: c.create_topic(topic, partitions, strategy))
-        return {"created_topic": topic, "partitions": partitions, "dispatch_strategy": dispatch_strategy}
-
-    @write(destructive=True)
-    async def delete_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
-        """Its messages and subscriptions are gone."""
-        await broker.admin(ctx, lambda c: c.delete_topic(topic))
-        return {"deleted_topic": topic}
-
-    @write(destructive=False)
-    async def unload_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
-        """Offsets continue on the next broker."""
-        await broker.admin(ctx, lambda c: c.unload_topic(topic))
-        return {"unloaded_topic": topic}
-
-    @write(destructive=True)
-    async def unsubscribe(topic: Topic, subscription: Subscription, ctx: Context) -> dict[str, Any]:
-        """Its consumers are closed."""
-        await broker.admin(ctx, lambda c: c.unsubscribe(topic, subscription))
-        return {"topic": topic, "deleted_subscription": subscription}
-
-    @write(destructive=True)
-    async def seek_subscription(topic: Topic, subscription: Subscription, ctx: Context, offset: int | None = None,
-                                publish_time_ms: int | None = None) -> dict[str, Any]:
-        """Exactly one of `offset` (one partition) and `publish_time_ms` (ms since the epoch)."""
-        await broker.admin(ctx, lambda c: c.seek_subscription(topic, subscription, offset=offset,
-                                                              publish_time=publish_time_ms))
-        return {"topic": topic, "subscription": subscription, "offset": offset, "publish_time_ms": publish_time_ms}
-
     @write(destructive=False, idempotent=True)
     async def set_failure_policy(topic: Topic, subscription: Subscription, ctx: Context, max_redelivery_count: int | None = None,
                                  ack_timeout_ms: int | None = None, base_redelivery_delay_ms: int | None = None,
@@ -547,49 +449,6 @@ def build_server(settings: McpSettings) -> McpServer:
             base_redelivery_delay_ms=base_redelivery_delay_ms, max_redelivery_delay_ms=max_redelivery_delay_ms,
             backoff=backoff, poison_policy=poison_policy, dead_letter_topic=dead_letter_topic))
         return _jsonable(policy)
-
-    @write(destructive=False, idempotent=True)
-    async def set_dispatch_config(topic: Topic, subscription: Subscription, max_unacked_messages: int,
-                                  ctx: Context) -> dict[str, Any]:
-        """1..10000 unacknowledged deliveries per consumer, at once and on every partition."""
-        await broker.admin(ctx, lambda c: c.set_dispatch_config(topic, subscription,
-                                                               max_unacked_messages=max_unacked_messages))
-        return {"topic": topic, "subscription": subscription, "max_unacked_messages": max_unacked_messages}
-
-    @write(destructive=False, idempotent=True)
-    async def set_namespace_limits(namespace: Namespace, ctx: Context, topics_max: int | None = None,
-                                   partitions_max: int | None = None) -> dict[str, Any]:
-        """Only the limits given change; creates past them are refused, existing topics kept."""
-        namespace = _namespace(namespace)
-        if topics_max is None and partitions_max is None:
-            raise ToolError("give topics_max or partitions_max (or both)")
-        await broker.admin(ctx, lambda c: c.set_namespace_limits(namespace, topics_max=topics_max,
-                                                                partitions_max=partitions_max))
-        return {"namespace": namespace, "topics_max": topics_max, "partitions_max": partitions_max}
-
-    @write(destructive=False, idempotent=True)
-    async def set_backlog_quota(limit_bytes: int, policy: Literal["producer_request_hold", "producer_exception",
-                                                                  "consumer_backlog_eviction"],
-                                ctx: Context, namespace: QuotaNamespace = None, topic: QuotaTopic = None) -> dict[str, Any]:
-        """Of exactly one of `namespace` and `topic`; limit_bytes 0 is no limit; consumer_backlog_eviction
-        makes the slowest subscriptions skip their oldest messages."""
-        if (namespace is None) == (topic is None):
-            raise ToolError("give exactly one of namespace and topic")
-        if topic is not None:
-            await broker.admin(ctx, lambda c: c.set_topic_backlog_quota(topic, limit_bytes=limit_bytes, policy=policy))
-            return {"topic": topic, "limit_bytes": limit_bytes, "policy": policy}
-        name = _namespace(namespace or "")
-        await broker.admin(ctx, lambda c: c.set_namespace_backlog_quota(name, limit_bytes=limit_bytes, policy=policy))
-        return {"namespace": name, "limit_bytes": limit_bytes, "policy": policy}
-
-    @write(destructive=False, idempotent=True)
-    async def configure_topic_schema(topic: Topic, subject: Subject, ctx: Context,
-                                     validation_policy: Literal["none", "warn", "enforce"] = "none",
-                                     payload_validation: bool = False) -> dict[str, Any]:
-        """enforce refuses messages without the topic's schema."""
-        info = await broker.admin(ctx, lambda c: c.configure_topic_schema(
-            topic, subject, validation_policy=validation_policy, payload_validation=payload_validation))
-        return _jsonable(info)
 
     @write(destructive=False)
     async def register_schema(subject: Subject, schema_type: SchemaType, definition: Definition, ctx: Context,
@@ -604,46 +463,6 @@ def build_server(settings: McpSettings) -> McpServer:
     async def set_schema_compatibility_mode(subject: Subject, mode: str, ctx: Context) -> dict[str, Any]:
         """Later registrations are checked against it."""
         return {"subject": subject, "mode": await broker.schemas(ctx, lambda c: c.set_compatibility(subject, mode))}
-
-    @write(destructive=False)
-    async def rebalance_cluster(ctx: Context, dry_run: bool = True, max_moves: int | None = None) -> dict[str, Any]:
-        """With dry_run (the default) only the planned moves are returned."""
-        return _jsonable(await broker.admin(ctx, lambda c: c.rebalance(dry_run=dry_run, max_moves=max_moves)))
-
-    @write(destructive=False)
-    async def unload_broker(broker_id: BrokerId, ctx: Context) -> dict[str, Any]:
-        """It takes no new topics until activate_broker."""
-        return _jsonable(await broker.admin(ctx, lambda c: c.unload_broker(broker_id)))
-
-    @write(destructive=False, idempotent=True)
-    async def activate_broker(broker_id: BrokerId, ctx: Context) -> dict[str, Any]:
-        """Undoes unload_broker."""
-        await broker.admin(ctx, lambda c: c.activate_broker(broker_id))
-        return {"activated_broker": broker_id}
-
-    @write(destructive=False)
-    async def create_role(name: str, permissions: list[str], ctx: Context) -> dict[str, Any]:
-        """Permissions by Danube's names: Lookup, Produce, Consume, ManageTopic, ManageNamespace, ..."""
-        await broker.admin(ctx, lambda c: c.create_role(name, permissions))
-        return {"created_role": name, "permissions": permissions}
-
-    @write(destructive=True)
-    async def delete_role(name: str, ctx: Context) -> dict[str, Any]:
-        """Principals bound to it lose its permissions."""
-        await broker.admin(ctx, lambda c: c.delete_role(name))
-        return {"deleted_role": name}
-
-    @write(destructive=False)
-    async def create_binding(principal: str, roles: list[str], scope: str, ctx: Context,
-                             principal_type: Literal["user", "service_account"] = "user") -> dict[str, Any]:
-        """scope: cluster, namespace:NS or topic:/ns/t. Returns the binding and its id."""
-        return _jsonable(await broker.admin(ctx, lambda c: c.create_binding(principal, principal_type, roles, scope)))
-
-    @write(destructive=True)
-    async def delete_binding(binding_id: str, ctx: Context) -> dict[str, Any]:
-        """The principal loses the binding's roles at its scope."""
-        await broker.admin(ctx, lambda c: c.delete_binding(binding_id))
-        return {"deleted_binding": binding_id}
 
     # -- prompts and the metrics resource ----------------------------------------
 

@@ -102,6 +102,7 @@ from danube_zmq.transport.admin_protocol import (
     Unsubscribe,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy
+from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import InvalidArgument, PermissionDenied
 from danube_zmq.transport.topic_name import parse_topic, validate_namespace
@@ -127,6 +128,11 @@ class AdminClient(RequestClient):
                  **curve: Any) -> None:
         """`curve`: server_public_key, client_keys, token, token_provider, use_env, as `RequestClient`."""
         super().__init__(endpoint, timeout_ms=timeout_ms, client_name=client_name, **curve)
+
+    async def perform(self, request: type[Message], **params: Any) -> Message:
+        """Any admin operation by its request type (transport/admin_operations.py): its
+        reply (`Ok` for one that answers nothing more), or the broker's refusal raised."""
+        return await self._call(lambda rid: request(request_id=rid, **params), Message)
 
     # -- namespaces ------------------------------------------------------
 

@@ -433,6 +433,24 @@ def _query(request: Request, name: str) -> str:
     return value
 
 
+# The admin operations (transport/admin_operations.py) each action performs.
+ACTIONS: dict[str, tuple[str, ...]] = {
+    "/actions/topics/create": ("create_topic",),
+    "/actions/topics/delete": ("delete_topic",),
+    "/actions/topics/unload": ("unload_topic",),
+    "/actions/topics/policies": ("set_topic_policies", "remove_topic_policies"),
+    "/actions/namespaces/policies": ("set_topic_policies", "remove_topic_policies"),
+    "/actions/subscriptions/seek": ("seek_subscription",),
+}
+
+
+def _checked_actions(handlers: dict[str, Any]) -> dict[str, Any]:
+    """The action handlers, each with its operations in `ACTIONS` (a route with none fails at start)."""
+    if set(handlers) != set(ACTIONS):
+        raise AssertionError(f"console actions without operations: {sorted(set(handlers) ^ set(ACTIONS))}")
+    return handlers
+
+
 def _routes(console: Console) -> list[Any]:
     backend = console.backend
 
@@ -555,12 +573,10 @@ def _routes(console: Console) -> list[Any]:
         Route("/schema", console.page("Schema", "schema.html", schema_page)),
         Route("/security", console.page("Security", "security.html", lambda r, s: backend.security(s.token))),
         Route("/api/topic-series", console.topic_series),
-        Route("/actions/topics/create", console.action(create_topic), methods=["POST"]),
-        Route("/actions/topics/delete", console.action(delete_topic), methods=["POST"]),
-        Route("/actions/topics/unload", console.action(unload_topic), methods=["POST"]),
-        Route("/actions/topics/policies", console.action(topic_policies), methods=["POST"]),
-        Route("/actions/namespaces/policies", console.action(namespace_policies), methods=["POST"]),
-        Route("/actions/subscriptions/seek", console.action(seek), methods=["POST"]),
+        *(Route(path, console.action(run), methods=["POST"]) for path, run in _checked_actions({
+            "/actions/topics/create": create_topic, "/actions/topics/delete": delete_topic,
+            "/actions/topics/unload": unload_topic, "/actions/topics/policies": topic_policies,
+            "/actions/namespaces/policies": namespace_policies, "/actions/subscriptions/seek": seek}).items()),
         Route("/static/plotly.min.js", plotly),
         Route("/favicon.ico", favicon),
         Mount("/static", static),

@@ -1,6 +1,7 @@
 """The permission table: what every request of the client and admin protocols needs.
 
-One entry per request type (`REQUIREMENTS`); every other message of the two protocols
+One entry per request type (`REQUIREMENTS`; an admin request's is declared with its
+operation, transport/admin_operations.py); every other message of the two protocols
 is an answer or a push (`ANSWERS`) and is never accepted from a peer. A message in
 neither is refused by `authorize` (no bypass by omission), and a test fails CI for
 any message type of either protocol left out of both.
@@ -39,6 +40,7 @@ from danube_zmq.security.rbac import Decision, Permission, Policy, Principal, Pr
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import common
+from danube_zmq.transport.admin_operations import OPERATIONS
 from danube_zmq.transport.codec import Message
 
 __all__ = [
@@ -113,6 +115,9 @@ _CONSUMER = ById("consumer", "consumer_id")
 
 P = Permission
 
+_LOCATORS: dict[str, Locator] = {"cluster": CLUSTER, "namespace": _NAMESPACE, "topic": _TOPIC,
+                                 "topic_or_namespace": FirstOf((_TOPIC, _NAMESPACE))}
+
 
 def _each(permission: Permission, resource: Locator, *types: type[Message]) -> dict[type[Message], Requirement]:
     requirement = Requirement(permission, resource)
@@ -136,29 +141,8 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
     **_each(P.LOOKUP, _SUBJECT, cp.ListSchemaVersions, cp.GetCompatibility, cp.CheckSchema),
     cp.GetSchema: Requirement(P.LOOKUP, FirstOf((_SUBJECT, SchemaById("schema_id")))),
     cp.ListSubjects: Requirement(P.LOOKUP, CLUSTER),
-    # ---- admin port: namespaces and their policies
-    ap.ListNamespaces: Requirement(P.MANAGE_NAMESPACE, CLUSTER),
-    **_each(P.MANAGE_NAMESPACE, _NAMESPACE, ap.CreateNamespace, ap.DeleteNamespace, ap.SetNamespaceLimits,
-            ap.GetNamespaceLimits, ap.RemoveNamespaceLimits, ap.SetAutoTopicCreation, ap.GetAutoTopicCreation,
-            ap.RemoveAutoTopicCreation),
-    **_each(P.MANAGE_NAMESPACE, FirstOf((_TOPIC, _NAMESPACE)), ap.SetBacklogQuota, ap.GetBacklogQuota,
-            ap.RemoveBacklogQuota, ap.SetTopicPolicies, ap.GetTopicPolicies, ap.RemoveTopicPolicies),
-    # topics and subscriptions
-    ap.ListTopics: Requirement(P.MANAGE_TOPIC, _NAMESPACE),
-    **_each(P.MANAGE_TOPIC, _TOPIC, ap.CreateTopic, ap.DeleteTopic, ap.DescribeTopic, ap.ListSubscriptions,
-            ap.Unsubscribe, ap.SeekSubscription, ap.SetFailurePolicy, ap.GetFailurePolicy, ap.SetDispatchConfig,
-            ap.GetDispatchConfig, ap.UnloadTopic, ap.RepairTopic, ap.ReassignTopic),
-    ap.ConfigureTopicSchema: Requirement(P.MANAGE_SCHEMA, _TOPIC),
-    ap.GetTopicSchemaConfig: Requirement(P.LOOKUP, _TOPIC),
-    # brokers and the cluster
-    **_each(P.MANAGE_BROKER, CLUSTER, ap.ListBrokers, ap.GetClusterBalance, ap.UnloadBroker, ap.ActivateBroker,
-            ap.ClusterStatus),
-    **_each(P.MANAGE_CLUSTER, CLUSTER, ap.RebalanceCluster, ap.AddClusterNode, ap.PromoteClusterNode,
-            ap.RemoveClusterNode),
-    **_each(P.MANAGE_CLUSTER, CLUSTER, ap.MetadataGet, ap.MetadataList, ap.MetadataPut, ap.MetadataCompareAndSwap,
-            ap.MetadataDelete),
-    **_each(P.MANAGE_CLUSTER, CLUSTER, ap.CreateSnapshot, ap.ListSnapshots, ap.DescribeSnapshot, ap.DeleteSnapshot),
-    **_each(P.MANAGE_CLUSTER, CLUSTER, *ap.SECURITY_REQUESTS),
+    # ---- admin port: declared with each operation (transport/admin_operations.py)
+    **{op.request: Requirement(P(op.permission), _LOCATORS[op.resource]) for op in OPERATIONS},
     # broker to broker: a move's WAL hand-over
     **{t: BROKER_ONLY for t in ap.HANDOVER_REQUESTS},
 }
