@@ -41,6 +41,7 @@ from danube_zmq.actors.grpc_door import abort_with, caller_of, native_target
 from danube_zmq.actors.grpc_door_auth import Caller, DoorSecurity
 from danube_zmq.actors.grpc_door_limits import ADMIN_CALLS_MAX, DoorLimits
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.transport.admin_operations import by_name
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as pb_grpc
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Unavailable
@@ -51,18 +52,33 @@ _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("grpc_admin_cal
 Rpc = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def gateway(rpc: Rpc) -> Rpc:
-    """End the call with Danube's gRPC status for the `DanubeError` our admin API raised."""
+def gateway(*operations: str) -> Callable[[Rpc], Rpc]:
+    """An RPC served by the admin `operations` it names (transport/admin_operations.py:
+    an undeclared name fails at import); the call ends with Danube's gRPC status for
+    the `DanubeError` our admin API raised. The names are the door's table
+    (`served_rpcs`, docs/danube-compat.md): what each RPC does here and the
+    permissions it needs follow from them."""
+    for name in operations:
+        by_name(name)
 
-    @functools.wraps(rpc)
-    async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        _CALLER.set(await caller_of(context, self.door.security))
-        try:
-            return await rpc(self, request, context)
-        except DanubeError as exc:
-            await abort_with(context, exc)
+    def wrap(rpc: Rpc) -> Rpc:
+        @functools.wraps(rpc)
+        async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            _CALLER.set(await caller_of(context, self.door.security))
+            try:
+                return await rpc(self, request, context)
+            except DanubeError as exc:
+                await abort_with(context, exc)
 
-    return call
+        call.operations = operations  # type: ignore[attr-defined]
+        return call
+
+    return wrap
+
+
+def served_rpcs(servicer: type) -> dict[str, tuple[str, ...]]:
+    """RPC name -> the admin operations it performs, for each RPC `servicer` serves."""
+    return {name: fn.operations for name, fn in vars(servicer).items() if hasattr(fn, "operations")}
 
 
 async def unimplemented(context: grpc.aio.ServicerContext, why: str) -> NoReturn:
@@ -142,7 +158,7 @@ class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):
     def __init__(self, door: GrpcAdminDoor) -> None:
         self.door = door
 
-    @gateway
+    @gateway("list_brokers")
     async def ListBrokers(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             brokers = await admin.list_brokers()
@@ -155,7 +171,7 @@ class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):
                           broker_status=b.status)
             for b in brokers])
 
-    @gateway
+    @gateway("list_brokers")
     async def GetLeaderBroker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # Danube's leader broker is its Raft leader; ours is the broker whose load manager
         # leads (ListBrokers' role "leader", or the only one standalone).
@@ -166,12 +182,12 @@ class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):
             raise Unavailable("no broker leads the cluster right now; try again")
         return pb.BrokerResponse(leader=str(leader.broker_id))
 
-    @gateway
+    @gateway("list_namespaces")
     async def ListNamespaces(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             return pb.NamespaceListResponse(namespaces=await admin.list_namespaces())
 
-    @gateway
+    @gateway("unload_broker")
     async def UnloadBroker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.dry_run or request.namespaces_include or request.namespaces_exclude:
             await unimplemented(context, "our unload moves every topic of the broker and has no dry run or namespace"
@@ -182,13 +198,13 @@ class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):
         return pb.UnloadBrokerResponse(started=True, total=len(moved.moves), succeeded=0, failed=0,
                                        pending=len(moved.moves))
 
-    @gateway
+    @gateway("activate_broker")
     async def ActivateBroker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.activate_broker(_broker_id(request.broker_id))
         return pb.ActivateBrokerResponse(success=True)
 
-    @gateway
+    @gateway("get_cluster_balance")
     async def GetClusterBalance(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             balance = await admin.cluster_balance()
@@ -200,7 +216,7 @@ class BrokerAdminDoor(pb_grpc.BrokerAdminServicer):
                                        is_overloaded=b.overloaded, is_underloaded=b.underloaded)
                      for b in balance.brokers])
 
-    @gateway
+    @gateway("rebalance_cluster")
     async def TriggerRebalance(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         max_moves = request.max_moves if request.HasField("max_moves") else None
         async with self.door.admin() as admin:
@@ -216,7 +232,7 @@ class ClusterAdminDoor(pb_grpc.ClusterAdminServicer):
     def __init__(self, door: GrpcAdminDoor) -> None:
         self.door = door
 
-    @gateway
+    @gateway("cluster_status")
     async def ClusterStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             status = await admin.cluster_status()
@@ -227,7 +243,7 @@ class ClusterAdminDoor(pb_grpc.ClusterAdminServicer):
             learners=[m.node_id for m in status.members if not m.voter],
             self_node_id=status.node_id, raft_addr=(me.address or "") if me is not None else "")
 
-    @gateway
+    @gateway("add_cluster_node")
     async def AddNode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if not request.node_id:
             await unimplemented(context, "our cluster does not ask a new node for its id: give node_id (the new"
@@ -239,13 +255,13 @@ class ClusterAdminDoor(pb_grpc.ClusterAdminServicer):
         return pb.AddNodeResponse(success=True, node_id=request.node_id,
                                   message=f"node {request.node_id} added as a learner")
 
-    @gateway
+    @gateway("promote_cluster_node")
     async def PromoteNode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.promote_node(request.node_id)
         return pb.PromoteNodeResponse(success=True, message=f"node {request.node_id} is a voter")
 
-    @gateway
+    @gateway("remove_cluster_node")
     async def RemoveNode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.remove_node(request.node_id)
@@ -256,26 +272,26 @@ class NamespaceAdminDoor(pb_grpc.NamespaceAdminServicer):
     def __init__(self, door: GrpcAdminDoor) -> None:
         self.door = door
 
-    @gateway
+    @gateway("list_topics")
     async def GetNamespaceTopics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             topics = await admin.list_topics(request.name)
         return pb.TopicListResponse(topics=[name for topic in topics for name in partition_names(topic)])
 
-    @gateway
+    @gateway("get_topic_policies")
     async def GetNamespacePolicies(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             policies = await admin.get_namespace_policies(request.name)
         # Danube answers its policies as a JSON object; ours are named as in `policies:`.
         return pb.PolicyResponse(policies=json.dumps(policies.values, sort_keys=True))
 
-    @gateway
+    @gateway("create_namespace")
     async def CreateNamespace(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.create_namespace(request.name)
         return pb.NamespaceResponse(success=True)
 
-    @gateway
+    @gateway("delete_namespace")
     async def DeleteNamespace(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.delete_namespace(request.name)

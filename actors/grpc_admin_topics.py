@@ -16,7 +16,17 @@ from typing import Any
 
 import grpc
 
-from danube_zmq.actors.grpc_admin_door import GrpcAdminDoor, delivery, gateway, partition_names
+from danube_zmq.actors.grpc_admin_door import (
+    BrokerAdminDoor,
+    ClusterAdminDoor,
+    GrpcAdminDoor,
+    NamespaceAdminDoor,
+    delivery,
+    gateway,
+    partition_names,
+    served_rpcs,
+)
+from danube_zmq.transport.admin_operations import by_name
 from danube_zmq.transport.admin_protocol import BindingInfo
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
@@ -31,13 +41,13 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
     def __init__(self, door: GrpcAdminDoor) -> None:
         self.door = door
 
-    @gateway
+    @gateway("list_topics")
     async def ListNamespaceTopics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             topics = await admin.list_topics(request.name)
         return pb.TopicInfoListResponse(topics=[info for topic in topics for info in _topic_infos(topic)])
 
-    @gateway
+    @gateway("list_namespaces", "list_topics")
     async def ListBrokerTopics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # Ours lists topics per namespace with each partition's broker: every namespace's,
         # kept where the broker is the one asked for.
@@ -46,13 +56,13 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
                      for topic in await admin.list_topics(namespace) for info in _topic_infos(topic)]
         return pb.TopicInfoListResponse(topics=[info for info in infos if info.broker_id == request.broker_id])
 
-    @gateway
+    @gateway("create_topic", "configure_topic_schema")
     async def CreateTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._create(request.name, 0, request.dispatch_strategy,
                            request.schema_subject if request.HasField("schema_subject") else None)
         return pb.TopicResponse(success=True)
 
-    @gateway
+    @gateway("create_topic", "configure_topic_schema")
     async def CreatePartitionedTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.partitions < 1:
             raise InvalidArgument(f"partitions must be at least 1, got {request.partitions}")
@@ -67,30 +77,30 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
                 # Danube binds the subject at creation; ours binds it in a second call.
                 await admin.configure_topic_schema(topic, subject)
 
-    @gateway
+    @gateway("delete_topic")
     async def DeleteTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.delete_topic(request.name)
         return pb.TopicResponse(success=True)
 
-    @gateway
+    @gateway("unload_topic")
     async def UnloadTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.unload_topic(request.name)
         return pb.TopicResponse(success=True)
 
-    @gateway
+    @gateway("list_subscriptions")
     async def ListSubscriptions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             return pb.SubscriptionListResponse(subscriptions=await admin.list_subscriptions(request.name))
 
-    @gateway
+    @gateway("unsubscribe")
     async def Unsubscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.unsubscribe(request.topic, request.subscription)
         return pb.SubscriptionResponse(success=True)
 
-    @gateway
+    @gateway("get_failure_policy", "set_failure_policy")
     async def SetSubscriptionFailurePolicy(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         policy = request.failure_policy
         backoff = next((name for name, value in _BACKOFF.items() if value == policy.backoff_strategy), None)
@@ -107,7 +117,7 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
                 dead_letter_topic=policy.dead_letter_topic if policy.HasField("dead_letter_topic") else "")
         return pb.SubscriptionResponse(success=True)
 
-    @gateway
+    @gateway("get_failure_policy", "describe_topic")
     async def GetSubscriptionFailurePolicy(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             policy = await admin.get_failure_policy(request.topic, request.subscription)
@@ -123,7 +133,7 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
                 backoff_strategy=_BACKOFF[policy.backoff], poison_policy=_POISON[policy.poison_policy],
                 dead_letter_topic=policy.dead_letter_topic))
 
-    @gateway
+    @gateway("describe_topic", "get_topic_schema_config")
     async def DescribeTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             description = await admin.describe_topic(request.name)
@@ -147,14 +157,14 @@ class TopicAdminDoor(pb_grpc.TopicAdminServicer):
                 reply.compatibility_mode = schema.compatibility.upper()
         return reply
 
-    @gateway
+    @gateway("set_dispatch_config")
     async def SetSubscriptionDispatchConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.set_dispatch_config(request.topic, request.subscription,
                                             max_unacked_messages=request.dispatch_config.max_unacked_messages)
         return pb.SubscriptionResponse(success=True)
 
-    @gateway
+    @gateway("get_dispatch_config")
     async def GetSubscriptionDispatchConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             config = await admin.get_dispatch_config(request.topic, request.subscription)
@@ -177,13 +187,13 @@ class SecurityAdminDoor(pb_grpc.SecurityAdminServicer):
     def __init__(self, door: GrpcAdminDoor) -> None:
         self.door = door
 
-    @gateway
+    @gateway("create_role")
     async def CreateRole(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.create_role(request.role.name, list(request.role.permissions))
         return pb.CreateRoleResponse(success=True)
 
-    @gateway
+    @gateway("list_roles")
     async def GetRole(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             roles = await admin.list_roles()
@@ -192,19 +202,19 @@ class SecurityAdminDoor(pb_grpc.SecurityAdminServicer):
             raise NotFound(f"no role {request.name!r}")
         return pb.GetRoleResponse(role=pb.RoleDefinition(name=role.name, permissions=role.permissions))
 
-    @gateway
+    @gateway("list_roles")
     async def ListRoles(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             roles = await admin.list_roles()
         return pb.ListRolesResponse(roles=[pb.RoleDefinition(name=r.name, permissions=r.permissions) for r in roles])
 
-    @gateway
+    @gateway("delete_role")
     async def DeleteRole(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.delete_role(request.name)
         return pb.DeleteRoleResponse(success=True)
 
-    @gateway
+    @gateway("create_binding")
     async def CreateBinding(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         b = request.binding
         async with self.door.admin() as admin:
@@ -212,7 +222,7 @@ class SecurityAdminDoor(pb_grpc.SecurityAdminServicer):
                                        _scope(b.scope, b.resource_name))
         return pb.CreateBindingResponse(success=True)
 
-    @gateway
+    @gateway("list_bindings")
     async def GetBinding(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         scope = _scope(request.scope, request.resource_name)
         async with self.door.admin() as admin:
@@ -222,20 +232,20 @@ class SecurityAdminDoor(pb_grpc.SecurityAdminServicer):
             raise NotFound(f"no binding {request.binding_id!r} at {scope}")
         return pb.GetBindingResponse(binding=_binding(found))
 
-    @gateway
+    @gateway("list_bindings")
     async def ListBindings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         scope = _scope(request.scope, request.resource_name)
         async with self.door.admin() as admin:
             bindings = await admin.list_bindings()
         return pb.ListBindingsResponse(bindings=[_binding(b) for b in bindings if b.scope == scope])
 
-    @gateway
+    @gateway("list_bindings")
     async def ListAllBindings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             bindings = await admin.list_bindings()
         return pb.ListBindingsResponse(bindings=[_binding(b) for b in bindings])
 
-    @gateway
+    @gateway("delete_binding")
     async def DeleteBinding(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self.door.admin() as admin:
             await admin.delete_binding(request.binding_id)
@@ -257,3 +267,17 @@ def _binding(b: BindingInfo) -> Any:
     scope, _, resource = b.scope.partition(":")
     return pb.BindingDefinition(id=b.binding_id, principal_type=b.principal_type, principal_name=b.principal,
                                 role_names=b.roles, scope=scope, resource_name=resource)
+
+
+def door_table() -> list[tuple[str, str, str]]:
+    """(service.RPC, the admin operations it performs, the permissions they need) for
+    every RPC the admin door serves, from the operations each names: the table in
+    docs/danube-compat.md (a test checks the two agree)."""
+    rows = []
+    for service, door in (("BrokerAdmin", BrokerAdminDoor), ("ClusterAdmin", ClusterAdminDoor),
+                          ("NamespaceAdmin", NamespaceAdminDoor), ("TopicAdmin", TopicAdminDoor),
+                          ("SecurityAdmin", SecurityAdminDoor)):
+        for rpc, operations in served_rpcs(door).items():
+            permissions = sorted({by_name(name).permission for name in operations})
+            rows.append((f"{service}.{rpc}", ", ".join(f"`{name}`" for name in operations), ", ".join(permissions)))
+    return rows

@@ -4,7 +4,7 @@ line each), the permission it needs and on what, and whether it changes the clus
 
     OPERATIONS ──▶ security/requirements.py   the permission table's admin rows
                ──▶ cli/mcp_server.py          the MCP tools of single operations
-               ──▶ actors/grpc_admin_door.py  Danube's admin RPCs, each naming its operations
+               ──▶ actors/grpc_admin_door.py  Danube's admin RPCs, each naming its operations (its table in docs)
                ◀── checked: every `danube admin` command and console action names the
                    operation it performs, and takes its parameters (tests)
 

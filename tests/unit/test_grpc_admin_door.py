@@ -66,3 +66,23 @@ async def test_admin_door_url_is_https_when_it_serves_tls(tmp_path: Path) -> Non
             assert host == f"{scheme}://127.0.0.1" and int(port) > 0, door.url
         finally:
             await door.stop()
+
+
+def test_every_admin_rpc_names_declared_operations_and_the_docs_table_is_the_doors() -> None:
+    """Each RPC of Danube's five admin services is served here naming the admin operations
+    it performs (an undeclared name fails at import); docs/danube-compat.md's table is
+    `door_table()` row for row."""
+    from danube_zmq.actors.grpc_admin_topics import door_table
+    from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
+
+    rows = door_table()
+    served = {rpc for rpc, _, _ in rows}
+    wanted = {f"{service.name}.{method.name}" for service in pb.DESCRIPTOR.services_by_name.values()
+              for method in service.methods}
+    assert served == wanted
+    assert all(operations for _, operations, _ in rows)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "danube-compat.md").read_text()
+    table = doc.split("<!-- door table:")[1].split("<!-- end door table -->")[0]
+    documented = [tuple(cell.strip() for cell in line.strip("|").split("|"))
+                  for line in table.splitlines()[3:] if line.startswith("|")]
+    assert documented == rows
