@@ -95,8 +95,9 @@ class BacklogQuota:
         refusal = self._disk_refusal()
         if refusal is not None:
             raise refused_first(producer, msg, ResourceExhausted(refusal))
-        refusal = self.segments.refusal()
-        if refusal is not None:
+        segments = self.segments
+        # No call per send unless receipts wait for their segments (seal_every_flush).
+        if segments.receipts_held and (refusal := segments.refusal()) is not None:
             raise refused_first(producer, msg, ResourceExhausted(refusal))
         if self.held or self.over_quota():
             if self.quota_policy == "producer_exception":

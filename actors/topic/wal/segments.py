@@ -80,7 +80,8 @@ class DurableSegments:
 
     # ------------------------------------------------------------- receipts held
     def refusal(self) -> str | None:
-        """Why a send is refused for the receipts held already, or None."""
+        """Why a send is refused for the receipts held already, or None (none held: never,
+        `receipts_held_max` is at least 1)."""
         if len(self.receipts_held) < self.config.storage.receipts_held_max:
             return None
         return (f"topic {self.topic}: {len(self.receipts_held)} receipts wait for their segments' uploads"
