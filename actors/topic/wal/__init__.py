@@ -68,7 +68,7 @@ from danube_zmq.transport.internal_protocol import (
 
 log = logging.getLogger("danube_zmq.topic")
 
-__all__ = ["WalStorage", "publish_cursor_tail"]
+__all__ = ["WalStorage"]
 
 
 class WalStorage:
