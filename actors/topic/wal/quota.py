@@ -77,8 +77,9 @@ class BacklogQuota:
         self.backlog_bytes = 0
         # The quota in force: the topic's or its namespace's from the metadata store
         # (the broker passes it and tells changes), else the broker's `policies`.
-        self.quota_bytes_max, self.quota_policy = backlog_quota or (
+        quota: tuple[int, str] = backlog_quota or (
             config.policies.backlog_quota_bytes_max, config.policies.backlog_quota_policy)
+        self.quota_bytes_max, self.quota_policy = quota
         self.held: deque[_Held] = deque()
         self.held_bytes = 0
         self.held_timer = False
