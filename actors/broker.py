@@ -82,7 +82,7 @@ from danube_zmq.actors.ownership import (
 )
 from danube_zmq.actors.pending_tells import PendingTells
 from danube_zmq.actors.topic import make_topic
-from danube_zmq.actors.topic.wal_storage import publish_cursor_tail
+from danube_zmq.actors.topic.wal.writer import publish_cursor_tail
 from danube_zmq.actors.topic_registry import Resolved, TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.state_machine import WatchEvent

@@ -30,7 +30,6 @@ from danube_zmq.actors.broker import BrokerActor
 from danube_zmq.actors.metrics import TOPIC_SERIES
 from danube_zmq.actors.subscription.shell import SubscriptionActor
 from danube_zmq.actors.topic.shell import TopicActor
-from danube_zmq.actors.topic.wal_storage import WalStorage
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.security.curve import Credentials, CredentialsStatistics
 from danube_zmq.storage.durable.uploader import UploaderStatistics
@@ -132,8 +131,8 @@ class BrokerCollector:
                 sub.backlog_messages += counts.backlog_messages
                 if counts.pending_bytes is not None:
                     sub.backlog_bytes += counts.pending_bytes
-                elif counts.cursor is not None and isinstance(topic.storage, WalStorage):
-                    sub.backlog_bytes += topic.storage.backlog_bytes_after(counts.cursor, counts.backlog_messages) or 0
+                elif counts.cursor is not None and (wal := topic.storage.reliable_log) is not None:
+                    sub.backlog_bytes += wal.backlog_bytes_after(counts.cursor, counts.backlog_messages) or 0
                 sub.lag_messages += counts.lag_messages
                 sub.unacked_messages += counts.unacked_messages
                 sub.redeliveries += counts.redeliveries

@@ -13,7 +13,7 @@ It drives the real pure cores and encoders; only the workload is synthetic (seed
    every changed cursor per broker every `storage.cursor_flush_interval_ms`;
    `lease_keeper.py`/`lease.py`: a `PutWithTtl` every third of `cluster.lease_ttl_ms`;
    `load_reporter.py`: a `PutWithTtl` of the broker's report every
-   `load_manager.report_interval_ms`; `topic/wal_storage.py`: offset reservations of
+   `load_manager.report_interval_ms`; `topic/wal/commit.py`: offset reservations of
    `max(4096, 2 s of sends)` rounded up to a power of two, asked for at half), with the
    byte sizes of the real encoded commands (`encode_command`, Raft `Entry`). A cursor
    changes in a flush interval when its topic got a message in it (Poisson:
@@ -74,7 +74,7 @@ from danube_zmq.transport import cluster_records as cr
 CURSOR_FLUSH_INTERVAL_MS = 100  # storage.cursor_flush_interval_ms
 LEASE_TTL_MS = 6_000  # cluster.lease_ttl_ms; renewed every third (lease.py)
 REPORT_INTERVAL_MS = 30_000  # load_manager.report_interval_ms
-RESERVE_MIN, RESERVE_MAX, RESERVE_AHEAD_S = 4096, 1 << 22, 2.0  # actors/topic/wal_storage.py
+RESERVE_MIN, RESERVE_MAX, RESERVE_AHEAD_S = 4096, 1 << 22, 2.0  # actors/topic/wal/commit.py
 # Measured Raft capacity (docs/performance.md, "The Raft metadata store"): 3 brokers on
 # loopback, 100 B puts, every append fsynced.
 RAFT_SEQUENTIAL_PUTS_S = 369

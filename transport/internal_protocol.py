@@ -344,7 +344,7 @@ class PersistCursor(Message):
     policy: FailurePolicyState | None = None
     max_unacked_messages: int | None = None
     # How many seeks the subscription had made when it sent this (storage.mode local:
-    # the topic drops a record older than a seek it made durable, `WalStorage.seek_durable`).
+    # the topic drops a record older than a seek it made durable, `WalCursors.seek_durable`).
     seeks: int = 0
 
 

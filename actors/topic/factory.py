@@ -10,7 +10,7 @@ from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.topic.memory_tail import MemoryTail
 from danube_zmq.actors.topic.shell import TopicActor
 from danube_zmq.actors.topic.storage import TopicStorage
-from danube_zmq.actors.topic.wal_storage import WalStorage
+from danube_zmq.actors.topic.wal import WalStorage
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.internal_protocol import ApplyTopicPolicies, DurableSegment
 
@@ -30,8 +30,7 @@ def make_topic(*, name: str, dispatch_strategy: int, config: BrokerConfig, rng: 
     storage: TopicStorage
     if dispatch_strategy == cp.DispatchStrategy.RELIABLE:
         assert wal_dir is not None and executor is not None, "a reliable topic needs a WAL directory and an executor"
-        storage = WalStorage(name=name, config=config, wal_dir=wal_dir, executor=executor,
-                             cursor_endpoint=cursor_endpoint, broker_endpoint=broker_endpoint, durable=durable,
+        storage = WalStorage(name=name, config=config, wal_dir=wal_dir, executor=executor, durable=durable,
                              cache_dir=cache_dir, start_offset=start_offset, backlog_quota=backlog_quota)
     else:
         storage = MemoryTail(config=config, start_offset=start_offset or 0)

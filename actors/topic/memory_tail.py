@@ -14,22 +14,19 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.gateway import reply_client
 from danube_zmq.actors.subscription import RuleDelivery
+from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import PartitionInfo
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Unavailable
 from danube_zmq.transport.internal_protocol import INTERNAL_PROTOCOL, ClientRequest, Publish
 
-if TYPE_CHECKING:
-    from danube_zmq.actors.topic.shell import TopicActor
-
 
 class MemoryTail:
     reliable = False
+    reliable_log = None  # no log: its topic counts a WAL topic's messages as unrecognized
 
     def __init__(self, *, config: BrokerConfig, start_offset: int = 0) -> None:
         self.config = config
@@ -41,8 +38,8 @@ class MemoryTail:
         self.tail_messages = 0
         self.tail_bytes = 0
 
-    def bind(self, shell: TopicActor) -> None:
-        self.shell = shell
+    def bind(self, port: TopicPort) -> None:
+        self.port = port
 
     async def start(self) -> None:
         pass
@@ -51,22 +48,25 @@ class MemoryTail:
         pass
 
     def send(self, req: ClientRequest, msg: cp.Send) -> None:
-        shell = self.shell
-        producer = shell.attached_producer(msg.producer_id, req.identity)
+        port = self.port
+        producer = port.attached_producer(msg.producer_id, req.identity)
         if self.sealed:
-            raise Unavailable(f"topic {shell.topic} is moving to another broker; send again")
-        schema_id, schema_version = shell.schema_of(producer, msg)
+            raise Unavailable(f"topic {port.topic} is moving to another broker; send again")
+        schema_id, schema_version = port.schema_of(producer, msg)
         count = len(msg.payloads)
         base_offset = self.next_offset
         self.next_offset += count
-        reply_client(shell.system, req.identity, cp.SendReceipt(
+        port.reply(req.identity, cp.SendReceipt(
             request_id=msg.request_id, producer_id=msg.producer_id, offsets=list(range(base_offset, self.next_offset))))
-        shell.count_in(count, cp.batch_bytes(msg.payloads, msg.keys, msg.attributes))
+        port.count_in(count, cp.batch_bytes(msg.payloads, msg.keys, msg.attributes))
         publish = Publish(
-            topic=shell.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
+            topic=port.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=base_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
             schema_id=schema_id, schema_version=schema_version)
-        shell.dropped_messages += count * shell.publish(publish)
+        # One object to every subscription: delivery sides only read it.
+        missed = port.tell_subscriptions(publish)
+        if missed:
+            port.count_dropped(count * missed)
         self._keep(publish, count, len(req.frame))
 
     def _keep(self, publish: Publish, count: int, size: int) -> None:
@@ -90,14 +90,14 @@ class MemoryTail:
         if msg.start_offset is not None:
             raise InvalidArgument("a start offset applies to reliable topics only")
         config = self.config
-        await self.shell.spawn_subscription(msg.subscription, msg.sub_type,
+        await self.port.spawn_subscription(msg.subscription, msg.sub_type,
                                             lambda: RuleDelivery(sub_type=msg.sub_type, config=config))
         if msg.initial_position == cp.InitialPosition.EARLIEST:
             return [INTERNAL_PROTOCOL.encode(publish) for publish, _, _ in self.tail]
         return []
 
     async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
-        raise FailedPrecondition(f"topic {self.shell.topic} is not reliable: seek applies to reliable topics only")
+        raise FailedPrecondition(f"topic {self.port.topic} is not reliable: seek applies to reliable topics only")
 
     def forget_subscription(self, name: str) -> None:
         pass

@@ -5,9 +5,12 @@ stores and how it publishes is its storage side, chosen at spawn (`factory.make_
 - `MemoryTail` (`memory_tail.py`, non-reliable): offsets assigned at once, a receipt,
   one `Publish` to every subscription, the last `tail_messages_max` messages kept for
   `earliest` subscribers.
-- `WalStorage` (`wal_storage.py`, reliable): WAL appends with group commit, offset
+- `WalStorage` (`wal/`, reliable): WAL appends with group commit, offset
   reservations, reads for lagging subscriptions, durable segments, retention, the
   backlog quota, snapshots.
+
+The storage side sees the shell only through a `port.ShellPort` (`storage.TopicPort`),
+bound at start; the shell sees the storage only through `storage.TopicStorage`.
 
 1. CreateProducer -> check limits, re-attach by name -> `ProducerAttached` to the gateway.
 2. Send -> checked here (columns, sizes) -> `storage.send`; over `max_publish_rate` the
@@ -24,8 +27,9 @@ stores and how it publishes is its storage side, chosen at spawn (`factory.make_
    with each change (`ApplyTopicPolicies`), which the topic passes to its subscriptions.
    Subscriptions without a consumer for `subscription_expiration_ms` are removed
    (`expiry.py`, a timer message `ExpireSubscriptions`).
-6. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage;
-   a topic with another storage logs and counts them as unrecognized.
+6. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage's
+   log side (`storage.reliable_log`); a topic whose storage has none logs and counts
+   them as unrecognized.
 
 Client requests reach `handle_<Type>(msg, origin)` through the runtime, which decodes
 them (a `Send` routed by the gateway on its ids alone is decoded here first).
@@ -46,8 +50,8 @@ from danube_zmq.actors.metrics import METRICS, TOPIC_SERIES
 from danube_zmq.actors.rate_limit import TokenBucket
 from danube_zmq.actors.subscription import Delivery, SubscriptionActor
 from danube_zmq.actors.topic.expiry import SubscriptionExpiry
-from danube_zmq.actors.topic.storage import TopicStorage
-from danube_zmq.actors.topic.wal_storage import WalStorage, refused_first
+from danube_zmq.actors.topic.port import ShellPort
+from danube_zmq.actors.topic.storage import ReliableLog, TopicStorage, refused_first
 from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.storage.paths import check_name
@@ -91,7 +95,6 @@ from danube_zmq.transport.internal_protocol import (
     ProducerDetached,
     ProducerRegistry,
     ProducerSchema,
-    Publish,
     PublishTokensDue,
     ReadRequest,
     ReleaseSnapshotCut,
@@ -175,9 +178,9 @@ class TopicActor(Actor):
         self.schema_revision = -1
         self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
         self.expiry = SubscriptionExpiry(self)
-        storage.bind(self)
 
     async def on_start(self) -> None:
+        self.storage.bind(ShellPort(self))
         TOPIC_SERIES.acquire(self.topic, (id(self.system), ""))
         self._messages_in_metric = METRICS.messages_in.labels(topic=self.topic)
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=self.topic)
@@ -221,16 +224,6 @@ class TopicActor(Actor):
         self._messages_in_metric.inc(count)
         self._bytes_in_metric.inc(size)
 
-    def publish(self, publish: Publish) -> int:
-        """Tell a `Publish` to every subscription (one object: delivery sides only read
-        it); returns how many missed it (full mailbox). The subscriptions are guests of
-        this mailbox: it takes the group's local lane."""
-        missed = 0
-        for subscription in self.subscriptions.values():
-            if not self.system.tell_frame(subscription.endpoint, publish):
-                missed += 1
-        return missed
-
     def attached_producer(self, producer_id: int, identity: bytes) -> _Producer:
         producer = self.producers.get(producer_id)
         if producer is None or producer.identity != identity:
@@ -242,9 +235,8 @@ class TopicActor(Actor):
         """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
         each restart of the subscription too)."""
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
-        # storage.mode local: cursors go to this topic's WAL (`WalStorage.persist_cursor`).
-        cursors = self.endpoint if isinstance(self.storage, WalStorage) and self.storage.cursors_in_wal \
-            else self.cursor_endpoint
+        # storage.mode local: cursors go to this topic's WAL (`ReliableLog.persist_cursor`).
+        cursors = self.endpoint if self._cursor_log() is not None else self.cursor_endpoint
         endpoint = await self.system.spawn(
             lambda: SubscriptionActor(topic=topic, name=name, sub_type=sub_type, config=config,
                                       topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery(),
@@ -531,8 +523,8 @@ class TopicActor(Actor):
         subscription = self._reliable_subscription(msg.subscription)
         offset = await self._seek_offset(msg.offset, msg.publish_time)
         answer = await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
-        if isinstance(answer, PersistCursor) and self._cursors_in_wal():
-            await self.storage.seek_durable(answer)  # type: ignore[union-attr]
+        if isinstance(answer, PersistCursor) and (wal := self._cursor_log()) is not None:
+            await wal.seek_durable(answer)
         return Done()
 
     async def handle_ResolveSeek(self, msg: ResolveSeek) -> None:
@@ -541,12 +533,12 @@ class TopicActor(Actor):
         try:
             subscription = self._reliable_subscription(msg.subscription)
             offset = await self._seek_offset(msg.offset, msg.publish_time)
-            if self._cursors_in_wal():
+            if (wal := self._cursor_log()) is not None:
                 # Answered here once the seek's checkpoint is in the WAL: a seek answered
                 # before would be undone by a crash (the WAL's older cursor resumes).
                 answer = await self.system.ask(subscription.endpoint, SeekTo(offset=offset))
                 if isinstance(answer, PersistCursor):
-                    await self.storage.seek_durable(answer)  # type: ignore[union-attr]
+                    await wal.seek_durable(answer)
                 reply_client(self.system, msg.identity, Ok(request_id=msg.request_id))
             elif not self.system.tell(subscription.endpoint, SeekTo(
                     offset=offset, identity=msg.identity, request_id=msg.request_id)):
@@ -557,8 +549,8 @@ class TopicActor(Actor):
     async def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
         answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
         self.subscription_policies[msg.subscription] = msg.policy  # accepted
-        if isinstance(answer, PersistCursor) and isinstance(self.storage, WalStorage):
-            self.storage.settings_changed(answer)
+        if isinstance(answer, PersistCursor) and (wal := self.storage.reliable_log) is not None:
+            wal.settings_changed(answer)
         return answer
 
     async def handle_GetSubscriptionPolicy(self, msg: GetSubscriptionPolicy) -> Message:
@@ -567,15 +559,17 @@ class TopicActor(Actor):
     async def handle_SetSubscriptionDispatchConfig(self, msg: SetSubscriptionDispatchConfig) -> Message:
         answer = await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
         self.subscription_windows[msg.subscription] = msg.max_unacked_messages  # accepted
-        if isinstance(answer, PersistCursor) and isinstance(self.storage, WalStorage):
-            self.storage.settings_changed(answer)
+        if isinstance(answer, PersistCursor) and (wal := self.storage.reliable_log) is not None:
+            wal.settings_changed(answer)
         return answer
 
     async def handle_GetSubscriptionDispatchConfig(self, msg: GetSubscriptionDispatchConfig) -> Message:
         return await self.system.ask(self._reliable_subscription(msg.subscription).endpoint, msg)
 
-    def _cursors_in_wal(self) -> bool:
-        return isinstance(self.storage, WalStorage) and self.storage.cursors_in_wal
+    def _cursor_log(self) -> ReliableLog | None:
+        """The log side when the subscriptions' cursors are checkpoints in it, else None."""
+        wal = self.storage.reliable_log
+        return wal if wal is not None and wal.cursors_in_wal else None
 
     def _reliable_subscription(self, name: str) -> _Subscription:
         if not self.reliable:
@@ -655,13 +649,15 @@ class TopicActor(Actor):
             wal.release_snapshot_cut(msg)
 
     async def handle_TakeSnapshotCut(self, msg: TakeSnapshotCut) -> Message:
-        if not isinstance(self.storage, WalStorage):
+        wal = self.storage.reliable_log
+        if wal is None:
             raise FailedPrecondition(f"topic {self.topic} is not reliable: snapshots hold reliable topics only")
-        return await self.storage.take_snapshot_cut(msg)
+        return await wal.take_snapshot_cut(msg)
 
-    def _wal(self, msg: Message) -> WalStorage | None:
-        if isinstance(self.storage, WalStorage):
-            return self.storage
+    def _wal(self, msg: Message) -> ReliableLog | None:
+        wal = self.storage.reliable_log
+        if wal is not None:
+            return wal
         self.system.count_unrecognized(self.endpoint)
         log.warning("%s: %s is for reliable topics; dropped", self.name, type(msg).__name__)
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.topic.wal_storage import _eviction_target
+from danube_zmq.actors.topic.wal.quota import eviction_target
 
 
 @given(sizes=st.lists(st.integers(min_value=1, max_value=5000), max_size=200),
@@ -20,7 +20,7 @@ def test_eviction_target_is_the_lowest_offset_that_fits(sizes: list[int], floor_
     def bytes_from(start: int) -> int:
         return sum(sizes[start:end])
 
-    found = _eviction_target(floor, end, bytes_from, target)
+    found = eviction_target(floor, end, bytes_from, target)
     assert floor <= found <= end
     assert bytes_from(found) <= target
     assert found == floor or bytes_from(found - 1) > target

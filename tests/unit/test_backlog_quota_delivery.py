@@ -98,7 +98,7 @@ def _set_topic_quota(replica: FakeReplica, limit_bytes: int, policy: str) -> Non
 def _quota(system: ActorSystem, topic: str) -> tuple[int, str]:
     actor = system.actor(topic)
     assert isinstance(actor, TopicActor) and isinstance(actor.storage, WalStorage)
-    return actor.storage.quota_bytes_max, actor.storage.quota_policy
+    return actor.storage.quota.quota_bytes_max, actor.storage.quota.quota_policy
 
 
 async def _fill(system: ActorSystem, setup: Setup) -> None:

@@ -93,11 +93,11 @@ async def test_a_batch_refused_before_it_is_accepted_is_not_overtaken_by_the_nex
     storage_section = StorageSection(disk_free_bytes_min=1, disk_check_interval_ms=3_600_000)
     async with _reliable_topic(tmp_path, storage_section) as (_, _, storage, sock):
         producer_id = await _attach(sock, "p", None)
-        storage.disk_free_bytes = 0  # the filesystem as the last check found it
-        storage.disk_check_due_ms = 1 << 62  # and no check before the test says
+        storage.quota.disk_free_bytes = 0  # the filesystem as the last check found it
+        storage.quota.disk_check_due_ms = 1 << 62  # and no check before the test says
         refused = await _send(sock, producer_id, 1)
         assert isinstance(refused, Error) and refused.code == ErrorCode.RESOURCE_EXHAUSTED, refused
-        storage.disk_free_bytes = 1 << 40
+        storage.quota.disk_free_bytes = 1 << 40
         overtaking = await _send(sock, producer_id, 2)
         assert isinstance(overtaking, Error) and overtaking.code == ErrorCode.UNAVAILABLE, overtaking
         first, second = await _send(sock, producer_id, 1), await _send(sock, producer_id, 2)
@@ -171,7 +171,7 @@ async def test_a_receipt_held_for_the_durable_store_is_answered_when_the_topic_m
                           publish_times=[0], sequence=0)
         await sock.send(cp.CLIENT_PROTOCOL.encode(waiting))
         async with asyncio.timeout(30):
-            while not storage.receipts_held:
+            while not storage.segments.receipts_held:
                 await asyncio.sleep(0.005)
         await system.stop(topic, moving=True)
         answer = await answer_to(sock, waiting.request_id)

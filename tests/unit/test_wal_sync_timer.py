@@ -129,14 +129,14 @@ async def test_a_sync_due_during_a_flush_runs_when_that_flush_is_done(tmp_path: 
             await sock.send(cp.CLIENT_PROTOCOL.encode(cp.Send(request_id=4, producer_id=producer_id,
                                                               payloads=[b"b"], publish_times=[0], sequence=1)))
             async with asyncio.timeout(30):
-                while not storage.flushing:  # the flush of b is held in its write
+                while not storage.commit.flushing:  # the flush of b is held in its write
                     await asyncio.sleep(0.005)
             assert system.tell(topic, WalSyncDue())
             # Queued behind the held flush; the topic's mailbox has the WalSyncDue first.
             third = asyncio.get_running_loop().create_task(_ask(sock, cp.Send(
                 request_id=5, producer_id=producer_id, payloads=[b"c"], publish_times=[0], sequence=2)))
             async with asyncio.timeout(30):
-                while not storage.queued:
+                while not storage.commit.queued:
                     await asyncio.sleep(0.005)
             mark = len(layer.events)
             layer.gate.set()
