@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
-import fnmatch
 import functools
 import logging
 import math
@@ -55,20 +53,19 @@ import shutil
 from concurrent.futures import Executor
 from pathlib import Path
 
-import msgpack
-
 from danube_zmq.actors import policies
 from danube_zmq.actors.admin_reach import AdminReach
 from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.cursor_flusher import CursorFlusher
-from danube_zmq.actors.hand_over import HandOver, held_by_dead_broker, held_by_dead_broker_text, move_target, moves_by_handover
+from danube_zmq.actors.dead_letters import DeadLetters
+from danube_zmq.actors.hand_over import HandOver, held_by_dead_broker, held_by_dead_broker_text, marked_move
 from danube_zmq.actors.hand_over_incoming import IncomingMoves
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.lease_keeper import LeaseKeeper
 from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.offset_reservations import OffsetReservations
+from danube_zmq.actors.offset_reservations import OffsetReservations, end_reservations
 from danube_zmq.actors.ownership import (
     Ownership,
     marks_sealed,
@@ -90,13 +87,14 @@ from danube_zmq.actors.topic_registry import (
     assigned_to,
     assignment_changed,
     owner_of_assignment,
+    snapshot_topics,
 )
 from danube_zmq.actors.wal_damage import DamagedTopics, damage_text
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.runtime.request_tasks import RequestTasks
 from danube_zmq.security.curve import ClusterCurve
-from danube_zmq.storage.catalog import LevelDbCatalog, SegmentDescriptor
+from danube_zmq.storage.catalog import SegmentDescriptor
 from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import client_protocol as cp
@@ -104,7 +102,6 @@ from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import (
-    AlreadyExists,
     DanubeError,
     FailedPrecondition,
     Moved,
@@ -113,7 +110,6 @@ from danube_zmq.transport.errors import (
     Unavailable,
 )
 from danube_zmq.transport.internal_protocol import (
-    AppendInternal,
     AssignmentChanged,
     AssignmentsResync,
     BrokerJoined,
@@ -144,8 +140,6 @@ from danube_zmq.transport.internal_protocol import (
     SegmentSealed,
     ServedTopics,
     ServedTopicsList,
-    SnapshotTopicRef,
-    SnapshotTopics,
     StopForHandOver,
     SubscriptionsOf,
     SubscriptionState,
@@ -164,9 +158,6 @@ _PARKED_CHECK_MS = 200
 _ADMIN_TASKS_MAX = 64
 # A failed attempt to join the cluster is tried again after this long.
 _JOIN_RETRY_MS = 200
-_DEAD_LETTER_BATCHES_MAX = 1_000
-# How long offset reservations are retried before the topic is told they failed.
-_RESERVE_RETRY_S = 3.0
 # Topics a resync loads or unloads in one message; then the broker's queued requests.
 _RESYNC_SLICE = 256
 
@@ -201,8 +192,7 @@ class BrokerActor(Actor):
         self.lease_held = False
         self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
         self.parked: ParkedRequests  # client requests waiting for their topic's assignment
-        self.dead_letters: dict[str, list[DeadLetter]] = {}
-        self.dead_letters_count = 0
+        self.dead_letters: DeadLetters  # dead letters for topics about to be loaded here
         self._join_tasks = RequestTasks(1)  # the attempt to join the cluster under way
         self._admin_tasks = RequestTasks(_ADMIN_TASKS_MAX)  # admin requests answered out of this actor (`reach`)
         self._joining = False
@@ -223,6 +213,8 @@ class BrokerActor(Actor):
                                 data_dir=self.data_dir, clock=self.system.clock)
         self.catalog = TopicCatalog(metadata=self.metadata, registry=self.registry, config=self.config,
                                     clock=self.system.clock)
+        self.dead_letters = DeadLetters(system=self.system, registry=self.registry, catalog=self.catalog,
+                                        topics=self.topics)
         self.parked = ParkedRequests(system=self.system, endpoint=self.endpoint, clock=self.system.clock,
                                      request_timeout_ms=self.config.cluster.request_timeout_ms)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -267,9 +259,10 @@ class BrokerActor(Actor):
         await self._admin_tasks.cancel_all()  # the RemoteAdmin children closed their clients (stopped first)
         await self.files.stop()
         try:
-            await self._end_reservations()
+            await end_reservations(self.metadata, self.broker_id, self.stopped_offsets, self.system.clock.now_ms())
         except (DanubeError, TimeoutError) as exc:
             log.warning("offset reservations not ended at shutdown (%s): a next broker starts past them", exc)
+        self.stopped_offsets.clear()
         # The cursors were written by the flusher, stopped (after the topics) before this runs.
 
     # ------------------------------------------------------------- joining the cluster
@@ -330,33 +323,7 @@ class BrokerActor(Actor):
                                              cr.encode(cr.BrokerStateRecord(mode=cr.BrokerMode.ACTIVE)))
         # Outlives the lease: `brokers list` shows this broker as down once it is gone.
         await self.metadata.put(cr.seen_key(self.broker_id), cr.encode(self._own_registration()))
-        await self._import_local_registry()
-
-    async def _import_local_registry(self) -> None:
-        """A data directory from before the registry moved to the metadata store has a
-        local catalog: its namespaces, topics, cursors and segment descriptors are
-        written to the store once, then the catalog is set aside (`catalog.imported`)."""
-        path = self.data_dir / "catalog"
-        if not path.exists():
-            return
-        catalog = LevelDbCatalog(path)
-        try:
-            for key, _ in catalog.scan(cr.NAMESPACES):
-                await self.metadata.compare_and_swap(key, 0, b"")
-            for key, value in catalog.scan(cr.TOPICS):
-                if key.count("/") != 3:
-                    await self.metadata.compare_and_swap(key, 0, value)  # a subscription's cursor
-                    continue
-                record = msgpack.unpackb(value)
-                name = parse_topic(cr.topic_of(key, cr.TOPICS))
-                with contextlib.suppress(AlreadyExists):
-                    await self.catalog.write(name, record["partitions"], record["dispatch_strategy"])
-                    log.info("topic %s moved from the local catalog to the metadata store", name.full)
-            for key, value in catalog.scan("/storage/topics/"):
-                await self.metadata.compare_and_swap(key, 0, value)  # segment descriptors
-        finally:
-            catalog.close()
-        path.rename(self.data_dir / "catalog.imported")
+        await self.catalog.import_local_catalog(self.data_dir)
 
     async def _spawn_lease_keeper(self) -> None:
         """The registration lease is held by a child actor (`lease_keeper.py`), which
@@ -502,9 +469,7 @@ class BrokerActor(Actor):
         # the lease renewals, Raft and the admin Ping with it.
         await asyncio.sleep(0)
         log.info("topic %s loaded on broker %d", topic, self.broker_id)
-        waiting = self.dead_letters.pop(topic, [])
-        self.dead_letters_count -= len(waiting)
-        await self._append_dead_letters(entry, waiting)
+        await self.dead_letters.loaded(entry)
 
     async def unload(self, topic: str, *, deleted: bool = False) -> None:
         stopped = await self._stop_topic(topic, deleted=deleted)
@@ -608,7 +573,7 @@ class BrokerActor(Actor):
         self.reach.in_task(msg, origin, self.topic_admin.unload_topic)  # a move in local mode waits on its hand-over
 
     async def handle_RepairTopic(self, msg: ap.RepairTopic, origin: Origin) -> Message | None:
-        owner = self.topic_admin.repairowner_of_assignment(msg)
+        owner = self.topic_admin.repair_owner(msg)
         if owner is None:
             return await self.topic_admin.repair_topic(msg)
         # Repaired where its WAL is, in a task: the actor never waits on a peer.
@@ -652,23 +617,13 @@ class BrokerActor(Actor):
 
     # ------------------------------------------------------------- WAL hand-overs (storage.mode local, `hand_over.py`)
     async def _start_marked_hand_over(self, topic: str) -> bool:
-        """A rebalance or drain (an unsealed marker from this broker) of a topic just
-        stopped here that moves by hand-over: carried out by a `HandOver` child; True if
-        started."""
-        if not moves_by_handover(self.config, self.registry, topic):
-            return False
-        value = self.metadata.local_get(cr.unassigned_key(topic))
-        marker = None if value is None else cr.decode(value.value, cr.Unassigned)
-        if marker is None or marker.sealed or marker.from_broker != self.broker_id:
+        """A rebalance or drain of a topic just stopped here that moves by hand-over:
+        carried out by a `HandOver` child; True if started."""
+        move = marked_move(self.config, self.registry, self.broker_id, topic)
+        if move is None:
             return False
         self.moving_topics.add(topic)
-        target = self.registry.registration(marker.to_broker) if marker.to_broker is not None else None
-        refusal = None
-        if target is None or target.broker_id == self.broker_id:
-            try:
-                target = move_target(self.metadata, self.broker_id, topic)
-            except DanubeError as exc:  # refused by the actor's first step: assigned back here
-                target, refusal = None, exc.message
+        marker, target, refusal = move
         await self.spawn_hand_over(topic, target, refusal, marker, None)
         return True
 
@@ -746,29 +701,6 @@ class BrokerActor(Actor):
         if msg.topic in self.topics:  # a shutdown (an unloaded topic was sealed by `_seal`)
             self.stopped_offsets[msg.topic] = msg.next_offset
 
-    async def _end_reservations(self) -> None:
-        """At a clean shutdown: each reliable topic's reservation ends where its log ends,
-        so that whichever broker serves it next continues without a gap (even if this
-        disk is then lost: the durable store has everything, the uploads are done)."""
-        expect: dict[str, int] = {}
-        puts: dict[str, bytes] = {}
-        now_ms = self.system.clock.now_ms()
-        for topic, next_offset in self.stopped_offsets.items():
-            key = cr.topic_state_key(topic)
-            current = self.metadata.local_get(key)
-            if current is None or cr.decode(current.value, cr.TopicState).broker_id != self.broker_id:
-                continue
-            expect[key] = current.version
-            puts[key] = cr.encode(cr.TopicState(next_offset=next_offset, broker_id=self.broker_id, sealed_ms=now_ms,
-                                                reserved_until=next_offset))
-        self.stopped_offsets.clear()
-        if not puts:
-            return
-        async with asyncio.timeout(_RESERVE_RETRY_S):
-            ended = await self.metadata.transaction(expect, puts)
-        if not ended:
-            log.warning("offset reservations changed meanwhile; not ended at shutdown")
-
     def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
         """Written by the `OffsetReservations` child; only for a topic served here."""
         entry = self.topics.get(msg.topic)
@@ -801,48 +733,11 @@ class BrokerActor(Actor):
         return answer.states
 
     async def handle_DeadLetter(self, msg: DeadLetter) -> None:
-        try:
-            name = parse_topic(msg.topic)
-            resolved = await self.registry.resolve(name)
-            if resolved is None:
-                await self.catalog.create_or_existing(name, 0, cp.DispatchStrategy.RELIABLE)
-                resolved = await self.registry.existing(name)
-            topic = resolved.served_names()[0]
-            if topic not in self.topics:
-                owner = self.registry.elsewhere(topic)
-                if owner is not None:
-                    raise Unavailable(f"dead-letter topic {topic} is served by broker {owner.broker_id}")
-                if self.dead_letters_count >= _DEAD_LETTER_BATCHES_MAX:
-                    raise ResourceExhausted(f"{_DEAD_LETTER_BATCHES_MAX} dead-letter batches already wait for their"
-                                            " topics to be loaded")
-                # Just created: it is appended once its assignment loads it here.
-                self.dead_letters.setdefault(topic, []).append(msg)
-                self.dead_letters_count += 1
-                return
-        except DanubeError as exc:
-            log.error("dead letters for %s lost: %s", msg.topic, exc)
-            return
-        await self._append_dead_letters(self.topics[topic], [msg])
-
-    async def _append_dead_letters(self, entry: TopicEntry, batches: list[DeadLetter]) -> None:
-        for msg in batches:
-            await self.system.send(entry.endpoint, AppendInternal(
-                producer_name="dead-letter", payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys,
-                attributes=msg.attributes))
+        await self.dead_letters.route(msg)
 
     def handle_ListSnapshotTopics(self, msg: ListSnapshotTopics) -> Message:
         """The reliable topics (partitions) served here, by name or base-topic glob."""
-        refs = []
-        for name, entry in sorted(self.topics.items()):
-            if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
-                continue
-            base = entry.name.base.full
-            if msg.pattern is not None and not (fnmatch.fnmatchcase(name, msg.pattern)
-                                                or fnmatch.fnmatchcase(base, msg.pattern)):
-                continue
-            refs.append(SnapshotTopicRef(topic=name, endpoint=entry.endpoint, base_topic=base,
-                                         partition=entry.name.partition_index))
-        return SnapshotTopics(topics=refs)
+        return snapshot_topics(self.topics, msg.pattern)
 
     def handle_TopicSchemaChanged(self, msg: TopicSchemaChanged) -> None:
         """A binding changed in the metadata store: tell the topic's actors served here."""

@@ -84,7 +84,7 @@ from danube_zmq.transport.internal_protocol import (
 )
 from danube_zmq.transport.topic_name import parse_topic
 
-__all__ = ["HandOver", "held_by_dead_broker", "held_by_dead_broker_text", "move_target", "moves_by_handover"]
+__all__ = ["HandOver", "held_by_dead_broker", "held_by_dead_broker_text", "marked_move", "move_target", "moves_by_handover"]
 
 log = logging.getLogger("danube_zmq.broker")
 
@@ -358,6 +358,28 @@ def move_target(metadata: RaftMetadataStore, broker_id: int, topic: str) -> cr.B
         raise FailedPrecondition(f"topic {topic}: no other live active broker to move it to;"
                                  f" it stays on broker {broker_id}")
     return min(candidates, key=lambda r: (topics[r.broker_id], r.broker_id))
+
+
+def marked_move(config: BrokerConfig, registry: Registry, broker_id: int, topic: str) -> tuple[
+        cr.Unassigned, cr.BrokerRegistration | None, str | None] | None:
+    """A rebalance or drain (an unsealed marker from `broker_id`) of `topic` that moves by
+    hand-over: the load manager's marker, the receiver (the marker's, else the least
+    loaded other broker) and, when there is none, why (the actor's first step refuses
+    it: the topic is assigned back here). None: no such move."""
+    if not moves_by_handover(config, registry, topic):
+        return None
+    value = registry.metadata.local_get(cr.unassigned_key(topic))
+    marker = None if value is None else cr.decode(value.value, cr.Unassigned)
+    if marker is None or marker.sealed or marker.from_broker != broker_id:
+        return None
+    target = registry.registration(marker.to_broker) if marker.to_broker is not None else None
+    refusal = None
+    if target is None or target.broker_id == broker_id:
+        try:
+            target = move_target(registry.metadata, broker_id, topic)
+        except DanubeError as exc:
+            target, refusal = None, exc.message
+    return marker, target, refusal
 
 
 def held_by_dead_broker(config: BrokerConfig, registry: Registry, broker_id: int, topic: str) -> int | None:

@@ -15,6 +15,7 @@ for a topic the broker released (`TopicReleased`: its seal ended the reservation
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
@@ -28,12 +29,13 @@ from danube_zmq.transport.internal_protocol import (
     WriteReservations,
 )
 
-__all__ = ["OffsetReservations"]
+__all__ = ["OffsetReservations", "end_reservations"]
 
 log = logging.getLogger("danube_zmq.broker")
 
 _RETRY_MS = 200
-# How long a reservation is retried before the topic is told it failed.
+# How long a reservation is retried before the topic is told it failed (and how long a
+# shutdown waits to end the reservations).
 _GIVE_UP_MS = 3_000
 
 
@@ -116,3 +118,26 @@ class OffsetReservations(Actor):
         if puts and not await self.metadata.transaction(expect, puts):
             raise Unavailable("a topic's offsets record changed meanwhile")  # re-read and retried
         return granted
+
+
+async def end_reservations(metadata: RaftMetadataStore, broker_id: int, stopped: dict[str, int], now_ms: int) -> None:
+    """At a clean shutdown: each reliable topic's reservation ends where its log ends
+    (`stopped`: topic -> its log's end), so that whichever broker serves it next
+    continues without a gap (even if this disk is then lost: the durable store has
+    everything, the uploads are done). Only the reservations `broker_id` holds."""
+    expect: dict[str, int] = {}
+    puts: dict[str, bytes] = {}
+    for topic, next_offset in stopped.items():
+        key = cr.topic_state_key(topic)
+        current = metadata.local_get(key)
+        if current is None or cr.decode(current.value, cr.TopicState).broker_id != broker_id:
+            continue
+        expect[key] = current.version
+        puts[key] = cr.encode(cr.TopicState(next_offset=next_offset, broker_id=broker_id, sealed_ms=now_ms,
+                                            reserved_until=next_offset))
+    if not puts:
+        return
+    async with asyncio.timeout(_GIVE_UP_MS / 1000):
+        ended = await metadata.transaction(expect, puts)
+    if not ended:
+        log.warning("offset reservations changed meanwhile; not ended at shutdown")

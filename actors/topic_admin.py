@@ -94,7 +94,7 @@ class TopicAdmin:
             if name in self.broker.topics:
                 await self.broker.unload(name, deleted=True)
                 await self.broker.delete_local(name)
-            await self.broker.delete_durable(name)
+            await self.broker.files.delete_durable(name)
         return Ok(request_id=msg.request_id)
 
     async def unload_topic(self, msg: ap.UnloadTopic) -> Message:
@@ -160,7 +160,7 @@ class TopicAdmin:
                 lost_start=damage.valid_end if resume > damage.valid_end else None,
                 lost_end=resume if resume > damage.valid_end else None, acknowledged_end=damage.acknowledged_offset,
                 next_offset=resume, quarantined=[str(damage.quarantined)] if damage.quarantined else [])
-        report = await asyncio.to_thread(WalLog.repair, self.broker.wal_dir(resolved.name), resume_offset=resume,
+        report = await asyncio.to_thread(WalLog.repair, self.broker.files.wal_dir(resolved.name), resume_offset=resume,
                                          clock=self.system.clock)
         self.broker.damaged.forget(topic)
         await self.broker.load(topic)

@@ -10,13 +10,17 @@ created once the load manager assigns it; reads go through the `Registry`.
    policy says (Pulsar's allowAutoTopicCreation), adoptable: its first producer's
    dispatch strategy replaces the policy's guess (`shaped`).
 3. `write` is the one place a topic record is written; the admin's `CreateTopic` and a
-   pre-cluster catalog's import call it too.
+   pre-cluster catalog's import (`import_local_catalog`) call it too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from pathlib import Path
+
+import msgpack
 
 from danube_zmq.actors import policies
 from danube_zmq.actors.config import BrokerConfig
@@ -24,6 +28,7 @@ from danube_zmq.actors.policies import NamespaceLimits
 from danube_zmq.actors.topic_registry import Registry, Resolved
 from danube_zmq.clock import Clock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
+from danube_zmq.storage.catalog import LevelDbCatalog
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.errors import (
@@ -35,7 +40,7 @@ from danube_zmq.transport.errors import (
     NotFound,
     ResourceExhausted,
 )
-from danube_zmq.transport.topic_name import TopicName
+from danube_zmq.transport.topic_name import TopicName, parse_topic
 
 __all__ = ["TopicCatalog", "check_shape"]
 
@@ -172,6 +177,32 @@ class TopicCatalog:
         if held + adding > limits.topics_max:
             raise ResourceExhausted(f"namespace '{namespace}' holds {held} topics (partitions count one each);"
                                     f" {adding} more would pass {limits.topics_text(namespace)}")
+
+    async def import_local_catalog(self, data_dir: Path) -> None:
+        """A data directory (`data_dir`) from before the registry moved to the metadata
+        store has a local catalog: its namespaces, topics, cursors and segment descriptors are
+        written to the store once, then the catalog is set aside (`catalog.imported`)."""
+        path = data_dir / "catalog"
+        if not path.exists():
+            return
+        catalog = LevelDbCatalog(path)
+        try:
+            for key, _ in catalog.scan(cr.NAMESPACES):
+                await self.metadata.compare_and_swap(key, 0, b"")
+            for key, value in catalog.scan(cr.TOPICS):
+                if key.count("/") != 3:
+                    await self.metadata.compare_and_swap(key, 0, value)  # a subscription's cursor
+                    continue
+                record = msgpack.unpackb(value)
+                name = parse_topic(cr.topic_of(key, cr.TOPICS))
+                with contextlib.suppress(AlreadyExists):
+                    await self.write(name, record["partitions"], record["dispatch_strategy"])
+                    log.info("topic %s moved from the local catalog to the metadata store", name.full)
+            for key, value in catalog.scan("/storage/topics/"):
+                await self.metadata.compare_and_swap(key, 0, value)  # segment descriptors
+        finally:
+            catalog.close()
+        path.rename(data_dir / "catalog.imported")
 
 
 def check_shape(resolved: Resolved, partitions: int, dispatch_strategy: int) -> None:

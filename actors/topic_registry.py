@@ -5,16 +5,18 @@ broker (`assigned_to`), and the entry of a topic (or partition) served here."""
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import DanubeError, NotFound, Unavailable
-from danube_zmq.transport.internal_protocol import AssignmentChanged
+from danube_zmq.transport.internal_protocol import AssignmentChanged, SnapshotTopicRef, SnapshotTopics
 from danube_zmq.transport.topic_name import TopicName, validate_namespace
 
 if TYPE_CHECKING:
@@ -178,3 +180,17 @@ def owner_of_assignment(key: str, value: bytes) -> int | None:
     except DanubeError as exc:
         log.error("metadata key %s holds no assignment (%s); ignored", key, exc)
         return None
+
+
+def snapshot_topics(topics: dict[str, TopicEntry], pattern: str | None) -> SnapshotTopics:
+    """The reliable topics (partitions) among `topics`, by name or base-topic glob."""
+    refs = []
+    for name, entry in sorted(topics.items()):
+        if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+            continue
+        base = entry.name.base.full
+        if pattern is not None and not (fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(base, pattern)):
+            continue
+        refs.append(SnapshotTopicRef(topic=name, endpoint=entry.endpoint, base_topic=base,
+                                     partition=entry.name.partition_index))
+    return SnapshotTopics(topics=refs)
