@@ -20,8 +20,11 @@ partition. A standalone broker is the same code with one voter.
    keeps failing it is told `LeaseChanged(held=False)` and unloads every topic before
    the lease can run out, so it never serves a topic the load manager has given to
    another broker (fencing); when it renews again it loads what is assigned to it then.
-5. Admin requests (`broker_admin.py`, mixed in): about a topic they run on the
-   brokers that serve its partitions; balance and rebalancing go to the leader.
+5. Admin requests about a topic run on the brokers that serve its partitions
+   (`admin_reach.py` says where, `topic_admin.py` and `subscription_admin.py` what);
+   balance and rebalancing go to the leader. Policies are the `PolicyKeeper` child's
+   (`policy_keeper.py`), namespaces and topic records the `RegistryAdmin` child's;
+   the admin gateway sends those requests there directly.
 
 6. Cursors of reliable subscriptions and the catalog of durable segments are in the
    metadata store too, so the next owner of a topic has them. A broker that stops
@@ -65,12 +68,11 @@ from danube_zmq.actors.lease_keeper import LeaseKeeper
 from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
-from danube_zmq.actors.offset_reservations import OffsetReservations, end_reservations
+from danube_zmq.actors.offset_reservations import OffsetReservations, end_reservations, write_topic_state
 from danube_zmq.actors.ownership import (
     Ownership,
     marks_sealed,
     on_assignment,
-    seal_state,
 )
 from danube_zmq.actors.parked import ParkedRequests
 from danube_zmq.actors.policy_keeper import PolicyKeeper
@@ -188,6 +190,7 @@ class BrokerActor(Actor):
         self.registry = Registry(metadata, broker_id, config.bootstrap_namespaces)
         self.catalog: TopicCatalog  # writes topic records
         self.policy_endpoint = ""  # the PolicyKeeper child: policies set in the store, told to the topics
+        self.registry_admin_endpoint = ""  # the RegistryAdmin child: namespaces, topic records, brokers
         self.damaged: DamagedTopics  # reliable topics assigned here and not served: their WAL is damaged
         self.lease_held = False
         self.lease_until_ms = 0  # monotonic; stop serving at this time unless renewed
@@ -490,7 +493,7 @@ class BrokerActor(Actor):
             return None
         if self.reservations_endpoint is not None:
             self.system.post(self.reservations_endpoint, TopicReleased(topic=topic))
-        self.system.post(self.policy_endpoint, TopicReleased(topic=topic))
+        self.system.post(self.policy_endpoint, TopicReleased(topic=topic, endpoint=entry.endpoint))
         next_offset = None
         if entry.dispatch_strategy != cp.DispatchStrategy.RELIABLE and not deleted:
             try:  # from here on it refuses sends: no offset is given out after this one
@@ -518,7 +521,7 @@ class BrokerActor(Actor):
         if entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE:
             next_offset = await self.files.seal(entry.name)
         if next_offset is not None:
-            await self._write_topic_state(entry, next_offset)
+            await write_topic_state(self.metadata, self.broker_id, entry, next_offset, self.system.clock.now_ms())
         key = cr.unassigned_key(topic)
         current = await self.metadata.get(key)
         if current is None:
@@ -528,24 +531,6 @@ class BrokerActor(Actor):
             await self.metadata.compare_and_swap(key, current.version,
                                                  cr.encode(dataclasses.replace(marker, sealed=True)))
             log.info("topic %s sealed on broker %d for its next broker", topic, self.broker_id)
-
-    async def _write_topic_state(self, entry: TopicEntry, next_offset: int) -> None:
-        """Record where the topic's offsets stopped, unless another broker reserved its
-        offsets since (it took the topic over from this one: its record stands)."""
-        key = cr.topic_state_key(entry.name.full)
-        current = self.metadata.local_get(key)
-        recorded = cr.decode(current.value, cr.TopicState) if current is not None else None
-        state = seal_state(me=self.broker_id, reliable=entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE,
-                           current=recorded, next_offset=next_offset, now_ms=self.system.clock.now_ms())
-        if state is None:
-            assert recorded is not None
-            log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full,
-                        recorded.broker_id)
-            return
-        result = await self.metadata.compare_and_swap(key, current.version if current is not None else 0,
-                                                      cr.encode(state))
-        if not result.succeeded:
-            log.warning("topic %s: its offsets record changed meanwhile; not sealed here", entry.name.full)
 
     async def delete_local(self, topic: str) -> None:
         """A deleted topic's files here: WAL and durable cache. (Its metadata went with
@@ -877,4 +862,4 @@ class BrokerActor(Actor):
             if entry.endpoint == msg.endpoint:
                 log.error("topic %s stopped after repeated failures (%s); it is no longer served", full, msg.reason)
                 del self.topics[full]
-                self.system.post(self.policy_endpoint, TopicReleased(topic=full))
+                self.system.post(self.policy_endpoint, TopicReleased(topic=full, endpoint=entry.endpoint))

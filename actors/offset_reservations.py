@@ -18,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from danube_zmq.actors.ownership import seal_state
+from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
+from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.errors import DanubeError, Unavailable
 from danube_zmq.transport.internal_protocol import (
@@ -29,7 +32,7 @@ from danube_zmq.transport.internal_protocol import (
     WriteReservations,
 )
 
-__all__ = ["OffsetReservations", "end_reservations"]
+__all__ = ["OffsetReservations", "end_reservations", "write_topic_state"]
 
 log = logging.getLogger("danube_zmq.broker")
 
@@ -141,3 +144,23 @@ async def end_reservations(metadata: RaftMetadataStore, broker_id: int, stopped:
         ended = await metadata.transaction(expect, puts)
     if not ended:
         log.warning("offset reservations changed meanwhile; not ended at shutdown")
+
+
+async def write_topic_state(metadata: RaftMetadataStore, broker_id: int, entry: TopicEntry, next_offset: int,
+                            now_ms: int) -> None:
+    """Record where a topic this broker stopped serving stopped its offsets (its
+    reservation ends there), unless another broker reserved its offsets since (it took
+    the topic over from this one: its record stands)."""
+    key = cr.topic_state_key(entry.name.full)
+    current = metadata.local_get(key)
+    recorded = cr.decode(current.value, cr.TopicState) if current is not None else None
+    state = seal_state(me=broker_id, reliable=entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE,
+                       current=recorded, next_offset=next_offset, now_ms=now_ms)
+    if state is None:
+        assert recorded is not None
+        log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full,
+                    recorded.broker_id)
+        return
+    result = await metadata.compare_and_swap(key, current.version if current is not None else 0, cr.encode(state))
+    if not result.succeeded:
+        log.warning("topic %s: its offsets record changed meanwhile; not sealed here", entry.name.full)

@@ -175,7 +175,9 @@ class PolicyKeeper(Actor):
             self._tell_backlog_quotas([entry])
 
     def handle_TopicReleased(self, msg: TopicReleased) -> None:
-        self.topics.pop(msg.topic, None)
+        entry = self.topics.get(msg.topic)
+        if entry is not None and msg.endpoint in (None, entry.endpoint):
+            del self.topics[msg.topic]
 
     # ------------------------------------------------------------- telling the topics
     def handle_BacklogQuotasChanged(self, msg: BacklogQuotasChanged) -> None:

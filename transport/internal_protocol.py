@@ -749,10 +749,12 @@ class ReserveOffsetsFor(Message):
 class TopicReleased(Message):
     """Broker -> offset reservations and policy keeper: the topic is no longer served
     here (its seal ends its reservation): what is pending for it is dropped, and it is
-    told no more policy changes."""
+    told no more policy changes. `endpoint`: the topic's actor that stopped (a keeper told
+    late, after the topic's next actor was served, keeps that one)."""
 
     TAG = 256
     topic: str
+    endpoint: str | None = None
 
 
 @wire
