@@ -5,6 +5,7 @@ and `Ping` itself, checks every other frame decodes, and forwards it to the brok
 actor as `AdminRequest`; answers come back through the admin outbox. It keeps no
 per-connection state, so `danube admin` can send a request without a handshake.
 
+Which actor answers a request is one table, `ROUTES` (request type -> route).
 Metadata-cluster requests (`CLUSTER_REQUESTS`: cluster status and membership, metadata
 get/list/put/cas/delete) are answered here, from the broker's Raft metadata store, by
 this actor's `handle_<Type>` methods (reached through the runtime, `handle_in_place`,
@@ -12,7 +13,10 @@ under its failure rule), each in a task of its own (bounded: beyond `_CLUSTER_TA
 RESOURCE_EXHAUSTED), since they wait on Raft rounds; a plain metadata put on the Raft
 leader is proposed at once and answered from its apply, with no task (the same bound).
 Snapshot requests
-(`SNAPSHOT_REQUESTS`) go to the snapshot actor.
+(`SNAPSHOT_REQUESTS`) go to the snapshot actor, policy requests (`POLICY_REQUESTS`:
+backlog quotas, topic policies, namespace limits) to the broker's policy keeper,
+namespace, topic-record and broker listings (`REGISTRY_REQUESTS`) to its registry
+admin, the other admin requests to the broker actor.
 
 The port is bounded like the client port (`actors/peers.py`, `actors/outbound.py`):
 an admin connection with no request in flight is idle; at most
@@ -26,7 +30,7 @@ holds of a connection's input beyond `inbound_bytes_per_connection_max` cuts it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import zmq
 import zmq.asyncio
@@ -57,6 +61,8 @@ from danube_zmq.transport.admin_protocol import (
     ADMIN_PROTOCOL,
     ADMIN_REQUESTS,
     CLUSTER_REQUESTS,
+    POLICY_REQUESTS,
+    REGISTRY_REQUESTS,
     SECURITY_REQUESTS,
     SNAPSHOT_REQUESTS,
 )
@@ -69,6 +75,26 @@ if TYPE_CHECKING:
     from danube_zmq.runtime.system import ActorSystem
 
 log = logging.getLogger("danube_zmq.admin_gateway")
+
+class Route(NamedTuple):
+    """Which actor answers an admin request: this gateway (`endpoint` None), or the one
+    at a well-known endpoint of the system (the `ActorSystem` attribute named);
+    `busy` answers a full mailbox there."""
+
+    endpoint: str | None
+    busy: str = ""
+
+
+_BROKER = Route("broker_endpoint", "broker busy; retry")
+ROUTES: dict[type[Message], Route] = {
+    **dict.fromkeys(ADMIN_REQUESTS, _BROKER),
+    **dict.fromkeys(CLUSTER_REQUESTS + SECURITY_REQUESTS, Route(None)),
+    **dict.fromkeys(SNAPSHOT_REQUESTS, Route("snapshot_endpoint", "snapshot requests queued to the limit; retry")),
+    # The policy keeper and the registry admin are parts of the broker: a full mailbox
+    # there is the broker's.
+    **dict.fromkeys(POLICY_REQUESTS, Route("policy_endpoint", _BROKER.busy)),
+    **dict.fromkeys(REGISTRY_REQUESTS, Route("registry_admin_endpoint", _BROKER.busy)),
+}
 
 _DRAIN_MAX = 64
 _CLUSTER_TASKS_MAX = 256
@@ -258,21 +284,16 @@ class AdminGateway(Actor):
         request_id = getattr(msg, "request_id", 0)
         if self.enforcer is not None and not self._permitted(identity, msg, key):
             return True
-        if type(msg) in CLUSTER_REQUESTS or type(msg) in SECURITY_REQUESTS:  # answered here, by the handlers below
-            return await self.system.handle_in_place(self.endpoint, AdminRequest(identity=identity, frame=frame,
-                                                                                 public_key=key))
-        if type(msg) in SNAPSHOT_REQUESTS:
-            if not self.system.tell(self.system.snapshot_endpoint, AdminRequest(identity=identity, frame=frame, public_key=key)):
-                self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                            message="snapshot requests queued to the limit; retry"))
-            return True
-        if type(msg) not in ADMIN_REQUESTS:
+        route = ROUTES.get(type(msg))
+        if route is None:
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.INVALID_ARGUMENT,
                                         message=f"{type(msg).__name__} is not an admin request"))
             return True
-        if not self.system.tell(self.system.broker_endpoint, AdminRequest(identity=identity, frame=frame, public_key=key)):
-            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED,
-                                        message="broker busy; retry"))
+        request = AdminRequest(identity=identity, frame=frame, public_key=key)
+        if route.endpoint is None:  # answered here, by the handlers below
+            return await self.system.handle_in_place(self.endpoint, request)
+        if not self.system.tell(getattr(self.system, route.endpoint), request):
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED, message=route.busy))
         return True
 
     def _bind_principal(self, identity: bytes, msg: Connect, key: bytes | None) -> bool:

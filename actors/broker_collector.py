@@ -104,8 +104,8 @@ class BrokerCollector:
         broker = self._instance(self._system.broker_endpoint) if self._system.broker_endpoint else None
         if not isinstance(broker, BrokerActor):
             return sample
-        if broker.uploader is not None:
-            sample.uploads = broker.uploader.statistics()
+        if broker.files.uploader is not None:
+            sample.uploads = broker.files.uploader.statistics()
         sample.lease_held = broker.lease_held
         sample.lease_remaining_ms = max(0, broker.lease_until_ms - self._system.clock.monotonic_ms())
         now_ms = self._system.clock.now_ms()

@@ -420,7 +420,7 @@ BACKLOG_QUOTA_POLICIES = ("producer_exception", "producer_request_hold", "consum
 AUTO_TOPIC_CREATION_TYPES = ("non-partitioned", "partitioned")
 AUTO_TOPIC_CREATION_DISPATCHES = ("non_reliable", "reliable")
 # The `policies` keys a namespace may override for its subscriber-created topics
-# (`namespaces policies set`, actors/broker_namespace_limits.py).
+# (`namespaces policies set`, actors/policy_keeper.py).
 AUTO_TOPIC_CREATION_POLICIES = (
     "allow_auto_topic_creation",
     "allow_auto_topic_creation_type",
@@ -428,7 +428,7 @@ AUTO_TOPIC_CREATION_POLICIES = (
     "auto_topic_creation_dispatch",
 )
 # The `policies` keys a namespace or a topic may override (`namespaces|topics policies
-# set`, actors/broker_topic_policies.py); each 0 = unlimited but max_message_size.
+# set`, actors/policy_keeper.py); each 0 = unlimited but max_message_size.
 TOPIC_POLICY_NAMES = (
     "max_producers_per_topic",
     "max_subscriptions_per_topic",
@@ -459,7 +459,7 @@ def topic_policy_default(config: BrokerConfig, name: str) -> int:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoliciesSection:
     """Broker-wide default topic policies. A namespace or a topic may set its own
-    TOPIC_POLICY_NAMES (actors/broker_topic_policies.py); these apply where none is set.
+    TOPIC_POLICY_NAMES (actors/policies.py); these apply where none is set.
 
     The names are Danube's (`max_*` first, against our `*_max` habit), kept on
     purpose so that a Danube `policies:` section reads the same here.
@@ -523,7 +523,7 @@ class PoliciesSection:
     # Partitions one partitioned topic may have; creating one with more (client
     # GetPartitions/producer, admin create) is refused with INVALID_ARGUMENT
     # naming this key. 1..100000. Default 1000. A namespace's own limit
-    # (`namespaces set-limits`, actors/broker_namespace_limits.py) overrides it.
+    # (`namespaces set-limits`, actors/policy_keeper.py) overrides it.
     partitions_per_topic_max: int = 1000
     # Topics one namespace may hold, each partition counted as one topic (as
     # Pulsar's maxTopicsPerNamespace); a create past it is refused with

@@ -1,7 +1,35 @@
-"""A hand-over: the actor that moves one reliable topic's WAL to another broker
-(storage.mode local), a child of the broker actor for the time of the move.
+"""Moving a reliable topic in storage.mode local: the `HandOver` actor, and the broker's
+decisions around it (module functions below).
 
-The broker stops serving the topic (keeping its assignment) and spawns it; each step
+In `local` mode a reliable topic's WAL is on its broker's disk only, so a move cannot
+leave the next broker to read it from a durable store. `topics unload` of such a topic
+is carried out by the broker serving it, through a `HandOver` child actor (below: the
+move's steps and its resume pause are messages to itself):
+
+1. It picks the next broker (an ACTIVE, live one with the fewest topics) and stops
+   serving the topic, keeping its assignment (`StopForHandOver`): clients that come
+   back wait here (parked) until the move ends.
+2. It offers the WAL segments its subscriptions still need (from the oldest cursor to
+   the end, `storage/wal/handover.py`) to the next broker over its admin port
+   (`BeginHandOver`), sends them in chunks of `cluster.move_chunk_bytes_max` with a
+   CRC32C each (`HandOverChunk`; after a lost connection it begins again and the
+   receiver says how many bytes of each file it holds), then `CommitHandOver`: the
+   receiver scans every record and puts the files in place of its own WAL of the topic.
+3. Cursors are written, then one metadata transaction records where the offsets stop
+   (`TopicState`) and gives the assignment to the next broker, which loads the topic
+   from the WAL it received. The local WAL goes.
+4. Anything short of that (no other broker, more than `cluster.move_bytes_max`, the
+   receiver refuses, `cluster.move_timeout_ms` passes, the assignment changed
+   meanwhile) refuses the unload with the reason and the topic is served here again.
+
+The receiving side (`hand_over_incoming.py`) writes into `data_dir/handover/<topic>/`,
+bounded by `cluster.move_bytes_max` per move and `_INCOMING_MAX` moves at once.
+
+A topic whose WAL is on a dead broker's disk only waits for it (`held_by_dead_broker`),
+or for `topics reassign --force` (`topic_admin.py`), never orphaned.
+
+The `HandOver` actor, a child of the broker actor for the time of the move. The broker
+stops serving the topic (keeping its assignment) and spawns it; each step
 is a message to itself, so the move's state and timers are its own:
 
 1. `HandOverBegin`: the offer (the WAL files the subscriptions still need, from the
@@ -28,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +64,13 @@ import crc32c
 
 from danube_zmq.actors.broker_curve import admin_client_curve
 from danube_zmq.actors.config import BrokerConfig
+from danube_zmq.actors.topic_registry import Registry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.security.curve import ClusterCurve
 from danube_zmq.storage.wal.handover import Offer, offered_files, read_chunk
 from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InternalError, Unavailable
@@ -51,8 +82,9 @@ from danube_zmq.transport.internal_protocol import (
     PersistedSubscriptions,
     SubscriptionsOf,
 )
+from danube_zmq.transport.topic_name import parse_topic
 
-__all__ = ["HandOver"]
+__all__ = ["HandOver", "held_by_dead_broker", "held_by_dead_broker_text", "marked_move", "move_target", "moves_by_handover"]
 
 log = logging.getLogger("danube_zmq.broker")
 
@@ -298,3 +330,82 @@ class HandOver(Actor):
             topic=self.topic, error=None if error is None else error.message, hand_over=self.endpoint))
         if self.done is not None and not self.done.done():
             self.done.set_result(error)
+
+
+def moves_by_handover(config: BrokerConfig, registry: Registry, topic: str) -> bool:
+    """Whether unloading `topic` hands its WAL over (reliable, storage.mode local)."""
+    if config.storage.mode != "local":
+        return False
+    resolved = registry.resolve_local(parse_topic(topic))
+    return resolved is not None and resolved.record.dispatch_strategy == cp.DispatchStrategy.RELIABLE
+
+
+def move_target(metadata: RaftMetadataStore, broker_id: int, topic: str) -> cr.BrokerRegistration:
+    """The live ACTIVE broker other than `broker_id` with the fewest topics."""
+    store = metadata
+    topics = Counter(_owner_id(value.value) for _, value in store.local_scan(cr.ASSIGNMENTS))
+    candidates = []
+    for key, value in store.local_scan(cr.REGISTER):
+        registration = cr.decode(value.value, cr.BrokerRegistration)
+        mode = store.local_get(cr.state_key(registration.broker_id))
+        if registration.broker_id == broker_id or (
+                mode is not None and cr.decode(mode.value, cr.BrokerStateRecord).mode != cr.BrokerMode.ACTIVE):
+            continue
+        if store.stopped_renewing(key):
+            continue  # missed its last renewal: may be dead
+        candidates.append(registration)
+    if not candidates:
+        raise FailedPrecondition(f"topic {topic}: no other live active broker to move it to;"
+                                 f" it stays on broker {broker_id}")
+    return min(candidates, key=lambda r: (topics[r.broker_id], r.broker_id))
+
+
+def marked_move(config: BrokerConfig, registry: Registry, broker_id: int, topic: str) -> tuple[
+        cr.Unassigned, cr.BrokerRegistration | None, str | None] | None:
+    """A rebalance or drain (an unsealed marker from `broker_id`) of `topic` that moves by
+    hand-over: the load manager's marker, the receiver (the marker's, else the least
+    loaded other broker) and, when there is none, why (the actor's first step refuses
+    it: the topic is assigned back here). None: no such move."""
+    if not moves_by_handover(config, registry, topic):
+        return None
+    value = registry.metadata.local_get(cr.unassigned_key(topic))
+    marker = None if value is None else cr.decode(value.value, cr.Unassigned)
+    if marker is None or marker.sealed or marker.from_broker != broker_id:
+        return None
+    target = registry.registration(marker.to_broker) if marker.to_broker is not None else None
+    refusal = None
+    if target is None or target.broker_id == broker_id:
+        try:
+            target = move_target(registry.metadata, broker_id, topic)
+        except DanubeError as exc:
+            target, refusal = None, exc.message
+    return marker, target, refusal
+
+
+def held_by_dead_broker(config: BrokerConfig, registry: Registry, broker_id: int, topic: str) -> int | None:
+    """The broker whose disk alone holds `topic`'s WAL, when its registration ended:
+    the topic waits for it, or for `topics reassign --force` (never orphaned)."""
+    if not moves_by_handover(config, registry, topic):
+        return None
+    assignment = registry.assignment(topic)
+    if assignment is not None:
+        holder: int | None = assignment.broker_id
+    else:
+        value = registry.metadata.local_get(cr.unassigned_key(topic))
+        marker = None if value is None else cr.decode(value.value, cr.Unassigned)
+        holder = None if marker is None or marker.sealed else marker.from_broker
+    if holder is None or holder == broker_id or registry.registration(holder) is not None:
+        return None
+    return holder
+
+
+def held_by_dead_broker_text(topic: str, holder: int) -> str:
+    return (f"topic {topic} is not served: its WAL is on broker {holder}'s disk only (storage.mode local) and"
+            f" broker {holder} is gone; it is served again when broker {holder} comes back, or after"
+            f" `danube admin topics reassign {topic} --force` gives up what only that WAL holds")
+
+
+def _owner_id(value: bytes) -> int | None:
+    with contextlib.suppress(DanubeError):
+        return cr.decode(value, cr.Assignment).broker_id
+    return None

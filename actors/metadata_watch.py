@@ -1,8 +1,9 @@
 """A metadata watch: the actor that follows one prefix of the metadata store for its parent.
 
-A child of the broker actor (assignments, backlog quotas, topic policies: spawned once
-the broker has joined the cluster) or of a gateway (security entries; the client
-gateway's schema bindings). Each step is a `WatchNext` message to itself:
+A child of the broker actor (assignments) or of its policy keeper (backlog quotas,
+topic policies), spawned once the broker has joined the cluster, or of a gateway
+(security entries; the client gateway's schema bindings). Each step is a `WatchNext`
+message to itself:
 
 1. With no revision yet (the start unless `since` was given, or after a failure): a
    linearizable barrier, then the target is told where to start from (`start_over`:

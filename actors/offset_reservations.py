@@ -15,10 +15,14 @@ for a topic the broker released (`TopicReleased`: its seal ended the reservation
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from danube_zmq.actors.ownership import seal_state
+from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
+from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.errors import DanubeError, Unavailable
 from danube_zmq.transport.internal_protocol import (
@@ -28,12 +32,13 @@ from danube_zmq.transport.internal_protocol import (
     WriteReservations,
 )
 
-__all__ = ["OffsetReservations"]
+__all__ = ["OffsetReservations", "end_reservations", "write_topic_state"]
 
 log = logging.getLogger("danube_zmq.broker")
 
 _RETRY_MS = 200
-# How long a reservation is retried before the topic is told it failed.
+# How long a reservation is retried before the topic is told it failed (and how long a
+# shutdown waits to end the reservations).
 _GIVE_UP_MS = 3_000
 
 
@@ -116,3 +121,46 @@ class OffsetReservations(Actor):
         if puts and not await self.metadata.transaction(expect, puts):
             raise Unavailable("a topic's offsets record changed meanwhile")  # re-read and retried
         return granted
+
+
+async def end_reservations(metadata: RaftMetadataStore, broker_id: int, stopped: dict[str, int], now_ms: int) -> None:
+    """At a clean shutdown: each reliable topic's reservation ends where its log ends
+    (`stopped`: topic -> its log's end), so that whichever broker serves it next
+    continues without a gap (even if this disk is then lost: the durable store has
+    everything, the uploads are done). Only the reservations `broker_id` holds."""
+    expect: dict[str, int] = {}
+    puts: dict[str, bytes] = {}
+    for topic, next_offset in stopped.items():
+        key = cr.topic_state_key(topic)
+        current = metadata.local_get(key)
+        if current is None or cr.decode(current.value, cr.TopicState).broker_id != broker_id:
+            continue
+        expect[key] = current.version
+        puts[key] = cr.encode(cr.TopicState(next_offset=next_offset, broker_id=broker_id, sealed_ms=now_ms,
+                                            reserved_until=next_offset))
+    if not puts:
+        return
+    async with asyncio.timeout(_GIVE_UP_MS / 1000):
+        ended = await metadata.transaction(expect, puts)
+    if not ended:
+        log.warning("offset reservations changed meanwhile; not ended at shutdown")
+
+
+async def write_topic_state(metadata: RaftMetadataStore, broker_id: int, entry: TopicEntry, next_offset: int,
+                            now_ms: int) -> None:
+    """Record where a topic this broker stopped serving stopped its offsets (its
+    reservation ends there), unless another broker reserved its offsets since (it took
+    the topic over from this one: its record stands)."""
+    key = cr.topic_state_key(entry.name.full)
+    current = metadata.local_get(key)
+    recorded = cr.decode(current.value, cr.TopicState) if current is not None else None
+    state = seal_state(me=broker_id, reliable=entry.dispatch_strategy == cp.DispatchStrategy.RELIABLE,
+                       current=recorded, next_offset=next_offset, now_ms=now_ms)
+    if state is None:
+        assert recorded is not None
+        log.warning("topic %s: broker %d reserved its offsets since; not sealed here", entry.name.full,
+                    recorded.broker_id)
+        return
+    result = await metadata.compare_and_swap(key, current.version if current is not None else 0, cr.encode(state))
+    if not result.succeeded:
+        log.warning("topic %s: its offsets record changed meanwhile; not sealed here", entry.name.full)

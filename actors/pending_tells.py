@@ -1,11 +1,11 @@
-"""A configuration change the broker tells the topics it serves (topic policies,
-backlog quotas), delivered without waiting and without loss: part of `BrokerActor`'s
-state, one `PendingTells` per kind of change.
+"""A configuration change the policy keeper tells the topics served here (topic
+policies, backlog quotas), delivered without waiting and without loss: part of
+`PolicyKeeper`'s state (`policy_keeper.py`), one `PendingTells` per kind of change.
 
-The broker never waits for a topic's mailbox room: a topic flooded by producers could
+The keeper never waits for a topic's mailbox room: a topic flooded by producers could
 hold up every admin request for the ask timeout, and a `send` that gave up lost the
 change until the topic restarted. A topic whose mailbox is full is kept pending and,
-when the broker handles the kind's timer message (`retry`), told again with what the
+when the keeper handles the kind's timer message (`retry`), told again with what the
 store holds then, so the last change wins whatever the order of the retries.
 """
 
@@ -36,14 +36,14 @@ class PendingTells:
 
     def __init__(self, what: str, retry: Message) -> None:
         self.what = what  # names the change in the log
-        self.retry = retry  # the broker's timer message for this kind: it calls `due`, then `tell`
+        self.retry = retry  # the owner's timer message for this kind: it calls `due`, then `tell`
         self.topics: set[str] = set()
         self.retry_due = False
 
-    def tell(self, system: ActorSystem, broker_endpoint: str, entries: Iterable[TopicEntry],
+    def tell(self, system: ActorSystem, endpoint: str, entries: Iterable[TopicEntry],
              message_of: Callable[[TopicEntry], Message]) -> None:
         """Tell each topic `message_of` it (computed now, from the store as it is); keep
-        those with a full mailbox and have `retry` come back to the broker."""
+        those with a full mailbox and have `retry` come back to `endpoint` (the owner's)."""
         for entry in entries:
             full = entry.name.full
             if system.tell(entry.endpoint, message_of(entry)):
@@ -55,7 +55,7 @@ class PendingTells:
                 log.info("topic %s: %s not told (stopped)", full, self.what)
         if self.topics and not self.retry_due:
             self.retry_due = True
-            system.schedule_once(broker_endpoint, PENDING_RETRY_MS, self.retry)
+            system.schedule_once(endpoint, PENDING_RETRY_MS, self.retry)
 
     def due(self, served: dict[str, TopicEntry]) -> list[TopicEntry]:
         """On the timer message: the pending topics, to tell again; one no longer served

@@ -82,7 +82,7 @@ RAFT_CONCURRENT_PUTS_S = 2_721
 RAFT_MEASURED_VALUE_BYTES = 100
 # A move writes: the unload marker (transaction), the old owner's cursors (transaction),
 # its TopicState (seal), the marker sealed, the assignment (transaction), a MoveRecord
-# (put with a TTL of an hour, then its expiry): load_manager.py, broker_handover.py.
+# (put with a TTL of an hour, then its expiry): load_manager.py, hand_over.py.
 ENTRIES_PER_MOVE = 7
 MESSAGE_BYTES = 1024
 SECOND_MS = 1000

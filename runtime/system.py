@@ -199,11 +199,14 @@ class ActorSystem:
         self.restart_window_ms = restart_window_ms
         self.ask_timeout_ms = ask_timeout_ms
         # Well-known mailboxes: the gateway (actors that attach clients tell it) and
-        # the broker actor (the gateways forward to it). Set by the owner at start.
+        # the broker actor (the gateways forward to it). Set by the owner at start; the
+        # policy keeper's and the registry admin's by their parent, the broker actor.
         self.gateway_endpoint = ""
         self.broker_endpoint = ""
         self.snapshot_endpoint = ""
         self.load_manager_endpoint = ""
+        self.policy_endpoint = ""
+        self.registry_admin_endpoint = ""
         self._cells: dict[str, _Cell] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the one the actors run on, once one runs
         self._lanes: Lanes[_Cell] = Lanes(self._sync_context, push_hwm=mailbox_messages_max, wake=self._wake)

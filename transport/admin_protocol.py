@@ -1252,6 +1252,17 @@ SECURITY_REQUESTS = (
 SECURITY_MESSAGES = SECURITY_REQUESTS + (RoleList, BindingCreated, BindingList, RevokedTokenList, ClientKeyList)
 
 
+REGISTRY_REQUESTS = (ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, ListBrokers)
+"""Admin requests the broker's registry admin answers (actors/registry_admin.py)."""
+
+POLICY_REQUESTS = (
+    SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
+    SetNamespaceLimits, GetNamespaceLimits, RemoveNamespaceLimits,
+    SetTopicPolicies, GetTopicPolicies, RemoveTopicPolicies,
+    SetAutoTopicCreation, GetAutoTopicCreation, RemoveAutoTopicCreation,
+)
+"""Admin requests the broker's policy keeper answers (actors/policy_keeper.py)."""
+
 HANDOVER_REQUESTS = (BeginHandOver, HandOverChunk, CommitHandOver, AbortHandOver)
 """Sent by brokers to brokers on the admin port (a later issue limits them to broker principals)."""
 
@@ -1261,11 +1272,7 @@ ADMIN_REQUESTS = (
     GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
     RepairTopic, ReassignTopic,
-    SetBacklogQuota, GetBacklogQuota, RemoveBacklogQuota,
-    SetNamespaceLimits, GetNamespaceLimits, RemoveNamespaceLimits,
-    SetTopicPolicies, GetTopicPolicies, RemoveTopicPolicies,
-    SetAutoTopicCreation, GetAutoTopicCreation, RemoveAutoTopicCreation,
-) + HANDOVER_REQUESTS
+) + POLICY_REQUESTS + HANDOVER_REQUESTS
 """What a client may send on the admin socket; the rest are answers."""
 
 ADMIN_PROTOCOL = Protocol(

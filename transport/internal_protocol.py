@@ -747,11 +747,14 @@ class ReserveOffsetsFor(Message):
 
 @wire
 class TopicReleased(Message):
-    """Broker -> offset reservations: the topic is no longer served here (its seal ends
-    its reservation): what is pending for it is dropped."""
+    """Broker -> offset reservations and policy keeper: the topic is no longer served
+    here (its seal ends its reservation): what is pending for it is dropped, and it is
+    told no more policy changes. `endpoint`: the topic's actor that stopped (a keeper told
+    late, after the topic's next actor was served, keeps that one)."""
 
     TAG = 256
     topic: str
+    endpoint: str | None = None
 
 
 @wire
@@ -1079,10 +1082,12 @@ class ApplyBacklogQuota(Message):
 
 @wire
 class BacklogQuotasChanged(Message):
-    """The broker's own watch of `/policies/backlog-quota/`: a quota was set or
-    removed; the broker tells its reliable topics the quota now in force."""
+    """The policy keeper's watch of `/policies/backlog-quota/`: a quota was set or
+    removed (at `revision` of the store); the keeper tells the reliable topics served
+    here the quota now in force."""
 
     TAG = 231
+    revision: int = 0
 
 
 @wire
@@ -1107,10 +1112,12 @@ class ApplyTopicPolicies(Message):
 
 @wire
 class TopicPoliciesChanged(Message):
-    """The broker's own watch of `/policies/topic-policies/`: policies were set or
-    removed; the broker tells its topics those now in force."""
+    """The policy keeper's watch of `/policies/topic-policies/`: policies were set or
+    removed (at `revision` of the store); the keeper tells the topics served here those
+    now in force."""
 
     TAG = 277
+    revision: int = 0
 
 
 @wire
@@ -1138,7 +1145,7 @@ class DispatchTokensDue(Message):
 
 @wire
 class TopicPoliciesPending(Message):
-    """Broker -> itself while some topic's mailbox was full when it was told the topic
+    """Policy keeper -> itself while some topic's mailbox was full when it was told the topic
     policies in force: tell those topics again (what the store holds then)."""
 
     TAG = 280
@@ -1146,7 +1153,7 @@ class TopicPoliciesPending(Message):
 
 @wire
 class BacklogQuotasPending(Message):
-    """Broker -> itself while some reliable topic's mailbox was full when it was told
+    """Policy keeper -> itself while some reliable topic's mailbox was full when it was told
     the backlog quota in force: tell those topics again (what the store holds then)."""
 
     TAG = 342
@@ -1158,7 +1165,7 @@ class LoadTick(Message):
     cluster's lead as the Raft peer's role says, and run a round when the idle period is
     over or the last round failed."""
 
-    TAG = 347
+    TAG = 349
 
 
 @wire
@@ -1167,8 +1174,29 @@ class LoadRoundDue(Message):
     `revision` needs a round (a topic, marker, assignment, move or broker changed); one
     that started after it has read it already."""
 
-    TAG = 348
+    TAG = 350
     revision: int
+
+
+@wire
+class TopicServed(Message):
+    """Broker -> policy keeper: a topic (or partition) is served here now, by the actor
+    at `endpoint`, spawned with the policies the local replica held at `revision` (or
+    later): a change the keeper learned of past it is told to the topic."""
+
+    TAG = 347
+    topic: str
+    dispatch_strategy: int
+    endpoint: str
+    revision: int
+
+
+@wire
+class BrokerJoined(Message):
+    """Broker -> policy keeper: the broker joined the cluster (its bootstrap namespaces
+    are written): the keeper starts following the policies in the store."""
+
+    TAG = 348
 
 
 @wire
@@ -1226,7 +1254,7 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
         TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue, ExpireSubscriptions,
-        ResyncNext, LoadTick, LoadRoundDue,
+        ResyncNext, TopicServed, BrokerJoined, LoadTick, LoadRoundDue,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,
         FlushCursors, SubscriptionsOf, PersistedSubscriptions, ForgetTopicRecords, ClearProducers, RecordDamage,

@@ -17,7 +17,7 @@ class _Value:
 
 
 class FakeReplica:
-    """The local replica's reads the broker's policy mixins make: records by key."""
+    """The local replica's reads the broker's policy keeper makes: records by key."""
 
     def __init__(self) -> None:
         self.records: dict[str, bytes] = {}

@@ -54,7 +54,7 @@ async def joined_broker(tmp_path: Path, outbox_address: str, cluster: ClusterSec
         broker = system.actor(endpoint)
         assert isinstance(broker, BrokerActor)
         deadline = time.monotonic() + DEADLINE_S
-        while not (broker.joined and broker.lease_held):
+        while not (broker.registry.joined and broker.lease_held):
             assert time.monotonic() < deadline, "the broker never joined and held its lease"
             await asyncio.sleep(0.01)
         await store.compare_and_swap(cr.namespace_key("default"), 0, b"")  # bootstrapped already, or now

@@ -368,19 +368,26 @@ def test_no_internal_message_shares_a_name_with_a_client_or_admin_request() -> N
 
 
 def test_every_admin_and_client_request_the_broker_takes_has_a_handle_method() -> None:
-    """Every admin request type is a `handle_<Type>` method of some actor class, and
-    every client request type one of the gateway (which reads it off the socket) and
-    of the actor that answers it: one search finds each hop."""
-    from danube_zmq.actors.admin_gateway import AdminGateway
+    """Every admin request type is a `handle_<Type>` method of the actor class the admin
+    gateway's route table sends it to, and every client request type one of the gateway
+    (which reads it off the socket) and of the actor that answers it: one search finds
+    each hop."""
+    from danube_zmq.actors.admin_gateway import ROUTES, AdminGateway
     from danube_zmq.actors.broker import BrokerActor
     from danube_zmq.actors.gateway import Gateway
+    from danube_zmq.actors.policy_keeper import PolicyKeeper
+    from danube_zmq.actors.registry_admin import RegistryAdmin
     from danube_zmq.actors.snapshot_actor import SnapshotActor
     from danube_zmq.actors.subscription import SubscriptionActor
     from danube_zmq.actors.topic import TopicActor
 
-    classes = (BrokerActor, SnapshotActor, AdminGateway)
-    wanted = [t.__name__ for t in ap.ADMIN_REQUESTS + ap.SNAPSHOT_REQUESTS + ap.CLUSTER_REQUESTS]
-    missing = [name for name in wanted if not any(callable(getattr(c, f"handle_{name}", None)) for c in classes)]
+    # The admin gateway's routes: each admin request goes to the actor with its handler.
+    routed_to = {None: AdminGateway, "broker_endpoint": BrokerActor, "snapshot_endpoint": SnapshotActor,
+                 "policy_endpoint": PolicyKeeper, "registry_admin_endpoint": RegistryAdmin}
+    wanted = ap.ADMIN_REQUESTS + ap.SNAPSHOT_REQUESTS + ap.CLUSTER_REQUESTS + ap.SECURITY_REQUESTS
+    assert set(ROUTES) == set(wanted)
+    missing = [f"{routed_to[route.endpoint].__name__}.handle_{t.__name__}" for t, route in ROUTES.items()
+               if t.__name__ not in routed_to[route.endpoint]._handlers]
     assert missing == []
 
     answered_by = {

@@ -57,10 +57,10 @@ def test_a_broker_waiting_for_a_leader_still_answers_its_other_messages(tmp_path
                 if instance._joining:
                     break
                 await asyncio.sleep(0.01)
-            assert instance._joining and not instance.joined
+            assert instance._joining and not instance.registry.joined
             answer = await system.ask(broker, ServedTopics(), timeout_ms=30_000)
             assert answer == ServedTopicsList(endpoints=[], serving=False)
-            assert not instance.joined, "no leader: not joined"
+            assert not instance.registry.joined, "no leader: not joined"
         finally:
             await system.shutdown()
             await store.stop()

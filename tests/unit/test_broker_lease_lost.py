@@ -136,4 +136,4 @@ async def test_requests_parked_when_the_lease_is_lost_are_refused_at_once(tmp_pa
         assert isinstance(answer, Error), answer
         assert (answer.request_id, answer.code) == (6, Unavailable.code)
         assert "lease" in answer.message, answer.message
-        assert not joined.broker.parked and joined.broker.parked_count == 0
+        assert not joined.broker.parked and joined.broker.parked.count == 0

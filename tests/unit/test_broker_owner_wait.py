@@ -1,5 +1,5 @@
 """An admin request about a partition between brokers waits for its assignment
-(`actors/broker_admin.py` `_on_owner`): the real `BrokerActor` joined to a real
+(`actors/admin_reach.py` `on_owner`): the real `BrokerActor` joined to a real
 single-voter store in a real `ActorSystem`, the request told to it as the admin gateway
 tells it (`AdminRequest`), its answer read from the admin outbox (an inproc PULL
 standing in for the admin gateway's)."""
@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors import broker_admin
+from danube_zmq.actors import admin_reach
 from danube_zmq.actors.broker import BrokerActor
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import ADMIN_OUTBOX
@@ -58,7 +58,7 @@ class Joined:
     async def until_waiting(self) -> None:
         """The request is in the broker's `owner_waits` for TOPIC (it holds no answer)."""
         deadline = time.monotonic() + DEADLINE_S
-        while not self.broker.owner_waits.get(TOPIC):
+        while not self.broker.reach.owner_waits.get(TOPIC):
             assert time.monotonic() < deadline, "the request never waited for the topic's owner"
             await asyncio.sleep(0.01)
         assert not await self.outbox.poll(0), "answered while it waits"
@@ -75,10 +75,10 @@ async def test_a_request_for_a_topic_between_brokers_is_answered_when_its_assign
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A describe of a topic with no broker yet waits (its future in `owner_waits`, no
     answer). The owner wait is made ten minutes long, so only the broker's handling of
-    the assignment (`_wake`) can end it within the test's deadline: once the topic is
+    the assignment (`_wake`, `AdminReach.wake`) can end it within the test's deadline: once the topic is
     assigned here, the broker loads it and the request is answered with its
     description, served by this broker; nothing is left waiting."""
-    monkeypatch.setattr(broker_admin, "_OWNER_WAIT_MS", 600_000)
+    monkeypatch.setattr(admin_reach, "OWNER_WAIT_MS", 600_000)
     async with _joined(tmp_path) as joined:
         await joined.ask_admin(request_id=7)
         await joined.until_waiting()
@@ -88,7 +88,7 @@ async def test_a_request_for_a_topic_between_brokers_is_answered_when_its_assign
         assert isinstance(answer, ap.TopicDescription), answer
         assert (answer.request_id, answer.name, answer.broker_id) == (7, TOPIC, BROKER_ID)
         assert [p.name for p in answer.partitions] == [TOPIC]
-        assert TOPIC in joined.broker.topics and not joined.broker.owner_waits
+        assert TOPIC in joined.broker.topics and not joined.broker.reach.owner_waits
 
 
 async def test_a_request_for_a_topic_never_assigned_is_refused_unavailable_after_the_wait(tmp_path: Path) -> None:
@@ -107,8 +107,8 @@ async def test_a_request_for_a_topic_never_assigned_is_refused_unavailable_after
         assert isinstance(answer, Error), answer
         assert (answer.request_id, answer.code) == (8, Unavailable.code)
         assert answer.message == f"topic {TOPIC} has no broker right now; retry"
-        assert waited_s >= broker_admin._OWNER_WAIT_MS / 1000
-        assert not joined.broker.owner_waits
+        assert waited_s >= admin_reach.OWNER_WAIT_MS / 1000
+        assert not joined.broker.reach.owner_waits
 
 
 async def test_a_partitioned_topic_is_described_with_its_unserved_partition_marked(tmp_path: Path) -> None:
@@ -134,4 +134,4 @@ async def test_a_partitioned_topic_is_described_with_its_unserved_partition_mark
             f"{base}-part-0", BROKER_ID, "tcp://127.0.0.1:1", None)
         assert (unserved.name, unserved.broker_id, unserved.broker_url) == (f"{base}-part-1", None, None)
         assert unserved.not_served == f"topic {base}-part-1 has no broker right now; retry"
-        assert not joined.broker.owner_waits
+        assert not joined.broker.reach.owner_waits

@@ -19,8 +19,8 @@ from typing import Any
 
 import zmq.asyncio
 
-from danube_zmq.actors.broker import _assignment_changed, assigned_to
 from danube_zmq.actors.metadata_watch import MetadataWatch
+from danube_zmq.actors.topic_registry import assigned_to, assignment_changed
 from danube_zmq.clock import Clock, ManualClock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
@@ -187,7 +187,7 @@ async def _running(tmp_path: Path, *, history_events_max: int = 10_000, mailbox_
 
         watch = await system.spawn(lambda: MetadataWatch(
             metadata=store, prefix=cr.ASSIGNMENTS, target=parent, start_over=assigned,
-            on_event=_assignment_changed), name="assignments watch", parent=parent)
+            on_event=assignment_changed), name="assignments watch", parent=parent)
         yield store, system, parent, watch
     finally:
         await system.shutdown()

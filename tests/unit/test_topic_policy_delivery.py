@@ -1,10 +1,11 @@
 """A topic policy change reaches every subscription of a live topic, whatever its
 mailbox holds at that moment (docs/operations.md, "Topic policies").
 
-Two hops carry a change: the broker tells the topic (`BrokerTopicPolicies`), the topic
-tells its subscriptions. The tests run the real topic and subscription actors in one
-actor system with small mailboxes; the broker's part is `BrokerTopicPolicies` itself on
-a stand-in that holds a fake local replica of the metadata store."""
+Two hops carry a change: the broker's policy keeper tells the topic (`PolicyKeeper`),
+the topic tells its subscriptions. The tests run the real topic and subscription actors
+in one actor system with small mailboxes; the broker's part is its `PolicyKeeper`
+itself, on a fake local replica of the metadata store, told the topic is served as the
+broker tells it."""
 
 from __future__ import annotations
 
@@ -17,12 +18,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.broker_topic_policies import BrokerTopicPolicies
 from danube_zmq.actors.config import BrokerConfig, BrokerSection
 from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.pending_tells import PendingTells
+from danube_zmq.actors.policy_keeper import PolicyKeeper
 from danube_zmq.actors.topic import make_topic
-from danube_zmq.actors.topic_registry import TopicEntry
 from danube_zmq.clock import SystemClock
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
@@ -35,9 +34,8 @@ from danube_zmq.transport.internal_protocol import (
     PublishTokensDue,
     Tick,
     TopicPoliciesChanged,
-    TopicPoliciesPending,
+    TopicServed,
 )
-from danube_zmq.transport.topic_name import parse_topic
 from tests.unit.full_mailbox import FakeReplica, Staller
 from tests.waiting import until
 
@@ -45,18 +43,14 @@ TOPIC = "/default/policed"
 MAILBOX_MAX = 8
 
 
-class StandInBroker(BrokerTopicPolicies, Actor):
-    def __init__(self, config: BrokerConfig, replica: FakeReplica) -> None:
-        self.config = config
-        self.metadata = replica
-        self.topics: dict[str, TopicEntry] = {}
-        self.policies_pending = PendingTells("topic policies", TopicPoliciesPending())
+class StandInBroker(Actor):
+    """The topic's parent: it answers nothing (a non-reliable topic asks its broker nothing here)."""
 
 
 @dataclass
 class Setup:
     system: ActorSystem
-    broker: str
+    keeper: str
     topic: str
     subscription: str
     staller: str
@@ -70,13 +64,14 @@ async def setup() -> AsyncIterator[Setup]:
     system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=MAILBOX_MAX, ask_timeout_ms=300)
     config = BrokerConfig(broker=BrokerSection(listen="inproc://policy-delivery"))
     replica = FakeReplica()
-    stand_in = StandInBroker(config, replica)
-    broker = await system.spawn(lambda: stand_in, name="broker")
+    broker = await system.spawn(StandInBroker, name="broker")
+    keeper = await system.spawn(lambda: PolicyKeeper(metadata=replica, config=config, broker_id=1),  # type: ignore[arg-type]
+                                name="policy keeper", parent=broker)
     topic = await system.spawn(lambda: make_topic(name=TOPIC, dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE,
                                                   config=config, rng=IdSource(3), broker_endpoint=broker),
                                name=f"topic {TOPIC}", parent=broker)
-    stand_in.topics[TOPIC] = TopicEntry(name=parse_topic(TOPIC), dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE,
-                                        endpoint=topic)
+    assert system.tell(keeper, TopicServed(topic=TOPIC, dispatch_strategy=cp.DispatchStrategy.NON_RELIABLE,
+                                           endpoint=topic, revision=0))
     assert system.tell(topic, ClientRequest(identity=b"consumer", frame=cp.CLIENT_PROTOCOL.encode(
         cp.Subscribe(request_id=1, topic=TOPIC, subscription="s", consumer_name="c"))))
     await until(lambda: "s" in system.actor(topic).subscriptions, "the subscription spawned")  # type: ignore[attr-defined]
@@ -84,7 +79,7 @@ async def setup() -> AsyncIterator[Setup]:
     Staller.release = asyncio.Event()
     staller = await system.spawn(Staller, name="staller", parent=topic, share_mailbox=True)
     try:
-        yield Setup(system=system, broker=broker, topic=topic, subscription=subscription, staller=staller,
+        yield Setup(system=system, keeper=keeper, topic=topic, subscription=subscription, staller=staller,
                     replica=replica)
     finally:
         Staller.release.set()
@@ -120,22 +115,22 @@ async def test_a_subscription_with_a_full_mailbox_gets_the_change_its_topic_pass
 
 async def test_a_change_told_while_the_topics_mailbox_stays_full_still_reaches_its_subscriptions(
         setup: Setup) -> None:
-    """The topic's mailbox is full, and stays full past what the broker's `send` would
-    wait (the system's ask timeout, 300 ms here), when the broker learns of a change
+    """The topic's mailbox is full, and stays full past what the keeper's `send` would
+    wait (the system's ask timeout, 300 ms here), when the keeper learns of a change
     (`TopicPoliciesChanged` from its watch). Once the topic drains, the topic and its
     subscription both hold the new max_dispatch_rate and max_consumers_per_subscription:
-    the broker keeps the change pending and tells it again, as it is in the store then."""
+    the keeper keeps the change pending and tells it again, as it is in the store then."""
     system = setup.system
     assert system.tell(setup.staller, Tick())
     await asyncio.sleep(0.01)
     told = [system.tell(setup.topic, PublishTokensDue()) for _ in range(MAILBOX_MAX + 1)]
     assert told[-1] is False and all(told[:-1])  # full
     _set_topic_policies(setup.replica, max_dispatch_rate=50, max_consumers_per_subscription=2)
-    assert system.tell(setup.broker, TopicPoliciesChanged())
+    assert system.tell(setup.keeper, TopicPoliciesChanged())
     await asyncio.sleep(0.6)  # past the send deadline, the topic still stalled
     # A later change, while the first is still undelivered: the last one in the store wins.
     _set_topic_policies(setup.replica, max_dispatch_rate=70, max_consumers_per_subscription=3)
-    assert system.tell(setup.broker, TopicPoliciesChanged())
+    assert system.tell(setup.keeper, TopicPoliciesChanged())
     await asyncio.sleep(0.6)
     Staller.release.set()
     await until(lambda: _policies(system, setup.subscription).max_dispatch_rate == 70,
