@@ -142,3 +142,35 @@ def test_a_seek_is_in_the_wal_files_when_it_is_answered(tmp_path: Path) -> None:
         assert _wal_cursor(image) == -1, "the seek was answered before its checkpoint was in the WAL"
 
     _run(tmp_path, body)
+
+
+def test_a_seek_during_a_checkpoint_only_flush_leaves_that_flush_in_flight_until_its_done(tmp_path: Path) -> None:
+    """A flush that carries only subscription `s`'s checkpoint is writing (the worker is
+    held) when an admin seeks `s` and a batch is appended. The seek takes its checkpoint
+    out of that flush and writes its own; the flush is still in flight until its
+    FlushDone, so the batch waits for it rather than starting a flush of its own, whose
+    number the late FlushDone would not match (the topic failed an assertion and was
+    restarted, its queued sends answered UNAVAILABLE). The same actor commits the batch."""
+
+    async def body(system: ActorSystem, topic: str, wal_dir: Path, executor: ThreadPoolExecutor) -> None:
+        append = AppendInternal(producer_name="p", payloads=[b"m"] * 5, publish_times=[1] * 5,
+                                keys=[None] * 5, attributes=[None] * 5)
+        system.tell(topic, append)
+        await until(lambda: _committed(system, topic) == 5, "the five messages committed")
+        await system.ask(topic, SeekCursor(subscription="s", offset=5, publish_time=None))
+        await until(lambda: _checkpointed(system, topic) == 4, "s checkpointed at 4 in the WAL")
+        actor = system.actor(topic)
+
+        gate = threading.Event()
+        executor.submit(gate.wait)  # the checkpoint-only flush below waits behind it
+        system.tell(topic, PersistCursor(topic=TOPIC, subscription="s", sub_type=SUB_TYPE, cursor=2,
+                                         acked_above=[], seeks=1_000))
+        seek = asyncio.ensure_future(system.ask(topic, SeekCursor(subscription="s", offset=0, publish_time=None)))
+        await asyncio.sleep(0.2)  # the seek waits on the flush in flight
+        system.tell(topic, append)
+        gate.set()
+        await seek
+        await until(lambda: _committed(system, topic) == 10, "the batch appended during the seek committed")
+        assert system.actor(topic) is actor, "the topic actor was restarted"
+
+    _run(tmp_path, body)

@@ -130,6 +130,9 @@ class WalCommit:
         self.flush_id = self.first_flush_id = next(_FLUSH_IDS)
         self.failed_flushes = 0
         self.flush_future: concurrent.futures.Future[None] | None = None  # the write of the flush in flight
+        # From a flush's start to its FlushDone. Not read off what the flush carries: a seek
+        # takes its checkpoint out of the flush in flight, which may then carry nothing.
+        self._awaiting_done = False
         self._sync_always = config.storage.wal_sync == "always"
         # Interval mode: a `WalSyncDue` came while a flush held the WAL; the sync runs as
         # soon as that flush is done, so under load it is late by one flush, never skipped.
@@ -265,17 +268,18 @@ class WalCommit:
 
     # ------------------------------------------------------------- flush
     def in_flight(self) -> bool:
-        """A flush (of batches, checkpoints or both) is running."""
-        return bool(self.flushing or self.cursors.checkpointing)
+        """A flush (of batches, checkpoints or both) is running: its FlushDone is to come."""
+        return self._awaiting_done
 
     def start_flush(self) -> None:
         cursors = self.cursors
-        assert not self.flushing and not cursors.checkpointing and (self.queued or cursors.pending_checkpoints)
+        assert not self._awaiting_done and (self.queued or cursors.pending_checkpoints)
         assert self.topic_log.wal is not None
         self.flushing, self.queued = self.queued, []
         # After this flush's batches: a cursor is never durable before what it covers.
         checkpoints, settled, publish, published = cursors.take_flush()
         self.flush_id = next(_FLUSH_IDS)
+        self._awaiting_done = True
         flush_id, wal, sync = self.flush_id, self.topic_log.wal, self._sync_always or self._sync_in_flush()
         seal = self.durable_mode and self.config.storage.seal_every_flush
         chunks = [(b.encoded, len(b.publish.payloads)) for b in self.flushing]
@@ -334,6 +338,7 @@ class WalCommit:
         if msg.flush_id < self.first_flush_id:
             return  # the replaced instance's: what it wrote is in the WAL this one recovered
         assert msg.flush_id == self.flush_id and self.in_flight(), (msg.flush_id, self.flush_id)
+        self._awaiting_done = False
         cursors = self.cursors
         batches, self.flushing = self.flushing, []
         checkpoints, store = cursors.end_flush()
