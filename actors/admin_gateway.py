@@ -427,21 +427,11 @@ class AdminGateway(Actor):
     def _answer_cluster_in_task(self, msg: Message, origin: Origin, answer: cluster_admin.Answer) -> None:
         if self.metadata is None or self.schemas is None:
             raise Unavailable("this broker runs no metadata store")
-        if not self._cluster_tasks.start(self._answer_cluster(origin.identity, msg, answer, self.metadata,
-                                                              self.schemas)):
+        identity = origin.identity
+        if not self._cluster_tasks.answer(answer(self.metadata, self.schemas, msg), type(msg).__name__,
+                                          lambda reply: self._reply(identity, reply if isinstance(reply, Message)
+                                                                    else self._error_reply(msg, reply))):
             raise ResourceExhausted("too many metadata requests in flight; retry")
-
-    async def _answer_cluster(self, identity: bytes, msg: Message, answer: cluster_admin.Answer,
-                              store: RaftMetadataStore, registry: SchemaRegistry) -> None:
-        try:
-            reply = await answer(store, registry, msg)
-        except DanubeError as exc:
-            reply = self._error_reply(msg, exc)
-        except Exception as exc:  # a bug of ours, in a task: answered INTERNAL, no actor to restart
-            log.exception("metadata request %s failed", type(msg).__name__)
-            reply = Error(request_id=msg.request_id, code=ErrorCode.INTERNAL,  # type: ignore[attr-defined]
-                          message=f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}")
-        self._reply(identity, reply)
 
     @staticmethod
     def _error_reply(msg: Message, exc: DanubeError) -> Error:

@@ -40,7 +40,7 @@ from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error
-from danube_zmq.transport.errors import DanubeError, InternalError, ResourceExhausted, Unavailable, error_from_code
+from danube_zmq.transport.errors import DanubeError, ResourceExhausted, Unavailable, error_from_code
 from danube_zmq.transport.topic_name import parse_topic
 
 __all__ = ["OWNER_WAIT_MS", "AdminReach"]
@@ -88,20 +88,10 @@ class AdminReach:
         return None
 
     def in_task(self, msg: Any, origin: Origin, answer: Callable[[Any], Awaitable[Message]]) -> None:
-        if not self.tasks.start(self._answer(origin.identity, msg, answer)):
+        identity = origin.identity
+        if not self.tasks.answer(answer(msg), type(msg).__name__, lambda reply: reply_admin(
+                self.system, identity, reply if isinstance(reply, Message) else _error(msg, reply))):
             raise ResourceExhausted("too many admin requests waiting on other brokers; retry")
-
-    async def _answer(self, identity: bytes, msg: Any, answer: Callable[[Any], Awaitable[Message]]) -> None:
-        """A request answered in a task: out of the actor, so a bug is answered INTERNAL
-        and logged, with no actor to restart."""
-        try:
-            reply = await answer(msg)
-        except DanubeError as exc:
-            reply = _error(msg, exc)
-        except Exception as exc:
-            log.exception("admin request %s failed", type(msg).__name__)
-            reply = _error(msg, InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
-        reply_admin(self.system, identity, reply)
 
     async def on_leader(self, msg: Any) -> Message:
         """Ask the load manager of the broker that leads the cluster."""

@@ -1,18 +1,24 @@
 """A bounded set of tasks answering requests that wait on the metadata store (Raft
 rounds): the gateways start one per request so a slow round never holds up their
-sockets, and refuse beyond `limit` instead of piling work up. A task answers its
-request itself; an exception it lets out is a bug of ours, logged when the task ends
-(never left to asyncio's "Task exception was never retrieved")."""
+sockets, and refuse beyond `limit` instead of piling work up. A request answered in a
+task (`answer`) meets the one failure rule (`answer_of`, which the actor system applies
+to handlers too): a `DanubeError` is the answer; any other exception is a bug of ours,
+logged and answered INTERNAL, with no actor to restart. An exception a task started
+with `start` lets out is logged when it ends (never left to asyncio's "Task exception
+was never retrieved")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["RequestTasks"]
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.errors import DanubeError, InternalError
+
+__all__ = ["RequestTasks", "answer_of"]
 
 log = logging.getLogger("danube_zmq.actors")
 
@@ -32,6 +38,12 @@ class RequestTasks:
         task.add_done_callback(self._done)
         return True
 
+    def answer(self, coro: Coroutine[Any, Any, Message], what: str,
+               reply: Callable[[Message | DanubeError], None]) -> bool:
+        """Run `coro` in a task and `reply` what it returns, or what it raised under the
+        failure rule; False (and `coro` closed unrun) when `limit` are running."""
+        return self.start(_answered(coro, what, reply))
+
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if task.cancelled():
@@ -45,3 +57,22 @@ class RequestTasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def answer_of(what: str, exc: Exception) -> DanubeError:
+    """The failure rule's answer to a request (`what`) whose handling raised `exc`: a
+    `DanubeError` is the answer; anything else is INTERNAL naming it."""
+    if isinstance(exc, DanubeError):
+        return exc
+    return InternalError(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
+async def _answered(coro: Coroutine[Any, Any, Message], what: str,
+                    reply: Callable[[Message | DanubeError], None]) -> None:
+    try:
+        answer: Message | DanubeError = await coro
+    except Exception as exc:
+        if not isinstance(exc, DanubeError):
+            log.exception("request %s failed", what)
+        answer = answer_of(what, exc)
+    reply(answer)

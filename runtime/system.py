@@ -68,6 +68,7 @@ from danube_zmq.runtime.actor import CLIENT_PORT, REQUEST_PORTS, Actor, ActorSta
 from danube_zmq.runtime.lane import Lanes
 from danube_zmq.runtime.mailbox import Frame, Mailbox, message_bytes
 from danube_zmq.runtime.metrics import RUNTIME_METRICS
+from danube_zmq.runtime.request_tasks import answer_of
 from danube_zmq.transport.codec import Message, peek_request_id
 from danube_zmq.transport.common import Error
 from danube_zmq.transport.errors import (
@@ -898,7 +899,7 @@ class ActorSystem:
             log.debug("%s: %s refused: %s", cell.name, type(msg).__name__, exc)
         else:
             if respond is not None:
-                respond(InternalError(f"{type(msg).__name__} failed: {type(exc).__name__}: {exc}"))
+                respond(answer_of(type(msg).__name__, exc))
             return False
         if respond is not None:
             respond(exc)

@@ -423,3 +423,35 @@ async def test_a_request_task_that_raises_has_its_exception_logged_and_retrieved
     assert not any("never retrieved" in m for m in messages)
     logged = [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], ValueError)]
     assert logged and "lost answer" in str(logged[0].exc_info[1])
+
+
+async def test_a_request_answered_in_a_task_meets_the_one_failure_rule(caplog) -> None:
+    """`RequestTasks.answer`: the reply is what the request's coroutine returns; a
+    DanubeError it raises is the answer as it is; anything else is logged and answered
+    INTERNAL naming the request and the exception, as the actor system answers a
+    handler's (`answer_of`)."""
+    from danube_zmq.runtime.request_tasks import answer_of
+    from danube_zmq.transport.common import Ok
+    from danube_zmq.transport.errors import InternalError, NotFound
+
+    async def ok() -> Ok:
+        return Ok(request_id=7)
+
+    async def refused() -> Ok:
+        raise NotFound("no such topic")
+
+    async def bug() -> Ok:
+        raise KeyError("oops")
+
+    caplog.set_level(logging.ERROR)
+    tasks = RequestTasks(4)
+    replies: dict[str, object] = {}
+    for name, coro in (("Ok", ok()), ("Refused", refused()), ("Bug", bug())):
+        assert tasks.answer(coro, name, lambda reply, name=name: replies.__setitem__(name, reply))
+    await wait_for(lambda: len(replies) == 3)
+    assert replies["Ok"] == Ok(request_id=7)
+    assert isinstance(replies["Refused"], NotFound) and replies["Refused"].message == "no such topic"
+    assert isinstance(replies["Bug"], InternalError)
+    assert replies["Bug"].message == "Bug failed: KeyError: 'oops'" == answer_of("Bug", KeyError("oops")).message
+    assert [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], KeyError)]
+    assert not [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], NotFound)]
