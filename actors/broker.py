@@ -69,11 +69,7 @@ from danube_zmq.actors.load_reporter import LoadReporter
 from danube_zmq.actors.metadata_watch import MetadataWatch
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.offset_reservations import OffsetReservations, end_reservations, write_topic_state
-from danube_zmq.actors.ownership import (
-    Ownership,
-    marks_sealed,
-    on_assignment,
-)
+from danube_zmq.actors.ownership import Ownership, marks_sealed, on_assignment
 from danube_zmq.actors.parked import ParkedRequests
 from danube_zmq.actors.policy_keeper import PolicyKeeper
 from danube_zmq.actors.registry_admin import RegistryAdmin
@@ -103,14 +99,7 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport import internal_protocol as ip
 from danube_zmq.transport.codec import Message
-from danube_zmq.transport.errors import (
-    DanubeError,
-    FailedPrecondition,
-    Moved,
-    NotFound,
-    ResourceExhausted,
-    Unavailable,
-)
+from danube_zmq.transport.errors import DanubeError, FailedPrecondition, Moved, NotFound, ResourceExhausted, Unavailable
 from danube_zmq.transport.internal_protocol import (
     AssignmentChanged,
     AssignmentsResync,
@@ -240,10 +229,6 @@ class BrokerActor(Actor):
         self.policy_endpoint = self.system.policy_endpoint = await self.system.spawn(
             lambda: PolicyKeeper(metadata=metadata, config=config, broker_id=broker_id),
             name=f"policy keeper {broker_id}", parent=self.endpoint)
-        broker_url = self.broker_url
-        self.registry_admin_endpoint = self.system.registry_admin_endpoint = await self.system.spawn(
-            lambda: RegistryAdmin(metadata=metadata, config=config, broker_id=broker_id, broker_url=broker_url),
-            name=f"registry admin {broker_id}", parent=self.endpoint)
         self.reach = AdminReach(system=self.system, broker_endpoint=self.endpoint, metadata=metadata, config=config,
                                 registry=self.registry, broker_id=broker_id, topics=self.topics, curve=self.curve,
                                 tasks=self._admin_tasks)
@@ -254,6 +239,10 @@ class BrokerActor(Actor):
         self.incoming = IncomingMoves(registry=self.registry, config=config, broker_id=broker_id, data_dir=self.data_dir,
                                       clock=self.system.clock, topics=self.topics, moving=self.moving_topics,
                                       wal_dir=self.files.wal_dir)
+        broker_url = self.broker_url  # spawned last: the broker answered these requests once started
+        self.registry_admin_endpoint = self.system.registry_admin_endpoint = await self.system.spawn(
+            lambda: RegistryAdmin(metadata=metadata, config=config, broker_id=broker_id, broker_url=broker_url),
+            name=f"registry admin {broker_id}", parent=self.endpoint)
         self.system.schedule_periodic(self.endpoint, _PARKED_CHECK_MS, ParkedExpired())
         self.system.post(self.endpoint, JoinCluster())
 
