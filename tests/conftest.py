@@ -1,11 +1,30 @@
 """Fixtures shared by every test folder: the object-store emulators (tests/emulators.py),
-and hypothesis without its per-example deadline: a property test fails on what it
-checks, never on how long an example took on a busy 2-core machine (a deadline is a
-timed unit test)."""
+the rotation of seeded repeated runs across CI runs (tests/rotation.py), pytester (to
+test that rotation), the crash runs' one-line reports at the end of a run, and hypothesis
+without its per-example deadline: a property test fails on what it checks, never on how
+long an example took on a busy 2-core machine (a deadline is a timed unit test)."""
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("danube", deadline=None)
 settings.load_profile("danube")
 
-pytest_plugins = ["tests.emulators"]
+pytest_plugins = ["tests.emulators", "tests.rotation", "pytester"]
+
+# The kill -9 crash runs (tests/integration/test_reliable_crash.py) print one line each:
+# gathered from the tests' captured output and shown at the end, so they are seen with
+# pytest-xdist too (which shows no test's output; with -s they print as they run).
+_CRASH_RUNS: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _CRASH_RUNS.extend(line for line in report.capstdout.splitlines() if line.startswith("crash run "))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _CRASH_RUNS:
+        terminalreporter.section("crash runs")
+        for line in _CRASH_RUNS:
+            terminalreporter.write_line(line)

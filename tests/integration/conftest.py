@@ -153,11 +153,35 @@ def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker of the test's own, its data in `tmp_path/data`, stopped cleanly (exit 0)
+    after the test; in a module that sets `SHARED_BROKER = True`, the module's broker
+    (`shared_broker`) instead, unless the test is marked `own_broker`."""
+    if getattr(request.module, "SHARED_BROKER", False) and request.node.get_closest_marker("own_broker") is None:
+        shared: BrokerProcess = request.getfixturevalue("shared_broker")
+        yield shared
+        code = shared.process.poll()
+        assert code is None, f"the module's shared broker exited (exit {code}) during this test:\n{shared.log()}"
+        return
     process = start_broker(tmp_path)
     yield process
     code = process.stop()
     assert code == 0, f"broker did not stop cleanly (exit {code}):\n{process.log()}"
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker for a whole module (issue 40, item 6: a broker start is a second or
+    more on a loaded machine), for modules whose tests never stop, pause, restart or
+    reconfigure the broker, never read its data dir or log, and name their topics,
+    subscriptions and producers so that no test sees another's: such a module sets
+    `SHARED_BROKER = True` and its tests take `broker` as usual (a test that needs a
+    broker of its own is marked `own_broker`). After each test the broker must still
+    run; after the module it must stop cleanly (exit 0), as a test's own broker does."""
+    process = start_broker(tmp_path_factory.mktemp("shared-broker"))
+    yield process
+    code = process.stop()
+    assert code == 0, f"the module's shared broker did not stop cleanly (exit {code}):\n{process.log()}"
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@ import sys
 
 from tests.integration.conftest import BrokerProcess
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 
 def bench(broker: BrokerProcess, *args: str) -> dict[str, object]:
     done = subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", "bench", *args, "-s", broker.url, "--json"],

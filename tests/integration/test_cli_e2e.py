@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 
 def danube(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "danube_zmq.cli.main", *args], capture_output=True, text=True,

@@ -50,6 +50,22 @@ def cluster(tmp_path: Path) -> Iterator[list[Node]]:
         yield nodes
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
+    """One cluster for the module's tests that only read it: they kill, stop, move or
+    reconfigure nothing and each works in a namespace or on topics of its own. Every
+    node must still run after each test (`read_only_cluster`) and stop cleanly at the end."""
+    with running_cluster(tmp_path_factory.mktemp("shared-cluster")) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def read_only_cluster(shared_cluster: list[Node]) -> Iterator[list[Node]]:
+    yield shared_cluster
+    exited = {n.node_id: n.process.process.poll() for n in shared_cluster if n.process is not None}
+    assert len(exited) == 3 and set(exited.values()) == {None}, f"a node of the shared cluster exited: {exited}"
+
+
 async def _registered(nodes: list[Node], count: int, timeout_s: float = 15.0) -> list[object]:
     deadline = time.monotonic() + timeout_s
     brokers: list[object] = []
@@ -71,20 +87,23 @@ async def _owners(node: Node, topics: list[str]) -> dict[str, str]:
         return {topic: await client.lookup(topic) for topic in topics}
 
 
-def test_every_broker_answers_lookups_with_the_same_owner(cluster: list[Node]) -> None:
+def test_every_broker_answers_lookups_with_the_same_owner(read_only_cluster: list[Node]) -> None:
+    cluster = read_only_cluster  # in a namespace of its own: the cluster is the module's
+
     async def run() -> None:
         async with AdminClient(cluster[0].admin_url) as admin:
-            await admin.create_topic("/default/orders")
+            await admin.create_namespace("lookups")
+            await admin.create_topic("/lookups/orders")
             roles = {b.broker_url: b.role for b in await admin.list_brokers()}
         assert sorted(roles.values()) == ["follower", "follower", "leader"]
-        seen = [await _owners(node, ["/default/orders"]) for node in cluster]
-        owner = seen[0]["/default/orders"]
-        assert all(s["/default/orders"] == owner for s in seen), seen
+        seen = [await _owners(node, ["/lookups/orders"]) for node in cluster]
+        owner = seen[0]["/lookups/orders"]
+        assert all(s["/lookups/orders"] == owner for s in seen), seen
         assert owner in {node.url for node in cluster}
         async with AdminClient(cluster[2].admin_url) as admin:
-            [info] = await admin.list_topics("default")
-            description = await admin.describe_topic("/default/orders")
-        assert info.name == "/default/orders" and info.broker_id != 0
+            [info] = await admin.list_topics("lookups")
+            description = await admin.describe_topic("/lookups/orders")
+        assert info.name == "/lookups/orders" and info.broker_id != 0
         assert description.broker_id == info.broker_id
 
     asyncio.run(run())
@@ -108,7 +127,9 @@ def test_partitions_spread_across_brokers(cluster: list[Node]) -> None:
     asyncio.run(run())
 
 
-def test_clients_on_non_owners_reach_the_owner(cluster: list[Node]) -> None:
+def test_clients_on_non_owners_reach_the_owner(read_only_cluster: list[Node]) -> None:
+    cluster = read_only_cluster  # its topic is its own: the cluster is the module's
+
     async def run() -> None:
         async with AdminClient(cluster[0].admin_url) as admin:
             await admin.create_topic("/default/relay", dispatch_strategy=DispatchStrategy.RELIABLE)

@@ -15,6 +15,9 @@ from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Not
 from tests.integration.test_cli_e2e import danube
 from tests.integration.test_seek_and_policy import produce, reliable_consumer
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 
 async def test_a_window_of_two_holds_back_the_third_message_until_an_ack(broker) -> None:
     """With window 2 and a receiver queue of 100, a consumer gets two of five messages;

@@ -19,6 +19,9 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 RECV_TIMEOUT_MS = 3000
 
 # Tags (docs/protocol.md section 7 and 11).
@@ -258,10 +261,11 @@ BAD_BATCHES = {
 
 @pytest.mark.parametrize(("payloads", "publish_times"), BAD_BATCHES.values(), ids=BAD_BATCHES.keys())
 def test_a_bad_batch_of_an_attached_producer_gets_invalid_argument_and_the_producer_keeps_working(
-        broker, ctx, payloads, publish_times):
+        broker, ctx, payloads, publish_times, request):
     client = RawClient(ctx, broker.url)
     client.connect()
-    producer_id = client.request(CREATE_PRODUCER, "/default/raw-bad-batch", "bad-batch")[2]
+    topic = f"/default/raw-bad-batch-{request.node.callspec.indices['payloads']}"  # a topic per case
+    producer_id = client.request(CREATE_PRODUCER, topic, "bad-batch")[2]
 
     request_id = client.take_id()
     client.send(SEND, request_id, producer_id, payloads, publish_times)

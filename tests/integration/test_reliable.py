@@ -15,6 +15,9 @@ from tests.integration.conftest import free_port
 from tests.integration.test_metrics_endpoint import get, series
 from tests.integration.test_subscriptions import drain
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 FAST_REDELIVERY = {
     "DANUBE_RELIABLE__BASE_REDELIVERY_DELAY_MS": "100",
     "DANUBE_RELIABLE__MAX_REDELIVERY_DELAY_MS": "400",

@@ -16,6 +16,9 @@ from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport.errors import InvalidArgument
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 BOUND_S = 5.0  # what "keeps answering" means here; the unfixed broker stalled for minutes
 
 

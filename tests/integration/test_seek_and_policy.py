@@ -18,6 +18,9 @@ from tests.integration.test_cli_e2e import danube
 from tests.integration.test_reliable import FAST_REDELIVERY, describe_subscription
 from tests.integration.test_subscriptions import drain
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 
 async def produce(client: DanubeClient, topic: str, count: int, prefix: str = "m") -> None:
     producer = await client.create_producer(topic, dispatch="reliable")

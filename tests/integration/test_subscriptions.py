@@ -15,6 +15,9 @@ from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.message import Message
 from danube_zmq.transport.errors import ConsumerBusy, InvalidArgument, NotFound, Timeout
 
+# One broker for the module (tests/integration/conftest.py): each test has topics of its own.
+SHARED_BROKER = True
+
 
 async def drain(consumer, count: int, timeout_s: float = 10.0) -> list[Message]:
     """Receive exactly `count` messages (acking each), failing after `timeout_s`."""
@@ -280,6 +283,7 @@ async def test_producer_reconnects_after_broker_restart(broker_factory) -> None:
         assert message_id.topic == "/default/restart"
 
 
+@pytest.mark.own_broker  # it checks the namespace holds no topic at the end
 async def test_admin_unsubscribe_and_delete_close_clients_for_good(broker) -> None:
     """An admin unsubscribe closes the live consumer without it re-creating the
     subscription; deleting the topic finishes its producer instead of re-creating it."""
