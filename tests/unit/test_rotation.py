@@ -45,6 +45,7 @@ def test_the_key_is_every_slot_a_day_or_an_integer() -> None:
 
 def test_a_rotating_run_deselects_the_other_slots(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeconftest('pytest_plugins = ["tests.rotation"]')
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")  # as setup.cfg has it
     pytester.makepyfile(test_seeds='''
 import pytest
 from tests.rotation import rotating
