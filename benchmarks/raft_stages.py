@@ -65,7 +65,8 @@ def _entries(msg: Any) -> str:
 
 def child(trace: str) -> None:
     """Instrument, then run the broker CLI (argv after `--`). SIGUSR2 writes the trace."""
-    from danube_zmq.actors import admin_gateway, cluster_admin
+    from danube_zmq.actors.cluster import cluster_admin
+    from danube_zmq.actors.sockets import admin_gateway
     from danube_zmq.consensus import log_store, peer
 
     _wrap(admin_gateway.AdminGateway, "_on_frame", "gw.frame")

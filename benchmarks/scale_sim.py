@@ -51,7 +51,7 @@ from typing import Any
 import msgpack
 import psutil
 
-from danube_zmq.actors.cursor_flusher import subscription_key
+from danube_zmq.actors.broker.cursor_flusher import subscription_key
 from danube_zmq.actors.load import assign, rebalance
 from danube_zmq.actors.load.placement import Strategy
 from danube_zmq.actors.load.reports import BrokerState, TopicLoad
@@ -69,7 +69,7 @@ from danube_zmq.consensus.types import Entry, EntryKind
 from danube_zmq.storage.catalog import topic_key
 from danube_zmq.transport import cluster_records as cr
 
-# The defaults of the code paths this simulation accounts for (actors/config.py and the
+# The defaults of the code paths this simulation accounts for (config/broker_config.py and the
 # actors named): kept here as parameters so the figures say which values they assume.
 CURSOR_FLUSH_INTERVAL_MS = 100  # storage.cursor_flush_interval_ms
 LEASE_TTL_MS = 6_000  # cluster.lease_ttl_ms; renewed every third (lease.py)

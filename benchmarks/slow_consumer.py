@@ -32,7 +32,7 @@ from typing import Any
 
 from harness import Meter, Servers, medians, now_utc, print_table, run_alone, split_list
 
-from danube_zmq.actors.config import DispatchSection, StorageSection
+from danube_zmq.config.broker_config import DispatchSection, StorageSection
 from danube_zmq.transport.errors import Timeout
 
 WORKLOAD = "slow_consumer"

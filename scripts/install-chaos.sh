@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install the Debian packages the chaos harness (chaos/) needs, when missing:
-#   nftables  - `nft`: partitions and random loss inside the namespace hosts (chaos/faults.py)
+# Install the Debian packages the chaos harness (tests/chaos/harness/) needs, when missing:
+#   nftables  - `nft`: partitions and random loss inside the namespace hosts (tests/chaos/harness/faults.py)
 #   iptables  - the fallback for partitions where nft is unusable
-#   faketime  - libfaketime (chaos/clock.py explains why its own shim is used instead)
-#   gcc       - builds chaos/clock.py's wall-clock shim (clock faults, scenario R4)
+#   faketime  - libfaketime (tests/chaos/harness/clock.py explains why its own shim is used instead)
+#   gcc       - builds tests/chaos/harness/clock.py's wall-clock shim (clock faults, scenario R4)
 # Idempotent and quiet: nothing is done when every command is present. Needs root (the
 # harness runs as root: network namespaces need it too). Waits for another apt run's lock
 # rather than failing (two chaos runs, or a helper's install, may overlap).

@@ -4,8 +4,16 @@ test that rotation), the crash runs' one-line reports at the end of a run, and h
 without its per-example deadline: a property test fails on what it checks, never on how
 long an example took on a busy 2-core machine (a deadline is a timed unit test)."""
 
+import os
+
 import pytest
 from hypothesis import settings
+
+from tests.paths import ROOT
+
+# The chaos harness runs its workers and faulty brokers as `python -m tests.chaos.harness...`:
+# every process the tests start finds the checkout's `tests` package.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 settings.register_profile("danube", deadline=None)
 settings.load_profile("danube")

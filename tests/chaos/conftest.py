@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from danube_zmq.chaos.hosts import Hosts, install_tools, missing_prerequisites
+from tests.chaos.harness.hosts import Hosts, install_tools, missing_prerequisites
 
 
 def require_hosts() -> None:

@@ -1,10 +1,10 @@
-"""The back-pressure scenarios P1-P3 (chaos/scenarios.py) on 3 namespace hosts, each
+"""The back-pressure scenarios P1-P3 (tests/chaos/harness/scenarios.py) on 3 namespace hosts, each
 judged by the checkers (lost 0, unexpected 0, in order, offsets consistent) and by the
 topic owner's resident memory, sampled from /proc during the pressure (`chaos`, 3
 seeds each; 30 s of pressure here (P3: 10 s), 60 s with `run P1 --seed S --hold-s 60`).
 
 Each run prints its JSON row (RSS start / peak / growth in MiB, rates, counts); a
-failing seed replays with `python -m danube_zmq.chaos.scenarios run P1 --seed S`.
+failing seed replays with `python -m tests.chaos.harness.scenarios run P1 --seed S`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from danube_zmq.actors.config import LimitsSection
+from danube_zmq.config.broker_config import LimitsSection
 from tests.chaos.test_scenarios import run
 
 HOLD_S = 30.0
@@ -24,7 +24,7 @@ MIB = 1024 * 1024
 
 
 def assert_nothing_lost(report: Any, row: dict[str, Any]) -> str:
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert report.lost == 0 and report.unexpected == 0, (replay, report.findings)
     assert report.nonmonotonic == 0, (replay, report.findings)
     assert report.inconsistent_offsets == 0 and report.offset_gaps_unexplained == 0, (replay, report.findings)

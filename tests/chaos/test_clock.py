@@ -1,4 +1,4 @@
-"""The wall-clock shim (chaos/clock.py) on a real running process: its wall clock
+"""The wall-clock shim (tests/chaos/harness/clock.py) on a real running process: its wall clock
 jumps when the offset file changes, its monotonic clock and its sleeps do not."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from danube_zmq.chaos.clock import Clocks, ClockUnavailable
+from tests.chaos.harness.clock import Clocks, ClockUnavailable
 
 # Prints (wall - real wall, monotonic) each time a line comes on stdin; sleeps between,
 # as the broker does (Python 3.11's time.sleep is clock_nanosleep on CLOCK_MONOTONIC).

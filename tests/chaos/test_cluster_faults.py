@@ -1,6 +1,6 @@
-"""A 3-broker cluster across 3 namespace hosts (chaos/cluster.py), started as the
+"""A 3-broker cluster across 3 namespace hosts (tests/chaos/harness/cluster.py), started as the
 multi-host deployment starts one (a supervisor per host in one convention, `cluster up
---place`), and the process and network faults of chaos/faults.py on it: partition of
+--place`), and the process and network faults of tests/chaos/harness/faults.py on it: partition of
 the Raft leader, kill -9 (restarted by its own host's supervisor), SIGSTOP/SIGCONT.
 One cluster for the module (the CI smoke budget); each test starts from a cluster
 whose three brokers agree on a leader and leaves every fault healed."""
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from danube_zmq import DanubeClient
-from danube_zmq.chaos.cluster import Cluster
-from danube_zmq.chaos.faults import Faults
-from danube_zmq.chaos.hosts import Hosts, install_tools
 from tests.chaos.conftest import require_hosts
+from tests.chaos.harness.cluster import Cluster
+from tests.chaos.harness.faults import Faults
+from tests.chaos.harness.hosts import Hosts, install_tools
 
 pytestmark = [pytest.mark.chaos_smoke, pytest.mark.timeout(300)]
 

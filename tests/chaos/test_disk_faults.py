@@ -1,5 +1,5 @@
 """Disk faults on a real broker process: power loss (B6-style) and a failing fsync (W5),
-through the chaos launcher (`python -m danube_zmq.chaos.disk broker ...`), which runs
+through the chaos launcher (`python -m tests.chaos.harness.disk broker ...`), which runs
 `danube broker start` with the fault-injecting WAL file layer and a journal of what
 each fsync made durable.
 
@@ -11,7 +11,7 @@ consumed (lost = 0), nothing never sent is consumed (unexpected = 0), first deli
 in send order, offsets continuous; duplicates are counted and reported.
 
 The metadata store, catalog and cursors are not on the faulty layer: they live through
-the crash as through a kill -9 (chaos/README.md, "Disk faults")."""
+the crash as through a kill -9 (tests/chaos/harness/README.md, "Disk faults")."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from danube_zmq import DanubeClient, SubType
-from danube_zmq.chaos.disk import Rule, crash_journal, fsync_starts, launcher, write_control
 from danube_zmq.transport.errors import DanubeError, Timeout
+from tests.chaos.harness.disk import Rule, crash_journal, fsync_starts, launcher, write_control
 from tests.integration.conftest import BrokerProcess, start_broker
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the chaos harness runs on Linux")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import zmq
 
-from danube_zmq.chaos.fuzz import RSS_BUDGET_BYTES, Report, _Bystander, _round_trip, fuzz_broker, run
+from tests.chaos.harness.fuzz import RSS_BUDGET_BYTES, Report, _Bystander, _round_trip, fuzz_broker, run
 
 
 def _seed() -> int:
@@ -28,7 +28,7 @@ def _seed() -> int:
 
 def _assert_passed(report: Report) -> None:
     print(json.dumps(report.to_json(), indent=2))  # the figures, shown with -s or on failure
-    assert report.ok, (f"{report.problems}; replay: python -m danube_zmq.chaos.fuzz --seed {report.seed} "
+    assert report.ok, (f"{report.problems}; replay: python -m tests.chaos.harness.fuzz --seed {report.seed} "
                        f"--seconds {report.seconds:g}")
     # The run did what it claims: bad frames were answered with errors and connections
     # were cut (oversize frames), and the bystander's acknowledged messages were consumed.

@@ -1,4 +1,4 @@
-"""Namespace hosts (chaos/hosts.py): made, reachable across the bridge, and removed
+"""Namespace hosts (tests/chaos/harness/hosts.py): made, reachable across the bridge, and removed
 completely at the end, after a failure, and after their owning process died."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from danube_zmq.chaos.hosts import STATE_DIR, Hosts, sweep_stale
 from tests.chaos.conftest import links, namespaces, require_hosts, tcp_reachable
+from tests.chaos.harness.hosts import STATE_DIR, Hosts, sweep_stale
 
 
 def _listen(host: object, port: int) -> subprocess.Popen[bytes]:
@@ -68,7 +68,7 @@ def test_sweeper_removes_what_a_killed_run_left() -> None:
     run's sweeper finds its state file, sees its owner is dead and removes them (and
     leaves live runs alone)."""
     require_hosts()
-    code = ("import sys, time; from danube_zmq.chaos.hosts import Hosts; h = Hosts(2).__enter__();"
+    code = ("import sys, time; from tests.chaos.harness.hosts import Hosts; h = Hosts(2).__enter__();"
             " print(h.run_id, flush=True); time.sleep(600)")
     orphan = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""Network faults (chaos/faults.py) on bare namespace hosts: each cuts what it says,
+"""Network faults (tests/chaos/harness/faults.py) on bare namespace hosts: each cuts what it says,
 leaves the rest (the tests' bridge address) alone, and heal restores the network.
 Checked with real TCP connections and UDP datagrams between the namespaces."""
 
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from danube_zmq.chaos.faults import Faults, FaultUnavailable, netem_available
-from danube_zmq.chaos.hosts import Host, Hosts
 from tests.chaos.conftest import tcp_reachable
+from tests.chaos.harness.faults import Faults, FaultUnavailable, netem_available
+from tests.chaos.harness.hosts import Host, Hosts
 
 # With the smoke: these need nft, which the harness installs (scripts/install-chaos.sh),
 # and that is the chaos envs' business, not the main env's.

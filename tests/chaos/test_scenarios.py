@@ -1,4 +1,4 @@
-"""The chaos scenarios (chaos/scenarios.py) on 3 namespace hosts: a real cluster under
+"""The chaos scenarios (tests/chaos/harness/scenarios.py) on 3 namespace hosts: a real cluster under
 thespian supervisors, the recording workload processes, a seeded fault, heal, drain,
 and the checkers.
 
@@ -8,7 +8,7 @@ partition) and B3 (SIGSTOP of the owner), small (3k messages at 300/s).
 
 Each run prints its JSON row (seed, faults, counts, recovery times) for
 docs/reliability.md; a failing seed replays with
-`python -m danube_zmq.chaos.scenarios run NAME --seed S`.
+`python -m tests.chaos.harness.scenarios run NAME --seed S`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from danube_zmq.chaos.checkers import Report
-from danube_zmq.chaos.scenarios import B7_ACK_TIMEOUT_MS, HOLD, run_scenario
 from tests.chaos.conftest import require_hosts
+from tests.chaos.harness.checkers import Report
+from tests.chaos.harness.scenarios import B7_ACK_TIMEOUT_MS, HOLD, run_scenario
 
 SMOKE_SEED = 0
 
@@ -36,7 +36,7 @@ def run(name: str, seed: int, tmp_path: Path, **overrides: Any) -> tuple[Report,
 
 def assert_queue_run(report: Report, row: dict[str, Any]) -> None:
     """What every producer/consumer scenario must hold (docs/reliability.md 4.2)."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert report.faults >= 1, replay
     assert report.lost == 0, (replay, report.findings)
     assert report.unexpected == 0, (replay, report.findings)
@@ -47,7 +47,7 @@ def assert_queue_run(report: Report, row: dict[str, Any]) -> None:
 
 
 def assert_metadata_run(report: Report, row: dict[str, Any]) -> None:
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert row["linearizable"] is True, (replay, row["linearizability"])
     assert report.split_terms == 0 and row["terms"] >= 2, (replay, report.findings)
     assert report.never_recovered == 0, (replay, report.findings)  # commits resumed after heal
@@ -59,7 +59,7 @@ def assert_topic_moves(report: Report, row: dict[str, Any]) -> None:
     """B5: besides the queue criteria, every move changed the owner, and the offsets
     are continuous across the moves: no gap at all (a sealed topic continues at its next
     offset), none reused."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert_queue_run(report, row)
     owners = row["notes"]["owners"]
     assert len(owners) == report.faults + 1 and all(a != b for a, b in itertools.pairwise(owners)), (replay, owners)
@@ -70,7 +70,7 @@ def assert_consumer_crash(report: Report, row: dict[str, Any]) -> None:
     """B7: besides the queue criteria (the restarted Exclusive and the Failover takeover
     kept send order), every message the killed Shared consumer held came to the other
     one, within the ack timeout plus a margin for this shared 2-core machine."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert_queue_run(report, row)
     assert row["held"] == HOLD and row["held_redelivered"] == HOLD, (replay, row)
     assert row["held_redelivery_ms_max"] <= B7_ACK_TIMEOUT_MS + 10_000, (replay, row)
@@ -79,7 +79,7 @@ def assert_consumer_crash(report: Report, row: dict[str, Any]) -> None:
 def assert_partition_run(report: Report, row: dict[str, Any]) -> None:
     """R2: linearizable, at most one leader per term, and commits resumed within 5 s
     of the heal (liveness; the figure is in the row)."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert row["linearizable"] is True, (replay, row["linearizability"])
     assert report.split_terms == 0, (replay, report.findings)
     assert report.never_recovered == 0, (replay, report.findings)
@@ -91,7 +91,7 @@ def assert_power_loss_run(report: Report, row: dict[str, Any]) -> None:
     """B6: the queue criteria (with `wal_sync: always`, lost 0) after a power loss of
     all three brokers at once; with `interval` the judge has excused only what was
     acknowledged after the owner's last fsync and within the interval window."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert_queue_run(report, row)  # B6-interval: criteria_failed 0, the WAL fsynced within the window
     assert all(f"broker-{n}:" in row["faults"][0] for n in (1, 2, 3)), (replay, row["faults"])
 
@@ -100,7 +100,7 @@ def assert_raft_crash_run(report: Report, row: dict[str, Any]) -> None:
     """R3: linearizable, one leader per term, commits resumed, and the Raft logs read
     back after the run agree (judge_raft_logs: log matching, committed entries on a
     majority, the torn node caught up)."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert row["linearizable"] is True, (replay, row["linearizability"])
     assert report.split_terms == 0 and report.never_recovered == 0, (replay, report.findings)
     assert report.criteria_failed == 0, (replay, report.findings)
@@ -111,7 +111,7 @@ def assert_raft_crash_run(report: Report, row: dict[str, Any]) -> None:
 def assert_membership_run(report: Report, row: dict[str, Any]) -> None:
     """R5: linearizable, one leader per term (founders and the newcomer observed), and
     every member agreed on the final configuration: voters the founders left and node 4."""
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run {row['scenario']} --seed {row['seed']}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run {row['scenario']} --seed {row['seed']}"
     assert row["linearizable"] is True, (replay, row["linearizability"])
     assert report.split_terms == 0, (replay, report.findings)
     final = row["notes"]["final"]
@@ -205,7 +205,7 @@ def test_scenario_table(name: str, seed: int, tmp_path: Path) -> None:
 
 
 # R4 x 5 seeds: the wall clock of the Raft leader's host, then of the topic owner's,
-# stepped +30 s and -30 s twice each (chaos/clock.py), under metadata writes and a
+# stepped +30 s and -30 s twice each (tests/chaos/harness/clock.py), under metadata writes and a
 # reliable stream: linearizable, one leader per term, at most one election, lost 0.
 R4_SEEDS = range(1, 6)
 
@@ -221,7 +221,7 @@ def test_r4_wall_clock_jumps_cause_no_election_or_loss(seed: int, tmp_path: Path
     every subscription."""
     report, row = run("R4", seed, tmp_path)
     assert_queue_run(report, row)
-    replay = f"replay: python -m danube_zmq.chaos.scenarios run R4 --seed {seed}"
+    replay = f"replay: python -m tests.chaos.harness.scenarios run R4 --seed {seed}"
     assert row["linearizable"] is True, (replay, row["linearizability"])
     assert report.split_terms == 0, (replay, report.findings)
     assert row["elections"] <= 1, (replay, row["terms"], row["notes"])

@@ -1,5 +1,5 @@
 """The chaos workload on a real broker: producer and consumer processes
-(`python -m danube_zmq.chaos.workload`) record their histories while the broker is
+(`python -m tests.chaos.harness.workload`) record their histories while the broker is
 killed with SIGKILL and restarted on the same data dir, and the checkers judge them.
 
 A loopback broker from tests/integration/conftest.py (free ports, a tmp data dir):
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from danube_zmq.chaos.checkers import Fault, check_raft, check_run, leader_observations
-from danube_zmq.chaos.history import load_history
-from danube_zmq.chaos.workload import command
+from tests.chaos.harness.checkers import Fault, check_raft, check_run, leader_observations
+from tests.chaos.harness.history import load_history
+from tests.chaos.harness.workload import command
 from tests.integration.conftest import broker_factory  # noqa: F401 - the fixture, used by name
 from tests.integration.test_metadata_cluster import agreed_leader, start_cluster
 

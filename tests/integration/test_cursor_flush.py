@@ -1,5 +1,5 @@
 """Cursors of reliable subscriptions across broker stops, against real broker processes:
-the broker's cursor flusher (`actors/cursor_flusher.py`) writes them on its timer, and a
+the broker's cursor flusher (`actors/broker/cursor_flusher.py`) writes them on its timer, and a
 clean stop writes the last ones the topics told it as they stopped."""
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ import zmq
 import zmq.asyncio
 
 from danube_zmq import DanubeClient
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, ClusterSection, SecuritySection
-from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.service import BrokerService
+from danube_zmq.actors.sockets.gateway import Gateway
 from danube_zmq.client.admin import AdminClient
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection, ClusterSection, SecuritySection
 from danube_zmq.security.keys import load_key_pair
 from danube_zmq.security.rbac import Principal, PrincipalType
 from danube_zmq.transport.client_protocol import DispatchStrategy

@@ -18,7 +18,7 @@ The faults are real, made by the kernel for a real broker process, not mocked:
   SIGXFSZ, which CPython ignores from startup (SIG_IGN), so the write just fails.
 
 The chaos smoke's disk-full run (W6, marked `chaos_smoke`) runs the broker under the
-chaos disk launcher (`danube_zmq.chaos.disk`), so that after the full disk a power loss
+chaos disk launcher (`tests.chaos.harness.disk`), so that after the full disk a power loss
 (WAL files cut to their last fsync) proves no acknowledgement was given without durable
 data.
 
@@ -45,8 +45,8 @@ from pathlib import Path
 import pytest
 
 from danube_zmq import DanubeClient, SubType
-from danube_zmq.chaos.disk import crash_journal, launcher, write_control
 from danube_zmq.transport.errors import DanubeError, InternalError, ResourceExhausted, Timeout
+from tests.chaos.harness.disk import crash_journal, launcher, write_control
 from tests.integration.conftest import BrokerProcess, start_broker
 from tests.integration.test_reliable import describe_subscription
 

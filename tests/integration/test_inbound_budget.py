@@ -1,5 +1,5 @@
 """What libzmq holds of connections' input is held to the inbound budgets by the
-inbound watcher process (`actors/inbound_watch.py`), against real broker processes fed
+inbound watcher process (`actors/sockets/inbound_watch.py`), against real broker processes fed
 by hand-built ZMTP peers (plain TCP sockets) and by the danube client."""
 
 from __future__ import annotations

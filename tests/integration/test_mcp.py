@@ -25,9 +25,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from danube_zmq import DanubeClient
-from danube_zmq.cli.mcp_server import METRICS_URI, WRITE_TOOLS
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.schemas import SchemaRegistryClient
+from danube_zmq.doors.mcp.server import METRICS_URI, WRITE_TOOLS
 from danube_zmq.security.tokens import TokenSigner
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from tests.integration.conftest import (

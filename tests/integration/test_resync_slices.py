@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from danube_zmq import DanubeClient
-from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.config import BrokerConfig, BrokerSection
+from danube_zmq.actors.broker.broker import BrokerActor
 from danube_zmq.actors.service import BrokerService
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from tests.integration.conftest import free_port, wait_ready
 
 # The planted bug, then the ordinary `danube` entry point.
 _BUGGY_BROKER = """
-from danube_zmq.actors.snapshot_actor import SnapshotActor
+from danube_zmq.actors.broker.snapshot_actor import SnapshotActor
 
 def _store(self):  # what `handle_ListSnapshots` reads first (handler tables are built per class)
     raise RuntimeError("planted bug in the snapshot actor")

@@ -16,9 +16,9 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, ClusterSection
+from danube_zmq.actors.broker.broker import BrokerActor
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection, ClusterSection
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft import RaftConfig

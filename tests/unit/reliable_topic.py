@@ -14,11 +14,11 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, StorageSection
-from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.sockets.gateway import Gateway
 from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection, StorageSection
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp

@@ -372,12 +372,12 @@ def test_every_admin_and_client_request_the_broker_takes_has_a_handle_method() -
     gateway's route table sends it to, and every client request type one of the gateway
     (which reads it off the socket) and of the actor that answers it: one search finds
     each hop."""
-    from danube_zmq.actors.admin_gateway import ROUTES, AdminGateway
-    from danube_zmq.actors.broker import BrokerActor
-    from danube_zmq.actors.gateway import Gateway
-    from danube_zmq.actors.policy_keeper import PolicyKeeper
-    from danube_zmq.actors.registry_admin import RegistryAdmin
-    from danube_zmq.actors.snapshot_actor import SnapshotActor
+    from danube_zmq.actors.broker.broker import BrokerActor
+    from danube_zmq.actors.broker.snapshot_actor import SnapshotActor
+    from danube_zmq.actors.policy.policy_keeper import PolicyKeeper
+    from danube_zmq.actors.schema.registry_admin import RegistryAdmin
+    from danube_zmq.actors.sockets.admin_gateway import ROUTES, AdminGateway
+    from danube_zmq.actors.sockets.gateway import Gateway
     from danube_zmq.actors.subscription import SubscriptionActor
     from danube_zmq.actors.topic import TopicActor
 

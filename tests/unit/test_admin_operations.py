@@ -13,8 +13,8 @@ import click
 import pytest
 
 from danube_zmq.cli.main import cli
-from danube_zmq.cli.mcp_operations import DEFAULTS, TOOLS
-from danube_zmq.cli.mcp_server import WRITE_TOOLS, McpSettings, build_server
+from danube_zmq.doors.mcp.operations import DEFAULTS, TOOLS
+from danube_zmq.doors.mcp.server import WRITE_TOOLS, McpSettings, build_server
 from danube_zmq.security.requirements import REQUIREMENTS, FirstOf
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.admin_operations import OPERATIONS, by_name, by_request
@@ -171,8 +171,8 @@ def test_mcp_tools_made_from_the_declaration_take_its_parameters_and_marks() -> 
 def test_console_actions_perform_declared_operations_and_offer_every_policy() -> None:
     """Each console action names operations that exist, and the policies form (made from
     TOPIC_POLICY_NAMES) offers every policy `set_topic_policies` takes."""
-    from danube_zmq.actors.config import TOPIC_POLICY_NAMES
-    from danube_zmq.console.app import ACTIONS
+    from danube_zmq.config.broker_config import TOPIC_POLICY_NAMES
+    from danube_zmq.doors.console.app import ACTIONS
 
     for path, operations in ACTIONS.items():
         for name in operations:

@@ -19,11 +19,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, BrokerSection
 from danube_zmq.actors.ids import IdSource
-from danube_zmq.actors.policy_keeper import PolicyKeeper
+from danube_zmq.actors.policy.policy_keeper import PolicyKeeper
 from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr

@@ -1,4 +1,4 @@
-"""The broker actor joining a cluster that has no leader (`actors/broker.py`
+"""The broker actor joining a cluster that has no leader (`actors/broker/broker.py`
 `handle_JoinCluster`): the attempt waits on the metadata store in a task of its own, so
 the broker keeps answering its other messages meanwhile."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.config import BrokerConfig, BrokerSection
+from danube_zmq.actors.broker.broker import BrokerActor
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
 from danube_zmq.consensus.raft.core import RaftConfig

@@ -1,4 +1,4 @@
-"""A broker that lost its lease answers at once (`actors/broker.py` `_serve`): found by
+"""A broker that lost its lease answers at once (`actors/broker/broker.py` `_serve`): found by
 chaos scenario B4, where clients still reaching an owner cut off from the Raft majority
 had their `CreateProducer` parked without an answer until `cluster.request_timeout_ms`,
 again and again through the partition, so the first acknowledgement came ~24 s after
@@ -17,8 +17,8 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.broker import BrokerActor
-from danube_zmq.actors.config import ClusterSection
+from danube_zmq.actors.broker.broker import BrokerActor
+from danube_zmq.config.broker_config import ClusterSection
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import CLIENT_OUTBOX
 from danube_zmq.runtime.system import ActorSystem

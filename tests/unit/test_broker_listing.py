@@ -1,4 +1,4 @@
-"""`brokers list` from the store's records (actors/broker_listing.py), and the balance's
+"""`brokers list` from the store's records (actors/broker/broker_listing.py), and the balance's
 overload flag (actors/load/rebalance.py `measure`): randomized over clusters."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from danube_zmq.actors.broker_listing import Registered, broker_rows
+from danube_zmq.actors.broker.broker_listing import Registered, broker_rows
 from danube_zmq.actors.load.rebalance import measure
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport import cluster_records as cr

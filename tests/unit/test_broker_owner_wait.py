@@ -1,5 +1,5 @@
 """An admin request about a partition between brokers waits for its assignment
-(`actors/admin_reach.py` `on_owner`): the real `BrokerActor` joined to a real
+(`actors/broker/admin_reach.py` `on_owner`): the real `BrokerActor` joined to a real
 single-voter store in a real `ActorSystem`, the request told to it as the admin gateway
 tells it (`AdminRequest`), its answer read from the admin outbox (an inproc PULL
 standing in for the admin gateway's)."""
@@ -16,8 +16,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors import admin_reach
-from danube_zmq.actors.broker import BrokerActor
+from danube_zmq.actors.broker import admin_reach
+from danube_zmq.actors.broker.broker import BrokerActor
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import ADMIN_OUTBOX
 from danube_zmq.runtime.system import ActorSystem

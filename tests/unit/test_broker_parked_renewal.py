@@ -1,5 +1,5 @@
 """A request parked because its topic's owner missed a lease renewal is answered once
-that owner renews (`actors/broker.py` `_elsewhere`, `handle_ParkedExpired`): found by
+that owner renews (`actors/broker/broker.py` `_elsewhere`, `handle_ParkedExpired`): found by
 chaos B1, where a producer re-attaching through another broker after its owner's kill -9
 and restart had its lookup parked there until `cluster.request_timeout_ms` ran out,
 though the restarted owner renewed within a second (first acknowledgements 5-9 s after

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-from pathlib import Path
 
-from danube_zmq.actors.broker import BrokerActor
+from danube_zmq.actors.broker.broker import BrokerActor
 from danube_zmq.runtime.actor import Actor
+from tests.paths import PACKAGE
 
-ACTORS = Path(__file__).resolve().parents[2] / "actors"
+ACTORS = PACKAGE / "actors"
 LINES_MAX = 700
 
 

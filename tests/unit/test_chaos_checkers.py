@@ -1,4 +1,4 @@
-"""The chaos checkers (chaos/checkers.py) and history files (chaos/history.py) on
+"""The chaos checkers (tests/chaos/harness/checkers.py) and history files (tests/chaos/harness/history.py) on
 generated histories whose answers are known.
 
 `simulate` plays a seeded run of the system as it should behave (producers send with
@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_zmq.chaos.checkers import (
+from danube_zmq.transport.errors import InvalidArgument, ResourceExhausted
+from tests.chaos.harness.checkers import (
     Fault,
     Report,
     check_availability,
@@ -34,8 +35,7 @@ from danube_zmq.chaos.checkers import (
     check_run,
     metadata_operations,
 )
-from danube_zmq.chaos.history import HistoryWriter, Op, load_history, pair_ops
-from danube_zmq.transport.errors import InvalidArgument, ResourceExhausted
+from tests.chaos.harness.history import HistoryWriter, Op, load_history, pair_ops
 
 SEEDS = st.integers(0, 2**32 - 1)
 SUB_TYPES = ("exclusive", "shared", "failover")
@@ -512,9 +512,9 @@ def test_b1_criteria_fail_a_late_resume_and_too_many_duplicates() -> None:
     first: B2's kills are 5 s apart), or more duplicates than the consumers could hold
     unacknowledged at the kills (kills x consumers x window); a run within both stays
     valid and unchanged."""
-    from danube_zmq.chaos.faults import Fault
-    from danube_zmq.chaos.scenarios import SCENARIOS, _check_criteria
-    from danube_zmq.chaos.workload import RECEIVER_QUEUE_SIZE
+    from tests.chaos.harness.faults import Fault
+    from tests.chaos.harness.scenarios import SCENARIOS, _check_criteria
+    from tests.chaos.harness.workload import RECEIVER_QUEUE_SIZE
 
     def kills(*starts: float) -> list[Fault]:
         return [Fault(id=i, kind="kill9", targets=("broker-1",), description="kill", started_at=t,

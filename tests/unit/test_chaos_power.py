@@ -1,4 +1,4 @@
-"""chaos/power.py's pure parts: the torn Raft log record of R3 (on a real LevelDB
+"""tests/chaos/harness/power.py's pure parts: the torn Raft log record of R3 (on a real LevelDB
 store) and the loss window of B6-interval."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_zmq.chaos.checkers import check_run
-from danube_zmq.chaos.history import Op
-from danube_zmq.chaos.power import RAFT_STORE, last_record, loss_window, tear_raft_log
 from danube_zmq.consensus.log_store import RaftLogStore
 from danube_zmq.consensus.types import Entry, HardState
+from tests.chaos.harness.checkers import check_run
+from tests.chaos.harness.history import Op
+from tests.chaos.harness.power import RAFT_STORE, last_record, loss_window, tear_raft_log
 
 
 def _store_with(data_dir: Path, batches: list[int], payload: int) -> list[Entry]:

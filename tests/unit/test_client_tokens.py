@@ -23,7 +23,7 @@ import zmq.asyncio
 from danube_zmq.client import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.schemas import SchemaRegistryClient
-from danube_zmq.client.tokens import TokenSource, read_token_file, token_source
+from danube_zmq.rpc.tokens import TokenSource, read_token_file, token_source
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ListNamespaces, NamespaceList
 from danube_zmq.transport.client_protocol import CreateProducer, GetPartitions

@@ -105,7 +105,7 @@ def test_a_message_of_only_its_required_fields_decodes_with_the_declared_default
     at its declared default. Regression: a default that is an IntEnum member
     (`GetPartitions.dispatch_strategy`, `CreateProducer.dispatch_strategy`) was checked
     as if sent, and such a frame was refused "expected an integer" (found by
-    chaos/fuzz.py)."""
+    tests/chaos/harness/fuzz.py)."""
     items = _required_items(cls)
     msg = protocol.decode(msgpack.packb([cls.TAG, *items], use_bin_type=True))
     for f in dataclasses.fields(cls)[cls._required:]:
@@ -161,7 +161,7 @@ def test_a_deep_or_huge_value_in_the_wrong_place_is_a_short_clear_error(frame: b
     type is expected is an InvalidArgument whose message stays short. Regression: the
     error showed the value with repr(), which raised RecursionError on the deep one; the
     gateway crashed on it and, after its restarts, the broker exited (found by
-    chaos/fuzz.py)."""
+    tests/chaos/harness/fuzz.py)."""
     with pytest.raises(InvalidArgument) as error:
         CLIENT_PROTOCOL.decode(frame)
     assert len(str(error.value)) < 200

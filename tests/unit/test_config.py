@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from danube_zmq.actors.config import (
+from danube_zmq.config.broker_config import (
     MIB,
     BrokerConfig,
     BrokerSection,

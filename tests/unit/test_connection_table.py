@@ -1,4 +1,4 @@
-"""The peer guard's bookkeeping of connections without a session (actors/peers.py,
+"""The peer guard's bookkeeping of connections without a session (actors/sockets/peers.py,
 ConnectionTable): O(1) per accept, and the same decisions as counting every time."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_zmq.actors.peers import Address, ConnectionTable
+from danube_zmq.actors.sockets.peers import Address, ConnectionTable
 
 TIMEOUT_MS = 100
 
@@ -115,7 +115,7 @@ def test_a_descriptor_libzmq_already_closed_is_no_peer_and_never_raises() -> Non
     import os
     import socket
 
-    from danube_zmq.actors.peers import inbound_held, peer_address, shutdown_peer
+    from danube_zmq.actors.sockets.peers import inbound_held, peer_address, shutdown_peer
 
     a, b = socket.socketpair()
     fd = os.dup(a.fileno())

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.console.history import Sample, TopicHistory
-from danube_zmq.console.sessions import FLASHES_MAX, SessionStore
+from danube_zmq.doors.console.history import Sample, TopicHistory
+from danube_zmq.doors.console.sessions import FLASHES_MAX, SessionStore
 
 
 def test_sessions_are_bounded_and_evict_the_least_recently_seen() -> None:
@@ -89,7 +89,7 @@ def test_history_rates_follow_the_counters_and_skip_a_reset() -> None:
 
 
 def test_the_console_answers_to_its_listen_address_loopback_and_the_names_given() -> None:
-    from danube_zmq.console.app import _host_name, console_hosts
+    from danube_zmq.doors.console.app import _host_name, console_hosts
 
     assert _host_name("Evil.Example:8780") == "evil.example"
     assert _host_name("[::1]:8780") == "::1"

@@ -1,4 +1,4 @@
-"""The cursor flusher (`actors/cursor_flusher.py`) in a real actor system over a real
+"""The cursor flusher (`actors/broker/cursor_flusher.py`) in a real actor system over a real
 single-voter metadata store, with real reliable topic actors: a topic started again
 before a flush resumes from the unwritten cursor, a stop writes what the topics told
 on their way out, and what the store refused is written at the next timer."""
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, StorageSection
-from danube_zmq.actors.cursor_flusher import CursorFlusher, subscription_key
+from danube_zmq.actors.broker.cursor_flusher import CursorFlusher, subscription_key
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, StorageSection
 from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_store
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem

@@ -1,4 +1,4 @@
-"""The frame fuzzer's generator (chaos/fuzz.py): seeded, covering, and making the frames
+"""The frame fuzzer's generator (tests/chaos/harness/fuzz.py): seeded, covering, and making the frames
 its kinds claim. The fuzz runs against a broker are in tests/chaos/test_fuzz.py."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_zmq.chaos.fuzz import KINDS, FrameGenerator
 from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL, ADMIN_REQUESTS
 from danube_zmq.transport.client_protocol import CLIENT_PROTOCOL, CLIENT_REQUESTS
 from danube_zmq.transport.errors import InvalidArgument
+from tests.chaos.harness.fuzz import KINDS, FrameGenerator
 
 PORTS = {"client": (CLIENT_PROTOCOL, CLIENT_REQUESTS), "admin": (ADMIN_PROTOCOL, ADMIN_REQUESTS)}
 

@@ -1,4 +1,4 @@
-"""A gateway restarted after a failure binds its port again (actors/gateway.py)."""
+"""A gateway restarted after a failure binds its port again (actors/sockets/gateway.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.gateway import bind_or_close
+from danube_zmq.actors.sockets.gateway import bind_or_close
 from danube_zmq.transport.errors import Unavailable
 
 

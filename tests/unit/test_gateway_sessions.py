@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.gateway import Gateway, Session
+from danube_zmq.actors.sockets.gateway import Gateway, Session
+from danube_zmq.config.broker_config import BrokerConfig
 
 
 def test_two_sessions_whose_connection_was_gone_at_connect_both_close() -> None:
@@ -12,7 +12,7 @@ def test_two_sessions_whose_connection_was_gone_at_connect_both_close() -> None:
     both must not fail. Regression: the second close found None for the descriptor the
     first had already removed, took it for its own entry and deleted it again:
     KeyError in the gateway, an actor restart that dropped every session (found by
-    chaos/fuzz.py, which cuts connections with oversize frames while Connects are
+    tests/chaos/harness/fuzz.py, which cuts connections with oversize frames while Connects are
     queued on them)."""
     gateway = Gateway(config=BrokerConfig(), broker_id=1)
     first = Session(client_name="first", last_seen_ms=0, fd=44, address=None)

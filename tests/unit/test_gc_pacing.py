@@ -1,11 +1,11 @@
-"""The broker process's collector pacing (actors/gc_pacing.py)."""
+"""The broker process's collector pacing (runtime/gc_pacing.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 
-from danube_zmq.actors.gc_pacing import GcPacer
+from danube_zmq.runtime.gc_pacing import GcPacer
 
 
 def test_the_pacer_freezes_what_survived_and_thaws_on_its_interval() -> None:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from danube_zmq.actors.grpc_admin_door import GrpcAdminDoor, partition_names
-from danube_zmq.actors.grpc_admin_topics import _binding, _scope, _topic_infos
-from danube_zmq.actors.grpc_door_auth import DoorSecurity
+from danube_zmq.doors.grpc.admin_door import GrpcAdminDoor
+from danube_zmq.doors.grpc.admin_rpcs import partition_names
+from danube_zmq.doors.grpc.admin_topics import _binding, _scope, _topic_infos
+from danube_zmq.doors.grpc.auth import DoorSecurity
 from danube_zmq.transport.admin_protocol import BindingInfo, PartitionOwner, TopicInfo
 from danube_zmq.transport.errors import InvalidArgument
 from tests.tls_certs import self_signed_cert
@@ -72,7 +73,7 @@ def test_every_admin_rpc_names_declared_operations_and_the_docs_table_is_the_doo
     """Each RPC of Danube's five admin services is served here naming the admin operations
     it performs (an undeclared name fails at import); docs/danube-compat.md's table is
     `door_table()` row for row."""
-    from danube_zmq.actors.grpc_admin_topics import door_table
+    from danube_zmq.doors.grpc.admin_topics import door_table
     from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
 
     rows = door_table()

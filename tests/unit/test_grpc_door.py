@@ -11,15 +11,16 @@ import grpc
 import msgpack
 import pytest
 
-from danube_zmq.actors.grpc_door import GRPC_STATUS, GrpcDoor, native_target
-from danube_zmq.actors.grpc_door_services import (
+from danube_zmq.client.message import Message, MessageId
+from danube_zmq.doors.grpc.calls import GRPC_STATUS, native_target
+from danube_zmq.doors.grpc.client_door import GrpcDoor
+from danube_zmq.doors.grpc.services import (
     SENDING_BYTES_MAX,
     STREAM_GRACE_MS,
     DoorConsumer,
     DoorProducer,
     ProducerDoor,
 )
-from danube_zmq.client.message import Message, MessageId
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
 from danube_zmq.transport.errors import ErrorCode, InvalidArgument
@@ -82,7 +83,7 @@ def test_a_broker_without_the_door_loads_no_grpc_module() -> None:
     ({}, {"schema_subject": "orders"}),
 ])
 def test_schema_reference_becomes_the_native_producers_choice(version_ref: dict, expected: dict) -> None:
-    from danube_zmq.actors.grpc_door_services import _schema_choice
+    from danube_zmq.doors.grpc.services import _schema_choice
     from danube_zmq.transport.danube_proto import DanubeApi_pb2 as pb
 
     request = pb.ProducerRequest(producer_name="p", topic_name="/default/t",
@@ -238,7 +239,7 @@ def test_a_segment_listing_is_bounded_and_polls_on() -> None:
     """One answer holds at most DESCRIPTORS_PER_ANSWER_MAX descriptors (a topic may hold
     more than a gRPC message carries); polling from the last start offset seen gets the
     rest, in offset order, none twice."""
-    from danube_zmq.actors.grpc_door_storage import segments_after
+    from danube_zmq.doors.grpc.storage import segments_after
     from danube_zmq.storage.catalog import SegmentDescriptor
 
     segments = [SegmentDescriptor(topic="/default/t", base_offset=base, end_offset=base + 9, record_count=10,

@@ -1,4 +1,4 @@
-"""The gRPC doors' caller handling (`actors/grpc_door_auth.py`) without a broker."""
+"""The gRPC doors' caller handling (`doors/grpc/auth.py`) without a broker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from danube_zmq.actors.grpc_door_auth import DoorSecurity, PerCaller, bearer_token
+from danube_zmq.doors.grpc.auth import DoorSecurity, PerCaller, bearer_token
 from danube_zmq.transport.errors import ConfigError, Unauthenticated
 from tests.tls_certs import certificate_authority, self_signed_cert
 

@@ -1,4 +1,4 @@
-"""The gRPC doors' bounds (`actors/grpc_door_limits.py`): what grpc is told, and the
+"""The gRPC doors' bounds (`doors/grpc/limits.py`): what grpc is told, and the
 descriptor budget the doors share with the native ports. The bounds at work, through
 real sockets: tests/integration/test_grpc_door_flood.py."""
 
@@ -8,9 +8,12 @@ import random
 
 import pytest
 
-from danube_zmq.actors import grpc_admin_clients, grpc_door, grpc_door_schemas
-from danube_zmq.actors.config import BrokerConfig, BrokerSection, LimitsSection
-from danube_zmq.actors.grpc_door_limits import (
+from danube_zmq.client.admin import AdminClient
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection, LimitsSection
+from danube_zmq.doors.grpc import admin_clients as grpc_admin_clients
+from danube_zmq.doors.grpc import client_door as grpc_door
+from danube_zmq.doors.grpc import schemas as grpc_door_schemas
+from danube_zmq.doors.grpc.limits import (
     CONTROL_CLIENTS,
     IDLE_ADMIN_CLIENTS,
     REGISTRY_CLIENTS,
@@ -19,7 +22,6 @@ from danube_zmq.actors.grpc_door_limits import (
     door_fds,
     native_fds,
 )
-from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import ConfigError
 
 BOTH_DOORS = BrokerSection(grpc_listen="http://127.0.0.1:0", grpc_admin_listen="http://127.0.0.1:0")
@@ -104,7 +106,7 @@ def test_a_short_soft_limit_is_raised_up_to_the_hard_one() -> None:
 
     code = (
         "import resource\n"
-        "from danube_zmq.actors.grpc_door_limits import raise_nofile\n"
+        "from danube_zmq.doors.grpc.limits import raise_nofile\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))\n"
         "wanted = min(4096, hard)\n"

@@ -1,6 +1,6 @@
 """The import direction: a package imports only packages below it in LAYERS.
 
-Every module of every package mapped in setup.cfg is parsed (ast, nothing is imported),
+Every module under danube_zmq/ is parsed (ast, nothing is imported),
 and every `import danube_zmq.x` / `from danube_zmq.x import ...` in it is checked,
 including imports inside functions and under TYPE_CHECKING: a lazy import is still a
 dependency, only a later one. A package absent from LAYERS fails too, so a new package
@@ -10,7 +10,6 @@ has to be placed in the order before it lands.
 from __future__ import annotations
 
 import ast
-import configparser
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,17 +24,22 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clock",),                      # danube_zmq/clock.py: time as a dependency, no imports
     ("transport",),                  # protocols, codec, errors, topic names
     ("security",),                   # CURVE keys, JWT tokens, RBAC decisions
-    ("storage",),                    # WAL, durable segments, catalog
+    ("storage", "rpc"),              # WAL, durable segments, catalog; a request/reply session with a port
+    ("config",),                     # the broker configuration, read by the broker, the doors and the CLI
     ("consensus", "snapshots"),      # Raft metadata store; WAL snapshots
     ("schemas", "report"),           # schema registry; Spark reports of snapshots
     ("client",),                     # the client library
-    ("runtime",),                    # actor system, mailboxes, supervision, event loop
+    ("runtime", "doors"),            # actor system, event loop; the gRPC doors, console and MCP (clients)
     ("actors", "loadgen"),           # the broker's actors; the load behind `danube bench`
-    ("console",),                    # the web console, which `danube admin serve --mode ui` starts
     ("cli",),                        # the `danube` command
     ("",),                           # danube_zmq/__init__.py: the public facade
-    ("chaos",),                      # the chaos harness: tests only, the product never imports it
 )
+# Pairs a rank would allow and the design does not: the broker's actors reach other
+# brokers through `rpc` (a request/reply session), never through the client library,
+# whose adapters (the gRPC doors) live in `doors`.
+FORBIDDEN: dict[tuple[str, str], str] = {
+    ("actors", "client"): "the actors call peers through danube_zmq.rpc; client adapters live in doors/",
+}
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
 
@@ -47,26 +51,24 @@ def layer_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else ""
 
 
-def package_dirs(root: Path) -> dict[str, Path]:
-    """Each top-level package of setup.cfg's package_dir -> its folder."""
-    config = configparser.ConfigParser()
-    config.read(root / "setup.cfg")
-    dirs = {}
-    for line in config["options"]["package_dir"].strip().splitlines():
-        name, folder = (part.strip() for part in line.split("="))
-        dirs[name] = root / folder
-    return dirs
+def top_level(root: Path) -> list[str]:
+    """The names directly under danube_zmq/: its packages and its top modules (`clock`)."""
+    names = []
+    for child in sorted((root / "danube_zmq").iterdir()):
+        if child.is_dir() and (child / "__init__.py").exists():
+            names.append(child.name)
+        elif child.suffix == ".py" and child.name != "__init__.py":
+            names.append(child.stem)
+    return names
 
 
 def modules(root: Path) -> Iterator[tuple[str, Path]]:
-    """(dotted module name, file) of every module of the mapped packages."""
-    dirs = package_dirs(root)
-    for package, folder in dirs.items():
-        for path in sorted(folder.rglob("*.py")):
-            relative = path.relative_to(folder).with_suffix("").parts
-            if relative[-1] == "__init__":
-                relative = relative[:-1]
-            yield ".".join((package, *relative)), path
+    """(dotted module name, file) of every module of the danube_zmq package."""
+    for path in sorted((root / "danube_zmq").rglob("*.py")):
+        relative = path.relative_to(root).with_suffix("").parts
+        if relative[-1] == "__init__":
+            relative = relative[:-1]
+        yield ".".join(relative), path
 
 
 def imported(module: str, path: Path, tree: ast.Module) -> Iterator[tuple[str, int]]:
@@ -108,6 +110,10 @@ def violations(root: Path) -> list[str]:
                 found.append(f"{path.relative_to(root)}:{line}: imports {target_module}, "
                              f"of a package not placed in LAYERS")
                 continue
+            if (source, target) in FORBIDDEN:
+                found.append(f"{path.relative_to(root)}:{line}: {source} imports {target_module}: "
+                             f"{FORBIDDEN[source, target]}")
+                continue
             if RANK[target] >= RANK[source]:
                 found.append(f"{path.relative_to(root)}:{line}: {source or 'danube_zmq'} (layer "
                              f"{RANK[source]}) imports {target_module} ({target or 'danube_zmq'}, "
@@ -125,20 +131,20 @@ def test_no_package_imports_a_package_at_or_above_its_layer() -> None:
 def test_a_planted_upward_import_is_named_with_its_file_and_line(tmp_path: Path) -> None:
     """The checker is not vacuous: a copy of the layout where storage imports the
     broker's actors (inside a function, as lazy imports are) fails with that file:line."""
-    (tmp_path / "setup.cfg").write_text(
-        "[options]\npackage_dir =\n    danube_zmq.storage = storage\n    danube_zmq.actors = actors\n")
-    (tmp_path / "storage").mkdir()
-    (tmp_path / "actors").mkdir()
-    (tmp_path / "actors" / "broker.py").write_text("from danube_zmq.storage import wal\n")
-    (tmp_path / "storage" / "wal.py").write_text(
-        '"""A WAL."""\n\n\ndef f():\n    from danube_zmq.actors.broker import Broker\n    return Broker\n')
+    package = tmp_path / "danube_zmq"
+    for name in ("storage", "actors"):
+        (package / name).mkdir(parents=True)
+        (package / name / "__init__.py").write_text("")
+    (package / "actors" / "broker.py").write_text("from danube_zmq.storage import wal\n")
+    (package / "storage" / "wal.py").write_text(
+        '"""A WAL."""\n\n\ndef f():\n    from danube_zmq.actors.broker.broker import Broker\n    return Broker\n')
     assert violations(tmp_path) == [
-        f"storage/wal.py:5: storage (layer {RANK['storage']}) imports danube_zmq.actors.broker"
+        f"danube_zmq/storage/wal.py:5: storage (layer {RANK['storage']}) imports danube_zmq.actors.broker.broker"
         f" (actors, layer {RANK['actors']}):"
         " a layer imports only layers below it"]
 
 
-def test_every_mapped_package_has_a_place_in_the_order() -> None:
-    """A package added to setup.cfg without a layer fails, rather than escape the check."""
-    unplaced = {layer_of(name) for name in package_dirs(ROOT)} - set(RANK)
+def test_every_package_has_a_place_in_the_order() -> None:
+    """A package added under danube_zmq/ without a layer fails, rather than escape the check."""
+    unplaced = set(top_level(ROOT)) - set(RANK)
     assert unplaced == set()

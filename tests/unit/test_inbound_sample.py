@@ -1,11 +1,11 @@
-"""The inbound-byte sampler of a port (`actors/peers.py`) on descriptors libzmq closed
+"""The inbound-byte sampler of a port (`actors/sockets/peers.py`) on descriptors libzmq closed
 between the sampler listing them and reading their TCP counters."""
 
 from __future__ import annotations
 
 import socket
 
-from danube_zmq.actors.peers import inbound_held
+from danube_zmq.actors.sockets.peers import inbound_held
 
 
 def test_a_descriptor_closed_before_it_is_sampled_is_skipped() -> None:

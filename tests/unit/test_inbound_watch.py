@@ -1,4 +1,4 @@
-"""The inbound watcher (`actors/inbound_watch.py`): whom it cuts for the broker-wide
+"""The inbound watcher (`actors/sockets/inbound_watch.py`): whom it cuts for the broker-wide
 budget, and its thread on plain TCP sockets standing in for libzmq's."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import zmq.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.inbound_watch import InboundWatch, choose_cuts, remove_stale_dirs
-from danube_zmq.actors.peers import INBOUND_SLACK_BYTES
+from danube_zmq.actors.sockets.inbound_watch import InboundWatch, choose_cuts, remove_stale_dirs
+from danube_zmq.actors.sockets.peers import INBOUND_SLACK_BYTES
 
 MIB = 1 << 20
 
@@ -222,7 +222,7 @@ def test_a_peer_guard_watches_its_socket_again_after_a_restart() -> None:
     the budget, the accept and the cut reach the guard on the loop; after the guard is
     closed and a new ROUTER and guard take the port (a gateway restarted after a
     failure), a second such peer is cut the same way."""
-    from danube_zmq.actors.peers import PeerGuard
+    from danube_zmq.actors.sockets.peers import PeerGuard
     from tests.integration.test_bounds import zmtp_dealer, zmtp_frame
 
     async def run() -> None:

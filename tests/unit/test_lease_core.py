@@ -1,4 +1,4 @@
-"""The lease and fencing state machine (`actors/lease.py`), driven by random timelines:
+"""The lease and fencing state machine (`actors/cluster/lease.py`), driven by random timelines:
 ticks at random times, renewals answered late, early, out of order, failed or never.
 Each step is checked against the lease as the metadata store's leader sees it."""
 
@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_zmq.actors.lease import Lease, Renew, RenewalFailed, Renewed, Serve, StopServing, Tick, step
+from danube_zmq.actors.cluster.lease import Lease, Renew, RenewalFailed, Renewed, Serve, StopServing, Tick, step
 
 TTL_MS = 6_000
 

@@ -1,4 +1,4 @@
-"""The lease keeper actor (`actors/lease_keeper.py`) in a real actor system over a real
+"""The lease keeper actor (`actors/cluster/lease_keeper.py`) in a real actor system over a real
 single-voter metadata store: it registers the broker with a TTL, tells the broker it
 holds the lease until a time that keeps moving, and tells it the lease is lost once
 renewals fail (the store stopped)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.lease_keeper import LeaseKeeper
+from danube_zmq.actors.cluster.lease_keeper import LeaseKeeper
 from danube_zmq.clock import SystemClock
 from danube_zmq.consensus.metadata_store import embedded_store
 from danube_zmq.runtime.actor import Actor

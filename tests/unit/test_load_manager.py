@@ -439,7 +439,7 @@ def test_policy_refuses_negative_cooldown_and_age_and_accepts_zero() -> None:
 
 def test_the_config_refuses_a_negative_cooldown() -> None:
     """`load_manager.rebalancing_cooldown_s: -1` is a config error naming the key."""
-    from danube_zmq.actors.config import LoadManagerSection
+    from danube_zmq.config.broker_config import LoadManagerSection
     from danube_zmq.transport.errors import ConfigError
 
     with pytest.raises(ConfigError, match="rebalancing_cooldown_s"):

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.load_manager import LoadManagerActor
+from danube_zmq.actors.load.load_manager import LoadManagerActor
 from danube_zmq.clock import ManualClock
+from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.consensus.metadata_store import embedded_store
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr

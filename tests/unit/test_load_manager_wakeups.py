@@ -12,9 +12,9 @@ from typing import Any
 
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig
-from danube_zmq.actors.load_manager import LoadManagerActor, _Triggers
+from danube_zmq.actors.load.load_manager import LoadManagerActor, _Triggers
 from danube_zmq.clock import ManualClock
+from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_store
 from danube_zmq.consensus.state_machine import WatchEvent
 from danube_zmq.runtime.system import ActorSystem

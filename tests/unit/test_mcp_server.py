@@ -1,4 +1,4 @@
-"""The parts of the MCP server (cli/mcp_server.py) that need no broker: whose credentials
+"""The parts of the MCP server (doors/mcp/server.py) that need no broker: whose credentials
 a call dials with, which listen addresses count as loopback, and the metric filter."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
-from danube_zmq.cli import mcp_server
-from danube_zmq.cli.mcp_server import McpSettings, is_loopback
+from danube_zmq.doors.mcp import server as mcp_server
+from danube_zmq.doors.mcp.server import McpSettings, is_loopback
 
 
 def settings(**overrides: object) -> McpSettings:

@@ -3,7 +3,7 @@
 - `RaftMetadataStore.watch` over a state machine whose history is short: the watch
   logic is the real one; the peer around it is a stand-in that applies commands in log
   order and wakes the watcher after each, as the Raft shell does.
-- The broker's `MetadataWatch` child actor (actors/metadata_watch.py) over a real
+- The broker's `MetadataWatch` child actor (actors/cluster/metadata_watch.py) over a real
   single-voter store in a real `ActorSystem`, telling a recording parent the broker's
   own assignment messages.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import zmq.asyncio
 
-from danube_zmq.actors.metadata_watch import MetadataWatch
-from danube_zmq.actors.topic_registry import assigned_to, assignment_changed
+from danube_zmq.actors.broker.topic_registry import assigned_to, assignment_changed
+from danube_zmq.actors.cluster.metadata_watch import MetadataWatch
 from danube_zmq.clock import Clock, ManualClock, SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.consensus.peer import RaftPeer
@@ -96,7 +96,7 @@ def test_a_watch_on_a_quiet_prefix_survives_writes_elsewhere() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The `MetadataWatch` actor (actors/metadata_watch.py): a real single-voter store (LevelDB
+# The `MetadataWatch` actor (actors/cluster/metadata_watch.py): a real single-voter store (LevelDB
 # log, no sockets), a real `ActorSystem`, the broker's own assignment messages, and a
 # parent that records what it is told, in the order its handlers run.
 
@@ -181,7 +181,7 @@ async def _running(tmp_path: Path, *, history_events_max: int = 10_000, mailbox_
     try:
         parent = await system.spawn(RecordingParent, name="parent")
 
-        async def assigned() -> Message:  # as the broker's (actors/broker.py handle_JoinAttempted)
+        async def assigned() -> Message:  # as the broker's (actors/broker/broker.py handle_JoinAttempted)
             revision = store.local_revision()
             return AssignmentsResync(topics=await assigned_to(store, BROKER_ID), revision=revision)
 

@@ -1,4 +1,4 @@
-"""The metrics endpoint (actors/metrics_endpoint.py) in process, on its own registry.
+"""The metrics endpoint (actors/sockets/metrics_endpoint.py) in process, on its own registry.
 
 What prometheus_client's server lacks: a client stuck in the TLS handshake does not
 hold up other scrapes, and connections past metrics_connections_max are closed at once.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from danube_zmq.actors.metrics_endpoint import MetricsServer, start_metrics_server
+from danube_zmq.actors.sockets.metrics_endpoint import MetricsServer, start_metrics_server
 from tests.tls_certs import self_signed_cert
 
 

@@ -20,12 +20,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, BrokerSection
-from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.sockets.gateway import Gateway
 from danube_zmq.actors.subscription import SubscriptionActor
 from danube_zmq.actors.topic import TopicActor, make_topic
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message

@@ -1,4 +1,4 @@
-"""The offset reservations actor (`actors/offset_reservations.py`) in a real actor system
+"""The offset reservations actor (`actors/broker/offset_reservations.py`) in a real actor system
 over a real single-voter metadata store: asks coalesce into one transaction, every
 topic is answered, nothing is written after the lease or for a released topic."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.offset_reservations import OffsetReservations
+from danube_zmq.actors.broker.offset_reservations import OffsetReservations
 from danube_zmq.clock import SystemClock
 from danube_zmq.consensus.metadata_store import RaftMetadataStore, embedded_store
 from danube_zmq.runtime.actor import Actor

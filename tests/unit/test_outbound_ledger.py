@@ -1,4 +1,4 @@
-"""The outbound byte ledger (actors/outbound.py): budgets, FIFO settling, pause,
+"""The outbound byte ledger (actors/sockets/outbound.py): budgets, FIFO settling, pause,
 resume and stall, with fake trackers and an explicit clock."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from danube_zmq.actors.outbound import OutboundLedger
+from danube_zmq.actors.sockets.outbound import OutboundLedger
 
 KIB = 1024
 

@@ -1,4 +1,4 @@
-"""Topic ownership decisions (`actors/ownership.py`): randomized records, WAL ends and
+"""Topic ownership decisions (`actors/cluster/ownership.py`): randomized records, WAL ends and
 durable ends against the rules that keep acknowledged offsets unique and never lost."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors.ownership import (
+from danube_zmq.actors.cluster.ownership import (
     Ownership,
     damaged_wal_is_stale,
     marks_sealed,

@@ -1,4 +1,4 @@
-"""The policies in force (`actors/policies.py`, pure): the topic's own value, else its
+"""The policies in force (`actors/policy/policies.py`, pure): the topic's own value, else its
 namespace's, else the broker's config, for every kind of policy, checked on randomized
 records (hypothesis) against the rule written out a second way, record by record."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from danube_zmq.actors import policies
-from danube_zmq.actors.config import (
+from danube_zmq.actors.policy import policies
+from danube_zmq.config.broker_config import (
     AUTO_TOPIC_CREATION_POLICIES,
     BACKLOG_QUOTA_POLICIES,
     TOPIC_POLICY_NAMES,

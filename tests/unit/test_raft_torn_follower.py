@@ -1,5 +1,5 @@
 """R3's finding, on the pure Raft core: a follower whose log lost its acknowledged tail
-(a torn last record, chaos/power.py `tear_raft_log`: a disk that dropped a synced
+(a torn last record, tests/chaos/harness/power.py `tear_raft_log`: a disk that dropped a synced
 write) used to be never repaired by the leader, which treats its rejections at or below
 the match index as stale (`test_a_rejection_at_or_below_a_replicating_followers_match_is_stale`).
 Each start draws a new `incarnation`, carried by the follower's answers: a leader that

@@ -10,11 +10,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.metrics import LATENCY_BOUNDS_S, Buckets, Tally
 from danube_zmq.actors.subscription.delivery import Consumer
 from danube_zmq.actors.subscription.rule_delivery import RuleDelivery
 from danube_zmq.clock import ManualClock
+from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.internal_protocol import Publish
 

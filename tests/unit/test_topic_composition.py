@@ -25,12 +25,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig, BrokerSection
-from danube_zmq.actors.gateway import Gateway
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.sockets.gateway import Gateway
 from danube_zmq.actors.subscription import RuleDelivery, SubscriptionActor, TrackedDelivery
 from danube_zmq.actors.topic import MemoryTail, TopicActor, WalStorage, make_topic
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig, BrokerSection
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
@@ -48,9 +48,10 @@ from danube_zmq.transport.internal_protocol import (
     ReserveOffsets,
     SubscriptionsOf,
 )
+from tests.paths import PACKAGE
 
 TOPIC = "/default/composed"
-ACTORS = Path(__file__).resolve().parents[2] / "actors"
+ACTORS = PACKAGE / "actors"
 _listeners = itertools.count(1)
 STRATEGIES = {"memory": cp.DispatchStrategy.NON_RELIABLE, "wal": cp.DispatchStrategy.RELIABLE}
 

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.ids import IdSource
+from danube_zmq.actors.schema.topic_schema import TopicSchemaGuard
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic.shell import _Producer
-from danube_zmq.actors.topic_schema import TopicSchemaGuard
 from danube_zmq.cli.produce import schema_value
 from danube_zmq.client.client import _check_schema_choice
 from danube_zmq.client.schema_cache import SchemaCache
+from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.schemas.types import SchemaType
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound

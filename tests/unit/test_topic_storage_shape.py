@@ -10,9 +10,10 @@ it is known to fail."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-TOPIC = Path(__file__).resolve().parents[2] / "actors" / "topic"
+from tests.paths import PACKAGE
+
+TOPIC = PACKAGE / "actors" / "topic"
 WAL = TOPIC / "wal"
 MODULE_LINES_MAX = 500
 FUNCTION_LINES_MAX = 70

@@ -9,9 +9,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.subscription.delivery import Consumer
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
+from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.internal_protocol import INTERNAL_PROTOCOL, Publish, ReadRequest, ReadResult
 

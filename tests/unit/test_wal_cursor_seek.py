@@ -14,11 +14,11 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from danube_zmq.actors.config import BrokerConfig
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.topic import make_topic
 from danube_zmq.actors.topic.shell import TopicActor
 from danube_zmq.clock import SystemClock
+from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.storage.wal import WalLog

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from danube_zmq.chaos.disk import FaultyFiles, Ledger, Rule, crash_journal
 from danube_zmq.clock import ManualClock
 from danube_zmq.storage.wal import WalLog, encode_batch
 from danube_zmq.storage.wal import files as wal_files
+from tests.chaos.harness.disk import FaultyFiles, Ledger, Rule, crash_journal
 
 APPENDS = 10_000
 

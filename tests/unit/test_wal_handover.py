@@ -1,5 +1,5 @@
 """A local-mode move's WAL transfer (storage/wal/handover.py and the sender, the
-`HandOver` actor in actors/hand_over.py): a transfer whose connection breaks in the
+`HandOver` actor in actors/move/hand_over.py): a transfer whose connection breaks in the
 middle resumes (a timer message) from the bytes the receiver holds, and what is
 installed is the sender's WAL."""
 
@@ -14,7 +14,7 @@ import crc32c
 import pytest
 import zmq.asyncio
 
-from danube_zmq.actors.hand_over import HandOver
+from danube_zmq.actors.move.hand_over import HandOver
 from danube_zmq.clock import SystemClock
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem

@@ -20,8 +20,8 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from danube_zmq.actors.config import StorageSection
 from danube_zmq.actors.topic import TopicActor, WalStorage
+from danube_zmq.config.broker_config import StorageSection
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.transport import client_protocol as cp

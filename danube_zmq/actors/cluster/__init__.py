@@ -1,0 +1,1 @@
+"""The broker in its cluster: lease, ownership, metadata watches, calls to peers."""

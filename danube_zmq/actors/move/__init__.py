@@ -1,0 +1,1 @@
+"""Moving a reliable topic between brokers in storage.mode local: both sides of a hand-over."""

@@ -1,0 +1,1 @@
+"""Policies: the pure rule of what is in force, and the child that keeps and tells them."""

@@ -1,0 +1,690 @@
+"""The delivery side of a reliable subscription (`TrackedDelivery`): at-least-once
+delivery from the log, the dispatch rule with the delivery tracker. Its subscription
+actor (`shell.SubscriptionActor`) holds the consumers and calls it from its handlers.
+
+1. Records come from the topic: the `Publish` notice of each committed batch when the
+   subscription is caught up, else `ReadResult`s it asks for (`ReadRequest`) from its
+   read position; a bounded read-ahead (`records`) holds them until acknowledged.
+2. Dispatch: first the redeliveries that are due, then new records from the
+   tracker's read offset, to consumers with permits and room in their window
+   (`reliable.max_unacked_messages`), split by the subscription type's rule.
+3. Acks move the cursor (highest contiguously acknowledged offset; out-of-order acks
+   are kept above it); nacks and ack timeouts schedule redelivery with backoff; a
+   message redelivered `max_redelivery_count` times meets the poison policy.
+4. A consumer that leaves gives its unacknowledged messages back: Shared and
+   Key-Shared hand them to the others, an Exclusive or Failover consumer that
+   attaches next gets them again.
+5. The cursor is sent to the broker (which persists it in the catalog) at most every
+   `storage.cursor_flush_interval_ms` and when the actor stops; a restart resumes at
+   cursor + 1, redelivering at most that window.
+6. Seek (a consumer's `Seek`, or the admin's `SeekSubscription` through the topic):
+   the topic turns a publish time into an offset and checks it against the log, then
+   `SeekTo` restarts the tracker there and empties the read-ahead; consumers stay
+   attached and each gets `SeekReset` (drop what you hold) before the new deliveries.
+7. Failure policy: the broker's `reliable:` defaults until an admin sets one
+   (`SetSubscriptionPolicy`); from then on it applies (`tracker.set_policy`) and is
+   persisted with the cursor, so a restart keeps it.
+8. Dispatch window: `reliable.max_unacked_messages` until an admin sets one
+   (`SetSubscriptionDispatchConfig`); it applies at once (a consumer above a smaller
+   window gets nothing new until its acks bring it under) and is persisted with the
+   cursor like the failure policy.
+
+The tracker (`dispatch/tracker.py`) is the pure core; this side and its shell do the I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from functools import partial
+from itertools import groupby, islice, repeat
+from operator import attrgetter, itemgetter
+from typing import TYPE_CHECKING, NamedTuple
+
+from danube_zmq.actors.dispatch import make_rule
+from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
+from danube_zmq.actors.sockets.gateway import OUTBOX, reply_client
+from danube_zmq.actors.subscription.delivery import Consumer, DeliverySample
+from danube_zmq.config.broker_config import ENVELOPE_BYTES_MAX, BrokerConfig
+from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.codec import Message
+from danube_zmq.transport.common import Ok
+from danube_zmq.transport.errors import DanubeError, InvalidArgument, ResourceExhausted
+from danube_zmq.transport.internal_protocol import (
+    INTERNAL_PROTOCOL,
+    DeadLetter,
+    FailurePolicyState,
+    PersistCursor,
+    Publish,
+    ReadRequest,
+    ReadResult,
+    ResolveSeek,
+    SeekTo,
+    SetSubscriptionDispatchConfig,
+    SetSubscriptionPolicy,
+    SubscriptionCursor,
+    SubscriptionCut,
+    SubscriptionCutState,
+    SubscriptionDispatchConfig,
+    SubscriptionPolicy,
+    Tick,
+)
+from danube_zmq.transport.topic_name import parse_topic
+
+if TYPE_CHECKING:
+    from danube_zmq.actors.subscription.shell import SubscriptionActor
+
+log = logging.getLogger("danube_zmq.subscription")
+
+_READ_BYTES_MAX = 1 << 20
+_new = tuple.__new__
+# What one `Deliver` shares: producer and schema version.
+_run_key = attrgetter("producer_id", "schema_id", "schema_version")
+
+
+class _Record(NamedTuple):
+    """One message of the read-ahead; built with `tuple.__new__` (one C call per message)."""
+
+    payload: bytes
+    key: str | None
+    attributes: dict[str, str] | None
+    publish_time: int
+    producer_id: int
+    producer_name: str
+    schema_id: int | None
+    schema_version: int | None
+
+
+_make_record = partial(_new, _Record)
+# Bytes a message adds to a Deliver besides its payload, key and attributes (msgpack
+# headers, publish time; over-estimated).
+_MESSAGE_OVERHEAD_BYTES = 32
+
+
+def _record_bytes(record: _Record) -> int:
+    size = len(record.payload) + _MESSAGE_OVERHEAD_BYTES
+    if record.key is not None:
+        size += len(record.key)
+    if record.attributes:
+        size += sum(len(k) + len(v) + 8 for k, v in record.attributes.items())
+    return size
+
+
+def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tuple[int, int]]:
+    """[start, end) cut into runs of at most `budget` bytes (at least one record each)."""
+    run = records[start:end]
+    if not any(map(itemgetter(1), run)) and not any(map(itemgetter(2), run)) \
+            and sum(map(len, map(itemgetter(0), run))) + len(run) * _MESSAGE_OVERHEAD_BYTES <= budget:
+        return [(start, end)]  # the usual case, counted in C: payloads only, within a frame
+    cuts = []
+    size = 0
+    cut_start = start
+    for i in range(start, end):
+        size_i = _record_bytes(records[i])
+        if i > cut_start and size + size_i > budget:
+            cuts.append((cut_start, i))
+            cut_start, size = i, 0
+        size += size_i
+    cuts.append((cut_start, end))
+    return cuts
+
+
+class TrackedDelivery:
+    def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, cursor: int,
+                 acked_above: Sequence[int], committed_offset: int, policy: FailurePolicyState | None = None,
+                 max_unacked_messages: int | None = None, seeks: int = 0) -> None:
+        self.topic = topic
+        self.subscription = name
+        self.sub_type = sub_type
+        self.config = config
+        self.rule = make_rule(cp.SubType(sub_type))
+        # Consumers a record is too large for, found in a dispatch pass: detached after it.
+        self._too_large: dict[int, str] = {}
+        reliable = config.reliable
+        self.window = reliable.max_unacked_messages
+        self.policy = FailurePolicy(
+            max_redelivery_count=reliable.max_redelivery_count, ack_timeout_ms=reliable.ack_timeout_ms,
+            base_redelivery_delay_ms=reliable.base_redelivery_delay_ms,
+            max_redelivery_delay_ms=reliable.max_redelivery_delay_ms, backoff=reliable.backoff,
+            poison_policy=reliable.poison_policy, dead_letter_topic=reliable.dead_letter_topic)
+        # True once an admin set this subscription's policy: it is persisted and no longer
+        # follows the broker's `reliable:` defaults.
+        self.policy_explicit = False
+        if policy is not None:
+            try:
+                self.policy = failure_policy_from_state(policy)
+                self.policy_explicit = True
+            except InvalidArgument as exc:
+                log.error("%s:%s: the persisted failure policy is invalid (%s); the broker's defaults apply",
+                          topic, name, exc.message)
+        # True once an admin set this subscription's window (`max_unacked_messages`).
+        self.window_explicit = False
+        if max_unacked_messages is not None:
+            try:
+                self.window = check_max_unacked_messages(max_unacked_messages)
+                self.window_explicit = True
+            except InvalidArgument as exc:
+                log.error("%s:%s: the persisted dispatch window is invalid (%s); the broker's default applies",
+                          topic, name, exc.message)
+        self.seeks = seeks  # carried in its cursor records; from its topic at a restart
+        self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
+        self.records: dict[int, _Record] = {}
+        # The next offset to add to `records`: from the cursor, so that unacknowledged holes
+        # below the read offset (after a restart with out-of-order acks) have their records.
+        self.buffer_end = cursor + 1
+        self.head = committed_offset  # offsets below are committed in the topic's log
+        self.reading = False
+        # The end of offsets the log never held, found at `buffer_end` (0: none): crossed
+        # once everything buffered before it is delivered (`_cross_gap`).
+        self.gap_end = 0
+        self.read_ahead_max = 2 * self.window
+        self.persisted = (cursor, tuple(sorted(acked_above)))
+        self.redeliveries = 0
+        self.dead_lettered = 0
+        # Ticks (ack timeouts, due redeliveries, poison, cursor flushes) are armed one at
+        # a time and only while there is such work: an idle subscription costs nothing,
+        # where a periodic tick cost every one of 1,000 idle topics ten wake-ups a second.
+        self._tick_ms = min(self.config.storage.cursor_flush_interval_ms, 100)
+        self._tick_armed = False
+        self._persisted_mark = (cursor, len(acked_above))
+
+    def bind(self, shell: SubscriptionActor) -> None:
+        self.shell = shell
+
+    def start(self) -> None:
+        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
+                                                                             cursor=self.tracker.cursor))
+        self._fill()
+
+    def stop(self) -> None:
+        self._persist(force=True)
+
+    def attached(self, replay: list[bytes]) -> None:
+        self.dispatch()  # a reliable subscription starts from its cursor, never from a replay
+
+    def consumer_left(self, consumer_id: int) -> None:
+        self.tracker.consumer_gone(consumer_id, self.shell.system.clock.monotonic_ms())
+        self._arm_tick()
+
+    # ------------------------------------------------------------- records in
+    def publish(self, msg: Publish) -> None:
+        end = msg.base_offset + len(msg.payloads)
+        self.head = max(self.head, end)
+        if msg.base_offset <= self.buffer_end < end and not self.reading and self._room():
+            self._buffer(msg)
+        self._fill()
+        self.dispatch()
+
+    def read_result(self, msg: ReadResult) -> None:
+        self._read_result(msg)
+        self._arm_tick()
+
+    def _read_result(self, msg: ReadResult) -> None:
+        self.reading = False
+        self.head = max(self.head, msg.committed_offset)
+        if msg.start_offset != self.buffer_end:
+            return self._fill()  # an answer to a read made before a seek or skip
+        if not msg.frames and self.buffer_end < msg.log_start_offset:
+            log.warning("%s:%s: offsets %d..%d are no longer in the log; skipped", self.topic, self.subscription,
+                        self.buffer_end, msg.log_start_offset - 1)
+            # None of them can be read again: those already delivered or waiting since a
+            # resume (below `read_offset`) are settled now; the rest is crossed as a gap,
+            # once everything before it is delivered (`_cross_gap`, within the bound).
+            self.tracker.forget(self.buffer_end, msg.log_start_offset, self.shell.system.clock.monotonic_ms())
+            gap_start = max(self.buffer_end, self.tracker.read_offset)
+            if msg.log_start_offset > gap_start:
+                self.buffer_end, self.gap_end = gap_start, msg.log_start_offset
+            else:
+                self.buffer_end = msg.log_start_offset
+        elif not msg.frames and msg.gap_end > self.buffer_end:
+            self.gap_end = msg.gap_end
+        for frame in msg.frames:
+            publish = INTERNAL_PROTOCOL.decode(frame)
+            assert isinstance(publish, Publish)
+            if publish.base_offset <= self.buffer_end < publish.base_offset + len(publish.payloads):
+                self._buffer(publish)
+        self._fill()
+        self.dispatch()
+
+    def _room(self) -> bool:
+        return self.buffer_end - self.tracker.read_offset < self.read_ahead_max
+
+    def _buffer(self, publish: Publish) -> None:
+        base = publish.base_offset
+        keys, attributes = publish.keys, publish.attributes
+        start, count = self.buffer_end - base, len(publish.payloads)
+        if self.tracker.acked_above_count == 0 and self.buffer_end > self.tracker.cursor:
+            # Nothing at or above buffer_end is acked yet (the steady state): every record
+            # goes in, built in C (zip, then tuple.__new__ per row) rather than in a loop.
+            self.records.update(zip(range(base + start, base + count), map(_make_record, zip(
+                publish.payloads[start:], repeat(None) if keys is None else keys[start:],
+                repeat(None) if attributes is None else attributes[start:], publish.publish_times[start:],
+                repeat(publish.producer_id), repeat(publish.producer_name), repeat(publish.schema_id),
+                repeat(publish.schema_version), strict=False)), strict=True))
+            self.buffer_end = base + count
+            return
+        for i in range(start, count):
+            offset = base + i
+            if not self.tracker.is_acked(offset):
+                self.records[offset] = _new(_Record, (
+                    publish.payloads[i], None if keys is None else keys[i],
+                    None if attributes is None else attributes[i], publish.publish_times[i], publish.producer_id,
+                    publish.producer_name, publish.schema_id, publish.schema_version))
+        self.buffer_end = base + len(publish.payloads)
+
+    def _cross_gap(self) -> bool:
+        """Past the gap at `buffer_end` once every record before it is delivered (the
+        tracker settles its offsets, never held, as acknowledged)."""
+        if self.gap_end <= self.buffer_end:
+            self.gap_end = 0
+            return True
+        if self.tracker.read_offset != self.buffer_end or not self.tracker.skip_gap(
+                self.buffer_end, self.gap_end, self.shell.system.clock.monotonic_ms()):
+            return False
+        log.warning("%s:%s: offsets %d..%d are not in the log (reserved by a broker that died before storing"
+                    " them, or deleted); skipped", self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
+        self.buffer_end, self.gap_end = self.gap_end, 0
+        self._persist()
+        return True
+
+    def _fill(self) -> None:
+        if self.gap_end and not self._cross_gap():
+            return
+        if not self.reading and self.buffer_end < self.head and self._room():
+            self.reading = self.shell.system.tell(self.shell.topic_endpoint, ReadRequest(
+                subscription=self.subscription, start_offset=self.buffer_end, max_bytes=_READ_BYTES_MAX))
+
+    # ------------------------------------------------------------- dispatch
+    def dispatch(self) -> None:
+        self._dispatch()
+        while self._too_large:
+            # Detached after the pass, which holds the consumers' capacities; their
+            # deliveries go back to the tracker (`consumer_left`).
+            consumer_id, reason = self._too_large.popitem()
+            log.error("subscription %r: consumer %d detached: %s", self.subscription, consumer_id, reason)
+            self.shell.detach(consumer_id, reason=reason)
+        # Ticks (ack timeouts, due redeliveries, poison, cursor flushes) are armed here, after
+        # whatever changed the tracker: every path that does ends in a dispatch (or in
+        # `consumer_left`, `read_result`).
+        self._arm_tick()
+
+    def _dispatch(self) -> None:
+        now = self.shell.system.clock.monotonic_ms()
+        capacity = self._capacity()
+        if not capacity:
+            return
+        due = self.tracker.due(now, sum(capacity.values()))
+        if due:
+            # A resumed subscription's holes (unacked below acks it kept) are due at once,
+            # before the read-ahead holds them: they go out when their records come.
+            offsets = [d.offset for d in due if d.offset in self.records]
+            counts = {d.offset: d.redelivery_count for d in due}
+            taken = self._assign(offsets, capacity, counts, now) if offsets else set()
+            left = [d.offset for d in due if d.offset not in taken]
+            if left:
+                self.tracker.requeue(left, now)
+        while capacity and self.tracker.may_deliver_new():
+            limit = min(sum(capacity.values()), self.tracker.new_allowance())
+            # The buffered offsets from the read offset on (acked ones are not buffered).
+            offsets = list(islice(filter(self.records.__contains__, range(self.tracker.read_offset, self.buffer_end)),
+                                  limit))
+            if not offsets or not self._assign(offsets, capacity, None, now):
+                break
+        self._fill()
+
+    def _capacity(self) -> dict[int, int]:
+        return self.shell.rate_capped({
+            cid: room for cid, c in self.shell.consumers.items()
+            if not c.paused and (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
+        })
+
+    def _assign(self, offsets: list[int], capacity: dict[int, int], counts: dict[int, int] | None,
+                now: int) -> set[int]:
+        """Give `offsets` to consumers within `capacity`; returns the offsets sent (or
+        settled). New offsets nobody could take stay behind: those below the read offset
+        become holes the tracker hands out again through `due`."""
+        keys = [self._key(o) for o in offsets] if self.sub_type == cp.SubType.KEY_SHARED else None
+        assignment = self.rule.assign(len(offsets), keys, "", capacity)
+        if counts is None and len(assignment.slices) == 1 and not assignment.skipped:
+            # New offsets (ascending) to one consumer: one run, nothing to sort.
+            (part,) = assignment.slices
+            run = offsets if len(part.indices) == len(offsets) else [offsets[i] for i in part.indices]
+            cid = part.consumer_id
+            self.tracker.delivered(cid, run, now)
+            capacity[cid] -= len(run)
+            if capacity[cid] <= 0:
+                del capacity[cid]
+            self._send_records(self.shell.consumers[cid], run, None)
+            return set(run)
+        owner: dict[int, int] = {}
+        for part in assignment.slices:
+            for i in part.indices:
+                owner[offsets[i]] = part.consumer_id
+        if assignment.skipped:
+            # Key-Shared: no consumer's filters accept these keys; settled for this subscription.
+            skipped = [offsets[i] for i in assignment.skipped]
+            self.tracker.skip(skipped, now)
+            for offset in skipped:
+                self.records.pop(offset, None)
+            self.shell.dropped_messages += len(skipped)
+        # Record deliveries in ascending offset order, one run per consumer at a time.
+        runs: list[tuple[int, list[int]]] = []
+        for offset in sorted(owner):
+            cid = owner[offset]
+            if runs and runs[-1][0] == cid:
+                runs[-1][1].append(offset)
+            else:
+                runs.append((cid, [offset]))
+        for cid, run in runs:
+            self.tracker.delivered(cid, run, now)
+            capacity[cid] -= len(run)
+            if capacity[cid] <= 0:
+                del capacity[cid]
+            self._send_records(self.shell.consumers[cid], run, counts)
+        return set(owner).union(offsets[i] for i in assignment.skipped)
+
+    def _key(self, offset: int) -> str:
+        record = self.records[offset]
+        return record.key if record.key is not None else record.producer_name
+
+    def _send_records(self, consumer: Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
+        """One `Deliver` per run of offsets from one producer and schema version with one
+        redelivery count, cut where it would outgrow a frame: a run gathers records of many
+        publishes, and a frame over the client's ZMQ_MAXMSGSIZE is dropped whole."""
+        if consumer.consumer_id in self._too_large:
+            return
+        records = list(map(self.records.__getitem__, offsets))
+        keys = map(_run_key, records) if counts is None else zip(map(_run_key, records), map(counts.__getitem__, offsets),
+                                                                strict=True)
+        budget = self.config.limits.frame_bytes_max - ENVELOPE_BYTES_MAX
+        start = 0
+        for key, group in groupby(keys):
+            end = start + sum(1 for _ in group)
+            count = key[1] if counts is not None else 0
+            for cut_start, cut_end in _cuts(records, start, end, budget):
+                if consumer.consumer_id in self._too_large:
+                    return
+                self._deliver_run(consumer, offsets[cut_start:cut_end], records[cut_start:cut_end], count)
+            start = end
+
+    def _deliver_run(self, consumer: Consumer, run: list[int], records: list[_Record], count: int) -> None:
+        first = records[0]
+        keys = [r.key for r in records]
+        attributes = [r.attributes for r in records]
+        contiguous = run[-1] - run[0] + 1 == len(run)
+        deliver = cp.Deliver(
+            consumer_id=consumer.consumer_id, topic=self.topic, producer_id=first.producer_id,
+            producer_name=first.producer_name, base_offset=run[0], payloads=[r.payload for r in records],
+            publish_times=[r.publish_time for r in records],
+            keys=keys if any(k is not None for k in keys) else None,
+            attributes=attributes if any(attributes) else None,
+            offsets=None if contiguous else run, redelivery_count=count,
+            schema_id=first.schema_id, schema_version=first.schema_version)
+        frame = cp.CLIENT_PROTOCOL.encode(deliver)
+        if len(frame) > self.config.limits.frame_bytes_max + ENVELOPE_BYTES_MAX:
+            # A record stored while the limits were higher: no client takes the frame (its
+            # ZMQ_MAXMSGSIZE resets the connection, again at every redelivery). Its consumer
+            # is told why, after this dispatch pass; the record stays for a raised limit.
+            self._too_large.setdefault(consumer.consumer_id, (
+                f"message at offset {run[0]} of {self.topic} is {len(records[0].payload)} bytes, a frame of"
+                f" {len(frame)} over what a client takes (limits.frame_bytes_max {self.config.limits.frame_bytes_max}"
+                f" + 1 MiB): raise limits.frame_bytes_max to read it"))
+            return
+        consumer.permits -= len(run)
+        self.shell.dispatched(len(run))
+        if self.shell.system.push_frames(OUTBOX, [consumer.identity, frame]):
+            self.shell.delivered_messages += len(run)
+            self.shell.out_metric.inc(len(run))
+            if not count:  # a first delivery (as the rule's: one observation a frame, see there)
+                age_ms = self.shell.system.clock.now_ms() - first.publish_time
+                self.shell.e2e_metric.observe_many(age_ms / 1000 if age_ms > 0 else 0.0, len(run))
+        # A frame the gateway could not take is redelivered after the ack timeout.
+        if count:
+            self.redeliveries += len(run)
+
+    def refused(self, consumer: Consumer, offsets: list[int]) -> None:
+        """Given back to the tracker: delivered again."""
+        self.shell.delivered_messages -= len(offsets)
+        consumer.permits += len(offsets)  # the client never saw them: it gives no permits back for them
+        self.tracker.undeliver(consumer.consumer_id, offsets, self.shell.system.clock.monotonic_ms())
+        self.dispatch()
+
+    # ------------------------------------------------------------- consumers
+    def ack(self, consumer: Consumer, msg: cp.Ack) -> Message:
+        offsets = msg.offsets
+        cursor = self.tracker.ack(consumer.consumer_id, offsets)
+        pop = self.records.pop
+        if offsets and max(offsets) <= cursor:
+            deque(map(pop, offsets, repeat(None)), maxlen=0)  # acks in order (the steady state): a loop in C
+        else:
+            for offset in offsets:
+                if offset <= cursor or self.tracker.is_acked(offset):
+                    pop(offset, None)
+        self.dispatch()
+        return Ok(request_id=msg.request_id)
+
+    def nack(self, consumer: Consumer, msg: cp.Nack) -> Message:
+        self.tracker.nack(consumer.consumer_id, msg.offsets, self.shell.system.clock.monotonic_ms(), msg.delay_ms)
+        self.dispatch()
+        return Ok(request_id=msg.request_id)
+
+    # ------------------------------------------------------------- time
+    def _arm_tick(self) -> None:
+        tracker = self.tracker
+        if self._tick_armed or (
+            tracker.settled() and (tracker.cursor, tracker.acked_above_count) == self._persisted_mark
+        ):
+            return
+        self._tick_armed = True
+        self.shell.system.schedule_once(self.shell.endpoint, self._tick_ms, Tick())
+
+    def tick(self) -> None:
+        self._tick_armed = False
+        now = self.shell.system.clock.monotonic_ms()
+        self.tracker.expire(now)
+        self._handle_poison(now)
+        self._dispatch()
+        self._persist()
+        self._arm_tick()
+
+    def _handle_poison(self, now: int) -> None:
+        poisoned = self.tracker.poisoned(now)
+        if not poisoned:
+            return
+        letters = []
+        for item in poisoned:
+            record = self.records.get(item.offset)
+            if item.action == "block":
+                log.error("%s:%s: offset %d failed %d deliveries; the subscription is blocked there (poison policy"
+                          " block)", self.topic, self.subscription, item.offset, item.attempts)
+            elif item.action == "drop":
+                log.warning("%s:%s: offset %d dropped after %d deliveries", self.topic, self.subscription,
+                            item.offset, item.attempts)
+                self.records.pop(item.offset, None)
+                self.shell.dropped_messages += 1
+            elif record is not None:
+                letters.append((item, record))
+        if letters:
+            self.shell.system.tell(self.shell.broker_endpoint, DeadLetter(
+                topic=self.policy.dead_letter_topic or "",
+                payloads=[r.payload for _, r in letters], publish_times=[r.publish_time for _, r in letters],
+                keys=[r.key for _, r in letters],
+                attributes=[{**(r.attributes or {}), "x-original-topic": self.topic,
+                             "x-original-subscription": self.subscription, "x-original-offset": str(item.offset),
+                             "x-original-producer-id": str(r.producer_id), "x-delivery-attempt": str(item.attempts),
+                             "x-poison-policy": "dead_letter",
+                             "x-failure-reason": "max_redelivery_count reached"} for item, r in letters]))
+            for item, _ in letters:
+                self.tracker.dead_lettered(item.offset)
+                self.records.pop(item.offset, None)
+                self.dead_lettered += 1
+
+    def _persist(self, *, force: bool = False) -> None:
+        state = self.tracker.snapshot()
+        current = (state.cursor, tuple(state.acked_above))
+        if current == self.persisted and not force:
+            return
+        # The topic needs every subscription's cursor for retention.
+        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))
+        if self.shell.system.tell(self.shell.cursor_endpoint, self._cursor_record(state)):
+            self.persisted = current
+            self._persisted_mark = (state.cursor, len(state.acked_above))
+
+    def _cursor_record(self, state: CursorState | None = None) -> PersistCursor:
+        """What the broker stores for this subscription: cursor, acks above it, and the
+        failure policy when an admin set one."""
+        state = state or self.tracker.snapshot()
+        return PersistCursor(
+            topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
+            acked_above=list(state.acked_above),
+            policy=failure_policy_state(self.policy) if self.policy_explicit else None,
+            max_unacked_messages=self.window if self.window_explicit else None, seeks=self.seeks)
+
+    # ------------------------------------------------------------- seek
+    def seek(self, consumer: Consumer, msg: cp.Seek) -> None:
+        # The topic holds the log: it turns a publish time into an offset and checks the
+        # range, then tells `SeekTo`, which answers the client.
+        if not self.shell.system.tell(self.shell.topic_endpoint, ResolveSeek(
+                subscription=self.subscription, identity=consumer.identity, request_id=msg.request_id,
+                offset=msg.offset, publish_time=msg.publish_time)):
+            raise ResourceExhausted(f"topic {self.topic} is busy (full mailbox); retry the seek")
+
+    def seek_to(self, msg: SeekTo) -> Message:
+        """Restart delivery at `msg.offset` (checked by the topic against its log).
+
+        Everything below counts as consumed, everything from it on is delivered again;
+        deliveries in flight, redeliveries, poisonings and a block are forgotten (acks
+        for them are then ignored, or count for a redelivery of the same offset). The
+        consumers stay attached: each first gets `SeekReset` so that it drops what it
+        had received and not yet processed, then `Ok` goes to the client that asked,
+        then deliveries from the new position, in that order on every connection.
+        """
+        offset = msg.offset
+        log.info("%s:%s: seek to offset %d (cursor was %d)", self.topic, self.subscription, offset,
+                 self.tracker.cursor)
+        self.tracker.seek(offset)
+        self.records.clear()
+        self.gap_end = 0
+        # A read in flight answers for another start offset and is dropped (`handle_ReadResult`),
+        # unless it starts exactly here, when its records are the right ones.
+        self.buffer_end = offset
+        self.head = max(self.head, offset)
+        self.seeks += 1
+        for consumer in self.shell.consumers.values():
+            reset = cp.SeekReset(consumer_id=consumer.consumer_id, offset=offset)
+            self.shell.system.push_frames(OUTBOX, [consumer.identity, cp.CLIENT_PROTOCOL.encode(reset)])
+        if msg.identity is not None:
+            reply_client(self.shell.system, msg.identity, Ok(request_id=msg.request_id))
+        self._persist(force=True)
+        self._fill()
+        self.dispatch()
+        return self._cursor_record()
+
+    # ------------------------------------------------------------- failure policy
+    def set_policy(self, msg: SetSubscriptionPolicy) -> Message:
+        """Apply an admin's failure policy from now on; answers the record to persist."""
+        policy = failure_policy_from_state(msg.policy)
+        now = self.shell.system.clock.monotonic_ms()
+        self.tracker.set_policy(policy, now)
+        self.policy = policy
+        self.policy_explicit = True
+        log.info("%s:%s: failure policy set to %s", self.topic, self.subscription, policy)
+        self._handle_poison(now)  # a lower max_redelivery_count may poison waiting messages now
+        self.dispatch()
+        return self._cursor_record()
+
+    def get_policy(self) -> Message:
+        return SubscriptionPolicy(policy=failure_policy_state(self.policy), explicit=self.policy_explicit)
+
+    # ------------------------------------------------------------- dispatch window
+    def set_window(self, msg: SetSubscriptionDispatchConfig) -> Message:
+        """Apply an admin's window at once; answers the record to persist. Deliveries in
+        flight stay: a consumer above a smaller window gets nothing new until its acks
+        bring it under; a larger one lets dispatch go on now."""
+        self.window = check_max_unacked_messages(msg.max_unacked_messages)
+        self.window_explicit = True
+        self.read_ahead_max = 2 * self.window
+        log.info("%s:%s: dispatch window set to %d unacked messages per consumer", self.topic, self.subscription,
+                 self.window)
+        self._fill()
+        self.dispatch()
+        return self._cursor_record()
+
+    def get_window(self) -> Message:
+        return SubscriptionDispatchConfig(max_unacked_messages=self.window, explicit=self.window_explicit)
+
+    # ------------------------------------------------------------- admin
+    def describe_cut(self) -> Message:
+        state, t = self.tracker.snapshot(), self.tracker.statistics()
+        return SubscriptionCut(state=SubscriptionCutState(
+            name=self.subscription, sub_type=self.sub_type, cursor=state.cursor, acked_above=list(state.acked_above),
+            unacked=t.in_flight, consumers=sorted(c.name for c in self.shell.consumers.values()),
+            backlog_messages=self.tracker.backlog(self.head)))
+
+    def info(self) -> dict[str, int | None]:
+        t = self.tracker.statistics()
+        backlog = self.tracker.backlog(self.head)
+        return {"pending_messages": backlog, "cursor": t.cursor, "backlog_messages": backlog,
+                "unacked_messages": t.in_flight, "redeliveries": t.redeliveries_total,
+                "blocked_offset": t.blocked_offset}
+
+    def sample(self) -> DeliverySample:
+        t = self.tracker.statistics()
+        return DeliverySample(backlog_messages=self.tracker.backlog(self.head), pending_bytes=None, cursor=t.cursor,
+                              lag_messages=max(0, self.head - t.read_offset), unacked_messages=t.in_flight,
+                              redeliveries=t.redeliveries_total, dead_lettered=self.dead_lettered,
+                              oldest_publish_ms=oldest.publish_time if (oldest := self.records.get(t.cursor + 1))
+                              else None)
+
+
+# An admin-set policy stays within the ranges the broker config allows for the
+# `reliable:` defaults (STYLE 8): name -> (minimum, maximum).
+_POLICY_RANGES = {
+    "max_redelivery_count": (0, 1000),
+    "ack_timeout_ms": (10, 86_400_000),
+    "base_redelivery_delay_ms": (0, 86_400_000),
+    "max_redelivery_delay_ms": (0, 86_400_000),
+}
+
+
+def failure_policy_from_state(state: FailurePolicyState) -> FailurePolicy:
+    """Check a failure policy from an admin (or the catalog); INVALID_ARGUMENT names the field.
+
+    `FailurePolicy`'s own rules, the ranges of the config's `reliable:` section, and a
+    valid topic name for `dead_letter_topic` ("" counts as none).
+    """
+    policy = FailurePolicy(
+        max_redelivery_count=state.max_redelivery_count, ack_timeout_ms=state.ack_timeout_ms,
+        base_redelivery_delay_ms=state.base_redelivery_delay_ms, max_redelivery_delay_ms=state.max_redelivery_delay_ms,
+        backoff=state.backoff, poison_policy=state.poison_policy, dead_letter_topic=state.dead_letter_topic or None)
+    for name, (minimum, maximum) in _POLICY_RANGES.items():
+        value = getattr(policy, name)
+        if not minimum <= value <= maximum:
+            raise InvalidArgument(f"{name} must be {minimum}..{maximum}, not {value}")
+    if policy.dead_letter_topic is not None:
+        try:
+            parse_topic(policy.dead_letter_topic)
+        except DanubeError as exc:
+            raise InvalidArgument(f"dead_letter_topic: {exc.message}") from None
+    return policy
+
+
+# The same range the broker config allows for `reliable.max_unacked_messages`.
+MAX_UNACKED_MESSAGES_RANGE = (1, 10_000)
+
+
+def check_max_unacked_messages(value: int) -> int:
+    """An admin's (or the catalog's) window, checked; INVALID_ARGUMENT names the field."""
+    minimum, maximum = MAX_UNACKED_MESSAGES_RANGE
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise InvalidArgument(f"max_unacked_messages must be {minimum}..{maximum}, not {value}")
+    return value
+
+
+def failure_policy_state(policy: FailurePolicy) -> FailurePolicyState:
+    return FailurePolicyState(
+        max_redelivery_count=policy.max_redelivery_count, ack_timeout_ms=policy.ack_timeout_ms,
+        base_redelivery_delay_ms=policy.base_redelivery_delay_ms,
+        max_redelivery_delay_ms=policy.max_redelivery_delay_ms, backoff=policy.backoff,
+        poison_policy=policy.poison_policy, dead_letter_topic=policy.dead_letter_topic)

@@ -1,0 +1,1 @@
+"""The broker configuration: typed sections, documented field by field, validated at load."""
