@@ -45,7 +45,7 @@ from danube_zmq.transport.admin_protocol import ADMIN_PROTOCOL
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Ping
 from danube_zmq.transport.errors import AlreadyExists, DanubeError
 from tests.integration.conftest import free_port, start_broker
-from tests.integration.test_metadata_cluster import Node, agreed_leader
+from tests.integration.consensus.test_metadata_cluster import Node, agreed_leader
 
 _PING_EVERY_S = 0.05
 _PING_TIMEOUT_MS = 5_000

@@ -2,7 +2,7 @@
 # From zero to a secured 3-broker cluster on this host, with the project's commands only:
 # CURVE on every port, HS256 tokens, roles and bindings, and a refused request of each
 # kind. docs/security.md "Worked example" walks through it; a test runs it
-# (tests/integration/test_security_cluster.py), so every command here works as written.
+# (tests/integration/security/test_security_cluster.py), so every command here works as written.
 #
 #     bash examples/secured_cluster.sh [DIR]        # DIR default ./danube-secure
 #

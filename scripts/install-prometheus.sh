@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install Debian's `prometheus` (the server) when missing: the metrics test
-# (tests/integration/test_prometheus.py) runs a real Prometheus scraping a 3-broker
+# (tests/integration/actors/test_prometheus.py) runs a real Prometheus scraping a 3-broker
 # cluster on loopback. Idempotent and quiet: nothing is done when `prometheus` is on
 # PATH. Needs root; waits for another apt run's lock rather than failing.
 # Usage: scripts/install-prometheus.sh

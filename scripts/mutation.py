@@ -52,15 +52,17 @@ CORES = {
     core.name: core
     for core in (
         Core("raft", ("danube_zmq/consensus/raft/core.py",),
-             ("tests/unit/test_raft_core.py", "tests/unit/test_raft_core_edges.py", "tests/unit/test_raft_recovery.py"),
+             ("tests/unit/consensus/raft/test_raft_core.py", "tests/unit/consensus/raft/test_raft_core_edges.py",
+              "tests/unit/consensus/raft/test_raft_recovery.py"),
              simulator=True),
         Core("dispatch", tuple(f"danube_zmq/actors/dispatch/{n}.py" for n in ("rule", "exclusive", "failover", "shared",
                                                                      "key_shared", "tracker")),
-             ("tests/unit/test_dispatch_rules.py", "tests/unit/test_delivery_tracker.py",
-              "tests/unit/test_tracker_set_policy.py")),
-        Core("wal", ("danube_zmq/storage/wal/format.py",), ("tests/unit/test_wal_format.py", "tests/unit/test_wal_log.py")),
+             ("tests/unit/actors/dispatch/test_dispatch_rules.py", "tests/unit/actors/dispatch/test_delivery_tracker.py",
+              "tests/unit/actors/dispatch/test_tracker_set_policy.py")),
+        Core("wal", ("danube_zmq/storage/wal/format.py",),
+             ("tests/unit/storage/wal/test_wal_format.py", "tests/unit/storage/wal/test_wal_log.py")),
         Core("load", ("danube_zmq/actors/load/placement.py", "danube_zmq/actors/load/rebalance.py"),
-             ("tests/unit/test_load_manager.py",)),
+             ("tests/unit/actors/load/test_load_manager.py",)),
     )
 }
 # Seeded chaos runs: ~1 s, and they catch what the example tests miss in the Raft core.

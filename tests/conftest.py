@@ -20,7 +20,7 @@ settings.load_profile("danube")
 
 pytest_plugins = ["tests.emulators", "tests.rotation", "pytester"]
 
-# The kill -9 crash runs (tests/integration/test_reliable_crash.py) print one line each:
+# The kill -9 crash runs (tests/integration/storage/test_reliable_crash.py) print one line each:
 # gathered from the tests' captured output and shown at the end, so they are seen with
 # pytest-xdist too (which shows no test's output; with -s they print as they run).
 _CRASH_RUNS: list[str] = []

@@ -28,12 +28,13 @@ from typing import Any
 
 import pytest
 
+from tests.paths import ROOT
+
 # gcsfs reads this flag once, when it is imported: with the default (true) every new
 # bucket triggers a gRPC TLS probe that the plain-HTTP emulator answers with garbage and
 # that retries for 60 s. Set it before anything imports gcsfs; `gcs_store` sets it again.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-ROOT = Path(__file__).resolve().parents[1]
 AZURITE_PREFIX = ROOT / ".cache" / "azurite"
 AZURITE_BIN = AZURITE_PREFIX / "node_modules" / ".bin" / "azurite-blob"
 INSTALL_AZURITE = ROOT / "scripts" / "install-azurite.sh"

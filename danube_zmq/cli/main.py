@@ -73,7 +73,7 @@ def _attach_admin_groups(admin: click.Group) -> None:
 # The subcommands, imported when used: `danube produce` loads cli/produce.py and what it
 # needs, not the admin protocol, the load generator (numpy) or the report (pyarrow).
 # name -> (module, attribute, the summary `danube --help` shows without importing it;
-# tests/unit/test_cli_startup.py checks each against the command's own help).
+# tests/unit/cli/test_cli_startup.py checks each against the command's own help).
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "admin": ("danube_zmq.cli.admin", "admin", "Manage namespaces, topics, subscriptions; list brokers."),
     "bench": ("danube_zmq.cli.bench", "bench",

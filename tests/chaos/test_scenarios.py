@@ -147,7 +147,7 @@ def test_r_leader_partition_keeps_metadata_linearizable(tmp_path: Path) -> None:
 # owner's Shared subscription skipped the old owner's reserved offsets only from its
 # read offset, left the resumed holes below it waiting, and failed on every Flow
 # (KeyError in TrackedDelivery._send_records) until it was closed. Fixed by
-# DeliveryTracker.forget (tests/unit/test_delivery_tracker.py).
+# DeliveryTracker.forget (tests/unit/actors/dispatch/test_delivery_tracker.py).
 @pytest.mark.chaos_smoke
 @pytest.mark.timeout(600)
 def test_b3_paused_owner_causes_no_split_brain(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from tests.chaos.harness.checkers import Fault, check_raft, check_run, leader_ob
 from tests.chaos.harness.history import load_history
 from tests.chaos.harness.workload import command
 from tests.integration.conftest import broker_factory  # noqa: F401 - the fixture, used by name
-from tests.integration.test_metadata_cluster import agreed_leader, start_cluster
+from tests.integration.consensus.test_metadata_cluster import agreed_leader, start_cluster
 
 MESSAGES = 3_000
 RATE = 600  # messages per second: about 5 s of sending

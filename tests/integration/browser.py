@@ -26,7 +26,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
+REPO = ROOT
 INSTALL_SCRIPT = REPO / "scripts" / "install-chromium.sh"
 SCREENSHOTS_ENV = "DANUBE_SCREENSHOTS_DIR"
 SCREENSHOTS_DEFAULT = REPO / "test-artifacts" / "screenshots"

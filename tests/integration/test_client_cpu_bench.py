@@ -6,9 +6,10 @@ topic may drop some when the consumer falls behind, as the topic allows."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import client_cpu
 

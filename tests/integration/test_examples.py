@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+from tests.paths import ROOT
+
+EXAMPLES_DIR = ROOT / "examples"
 # quickstart.py is exercised on its own; every other script is checked here.
 EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.py") if p.name != "quickstart.py")
 TIMEOUT_S = 60

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from tests.integration.conftest import start_broker
+from tests.paths import ROOT
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = ROOT / "README.md"
 
 
 def use_it_commands() -> list[list[str]]:

@@ -5,9 +5,10 @@ reports its CPU (the benchmark's figures are only worth reading if its shape wor
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import transport_floor
 

@@ -18,8 +18,8 @@ import zipfile
 from pathlib import Path
 
 from tests.integration.conftest import free_port
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 # Generous: a cold pip cache downloads pyarrow (about 18 s warm).
 INSTALL_TIMEOUT_S = 600
 

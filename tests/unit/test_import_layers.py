@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 # Lowest first. A package may import itself and any package of a lower rank; packages of
 # one rank are independent of each other. Why this order (docs/architecture.md, Layers):

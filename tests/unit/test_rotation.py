@@ -5,10 +5,10 @@ and the key is the UTC day with `day`."""
 from __future__ import annotations
 
 import datetime
-from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
 from tests.rotation import resolve_key, rotating, slots_of
 
 
@@ -57,7 +57,7 @@ def test_seed(seed):
 def test_plain():
     pass
 ''')
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # `tests.rotation`
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # `tests.rotation`
     monkeypatch.setenv("DANUBE_ROTATION", "6")
     result = pytester.runpytest_inprocess("-v", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3, deselected=8)

@@ -8,13 +8,13 @@ import importlib.util
 import math
 import random
 import sys
-from pathlib import Path
 
 import pytest
 
 from danube_zmq.consensus.state_machine import Batch, KeyValue, encode_command
+from tests.paths import ROOT
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "scale_sim.py"
+_PATH = ROOT / "benchmarks" / "scale_sim.py"
 _spec = importlib.util.spec_from_file_location("scale_sim", _PATH)
 assert _spec is not None and _spec.loader is not None
 sim = importlib.util.module_from_spec(_spec)

@@ -71,7 +71,7 @@ class SharedRule:
 
     def _assign_one(self, permits: Mapping[int, int]) -> Assignment:
         """The deal of `_assign_dealt` for a batch of one message, in one pass: the common
-        batch of many small producers (tests/unit/test_dispatch_rules.py checks both agree)."""
+        batch of many small producers (tests/unit/actors/dispatch/test_dispatch_rules.py checks both agree)."""
         ids = self._consumer_ids
         n = len(ids)
         start = self._cursor % n

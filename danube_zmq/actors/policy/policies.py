@@ -11,7 +11,7 @@ its auto topic creation policy, per namespace only). One rule decides them all:
 `effective` is that rule; the functions below apply it to each kind's records, read
 through `read` (a key -> its bytes, or None), which the caller points at the local
 replica of the store. No I/O here: the same inputs give the same answer, so the
-randomized tests (tests/unit/test_policies.py) check the rule against every shape of
+randomized tests (tests/unit/actors/policy/test_policies.py) check the rule against every shape of
 records.
 """
 

@@ -22,10 +22,10 @@ from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.schemas import SchemaRegistryClient
 from danube_zmq.transport.client_protocol import DispatchStrategy
+from tests.integration.actors.test_cluster import running_cluster
 from tests.integration.browser import console_errors, save_screenshot, wait_for
+from tests.integration.consensus.test_metadata_cluster import Node
 from tests.integration.console_process import console
-from tests.integration.test_cluster import running_cluster
-from tests.integration.test_metadata_cluster import Node
 
 pytestmark = pytest.mark.ui
 
