@@ -60,7 +60,7 @@ def missing_prerequisites() -> str | None:
 
 def install_tools() -> None:
     """nft, iptables and faketime through scripts/install-chaos.sh when one is missing."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "install-chaos.sh"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "install-chaos.sh"
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise HostsUnavailable(f"scripts/install-chaos.sh failed: {done.stderr.strip() or done.stdout.strip()}")

@@ -34,8 +34,8 @@ import pytest
 
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2 as pb
 from danube_zmq.transport.danube_proto import DanubeAdmin_pb2_grpc as pb_grpc
-from tests.integration.doors.grpc import test_grpc_admin_door
 from tests.integration.conftest import BrokerProcess, free_port, start_broker
+from tests.integration.doors.grpc import test_grpc_admin_door
 
 danube = pytest.importorskip("danube", reason="danube-client (the test extra) is not installed")
 
