@@ -65,8 +65,15 @@ def test_ten_minutes_of_bad_frames_leave_the_broker_serving_within_its_memory_bu
 _LEASE_TTL_MS = 1500
 
 
+# Stops tried at most: whether a queued send reaches the topic before the unload does is
+# a race inside the woken broker (a few loop iterations either way), so a stop may show
+# only "not attached" refusals; then the producer attaches again and the broker is stopped
+# again.
+_STOPS_MAX = 8
+
+
 @pytest.mark.chaos_smoke
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_the_bystander_check_reads_past_batches_stored_but_refused_when_the_lease_ran_out() -> None:
     """A broker stopped (SIGSTOP) for longer than its lease while the bystander keeps
     sending: when it runs again, it reads the sends queued meanwhile, writes them and
@@ -80,17 +87,14 @@ def test_the_bystander_check_reads_past_batches_stored_but_refused_when_the_leas
         bystander = _Bystander(ctx, broker.url)
         try:
             bystander.start()
-            _send_for(bystander, 1.0)
-            broker.process.send_signal(signal.SIGSTOP)
-            try:
-                _send_for(bystander, 3 * _LEASE_TTL_MS / 1000)
-            finally:
-                broker.process.send_signal(signal.SIGCONT)
-            _send_for(bystander, 3.0)
-            bystander.settle()
-            assert not bystander.pending
-            moved = [reply for reply in bystander.failed if "moved before this batch" in str(reply[3])]
-            assert moved, f"the topic did not move away with sends in flight: {bystander.failed[:3]}"
+            stops = 0
+            while not _moved(bystander) and stops < _STOPS_MAX:
+                stops += 1
+                if stops > 1:
+                    _attach_again(bystander)
+                _stop_while_sending(broker.process, bystander)
+            assert _moved(bystander), (f"no send was stored and then refused in {stops} stops: "
+                                       f"{bystander.failed[:3]}")
             report = Report(seed=0, seconds=0)
             asyncio.run(_round_trip(broker, bystander, report))
         finally:
@@ -100,6 +104,35 @@ def test_the_bystander_check_reads_past_batches_stored_but_refused_when_the_leas
     assert report.bystander_consumed == len(bystander.acked) > 0
     # Refused and stored anyway: what the check must read past.
     assert report.bystander_stored_unacked > 0
+
+
+def _moved(bystander: _Bystander) -> bool:
+    return any("moved before this batch" in str(reply[3]) for reply in bystander.failed)
+
+
+def _stop_while_sending(process: Any, bystander: _Bystander) -> None:
+    _send_for(bystander, 1.0)
+    process.send_signal(signal.SIGSTOP)
+    try:
+        _send_for(bystander, 3 * _LEASE_TTL_MS / 1000)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    _send_for(bystander, 3.0)
+    bystander.settle()
+    assert not bystander.pending
+
+
+def _attach_again(bystander: _Bystander, timeout_s: float = 30.0) -> None:
+    """Once the broker holds its lease again, the topic loads for a new producer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            bystander.attach()
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _send_for(bystander: _Bystander, seconds: float) -> None:

@@ -522,6 +522,9 @@ class _Bystander:
 
     def start(self) -> None:
         self.request(CONNECT_TAG, PROTOCOL_VERSION, "fuzz-bystander")
+        self.attach()
+
+    def attach(self) -> None:
         # CreateProducer, reliable (the topic keeps what it acknowledged for the check).
         created = self.request(20, BYSTANDER_TOPIC, "fuzz-bystander", RELIABLE)
         if created[0] != 21:
