@@ -9,7 +9,7 @@ The key comes from the environment variable DANUBE_ROTATION:
 
 - unset, empty or `all`: no rotation, every value runs (a plain `pytest -m slow`, and
   `tox -e slow`, which sets `all`);
-- `day`: the UTC date, as days since 1970-01-01 (what CI's `tox -e suites` sets): the
+- `day`: the UTC date, as days since 1970-01-01 (what CI's `tox -e full` sets): the
   same slots all day, the next slots the next day, so CI on `runs` consecutive days
   covers every value;
 - an integer: that key, to replay a CI run (its header prints the key it used).

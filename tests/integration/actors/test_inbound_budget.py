@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,25 +214,32 @@ def test_a_broker_whose_watcher_dies_stops_loudly_for_its_supervisor(tmp_path: P
     assert "inbound watcher" in broker.log()
 
 
-def watcher_dirs(broker_pid: int) -> list[Path]:
-    return sorted(Path(tempfile.gettempdir()).glob(f"danube-inbound-{broker_pid}-*"))
+def watcher_dirs(broker_pid: int, directory: str | None = None) -> list[Path]:
+    return sorted(Path(directory or tempfile.gettempdir()).glob(f"danube-inbound-{broker_pid}-*"))
 
 
 def test_a_broker_killed_with_9_leaves_its_watcher_directory_to_the_next_start(tmp_path: Path,
                                                                                broker_factory: Any) -> None:
     """`stop` removes the watcher's directory (the monitors' ipc endpoints); a broker
-    killed with -9 cannot, and the next broker's start removes it."""
-    first = broker_factory()
-    served(first.url)
-    left = watcher_dirs(first.process.pid)
-    assert len(left) == 1, left
-    first.stop(signal.SIGKILL)
-    wait_for(lambda: not psutil.pid_exists(first.process.pid), 30, "the broker to be gone")
-    assert left[0].is_dir()
-    second = broker_factory(env={"DANUBE_LOG_LEVEL": "info", "COLUMNS": "400"})
-    served(second.url)
-    assert not left[0].exists()
-    assert len(watcher_dirs(second.process.pid)) == 1
+    killed with -9 cannot, and the next broker's start removes it. Both brokers keep
+    their temporary files in a directory of this test's (TMPDIR): any other broker's
+    start (another xdist worker's) sweeps the machine's temporary directory. Short, in
+    /tmp: the monitors' ipc paths must fit a unix socket address (108 bytes)."""
+    private = tempfile.mkdtemp(prefix="dz-")
+    try:
+        first = broker_factory(env={"TMPDIR": private})
+        served(first.url)
+        left = watcher_dirs(first.process.pid, private)
+        assert len(left) == 1, left
+        first.stop(signal.SIGKILL)
+        wait_for(lambda: not psutil.pid_exists(first.process.pid), 30, "the broker to be gone")
+        assert left[0].is_dir()
+        second = broker_factory(env={"TMPDIR": private, "DANUBE_LOG_LEVEL": "info", "COLUMNS": "400"})
+        served(second.url)
+        assert not left[0].exists()
+        assert len(watcher_dirs(second.process.pid, private)) == 1
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     assert left[0].name in second.log()  # named in the INFO line that removed it
 
 

@@ -3,7 +3,7 @@ messages, restart it, and check that a consumer from the earliest offset receive
 acknowledged message at least once, in order, with no gaps.
 
 The default run checks 2 seeds; the slow suite checks 10 (`tox -e slow` every one; CI's
-`tox -e suites` 2 a day in rotation, all 10 over 5 consecutive days: tests/rotation.py).
+`tox -e full` 2 a day in rotation, all 10 over 5 consecutive days: tests/rotation.py).
 Each run prints the number of duplicates (messages stored although their acknowledgement
 was lost in the crash, then sent again by the client)."""
 

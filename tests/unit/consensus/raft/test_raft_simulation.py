@@ -112,7 +112,7 @@ def test_the_command_line_prints_a_summary(capsys):
 
 
 # The slow suite's 2500 seeds x 3 peers and 1000 seeds x 5 peers, in 5 slices of 500 + 200
-# seeds: `tox -e slow` runs every slice, CI's `tox -e suites` one a day in rotation (all 5
+# seeds: `tox -e slow` runs every slice, CI's `tox -e full` one a day in rotation (all 5
 # over 5 consecutive days, tests/rotation.py).
 SLOW_SLICES = 5
 
