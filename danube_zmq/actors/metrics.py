@@ -290,6 +290,7 @@ class _Metrics:
     bytes_in: ScrapeCounter
     messages_out: ScrapeCounter
     messages_dropped: ScrapeCounter
+    messages_expired: ScrapeCounter
     actor_failures: Counter
     wal_flushes: Counter
     wal_records: Counter
@@ -330,6 +331,10 @@ METRICS = _Metrics(
     messages_dropped=ScrapeCounter("danube_subscription_messages_dropped_total",
                              "Non-reliable messages dropped because the subscription's pending bound was reached",
                              ["topic", "subscription"]),
+    messages_expired=ScrapeCounter("danube_subscription_messages_expired_total",
+                                   "Reliable topics: messages acknowledged for the subscription by its topic's"
+                                   " message TTL (message_ttl_s) before a consumer acknowledged them",
+                                   ["topic", "subscription"]),
     actor_failures=RUNTIME_METRICS.actor_failures,
     wal_flushes=Counter("danube_wal_flushes_total",
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),

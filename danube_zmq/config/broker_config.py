@@ -442,6 +442,9 @@ TOPIC_POLICY_NAMES = (
     "retention_bytes_max",
     # Subscriptions without a consumer for this long are removed (0: never).
     "subscription_expiration_ms",
+    # Reliable topics: messages older than this are acknowledged for every subscription
+    # (0: never; Pulsar's message TTL).
+    "message_ttl_s",
 )
 _RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
 
@@ -543,6 +546,15 @@ class PoliciesSection:
     # job: 14 days). Anyone who may consume can make subscriptions, and each one left
     # behind holds a reliable topic's log up to the backlog quota.
     subscription_expiration_ms: int = 7 * 24 * 3_600_000
+    # Message TTL (Pulsar's ttlDurationDefaultInSeconds), reliable topics: a message
+    # published longer ago than this many seconds is acknowledged for every
+    # subscription, as if consumed (counted in danube_messages_expired_total). A
+    # namespace or topic may set its own. Default 0: never, as in Pulsar.
+    message_ttl_s: int = 0
+    # How often a reliable topic with a message TTL looks for messages past it (Pulsar's
+    # messageExpiryCheckIntervalInMinutes, 5 min there): an expired message is
+    # acknowledged at most this long after its time. 10..3600000. Default 1000.
+    message_expiry_check_interval_ms: int = 1000
     # Pulsar's allowAutoTopicCreation, for subscribers: a consumer subscribing to a
     # topic that does not exist creates it (its principal needs Produce on it, as a
     # producer's create does) instead of meeting NOT_FOUND; false: Danube's behaviour,
@@ -590,8 +602,11 @@ class PoliciesSection:
             "max_publish_rate",
             "max_dispatch_rate",
             "subscription_expiration_ms",
+            "message_ttl_s",
         ):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
+        _check_range("policies.message_expiry_check_interval_ms", self.message_expiry_check_interval_ms, 10,
+                     3_600_000)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)
 
 

@@ -1028,6 +1028,9 @@ class SetTopicPolicies(Message):
     # Subscriptions without a consumer for this long are removed with their cursors
     # (0: never; Pulsar's subscriptionExpirationTimeMinutes).
     subscription_expiration_ms: int | None = None
+    # Reliable topics: messages published longer ago than this many seconds are
+    # acknowledged for every subscription (0: never; Pulsar's message TTL).
+    message_ttl_s: int | None = None
 
 
 @wire

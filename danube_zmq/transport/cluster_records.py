@@ -399,6 +399,7 @@ class TopicPoliciesRecord(Message):
     retention_time_ms: int | None = None  # 0: kept
     retention_bytes_max: int | None = None
     subscription_expiration_ms: int | None = None  # 0: never
+    message_ttl_s: int | None = None  # 0: never
 
 
 @wire

@@ -496,6 +496,23 @@ class SeekTo(Message):
 
 
 @wire
+class ExpireBelow(Message):
+    """Topic -> subscription (told): the messages below `end` are past the topic's
+    message TTL; acknowledge those not acknowledged yet (actors/topic/message_ttl.py)."""
+
+    TAG = 351
+    end: int
+
+
+@wire
+class ExpireMessages(Message):
+    """Topic -> itself every `policies.message_expiry_check_interval_ms` while its
+    message TTL is set: look for messages past it."""
+
+    TAG = 352
+
+
+@wire
 class SetSubscriptionPolicy(Message):
     """Broker -> topic -> subscription (ask): apply and persist a new failure policy.
     The subscription answers with the `PersistCursor` to store (policy included)."""
@@ -1108,6 +1125,7 @@ class ApplyTopicPolicies(Message):
     retention_time_ms: int = 0  # 0: kept (storage.retention_time_ms null)
     retention_bytes_max: int = 0
     subscription_expiration_ms: int = 0  # 0: never
+    message_ttl_s: int = 0  # 0: never
 
 
 @wire
@@ -1254,6 +1272,7 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
         TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue, ExpireSubscriptions,
+        ExpireMessages, ExpireBelow,
         ResyncNext, TopicServed, BrokerJoined, LoadTick, LoadRoundDue,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

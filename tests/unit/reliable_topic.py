@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ import zmq.asyncio
 from danube_zmq.actors.ids import IdSource
 from danube_zmq.actors.sockets.gateway import Gateway
 from danube_zmq.actors.topic import TopicActor, WalStorage, make_topic
-from danube_zmq.clock import SystemClock
+from danube_zmq.clock import Clock, SystemClock
 from danube_zmq.config.broker_config import BrokerConfig, BrokerSection, StorageSection
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
@@ -64,15 +65,18 @@ async def answer_to(sock: zmq.asyncio.Socket, request_id: int) -> Message:
 
 @contextlib.asynccontextmanager
 async def reliable_topic(tmp_path: Path, topic_name: str, storage: StorageSection | None = None,
-                         identity: bytes | None = None,
+                         identity: bytes | None = None, clock: Clock | None = None,
+                         config: BrokerConfig | None = None,
                          ) -> AsyncIterator[tuple[ActorSystem, str, WalStorage, zmq.asyncio.Socket]]:
     """The system, the topic's endpoint, its storage, and a connected client socket
-    (with `identity` when given)."""
+    (with `identity` when given), on `clock` (the system's clock by default); `config`'s
+    sections other than `broker` and `storage` apply."""
     context = zmq.asyncio.Context()
-    system = ActorSystem(context, clock=SystemClock(), mailbox_messages_max=1024)
+    system = ActorSystem(context, clock=clock or SystemClock(), mailbox_messages_max=1024)
     executor = ThreadPoolExecutor(1)
     url = f"inproc://reliable-topic-{next(_listeners)}"
-    config = BrokerConfig(broker=BrokerSection(listen=url), storage=storage or StorageSection())
+    config = dataclasses.replace(config or BrokerConfig(), broker=BrokerSection(listen=url),
+                                 storage=storage or StorageSection())
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if identity is not None:

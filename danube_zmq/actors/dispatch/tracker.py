@@ -489,6 +489,33 @@ class DeliveryTracker:
         assert not any(start <= o < end for o in self._handed_out), "forget between due and delivered/requeue"
         return settled
 
+    def expire_below(self, end: int, now_ms: int) -> int:
+        """Acknowledge every offset below `end` (a message TTL ran out for them), whatever
+        its state: never delivered, in flight (a late ack is ignored), waiting for
+        redelivery, poisoned and held. Returns how many were not acknowledged before."""
+        self._tick(now_ms)
+        if end - 1 <= self._cursor:
+            return 0
+        below = [offset for offset in self._acked_above if offset < end]
+        expired = end - 1 - self._cursor - len(below)
+        self._acked_above.difference_update(below)
+        for consumer_id in list(self._in_flight):
+            flight = self._in_flight[consumer_id]
+            for offset in [o for o in flight if o < end]:
+                del flight[offset]
+            if not flight:
+                del self._in_flight[consumer_id]
+        for held in (self._waiting, self._handed_out, self._dead_letter, self._blocked):
+            for offset in [o for o in held if o < end]:
+                del held[offset]
+        self._unreported = [p for p in self._unreported if p.offset >= end]
+        self._cursor = end - 1
+        self._read_offset = max(self._read_offset, end)
+        while self._cursor + 1 in self._acked_above:
+            self._cursor += 1
+            self._acked_above.remove(self._cursor)
+        return expired
+
     def ack(self, consumer_id: int, offsets: Iterable[int]) -> int:
         """Acknowledge `offsets` from `consumer_id`; returns the cursor, moved over every gap closed.
 

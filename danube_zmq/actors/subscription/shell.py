@@ -59,6 +59,7 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscriptionCut,
     DetachConsumer,
     DispatchTokensDue,
+    ExpireBelow,
     GetSubscriptionDispatchConfig,
     GetSubscriptionPolicy,
     Publish,
@@ -339,6 +340,10 @@ class SubscriptionActor(Actor):
 
     def handle_SeekTo(self, msg: SeekTo) -> Message:
         return self._tracked().seek_to(msg)
+
+    def handle_ExpireBelow(self, msg: ExpireBelow) -> None:
+        if (tracked := self._tracked_or_drop(msg)) is not None:
+            tracked.expire_below(msg.end)
 
     def handle_SetSubscriptionPolicy(self, msg: SetSubscriptionPolicy) -> Message:
         return self._tracked().set_policy(msg)

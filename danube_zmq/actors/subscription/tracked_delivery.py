@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from danube_zmq.actors.dispatch import make_rule
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.sockets.gateway import OUTBOX, reply_client
 from danube_zmq.actors.subscription.delivery import Consumer, DeliverySample
 from danube_zmq.config.broker_config import ENVELOPE_BYTES_MAX, BrokerConfig
@@ -580,6 +581,25 @@ class TrackedDelivery:
         self._fill()
         self.dispatch()
         return self._cursor_record()
+
+    def expire_below(self, end: int) -> None:
+        """The topic's message TTL ran out below `end`: every message there counts as
+        acknowledged (deliveries in flight too: their acks are then ignored)."""
+        expired = self.tracker.expire_below(end, self.shell.system.clock.monotonic_ms())
+        if not expired:
+            return
+        for offset in [o for o in self.records if o < end]:
+            del self.records[offset]
+        if self.buffer_end < end:
+            # A read in flight from below answers for another start and is dropped.
+            self.buffer_end = end
+            if self.gap_end <= end:
+                self.gap_end = 0
+        METRICS.messages_expired.labels(topic=self.topic, subscription=self.subscription).inc(expired)
+        log.info("%s:%s: %d messages below offset %d expired (message_ttl_s)", self.topic, self.subscription,
+                 expired, end)
+        self._persist()
+        self.dispatch()
 
     # ------------------------------------------------------------- failure policy
     def set_policy(self, msg: SetSubscriptionPolicy) -> Message:

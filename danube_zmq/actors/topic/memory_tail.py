@@ -99,6 +99,9 @@ class MemoryTail:
     async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
         raise FailedPrecondition(f"topic {self.port.topic} is not reliable: seek applies to reliable topics only")
 
+    async def expired_end(self, cutoff_ms: int) -> int | None:
+        return None  # nothing kept to expire: a message TTL applies to reliable topics
+
     def forget_subscription(self, name: str) -> None:
         pass
 

@@ -26,7 +26,8 @@ bound at start; the shell sees the storage only through `storage.TopicStorage`.
 5. The policies in force (limits, message size, rates) come from the broker at spawn and
    with each change (`ApplyTopicPolicies`), which the topic passes to its subscriptions.
    Subscriptions without a consumer for `subscription_expiration_ms` are removed
-   (`expiry.py`, a timer message `ExpireSubscriptions`).
+   (`expiry.py`, a timer message `ExpireSubscriptions`); messages older than
+   `message_ttl_s` are acknowledged for every subscription (`message_ttl.py`).
 6. Messages only a WAL topic has (`FlushDone`, `ReadRequest`, ...) go to its storage's
    log side (`storage.reliable_log`); a topic whose storage has none logs and counts
    them as unrecognized.
@@ -50,6 +51,7 @@ from danube_zmq.actors.schema.topic_schema import TopicSchemaGuard
 from danube_zmq.actors.sockets.gateway import holder_lives, reply_client
 from danube_zmq.actors.subscription import Delivery, SubscriptionActor
 from danube_zmq.actors.topic.expiry import SubscriptionExpiry
+from danube_zmq.actors.topic.message_ttl import MessageTtl
 from danube_zmq.actors.topic.port import ShellPort
 from danube_zmq.actors.topic.storage import ReliableLog, TopicStorage, refused_first
 from danube_zmq.config.broker_config import TOPIC_POLICY_NAMES, BrokerConfig, topic_policy_default
@@ -81,6 +83,7 @@ from danube_zmq.transport.internal_protocol import (
     DescribeSubscription,
     DetachProducer,
     Done,
+    ExpireMessages,
     ExpireSubscriptions,
     FailurePolicyState,
     FlushDone,
@@ -178,6 +181,7 @@ class TopicActor(Actor):
         self.schema_revision = -1
         self._schema_check: TopicSchemaGuard | None = None  # the guard when it checks anything
         self.expiry = SubscriptionExpiry(self)
+        self.ttl = MessageTtl(self)
 
     async def on_start(self) -> None:
         self.storage.bind(ShellPort(self))
@@ -186,6 +190,7 @@ class TopicActor(Actor):
         self._bytes_in_metric = METRICS.bytes_in.labels(topic=self.topic)
         self._set_publish_rate(self.policies.max_publish_rate)
         await self.storage.start()
+        self.ttl.arm()
 
     async def on_stop(self) -> None:
         # Subscriptions (children) were stopped first and told their consumers.
@@ -382,6 +387,7 @@ class TopicActor(Actor):
         for subscription in self.subscriptions.values():
             self.system.tell(subscription.endpoint, msg)
         self.expiry.arm()
+        self.ttl.arm()
 
     def _set_publish_rate(self, rate: int) -> None:
         self._publish_bucket = TokenBucket(rate, self.system.clock.monotonic_ms()) if rate else None
@@ -483,6 +489,9 @@ class TopicActor(Actor):
 
     async def handle_ExpireSubscriptions(self, msg: ExpireSubscriptions) -> None:
         await self.expiry.due()
+
+    async def handle_ExpireMessages(self, msg: ExpireMessages) -> None:
+        await self.ttl.due()
 
     async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
         subscription = self.subscriptions.pop(msg.subscription, None)

@@ -201,6 +201,11 @@ class TopicStorage(Protocol):
     async def resolve_seek(self, offset: int | None, publish_time: int | None) -> int:
         """Where a seek to `offset` or `publish_time` (one of them, checked) moves a subscription."""
 
+    async def expired_end(self, cutoff_ms: int) -> int | None:
+        """Message TTL: the offset below which every message was published before
+        `cutoff_ms` (ms since the epoch), for every subscription to acknowledge; None:
+        none to expire (or no log kept)."""
+
     def forget_subscription(self, name: str) -> None:
         """A subscription was deleted."""
 

@@ -407,19 +407,28 @@ def _duration(ms: int) -> str:
     return f"{ms:,} ms"
 
 
+def _seconds(s: int) -> str:
+    for unit, length in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if s >= length:
+            return f"{s:,} s ({s / length:.3g} {unit})"
+    return f"{s:,} s"
+
+
 def _policy_value(value: Any, name: str) -> str:
-    """A policy's value as the policies table shows it: 0 is unlimited, byte counts and
-    milliseconds also in larger units."""
+    """A policy's value as the policies table shows it: 0 is unlimited (never for the
+    expirations), byte counts and durations also in larger units."""
     if value is None:
         return ""
     if value == 0:
-        return "0 (unlimited)"
+        return "0 (never)" if name in ("subscription_expiration_ms", "message_ttl_s") else "0 (unlimited)"
     if not isinstance(value, int):
         return str(value)
     if name.endswith(("_size", "_bytes_max", "_bytes")):
         return _bytes(value)
     if name.endswith("_ms"):
         return _duration(value)
+    if name.endswith("_s"):
+        return _seconds(value)
     return f"{value:,}"
 
 

@@ -85,6 +85,7 @@ class WalStorage:
     apply_backlog_quota: Callable[[ApplyBacklogQuota], None]
     read: Callable[[ReadRequest], None]
     resolve_seek: Callable[[int | None, int | None], Awaitable[int]]
+    expired_end: Callable[[int], Awaitable[int | None]]
     persist_cursor: Callable[[PersistCursor], None]
     seek_durable: Callable[[PersistCursor], Awaitable[None]]
     settings_changed: Callable[[PersistCursor], None]
@@ -155,6 +156,7 @@ class WalStorage:
         self.held_sends_due, self.apply_backlog_quota = quota.held_sends_due, quota.apply_backlog_quota
         self.subscription_cursor = quota.subscription_cursor
         self.read, self.segment_fetched, self.resolve_seek = reads.read, reads.segment_fetched, reads.resolve_seek
+        self.expired_end = reads.expired_end
         self.persist_cursor, self.seek_durable = cursors.persist_cursor, cursors.seek_durable
         self.settings_changed, self.start_subscription = cursors.settings_changed, cursors.start_subscription
         self.segment_durable = segments.segment_durable

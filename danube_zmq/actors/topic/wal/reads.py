@@ -55,6 +55,8 @@ class WalReads:
         self.cache_bytes = 0
         self.fetching: dict[int, list[ReadRequest]] = {}
         self.fetched: dict[int, tuple[Path, mmap.mmap]] = {}
+        # Below it, messages past the message TTL (found by `expired_end`): not read again.
+        self._expired_end = 0
 
     def close(self) -> None:
         for _, mapped in self.fetched.values():
@@ -184,17 +186,48 @@ class WalReads:
                                       f" {log_start}..{topic_log.committed_offset}")
             return offset
         assert publish_time is not None
-        position = local_start = topic_log.wal.log_start_offset
+        local_start = topic_log.wal.log_start_offset
+        found = await self._first_published_at(publish_time, local_start)
+        return log_start if found == local_start else found
+
+    async def expired_end(self, cutoff_ms: int) -> int | None:
+        """Where the messages published before `cutoff_ms` end (message TTL); None: none
+        to expire.
+
+        In the local WAL: the first committed offset, from the last end found on, whose
+        message was published at or after the cutoff (the committed end when there is
+        none). History only in durable segments (a topic moved or restarted in a durable
+        mode keeps it there) has no publish time read: a segment uploaded before the
+        cutoff (`created_ms`, the broker's clock) holds only messages written before it,
+        so it expires whole."""
+        topic_log = self.topic_log
+        assert topic_log.wal is not None
+        local_start = topic_log.wal.log_start_offset
+        found = await self._first_published_at(cutoff_ms, max(self._expired_end, local_start))
+        if found <= local_start:
+            uploaded = [segment.end_offset + 1 for segment in topic_log.durable if segment.created_ms < cutoff_ms]
+            found = min(max(uploaded, default=0), local_start)
+            if found <= topic_log.log_start():
+                return None
+        self._expired_end = max(self._expired_end, found)
+        return found
+
+    async def _first_published_at(self, publish_time: int, start: int) -> int:
+        """The first committed offset from `start` whose message was published at or after
+        `publish_time`, read from the local WAL in 1 MiB steps (linear; other actors run
+        between steps); the committed end when there is none."""
+        topic_log = self.topic_log
+        position = start
         while position < topic_log.committed_offset:
+            assert topic_log.wal is not None
             batch = topic_log.wal.read(position, max_bytes=1 << 20, upto_offset=topic_log.committed_offset)
             if not batch.offsets:
                 break
             for found, published in zip(batch.offsets, batch.publish_times, strict=True):
                 if published >= publish_time:
-                    return log_start if found == local_start else found
+                    return found
             position = batch.offsets[-1] + 1
             await asyncio.sleep(0)
-            assert topic_log.wal is not None
         return topic_log.committed_offset
 
 

@@ -326,6 +326,19 @@ def test_resuming_from_a_snapshot_redelivers_unacked_offsets_first() -> None:
     after.check_invariants()
 
 
+def test_a_message_ttl_acknowledges_everything_below_whatever_its_state() -> None:
+    t = tracker()
+    t.delivered(A, [0, 1, 2, 3], 0)
+    t.ack(A, [2])
+    t.nack(A, [1], 0)
+    # 0 and 3 in flight, 1 waiting for redelivery, 2 acked, 4..5 never read.
+    assert t.expire_below(6, 1) == 5
+    assert (t.cursor, t.read_offset, t.in_flight_count(A)) == (5, 6, 0)
+    assert t.ack(A, [0, 3]) == 5  # late acks are ignored
+    assert t.expire_below(3, 2) == 0  # never back
+    t.check_invariants()
+
+
 def test_seek_forgets_everything_and_restarts_at_the_offset() -> None:
     """Seek moves the cursor anywhere, backwards too, and drops all deliveries and redeliveries."""
     t = tracker(max_redelivery_count=0)
@@ -569,6 +582,20 @@ class TrackerMachine(RuleBasedStateMachine):
             return
         self.state[o] = ("acked",)
         assert self.t.skip([o], self.now) == self.cursor()
+
+    @rule(data=st.data())
+    def expire_below(self, data: st.DataObject) -> None:
+        """A message TTL ran out below `end`: every offset there counts as acked,
+        whatever its state, and those not acked before are counted."""
+        end = data.draw(st.integers(self.start - 2, self.read + 3))
+        cursor = self.cursor()
+        expired = sum(1 for o in range(cursor + 1, end) if self.state.get(o) != ("acked",))
+        for o in range(max(self.start, cursor + 1), end):
+            self.state[o] = ("acked",)
+        self.read = max(self.read, end)
+        self.unreported = [p for p in self.unreported if p.offset >= end]
+        self.reported_dead = {o for o in self.reported_dead if o >= end}
+        assert self.t.expire_below(end, self.now) == expired
 
     @rule(max_redeliveries=st.integers(0, 3), poison=st.sampled_from(POISON_POLICIES), backoff=st.sampled_from(BACKOFFS))
     def change_policy(self, max_redeliveries: int, poison: str, backoff: str) -> None:
