@@ -11,7 +11,9 @@ import shutil
 import signal
 import time
 
-from danube_zmq import DanubeClient, SubType
+import pytest
+
+from danube_zmq import DanubeClient, DispatchStrategy, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import Timeout
 from tests.integration.actors.test_metrics_endpoint import get, series
@@ -112,3 +114,49 @@ async def test_history_only_in_durable_segments_expires_by_the_time_it_was_uploa
 async def _subscription(admin: AdminClient, topic: str, name: str):
     info = await admin.describe_topic(topic)
     return next(s for p in info.partitions for s in p.subscriptions if s.name == name)
+
+
+@pytest.mark.cluster
+def test_in_a_cluster_the_owner_expires_and_so_does_the_next_one_after_a_move(tmp_path) -> None:
+    """3 brokers: `message_ttl_s` set through a broker that does not serve the topic
+    is applied by the one that does; after `topics unload` the next owner (which has
+    the topic's WAL handed over) expires what is sent since."""
+    from tests.integration.actors.test_cluster import _owners, running_cluster
+
+    topic = "/default/ttl-moved"
+
+    async def idle_backlog(admin: AdminClient) -> int | None:
+        return (await _subscription(admin, topic, "idle")).backlog_messages
+
+    async def expired_within(admin: AdminClient, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while await idle_backlog(admin) != 0:
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.2)
+
+    async def run(nodes) -> None:  # type: ignore[no-untyped-def]
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        owner_url = (await _owners(nodes[0], [topic]))[topic]
+        others = [node for node in nodes if node.url != owner_url]
+        async with DanubeClient(others[0].url, operation_retries_max=3) as client, \
+                AdminClient(others[1].admin_url) as admin:
+            idle = await client.subscribe(topic, "idle", sub_type=SubType.EXCLUSIVE)
+            await idle.close()
+            producer = await client.create_producer(topic, dispatch="reliable")
+            for i in range(5):
+                await producer.send(f"before{i}".encode())
+            await admin.set_topic_policies(topic, message_ttl_s=1)
+            await expired_within(admin, "the owner never expired the messages")
+
+            await admin.unload_topic(topic)
+            deadline = time.monotonic() + 30
+            while (await _owners(nodes[0], [topic]))[topic] == owner_url:
+                assert time.monotonic() < deadline, "the topic did not move"
+                await asyncio.sleep(0.2)
+            for i in range(5):
+                await producer.send(f"after{i}".encode())
+            await expired_within(admin, "the next owner never expired the messages sent after the move")
+
+    with running_cluster(tmp_path, env=ENV) as nodes:
+        asyncio.run(run(nodes))
