@@ -160,3 +160,34 @@ def test_in_a_cluster_the_owner_expires_and_so_does_the_next_one_after_a_move(tm
 
     with running_cluster(tmp_path, env=ENV) as nodes:
         asyncio.run(run(nodes))
+
+
+async def test_after_kill_9_what_expired_stays_expired(broker_factory) -> None:
+    """The broker's own default `policies.message_ttl_s` 1: five messages expire for
+    `idle`; kill -9 and a restart: its backlog is 0 again at the first check (a cursor
+    the kill lost is moved again), and its consumer gets only what is sent since."""
+    env = {**ENV, "DANUBE_POLICIES__MESSAGE_TTL_S": "1"}
+    broker = broker_factory(env=env)
+    topic = "/default/ttl-killed"
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        idle = await client.subscribe(topic, "idle", sub_type=SubType.EXCLUSIVE)
+        await idle.close()
+        producer = await client.create_producer(topic, dispatch="reliable")
+        for i in range(5):
+            await producer.send(f"m{i}".encode())
+        await _expired(admin, topic, "the messages never expired")
+    broker.stop(signal.SIGKILL)
+    again = broker_factory(env=env)
+    async with DanubeClient(again.url) as client, AdminClient(again.admin_url) as admin:
+        await _expired(admin, topic, "the messages came back after kill -9")
+        idle = await client.subscribe(topic, "idle", sub_type=SubType.EXCLUSIVE)
+        producer = await client.create_producer(topic, dispatch="reliable")
+        await producer.send(b"fresh")
+        assert (await idle.receive(timeout=10)).payload == b"fresh"
+
+
+async def _expired(admin: AdminClient, topic: str, what: str) -> None:
+    deadline = time.monotonic() + 15
+    while (await _subscription(admin, topic, "idle")).backlog_messages != 0:
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
