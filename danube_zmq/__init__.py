@@ -20,6 +20,8 @@ _EXPORTS = {
     "SyncConsumer": "danube_zmq.client.sync",
     "Producer": "danube_zmq.client.producer",
     "Consumer": "danube_zmq.client.consumer",
+    "Reader": "danube_zmq.client.reader",
+    "SyncReader": "danube_zmq.client.sync",
     "Message": "danube_zmq.client.message",
     "MessageId": "danube_zmq.client.message",
     "BatchReceipt": "danube_zmq.client.message",
@@ -69,11 +71,13 @@ __all__ = [
     "Producer",
     "ProducerBusy",
     "ProducerQueueFull",
+    "Reader",
     "ResourceExhausted",
     "SubType",
     "SyncClient",
     "SyncConsumer",
     "SyncProducer",
+    "SyncReader",
     "Timeout",
     "Unavailable",
     "UnsupportedVersion",
@@ -100,7 +104,8 @@ if TYPE_CHECKING:
     from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, ProducerQueueFull
     from danube_zmq.client.message import BatchReceipt, Message, MessageId
     from danube_zmq.client.producer import Producer
-    from danube_zmq.client.sync import SyncClient, SyncConsumer, SyncProducer
+    from danube_zmq.client.reader import Reader
+    from danube_zmq.client.sync import SyncClient, SyncConsumer, SyncProducer, SyncReader
     from danube_zmq.transport.client_protocol import DispatchStrategy, InitialPosition, SubType
     from danube_zmq.transport.errors import (
         AlreadyExists,

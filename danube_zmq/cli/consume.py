@@ -6,6 +6,9 @@
 3. Stop after `--count` messages, after `--timeout` seconds without one, or on
    Ctrl-C / SIGTERM (exit 0 in all three cases).
 
+`--reader` reads through a reader instead (`DanubeClient.create_reader`): from
+`--start`, with no durable subscription and nothing acknowledged to keep.
+
 In `--json` mode stdout carries nothing but messages; status goes to stderr.
 
 A message written with a schema is decoded by the version it names (fetched from the
@@ -54,7 +57,7 @@ _IDLE_RECEIVE_SECONDS = 60.0
 @click.command("consume")
 @service_url_option
 @click.option("-t", "--topic", required=True, help="Topic to read: /namespace/topic.")
-@click.option("-m", "--subscription", required=True, help="Subscription name.")
+@click.option("-m", "--subscription", help="Subscription name (not with --reader).")
 @click.option("-n", "--consumer-name", help="Consumer name [default: chosen by the client].")
 @click.option(
     "--sub-type",
@@ -70,6 +73,10 @@ _IDLE_RECEIVE_SECONDS = 60.0
     show_default=True,
     help="Where a new subscription starts.",
 )
+@click.option("--reader", "as_reader", is_flag=True,
+              help="Read as a reader: no durable subscription, nothing kept for it (reliable topics).")
+@click.option("--start", default="latest", show_default=True, metavar="earliest|latest|OFFSET",
+              help="With --reader: where to start reading (an offset on one partition topic).")
 @click.option("-c", "--count", type=click.IntRange(min=1), help="Exit after this many messages.")
 @click.option(
     "--timeout",
@@ -84,10 +91,12 @@ _IDLE_RECEIVE_SECONDS = 60.0
 def consume(
     service_url: str,
     topic: str,
-    subscription: str,
+    subscription: str | None,
     consumer_name: str | None,
     sub_type: str,
     initial_position: str,
+    as_reader: bool,
+    start: str,
     count: int | None,
     timeout: float | None,
     as_json: bool,
@@ -108,10 +117,12 @@ def consume(
       danube consume -t /default/demo -m my-sub
       danube consume -t /default/orders -m audit --sub-type exclusive --initial-position earliest
       danube consume -t /default/events -m batch -c 100 --timeout 5 --json | jq .payload
+      danube consume -t /default/orders --reader --start earliest --timeout 5
     """
     topic = check_topic(topic)
-    if not subscription:
-        raise click.UsageError("the subscription name must not be empty")
+    reader_start = _reader_start(as_reader, start, subscription)
+    if not as_reader and not subscription:
+        raise click.UsageError("name a subscription (-m/--subscription), or read with --reader")
     asyncio.run(
         _consume(
             service_url=service_url,
@@ -125,8 +136,24 @@ def consume(
             timeout=timeout,
             as_json=as_json,
             reader_schema=reader_schema.read_bytes() if reader_schema is not None else None,
+            reader_start=reader_start,
         )
     )
+
+
+def _reader_start(as_reader: bool, start: str, subscription: str | None) -> str | int | None:
+    """`--start` as `create_reader` takes it; None without --reader."""
+    if not as_reader:
+        if start != "latest":
+            raise click.UsageError("--start goes with --reader (a subscription starts at --initial-position)")
+        return None
+    if subscription is not None:
+        raise click.UsageError("a reader has no subscription: leave out -m/--subscription")
+    if start.lower() in ("earliest", "latest"):
+        return start.lower()
+    if not start.isdigit():
+        raise click.UsageError(f"--start {start!r}: earliest, latest or an offset (an integer >= 0)")
+    return int(start)
 
 
 async def _consume(
@@ -134,7 +161,7 @@ async def _consume(
     service_url: str,
     connect_timeout: float,
     topic: str,
-    subscription: str,
+    subscription: str | None,
     consumer_name: str | None,
     sub_type: SubType,
     initial_position: str,
@@ -142,6 +169,7 @@ async def _consume(
     timeout: float | None,
     as_json: bool,
     reader_schema: bytes | None = None,
+    reader_start: str | int | None = None,
 ) -> None:
     DanubeClient = load_client()
     received = 0
@@ -152,30 +180,31 @@ async def _consume(
                 # Registered before start: a start cut short still closes its sockets.
                 stack.push_async_callback(client.close)
                 await stop.race(within(client.start(), connect_timeout, service_url))
-                consumer = await stop.race(
-                    within(
-                        client.subscribe(
-                            topic,
-                            subscription,
-                            sub_type=sub_type,
-                            consumer_name=consumer_name,
-                            initial_position=initial_position,
-                            reader_schema=reader_schema,
-                        ),
-                        connect_timeout,
-                        service_url,
-                    )
-                )
-                stack.push_async_callback(consumer.close)
+                if reader_start is not None:
+                    reader = await stop.race(within(
+                        client.create_reader(topic, start=reader_start, reader_schema=reader_schema),
+                        connect_timeout, service_url))
+                    stack.push_async_callback(reader.close)
+                    receive, ack = reader.read_next, _read_already
+                    attached = f"reading {topic} from {reader_start}"
+                else:
+                    assert subscription is not None
+                    consumer = await stop.race(within(
+                        client.subscribe(topic, subscription, sub_type=sub_type, consumer_name=consumer_name,
+                                         initial_position=initial_position, reader_schema=reader_schema),
+                        connect_timeout, service_url))
+                    stack.push_async_callback(consumer.close)
+                    receive, ack = consumer.receive, consumer.ack
+                    attached = f"subscribed {subscription!r} ({sub_type.name.lower()}) to {topic}"
                 status(
-                    f"subscribed {subscription!r} ({sub_type.name.lower()}) to {topic}; "
+                    attached + "; "
                     + ("waiting for messages" if count is None and timeout is None else "receiving")
                     + " (Ctrl-C to stop)"
                 )
                 while count is None or received < count:
                     wait_seconds = timeout if timeout is not None else _IDLE_RECEIVE_SECONDS
                     try:
-                        message = await stop.race(consumer.receive(timeout=wait_seconds))
+                        message = await stop.race(receive(timeout=wait_seconds))
                     except Timeout:
                         if timeout is None:
                             continue
@@ -185,11 +214,15 @@ async def _consume(
                         emit_json(message_record(message))
                     else:
                         emit_line(message_line(message))
-                    await consumer.ack(message)
+                    await ack(message)
                     received += 1
         except Interrupted:
             status(f"{stop.signal_name or 'signal'} received")
     status(f"received {received} message{'s' if received != 1 else ''}")
+
+
+async def _read_already(message: Any) -> None:
+    """A reader acknowledges as it reads: nothing left to do once a message is printed."""
 
 
 def _payload_text(payload: bytes) -> str | None:

@@ -34,6 +34,7 @@ from danube_zmq.client.connection import WRITE_LINGER_US_DEFAULT, Connection, Co
 from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.producer import BatchCallback, Producer
+from danube_zmq.client.reader import Reader, check_reliable
 from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.schema_cache import SchemaCache, reader_definition
 from danube_zmq.clock import Clock, SystemClock
@@ -355,6 +356,7 @@ class DanubeClient:
         ack_delay_ms: int = 10,
         pending_acks_max: int = 10_000,
         reader_schema: bytes | str | None = None,
+        durable: bool = True,
     ) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition of it). A missing topic
         is created as its namespace's auto topic creation policy says (Pulsar's
@@ -365,7 +367,8 @@ class DanubeClient:
         resumes where it was. `receiver_queue_size` bounds the messages buffered here, and
         so the permits the broker holds, across all partitions. `Message.value()` decodes
         a message written with a schema by the writer's version (fetched once, cached),
-        resolved against `reader_schema` when given (Avro: defaults fill added fields)."""
+        resolved against `reader_schema` when given (Avro: defaults fill added fields).
+        `durable` False: a reader's subscription (`create_reader` makes those)."""
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None:
@@ -403,10 +406,49 @@ class DanubeClient:
             ack_delay_ms=ack_delay_ms,
             pending_acks_max=pending_acks_max,
             reader_schema=reader,
+            durable=durable,
         )
         await consumer._start()
         self._consumers[consumer] = None
         return consumer
+
+    async def create_reader(
+        self,
+        topic: str,
+        *,
+        start: str | int = "latest",
+        start_publish_time_ms: int | None = None,
+        receiver_queue_size: int = 1_000,
+        reader_schema: bytes | str | None = None,
+    ) -> Reader:
+        """A reader of reliable `topic` (every partition of it), from `start`: "earliest",
+        "latest" (the next message published) or an offset (one partition topic: offsets
+        are per partition); or from the first message published at or after
+        `start_publish_time_ms` (ms since the epoch). It holds no durable subscription,
+        so it moves no cursor the broker keeps and holds no message back from retention."""
+        if start_publish_time_ms is not None and (type(start_publish_time_ms) is not int or start_publish_time_ms < 0):
+            raise InvalidArgument(f"start_publish_time_ms must be an int >= 0, got {start_publish_time_ms!r}")
+        if isinstance(start, bool) or not (start in ("earliest", "latest") or (type(start) is int and start >= 0)):
+            raise InvalidArgument(f"start must be 'earliest', 'latest' or an offset >= 0, got {start!r}")
+        if start_publish_time_ms is not None and start != "latest":
+            raise InvalidArgument("give start or start_publish_time_ms, not both")
+        names = await self._retry(lambda: self._partitions_to_subscribe(topic))
+        if type(start) is int and len(names) > 1:
+            raise InvalidArgument(f"{topic} has {len(names)} partitions and offsets are per partition: start at"
+                                  " earliest, latest or a publish time, or read one partition topic")
+        position = "earliest" if start_publish_time_ms is not None or start == "earliest" else "latest"
+        consumer = await self.subscribe(
+            topic, self._unique_name("reader"), sub_type=SubType.EXCLUSIVE, initial_position=position,
+            start_offset=start if type(start) is int else None, receiver_queue_size=receiver_queue_size,
+            reader_schema=reader_schema, durable=False)
+        try:
+            check_reliable(consumer)
+            if start_publish_time_ms is not None:
+                await consumer.seek(publish_time=start_publish_time_ms)
+        except BaseException:
+            await consumer.close()
+            raise
+        return Reader(consumer)
 
     async def get_partitions(self, topic: str) -> list[str]:
         """The partition topics of an existing topic (`[topic]` if not partitioned)."""

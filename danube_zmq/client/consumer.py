@@ -42,7 +42,9 @@ from danube_zmq.transport.client_protocol import (
     CloseConsumer,
     Deliver,
     Flow,
+    GetLastOffset,
     InitialPosition,
+    LastOffset,
     Nack,
     Seek,
     Subscribe,
@@ -256,6 +258,7 @@ class Consumer:
         ack_delay_ms: int,
         pending_acks_max: int,
         reader_schema: bytes | None = None,
+        durable: bool = True,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -271,6 +274,7 @@ class Consumer:
         self.ack_delay_ms = ack_delay_ms
         self.pending_acks_max = pending_acks_max
         self.reader_schema = reader_schema
+        self.durable = durable  # False: a reader's subscription (`Reader`)
         windows = split_window(receiver_queue_size, len(partition_topics))
         self._partitions = [_PartitionConsumer(self, t, w) for t, w in zip(partition_topics, windows, strict=True)]
         self._by_topic = {p.topic: p for p in self._partitions}
@@ -520,6 +524,9 @@ class _PartitionConsumer(Attachment):
         self.flow_threshold = max(1, window // 2)
         self.consumer_id: int | None = None
         self.reliable: bool | None = None  # as the broker said at the last attach
+        # A reader's: where it attaches again (after the last message it read), since its
+        # subscription is gone with the attachment that held it. None: the consumer's start.
+        self.resume_offset: int | None = None
         # Permit accounting. Invariant (per attach): permits the broker holds + `queued`
         # <= window, because we only grant back what the application has taken.
         self.queued = 0
@@ -553,7 +560,8 @@ class _PartitionConsumer(Attachment):
                 sub_type=int(consumer.sub_type),
                 initial_position=int(consumer.initial_position),
                 key_filters=consumer.key_filters,
-                start_offset=consumer.start_offset,
+                start_offset=consumer.start_offset if self.resume_offset is None else self.resume_offset,
+                durable=consumer.durable,
             )
         )
         if not isinstance(reply, Subscribed):
@@ -597,6 +605,8 @@ class _PartitionConsumer(Attachment):
     def on_seek_reset(self, offset: int) -> None:
         """The subscription was moved to `offset`: what we hold from before is stale."""
         dropped = self._consumer._drop_queued(self)
+        if not self._consumer.durable:
+            self.resume_offset = offset
         log.info("%s on %s: subscription moved to offset %d; %d queued messages dropped",
                  self.name, self.topic, offset, dropped)
         if dropped:
@@ -703,14 +713,19 @@ class _PartitionConsumer(Attachment):
             lambda cid: Nack(request_id=0, consumer_id=cid, offsets=offsets, delay_ms=delay_ms)
         )
 
-    async def _request_with_retries(self, build: Callable[[int], TransportMessage]) -> None:
+    async def last_offset(self) -> LastOffset:
+        reply = await self._request_with_retries(lambda cid: GetLastOffset(request_id=0, consumer_id=cid))
+        if not isinstance(reply, LastOffset):
+            raise InternalError(f"broker answered GetLastOffset with {type(reply).__name__}")
+        return reply
+
+    async def _request_with_retries(self, build: Callable[[int], TransportMessage]) -> TransportMessage:
         attempt = 0
         while True:
             try:
                 connection = await self.wait_attached()
                 assert self.consumer_id is not None
-                await connection.request(build(self.consumer_id))
-                return
+                return await connection.request(build(self.consumer_id))
             except DanubeError as exc:
                 if not exc.retriable or attempt >= self._client.operation_retries_max:
                     raise

@@ -28,6 +28,7 @@ from danube_zmq.client.consumer import Consumer
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.message import Message, MessageId
 from danube_zmq.client.producer import Producer, SendCallback
+from danube_zmq.client.reader import Reader
 from danube_zmq.transport.errors import FailedPrecondition
 
 T = TypeVar("T")
@@ -109,6 +110,9 @@ class SyncClient:
 
     def subscribe(self, topic: str, subscription: str, **options: Any) -> SyncConsumer:
         return SyncConsumer(self._runner, self._runner.call(self._client.subscribe(topic, subscription, **options)))
+
+    def create_reader(self, topic: str, **options: Any) -> SyncReader:
+        return SyncReader(self._runner, self._runner.call(self._client.create_reader(topic, **options)))
 
     def get_partitions(self, topic: str) -> list[str]:
         return self._runner.call(self._client.get_partitions(topic))
@@ -237,6 +241,44 @@ class SyncConsumer:
         return self.consumer.statistics()
 
     def __enter__(self) -> SyncConsumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SyncReader:
+    """Blocking twin of `Reader`."""
+
+    def __init__(self, runner: _LoopThread, reader: Reader) -> None:
+        self._runner = runner
+        self.reader = reader
+
+    @property
+    def topic(self) -> str:
+        return self.reader.topic
+
+    def read_next(self, timeout: float | None = None) -> Message:
+        return self._runner.call(self.reader.read_next(timeout))
+
+    def has_message_available(self) -> bool:
+        return self._runner.call(self.reader.has_message_available())
+
+    def seek(self, *, offset: int | None = None, publish_time: int | None = None) -> None:
+        self._runner.call(self.reader.seek(offset=offset, publish_time=publish_time))
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages until the reader is closed."""
+        while True:
+            try:
+                yield self.read_next()
+            except AlreadyClosed:
+                return
+
+    def close(self) -> None:
+        self._runner.call(self.reader.close())
+
+    def __enter__(self) -> SyncReader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

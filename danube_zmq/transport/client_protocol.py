@@ -207,7 +207,13 @@ class SendReceipt(Message):
 @wire
 class Subscribe(Message):
     """Attach a consumer to a subscription of one (partition) topic. A new subscription
-    starts at `initial_position`, or at `start_offset` when given (reliable topics)."""
+    starts at `initial_position`, or at `start_offset` when given (reliable topics).
+
+    `durable` False (a reader's): the subscription is made new for this consumer (its
+    name must be free), has one consumer (Exclusive), keeps no cursor in the store,
+    holds no log back from retention or the backlog quota, and is gone when its
+    consumer leaves (closed, disconnected, or the topic restarted or moved: a reader
+    attaches again with `start_offset` after the last message it read)."""
 
     TAG = 25
     request_id: int
@@ -218,6 +224,7 @@ class Subscribe(Message):
     initial_position: int = InitialPosition.LATEST
     key_filters: list[str] | None = None
     start_offset: int | None = None
+    durable: bool = True
 
 
 @wire
@@ -364,6 +371,26 @@ class SeekReset(Message):
     TAG = 38
     consumer_id: int
     offset: int
+
+
+@wire
+class GetLastOffset(Message):
+    """The offset of the last message the consumer's topic (partition) holds, as its
+    subscription knows it, and the subscription's cursor: a reader's
+    `has_message_available` (a message past the cursor). Reliable topics; answered by
+    `LastOffset`."""
+
+    TAG = 53
+    request_id: int
+    consumer_id: int
+
+
+@wire
+class LastOffset(Message):
+    TAG = 54
+    request_id: int
+    offset: int  # -1: the topic holds none
+    cursor: int  # every message up to it is acknowledged (-1: none)
 
 
 # ---------------------------------------------------------------- the schema registry
@@ -539,7 +566,7 @@ CLIENT_PROTOCOL = Protocol(
         Lookup, LookupResult, GetPartitions, Partitions,
         CreateProducer, ProducerCreated, CloseProducer, Send, SendReceipt,
         Subscribe, Subscribed, Flow, Deliver, Ack, Nack, Unsubscribe, CloseConsumer,
-        HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed, Seek, SeekReset,
+        HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed, Seek, SeekReset, GetLastOffset, LastOffset,
         RegisterSchema, SchemaRegistered, GetSchema, SchemaInfo, ListSchemaVersions, SchemaVersions,
         CheckSchema, SchemaCheck, GetCompatibility, SetCompatibility, CompatibilityInfo, DeleteSchemaVersion,
         ListSubjects, SubjectList,
@@ -548,7 +575,7 @@ CLIENT_PROTOCOL = Protocol(
 
 CLIENT_REQUESTS = (
     Connect, Ping, HealthCheck, Lookup, GetPartitions, CreateProducer, CloseProducer, Send,
-    Subscribe, Flow, Ack, Nack, Unsubscribe, CloseConsumer, Seek,
+    Subscribe, Flow, Ack, Nack, Unsubscribe, CloseConsumer, Seek, GetLastOffset,
 ) + SCHEMA_REQUESTS
 """What a client may send: each has a `handle_<Type>` on the gateway, which reads it off
 the socket, and on the actor that answers it."""

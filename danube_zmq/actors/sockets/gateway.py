@@ -691,6 +691,9 @@ class Gateway(Actor):
     def handle_Seek(self, msg: cp.Seek, origin: Origin) -> None:
         self._to_consumer(msg.consumer_id, msg.request_id, origin)
 
+    def handle_GetLastOffset(self, msg: cp.GetLastOffset, origin: Origin) -> None:
+        self._to_consumer(msg.consumer_id, msg.request_id, origin)
+
     def _to_consumer(self, consumer_id: int, request_id: int | None, origin: Origin) -> None:
         endpoint = self._session(origin).consumers.get(consumer_id)
         if endpoint is None:

@@ -273,6 +273,13 @@ class SubscriptionActor(Actor):
         self.delivery.seek(consumer, msg)
         return None
 
+    def handle_GetLastOffset(self, msg: cp.GetLastOffset, origin: Origin) -> Message:
+        self._consumer(msg.consumer_id, origin)
+        if not isinstance(self.delivery, TrackedDelivery):
+            raise FailedPrecondition(f"topic {self.topic} is not reliable: it keeps no offsets to read")
+        return cp.LastOffset(request_id=msg.request_id, offset=self.delivery.head - 1,
+                             cursor=self.delivery.tracker.cursor)
+
     def handle_CloseConsumer(self, msg: cp.CloseConsumer, origin: Origin) -> Message | None:
         consumer = self._consumer(msg.consumer_id, origin)
         self._detach(consumer.consumer_id, reply=cp.CLIENT_PROTOCOL.encode(Ok(request_id=msg.request_id)))

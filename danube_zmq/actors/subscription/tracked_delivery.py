@@ -134,8 +134,10 @@ def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tup
 class TrackedDelivery:
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, cursor: int,
                  acked_above: Sequence[int], committed_offset: int, policy: FailurePolicyState | None = None,
-                 max_unacked_messages: int | None = None, seeks: int = 0) -> None:
+                 max_unacked_messages: int | None = None, seeks: int = 0, durable: bool = True) -> None:
         self.topic = topic
+        # False: a reader's, whose cursor is neither stored nor counted by the topic.
+        self.durable = durable
         self.subscription = name
         self.sub_type = sub_type
         self.config = config
@@ -194,8 +196,9 @@ class TrackedDelivery:
         self.shell = shell
 
     def start(self) -> None:
-        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
-                                                                             cursor=self.tracker.cursor))
+        if self.durable:
+            self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
+                                                                                 cursor=self.tracker.cursor))
         self._fill()
 
     def stop(self) -> None:
@@ -524,7 +527,7 @@ class TrackedDelivery:
     def _persist(self, *, force: bool = False) -> None:
         state = self.tracker.snapshot()
         current = (state.cursor, tuple(state.acked_above))
-        if current == self.persisted and not force:
+        if (current == self.persisted and not force) or not self.durable:
             return
         # The topic needs every subscription's cursor for retention.
         self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))

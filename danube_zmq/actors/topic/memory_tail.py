@@ -91,7 +91,7 @@ class MemoryTail:
             raise InvalidArgument("a start offset applies to reliable topics only")
         config = self.config
         await self.port.spawn_subscription(msg.subscription, msg.sub_type,
-                                            lambda: RuleDelivery(sub_type=msg.sub_type, config=config))
+                                            lambda: RuleDelivery(sub_type=msg.sub_type, config=config), msg.durable)
         if msg.initial_position == cp.InitialPosition.EARLIEST:
             return [INTERNAL_PROTOCOL.encode(publish) for publish, _, _ in self.tail]
         return []

@@ -6,8 +6,8 @@ so the port adds no call on the hot path."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from danube_zmq.actors.sockets.gateway import reply_client
 from danube_zmq.actors.subscription import Delivery
@@ -28,6 +28,7 @@ class ShellPort:
         self.producers = shell.producers
         self._subscriptions = shell.subscriptions
         self.subscription_names = shell.subscriptions.keys()
+        self.cursor_names = _DurableNames(shell.subscriptions)
         self.count_in = shell.count_in
         self.attached_producer = shell.attached_producer
         self.schema_of = shell.schema_of
@@ -75,8 +76,9 @@ class ShellPort:
         return [await self._system.ask(subscription.endpoint, msg)
                 for subscription in list(self._subscriptions.values())]
 
-    async def spawn_subscription(self, name: str, sub_type: int, make_delivery: Callable[[], Delivery]) -> None:
-        await self._shell.spawn_subscription(name, sub_type, make_delivery)
+    async def spawn_subscription(self, name: str, sub_type: int, make_delivery: Callable[[], Delivery],
+                                 durable: bool = True) -> None:
+        await self._shell.spawn_subscription(name, sub_type, make_delivery, durable)
 
     def tell_broker(self, msg: Message) -> bool:
         return self._system.tell(self._shell.broker_endpoint, msg)
@@ -95,3 +97,23 @@ class ShellPort:
 
     def schedule_once(self, delay_ms: int, msg: Message) -> None:
         self._system.schedule_once(self._shell.endpoint, delay_ms, msg)
+
+
+class _DurableNames:
+    """The names of the subscriptions that keep a cursor (a reader's does not): those the
+    storage counts for retention, the backlog quota and checkpoints. A live view."""
+
+    __slots__ = ("_subscriptions",)
+
+    def __init__(self, subscriptions: Mapping[str, Any]) -> None:
+        self._subscriptions = subscriptions
+
+    def __contains__(self, name: object) -> bool:
+        subscription = self._subscriptions.get(name)  # type: ignore[call-overload]
+        return subscription is not None and subscription.durable
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, subscription in self._subscriptions.items() if subscription.durable)
+
+    def __len__(self) -> int:
+        return sum(1 for subscription in self._subscriptions.values() if subscription.durable)

@@ -62,6 +62,7 @@ from danube_zmq.transport.admin_protocol import PartitionInfo
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Error, Ok
 from danube_zmq.transport.errors import (
+    ConsumerBusy,
     DanubeError,
     ErrorCode,
     FailedPrecondition,
@@ -143,6 +144,7 @@ class _Subscription:
     sub_type: int
     consumers: int = 0
     idle_since_ms: int | None = None  # monotonic; None: a consumer is attached (expiry.py)
+    durable: bool = True  # False: a reader's, gone with its consumer (`Subscribe.durable`)
 
 
 class TopicActor(Actor):
@@ -235,8 +237,8 @@ class TopicActor(Actor):
             raise NotFound(f"producer {producer_id} is not attached to topic {self.topic}")
         return producer
 
-    async def spawn_subscription(self, name: str, sub_type: int,
-                                 make_delivery: Callable[[], Delivery]) -> _Subscription:
+    async def spawn_subscription(self, name: str, sub_type: int, make_delivery: Callable[[], Delivery],
+                                 durable: bool = True) -> _Subscription:
         """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
         each restart of the subscription too)."""
         topic, config, parent, broker = self.topic, self.config, self.endpoint, self.broker_endpoint
@@ -247,7 +249,7 @@ class TopicActor(Actor):
                                       topic_endpoint=parent, broker_endpoint=broker, delivery=make_delivery(),
                                       cursor_endpoint=cursors, policies=self.policies),
             name=f"subscription {topic}:{name}", parent=self.endpoint, share_mailbox=True)
-        subscription = _Subscription(endpoint=endpoint, sub_type=sub_type)
+        subscription = _Subscription(endpoint=endpoint, sub_type=sub_type, durable=durable)
         self.subscriptions[name] = subscription
         self.expiry.touch(subscription)
         return subscription
@@ -441,6 +443,8 @@ class TopicActor(Actor):
             raise ResourceExhausted(f"topic {self.topic} already has {consumers} consumers (max_consumers_per_topic)")
         subscription = self.subscriptions.get(msg.subscription)
         replay: list[bytes] = []
+        if not msg.durable:
+            _check_reader(msg, subscription is not None)
         if subscription is None:
             if policies.max_subscriptions_per_topic and len(self.subscriptions) >= policies.max_subscriptions_per_topic:
                 raise ResourceExhausted(f"topic {self.topic} already has {len(self.subscriptions)} subscriptions"
@@ -482,10 +486,16 @@ class TopicActor(Actor):
                 self.subscription_policies.pop(name, None)
                 self.subscription_windows.pop(name, None)
 
-    def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
+    async def handle_ConsumerCount(self, msg: ConsumerCount) -> None:
         subscription = self.subscriptions.get(msg.subscription)
-        if subscription is not None:
-            self.expiry.counted(subscription, msg.consumers)
+        if subscription is None:
+            return
+        if not subscription.durable and not msg.consumers:
+            # A reader's subscription goes with its consumer; it kept nothing to forget.
+            del self.subscriptions[msg.subscription]
+            await self.system.stop(subscription.endpoint)
+            return
+        self.expiry.counted(subscription, msg.consumers)
 
     async def handle_ExpireSubscriptions(self, msg: ExpireSubscriptions) -> None:
         await self.expiry.due()
@@ -698,6 +708,14 @@ def _envelope(origin: Origin) -> ClientRequest:
 
 def _version_of(context: ProducerSchema | None) -> SchemaVersionRef | None:
     return context.version if context is not None else None
+
+
+def _check_reader(msg: cp.Subscribe, taken: bool) -> None:
+    """A reader's subscription (`durable` False) is its own and Exclusive."""
+    if taken:
+        raise ConsumerBusy(f"subscription '{msg.subscription}' exists: a reader's subscription name must be new")
+    if msg.sub_type != cp.SubType.EXCLUSIVE:
+        raise InvalidArgument("a non-durable subscription (a reader's) is Exclusive")
 
 
 def _check_seek_target(offset: int | None, publish_time: int | None) -> None:

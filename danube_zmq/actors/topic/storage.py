@@ -70,6 +70,8 @@ class TopicPort(Protocol):
     producers: Mapping[int, Producer]
     # The subscriptions' names (a live view).
     subscription_names: Collection[str]
+    # Those that keep a cursor (not a reader's): retention, the backlog quota, checkpoints.
+    cursor_names: Collection[str]
     count_in: Callable[[int, int], None]  # (messages, bytes) accepted
     reply: Callable[[bytes, Message], bool]  # to a client connection (a producer), by its identity
     attached_producer: Callable[[int, bytes], Producer]  # by id and connection, else NotFound

@@ -100,14 +100,15 @@ class WalCursors:
             start = topic_log.log_start()
         else:
             start = topic_log.committed_offset
-        await self.spawn(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[])
-        if self.cursors_in_wal:  # its existence and start, durable with the next flush
+        await self.spawn(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[], durable=msg.durable)
+        if self.cursors_in_wal and msg.durable:  # its existence and start, durable with the next flush
             self.persist_cursor(PersistCursor(topic=self.topic, subscription=msg.subscription, sub_type=msg.sub_type,
                                               cursor=start - 1, acked_above=[]))
         return []
 
     async def spawn(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int],
-                    policy: FailurePolicyState | None = None, max_unacked_messages: int | None = None) -> None:
+                    policy: FailurePolicyState | None = None, max_unacked_messages: int | None = None,
+                    durable: bool = True) -> None:
         config, port, topic_log = self.config, self.port, self.topic_log
 
         def delivery() -> TrackedDelivery:
@@ -117,9 +118,9 @@ class WalCursors:
             return TrackedDelivery(
                 topic=self.topic, name=name, sub_type=sub_type, config=config, cursor=cursor, acked_above=acked_above,
                 committed_offset=topic_log.committed_offset, policy=accepted_policy, max_unacked_messages=window,
-                seeks=self.seek_epochs.get(name, 0))
+                seeks=self.seek_epochs.get(name, 0), durable=durable)
 
-        await port.spawn_subscription(name, sub_type, delivery)
+        await port.spawn_subscription(name, sub_type, delivery, durable)
 
     def forget_subscription(self, name: str) -> None:
         """A subscription was deleted (after the backlog quota forgot it: a send it
@@ -138,7 +139,7 @@ class WalCursors:
     def persist_cursor(self, msg: PersistCursor) -> None:
         """A subscription's cursor (storage.mode local): a checkpoint at the next flush;
         its record in the metadata store only when that must change (see `recorded`)."""
-        if msg.subscription not in self.port.subscription_names:
+        if msg.subscription not in self.port.cursor_names:
             return  # deleted meanwhile
         if msg.seeks < self.seek_epochs.get(msg.subscription, 0):
             return  # sent before a seek whose checkpoint is newer
@@ -173,7 +174,7 @@ class WalCursors:
         crash undoes an answered seek. The topic waits for the flush in flight (the WAL
         is its thread's until then) and writes this one checkpoint itself."""
         name = record.subscription
-        if name not in self.port.subscription_names or self.topic_log.wal is None:
+        if name not in self.port.cursor_names or self.topic_log.wal is None:
             return  # deleted meanwhile, or stopping
         self.seek_epochs[name] = record.seeks
         encoded = self._recorded(record)  # the store's record too (a cursor moved back)

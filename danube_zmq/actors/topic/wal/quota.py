@@ -230,7 +230,7 @@ class BacklogQuota:
                                  int(self.quota_bytes_max * _EVICT_TO))
         if target <= floor:
             return
-        for name in self.port.subscription_names:
+        for name in self.port.cursor_names:
             cursor = self.cursors.get(name)
             if cursor is None or cursor + 1 >= target:
                 continue
@@ -245,7 +245,7 @@ class BacklogQuota:
 
     # ------------------------------------------------------------- the backlog
     def subscription_cursor(self, msg: SubscriptionCursor) -> None:
-        if msg.subscription in self.port.subscription_names:
+        if msg.subscription in self.port.cursor_names:
             cursor = msg.cursor
             evicted = self.evicted_to.get(msg.subscription)
             if evicted is not None:
@@ -268,11 +268,11 @@ class BacklogQuota:
 
     def acked_floor(self) -> int:
         """Offsets below are acknowledged by every subscription."""
-        return min((self.cursors.get(name, -1) + 1 for name in self.port.subscription_names),
+        return min((self.cursors.get(name, -1) + 1 for name in self.port.cursor_names),
                    default=self.topic_log.committed_offset)
 
     def measure_backlog(self) -> None:
-        known = [self.cursors[name] for name in self.port.subscription_names if name in self.cursors]
+        known = [self.cursors[name] for name in self.port.cursor_names if name in self.cursors]
         if not known:
             self.backlog_floor, self.backlog_bytes = None, 0
             return
