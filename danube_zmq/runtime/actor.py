@@ -134,6 +134,19 @@ class Actor:
     # broker (unloaded): its clients re-attach, and are redirected there.
     moving: bool = False
 
+    def stop_state(self) -> tuple[str, bool]:
+        """Why `on_stop` runs, as its clients are told, and whether they attach again:
+        moved, restarted, or stopped with its broker (the process stops: clients attach
+        again when it is back, as to a restarted Pulsar broker) all say yes; closed for
+        good (deleted) says no."""
+        if self.moving:
+            return "moved", True
+        if self.restarting:
+            return "restarted", True
+        if self.system.shutting_down:
+            return "stopped with its broker", True
+        return "closed", False
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         table: dict[str, tuple[Callable[..., Any], bool]] = {}

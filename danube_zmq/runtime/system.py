@@ -215,6 +215,9 @@ class ActorSystem:
         self._correlation = itertools.count(1)
         self._asks: dict[int, asyncio.Future[Reply]] = {}
         self._posts: set[asyncio.Task[None]] = set()
+        # True once `shutdown` began: the actors stop with the process, and what they
+        # serve goes on when it starts again (or elsewhere).
+        self.shutting_down = False
         # The group whose messages `handle_now` is handling on the caller's task: what its
         # members tell each other meanwhile goes on its local lane, as on its own task.
         self._inline: _Cell | None = None
@@ -231,6 +234,7 @@ class ActorSystem:
 
     # ----------------------------------------------------------------- lifecycle
     async def shutdown(self) -> None:
+        self.shutting_down = True
         roots = [cell.endpoint for cell in self._cells.values() if cell.parent is None]
         for endpoint in reversed(roots):
             await self.stop(endpoint)

@@ -325,8 +325,8 @@ class HealthStatus(Message):
 
 @wire
 class ProducerClosed(Message):
-    """The broker closed this producer. With `reattach` (the topic actor restarted) the
-    client creates it again; without (topic deleted, name taken over by another
+    """The broker closed this producer. With `reattach` (the topic actor restarted or
+    moved, or the broker is stopping) the client creates it again; without (topic deleted, name taken over by another
     connection) the producer is finished and its sends fail with `reason`."""
 
     TAG = 35
@@ -338,7 +338,7 @@ class ProducerClosed(Message):
 @wire
 class ConsumerClosed(Message):
     """The broker closed this consumer. With `reattach` (the subscription actor
-    restarted) the client subscribes again; without (topic or subscription deleted,
+    restarted or moved, or the broker is stopping) the client subscribes again; without (topic or subscription deleted,
     consumer name taken over) the consumer is finished and `receive` raises `reason`."""
 
     TAG = 36

@@ -115,12 +115,11 @@ class SubscriptionActor(Actor):
         self.delivery.stop()
         # The runtime marks a subscription stopped with its topic's restart as restarting:
         # it comes back with the topic.
-        restarting = self.restarting or self.moving
-        state = "moved" if self.moving else "restarted" if self.restarting else "closed"
+        state, reattach = self.stop_state()
         for consumer in self.consumers.values():
             self.system.tell(self.system.gateway_endpoint, ConsumerDetached(
                 identity=consumer.identity, consumer_id=consumer.consumer_id,
-                reason=f"subscription '{self.subscription}' on {self.topic} {state}", reattach=restarting))
+                reason=f"subscription '{self.subscription}' on {self.topic} {state}", reattach=reattach))
         if not self.restarting:  # deleted, or its topic stopped here for good: its series go
             TOPIC_SERIES.release(self.topic, (id(self.system), self.subscription))
 

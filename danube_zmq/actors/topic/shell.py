@@ -196,14 +196,13 @@ class TopicActor(Actor):
 
     async def on_stop(self) -> None:
         # Subscriptions (children) were stopped first and told their consumers.
+        state, reattach = self.stop_state()
         for producer in self.producers.values():
-            state = "moved" if self.moving else "restarted" if self.restarting else "closed"
             self.system.tell(self._gateway, ProducerDetached(
                 identity=producer.identity, producer_id=producer.producer_id, reason=f"topic {self.topic} {state}",
-                reattach=self.restarting or self.moving))
+                reattach=reattach))
         # Batches held over max_publish_rate are answered now, not left to the client's
         # timeout: it sends them again at once and in order (its later batches wait on them).
-        state = "moved" if self.moving else "restarted" if self.restarting else "closed"
         for req, send in self._held_sends:
             reply_client(self.system, req.identity, Error(
                 request_id=send.request_id, code=ErrorCode.UNAVAILABLE,

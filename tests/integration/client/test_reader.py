@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import time
 
@@ -17,7 +18,7 @@ from danube_zmq import DanubeClient, SubType, SyncClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Timeout
 from tests.integration.cli.test_cli_e2e import danube
-from tests.integration.storage.test_durable_topics import local_segments, wait_until
+from tests.integration.storage.test_durable_topics import broker_env, local_segments, wait_until
 
 TOPIC = "/default/read"
 
@@ -169,3 +170,48 @@ async def test_a_reader_holds_no_log_back_from_retention(broker_factory, tmp_pat
             await consumer.ack(await consumer.receive(timeout=10))
         await wait_until(lambda: len(local_segments(wal_dir)) == 1, 30, "the acknowledged segments to go")
         assert (await reader.read_next(timeout=10)).payload.startswith(b"m")  # it reads on
+
+
+async def test_a_reader_reads_durable_history_after_the_local_wal_is_lost(broker_factory, tmp_path) -> None:
+    """storage.mode shared_fs: 300 messages uploaded, the local WAL lost; a reader from
+    earliest reads them all from durable segments, in order."""
+    env = broker_env("shared_fs", str(tmp_path / "shared"), {})
+    broker = broker_factory(env=env)
+    async with DanubeClient(broker.url) as client:
+        await _produce(client, "/default/history", [f"h{i:03d}".encode() + b"x" * 90 for i in range(300)])
+    assert broker.stop(signal.SIGTERM) == 0
+    shutil.rmtree(tmp_path / "data" / "wal" / "default" / "history")
+    broker = broker_factory(env=env, url=broker.url, admin_url=broker.admin_url)
+    async with DanubeClient(broker.url) as client:
+        reader = await client.create_reader("/default/history", start="earliest")
+        read = await _read_all(reader, timeout=5)
+        assert [p[:4] for p in read] == [f"h{i:03d}".encode() for i in range(300)]
+
+
+@pytest.mark.cluster
+def test_a_reader_reads_on_when_its_topic_moves(tmp_path) -> None:
+    """3 brokers: a reader that read 3 of 6 messages reads the other 3 after
+    `topics unload` moved the topic to another broker, none twice."""
+    from tests.integration.actors.test_cluster import _owners, running_cluster
+
+    topic = "/default/read-moved"
+
+    async def run(nodes) -> None:  # type: ignore[no-untyped-def]
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy="reliable")
+        owner = (await _owners(nodes[0], [topic]))[topic]
+        async with DanubeClient(nodes[0].url, operation_retries_max=3) as client, \
+                AdminClient(nodes[1].admin_url) as admin:
+            await _produce(client, topic, [f"m{i}".encode() for i in range(6)])
+            reader = await client.create_reader(topic, start="earliest", receiver_queue_size=1)
+            assert [(await reader.read_next(timeout=10)).payload for _ in range(3)] == [b"m0", b"m1", b"m2"]
+            await admin.unload_topic(topic)
+            deadline = time.monotonic() + 30
+            while (await _owners(nodes[0], [topic]))[topic] == owner:
+                assert time.monotonic() < deadline, "the topic did not move"
+                await asyncio.sleep(0.2)
+            assert [(await reader.read_next(timeout=30)).payload for _ in range(3)] == [b"m3", b"m4", b"m5"]
+            assert not await reader.has_message_available()
+
+    with running_cluster(tmp_path) as nodes:
+        asyncio.run(run(nodes))
