@@ -11,6 +11,7 @@ reconnect) it starts after the last message it read, partition by partition.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from danube_zmq.client.errors import AlreadyClosed
@@ -40,11 +41,17 @@ class Reader:
 
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; waits at most `timeout` seconds (forever if None), then
-        raises `Timeout`."""
-        message = await self._consumer.receive(timeout)
-        self._by_topic[message.message_id.topic].resume_offset = message.message_id.offset + 1
-        await self._consumer.ack(message)
-        return message
+        raises `Timeout`. A message read already (queued before the reader attached
+        again, and delivered again after it) is skipped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            message = await self._consumer.receive(left)
+            await self._consumer.ack(message)
+            partition = self._by_topic[message.message_id.topic]
+            if partition.resume_offset is None or message.message_id.offset >= partition.resume_offset:
+                partition.resume_offset = message.message_id.offset + 1
+                return message
 
     async def has_message_available(self) -> bool:
         """Whether a message is there to read now: one is queued here, or a partition
