@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import zmq.asyncio
+
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription.shell import SubscriptionActor
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
@@ -29,6 +31,16 @@ def test_the_cutoff_is_now_less_the_ttl_and_none_without_one() -> None:
     assert cutoff_ms(1_700_000_000_000, 0) is None
 
 
+async def _topic_and_producer(system: ActorSystem, endpoint: str,
+                              sock: zmq.asyncio.Socket) -> tuple[TopicActor, cp.ProducerCreated]:
+    topic = system.actor(endpoint)
+    assert isinstance(topic, TopicActor)
+    created = await ask(sock, cp.CreateProducer(request_id=2, topic=TOPIC, producer_name="p",
+                                                dispatch_strategy=cp.DispatchStrategy.RELIABLE))
+    assert isinstance(created, cp.ProducerCreated)
+    return topic, created
+
+
 def _cursor(system: ActorSystem, topic: TopicActor, name: str) -> int:
     actor = system.actor(topic.subscriptions[name].endpoint)
     assert isinstance(actor, SubscriptionActor) and isinstance(actor.delivery, TrackedDelivery)
@@ -40,11 +52,7 @@ async def test_messages_past_the_ttl_are_acknowledged_for_every_subscription_at_
     clock = ManualClock()
     config = BrokerConfig(policies=PoliciesSection(message_expiry_check_interval_ms=CHECK_MS))
     async with reliable_topic(tmp_path, TOPIC, clock=clock, config=config) as (system, endpoint, _, sock):
-        topic = system.actor(endpoint)
-        assert isinstance(topic, TopicActor)
-        created = await ask(sock, cp.CreateProducer(request_id=2, topic=TOPIC, producer_name="p",
-                                                    dispatch_strategy=cp.DispatchStrategy.RELIABLE))
-        assert isinstance(created, cp.ProducerCreated)
+        topic, created = await _topic_and_producer(system, endpoint, sock)
         now = clock.now_ms()
         # Two messages published 10 s ago, then one now.
         receipt = await ask(sock, cp.Send(request_id=3, producer_id=created.producer_id, payloads=[b"a", b"b", b"c"],
@@ -74,11 +82,7 @@ async def test_only_the_messages_older_than_the_ttl_expire_and_the_rest_when_the
     clock = ManualClock()
     config = BrokerConfig(policies=PoliciesSection(message_expiry_check_interval_ms=CHECK_MS, message_ttl_s=30))
     async with reliable_topic(tmp_path, TOPIC, clock=clock, config=config) as (system, endpoint, _, sock):
-        topic = system.actor(endpoint)
-        assert isinstance(topic, TopicActor)
-        created = await ask(sock, cp.CreateProducer(request_id=2, topic=TOPIC, producer_name="p",
-                                                    dispatch_strategy=cp.DispatchStrategy.RELIABLE))
-        assert isinstance(created, cp.ProducerCreated)
+        topic, created = await _topic_and_producer(system, endpoint, sock)
         subscribed = await ask(sock, cp.Subscribe(request_id=3, topic=TOPIC, subscription="s", consumer_name="c",
                                                   sub_type=cp.SubType.EXCLUSIVE,
                                                   initial_position=cp.InitialPosition.EARLIEST))
