@@ -73,8 +73,10 @@ class ShellPort:
         return subscription is not None and self._tell(subscription.endpoint, msg)
 
     async def ask_subscriptions(self, msg: Message) -> list[Message]:
+        """Ask every subscription that keeps a cursor (not a reader's: a snapshot holds
+        what subscriptions hold back)."""
         return [await self._system.ask(subscription.endpoint, msg)
-                for subscription in list(self._subscriptions.values())]
+                for subscription in list(self._subscriptions.values()) if subscription.durable]
 
     async def spawn_subscription(self, name: str, sub_type: int, make_delivery: Callable[[], Delivery],
                                  durable: bool = True) -> None:

@@ -109,9 +109,10 @@ class TopicPort(Protocol):
         """Tell subscription `name`; False when there is none or its mailbox is full."""
 
     async def ask_subscriptions(self, msg: Message) -> list[Message]:
-        """Ask every subscription, one after the other."""
+        """Ask every subscription that keeps a cursor (not a reader's), one after the other."""
 
-    async def spawn_subscription(self, name: str, sub_type: int, make_delivery: Callable[[], Delivery]) -> None:
+    async def spawn_subscription(self, name: str, sub_type: int, make_delivery: Callable[[], Delivery],
+                                 durable: bool = True) -> None:
         """Spawn a subscription's actor with the delivery side `make_delivery` builds (at
         each restart of the subscription too)."""
 

@@ -215,3 +215,25 @@ def test_a_reader_reads_on_when_its_topic_moves(tmp_path) -> None:
 
     with running_cluster(tmp_path) as nodes:
         asyncio.run(run(nodes))
+
+
+async def test_a_snapshot_holds_the_subscriptions_not_the_readers(broker_factory, tmp_path) -> None:
+    """A WAL snapshot taken while a reader is open lists the topic's subscription and
+    not the reader's: a backlog report counts what subscriptions hold back."""
+    from danube_zmq.snapshots.store import SnapshotStore
+    from tests.integration.snapshots.test_snapshots import danube as snapshots
+
+    broker = broker_factory()
+    async with DanubeClient(broker.url) as client:
+        consumer = await client.subscribe(TOPIC, "kept", sub_type=SubType.EXCLUSIVE)
+        await _produce(client, TOPIC, [b"a", b"b"])
+        reader = await client.create_reader(TOPIC, start="earliest")
+        assert (await reader.read_next(timeout=10)).payload == b"a"
+        out = snapshots(broker, "create", "-o", "json")
+        assert out.returncode == 0, out.stderr
+        created = json.loads(out.stdout)
+        await reader.close()
+        await consumer.close()
+    manifest = SnapshotStore(str(tmp_path / "data" / "snapshots")).manifest(created["snapshot"]["snapshot_id"])
+    topic = next(t for t in manifest.topics if t.topic == TOPIC)
+    assert [s.name for s in topic.subscriptions] == ["kept"]
