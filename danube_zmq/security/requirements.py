@@ -135,7 +135,8 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
     cp.CreateProducer: Requirement(P.PRODUCE, _TOPIC),
     **_each(P.PRODUCE, _PRODUCER, cp.Send, cp.CloseProducer),
     cp.Subscribe: Requirement(P.CONSUME, _TOPIC),
-    **_each(P.CONSUME, _CONSUMER, cp.Flow, cp.Ack, cp.Nack, cp.Seek, cp.Unsubscribe, cp.CloseConsumer),
+    **_each(P.CONSUME, _CONSUMER, cp.Flow, cp.Ack, cp.Nack, cp.Seek, cp.Unsubscribe, cp.CloseConsumer,
+            cp.GetLastOffset),
     # the schema registry (client port)
     **_each(P.MANAGE_SCHEMA, _SUBJECT, cp.RegisterSchema, cp.SetCompatibility, cp.DeleteSchemaVersion),
     **_each(P.LOOKUP, _SUBJECT, cp.ListSchemaVersions, cp.GetCompatibility, cp.CheckSchema),
@@ -150,7 +151,7 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
 ANSWERS: frozenset[type[Message]] = frozenset({
     common.Connected, common.Error, common.Ok, common.Pong,
     cp.LookupResult, cp.Partitions, cp.ProducerCreated, cp.SendReceipt, cp.Subscribed, cp.Deliver, cp.HealthStatus,
-    cp.ProducerClosed, cp.ConsumerClosed, cp.SeekReset, cp.SchemaRegistered, cp.SchemaInfo, cp.SchemaVersions,
+    cp.ProducerClosed, cp.ConsumerClosed, cp.SeekReset, cp.LastOffset, cp.SchemaRegistered, cp.SchemaInfo, cp.SchemaVersions,
     cp.SchemaCheck, cp.CompatibilityInfo, cp.SubjectList,
     ap.NamespaceList, ap.TopicList, ap.TopicDescription, ap.SubscriptionList, ap.BrokerList, ap.FailurePolicyInfo,
     ap.DispatchConfigInfo, ap.ClusterStatusInfo, ap.MetadataEntries, ap.MetadataWritten, ap.TopicSchemaConfigInfo,

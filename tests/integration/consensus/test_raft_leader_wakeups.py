@@ -85,7 +85,7 @@ async def test_the_end_of_the_leaders_own_append_wakes_no_round_while_no_followe
         synced = threading.Event()
         _around_marked_append(leader, after=synced.set)
         rounds = _watch_rounds(leader)
-        proposal = asyncio.ensure_future(leader.propose(Put(key="/held", value=_MARKER)))
+        proposal = asyncio.ensure_future(leader.propose(Put(key="/held", value=_MARKER), timeout=_DEADLINE_S))
         async with asyncio.timeout(_DEADLINE_S):
             while not synced.is_set():
                 await asyncio.sleep(0.01)
@@ -128,7 +128,7 @@ async def test_the_end_of_the_leaders_own_append_wakes_the_loop_when_a_commit_wa
 
         leader._step_batch = watched  # type: ignore[method-assign]
         async with asyncio.timeout(_DEADLINE_S):
-            await leader.propose(Put(key="/held", value=_MARKER))
+            await leader.propose(Put(key="/held", value=_MARKER), timeout=_DEADLINE_S)
         assert all(type(e) is LogPersisted for e in rounds[-1]), rounds
     finally:
         await leader.stop()
