@@ -14,8 +14,8 @@ subscription counts what it had not acknowledged in
   first message at or after the cutoff, read on from where the last check stopped.
   Publish times come from producers and need not increase: a message stamped older
   than one before it waits for that one, as in Pulsar.
-- What: `ExpireBelow(end)` to every subscription, which acknowledges what lies below
-  `end` whatever its state (dispatch/tracker.py `expire_below`); a subscription
+- What: `ExpireBelow(end)` to every subscription but readers' (a reader reads what is
+  stored), which acknowledges what lies below `end` whatever its state (dispatch/tracker.py `expire_below`); a subscription
   already past it does nothing. Sent at every check, so a subscription made since
   (at `earliest`, or seeking back) expires too.
 """
@@ -63,5 +63,6 @@ class MessageTtl:
         if end is not None:
             expire = ExpireBelow(end=end)
             for subscription in shell.subscriptions.values():
-                shell.system.tell(subscription.endpoint, expire)
+                if subscription.durable:  # a reader reads what is stored, expired or not
+                    shell.system.tell(subscription.endpoint, expire)
         self.arm()

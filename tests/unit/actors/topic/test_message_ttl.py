@@ -19,6 +19,7 @@ from danube_zmq.clock import ManualClock
 from danube_zmq.config.broker_config import BrokerConfig, PoliciesSection
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected
 from tests.unit.reliable_topic import ask, reliable_topic
 from tests.waiting import until
 
@@ -67,6 +68,14 @@ async def test_messages_past_the_ttl_are_acknowledged_for_every_subscription_at_
         clock.advance(60_000)
         assert topic.ttl._armed is False
         assert _cursor(system, topic, "first") == _cursor(system, topic, "second") == -1
+        # A reader's subscription (not durable; no permits granted, so it read
+        # nothing), on a session begun again: the first did not outlive that minute.
+        assert isinstance(await ask(sock, Connect(request_id=7, protocol_version=PROTOCOL_VERSION, client_name="t")),
+                          Connected)
+        subscribed = await ask(sock, cp.Subscribe(request_id=6, topic=TOPIC, subscription="reader", consumer_name="r",
+                                                  sub_type=cp.SubType.EXCLUSIVE, durable=False,
+                                                  initial_position=cp.InitialPosition.EARLIEST))
+        assert isinstance(subscribed, cp.Subscribed)
 
         system.tell(endpoint, dataclasses.replace(topic.policies, message_ttl_s=30))
         await until(lambda: topic.policies.message_ttl_s == 30, "the policy to apply")
@@ -75,7 +84,7 @@ async def test_messages_past_the_ttl_are_acknowledged_for_every_subscription_at_
                     "all three to expire for both subscriptions")
         for name in ("first", "second"):
             assert METRICS.messages_expired.labels(topic=TOPIC, subscription=name).value == 3
-
+        assert _cursor(system, topic, "reader") == -1  # a reader reads what is stored
 
 async def test_only_the_messages_older_than_the_ttl_expire_and_the_rest_when_their_time_comes(
         tmp_path: Path) -> None:
