@@ -24,6 +24,7 @@ from danube_zmq.config.broker_config import (
     AUTO_TOPIC_CREATION_POLICIES,
     AUTO_TOPIC_CREATION_TYPES,
     TOPIC_POLICY_NAMES,
+    ZERO_IS_NEVER,
 )
 from danube_zmq.transport.errors import NotFound
 
@@ -48,15 +49,13 @@ _HELP = {
     "message_ttl_s": "Reliable topics: a message published longer ago than this (seconds) is acknowledged for"
                      " every subscription (message TTL).",
 }
-# Policies whose 0 means never (the others' 0 is unlimited, or kept for retention).
-_ZERO_IS_NEVER = ("subscription_expiration_ms", "message_ttl_s")
 
 
 def _policy_options(command: F) -> F:
     for policy in reversed(TOPIC_POLICY_NAMES):
         low = 1 if policy == "max_message_size" else 0
         suffix = "" if policy == "max_message_size" else " 0: kept." if policy.startswith("retention") \
-            else " 0: never." if policy in _ZERO_IS_NEVER else " 0: unlimited."
+            else " 0: never." if policy in ZERO_IS_NEVER else " 0: unlimited."
         command = click.option(f"--{policy.replace('_', '-')}", policy, type=click.IntRange(min=low), default=None,
                                help=_HELP[policy] + suffix)(command)
     return command

@@ -29,7 +29,6 @@ class Reader:
 
     def __init__(self, consumer: Consumer) -> None:
         self._consumer = consumer
-        self._by_topic = {p.topic: p for p in consumer._partitions}
 
     @property
     def topic(self) -> str:
@@ -48,7 +47,7 @@ class Reader:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             message = await self._consumer.receive(left)
             await self._consumer.ack(message)
-            partition = self._by_topic[message.message_id.topic]
+            partition = self._consumer._by_topic[message.message_id.topic]
             if partition.resume_offset is None or message.message_id.offset >= partition.resume_offset:
                 partition.resume_offset = message.message_id.offset + 1
                 return message

@@ -446,6 +446,8 @@ TOPIC_POLICY_NAMES = (
     # (0: never; Pulsar's message TTL).
     "message_ttl_s",
 )
+# The topic policies whose 0 means never (for the others 0 is unlimited; retention: kept).
+ZERO_IS_NEVER = ("subscription_expiration_ms", "message_ttl_s")
 _RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
 
 
@@ -548,7 +550,7 @@ class PoliciesSection:
     subscription_expiration_ms: int = 7 * 24 * 3_600_000
     # Message TTL (Pulsar's ttlDurationDefaultInSeconds), reliable topics: a message
     # published longer ago than this many seconds is acknowledged for every
-    # subscription, as if consumed (counted in danube_messages_expired_total). A
+    # subscription, as if consumed (danube_subscription_messages_expired_total). A
     # namespace or topic may set its own. Default 0: never, as in Pulsar.
     message_ttl_s: int = 0
     # How often a reliable topic with a message TTL looks for messages past it (Pulsar's

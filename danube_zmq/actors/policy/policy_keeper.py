@@ -91,6 +91,7 @@ from danube_zmq.config.broker_config import (
     AUTO_TOPIC_CREATION_TYPES,
     BACKLOG_QUOTA_POLICIES,
     TOPIC_POLICY_NAMES,
+    ZERO_IS_NEVER,
     BrokerConfig,
 )
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
@@ -301,7 +302,7 @@ class PolicyKeeper(Actor):
                 raise InvalidArgument(f"max_message_size must be in 1..{size_max} (the broker's"
                                       f" policies.max_message_size, which clients check too), got {value}")
         elif not 0 <= value <= _VALUE_MAX:
-            zero = "never" if policy in ("subscription_expiration_ms", "message_ttl_s") else "unlimited"
+            zero = "never" if policy in ZERO_IS_NEVER else "unlimited"
             raise InvalidArgument(f"{policy} must be in 0..{_VALUE_MAX} (0: {zero}), got {value}")
 
     async def handle_SetTopicPolicies(self, msg: ap.SetTopicPolicies, origin: Origin) -> Message:

@@ -490,9 +490,7 @@ class TopicActor(Actor):
         if subscription is None:
             return
         if not subscription.durable and not msg.consumers:
-            # A reader's subscription goes with its consumer; it kept nothing to forget.
-            del self.subscriptions[msg.subscription]
-            await self.system.stop(subscription.endpoint)
+            await self.remove_subscription(msg.subscription)  # a reader's goes with its consumer
             return
         self.expiry.counted(subscription, msg.consumers)
 
@@ -503,10 +501,7 @@ class TopicActor(Actor):
         await self.ttl.due()
 
     async def handle_SubscriptionEnded(self, msg: SubscriptionEnded) -> None:
-        subscription = self.subscriptions.pop(msg.subscription, None)
-        if subscription is not None:
-            await self.system.stop(subscription.endpoint)
-            self._forget_subscription(msg.subscription)
+        await self.remove_subscription(msg.subscription)
 
     async def handle_DeleteSubscription(self, msg: DeleteSubscription) -> Message:
         if not await self.remove_subscription(msg.subscription):
@@ -514,12 +509,16 @@ class TopicActor(Actor):
         return Done()
 
     async def remove_subscription(self, name: str) -> bool:
-        """Stop a subscription's actor and forget it (False: there is none)."""
+        """Stop a subscription's actor and forget it: its policy, window and (reliable)
+        persisted cursor go (False: there is none)."""
         subscription = self.subscriptions.pop(name, None)
         if subscription is None:
             return False
         await self.system.stop(subscription.endpoint)
-        self._forget_subscription(name)
+        self.subscription_policies.pop(name, None)
+        self.subscription_windows.pop(name, None)
+        if subscription.durable:  # a reader's kept no cursor to forget
+            self.storage.forget_subscription(name)
         return True
 
     async def handle_DescribePartition(self, msg: DescribePartition) -> Message:
@@ -604,12 +603,6 @@ class TopicActor(Actor):
         published at or after it)."""
         _check_seek_target(offset, publish_time)
         return await self.storage.resolve_seek(offset, publish_time)
-
-    def _forget_subscription(self, name: str) -> None:
-        """A subscription was deleted: its policy, window and (reliable) persisted cursor go."""
-        self.subscription_policies.pop(name, None)
-        self.subscription_windows.pop(name, None)
-        self.storage.forget_subscription(name)
 
     # ------------------------------------------------------------- messages of a WAL topic
     # Sent by the WAL's worker threads, the broker, the topic's own timers and its

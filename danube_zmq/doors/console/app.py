@@ -41,7 +41,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from danube_zmq.client.admin import broker_label
-from danube_zmq.config.broker_config import TOPIC_POLICY_NAMES
+from danube_zmq.config.broker_config import TOPIC_POLICY_NAMES, ZERO_IS_NEVER
 from danube_zmq.doors.console.backend import Backend, ConsoleSettings, gather_or_error
 from danube_zmq.doors.console.sessions import Session, SessionStore
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -400,18 +400,13 @@ def _bytes(count: int) -> str:
     return f"{count:,} bytes" + ("" if unit == "bytes" else f" ({size:.3g} {unit})")
 
 
-def _duration(ms: int) -> str:
-    for unit, length in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
-        if ms >= length:
-            return f"{ms:,} ms ({ms / length:.3g} {unit})"
-    return f"{ms:,} ms"
-
-
-def _seconds(s: int) -> str:
-    for unit, length in (("d", 86_400), ("h", 3_600), ("min", 60)):
-        if s >= length:
-            return f"{s:,} s ({s / length:.3g} {unit})"
-    return f"{s:,} s"
+def _duration(amount: int, unit: str = "ms", unit_ms: int = 1) -> str:
+    """`amount` of `unit` (`unit_ms` ms each), and in the largest larger unit it reaches."""
+    ms = amount * unit_ms
+    for name, length in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if length > unit_ms and ms >= length:
+            return f"{amount:,} {unit} ({ms / length:.3g} {name})"
+    return f"{amount:,} {unit}"
 
 
 def _policy_value(value: Any, name: str) -> str:
@@ -420,7 +415,7 @@ def _policy_value(value: Any, name: str) -> str:
     if value is None:
         return ""
     if value == 0:
-        return "0 (never)" if name in ("subscription_expiration_ms", "message_ttl_s") else "0 (unlimited)"
+        return "0 (never)" if name in ZERO_IS_NEVER else "0 (unlimited)"
     if not isinstance(value, int):
         return str(value)
     if name.endswith(("_size", "_bytes_max", "_bytes")):
@@ -428,7 +423,7 @@ def _policy_value(value: Any, name: str) -> str:
     if name.endswith("_ms"):
         return _duration(value)
     if name.endswith("_s"):
-        return _seconds(value)
+        return _duration(value, "s", 1000)
     return f"{value:,}"
 
 
