@@ -377,12 +377,12 @@ class Producer:
         publish time when it was stamped elsewhere (a gateway passing on its own
         client's); None or 0 stamps it now, as every message is by default.
 
-        `sequence_id`: the message's number for deduplication, above every earlier one of
-        this producer (by default each message gets the next). On a topic with the
-        `deduplication` policy a message whose number the topic stored before (from
-        this producer name, in this process or an earlier one) is not stored again: its
-        `MessageId` is the first copy's (offset -1 when that is older than the broker's
-        `policies.deduplication_window`)."""
+        `sequence_id`: the message's number for deduplication, above the previous
+        message's (by default each message gets the next, and above `last_sequence_id`).
+        On a topic with the `deduplication` policy a message whose number the topic
+        stored before under this producer name (from this process or an earlier one:
+        a resend) is not stored again: its `MessageId` is the first copy's (offset -1
+        when that is older than the broker's `policies.deduplication_window`)."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         stamped = _check_publish_time(publish_time)
         if sequence_id is not None:
@@ -532,9 +532,11 @@ class _PartitionProducer(Attachment):
         self._fast: dict[int, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0  # the next batch's number
-        # Deduplication: the next message's sequence id, and the highest acknowledged
-        # (from the broker at the first attach to a deduplicating topic, then receipts).
-        self._next_id = 0
+        # Deduplication: the last message's sequence id, the lowest a new one may take
+        # (above what the topic stored under this name: from the broker at attach), and
+        # the highest acknowledged (from the broker at attach too, then receipts).
+        self._prev_id = -1
+        self._floor_id = 0
         self.last_sequence_id = -1
         # The topic deduplicates (its ProducerCreated said so): batches carry their ids.
         self._dedup = False
@@ -573,9 +575,9 @@ class _PartitionProducer(Attachment):
             await producer._schema_attached(reply)
         self._dedup = reply.last_sequence_id is not None
         if reply.last_sequence_id is not None and reply.last_sequence_id > self.last_sequence_id:
-            # Another process of this name stored these: number on from there.
+            # Another process of this name stored these: new messages number on from there.
             self.last_sequence_id = reply.last_sequence_id
-            self._next_id = max(self._next_id, reply.last_sequence_id + 1)
+            self._floor_id = max(self._floor_id, reply.last_sequence_id + 1)
         self.producer_id = reply.producer_id
         connection.register_producer(reply.producer_id, self)
         # A batch still in flight on the previous attachment may yet fail and go again:
@@ -629,7 +631,7 @@ class _PartitionProducer(Attachment):
             self.cut()
             batch = None
         if batch is None:
-            batch = self._batch = _Batch(self.topic, self._producer.on_batch, self._next_id)
+            batch = self._batch = _Batch(self.topic, self._producer.on_batch, max(self._prev_id + 1, self._floor_id))
             if self._pipe_idle():
                 # Nothing in flight: the batch leaves at the end of this turn of the loop,
                 # with what the turn added, so light traffic does not wait out the delay
@@ -642,12 +644,12 @@ class _PartitionProducer(Attachment):
                 self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
         index = len(batch.payloads)
         if sequence_id is None:
-            sequence_id = self._next_id
+            sequence_id = max(self._prev_id + 1, self._floor_id)
         if batch.sequence_ids is not None:
             batch.sequence_ids.append(sequence_id)
         elif sequence_id != batch.first_id + index:
             batch.sequence_ids = [*range(batch.first_id, batch.first_id + index), sequence_id]
-        self._next_id = sequence_id + 1
+        self._prev_id = sequence_id
         batch.payloads.append(payload)
         batch.publish_times.append(publish_time or self._now_ms())
         if key is not None:
@@ -672,9 +674,9 @@ class _PartitionProducer(Attachment):
         return _new(PendingSend, (batch, index))
 
     def check_sequence_id(self, sequence_id: int) -> None:
-        if type(sequence_id) is not int or sequence_id < self._next_id:
-            raise InvalidArgument(f"sequence_id {sequence_id!r} is below this producer's next ({self._next_id}):"
-                                  " sequence ids must increase")
+        if type(sequence_id) is not int or sequence_id <= self._prev_id:
+            raise InvalidArgument(f"sequence_id {sequence_id!r} is not above this producer's last"
+                                  f" ({self._prev_id}): sequence ids must increase")
 
     def _pipe_idle(self) -> bool:
         """No batch waiting or in flight. (Only then does a new batch leave at once:

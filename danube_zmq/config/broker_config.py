@@ -572,12 +572,16 @@ class PoliciesSection:
     # 6 hours there and here). 1..31536000 s.
     deduplication_producer_inactivity_s: int = 21_600
     # Per producer name, the last messages whose offsets a duplicate is answered with
-    # (older duplicates get -1, as every duplicate in Pulsar). 1..100000.
-    deduplication_window: int = 1000
+    # (older duplicates get -1, as every duplicate in Pulsar). Past a kill -9 a client
+    # sends again what it had in flight: the default covers 10 batches of 1,000. Kept as
+    # runs of consecutive ids (about 150 bytes each; consecutive batches of one producer
+    # merge into one), so the bound is a run per message only for single-message
+    # batches interleaved with other producers'. 1..1000000.
+    deduplication_window: int = 10_000
     # Producer names one topic's table keeps; past it the least recently active is
-    # forgotten (logged). Bounds the table: about (name + 64) bytes per producer, plus
-    # its window's runs (one per batch of automatic ids). 1..1000000.
-    deduplication_producers_max: int = 1000
+    # forgotten (logged). With the window, the table's bound: producers_max * window
+    # runs at worst (150 MB), a few hundred bytes per producer as batches come. 1..1000000.
+    deduplication_producers_max: int = 100
     # Pulsar's allowAutoTopicCreation, for subscribers: a consumer subscribing to a
     # topic that does not exist creates it (its principal needs Produce on it, as a
     # producer's create does) instead of meeting NOT_FOUND; false: Danube's behaviour,
@@ -632,7 +636,7 @@ class PoliciesSection:
                      3_600_000)
         _check_range("policies.deduplication_producer_inactivity_s", self.deduplication_producer_inactivity_s, 1,
                      31_536_000)
-        _check_range("policies.deduplication_window", self.deduplication_window, 1, 100_000)
+        _check_range("policies.deduplication_window", self.deduplication_window, 1, 1_000_000)
         _check_range("policies.deduplication_producers_max", self.deduplication_producers_max, 1, 1_000_000)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)
 

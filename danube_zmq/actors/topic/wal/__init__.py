@@ -136,7 +136,8 @@ class WalStorage:
                                       store=store, cache_dir=self.cache_dir)
         cursors = self.cursors = WalCursors(port=port, config=config, executor=executor, topic_log=topic_log,
                                             store=store, cache_dir=self.cache_dir, cursors_in_wal=self.cursors_in_wal)
-        dedup = self.dedup = WalDedup(port=port, config=config, topic_log=topic_log, durable_mode=self.durable_mode)
+        dedup = self.dedup = WalDedup(port=port, config=config, topic_log=topic_log, store=store, executor=executor,
+                                      cache_dir=self.cache_dir)
         commit = self.commit = WalCommit(port=port, config=config, executor=executor, topic_log=topic_log,
                                          reads=reads, cursors=cursors, dedup=dedup, wal_dir=self.wal_dir,
                                          start_offset=self.start_offset, durable_mode=self.durable_mode)
@@ -172,6 +173,7 @@ class WalStorage:
         assert isinstance(persisted, PersistedSubscriptions)
         self.segments.start()
         await self.commit.open()
+        await self.dedup.load()
         await self.cursors.resume(persisted.states)
         self.commit.start_sync_timer()
         self.retention.start_timer()

@@ -17,19 +17,24 @@ policy is on, fed by each commit, and written back as the `#dedup` checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
+from concurrent.futures import Executor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.topic.dedup import DedupTable
 from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.config.broker_config import BrokerConfig
-from danube_zmq.storage.wal import RecordBatch
+from danube_zmq.storage.durable import DurableStore
+from danube_zmq.storage.wal import CorruptRecord, RecordBatch, scan, segment_file_name
 from danube_zmq.storage.wal.checkpoints import DEDUP_CHECKPOINT
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.errors import DanubeError
+from danube_zmq.transport.internal_protocol import DurableSegment
 
 if TYPE_CHECKING:
     from danube_zmq.actors.topic.wal.commit import _Batch
@@ -44,7 +49,8 @@ _READ_BYTES = 8 << 20  # per read while rebuilding the table
 class WalDedup:
     segments: DurableSegments  # set by `WalStorage.bind`: a receipt may wait for its segment
 
-    def __init__(self, *, port: TopicPort, config: BrokerConfig, topic_log: TopicLog, durable_mode: bool) -> None:
+    def __init__(self, *, port: TopicPort, config: BrokerConfig, topic_log: TopicLog, store: DurableStore | None,
+                 executor: Executor, cache_dir: Path) -> None:
         self.port = port
         self.topic = port.topic
         policies = config.policies
@@ -52,7 +58,10 @@ class WalDedup:
         self.producers_max = policies.deduplication_producers_max
         self.inactivity_ms = policies.deduplication_producer_inactivity_s * 1000
         self.topic_log = topic_log
-        self.ack_when_durable = durable_mode and config.storage.seal_every_flush
+        self.store = store  # durable modes: a topic moved here finds its table in the newest segments
+        self.executor = executor
+        self.cache_dir = cache_dir
+        self.ack_when_durable = store is not None and config.storage.seal_every_flush
         self.table: DedupTable | None = None
         self._marker_owed = False  # the policy went off: a deletion marker is to be written
 
@@ -153,9 +162,30 @@ class WalDedup:
                 log.info("%s: deduplication forgets %d producers silent for %d s: %s", self.topic, len(gone),
                          self.inactivity_ms // 1000, ", ".join(sorted(gone)[:10]))
 
-    def _from_log(self) -> DedupTable:
+    async def load(self) -> None:
+        """At the topic's start, with the policy on: the table from the log. In durable
+        modes, where the local WAL holds no table (a move, a failover, a new disk), from
+        the newest durable segments too: the table moved with the topic."""
+        if not self.port.policies.deduplication:
+            return
+        wal = self.topic_log.wal
+        durable = self.topic_log.durable
+        carried = None
+        if (self.store is not None and wal is not None and wal.topic_checkpoint(DEDUP_CHECKPOINT) is None
+                and durable and durable[-1].base_offset < wal.log_start_offset):
+            store, cache_dir, window = self.store, self.cache_dir, self.window
+            try:
+                carried = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, lambda: durable_tail(store, durable, cache_dir, window))
+            except (OSError, DanubeError, ValueError) as exc:
+                log.error("%s: the durable segments' deduplication table is unreadable (%s); the table is made"
+                          " from the local WAL only", self.topic, exc)
+        self.table = self._from_log(carried)
+
+    def _from_log(self, carried: tuple[bytes | None, list[RecordBatch]] | None = None) -> DedupTable:
         """The table from the newest checkpoint and the records after it (and the last
-        `window` before it) that the local log holds."""
+        `window` before it) that the local log holds, after those `carried` in from the
+        durable store (its newest checkpoint, and the records of its newest segments)."""
         table = DedupTable(window=self.window, producers_max=self.producers_max, inactivity_ms=self.inactivity_ms)
         wal = self.topic_log.wal
         if wal is None:
@@ -163,6 +193,12 @@ class WalDedup:
         now_ms = self.port.clock.now_ms()
         end = self.topic_log.committed_offset
         state = wal.topic_checkpoint(DEDUP_CHECKPOINT)
+        replayed = 0
+        if carried is not None:
+            state = state or carried[0]
+            for records in carried[1]:
+                table.replay(records.producer_names, records.sequence_ids, records.offsets, now_ms)
+                replayed += len(records)
         as_of, entries = end, {}
         if state is not None:
             try:
@@ -171,7 +207,6 @@ class WalDedup:
                 log.error("%s: %s; the table is made from the log's last %d records only", self.topic, exc,
                           self.window)
         start = max(wal.log_start_offset, min(as_of, end - self.window), 0)
-        replayed = 0
         try:
             while start < end:
                 batch = wal.read(start, max_bytes=_READ_BYTES, upto_offset=end)
@@ -188,6 +223,33 @@ class WalDedup:
         log.info("%s: deduplication on: %d producers known (checkpoint as of offset %s, %d records read)",
                  self.topic, len(table), as_of if state is not None else "none", replayed)
         return table
+
+
+def durable_tail(store: DurableStore, durable: list[DurableSegment], cache_dir: Path,
+                 window: int) -> tuple[bytes | None, list[RecordBatch]]:
+    """(the newest `#dedup` checkpoint, the records to replay) from the newest durable
+    segments: the newest, and the one before it while the checkpoint's `as_of` or the
+    last `window` records lie there (a roll carries the table at most a flush behind)."""
+    state: bytes | None = None
+    found: list[RecordBatch] = []
+    need = durable[-1].end_offset + 1 - window
+    for segment in reversed(durable[-2:]):
+        path = cache_dir / "dedup" / segment_file_name(segment.base_offset)
+        store.fetch(segment.object_key, path, size_bytes=segment.size_bytes, crc32c=segment.crc32c)
+        try:
+            result = scan(path.read_bytes(), expected_offset=segment.base_offset)
+        finally:
+            path.unlink(missing_ok=True)
+        if result.fault is not None:
+            raise CorruptRecord(str(path), result.fault.position, f"{result.fault.kind}: {result.fault.reason}")
+        found.insert(0, result.records)
+        if state is None:
+            tables = [c.state for c in result.checkpoints if c.subscription == DEDUP_CHECKPOINT]
+            state = tables[-1] if tables else None
+        as_of = DedupTable.decode(state)[0] if state is not None else need
+        if min(as_of, need) >= segment.base_offset:
+            break
+    return state, found
 
 
 def _without_first(msg: cp.Send, count: int) -> cp.Send:

@@ -74,11 +74,12 @@ async def test_messages_sent_again_are_answered_with_their_offsets_and_stored_on
 
 
 async def test_the_table_comes_back_from_the_wal_after_a_restart(tmp_path: Path) -> None:
-    async with reliable_topic(tmp_path, TOPIC, config=ON) as (_, _, _, sock):
+    config = BrokerConfig(policies=PoliciesSection(deduplication=True, deduplication_window=1000))
+    async with reliable_topic(tmp_path, TOPIC, config=config) as (_, _, _, sock):
         producer = await _producer(sock)
         for request_id, first in enumerate(range(0, 3000, 500), start=3):
             await _send(sock, producer, request_id, list(range(first, first + 500)))
-    async with reliable_topic(tmp_path, TOPIC, config=ON) as (_, _, storage, sock):
+    async with reliable_topic(tmp_path, TOPIC, config=config) as (_, _, storage, sock):
         producer = await _producer(sock)
         assert producer.last_sequence_id == 2999
         # The last `deduplication_window` (1000) are answered with their offsets.
