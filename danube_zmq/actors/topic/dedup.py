@@ -122,6 +122,11 @@ class DedupTable:
         if not ids:
             return
         producer = self._entry(name, now_ms)
+        if ids[-1] - ids[0] == len(ids) - 1:  # increasing: consecutive (automatic ids), one run
+            self._add_run(producer, ids[0], ids[-1], base_offset)
+            producer.pushed = max(producer.pushed, producer.persisted)
+            self.changed = True
+            return
         start = 0
         for i in range(1, len(ids) + 1):
             if i == len(ids) or ids[i] != ids[i - 1] + 1:

@@ -67,6 +67,8 @@ _BIN8_HEADERS = [bytes((_FIXARRAY, 0xC4, size)) for size in range(0x100)]
 _BIN16 = struct.Struct(">BBH").pack
 _BIN32 = struct.Struct(">BBI").pack
 _UINT64 = struct.Struct(">BQ").pack
+_UINT32 = struct.Struct(">BI").pack
+_UINT16 = struct.Struct(">BH").pack
 _UINT32_END, _UINT64_END = 1 << 32, 1 << 64
 _NIL = b"\xc0"
 # Average body size from which `_decode_bodies` decodes each body alone.
@@ -289,7 +291,9 @@ def encode_batch(
             _NIL if record_attributes is None else msgpack.packb(record_attributes),
             _UINT64(0xCF, publish_time) if _UINT32_END <= publish_time < _UINT64_END else msgpack.packb(publish_time),
             tail,
-            _NIL if sequence_id is None else msgpack.packb(sequence_id),
+            # msgpack's own encodings of an int, by struct (packb is 0.5 µs a call).
+            _NIL if sequence_id is None else _UINT32(0xCE, sequence_id) if 0x10000 <= sequence_id < _UINT32_END
+            else _UINT16(0xCD, sequence_id) if 0x100 <= sequence_id < 0x10000 else msgpack.packb(sequence_id),
         ))
         length = len(body)
         # Pairs with scan's cap: a bigger body would read back as damage. The broker's
