@@ -11,6 +11,8 @@ never builds a Python object per message. See docs/protocol.md for the byte layo
 
 from __future__ import annotations
 
+from typing import Any
+
 from danube_zmq.transport.codec import Message, Protocol, Struct, peek_ints, wire
 from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Connect, Enum, Ping
 
@@ -145,6 +147,12 @@ class ProducerCreated(Message):
     schema_id: int | None = None
     schema_version: int | None = None
     last_sequence_id: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        # Written only when the topic deduplicates: a client from before the field
+        # (6 fields, extra ones refused) still attaches everywhere else.
+        out = Message.to_wire(self)
+        return out[:-1] if self.last_sequence_id is None else out
 
 
 @wire
