@@ -532,11 +532,14 @@ class _PartitionProducer(Attachment):
         self._fast: dict[int, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0  # the next batch's number
-        # Deduplication: the last message's sequence id, the lowest a new one may take
-        # (above what the topic stored under this name: from the broker at attach), and
-        # the highest acknowledged (from the broker at attach too, then receipts).
-        self._prev_id = -1
-        self._floor_id = 0
+        # Deduplication: the next automatic sequence id (above the last message's and
+        # above what the topic stored under this name, from the broker at attach); the
+        # last id a message named itself and `_next_id` just after it (while they are
+        # equal, that message was the last); the highest acknowledged (from the broker
+        # at attach too, then receipts).
+        self._next_id = 0
+        self._named_id = -1
+        self._next_after_named = 0
         self.last_sequence_id = -1
         # The topic deduplicates (its ProducerCreated said so): batches carry their ids.
         self._dedup = False
@@ -577,7 +580,13 @@ class _PartitionProducer(Attachment):
         if reply.last_sequence_id is not None and reply.last_sequence_id > self.last_sequence_id:
             # Another process of this name stored these: new messages number on from there.
             self.last_sequence_id = reply.last_sequence_id
-            self._floor_id = max(self._floor_id, reply.last_sequence_id + 1)
+            if reply.last_sequence_id >= self._next_id:
+                batch = self._batch
+                if batch is not None and batch.sequence_ids is None:
+                    batch.sequence_ids = batch.ids()  # its next automatic id jumps
+                last = self._last_id()  # still the last message's: a resend may go below the stored
+                self._next_id = reply.last_sequence_id + 1
+                self._named_id, self._next_after_named = last, self._next_id
         self.producer_id = reply.producer_id
         connection.register_producer(reply.producer_id, self)
         # A batch still in flight on the previous attachment may yet fail and go again:
@@ -631,7 +640,7 @@ class _PartitionProducer(Attachment):
             self.cut()
             batch = None
         if batch is None:
-            batch = self._batch = _Batch(self.topic, self._producer.on_batch, max(self._prev_id + 1, self._floor_id))
+            batch = self._batch = _Batch(self.topic, self._producer.on_batch, self._next_id)
             if self._pipe_idle():
                 # Nothing in flight: the batch leaves at the end of this turn of the loop,
                 # with what the turn added, so light traffic does not wait out the delay
@@ -642,14 +651,15 @@ class _PartitionProducer(Attachment):
             else:
                 loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
-        index = len(batch.payloads)
         if sequence_id is None:
-            sequence_id = max(self._prev_id + 1, self._floor_id)
-        if batch.sequence_ids is not None:
-            batch.sequence_ids.append(sequence_id)
-        elif sequence_id != batch.first_id + index:
-            batch.sequence_ids = [*range(batch.first_id, batch.first_id + index), sequence_id]
-        self._prev_id = sequence_id
+            # The batch's automatic ids run on from `first_id` with no list kept.
+            sequence_id = self._next_id
+            self._next_id = sequence_id + 1
+            if batch.sequence_ids is not None:
+                batch.sequence_ids.append(sequence_id)
+        else:
+            self._named(batch, sequence_id)
+        index = len(batch.payloads)
         batch.payloads.append(payload)
         batch.publish_times.append(publish_time or self._now_ms())
         if key is not None:
@@ -673,10 +683,24 @@ class _PartitionProducer(Attachment):
             self.cut()
         return _new(PendingSend, (batch, index))
 
+    def _last_id(self) -> int:
+        """The last message's sequence id (-1: none yet)."""
+        return self._named_id if self._next_id == self._next_after_named else self._next_id - 1
+
     def check_sequence_id(self, sequence_id: int) -> None:
-        if type(sequence_id) is not int or sequence_id <= self._prev_id:
+        last = self._last_id()
+        if type(sequence_id) is not int or sequence_id <= last:
             raise InvalidArgument(f"sequence_id {sequence_id!r} is not above this producer's last"
-                                  f" ({self._prev_id}): sequence ids must increase")
+                                  f" ({last}): sequence ids must increase")
+
+    def _named(self, batch: _Batch, sequence_id: int) -> None:
+        """A message with its own id (checked): the batch keeps a list of its ids, and
+        automatic ids go on above it (or above what was stored: a resend may be below)."""
+        if batch.sequence_ids is None:
+            batch.sequence_ids = batch.ids()
+        batch.sequence_ids.append(sequence_id)
+        self._next_id = max(self._next_id, sequence_id + 1)
+        self._named_id, self._next_after_named = sequence_id, self._next_id
 
     def _pipe_idle(self) -> bool:
         """No batch waiting or in flight. (Only then does a new batch leave at once:

@@ -21,7 +21,7 @@ import pytest
 
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
-from danube_zmq.transport.errors import Timeout
+from danube_zmq.transport.errors import InvalidArgument, Timeout
 from tests.integration.actors.test_topic_policies import _cli
 from tests.integration.storage.test_durable_topics import broker_env
 
@@ -170,7 +170,9 @@ async def test_the_table_comes_with_the_durable_segments_when_the_local_wal_is_l
         offsets = [(await producer.send(f"m{i}".encode() + b"x" * 40, sequence_id=i)).offset
                    for i in range(4000, 5000)]
         assert offsets == list(range(4000, 5000))
-        await producer.send(b"m5000" + b"x" * 40)
+        with pytest.raises(InvalidArgument, match="must increase"):
+            await producer.send(b"again", sequence_id=4999)  # not above the last message's
+        await producer.send(b"m5000" + b"x" * 40)  # automatic: above everything stored
     assert await _read_all(broker.url, topic) == [f"m{i}".encode() + b"x" * 40 for i in range(5001)]
 
 
