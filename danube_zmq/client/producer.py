@@ -533,10 +533,11 @@ class _PartitionProducer(Attachment):
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0  # the next batch's number
         # Deduplication: the next automatic sequence id (above the last message's and
-        # above what the topic stored under this name, from the broker at attach); the
-        # last id a message named itself and `_next_id` just after it (while they are
-        # equal, that message was the last); the highest acknowledged (from the broker
-        # at attach too, then receipts).
+        # above what the topic stored under this name, from the broker at attach; while
+        # a batch is open with implied ids, `_automatic_next` counts on from it); the
+        # last id a message named itself and the next automatic id just after it (while
+        # they are equal, that message was the last); the highest acknowledged (from the
+        # broker at attach too, then receipts).
         self._next_id = 0
         self._named_id = -1
         self._next_after_named = 0
@@ -580,11 +581,9 @@ class _PartitionProducer(Attachment):
         if reply.last_sequence_id is not None and reply.last_sequence_id > self.last_sequence_id:
             # Another process of this name stored these: new messages number on from there.
             self.last_sequence_id = reply.last_sequence_id
-            if reply.last_sequence_id >= self._next_id:
-                batch = self._batch
-                if batch is not None and batch.sequence_ids is None:
-                    batch.sequence_ids = batch.ids()  # its next automatic id jumps
+            if reply.last_sequence_id >= self._automatic_next():
                 last = self._last_id()  # still the last message's: a resend may go below the stored
+                self._listed()  # the open batch's next automatic id jumps
                 self._next_id = reply.last_sequence_id + 1
                 self._named_id, self._next_after_named = last, self._next_id
         self.producer_id = reply.producer_id
@@ -652,13 +651,12 @@ class _PartitionProducer(Attachment):
                 loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
         if sequence_id is None:
-            # The batch's automatic ids run on from `first_id` with no list kept.
-            sequence_id = self._next_id
-            self._next_id = sequence_id + 1
+            # Implied: the batch's automatic ids run on from `first_id`, no list kept.
             if batch.sequence_ids is not None:
-                batch.sequence_ids.append(sequence_id)
+                batch.sequence_ids.append(self._next_id)
+                self._next_id += 1
         else:
-            self._named(batch, sequence_id)
+            self._named(sequence_id)
         index = len(batch.payloads)
         batch.payloads.append(payload)
         batch.publish_times.append(publish_time or self._now_ms())
@@ -683,9 +681,23 @@ class _PartitionProducer(Attachment):
             self.cut()
         return _new(PendingSend, (batch, index))
 
+    def _automatic_next(self) -> int:
+        batch = self._batch
+        if batch is not None and batch.sequence_ids is None:
+            return batch.first_id + len(batch.payloads)
+        return self._next_id
+
+    def _listed(self) -> None:
+        """The open batch keeps a list of its ids from now on; `_next_id` counts."""
+        batch = self._batch
+        if batch is not None and batch.sequence_ids is None:
+            self._next_id = batch.first_id + len(batch.payloads)
+            batch.sequence_ids = batch.ids()
+
     def _last_id(self) -> int:
         """The last message's sequence id (-1: none yet)."""
-        return self._named_id if self._next_id == self._next_after_named else self._next_id - 1
+        following = self._automatic_next()
+        return self._named_id if following == self._next_after_named else following - 1
 
     def check_sequence_id(self, sequence_id: int) -> None:
         last = self._last_id()
@@ -693,12 +705,13 @@ class _PartitionProducer(Attachment):
             raise InvalidArgument(f"sequence_id {sequence_id!r} is not above this producer's last"
                                   f" ({last}): sequence ids must increase")
 
-    def _named(self, batch: _Batch, sequence_id: int) -> None:
-        """A message with its own id (checked): the batch keeps a list of its ids, and
-        automatic ids go on above it (or above what was stored: a resend may be below)."""
-        if batch.sequence_ids is None:
-            batch.sequence_ids = batch.ids()
-        batch.sequence_ids.append(sequence_id)
+    def _named(self, sequence_id: int) -> None:
+        """A message with its own id (checked), added to the open batch: the batch keeps
+        a list of its ids, and automatic ids go on above it (or above what was stored: a
+        resend may be below)."""
+        self._listed()
+        assert self._batch is not None and self._batch.sequence_ids is not None
+        self._batch.sequence_ids.append(sequence_id)
         self._next_id = max(self._next_id, sequence_id + 1)
         self._named_id, self._next_after_named = sequence_id, self._next_id
 
@@ -734,6 +747,8 @@ class _PartitionProducer(Attachment):
         batch = self._batch
         if batch is None:
             return
+        if batch.sequence_ids is None:
+            self._next_id = batch.first_id + len(batch.payloads)
         self._batch = None
         self._producer._batch_cut(batch)
         if self._waiting or not self._has_room(batch):
