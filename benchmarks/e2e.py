@@ -3,11 +3,14 @@
     .venv/bin/python benchmarks/e2e.py throughput --size 100 --count 500000
     .venv/bin/python benchmarks/e2e.py latency --rate 5000 --seconds 10
     .venv/bin/python benchmarks/e2e.py throughput --reliable --size 100 --count 200000
+    .venv/bin/python benchmarks/e2e.py throughput --reliable --dedup --size 100 --count 200000
 
 With --reliable the topic is reliable (acknowledged after fsync, wal_sync always), the
 consumer acknowledges every message, and the report adds produce-ack latency (send to
 receipt) and the WAL's group commits: flushes per second and records per flush, read
-from the broker's Prometheus endpoint.
+from the broker's Prometheus endpoint. --dedup (with --reliable) turns the broker's
+`policies.deduplication` on: the producer's messages carry sequence ids and the topic
+checks them.
 
 Throughput = messages received / (last receive - first send), client batching on
 (defaults: 1000 messages, 1 MiB, 10 ms). Latency = receive time - send time of each
@@ -140,6 +143,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5000)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--reliable", action="store_true")
+    parser.add_argument("--dedup", action="store_true", help="policies.deduplication on (reliable topics)")
     args = parser.parse_args()
     rate = 0.0 if args.mode == "throughput" else args.rate
     count = args.count if args.mode == "throughput" else int(args.rate * args.seconds)
@@ -149,7 +153,8 @@ def main() -> None:
     broker = subprocess.Popen([sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
                                "--admin-listen", admin_url, "--metrics-port", str(metrics_port),
                                "--data-dir", data_dir],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, **({"DANUBE_POLICIES__DEDUPLICATION": "true"} if args.dedup else {})})
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         asyncio.run(_ready(admin_url))
@@ -179,7 +184,7 @@ def main() -> None:
     flushes = wal_after.get("danube_wal_flushes_total", 0) - wal_before.get("danube_wal_flushes_total", 0)
     records = wal_after.get("danube_wal_records_total", 0) - wal_before.get("danube_wal_records_total", 0)
     print(json.dumps({
-        "mode": args.mode, "reliable": args.reliable, "size": args.size, "sent": count,
+        "mode": args.mode, "reliable": args.reliable, "dedup": args.dedup, "size": args.size, "sent": count,
         "received": result["received"],
         "lost": count - result["received"],
         "msg_s": round(result["received"] / elapsed_s) if elapsed_s > 0 else None,

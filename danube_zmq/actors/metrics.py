@@ -291,6 +291,7 @@ class _Metrics:
     messages_out: ScrapeCounter
     messages_dropped: ScrapeCounter
     messages_expired: ScrapeCounter
+    duplicates: ScrapeCounter
     actor_failures: Counter
     wal_flushes: Counter
     wal_records: Counter
@@ -335,6 +336,10 @@ METRICS = _Metrics(
                                    "Reliable topics: messages acknowledged for the subscription by its topic's"
                                    " message TTL (message_ttl_s) before a consumer acknowledged them",
                                    ["topic", "subscription"]),
+    duplicates=ScrapeCounter("danube_topic_duplicate_messages_total",
+                             "Reliable topics with deduplication: messages sent again (a sequence id at or below"
+                             " its producer's highest) and answered with their first offset, not stored",
+                             ["topic"]),
     actor_failures=RUNTIME_METRICS.actor_failures,
     wal_flushes=Counter("danube_wal_flushes_total",
                         "WAL group commits (one write and, with wal_sync always, one fsync each)"),

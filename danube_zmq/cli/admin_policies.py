@@ -23,6 +23,7 @@ from danube_zmq.config.broker_config import (
     AUTO_TOPIC_CREATION_DISPATCHES,
     AUTO_TOPIC_CREATION_POLICIES,
     AUTO_TOPIC_CREATION_TYPES,
+    BOOLEAN_POLICIES,
     TOPIC_POLICY_NAMES,
     ZERO_IS_NEVER,
 )
@@ -48,11 +49,17 @@ _HELP = {
                                   " with its cursor.",
     "message_ttl_s": "Reliable topics: a message published longer ago than this (seconds) is acknowledged for"
                      " every subscription (message TTL).",
+    "deduplication": "Reliable topics: true, a message whose producer name and sequence id the topic stored"
+                     " before is answered with its first offset and not stored again.",
 }
 
 
 def _policy_options(command: F) -> F:
     for policy in reversed(TOPIC_POLICY_NAMES):
+        if policy in BOOLEAN_POLICIES:
+            command = click.option(f"--{policy.replace('_', '-')}", policy, type=click.BOOL, default=None,
+                                   help=_HELP[policy] + " true or false.")(command)
+            continue
         low = 1 if policy == "max_message_size" else 0
         suffix = "" if policy == "max_message_size" else " 0: kept." if policy.startswith("retention") \
             else " 0: never." if policy in ZERO_IS_NEVER else " 0: unlimited."
@@ -83,7 +90,8 @@ def _creation_options(command: F) -> F:
 
 def _given(policies: dict[str, Any]) -> tuple[dict[str, int], dict[str, Any]]:
     """(topic policies, auto topic creation policies) given, at least one."""
-    given = {name: value for name, value in policies.items() if value is not None}
+    given = {name: int(value) if name in BOOLEAN_POLICIES else value
+             for name, value in policies.items() if value is not None}
     if not given:
         raise click.UsageError("give at least one policy: " + ", ".join(
             f"--{name.replace('_', '-')}" for name in TOPIC_POLICY_NAMES + AUTO_TOPIC_CREATION_POLICIES))
@@ -101,7 +109,8 @@ def _emit(rows: list[tuple[str, Any, str]], output: str) -> None:
 async def _rows(client: AdminClient, get: Callable[[], Awaitable[Any]],
                 quota: Callable[[], Awaitable[Any]]) -> list[tuple[str, Any, str]]:
     info = await get()
-    rows = [(name, info.values[name], info.sources[name]) for name in TOPIC_POLICY_NAMES]
+    rows = [(name, bool(info.values[name]) if name in BOOLEAN_POLICIES else info.values[name], info.sources[name])
+            for name in TOPIC_POLICY_NAMES]
     backlog = await quota()
     rows += [("backlog_quota_bytes_max", backlog.limit_bytes, backlog.source),
              ("backlog_quota_policy", backlog.policy, backlog.source)]

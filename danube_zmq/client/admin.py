@@ -247,7 +247,8 @@ class AdminClient(RequestClient):
     async def set_namespace_policies(self, namespace: str, **policies: int | None) -> None:
         """Set topic policies of `namespace` (keyword per policy, the broker's `policies`
         names: max_producers_per_topic, ..., max_publish_rate, max_dispatch_rate,
-        retention_*, subscription_expiration_ms, message_ttl_s; 0: unlimited, kept, never); only those
+        retention_*, subscription_expiration_ms, message_ttl_s; 0: unlimited, kept, never;
+        deduplication 1: on, 0: off); only those
         given (not None) change. Applies to live topics at once."""
         validate_namespace(namespace)
         await self._call(lambda rid: SetTopicPolicies(request_id=rid, namespace=namespace, **policies), Ok)

@@ -132,11 +132,15 @@ class _Batch:
     """One partition's batch: its columns while it fills, then the broker's receipt.
     `keys` and `attributes` stay None until a message has one."""
 
-    __slots__ = ("_waiter", "attributes", "bytes", "callbacks", "error", "finished", "keys", "offsets", "on_batch",
-                 "payloads", "producer_id", "publish_times", "sequence", "topic")
+    __slots__ = ("_waiter", "attributes", "bytes", "callbacks", "error", "finished", "first_id", "keys", "offsets",
+                 "on_batch", "payloads", "producer_id", "publish_times", "sequence", "sequence_ids", "topic")
 
-    def __init__(self, topic: str, on_batch: BatchCallback | None) -> None:
+    def __init__(self, topic: str, on_batch: BatchCallback | None, first_id: int = 0) -> None:
         self.topic = topic
+        # The messages' sequence ids (deduplication): first_id, first_id + 1, ... unless
+        # a message named its own (`send(sequence_id=)`), then one per message here.
+        self.first_id = first_id
+        self.sequence_ids: list[int] | None = None
         self.on_batch = on_batch
         self.payloads: list[bytes] = []
         self.publish_times: list[int] = []
@@ -158,6 +162,10 @@ class _Batch:
 
     def message_id(self, index: int) -> MessageId:
         return MessageId(self.topic, self.offsets[index], self.producer_id)
+
+    def ids(self) -> list[int]:
+        return self.sequence_ids if self.sequence_ids is not None else \
+            list(range(self.first_id, self.first_id + len(self.payloads)))
 
     def waiter(self) -> asyncio.Future[None]:
         """A future resolved (never with an exception) once the batch is finished."""
@@ -348,9 +356,17 @@ class Producer:
 
     # ---------------------------------------------------------------- sending
 
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id the topic acknowledged for this producer (its name),
+        known from the broker when it attached to a topic with deduplication on; -1:
+        none. On a partitioned topic, the highest over its partitions (each numbers its
+        own messages)."""
+        return max(p.last_sequence_id for p in self._partitions)
+
     async def send(
         self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
-        publish_time: int | None = None,
+        publish_time: int | None = None, sequence_id: int | None = None,
     ) -> MessageId:
         """Publish one message and wait for the broker's receipt. Waits for room when
         `pending_messages_max` messages are already pending (backpressure). Without a
@@ -359,14 +375,23 @@ class Producer:
 
         `publish_time` (ms since the epoch, 0..`PUBLISH_TIME_MS_MAX`): the message's
         publish time when it was stamped elsewhere (a gateway passing on its own
-        client's); None or 0 stamps it now, as every message is by default."""
+        client's); None or 0 stamps it now, as every message is by default.
+
+        `sequence_id`: the message's number for deduplication, above the previous
+        message's (by default each message gets the next, and above `last_sequence_id`).
+        On a topic with the `deduplication` policy a message whose number the topic
+        stored before under this producer name (from this process or an earlier one:
+        a resend) is not stored again: its `MessageId` is the first copy's (offset -1
+        when that is older than the broker's `policies.deduplication_window`)."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         stamped = _check_publish_time(publish_time)
+        if sequence_id is not None:
+            partition.check_sequence_id(sequence_id)
         await self._budget.take()
         if self._closing:
             self._budget.give(1)
             raise AlreadyClosed(f"producer {self.name} is closed")
-        return await partition.add(payload_bytes, key, attrs, None, stamped)
+        return await partition.add(payload_bytes, key, attrs, None, stamped, sequence_id)
 
     def send_nowait(
         self,
@@ -376,19 +401,22 @@ class Producer:
         attributes: Mapping[str, str] | None = None,
         callback: SendCallback | None = None,
         publish_time: int | None = None,
+        sequence_id: int | None = None,
     ) -> PendingSend:
         """Queue one message and return its `PendingSend` at once (await it for the
         `MessageId`); raise `ProducerQueueFull` when `pending_messages_max` messages are
         already pending. `callback(error, message_id)`, if given, runs when the receipt
         (or the failure) arrives; a partition's callbacks run in send order. `publish_time`
-        as for `send`."""
+        and `sequence_id` as for `send`."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         stamped = _check_publish_time(publish_time)
+        if sequence_id is not None:
+            partition.check_sequence_id(sequence_id)
         if not self._budget.try_take():
             raise ProducerQueueFull(
                 f"producer {self.name} has {self.pending_messages_max} messages pending (pending_messages_max)"
             )
-        return partition.add(payload_bytes, key, attrs, callback, stamped)
+        return partition.add(payload_bytes, key, attrs, callback, stamped, sequence_id)
 
     def _prepare(
         self, payload: Any, key: Any, attributes: Any
@@ -504,6 +532,18 @@ class _PartitionProducer(Attachment):
         self._fast: dict[int, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequence = 0  # the next batch's number
+        # Deduplication: the next automatic sequence id (above the last message's and
+        # above what the topic stored under this name, from the broker at attach; while
+        # a batch is open with implied ids, `_automatic_next` counts on from it); the
+        # last id a message named itself and the next automatic id just after it (while
+        # they are equal, that message was the last); the highest acknowledged (from the
+        # broker at attach too, then receipts).
+        self._next_id = 0
+        self._named_id = -1
+        self._next_after_named = 0
+        self.last_sequence_id = -1
+        # The topic deduplicates (its ProducerCreated said so): batches carry their ids.
+        self._dedup = False
         # Numbers of the batches handed to the sender that are not on the wire (first
         # send, or again after a failure): only the lowest may be sent.
         self._unsent: set[int] = set()
@@ -537,6 +577,15 @@ class _PartitionProducer(Attachment):
             raise InternalError(f"broker answered CreateProducer with {type(reply).__name__}")
         if producer.schema_subject is not None:
             await producer._schema_attached(reply)
+        self._dedup = reply.last_sequence_id is not None
+        if reply.last_sequence_id is not None and reply.last_sequence_id > self.last_sequence_id:
+            # Another process of this name stored these: new messages number on from there.
+            self.last_sequence_id = reply.last_sequence_id
+            if reply.last_sequence_id >= self._automatic_next():
+                last = self._last_id()  # still the last message's: a resend may go below the stored
+                self._listed()  # the open batch's next automatic id jumps
+                self._next_id = reply.last_sequence_id + 1
+                self._named_id, self._next_after_named = last, self._next_id
         self.producer_id = reply.producer_id
         connection.register_producer(reply.producer_id, self)
         # A batch still in flight on the previous attachment may yet fail and go again:
@@ -580,7 +629,8 @@ class _PartitionProducer(Attachment):
         return self._frame_room
 
     def add(self, payload: bytes, key: str | None, attributes: dict[str, str] | None,
-            callback: SendCallback | None, publish_time: int | None = None) -> PendingSend:
+            callback: SendCallback | None, publish_time: int | None = None,
+            sequence_id: int | None = None) -> PendingSend:
         if self.connection is not self._limits_of:
             self._limits()
         size = entry_bytes(payload, key, attributes)
@@ -589,7 +639,7 @@ class _PartitionProducer(Attachment):
             self.cut()
             batch = None
         if batch is None:
-            batch = self._batch = _Batch(self.topic, self._producer.on_batch)
+            batch = self._batch = _Batch(self.topic, self._producer.on_batch, self._next_id)
             if self._pipe_idle():
                 # Nothing in flight: the batch leaves at the end of this turn of the loop,
                 # with what the turn added, so light traffic does not wait out the delay
@@ -600,6 +650,13 @@ class _PartitionProducer(Attachment):
             else:
                 loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self._producer.batch_delay_ms / 1000, self._delay_over)
+        if sequence_id is None:
+            # Implied: the batch's automatic ids run on from `first_id`, no list kept.
+            if batch.sequence_ids is not None:
+                batch.sequence_ids.append(self._next_id)
+                self._next_id += 1
+        else:
+            self._named(sequence_id)
         index = len(batch.payloads)
         batch.payloads.append(payload)
         batch.publish_times.append(publish_time or self._now_ms())
@@ -623,6 +680,40 @@ class _PartitionProducer(Attachment):
         if index + 1 >= self._producer.batch_messages_max or batch.bytes >= self._batch_bytes_max:
             self.cut()
         return _new(PendingSend, (batch, index))
+
+    def _automatic_next(self) -> int:
+        batch = self._batch
+        if batch is not None and batch.sequence_ids is None:
+            return batch.first_id + len(batch.payloads)
+        return self._next_id
+
+    def _listed(self) -> None:
+        """The open batch keeps a list of its ids from now on; `_next_id` counts."""
+        batch = self._batch
+        if batch is not None and batch.sequence_ids is None:
+            self._next_id = batch.first_id + len(batch.payloads)
+            batch.sequence_ids = batch.ids()
+
+    def _last_id(self) -> int:
+        """The last message's sequence id (-1: none yet)."""
+        following = self._automatic_next()
+        return self._named_id if following == self._next_after_named else following - 1
+
+    def check_sequence_id(self, sequence_id: int) -> None:
+        last = self._last_id()
+        if type(sequence_id) is not int or sequence_id <= last:
+            raise InvalidArgument(f"sequence_id {sequence_id!r} is not above this producer's last"
+                                  f" ({last}): sequence ids must increase")
+
+    def _named(self, sequence_id: int) -> None:
+        """A message with its own id (checked), added to the open batch: the batch keeps
+        a list of its ids, and automatic ids go on above it (or above what was stored: a
+        resend may be below)."""
+        self._listed()
+        assert self._batch is not None and self._batch.sequence_ids is not None
+        self._batch.sequence_ids.append(sequence_id)
+        self._next_id = max(self._next_id, sequence_id + 1)
+        self._named_id, self._next_after_named = sequence_id, self._next_id
 
     def _pipe_idle(self) -> bool:
         """No batch waiting or in flight. (Only then does a new batch leave at once:
@@ -656,6 +747,8 @@ class _PartitionProducer(Attachment):
         batch = self._batch
         if batch is None:
             return
+        if batch.sequence_ids is None:
+            self._next_id = batch.first_id + len(batch.payloads)
         self._batch = None
         self._producer._batch_cut(batch)
         if self._waiting or not self._has_room(batch):
@@ -700,9 +793,13 @@ class _PartitionProducer(Attachment):
         schema_version = schema.version if schema is not None else None
 
         def build(request_id: int) -> Send:
+            # Ids travel only to a deduplicating topic (or when a message named its own):
+            # elsewhere they would cost a column per message for nothing.
+            ids = batch.ids() if self._dedup or batch.sequence_ids is not None else None
             return Send(request_id=request_id, producer_id=producer_id, payloads=batch.payloads,
                         publish_times=batch.publish_times, keys=batch.keys, attributes=batch.attributes,
-                        schema_id=schema_id, schema_version=schema_version, sequence=batch.sequence)
+                        schema_id=schema_id, schema_version=schema_version, sequence=batch.sequence,
+                        sequence_ids=ids)
         return build
 
     def _on_receipt(self, sequence: int, reply: Message | None, error: DanubeError | None) -> None:
@@ -750,6 +847,9 @@ class _PartitionProducer(Attachment):
             self._finished(batch, sent)
 
     def _finished(self, batch: _Batch, sent: bool) -> None:
+        if sent and batch.error is None:
+            last = batch.sequence_ids[-1] if batch.sequence_ids is not None else batch.first_id + len(batch) - 1
+            self.last_sequence_id = max(self.last_sequence_id, last)
         if batch.sequence in self._outstanding:
             self._outstanding.remove(batch.sequence)
             self._outstanding_bytes -= batch.bytes

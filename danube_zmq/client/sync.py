@@ -145,12 +145,16 @@ class SyncProducer:
     def name(self) -> str:
         return self.producer.name
 
+    @property
+    def last_sequence_id(self) -> int:
+        return self.producer.last_sequence_id
+
     def send(
         self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
-        publish_time: int | None = None,
+        publish_time: int | None = None, sequence_id: int | None = None,
     ) -> MessageId:
         return self._runner.call(self.producer.send(payload, key=key, attributes=attributes,
-                                                    publish_time=publish_time))
+                                                    publish_time=publish_time, sequence_id=sequence_id))
 
     def send_nowait(
         self,
@@ -160,6 +164,7 @@ class SyncProducer:
         attributes: Mapping[str, str] | None = None,
         callback: SendCallback | None = None,
         publish_time: int | None = None,
+        sequence_id: int | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message; returns a `concurrent.futures.Future` of its id. Raises
         `ProducerQueueFull` at once when the producer is full."""
@@ -167,7 +172,7 @@ class SyncProducer:
 
         async def enqueue() -> None:
             future = self.producer.send_nowait(payload, key=key, attributes=attributes, callback=callback,
-                                               publish_time=publish_time)
+                                               publish_time=publish_time, sequence_id=sequence_id)
 
             def copy(done: asyncio.Future[MessageId]) -> None:
                 if done.cancelled():

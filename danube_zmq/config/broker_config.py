@@ -445,9 +445,14 @@ TOPIC_POLICY_NAMES = (
     # Reliable topics: messages older than this are acknowledged for every subscription
     # (0: never; Pulsar's message TTL).
     "message_ttl_s",
+    # Reliable topics: a message whose producer sent its sequence id before is answered
+    # with its first offset and not stored again (1: on, 0: off; Pulsar's deduplication).
+    "deduplication",
 )
 # The topic policies whose 0 means never (for the others 0 is unlimited; retention: kept).
 ZERO_IS_NEVER = ("subscription_expiration_ms", "message_ttl_s")
+# The topic policies that are on (1) or off (0).
+BOOLEAN_POLICIES = ("deduplication",)
 _RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
 
 
@@ -557,6 +562,26 @@ class PoliciesSection:
     # messageExpiryCheckIntervalInMinutes, 5 min there): an expired message is
     # acknowledged at most this long after its time. 10..3600000. Default 1000.
     message_expiry_check_interval_ms: int = 1000
+    # Producer deduplication (Pulsar's brokerDeduplicationEnabled), reliable topics: a
+    # message whose producer name and sequence id the topic stored before is answered
+    # with its first offset and not stored again. A namespace or topic may set its own
+    # (danube admin namespaces|topics policies set --deduplication true). Default false.
+    deduplication: bool = False
+    # A producer name not attached and silent for this long is forgotten by the topic's
+    # deduplication table (Pulsar's brokerDeduplicationProducerInactivityTimeoutMinutes,
+    # 6 hours there and here). 1..31536000 s.
+    deduplication_producer_inactivity_s: int = 21_600
+    # Per producer name, the last messages whose offsets a duplicate is answered with
+    # (older duplicates get -1, as every duplicate in Pulsar). Past a kill -9 a client
+    # sends again what it had in flight: the default covers 10 batches of 1,000. Kept as
+    # runs of consecutive ids (about 150 bytes each; consecutive batches of one producer
+    # merge into one), so the bound is a run per message only for single-message
+    # batches interleaved with other producers'. 1..1000000.
+    deduplication_window: int = 10_000
+    # Producer names one topic's table keeps; past it the least recently active is
+    # forgotten (logged). With the window, the table's bound: producers_max * window
+    # runs at worst (150 MB), a few hundred bytes per producer as batches come. 1..1000000.
+    deduplication_producers_max: int = 100
     # Pulsar's allowAutoTopicCreation, for subscribers: a consumer subscribing to a
     # topic that does not exist creates it (its principal needs Produce on it, as a
     # producer's create does) instead of meeting NOT_FOUND; false: Danube's behaviour,
@@ -609,6 +634,10 @@ class PoliciesSection:
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.message_expiry_check_interval_ms", self.message_expiry_check_interval_ms, 10,
                      3_600_000)
+        _check_range("policies.deduplication_producer_inactivity_s", self.deduplication_producer_inactivity_s, 1,
+                     31_536_000)
+        _check_range("policies.deduplication_window", self.deduplication_window, 1, 1_000_000)
+        _check_range("policies.deduplication_producers_max", self.deduplication_producers_max, 1, 1_000_000)
         _check_range("policies.max_message_size", self.max_message_size, 1, _INT_MAX)
 
 

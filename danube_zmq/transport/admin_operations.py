@@ -61,6 +61,7 @@ _HELP = {
     "retention_bytes_max": "Acknowledged messages are kept up to this many bytes (reliable topics).",
     "subscription_expiration_ms": "A subscription with no consumer for this long is deleted.",
     "message_ttl_s": "Messages older than this many seconds are acknowledged for every subscription.",
+    "deduplication": "1: a message whose producer sent its sequence id before is not stored again; 0: off.",
 }
 # Parameters that take one of a few values: (operation or "" for any, parameter) -> values.
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {

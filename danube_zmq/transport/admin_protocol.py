@@ -1031,6 +1031,8 @@ class SetTopicPolicies(Message):
     # Reliable topics: messages published longer ago than this many seconds are
     # acknowledged for every subscription (0: never; Pulsar's message TTL).
     message_ttl_s: int | None = None
+    # Reliable topics: producer deduplication (1: on, 0: off).
+    deduplication: int | None = None
 
 
 @wire

@@ -11,6 +11,8 @@ never builds a Python object per message. See docs/protocol.md for the byte layo
 
 from __future__ import annotations
 
+from typing import Any
+
 from danube_zmq.transport.codec import Message, Protocol, Struct, peek_ints, wire
 from danube_zmq.transport.common import COMMON_MESSAGES, PROTOCOL_VERSION, Connect, Enum, Ping
 
@@ -131,7 +133,11 @@ class CreateProducer(Message):
 @wire
 class ProducerCreated(Message):
     """`schema_id` and `schema_version`: the schema version the producer writes (None
-    without a subject); the client stamps them on every `Send`."""
+    without a subject); the client stamps them on every `Send`.
+
+    `last_sequence_id`: on a reliable topic with the `deduplication` policy, the highest
+    `Send.sequence_ids` entry of this producer name the topic stored (-1: none); the
+    producer numbers its next messages above it. None: the topic does not deduplicate."""
 
     TAG = 21
     request_id: int
@@ -140,6 +146,13 @@ class ProducerCreated(Message):
     topic: str
     schema_id: int | None = None
     schema_version: int | None = None
+    last_sequence_id: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        # Written only when the topic deduplicates: a client from before the field
+        # (6 fields, extra ones refused) still attaches everywhere else.
+        out = Message.to_wire(self)
+        return out[:-1] if self.last_sequence_id is None else out
 
 
 @wire
@@ -158,7 +171,14 @@ class Send(Message):
     `sequence`: the batch's number among its producer's batches (0, 1, ...; a batch sent
     again keeps its number). A reliable topic accepts a batch only if no earlier batch
     of the producer was refused since (a refused batch must be sent again first), so a
-    producer with several batches in flight keeps its order across retries."""
+    producer with several batches in flight keeps its order across retries.
+
+    `sequence_ids`: the producer's own number for each message, increasing within the
+    batch and from batch to batch (deduplication). On a reliable topic with the
+    `deduplication` policy, messages whose number is at or below the highest this
+    producer name stored are not stored again: the receipt gives their first offset
+    (-1 when that is older than `policies.deduplication_window`). Stored with each
+    message whatever the policy."""
 
     TAG = 23
     request_id: int  # `peek_send` reads these two first fields
@@ -170,6 +190,7 @@ class Send(Message):
     schema_id: int | None = None
     schema_version: int | None = None
     sequence: int | None = None
+    sequence_ids: list[int] | None = None
 
 
 def batch_bytes(payloads: list[bytes], keys: list[str | None] | None,

@@ -400,6 +400,7 @@ class TopicPoliciesRecord(Message):
     retention_bytes_max: int | None = None
     subscription_expiration_ms: int | None = None  # 0: never
     message_ttl_s: int | None = None  # 0: never
+    deduplication: int | None = None  # 1: on
 
 
 @wire

@@ -1126,6 +1126,7 @@ class ApplyTopicPolicies(Message):
     retention_bytes_max: int = 0
     subscription_expiration_ms: int = 0  # 0: never
     message_ttl_s: int = 0  # 0: never
+    deduplication: int = 0  # 1: on
 
 
 @wire

@@ -105,5 +105,8 @@ class MemoryTail:
     def forget_subscription(self, name: str) -> None:
         pass
 
+    def last_sequence_id(self, producer_name: str) -> int | None:
+        return None  # deduplication applies to reliable topics: nothing kept here
+
     def describe(self, info: PartitionInfo) -> PartitionInfo:
         return info

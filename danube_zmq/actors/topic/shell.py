@@ -297,7 +297,8 @@ class TopicActor(Actor):
         created = cp.ProducerCreated(request_id=msg.request_id, producer_id=producer_id,
                                      producer_name=msg.producer_name, topic=self.topic,
                                      schema_id=schema.schema_id if schema else None,
-                                     schema_version=schema.version if schema else None)
+                                     schema_version=schema.version if schema else None,
+                                     last_sequence_id=self.storage.last_sequence_id(msg.producer_name))
         self.system.tell(self._gateway, ProducerAttached(
             identity=req.identity, producer_id=producer_id, endpoint=self.endpoint,
             reply=cp.CLIENT_PROTOCOL.encode(created), topic=self.topic))
@@ -344,9 +345,9 @@ class TopicActor(Actor):
         req = _envelope(origin)
         count = len(msg.payloads)
         if count == 0 or len(msg.publish_times) != count or _column_mismatch(msg.keys, count) \
-                or _column_mismatch(msg.attributes, count):
+                or _column_mismatch(msg.attributes, count) or _column_mismatch(msg.sequence_ids, count):
             raise InvalidArgument("a Send needs at least one message and one entry per message"
-                                  " in publish_times (and in keys/attributes when given)")
+                                  " in publish_times (and in keys/attributes/sequence_ids when given)")
         # Producers stamp publish times with their own clocks (ours, and Danube's through
         # the gRPC door): a wild one must not reach the WAL, where snapshots, reports and
         # seeks by time read it. Two passes in C over a list the batch carries anyway.

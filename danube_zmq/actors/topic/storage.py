@@ -212,5 +212,9 @@ class TopicStorage(Protocol):
     def forget_subscription(self, name: str) -> None:
         """A subscription was deleted."""
 
+    def last_sequence_id(self, producer_name: str) -> int | None:
+        """Deduplication: the highest sequence id of `producer_name` stored (-1: none);
+        None while the topic does not deduplicate (the policy is off, or no log kept)."""
+
     def describe(self, info: PartitionInfo) -> PartitionInfo:
         """The shell's description of the partition, with what the storage adds."""

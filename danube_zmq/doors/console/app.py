@@ -41,7 +41,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from danube_zmq.client.admin import broker_label
-from danube_zmq.config.broker_config import TOPIC_POLICY_NAMES, ZERO_IS_NEVER
+from danube_zmq.config.broker_config import BOOLEAN_POLICIES, TOPIC_POLICY_NAMES, ZERO_IS_NEVER
 from danube_zmq.doors.console.backend import Backend, ConsoleSettings, gather_or_error
 from danube_zmq.doors.console.sessions import Session, SessionStore
 from danube_zmq.transport.client_protocol import DispatchStrategy
@@ -414,6 +414,8 @@ def _policy_value(value: Any, name: str) -> str:
     expirations), byte counts and durations also in larger units."""
     if value is None:
         return ""
+    if name in BOOLEAN_POLICIES:
+        return "1 (on)" if value else "0 (off)"
     if value == 0:
         return "0 (never)" if name in ZERO_IS_NEVER else "0 (unlimited)"
     if not isinstance(value, int):

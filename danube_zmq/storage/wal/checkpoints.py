@@ -15,7 +15,16 @@ from collections.abc import Iterable
 
 from danube_zmq.storage.wal.format import Checkpoint
 
-__all__ = ["newest_checkpoints"]
+__all__ = ["DEDUP_CHECKPOINT", "is_cursor", "newest_checkpoints"]
+
+# A checkpoint named with "#" is the topic's own state, not a subscription's cursor:
+# subscription names are [A-Za-z0-9_-]+ (`storage/paths.py`), so none clashes. The
+# deduplication table (`actors/topic/dedup.py`) is the one there is.
+DEDUP_CHECKPOINT = "#dedup"
+
+
+def is_cursor(name: str) -> bool:
+    return not name.startswith("#")
 
 
 def newest_checkpoints(checkpoints: Iterable[Checkpoint]) -> dict[str, bytes | None]:

@@ -29,7 +29,7 @@ from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import files as wal_files
 from danube_zmq.storage.wal import frontier as wal_frontier
 from danube_zmq.storage.wal import gaps as wal_gaps
-from danube_zmq.storage.wal.checkpoints import newest_checkpoints
+from danube_zmq.storage.wal.checkpoints import is_cursor, newest_checkpoints
 from danube_zmq.storage.wal.errors import CorruptRecord, OffsetOutOfRange, WalDamaged
 from danube_zmq.storage.wal.format import (
     HEADER,
@@ -441,11 +441,16 @@ class WalLog:
 
     def checkpoints(self) -> dict[str, bytes]:
         """Each live subscription's newest cursor checkpoint in the log (state bytes)."""
-        return {name: state for name, state in self._checkpoints.items() if state is not None}
+        return {name: state for name, state in self._checkpoints.items() if state is not None and is_cursor(name)}
 
     def deleted_subscriptions(self) -> set[str]:
         """Subscriptions whose newest checkpoint is a deletion marker not yet settled."""
-        return {name for name, state in self._checkpoints.items() if state is None}
+        return {name for name, state in self._checkpoints.items() if state is None and is_cursor(name)}
+
+    def topic_checkpoint(self, name: str) -> bytes | None:
+        """The topic's own newest checkpoint `name` (`checkpoints.DEDUP_CHECKPOINT`);
+        None: none, or its newest is a deletion."""
+        return self._checkpoints.get(name)
 
     def settle_deletions(self, names: Iterable[str]) -> None:
         """These deletions are recorded elsewhere too (the metadata store): new segments
@@ -616,7 +621,8 @@ def segment_checkpoints(paths: list[Path], clock: Clock,
     """Each subscription's newest checkpoint (None: a deletion marker) in the whole
     records of the segment files `paths`, oldest first (durable segments a broker
     loading the topic downloaded: every segment begins with every cursor)."""
-    return newest_checkpoints(_readable_checkpoints(paths, clock, body_bytes_max))
+    newest = newest_checkpoints(_readable_checkpoints(paths, clock, body_bytes_max))
+    return {name: state for name, state in newest.items() if is_cursor(name)}
 
 
 def _readable_checkpoints(paths: list[Path], clock: Clock, body_bytes_max: int) -> list[Checkpoint]:

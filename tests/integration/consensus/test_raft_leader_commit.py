@@ -25,6 +25,7 @@ from danube_zmq.consensus.raft.messages import (
     RequestVoteResponse,
 )
 from danube_zmq.consensus.state_machine import Put
+from danube_zmq.transport.errors import InvalidArgument
 
 _DEADLINE_S = 30.0  # generous: the machine may be slow
 _MARKER = b"held-put-value"
@@ -39,16 +40,24 @@ def _free_port() -> int:
 class FakeFollowers:
     """Nodes 2 and 3 as plain sockets on a thread of their own: they grant every vote and
     acknowledge every append at once, except the entry carrying `_MARKER`: node 2
-    acknowledges it only once `release` is set, node 3 never."""
+    acknowledges it only once `release` is set, node 3 never.
+
+    A ROUTER of its own per node: the leader dials both with the same identity ("1"), and
+    a ROUTER ignores a second connection whose identity it already has (no handover):
+    everything the leader sent on it was dropped. One ROUTER for both heard only the
+    node whose connection came up first; when that was node 3, node 2 never saw the
+    marked entry and `release` committed nothing. Each binds a port ZeroMQ picks, so no
+    other test can take it between choosing and binding."""
 
     def __init__(self) -> None:
         self.ctx = zmq.Context()
-        self.addresses = {2: f"tcp://127.0.0.1:{_free_port()}", 3: f"tcp://127.0.0.1:{_free_port()}"}
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.RCVTIMEO, 50)
-        for address in self.addresses.values():
-            self.router.bind(address)
+        self.routers: dict[int, zmq.Socket] = {}  # type: ignore[type-arg]
+        self.addresses: dict[int, str] = {}
+        for node_id in (2, 3):
+            router = self.routers[node_id] = self.ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.bind("tcp://127.0.0.1:*")
+            self.addresses[node_id] = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.release = threading.Event()
         self.held: list[AppendEntries] = []
         self.dealers: dict[int, zmq.Socket] = {}  # type: ignore[type-arg]
@@ -75,27 +84,45 @@ class FakeFollowers:
                                          match_index=m.prev_log_index + len(m.entries), context=m.context))
 
     def _serve(self) -> None:
+        poller = zmq.Poller()
+        nodes: dict[zmq.Socket, int] = {}  # type: ignore[type-arg]
+        for node_id, router in self.routers.items():
+            poller.register(router, zmq.POLLIN)
+            nodes[router] = node_id
         while not self._stop.is_set():
             if self.release.is_set():
                 for m in [m for m in self.held if m.to_id == 2]:
                     self._ack(m)
                     self.held.remove(m)
-            try:
-                _, frame = self.router.recv_multipart()
-            except zmq.Again:
-                continue
-            m = PEER_PROTOCOL.decode(frame)
-            if type(m) is PreVote:
-                self._send(PreVoteResponse(from_id=m.to_id, to_id=m.from_id, term=m.term, granted=True))
-            elif type(m) is RequestVote:
-                self._send(RequestVoteResponse(from_id=m.to_id, to_id=m.from_id, term=m.term, granted=True))
-            elif type(m) is Heartbeat and m.answer:
-                self._send(HeartbeatResponse(from_id=m.to_id, to_id=m.from_id, term=m.term, context=m.context))
-            elif type(m) is AppendEntries:
-                if self.held or any(_MARKER in e.data for e in m.entries):
-                    self.held.append(m)  # and every append after it
-                else:
-                    self._ack(m)
+            for router, _ in poller.poll(50):
+                while True:
+                    try:
+                        frames = router.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frames(nodes[router], frames)
+
+    def _on_frames(self, node_id: int, frames: list[bytes]) -> None:
+        """One message that reached node `node_id`'s ROUTER (anything else is ignored)."""
+        if len(frames) != 2:
+            return
+        try:
+            m = PEER_PROTOCOL.decode(frames[1])
+        except InvalidArgument:
+            return
+        if getattr(m, "to_id", None) != node_id:
+            return
+        if type(m) is PreVote:
+            self._send(PreVoteResponse(from_id=m.to_id, to_id=m.from_id, term=m.term, granted=True))
+        elif type(m) is RequestVote:
+            self._send(RequestVoteResponse(from_id=m.to_id, to_id=m.from_id, term=m.term, granted=True))
+        elif type(m) is Heartbeat and m.answer:
+            self._send(HeartbeatResponse(from_id=m.to_id, to_id=m.from_id, term=m.term, context=m.context))
+        elif type(m) is AppendEntries:
+            if self.held or any(_MARKER in e.data for e in m.entries):
+                self.held.append(m)  # and every append after it
+            else:
+                self._ack(m)
 
     def close(self) -> None:
         self._stop.set()
@@ -103,7 +130,8 @@ class FakeFollowers:
             self._thread.join()
         for dealer in self.dealers.values():
             dealer.close()
-        self.router.close()
+        for router in self.routers.values():
+            router.close()
         self.ctx.term()
 
 

@@ -297,3 +297,18 @@ def test_a_peer_protocol_drops_a_newer_peers_trailing_fields_and_a_client_protoc
             request_id=1, producer_id=2, payloads=[b"x"], publish_times=[1]).to_wire(), "extra"], use_bin_type=True))
     with pytest.raises(InvalidArgument, match="an integer"):  # the known fields are still checked
         RAFT_PROTOCOL.decode(msgpack.packb([HeartbeatResponse.TAG, "2", 1, 7, 99, "extra"]))
+
+
+def test_producer_created_leaves_out_last_sequence_id_unless_the_topic_deduplicates() -> None:
+    """A client from before the field decodes 6 fields and refuses more: the broker
+    writes the 7th only for a deduplicating topic; both read back whole."""
+    import msgpack
+
+    from danube_zmq.transport import client_protocol as cp
+
+    plain = cp.ProducerCreated(request_id=1, producer_id=2, producer_name="p", topic="/default/t")
+    assert len(msgpack.unpackb(cp.CLIENT_PROTOCOL.encode(plain))) == 1 + 6
+    assert cp.CLIENT_PROTOCOL.decode(cp.CLIENT_PROTOCOL.encode(plain)) == plain
+    dedup = cp.ProducerCreated(request_id=1, producer_id=2, producer_name="p", topic="/default/t", last_sequence_id=-1)
+    assert len(msgpack.unpackb(cp.CLIENT_PROTOCOL.encode(dedup))) == 1 + 7
+    assert cp.CLIENT_PROTOCOL.decode(cp.CLIENT_PROTOCOL.encode(dedup)) == dedup

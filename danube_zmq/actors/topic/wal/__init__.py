@@ -34,6 +34,7 @@ from pathlib import Path
 from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.actors.topic.wal.commit import WalCommit
 from danube_zmq.actors.topic.wal.cursors import WalCursors
+from danube_zmq.actors.topic.wal.dedup import WalDedup
 from danube_zmq.actors.topic.wal.log import TopicLog
 from danube_zmq.actors.topic.wal.quota import BacklogQuota
 from danube_zmq.actors.topic.wal.reads import WalReads
@@ -135,8 +136,10 @@ class WalStorage:
                                       store=store, cache_dir=self.cache_dir)
         cursors = self.cursors = WalCursors(port=port, config=config, executor=executor, topic_log=topic_log,
                                             store=store, cache_dir=self.cache_dir, cursors_in_wal=self.cursors_in_wal)
+        dedup = self.dedup = WalDedup(port=port, config=config, topic_log=topic_log, store=store, executor=executor,
+                                      cache_dir=self.cache_dir)
         commit = self.commit = WalCommit(port=port, config=config, executor=executor, topic_log=topic_log,
-                                         reads=reads, cursors=cursors, wal_dir=self.wal_dir,
+                                         reads=reads, cursors=cursors, dedup=dedup, wal_dir=self.wal_dir,
                                          start_offset=self.start_offset, durable_mode=self.durable_mode)
         segments = self.segments = DurableSegments(port=port, config=config, topic_log=topic_log, cursors=cursors,
                                                    durable_mode=self.durable_mode)
@@ -148,10 +151,11 @@ class WalStorage:
         # checkpoints; a commit grows the backlog and may wait for a durable segment.
         cursors.commit = commit
         commit.quota, commit.segments = quota, segments
+        dedup.segments = segments
         self.send = quota.send
         self.flush_done, self.sync_due = commit.flush_done, commit.sync_due
         self.offsets_reserved, self.append_internal = commit.offsets_reserved, commit.append_internal
-        self.tick, self.take_snapshot_cut = retention.tick, retention.take_snapshot_cut
+        self.take_snapshot_cut = retention.take_snapshot_cut
         self.release_snapshot_cut = retention.release_snapshot_cut
         self.held_sends_due, self.apply_backlog_quota = quota.held_sends_due, quota.apply_backlog_quota
         self.subscription_cursor = quota.subscription_cursor
@@ -169,12 +173,21 @@ class WalStorage:
         assert isinstance(persisted, PersistedSubscriptions)
         self.segments.start()
         await self.commit.open()
+        await self.dedup.load()
         await self.cursors.resume(persisted.states)
         self.commit.start_sync_timer()
         self.retention.start_timer()
         self.segments.report_sealed(again=True)
         if self.cursors.pending_checkpoints and not self.commit.in_flight() and not self.commit.queued:
             self.commit.start_flush()
+
+    async def tick(self) -> None:
+        self.commit.dedup_tick()
+        await self.retention.tick()
+
+    def last_sequence_id(self, producer_name: str) -> int | None:
+        table = self.dedup.current()
+        return None if table is None else table.last_sequence_id(producer_name)
 
     async def stop(self) -> None:
         self.reads.close()

@@ -3,16 +3,14 @@
 1. Send -> encode the batch as WAL records at `next_offset` (offsets assigned now) and
    queue it for the next flush.
 2. Flush (group commit): while one flush runs in a worker thread (write + fsync),
-   sends keep queueing; when it finishes, the actor gets `FlushDone` and starts the
-   next flush with everything queued meanwhile, so one fsync covers many batches and
-   producers. With `storage.wal_sync: always` nothing is acknowledged before its fsync;
-   with `interval`, a flush writes without an fsync and a timer message of its own
-   (`WalSyncDue`, every `wal_sync_interval_ms`) fsyncs what was written (one that
-   comes while a flush runs is owed, and runs as soon as that flush is done); a flush
-   that starts when the interval has passed since the last sync fsyncs too, so under
-   load (a mailbox full of sends delays the timer) the gap stays within the interval
+   sends keep queueing; its `FlushDone` starts the next flush with everything queued
+   meanwhile: one fsync covers many batches and producers. With `storage.wal_sync:
+   always` nothing is acknowledged before its fsync; with `interval`, a flush writes
+   without an fsync and `WalSyncDue` (every `wal_sync_interval_ms`; owed while a flush
+   runs) fsyncs what was written; a flush starting when the interval has passed syncs
+   too, so under load (the timer's message late) the gap stays within the interval
    plus one flush. A flush also writes the cursor checkpoints told since the last one
-   (`cursors.py`), after its batches.
+   (`cursors.py`) and the deduplication table's (`dedup.py`), after its batches.
 3. FlushDone -> `committed_offset` moves on -> `SendReceipt` to each producer ->
    one `Publish` per batch to every subscription (they deliver from it when caught
    up) -> the batch joins the in-memory cache of recent committed batches (`reads.py`).
@@ -24,6 +22,7 @@
    out again. The gap this leaves is skipped by readers (`ReadResult.gap_end`).
    With `storage.seal_every_flush` (durable modes) a receipt waits until its flush's
    segment is in the durable store (`segments.py`).
+   With the `deduplication` policy messages sent again are answered, not stored.
 4. A write or fsync error fails the batches of that flush and those queued after it
    (RESOURCE_EXHAUSTED for a full disk, INTERNAL otherwise), reopens the log (recovery
    truncates a torn tail) and carries on from its end; nothing unwritten is
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.actors.topic.wal.cursors import WalCursors
+from danube_zmq.actors.topic.wal.dedup import WalDedup
 from danube_zmq.actors.topic.wal.log import TopicLog
 from danube_zmq.actors.topic.wal.reads import WalReads, publish_frames
 from danube_zmq.actors.topic.wal.writer import timed_sync, to_loop, write_flush
@@ -93,6 +93,8 @@ class _Batch:
     identity: bytes | None  # None: appended by the broker itself (dead letters)
     request_id: int
     sequence: int | None = None  # the producer's batch number (`Send.sequence`)
+    sequence_ids: list[int] | None = None  # its messages' (`Send.sequence_ids`), stored with them
+    prefix_offsets: list[int] | None = None  # where its leading duplicates were stored: the receipt's start
     # time.perf_counter() when the topic accepted it: the receipt's latency metric. A
     # measurement, not a decision, so the real clock (the injected one counts whole ms).
     accepted_s: float = 0.0
@@ -105,7 +107,7 @@ class WalCommit:
     segments: DurableSegments
 
     def __init__(self, *, port: TopicPort, config: BrokerConfig, executor: Executor, topic_log: TopicLog,
-                 reads: WalReads, cursors: WalCursors, wal_dir: Path, start_offset: int | None,
+                 reads: WalReads, cursors: WalCursors, dedup: WalDedup, wal_dir: Path, start_offset: int | None,
                  durable_mode: bool) -> None:
         self.port = port
         self.topic = port.topic
@@ -114,6 +116,8 @@ class WalCommit:
         self.topic_log = topic_log
         self.reads = reads
         self.cursors = cursors
+        self.dedup = dedup
+        self._dedup_checkpoint = False  # the flush in flight carries the `#dedup` checkpoint
         self.wal_dir = wal_dir
         # Where the topic's previous owner stopped (the broker read it from the metadata
         # store): offsets continue from there, never below.
@@ -151,15 +155,11 @@ class WalCommit:
         """Open the log: a topic whose local WAL is gone (a new disk, a move) resumes
         after its durable history, or where its previous owner stopped."""
         self.ack_latency = METRICS.produce_ack_latency.labels(topic=self.topic)  # after the shell's label
-        storage = self.config.storage
         durable = self.topic_log.durable
         floors = [durable[-1].end_offset + 1] if durable else []
         if self.start_offset is not None:
             floors.append(self.start_offset)
-        start_offset = max(floors) if floors else None
-        wal = self.topic_log.wal = await asyncio.to_thread(
-            WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
-            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.port.clock, start_offset=start_offset)
+        wal = self.topic_log.wal = await self._open_wal(max(floors) if floors else None)
         self.next_offset = self.topic_log.committed_offset = wal.next_offset
         self._synced_at_ms = self.port.clock.monotonic_ms()  # what recovery kept is synced
         self._reserve_ahead()
@@ -184,10 +184,19 @@ class WalCommit:
                                   f" {expected}, which was refused or has not come yet; send from batch {expected} again")
             producer.next_sequence = sequence + 1 if expected is None else max(expected, sequence + 1)
         schema_id, schema_version = port.schema_of(producer, msg)
+        prefix = None
+        if msg.sequence_ids is not None:
+            fresh, prefix = self.dedup.admit(producer.name, msg)
+            if fresh is None:
+                self.dedup.answer(req.identity, msg, prefix or [])
+                return
+            msg = fresh
         self._enqueue(Publish(
             topic=self.topic, producer_id=msg.producer_id, producer_name=producer.name, base_offset=self.next_offset,
             payloads=msg.payloads, publish_times=msg.publish_times, keys=msg.keys, attributes=msg.attributes,
-            schema_id=schema_id, schema_version=schema_version), req.identity, msg.request_id, sequence=sequence)
+            schema_id=schema_id, schema_version=schema_version), req.identity, msg.request_id, sequence=sequence,
+            sequence_ids=msg.sequence_ids, prefix_offsets=prefix)
+
 
     def _refused(self, batch: _Batch) -> None:
         """A producer's batch accepted earlier is refused: its later batches are refused
@@ -203,14 +212,17 @@ class WalCommit:
             attributes=msg.attributes), None, 0)
 
     def _enqueue(self, publish: Publish, identity: bytes | None, request_id: int, *, start: bool = True,
-                 sequence: int | None = None) -> None:
+                 sequence: int | None = None, sequence_ids: list[int] | None = None,
+                 prefix_offsets: list[int] | None = None) -> None:
         count = len(publish.payloads)
         encoded = encode_batch(publish.base_offset, publish.payloads, publish.publish_times, publish.producer_id,
                                publish.producer_name, keys=publish.keys, attributes=publish.attributes,
-                               schema_id=publish.schema_id, schema_version=publish.schema_version)
+                               schema_id=publish.schema_id, schema_version=publish.schema_version,
+                               sequence_ids=sequence_ids)
         self.next_offset += count
         self.port.count_in(count, cp.batch_bytes(publish.payloads, publish.keys, publish.attributes))
-        self.queued.append(_Batch(encoded, publish, identity, request_id, sequence, time.perf_counter()))
+        self.queued.append(_Batch(encoded, publish, identity, request_id, sequence, sequence_ids, prefix_offsets,
+                                  time.perf_counter()))
         if self.next_offset > self.reserved_until - self.reserve_block // 2:
             self._reserve_ahead()
         if start and not self.in_flight() and self.next_offset <= self.reserved_until:
@@ -258,6 +270,7 @@ class WalCommit:
             return
         self.next_offset = self.queued[0].publish.base_offset
         queued, self.queued = self.queued, []
+        self.dedup.rollback(self.flushing)
         for batch in queued:
             publish = batch.publish
             if batch.identity is None:
@@ -273,11 +286,15 @@ class WalCommit:
 
     def start_flush(self) -> None:
         cursors = self.cursors
-        assert not self._awaiting_done and (self.queued or cursors.pending_checkpoints)
+        assert not self._awaiting_done and (self.queued or cursors.pending_checkpoints or self.dedup.owed)
         assert self.topic_log.wal is not None
         self.flushing, self.queued = self.queued, []
         # After this flush's batches: a cursor is never durable before what it covers.
         checkpoints, settled, publish, published = cursors.take_flush()
+        dedup = self.dedup.checkpoint()
+        self._dedup_checkpoint = dedup is not None
+        if dedup is not None:
+            checkpoints = [*checkpoints, dedup]
         self.flush_id = next(_FLUSH_IDS)
         self._awaiting_done = True
         flush_id, wal, sync = self.flush_id, self.topic_log.wal, self._sync_always or self._sync_in_flush()
@@ -345,6 +362,8 @@ class WalCommit:
         receipts = False
         if msg.error_code is not None:
             cursors.flush_failed(checkpoints, store)
+            if self._dedup_checkpoint:
+                self.dedup.checkpoint_failed()
             await self._flush_failed(batches, msg)
         else:
             cursors.to_store(store)
@@ -378,20 +397,23 @@ class WalCommit:
         now_s = time.perf_counter()
         receipts = False
         topic_log, reply, keep = self.topic_log, self.port.reply, self.reads.keep
+        dedup = self.dedup
         for batch in batches:
             publish = batch.publish
             count = len(publish.payloads)
             assert publish.base_offset == topic_log.committed_offset, (publish.base_offset, topic_log.committed_offset)
             topic_log.committed_offset += count
+            if batch.sequence_ids is not None:
+                dedup.committed(publish.producer_name, batch.sequence_ids, publish.base_offset)
             if batch.identity is not None:
+                offsets = [*(batch.prefix_offsets or ()), *range(publish.base_offset, publish.base_offset + count)]
                 if self.ack_when_durable:
                     self.segments.hold_receipt(publish.base_offset, publish.base_offset + count - 1,
                                                batch.identity, batch.request_id, publish.producer_id,
-                                               batch.accepted_s)
+                                               batch.accepted_s, None if batch.prefix_offsets is None else offsets)
                 else:
                     reply(batch.identity, cp.SendReceipt(
-                        request_id=batch.request_id, producer_id=publish.producer_id,
-                        offsets=list(range(publish.base_offset, publish.base_offset + count))))
+                        request_id=batch.request_id, producer_id=publish.producer_id, offsets=offsets))
                     self.ack_latency.observe(now_s - batch.accepted_s)
                     receipts = True
             keep(publish.base_offset, count, INTERNAL_PROTOCOL.encode(publish))
@@ -428,7 +450,9 @@ class WalCommit:
             read = self.topic_log.wal.read(self.topic_log.committed_offset, max_bytes=1 << 30, upto_offset=recovered)
             for frame in publish_frames(self.topic, read):
                 self.port.tell_subscriptions(frame)
+            self.dedup.replay(read)
         self.next_offset = self.topic_log.committed_offset = recovered
+        self.dedup.rollback([])
         for batch in retry_internal:
             publish = batch.publish
             self._enqueue(Publish(
@@ -446,11 +470,20 @@ class WalCommit:
             await asyncio.get_running_loop().run_in_executor(self.executor, wal.close)
         except OSError:
             log.exception("%s: closing the failed WAL", self.topic)
-        storage = self.config.storage
-        topic_log.wal = await asyncio.to_thread(
-            WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
-            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.port.clock)
+        topic_log.wal = await self._open_wal(None)
         return topic_log.wal.next_offset
+
+    async def _open_wal(self, start_offset: int | None) -> WalLog:
+        storage = self.config.storage
+        return await asyncio.to_thread(
+            WalLog.open, self.wal_dir, segment_bytes_max=storage.wal_segment_bytes_max,
+            segment_age_ms_max=storage.wal_segment_age_ms_max, clock=self.port.clock, start_offset=start_offset)
+
+    def dedup_tick(self) -> None:
+        """The retention tick: the deduplication table of an idle topic is written (no
+        flush came to carry it)."""
+        if self.dedup.tick() and not self.in_flight() and not self.queued and self.topic_log.wal is not None:
+            self.start_flush()
 
     def refuse_unacknowledged(self, state: str) -> None:
         """The topic stops (`state`: moved, restarted, closed): the batches not yet
@@ -463,3 +496,4 @@ class WalCommit:
                     request_id=batch.request_id, code=ErrorCode.UNAVAILABLE,
                     message=f"topic {self.topic} {state} before this batch was acknowledged; send it again"))
         self.flushing, self.queued = [], []
+

@@ -40,7 +40,7 @@ class DurableSegments:
         self.sealed_reported = -1  # highest base offset of a sealed segment told to the broker
         # Receipts waiting for their segment, in offset order: (first offset, last offset,
         # identity, request id, producer id, time.perf_counter() at acceptance).
-        self.receipts_held: deque[tuple[int, int, bytes, int, int, float]] = deque()
+        self.receipts_held: deque[tuple[int, int, bytes, int, int, float, list[int] | None]] = deque()
 
     def start(self) -> None:
         self.ack_latency = METRICS.produce_ack_latency.labels(topic=self.topic)  # after the shell's label
@@ -88,21 +88,24 @@ class DurableSegments:
                 " (storage.receipts_held_max); retry")
 
     def hold_receipt(self, first: int, last: int, identity: bytes, request_id: int, producer_id: int,
-                     accepted_s: float) -> None:
-        self.receipts_held.append((first, last, identity, request_id, producer_id, accepted_s))
+                     accepted_s: float, offsets: list[int] | None = None) -> None:
+        """Answered once `first..last` are in durable segments, with `offsets` when given
+        (deduplicated messages in it), else with those."""
+        self.receipts_held.append((first, last, identity, request_id, producer_id, accepted_s, offsets))
 
     def _release_receipts(self) -> None:
         """Answer the held receipts whose batches are in durable segments, in offset order
         (a later segment uploaded first waits for the earlier one)."""
         held, durable = self.receipts_held, self.topic_log.durable
         while held:
-            first, last, identity, request_id, producer_id, accepted_s = held[0]
+            first, last, identity, request_id, producer_id, accepted_s, offsets = held[0]
             index = bisect.bisect_right(durable, first, key=_base_offset) - 1
             if index < 0 or durable[index].end_offset < last:
                 return
             held.popleft()
             self.port.reply(identity, cp.SendReceipt(
-                request_id=request_id, producer_id=producer_id, offsets=list(range(first, last + 1))))
+                request_id=request_id, producer_id=producer_id,
+                offsets=list(range(first, last + 1)) if offsets is None else offsets))
             self.ack_latency.observe(time.perf_counter() - accepted_s)
 
     def refuse_held(self, state: str) -> None:
@@ -110,7 +113,7 @@ class DurableSegments:
         segments' uploads finish after the topic is gone (no one left to answer then):
         sent again, stored twice, rather than waited for until the client's request
         timeout with its later batches held behind them."""
-        for _, _, identity, request_id, _, _ in self.receipts_held:
+        for _, _, identity, request_id, _, _, _ in self.receipts_held:
             self.port.reply(identity, Error(
                 request_id=request_id, code=ErrorCode.UNAVAILABLE,
                 message=f"topic {self.topic} {state} before this batch reached the durable store; send it again"))

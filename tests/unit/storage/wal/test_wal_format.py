@@ -44,6 +44,8 @@ def batches(draw: st.DrawFn) -> dict:
         "attributes": draw(st.one_of(st.none(), column(_attributes, min_size=count, max_size=count))),
         "schema_id": draw(_optional_int),
         "schema_version": draw(_optional_int),
+        "sequence_ids": draw(st.one_of(st.none(), column(st.integers(min_value=0, max_value=2**63 - 1),
+                                                          min_size=count, max_size=count))),
     }
 
 
@@ -86,6 +88,7 @@ def test_encode_then_scan_returns_every_field(batch: dict) -> None:
     assert records.producer_names == [batch["producer_name"]] * count
     assert records.schema_ids == [batch["schema_id"]] * count
     assert records.schema_versions == [batch["schema_version"]] * count
+    assert records.sequence_ids == (batch["sequence_ids"] or [None] * count)
     assert len(records) == count
     assert records.bytes_size == sum(map(len, batch["payloads"]))
 
@@ -311,14 +314,15 @@ def test_record_bodies_are_the_bytes_msgpack_writes(batch: dict) -> None:
     reads it the same."""
     buf = encode_batch(**batch)
     position = 0
-    rows = zip(batch["payloads"], batch["keys"] or [None] * len(batch["payloads"]),
-               batch["attributes"] or [None] * len(batch["payloads"]), batch["publish_times"], strict=True)
-    for payload, key, attributes, publish_time in rows:
+    count = len(batch["payloads"])
+    rows = zip(batch["payloads"], batch["keys"] or [None] * count, batch["attributes"] or [None] * count,
+               batch["publish_times"], batch["sequence_ids"] or [None] * count, strict=True)
+    for payload, key, attributes, publish_time, sequence_id in rows:
         length = HEADER.unpack_from(buf, position)[1]
         body = buf[position + HEADER_BYTES:position + HEADER_BYTES + length]
         assert body == msgpack.packb([payload, key, attributes, publish_time, batch["producer_id"],
-                                      batch["producer_name"], batch["schema_id"], batch["schema_version"]],
-                                     use_bin_type=True)
+                                      batch["producer_name"], batch["schema_id"], batch["schema_version"],
+                                      sequence_id], use_bin_type=True)
         position += HEADER_BYTES + length
     assert position == len(buf)
 
@@ -327,8 +331,24 @@ def test_record_bodies_are_the_bytes_msgpack_writes(batch: dict) -> None:
 def test_payload_sizes_at_each_bin_header_width_round_trip(size: int) -> None:
     payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
     buf = encode_batch(7, [payload], [1_763_800_000_000], 1, "p")
-    assert buf[HEADER_BYTES:] == msgpack.packb([payload, None, None, 1_763_800_000_000, 1, "p", None, None])
+    assert buf[HEADER_BYTES:] == msgpack.packb([payload, None, None, 1_763_800_000_000, 1, "p", None, None, None])
     assert scan(buf, expected_offset=7).records.payloads == [payload]
+
+
+@pytest.mark.parametrize("size", [10, 1000])
+def test_records_written_before_sequence_ids_read_with_none(size: int) -> None:
+    """A WAL written by a broker before `sequence_id` holds 8-field bodies; they read
+    back whole, with a None sequence id, alone or next to new records (either side)."""
+    old = [raw_record(offset, msgpack.packb([b"o" * size, "k", None, 5, 1, "p", None, None], use_bin_type=True))
+           for offset in (0, 1)]
+    new = encode_batch(2, [b"n" * size], [6], 2, "q", sequence_ids=[41])
+    result = scan(b"".join(old) + new, expected_offset=0)
+    assert result.fault is None
+    assert result.records.sequence_ids == [None, None, 41]
+    assert result.records.payloads == [b"o" * size, b"o" * size, b"n" * size]
+    assert result.records.keys == ["k", "k", None]
+    later = raw_record(3, msgpack.packb([b"x", None, None, 7, 1, "p", None, None], use_bin_type=True))
+    assert scan(new + later, expected_offset=2).records.sequence_ids == [41, None]
 
 
 def test_scan_sizes_are_each_records_bytes_in_the_log() -> None:
