@@ -25,15 +25,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from danube_zmq.client.message import NO_ATTRIBUTES, Message
+from danube_zmq.transport.client_protocol import CHUNK_COUNT, CHUNK_ID, CHUNK_TOTAL_BYTES, CHUNK_UUID
 
 __all__ = ["CHUNK_ATTRIBUTES", "ChunkAssembler", "chunk_attributes", "is_chunk", "split"]
 
 log = logging.getLogger("danube_zmq.client")
 
-CHUNK_UUID = "__chunk_uuid"
-CHUNK_ID = "__chunk_id"
-CHUNK_COUNT = "__chunk_count"
-CHUNK_TOTAL_BYTES = "__chunk_total_bytes"
 CHUNK_ATTRIBUTES = (CHUNK_UUID, CHUNK_ID, CHUNK_COUNT, CHUNK_TOTAL_BYTES)
 # What a chunk's own attributes add to its bytes in a frame, at most (names and values).
 CHUNK_ATTRIBUTE_BYTES = 256
@@ -84,7 +81,8 @@ class ChunkAssembler:
     def add(self, chunk: Message) -> tuple[Message | None, list[Message]]:
         """(the whole message when `chunk` completes one, the chunks of the messages
         dropped to make room or as expired: to acknowledge). A chunk whose attributes
-        do not parse is handed out as it is (a message that only looks like one)."""
+        do not parse is handed out as it is (a message that only looks like one); one
+        delivered again is kept once (acknowledged with its message)."""
         attributes = chunk.attributes
         try:
             index, count, total = int(attributes[CHUNK_ID]), int(attributes[CHUNK_COUNT]), \
@@ -100,8 +98,8 @@ class ChunkAssembler:
         if pending is None:
             pending = self._pending[key] = _Pending(count=count, total=total, seen_ms=now)
         pending.seen_ms = now
-        if index in pending.parts:  # delivered again: the first copy is kept, this one is acknowledged
-            return None, [chunk]
+        if index in pending.parts:  # delivered again (same offset): the first copy is kept
+            return None, dropped
         pending.parts[index] = chunk
         pending.size += len(chunk.payload)
         self.bytes += len(chunk.payload)

@@ -324,6 +324,9 @@ class DanubeClient:
         )
         if chunk_bytes_max is not None:
             _check_positive(chunk_bytes_max=chunk_bytes_max)
+        if chunking and strategy != DispatchStrategy.RELIABLE:
+            raise InvalidArgument("chunking needs a reliable topic (as in Pulsar): a non-reliable one may drop a"
+                                  " chunk, and the message with it")
         if type(batch_delay_ms) is not int or batch_delay_ms < 0:
             raise InvalidArgument(f"batch_delay_ms must be an int >= 0, got {batch_delay_ms!r}")
         self._check_open()
