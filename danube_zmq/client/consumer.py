@@ -395,8 +395,11 @@ class Consumer:
         messages = inbox.take(max_messages or inbox.size)
         if inbox.took_attributes:
             messages = await self._assembled(messages)
-            if not messages:  # chunks only, none whole yet: wait for more within the timeout
-                return await self.batch_receive(max_messages, timeout)
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            while not messages:  # chunks only, none whole yet: more within the timeout
+                await inbox.wait(None if deadline is None else max(0.0, deadline - loop.time()), self._what)
+                messages = await self._assembled(inbox.take(max_messages or inbox.size))
         if any(msg.schema_id is not None for msg in messages):
             messages = [await self._with_schema(msg) if msg.schema_id is not None else msg for msg in messages]
         return messages
