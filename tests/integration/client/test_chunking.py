@@ -16,12 +16,23 @@ import time
 
 import pytest
 
-from danube_zmq import DanubeClient, SubType
+from danube_zmq import Consumer, DanubeClient, SubType
 from danube_zmq.client.chunks import chunk_attributes
 from danube_zmq.transport.errors import InvalidArgument, Timeout
 from tests.integration.storage.test_reliable import describe_subscription
 
 MIB = 1024 * 1024
+
+
+async def _drain(consumer: Consumer, got: list[bytes]) -> None:
+    """Receive and acknowledge until nothing comes for 3 s."""
+    while True:
+        try:
+            msg = await consumer.receive(timeout=3)
+        except Timeout:
+            return
+        got.append(msg.payload)
+        await consumer.ack(msg)
 
 
 async def test_a_50_mib_payload_arrives_whole_with_one_message_id(broker_factory) -> None:
@@ -144,17 +155,7 @@ async def test_in_a_shared_subscription_every_chunk_of_a_message_goes_to_one_con
             producer.send_nowait(data)
         await producer.flush()
         got: list[bytes] = []
-
-        async def drain(consumer) -> None:  # type: ignore[no-untyped-def]
-            while True:
-                try:
-                    msg = await consumer.receive(timeout=3)
-                except Timeout:
-                    return
-                got.append(msg.payload)
-                await consumer.ack(msg)
-
-        await asyncio.gather(drain(first), drain(second))
+        await asyncio.gather(_drain(first, got), _drain(second, got))
         assert sorted(got) == sorted(payloads)
         assert first._chunks.dropped == second._chunks.dropped == 0
 
@@ -185,14 +186,8 @@ async def test_the_broker_killed_mid_stream_still_delivers_each_chunked_message_
                 broker = broker_factory(env=env, url=broker.url, admin_url=broker.admin_url)
         ids = [await s for s in sends]
         assert len({m.offset for m in ids}) == 10
-        got = []
-        while True:
-            try:
-                msg = await consumer.receive(timeout=3)
-            except Timeout:
-                break
-            got.append(msg.payload)
-            await consumer.ack(msg)
+        got: list[bytes] = []
+        await _drain(consumer, got)
         assert set(got) == set(payloads)
         if dedup:
             assert got == payloads
