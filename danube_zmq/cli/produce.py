@@ -71,6 +71,7 @@ class _Plan:
     schema_file: Path | None = None
     schema_type: SchemaType | None = None
     text_payloads: bool = True  # -m / --stdin (read by the schema) rather than -f (sent as is)
+    chunking: bool = False
 
 
 @click.command("produce")
@@ -105,6 +106,8 @@ class _Plan:
 @click.option("--reliable", is_flag=True, help="Reliable dispatch: stored and redelivered until acked.")
 @click.option("-n", "--producer-name", help="Producer name [default: chosen by the client].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per sent message.")
+@click.option("--chunking", is_flag=True,
+              help="Send a payload larger than the broker's message size in chunks (the consumer puts it together).")
 @click.option("--schema-subject", metavar="SUBJECT", help="Write this registered schema subject (binds the topic).")
 @click.option("--schema-version", type=click.IntRange(min=1), metavar="N", help="Pin this version of the subject.")
 @click.option("--schema-min-version", type=click.IntRange(min=1), metavar="N",
@@ -128,6 +131,7 @@ def produce(
     reliable: bool,
     producer_name: str | None,
     as_json: bool,
+    chunking: bool,
     schema_subject: str | None,
     schema_version: int | None,
     schema_min_version: int | None,
@@ -147,6 +151,7 @@ def produce(
       danube produce -t /default/events -p 3 -m "partitioned" -c 50 --json
       danube produce -t /default/orders --reliable -a "priority:high,region:eu" -m '{"id":1}'
       danube produce -t /default/images -f photo.jpg
+      danube produce -t /default/videos --reliable --chunking -f clip.mp4
       seq 1000 | danube produce -t /default/numbers --stdin
       danube produce -t /default/orders --schema-subject orders -m '{"id": 1, "sku": "apple"}'
       danube produce -t /default/payments --schema-file payment.avsc --schema-type avro -m '{"amount": 9.5}'
@@ -187,6 +192,7 @@ def produce(
         schema_file=schema_file,
         schema_type=kind,
         text_payloads=file_path is None,
+        chunking=chunking,
     )
     asyncio.run(_produce(plan))
 
@@ -286,6 +292,7 @@ async def _produce(plan: _Plan) -> None:
                 schema_subject=plan.schema_subject,
                 schema_version=plan.schema_version,
                 schema_min_version=plan.schema_min_version,
+                chunking=plan.chunking,
             ),
             plan.connect_timeout,
             plan.service_url,

@@ -266,6 +266,8 @@ class DanubeClient:
         schema_version: int | None = None,
         schema_min_version: int | None = None,
         on_batch: BatchCallback | None = None,
+        chunking: bool = False,
+        chunk_bytes_max: int | None = None,
     ) -> Producer:
         """A producer on `topic`, created with `partitions` partitions and the `dispatch`
         strategy if the topic does not exist yet (when the broker auto-creates topics).
@@ -296,7 +298,13 @@ class DanubeClient:
         reconnect). `send` then encodes values with it (bytes are sent as they are) and
         every message carries the schema id and version. The first producer naming a
         subject binds the topic to it; naming another subject fails with
-        `FailedPrecondition`."""
+        `FailedPrecondition`.
+
+        `chunking`: a payload larger than the broker's message size (or
+        `chunk_bytes_max`, for a topic whose `max_message_size` policy is lower) is sent
+        as chunks of that size, in order to one partition, and a consumer hands it out
+        whole (`chunks.py`); its `MessageId` is the first chunk's. Without it such a
+        payload is refused (`InvalidArgument`)."""
         _check_name("topic", topic)
         _check_schema_choice(schema_subject, schema_version, schema_min_version)
         if name is not None:
@@ -314,6 +322,11 @@ class DanubeClient:
             pending_messages_max=pending_messages_max,
             inflight_batches_max=inflight_batches_max,
         )
+        if chunk_bytes_max is not None:
+            _check_positive(chunk_bytes_max=chunk_bytes_max)
+        if chunking and strategy != DispatchStrategy.RELIABLE:
+            raise InvalidArgument("chunking needs a reliable topic (as in Pulsar): a non-reliable one may drop a"
+                                  " chunk, and the message with it")
         if type(batch_delay_ms) is not int or batch_delay_ms < 0:
             raise InvalidArgument(f"batch_delay_ms must be an int >= 0, got {batch_delay_ms!r}")
         self._check_open()
@@ -336,6 +349,8 @@ class DanubeClient:
             schema_version=schema_version,
             schema_min_version=schema_min_version,
             on_batch=on_batch,
+            chunking=bool(chunking),
+            chunk_bytes_max=chunk_bytes_max,
         )
         await producer._start()
         self._producers[producer] = None
@@ -357,6 +372,9 @@ class DanubeClient:
         pending_acks_max: int = 10_000,
         reader_schema: bytes | str | None = None,
         durable: bool = True,
+        max_pending_chunked_messages: int = 10,
+        pending_chunked_bytes_max: int = 256 * 1024 * 1024,
+        expire_incomplete_chunked_message_ms: int = 60_000,
     ) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition of it). A missing topic
         is created as its namespace's auto topic creation policy says (Pulsar's
@@ -368,7 +386,14 @@ class DanubeClient:
         so the permits the broker holds, across all partitions. `Message.value()` decodes
         a message written with a schema by the writer's version (fetched once, cached),
         resolved against `reader_schema` when given (Avro: defaults fill added fields).
-        `durable` False: a reader's subscription (`create_reader` makes those)."""
+        `durable` False: a reader's subscription (`create_reader` makes those).
+
+        Chunked messages (a producer's `chunking=True`) are put together here: at most
+        `max_pending_chunked_messages` of them, and `pending_chunked_bytes_max` bytes
+        of chunks, wait for their last chunk (past either the oldest is dropped); one
+        whose next chunk does not come within `expire_incomplete_chunked_message_ms` is
+        dropped (its producer died mid-way). A dropped one's chunks are acknowledged
+        and logged (Pulsar's `maxPendingChunkedMessage`, `expireTimeOfIncompleteChunkedMessage`)."""
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None:
@@ -385,6 +410,9 @@ class DanubeClient:
             receiver_queue_size=receiver_queue_size,
             ack_batch_max=ack_batch_max,
             pending_acks_max=pending_acks_max,
+            max_pending_chunked_messages=max_pending_chunked_messages,
+            pending_chunked_bytes_max=pending_chunked_bytes_max,
+            expire_incomplete_chunked_message_ms=expire_incomplete_chunked_message_ms,
         )
         if type(ack_delay_ms) is not int or ack_delay_ms < 0:
             raise InvalidArgument(f"ack_delay_ms must be an int >= 0, got {ack_delay_ms!r}")
@@ -407,6 +435,9 @@ class DanubeClient:
             pending_acks_max=pending_acks_max,
             reader_schema=reader,
             durable=durable,
+            max_pending_chunked_messages=max_pending_chunked_messages,
+            pending_chunked_bytes_max=pending_chunked_bytes_max,
+            expire_incomplete_chunked_message_ms=expire_incomplete_chunked_message_ms,
         )
         await consumer._start()
         self._consumers[consumer] = None

@@ -33,6 +33,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING
 
 from danube_zmq.client.attachment import Attachment
+from danube_zmq.client.chunks import CHUNK_UUID, ChunkAssembler
 from danube_zmq.client.connection import Connection
 from danube_zmq.client.errors import AlreadyClosed, copy_error
 from danube_zmq.client.message import NO_ATTRIBUTES, Message, MessageId
@@ -112,7 +113,7 @@ class _Chunk:
         # Column lengths were checked on arrival; `repeat` stands in for absent columns.
         return [
             _new(Message, (payload, topic, offset, producer_id, time, name, key, attrs, redelivery, schema_id,
-                           schema_version, None, None, None))
+                           schema_version, None, None, None, None))
             for payload, offset, time, key, attrs in zip(payloads, offsets, times, keys, attributes, strict=False)
         ]
 
@@ -139,6 +140,8 @@ class _Inbox:
         # `asyncio.Event` under `asyncio.timeout` cost a receive twice the objects).
         self._waiters: list[asyncio.Future[object]] = []
         self._error: DanubeError | None = None
+        # The last `take` handed out a batch with attributes (maybe chunks to put together).
+        self.took_attributes = False
 
     def __len__(self) -> int:
         return self.size
@@ -172,7 +175,7 @@ class _Inbox:
             d.payloads[i], chunk.partition.topic, d.offsets[i] if d.offsets is not None else d.base_offset + i,
             d.producer_id, d.publish_times[i], d.producer_name, d.keys[i] if d.keys is not None else None,
             (d.attributes[i] or NO_ATTRIBUTES) if d.attributes is not None else NO_ATTRIBUTES,
-            d.redelivery_count, d.schema_id, d.schema_version, None, None, None,
+            d.redelivery_count, d.schema_id, d.schema_version, None, None, None, None,
         ))
         self.size -= 1
         chunk.partition.taken(1)
@@ -183,8 +186,11 @@ class _Inbox:
         order; their partitions grant the permits back."""
         out: list[Message] = []
         chunks = self._chunks
+        self.took_attributes = False
         while chunks and len(out) < most:
             chunk = chunks[0]
+            if chunk.deliver.attributes is not None:
+                self.took_attributes = True
             count = min(most - len(out), chunk.end - chunk.next)
             out.extend(chunk.take(count))
             if chunk.next == chunk.end:
@@ -259,6 +265,9 @@ class Consumer:
         pending_acks_max: int,
         reader_schema: bytes | None = None,
         durable: bool = True,
+        max_pending_chunked_messages: int = 10,
+        pending_chunked_bytes_max: int = 256 * 1024 * 1024,
+        expire_incomplete_chunked_message_ms: int = 60_000,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -284,6 +293,9 @@ class Consumer:
         self._closing = False
         self._messages_received = 0
         self._messages_dropped = 0
+        self._chunks = ChunkAssembler(max_pending=max_pending_chunked_messages, bytes_max=pending_chunked_bytes_max,
+                                      expire_ms=expire_incomplete_chunked_message_ms,
+                                      now_ms=client._clock.monotonic_ms)
 
     @property
     def partitions(self) -> list[str]:
@@ -333,12 +345,40 @@ class Consumer:
         raises `Timeout`. Raises `AlreadyClosed` after `close`, or the error that made
         re-subscribing impossible."""
         inbox = self._inbox
+        if len(self._chunks):
+            await self._ack_dropped(self._chunks.expire())
         if not inbox.size:
             await inbox.wait(timeout, self._what)
         msg = inbox.take_one()
+        if msg.attributes and CHUNK_UUID in msg.attributes:
+            return await self._receive_chunked(msg, timeout)
         if msg.schema_id is not None:
             return await self._with_schema(msg)
         return msg
+
+    async def _receive_chunked(self, msg: Message, timeout: float | None) -> Message:
+        """Chunks go to the assembler until a message is whole (or one that is no chunk
+        comes), within what is left of `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        inbox = self._inbox
+        while msg.attributes and CHUNK_UUID in msg.attributes:
+            whole, dropped = self._chunks.add(msg)
+            await self._ack_dropped(dropped)
+            if whole is not None:
+                msg = whole
+                break
+            if not inbox.size:
+                await inbox.wait(None if deadline is None else max(0.0, deadline - loop.time()), self._what)
+            msg = inbox.take_one()
+        if msg.schema_id is not None:
+            return await self._with_schema(msg)
+        return msg
+
+    async def _ack_dropped(self, chunks: list[Message]) -> None:
+        """The chunks of messages that can never be whole (expired, past a bound)."""
+        if chunks:
+            await self.ack(chunks)
 
     async def batch_receive(self, max_messages: int | None = None, timeout: float | None = None) -> list[Message]:
         """The messages queued now, at most `max_messages` (all of them if None), once
@@ -350,10 +390,31 @@ class Consumer:
         inbox = self._inbox
         if not inbox.size:
             await inbox.wait(timeout, self._what)
+        if len(self._chunks):
+            await self._ack_dropped(self._chunks.expire())
         messages = inbox.take(max_messages or inbox.size)
+        if inbox.took_attributes:
+            messages = await self._assembled(messages)
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            while not messages:  # chunks only, none whole yet: more within the timeout
+                await inbox.wait(None if deadline is None else max(0.0, deadline - loop.time()), self._what)
+                messages = await self._assembled(inbox.take(max_messages or inbox.size))
         if any(msg.schema_id is not None for msg in messages):
             messages = [await self._with_schema(msg) if msg.schema_id is not None else msg for msg in messages]
         return messages
+
+    async def _assembled(self, messages: list[Message]) -> list[Message]:
+        out = []
+        for msg in messages:
+            if msg.attributes and CHUNK_UUID in msg.attributes:
+                whole, dropped = self._chunks.add(msg)
+                await self._ack_dropped(dropped)
+                if whole is not None:
+                    out.append(whole)
+            else:
+                out.append(msg)
+        return out
 
     async def _with_schema(self, msg: Message) -> Message:
         """`msg` with its writer's schema attached for `value()`. A schema that cannot be
@@ -412,14 +473,17 @@ class Consumer:
         if isinstance(message, Message | MessageId):
             partition, offset = self._partition_of(message)
             if partition.reliable is not False:
-                await partition.queue_acks([offset])
+                await partition.queue_acks(_offsets_of(message, offset))
             return
         if isinstance(message, str | bytes) or not isinstance(message, Iterable):
             raise InvalidArgument(f"expected a Message, a MessageId or a list of them, not {type(message).__name__}")
         by_partition: dict[_PartitionConsumer, list[int]] = {}
         for item in message:
             partition, offset = self._partition_of(item)
-            by_partition.setdefault(partition, []).append(offset)
+            if type(item) is Message and item.chunk_offsets is not None:
+                by_partition.setdefault(partition, []).extend(item.chunk_offsets)
+            else:
+                by_partition.setdefault(partition, []).append(offset)
         for partition, offsets in by_partition.items():
             if partition.reliable is not False:
                 await partition.queue_acks(offsets)
@@ -429,7 +493,7 @@ class Consumer:
         if delay_ms is not None and (type(delay_ms) is not int or delay_ms < 0):
             raise InvalidArgument(f"delay_ms must be a non-negative int, got {delay_ms!r}")
         partition, offset = self._partition_of(message)
-        await partition.nack([offset], delay_ms)
+        await partition.nack(_offsets_of(message, offset), delay_ms)
 
     async def flush_acks(self) -> None:
         """Send every queued ack now."""
@@ -467,6 +531,7 @@ class Consumer:
     def _drop_queued(self, partition: _PartitionConsumer) -> int:
         """Drop the messages of `partition` still in the receive queue (a seek moved its
         subscription); returns how many."""
+        self._chunks.forget(partition.topic)
         return self._inbox.discard(partition)
 
     # ---------------------------------------------------------------- lifecycle
@@ -757,3 +822,10 @@ class _PartitionConsumer(Attachment):
                 raise
             # Detached on our side either way; the broker drops it with the session.
             log.info("closing consumer %s on %s: %s", self.name, self.topic, exc)
+
+
+def _offsets_of(message: Message | MessageId, offset: int) -> list[int]:
+    """A chunked message's every chunk; else its own offset."""
+    if type(message) is Message and message.chunk_offsets is not None:
+        return list(message.chunk_offsets)
+    return [offset]

@@ -67,6 +67,9 @@ class Message(NamedTuple):
     schema: CachedSchema | None = None
     reader_schema: bytes | None = None
     schema_error: str | None = None
+    # A chunked message put together (`chunks.py`): every chunk's offset, the first its
+    # own; acknowledging the message acknowledges them all.
+    chunk_offsets: tuple[int, ...] | None = None
 
     @property
     def message_id(self) -> MessageId:

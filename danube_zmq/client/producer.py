@@ -27,7 +27,9 @@ Write path:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from danube_zmq.client.attachment import Attachment
 from danube_zmq.client.budget import Budget
+from danube_zmq.client.chunks import CHUNK_ATTRIBUTE_BYTES, chunk_attributes, split
 from danube_zmq.client.connection import Connection
 from danube_zmq.client.errors import AlreadyClosed, ConnectionLost, ProducerQueueFull, copy_error
 from danube_zmq.client.message import BatchReceipt, MessageId
@@ -269,6 +272,8 @@ class Producer:
         schema_version: int | None = None,
         schema_min_version: int | None = None,
         on_batch: BatchCallback | None = None,
+        chunking: bool = False,
+        chunk_bytes_max: int | None = None,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -282,6 +287,11 @@ class Producer:
         self.pending_messages_max = pending_messages_max
         self.inflight_batches_max = inflight_batches_max
         self.on_batch = on_batch
+        self.chunking = chunking
+        self.chunk_bytes_max = chunk_bytes_max
+        # Chunked messages' ids: unique to this producer object, whatever its name.
+        self._chunk_prefix = f"{name}-{os.urandom(6).hex()}-"
+        self._chunk_ids = itertools.count()
         self.schema_subject = schema_subject
         self.schema_min_version = schema_min_version
         # The version every partition attaches with: pinned, or the one the first attach resolved.
@@ -387,6 +397,8 @@ class Producer:
         stamped = _check_publish_time(publish_time)
         if sequence_id is not None:
             partition.check_sequence_id(sequence_id)
+        if self.chunking and len(payload_bytes) > self._chunk_size(partition, key, attrs):
+            return await self._send_chunked(partition, payload_bytes, key, attrs, stamped, sequence_id)
         await self._budget.take()
         if self._closing:
             self._budget.give(1)
@@ -402,16 +414,19 @@ class Producer:
         callback: SendCallback | None = None,
         publish_time: int | None = None,
         sequence_id: int | None = None,
-    ) -> PendingSend:
+    ) -> PendingSend | asyncio.Future[MessageId]:
         """Queue one message and return its `PendingSend` at once (await it for the
         `MessageId`); raise `ProducerQueueFull` when `pending_messages_max` messages are
         already pending. `callback(error, message_id)`, if given, runs when the receipt
         (or the failure) arrives; a partition's callbacks run in send order. `publish_time`
-        and `sequence_id` as for `send`."""
+        and `sequence_id` as for `send`. A chunked message (`chunking`) takes a place per
+        chunk and gives an `asyncio.Future` of its id instead."""
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         stamped = _check_publish_time(publish_time)
         if sequence_id is not None:
             partition.check_sequence_id(sequence_id)
+        if self.chunking and len(payload_bytes) > self._chunk_size(partition, key, attrs):
+            return self._send_chunked_nowait(partition, payload_bytes, key, attrs, callback, stamped, sequence_id)
         if not self._budget.try_take():
             raise ProducerQueueFull(
                 f"producer {self.name} has {self.pending_messages_max} messages pending (pending_messages_max)"
@@ -441,6 +456,8 @@ class Producer:
             partition = partitions[partition_for_key(key, len(partitions))]
         if partition.failed is not None:
             raise copy_error(partition.failed)
+        if self.chunking and len(data) > self._chunk_size(partition, key, attrs):
+            return partition, data, key, attrs  # sent as chunks, each checked by `_chunks`
         if len(data) > partition.message_bytes_max:
             raise InvalidArgument(
                 f"message of {len(data)} bytes is over the broker's message_bytes_max {partition.message_bytes_max}"
@@ -452,6 +469,75 @@ class Producer:
                 f"frame_bytes_max {partition.connection.limits.frame_bytes_max} (its limits.frame_bytes_max)"
             )
         return partition, data, key, attrs
+
+    # ---------------------------------------------------------------- chunking
+
+    def _chunk_size(self, partition: _PartitionProducer, key: str | None, attrs: dict[str, str] | None) -> int:
+        """The payload bytes of one chunk: the broker's message size (or
+        `chunk_bytes_max`), within a frame with the key and every attribute."""
+        room = partition.frame_room - CHUNK_ATTRIBUTE_BYTES - entry_bytes(b"", key, attrs)
+        size = min(partition.message_bytes_max, room)
+        return size if self.chunk_bytes_max is None else min(size, self.chunk_bytes_max)
+
+    def _chunks(self, partition: _PartitionProducer, data: bytes, key: str | None, attrs: dict[str, str] | None,
+                sequence_id: int | None) -> list[tuple[bytes, dict[str, str]]]:
+        if sequence_id is not None:
+            raise InvalidArgument("a chunked message takes automatic sequence ids (one per chunk)")
+        size = self._chunk_size(partition, key, attrs)
+        if size < 1:
+            raise InvalidArgument("the key and attributes leave no room for a chunk in the broker's frame")
+        parts = split(data, size)
+        uuid = f"{self._chunk_prefix}{next(self._chunk_ids)}"
+        return [(part, chunk_attributes(attrs, uuid, i, len(parts), len(data))) for i, part in enumerate(parts)]
+
+    async def _send_chunked(self, partition: _PartitionProducer, data: bytes, key: str | None,
+                            attrs: dict[str, str] | None, stamped: int | None,
+                            sequence_id: int | None) -> MessageId:
+        """Each chunk takes its place in `pending_messages_max` as it goes; the id is the
+        first chunk's, once every chunk is acknowledged."""
+        sends = []
+        for part, chunk_attrs in self._chunks(partition, data, key, attrs, sequence_id):
+            await self._budget.take()
+            if self._closing:
+                self._budget.give(1)
+                raise AlreadyClosed(f"producer {self.name} is closed")
+            sends.append(partition.add(part, key, chunk_attrs, None, stamped))
+        ids = [await send for send in sends]
+        return ids[0]
+
+    def _send_chunked_nowait(self, partition: _PartitionProducer, data: bytes, key: str | None,
+                             attrs: dict[str, str] | None, callback: SendCallback | None, stamped: int | None,
+                             sequence_id: int | None) -> asyncio.Future[MessageId]:
+        """All the chunks queued at once (room for each in `pending_messages_max`, or
+        `ProducerQueueFull`); a future of the first chunk's id once all are acknowledged,
+        or of the first failure; `callback` once, then."""
+        chunks = self._chunks(partition, data, key, attrs, sequence_id)
+        taken = 0
+        while taken < len(chunks) and self._budget.try_take():
+            taken += 1
+        if taken < len(chunks):
+            self._budget.give(taken)
+            raise ProducerQueueFull(f"producer {self.name} has no room for the {len(chunks)} chunks of a"
+                                    f" {len(data)}-byte message (pending_messages_max {self.pending_messages_max})")
+        sends = [partition.add(part, key, chunk_attrs, None, stamped) for part, chunk_attrs in chunks]
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        left = [len(sends)]
+
+        def done(_: PendingSend) -> None:
+            left[0] -= 1
+            if left[0] or future.done():
+                return
+            error = next((e for send in sends if (e := send.exception()) is not None), None)
+            if error is None:
+                future.set_result(sends[0].result())
+            else:
+                future.set_exception(error)
+            if callback is not None:
+                callback(error, None if error is not None else future.result())
+
+        for send in sends:
+            send.add_done_callback(done)
+        return future
 
     def _batch_cut(self, batch: _Batch) -> None:
         self._open_batches.add(batch)

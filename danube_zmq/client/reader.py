@@ -49,7 +49,8 @@ class Reader:
             await self._consumer.ack(message)
             partition = self._consumer._by_topic[message.message_id.topic]
             if partition.resume_offset is None or message.message_id.offset >= partition.resume_offset:
-                partition.resume_offset = message.message_id.offset + 1
+                # After a chunked message, after its last chunk.
+                partition.resume_offset = max(message.chunk_offsets or (message.message_id.offset,)) + 1
                 return message
 
     async def has_message_available(self) -> bool:

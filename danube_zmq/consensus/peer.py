@@ -715,6 +715,13 @@ class RaftPeer:
                         event = self._events.get_nowait()
                     except asyncio.QueueEmpty:
                         break
+                if self._frames_waiting:
+                    # `_read_frames` stopped at its maximum: come back for the rest (the
+                    # descriptor will not fire for them). Queued only now, once the batch
+                    # is taken: queued there, a short batch (frames with no event) took
+                    # the `_WAKE` right back and the frames waited for an unrelated event.
+                    with contextlib.suppress(asyncio.QueueFull):  # a full queue wakes the loop anyway
+                        self._events.put_nowait(_WAKE)
                 if not batch:
                     continue
             try:
@@ -813,10 +820,10 @@ class RaftPeer:
         `_STEP_BATCH_MAX`; more wait in ZeroMQ's bounded queue for the next round). They
         are stepped in the round that reads them: no receiver task and no queue between
         the socket and the core (a loop round each, on every message of a write)."""
+        self._frames_waiting = False  # (also with no socket: `_run` must not come back for nothing)
         router = self._router
         if router is None:
             return
-        self._frames_waiting = False
         for _ in range(_STEP_BATCH_MAX):
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK)
@@ -825,9 +832,7 @@ class RaftPeer:
             event = self._on_frames(frames)
             if event is not None:
                 batch.append(event)
-        self._frames_waiting = True  # the descriptor will not fire for these: come back
-        with contextlib.suppress(asyncio.QueueFull):
-            self._events.put_nowait(_WAKE)
+        self._frames_waiting = True  # the descriptor will not fire for these: `_run` comes back
 
     def _on_frames(self, frames: list[bytes]) -> Event | None:
         """One received message: the core's event for it, or None (answered here, or bad)."""

@@ -104,6 +104,15 @@ class Partitions(Message):
     partitions: list[str]
 
 
+# Attributes a chunk of a chunked message carries (the client's `chunks.py`): the
+# message's id, the chunk's number (0..count-1), the chunk count, the whole payload's
+# bytes. A Shared subscription deals every chunk of one message to one consumer.
+CHUNK_UUID = "__chunk_uuid"
+CHUNK_ID = "__chunk_id"
+CHUNK_COUNT = "__chunk_count"
+CHUNK_TOTAL_BYTES = "__chunk_total_bytes"
+
+
 @wire
 class CreateProducer(Message):
     """Attach a producer to one (partition) topic. Producers auto-create the topic when

@@ -43,6 +43,7 @@ from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 from danube_zmq.actors.dispatch import make_rule
+from danube_zmq.actors.dispatch.chunks import ChunkAffinity, chunk_of
 from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.sockets.gateway import OUTBOX, reply_client
@@ -191,6 +192,10 @@ class TrackedDelivery:
         self._tick_ms = min(self.config.storage.cursor_flush_interval_ms, 100)
         self._tick_armed = False
         self._persisted_mark = (cursor, len(acked_above))
+        # Shared: chunks of one message to one consumer, once the subscription saw a
+        # chunk (before, dealing pays nothing for it).
+        self.affinity = ChunkAffinity() if sub_type == cp.SubType.SHARED else None
+        self._chunks_seen = False
 
     def bind(self, shell: SubscriptionActor) -> None:
         self.shell = shell
@@ -208,6 +213,8 @@ class TrackedDelivery:
         self.dispatch()  # a reliable subscription starts from its cursor, never from a replay
 
     def consumer_left(self, consumer_id: int) -> None:
+        if self.affinity is not None:
+            self.affinity.consumer_left(consumer_id)
         self.tracker.consumer_gone(consumer_id, self.shell.system.clock.monotonic_ms())
         self._arm_tick()
 
@@ -258,6 +265,8 @@ class TrackedDelivery:
         base = publish.base_offset
         keys, attributes = publish.keys, publish.attributes
         start, count = self.buffer_end - base, len(publish.payloads)
+        if attributes is not None and self.affinity is not None and not self._chunks_seen:
+            self._chunks_seen = any(chunk_of(a) is not None for a in attributes)
         if self.tracker.acked_above_count == 0 and self.buffer_end > self.tracker.cursor:
             # Nothing at or above buffer_end is acked yet (the steady state): every record
             # goes in, built in C (zip, then tuple.__new__ per row) rather than in a loop.
@@ -348,6 +357,8 @@ class TrackedDelivery:
         """Give `offsets` to consumers within `capacity`; returns the offsets sent (or
         settled). New offsets nobody could take stay behind: those below the read offset
         become holes the tracker hands out again through `due`."""
+        if self._chunks_seen:
+            return self._assign_chunks(offsets, capacity, counts, now)
         keys = [self._key(o) for o in offsets] if self.sub_type == cp.SubType.KEY_SHARED else None
         assignment = self.rule.assign(len(offsets), keys, "", capacity)
         if counts is None and len(assignment.slices) == 1 and not assignment.skipped:
@@ -365,9 +376,46 @@ class TrackedDelivery:
         for part in assignment.slices:
             for i in part.indices:
                 owner[offsets[i]] = part.consumer_id
-        if assignment.skipped:
+        return self._deliver_owned(owner, [offsets[i] for i in assignment.skipped], capacity, counts, now)
+
+    def _assign_chunks(self, offsets: list[int], capacity: dict[int, int], counts: dict[int, int] | None,
+                       now: int) -> set[int]:
+        """Shared, with chunks about: chunks of a message a consumer holds go to it (within
+        its capacity, else they wait), the rule deals the rest, and the chunks following
+        a first chunk dealt now go where it went (`dispatch/chunks.py`)."""
+        affinity = self.affinity
+        assert affinity is not None
+        chunks = [chunk_of(self.records[o].attributes) for o in offsets]
+        plan = affinity.plan(chunks)
+        room = dict(capacity)
+        owner: dict[int, int] = {}
+        for i, cid in plan.owned:
+            if room.get(cid, 0) > 0:
+                owner[offsets[i]] = cid
+                room[cid] -= 1
+        room = {cid: n for cid, n in room.items() if n > 0}
+        assignment = self.rule.assign(len(plan.dealt), None, "", room)
+        for part in assignment.slices:
+            for j in part.indices:
+                i = plan.dealt[j]
+                owner[offsets[i]] = part.consumer_id
+                room[part.consumer_id] -= 1
+                if (chunk := chunks[i]) is not None:
+                    affinity.take(chunk.message, part.consumer_id)
+        for i, message in plan.following:
+            cid = affinity.owner(message)
+            if cid is not None and room.get(cid, 0) > 0:
+                owner[offsets[i]] = cid
+                room[cid] -= 1
+        affinity.delivered(chunks[i] for i, o in enumerate(offsets) if o in owner and chunks[i] is not None)
+        return self._deliver_owned(owner, [], capacity, counts, now)
+
+    def _deliver_owned(self, owner: dict[int, int], skipped: list[int], capacity: dict[int, int],
+                       counts: dict[int, int] | None, now: int) -> set[int]:
+        """Record and send the deliveries `owner` (offset -> consumer) names, in ascending
+        offset order, one run per consumer at a time; settle `skipped`."""
+        if skipped:
             # Key-Shared: no consumer's filters accept these keys; settled for this subscription.
-            skipped = [offsets[i] for i in assignment.skipped]
             self.tracker.skip(skipped, now)
             for offset in skipped:
                 self.records.pop(offset, None)
@@ -386,7 +434,7 @@ class TrackedDelivery:
             if capacity[cid] <= 0:
                 del capacity[cid]
             self._send_records(self.shell.consumers[cid], run, counts)
-        return set(owner).union(offsets[i] for i in assignment.skipped)
+        return set(owner).union(skipped)
 
     def _key(self, offset: int) -> str:
         record = self.records[offset]
