@@ -90,6 +90,7 @@ from danube_zmq.config.broker_config import (
     AUTO_TOPIC_CREATION_POLICIES,
     AUTO_TOPIC_CREATION_TYPES,
     BACKLOG_QUOTA_POLICIES,
+    BOOLEAN_POLICIES,
     TOPIC_POLICY_NAMES,
     ZERO_IS_NEVER,
     BrokerConfig,
@@ -301,6 +302,9 @@ class PolicyKeeper(Actor):
             if not 1 <= value <= size_max:
                 raise InvalidArgument(f"max_message_size must be in 1..{size_max} (the broker's"
                                       f" policies.max_message_size, which clients check too), got {value}")
+        elif policy in BOOLEAN_POLICIES:
+            if value not in (0, 1):
+                raise InvalidArgument(f"{policy} is 1 (on) or 0 (off), got {value}")
         elif not 0 <= value <= _VALUE_MAX:
             zero = "never" if policy in ZERO_IS_NEVER else "unlimited"
             raise InvalidArgument(f"{policy} must be in 0..{_VALUE_MAX} (0: {zero}), got {value}")

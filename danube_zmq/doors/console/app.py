@@ -179,6 +179,16 @@ def _whole(name: str, text: str) -> int:
     return int(text)
 
 
+def _switch(name: str, text: str) -> int:
+    """An on/off policy from a form: true/on/1 or false/off/0."""
+    word = text.strip().lower()
+    if word in ("true", "on", "1"):
+        return 1
+    if word in ("false", "off", "0"):
+        return 0
+    raise InvalidArgument(f"{name}: {text[:40]!r} is not on or off (true/false, on/off, 1/0)")
+
+
 def _seek_time_ms(text: str) -> int:
     """A publish time as ms since the epoch, from digits (ms) or ISO 8601 with a zone."""
     text = text.strip()
@@ -201,7 +211,7 @@ def _policy_values(form: FormData) -> dict[str, int | None]:
         raw = str(form.get(name) or "").strip()
         if not raw:
             continue
-        values[name] = _whole(name, raw)
+        values[name] = _switch(name, raw) if name in BOOLEAN_POLICIES else _whole(name, raw)
     if not values:
         raise InvalidArgument("fill in at least one policy")
     return values

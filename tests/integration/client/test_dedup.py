@@ -77,6 +77,9 @@ async def test_a_producer_killed_mid_stream_resends_from_its_last_acknowledged_i
     assert "deduplication" in out, out
     shown = json.loads(await _cli(broker.admin_url, "namespaces", "policies", "get", "default", "-o", "json"))
     assert shown["deduplication"] == {"value": True, "source": "namespace"}, shown
+    async with AdminClient(broker.admin_url) as admin:
+        with pytest.raises(InvalidArgument, match="1 \\(on\\) or 0 \\(off\\), got 2"):
+            await admin.set_namespace_policies("default", deduplication=2)
     topic = "/default/dedup-killed-producer"
     first = _start_producer(broker.url, topic, 0, 3000)
     acked: dict[int, int] = {}

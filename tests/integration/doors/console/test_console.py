@@ -218,6 +218,11 @@ def test_policies_and_delete_round_trip_through_the_admin_api(open_console: tupl
 
         page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": doomed, "max_consumers_per_topic": "-1"})
         assert any("is not a whole number" in text for text in flashes(page.text))
+        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": doomed, "deduplication": "on"})
+        assert re.search(r'data-policy="deduplication"><td>deduplication</td>\s*'
+                         r'<td class="value">1 \(on\)</td>\s*<td>topic</td>', page.text), page.text
+        page = http.post("/actions/topics/policies", data={"csrf": csrf, "topic": doomed, "deduplication": "maybe"})
+        assert any("is not on or off" in text for text in flashes(page.text))
 
         async def policy() -> int:
             async with AdminClient(broker.admin_url) as admin:
@@ -380,3 +385,4 @@ def test_policy_values_read_in_units(open_console: tuple[BrokerProcess, str]) ->
     assert value("topics_per_namespace_max") == "10,000"
     assert value("backlog_quota") == "10,737,418,240 bytes (10 GiB), producer_exception"
     assert value("auto_topic_creation_dispatch") == "non_reliable"
+    assert value("deduplication") == "0 (off)"
