@@ -19,7 +19,7 @@ import pytest
 
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.consensus.linearizability import Operation, check
-from danube_zmq.transport.errors import DanubeError
+from danube_zmq.transport.errors import DanubeError, Timeout
 from tests.integration.conftest import BrokerProcess, free_port, start_broker
 
 ELECTION_S_MAX = 2.0
@@ -465,7 +465,16 @@ async def test_puts_acked_before_the_leaders_fsync_survive_kill_9_of_leader_and_
         await agreed_leader(nodes)
         for node in nodes:
             async with AdminClient(node.admin_url, timeout_ms=5000) as admin:
-                await admin.metadata_get("/acked/")  # a linearizable read: caught up with the leader
+                # A linearizable read: caught up with the leader. Its read index waits for
+                # the new leader's first commit of its term, which two restarted nodes may
+                # take past one request's timeout on a loaded machine: asked again.
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        await admin.metadata_get("/acked/")
+                        break
+                    except Timeout:
+                        assert time.monotonic() < deadline, f"node {node.node_id}: no linearizable read in 60 s"
                 listed = await admin.metadata_list("/acked/", linearizable=False, limit=100_000)
             missing = acked - {e.key for e in listed.entries}
             assert not missing, f"node {node.node_id} lost acknowledged puts: {sorted(missing)[:10]}"
