@@ -95,7 +95,12 @@ class WalDedup:
             if duplicates == len(ids):
                 return None, prefix
             msg = _without_first(msg, duplicates)
+        evicted = table.evicted
         table.pushed(producer_name, ids[-1], self.port.clock.now_ms())
+        if table.evicted != evicted:  # a new name past deduplication_producers_max
+            log.warning("%s: deduplication table full (%d producer names, policies.deduplication_producers_max):"
+                        " the least recently active name is forgotten; its resends are stored again",
+                        self.topic, self.producers_max)
         return msg, prefix
 
     def answer(self, identity: bytes, msg: cp.Send, offsets: list[int]) -> None:

@@ -126,3 +126,14 @@ async def test_a_producer_gone_past_the_inactivity_timeout_is_forgotten_and_the_
         clock.advance(1_000)
         await storage.tick()
         assert storage.last_sequence_id("p") == -1
+
+
+async def test_a_name_past_the_bound_forgets_the_least_recently_active_and_says_so(tmp_path: Path, caplog) -> None:
+    config = BrokerConfig(policies=PoliciesSection(deduplication=True, deduplication_producers_max=1))
+    async with reliable_topic(tmp_path, TOPIC, config=config) as (_, _, storage, sock):
+        first = await _producer(sock, "p", 2)
+        await _send(sock, first, 3, [0])
+        second = await _producer(sock, "q", 4)
+        await _send(sock, second, 5, [0])
+        assert storage.last_sequence_id("p") == -1 and storage.last_sequence_id("q") == 0
+        assert "deduplication table full" in caplog.text
