@@ -59,10 +59,11 @@ async def _ready(admin_url: str, **client_options: object) -> None:
     raise SystemExit("broker did not start")
 
 
-def consumer_main(url: str, topic: str, count: int, ready: mp.Event, out: mp.Queue, ack: bool) -> None:
+def consumer_main(url: str, topic: str, count: int, ready: mp.Event, out: mp.Queue, ack: bool,
+                  sub_type: SubType = SubType.EXCLUSIVE) -> None:
     async def run() -> None:
         async with DanubeClient(url) as client:
-            consumer = await client.subscribe(topic, "bench", sub_type=SubType.EXCLUSIVE, receiver_queue_size=20_000)
+            consumer = await client.subscribe(topic, "bench", sub_type=sub_type, receiver_queue_size=20_000)
             ready.set()
             got, first_ns, latencies = 0, 0, []
             last_ns = 0
@@ -83,7 +84,8 @@ def consumer_main(url: str, topic: str, count: int, ready: mp.Event, out: mp.Que
     asyncio.run(run())
 
 
-async def produce(url: str, topic: str, count: int, size: int, rate: float, reliable: bool) -> tuple[int, list[int]]:
+async def produce(url: str, topic: str, count: int, size: int, rate: float, reliable: bool,
+                  deliver_after_ms: int | None = None) -> tuple[int, list[int]]:
     """Send `count` messages (as fast as possible, or at `rate`); returns the start time
     and each message's produce-ack latency in ns."""
     filler = b"x" * (size - 8)
@@ -99,6 +101,8 @@ async def produce(url: str, topic: str, count: int, size: int, rate: float, reli
         producer = await client.create_producer(topic, dispatch="reliable" if reliable else "non_reliable")
         start = time.monotonic_ns()
         interval_ns = int(1e9 / rate) if rate > 0 else 0
+        # Only when asked: a tree from before delayed delivery runs this file too (feature_cost.py).
+        delay = {} if deliver_after_ms is None else {"deliver_after_ms": deliver_after_ms}
         for i in range(count):
             if interval_ns:
                 delay = (start + i * interval_ns - time.monotonic_ns()) / 1e9
@@ -108,7 +112,7 @@ async def produce(url: str, topic: str, count: int, size: int, rate: float, reli
             payload = struct.pack("<q", now) + filler
             while True:
                 try:
-                    producer.send_nowait(payload, callback=on_receipt(now))
+                    producer.send_nowait(payload, callback=on_receipt(now), **delay)
                     break
                 except DanubeError:  # the pending queue is full: let receipts come back
                     await asyncio.sleep(0.001)
@@ -144,6 +148,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--reliable", action="store_true")
     parser.add_argument("--dedup", action="store_true", help="policies.deduplication on (reliable topics)")
+    parser.add_argument("--shared", action="store_true", help="a Shared subscription (Exclusive by default)")
+    parser.add_argument("--deliver-after-ms", type=int, help="every message delayed by this (with --shared)")
     args = parser.parse_args()
     rate = 0.0 if args.mode == "throughput" else args.rate
     count = args.count if args.mode == "throughput" else int(args.rate * args.seconds)
@@ -165,11 +171,13 @@ def main() -> None:
                 await admin.create_topic(topic, dispatch_strategy=1 if args.reliable else 0)
         asyncio.run(create())
         ready, out = mp.Event(), mp.Queue()
-        consumer = mp.Process(target=consumer_main, args=(url, topic, count, ready, out, args.reliable))
+        consumer = mp.Process(target=consumer_main, args=(url, topic, count, ready, out, args.reliable,
+                                                          SubType.SHARED if args.shared else SubType.EXCLUSIVE))
         consumer.start()
         ready.wait(20)
         wal_before = scrape(metrics_url)
-        start_ns, ack_latencies = asyncio.run(produce(url, topic, count, args.size, rate, args.reliable))
+        start_ns, ack_latencies = asyncio.run(produce(url, topic, count, args.size, rate, args.reliable,
+                                                      args.deliver_after_ms))
         produce_s = (time.monotonic_ns() - start_ns) / 1e9
         wal_after = scrape(metrics_url)
         result = out.get(timeout=600)

@@ -72,6 +72,11 @@ class _Plan:
     schema_type: SchemaType | None = None
     text_payloads: bool = True  # -m / --stdin (read by the schema) rather than -f (sent as is)
     chunking: bool = False
+    deliver_after_ms: int | None = None
+    deliver_at_ms: int | None = None
+
+    def timing(self) -> dict[str, int | None]:
+        return {"deliver_after_ms": self.deliver_after_ms, "deliver_at_ms": self.deliver_at_ms}
 
 
 @click.command("produce")
@@ -108,6 +113,10 @@ class _Plan:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per sent message.")
 @click.option("--chunking", is_flag=True,
               help="Send a payload larger than the broker's message size in chunks (the consumer puts it together).")
+@click.option("--deliver-after-ms", type=click.IntRange(min=0), metavar="MS",
+              help="Delayed message: Shared and Key-Shared subscriptions get it MS from now (reliable topics).")
+@click.option("--deliver-at-ms", type=click.IntRange(min=0), metavar="EPOCH_MS",
+              help="Delayed message: delivered at this time, ms since the epoch (reliable topics).")
 @click.option("--schema-subject", metavar="SUBJECT", help="Write this registered schema subject (binds the topic).")
 @click.option("--schema-version", type=click.IntRange(min=1), metavar="N", help="Pin this version of the subject.")
 @click.option("--schema-min-version", type=click.IntRange(min=1), metavar="N",
@@ -132,6 +141,8 @@ def produce(
     producer_name: str | None,
     as_json: bool,
     chunking: bool,
+    deliver_after_ms: int | None,
+    deliver_at_ms: int | None,
     schema_subject: str | None,
     schema_version: int | None,
     schema_min_version: int | None,
@@ -152,6 +163,7 @@ def produce(
       danube produce -t /default/orders --reliable -a "priority:high,region:eu" -m '{"id":1}'
       danube produce -t /default/images -f photo.jpg
       danube produce -t /default/videos --reliable --chunking -f clip.mp4
+      danube produce -t /default/reminders --reliable --deliver-after-ms 60000 -m "call back"
       seq 1000 | danube produce -t /default/numbers --stdin
       danube produce -t /default/orders --schema-subject orders -m '{"id": 1, "sku": "apple"}'
       danube produce -t /default/payments --schema-file payment.avsc --schema-type avro -m '{"amount": 9.5}'
@@ -163,6 +175,8 @@ def produce(
         raise click.UsageError("give the payload with exactly one of -m TEXT, -f FILE or --stdin")
     if from_stdin and count != 1:
         raise click.UsageError("--count applies to -m and -f; with --stdin each line is sent once")
+    if deliver_after_ms is not None and deliver_at_ms is not None:
+        raise click.UsageError("give --deliver-after-ms or --deliver-at-ms, not both")
     topic = check_topic(topic)
     kind = _schema_options(schema_subject, schema_version, schema_min_version, schema_file, schema_type)
     if message is not None:
@@ -193,6 +207,8 @@ def produce(
         schema_type=kind,
         text_payloads=file_path is None,
         chunking=chunking,
+        deliver_after_ms=deliver_after_ms,
+        deliver_at_ms=deliver_at_ms,
     )
     asyncio.run(_produce(plan))
 
@@ -334,13 +350,13 @@ async def _send_pipelined(
 
     async for payload in payloads:
         try:
-            future = producer.send_nowait(payload, key=plan.key, attributes=plan.attributes)
+            future = producer.send_nowait(payload, key=plan.key, attributes=plan.attributes, **plan.timing())
         except ResourceExhausted:
             # The client's own send queue is full: drain it, then try once more.
             if not pending:
                 raise
             await collect()
-            future = producer.send_nowait(payload, key=plan.key, attributes=plan.attributes)
+            future = producer.send_nowait(payload, key=plan.key, attributes=plan.attributes, **plan.timing())
         pending.append(future)
         if len(pending) >= _IN_FLIGHT_MAX:
             await collect()
@@ -355,7 +371,7 @@ async def _send_paced(
         if not first:
             await asyncio.sleep(plan.interval_ms / 1000)
         first = False
-        report(await producer.send(payload, key=plan.key, attributes=plan.attributes))
+        report(await producer.send(payload, key=plan.key, attributes=plan.attributes, **plan.timing()))
 
 
 async def _register(plan: _Plan) -> None:

@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from danube_zmq.client.retry import backoff_ms
 from danube_zmq.client.routing import RoundRobin, partition_for_key
 from danube_zmq.client.schema_cache import CachedSchema
 from danube_zmq.transport.client_protocol import (
+    DELIVER_AT,
     PUBLISH_TIME_MS_MAX,
     CloseProducer,
     CreateProducer,
@@ -105,6 +107,20 @@ def check_attributes(attributes: Any) -> dict[str, str] | None:
         if type(k) is not str or type(v) is not str:
             raise InvalidArgument(f"attributes must map str to str, got {k!r}: {v!r}")
     return out or None
+
+
+def _with_delivery_time(attributes: Any, deliver_after_ms: Any, deliver_at_ms: Any) -> Any:
+    """`attributes` with `DELIVER_AT` for a delayed message (`send`)."""
+    if deliver_after_ms is not None and deliver_at_ms is not None:
+        raise InvalidArgument("give deliver_after_ms or deliver_at_ms, not both")
+    value = deliver_after_ms if deliver_at_ms is None else deliver_at_ms
+    name = "deliver_after_ms" if deliver_at_ms is None else "deliver_at_ms"
+    if type(value) is not int or not 0 <= value <= PUBLISH_TIME_MS_MAX:
+        raise InvalidArgument(f"{name} must be an integer 0..{PUBLISH_TIME_MS_MAX}, not {value!r}")
+    at = value if deliver_at_ms is not None else time.time_ns() // 1_000_000 + value
+    if attributes is not None and not isinstance(attributes, Mapping):
+        return attributes  # refused by `check_attributes`
+    return {**(attributes or {}), DELIVER_AT: str(at)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +392,8 @@ class Producer:
 
     async def send(
         self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
-        publish_time: int | None = None, sequence_id: int | None = None,
+        publish_time: int | None = None, sequence_id: int | None = None, deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> MessageId:
         """Publish one message and wait for the broker's receipt. Waits for room when
         `pending_messages_max` messages are already pending (backpressure). Without a
@@ -392,7 +409,14 @@ class Producer:
         On a topic with the `deduplication` policy a message whose number the topic
         stored before under this producer name (from this process or an earlier one:
         a resend) is not stored again: its `MessageId` is the first copy's (offset -1
-        when that is older than the broker's `policies.deduplication_window`)."""
+        when that is older than the broker's `policies.deduplication_window`).
+
+        `deliver_after_ms` (from now) or `deliver_at_ms` (ms since the epoch): a delayed
+        message. Reliable Shared and Key-Shared subscriptions deliver it at that time, by
+        the broker's clock, and not before; Exclusive and Failover ones at once, as in
+        Pulsar. It travels as the attribute `__deliver_at`."""
+        if deliver_after_ms is not None or deliver_at_ms is not None:
+            attributes = _with_delivery_time(attributes, deliver_after_ms, deliver_at_ms)
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         stamped = _check_publish_time(publish_time)
         if sequence_id is not None:
@@ -414,13 +438,18 @@ class Producer:
         callback: SendCallback | None = None,
         publish_time: int | None = None,
         sequence_id: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> PendingSend | asyncio.Future[MessageId]:
         """Queue one message and return its `PendingSend` at once (await it for the
         `MessageId`); raise `ProducerQueueFull` when `pending_messages_max` messages are
         already pending. `callback(error, message_id)`, if given, runs when the receipt
-        (or the failure) arrives; a partition's callbacks run in send order. `publish_time`
-        and `sequence_id` as for `send`. A chunked message (`chunking`) takes a place per
-        chunk and gives an `asyncio.Future` of its id instead."""
+        (or the failure) arrives; a partition's callbacks run in send order. `publish_time`,
+        `sequence_id`, `deliver_after_ms` and `deliver_at_ms` as for `send`. A chunked
+        message (`chunking`) takes a place per chunk and gives an `asyncio.Future` of its
+        id instead."""
+        if deliver_after_ms is not None or deliver_at_ms is not None:
+            attributes = _with_delivery_time(attributes, deliver_after_ms, deliver_at_ms)
         partition, payload_bytes, key, attrs = self._prepare(payload, key, attributes)
         stamped = _check_publish_time(publish_time)
         if sequence_id is not None:

@@ -151,10 +151,12 @@ class SyncProducer:
 
     def send(
         self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
-        publish_time: int | None = None, sequence_id: int | None = None,
+        publish_time: int | None = None, sequence_id: int | None = None, deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> MessageId:
         return self._runner.call(self.producer.send(payload, key=key, attributes=attributes,
-                                                    publish_time=publish_time, sequence_id=sequence_id))
+                                                    publish_time=publish_time, sequence_id=sequence_id,
+                                                    deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms))
 
     def send_nowait(
         self,
@@ -165,6 +167,8 @@ class SyncProducer:
         callback: SendCallback | None = None,
         publish_time: int | None = None,
         sequence_id: int | None = None,
+        deliver_after_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message; returns a `concurrent.futures.Future` of its id. Raises
         `ProducerQueueFull` at once when the producer is full."""
@@ -172,7 +176,8 @@ class SyncProducer:
 
         async def enqueue() -> None:
             future = self.producer.send_nowait(payload, key=key, attributes=attributes, callback=callback,
-                                               publish_time=publish_time, sequence_id=sequence_id)
+                                               publish_time=publish_time, sequence_id=sequence_id,
+                                               deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms)
 
             def copy(done: asyncio.Future[MessageId]) -> None:
                 if done.cancelled():

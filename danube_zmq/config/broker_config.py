@@ -781,10 +781,20 @@ class ReliableSection:
     poison_policy: str = "block"
     # Topic that dead-lettered messages go to; required for dead_letter.
     dead_letter_topic: str | None = None
+    # Delayed messages (deliver_after_ms / deliver_at_ms) a Shared or Key-Shared
+    # subscription holds before it stops reading on, until some are due: 16 bytes each
+    # in sorted runs under the topic's durable-cache/delayed/ (rebuilt from the log at
+    # every start). Default 20,000,000 (about 320 MB of disk).
+    delayed_messages_max: int = 20_000_000
+    # Of those, the newest held in memory before they are sorted into a run on disk
+    # (about 100 bytes each); each run keeps its 1,024 soonest in memory. Default 65,536.
+    delayed_memory_entries: int = 65_536
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check_range("reliable.max_unacked_messages", self.max_unacked_messages, 1, 10_000)
+        _check_range("reliable.delayed_messages_max", self.delayed_messages_max, 1, 1_000_000_000)
+        _check_range("reliable.delayed_memory_entries", self.delayed_memory_entries, 1, 10_000_000)
         _check_range("reliable.ack_timeout_ms", self.ack_timeout_ms, 10, 86_400_000)
         _check_range("reliable.max_redelivery_count", self.max_redelivery_count, 0, 1000)
         _check_range("reliable.base_redelivery_delay_ms", self.base_redelivery_delay_ms, 0, 86_400_000)

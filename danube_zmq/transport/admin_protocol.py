@@ -120,6 +120,8 @@ class SubscriptionInfo(Struct):
     # Bytes the backlog takes in the log (records after the cursor, headers included;
     # out-of-order acks prorated).
     backlog_bytes: int | None = None
+    # Delayed messages held until their time (reliable Shared and Key-Shared).
+    delayed_messages: int | None = None
 
 
 @wire

@@ -112,6 +112,11 @@ CHUNK_ID = "__chunk_id"
 CHUNK_COUNT = "__chunk_count"
 CHUNK_TOTAL_BYTES = "__chunk_total_bytes"
 
+# The attribute of a delayed message (`send(deliver_after_ms=)` / `deliver_at_ms=`): when
+# to deliver it, ms since the epoch by the broker's clock, in decimal. Shared and
+# Key-Shared subscriptions hold it until then; Exclusive and Failover deliver at once.
+DELIVER_AT = "__deliver_at"
+
 
 @wire
 class CreateProducer(Message):

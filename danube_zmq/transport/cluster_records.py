@@ -48,7 +48,7 @@ import msgpack
 from danube_zmq.transport.codec import Message, Protocol, Struct, unpack, wire
 from danube_zmq.transport.common import PROTOCOL_VERSION
 from danube_zmq.transport.errors import InvalidArgument
-from danube_zmq.transport.internal_protocol import FailurePolicyState
+from danube_zmq.transport.internal_protocol import DelayedState, FailurePolicyState
 
 T = TypeVar("T", bound=Message)
 
@@ -433,6 +433,8 @@ class CursorRecord(Message):
     acked_above: list[int]
     policy: FailurePolicyState | None = None
     max_unacked_messages: int | None = None
+    # A Shared or Key-Shared subscription's delayed messages (None: it never held one).
+    delayed: DelayedState | None = None
 
 
 # The security state (issue 21), tags 250-253: past every tag of every protocol, as 244.

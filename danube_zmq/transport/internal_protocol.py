@@ -278,6 +278,12 @@ class FlushDone(Message):
     error_message: str | None = None
 
 
+# `ReadRequest.purpose`: the subscription's read-ahead, its delayed-delivery index being
+# rebuilt from the log, or the records of delayed messages due now
+# (actors/subscription/delayed.py).
+READ_AHEAD, READ_DELAYED_SCAN, READ_DELAYED_DUE = 0, 1, 2
+
+
 @wire
 class ReadRequest(Message):
     """Reliable subscription -> its topic: committed records from `start_offset`."""
@@ -286,6 +292,8 @@ class ReadRequest(Message):
     subscription: str
     start_offset: int
     max_bytes: int
+    # Echoed in the answer: which of the subscription's readers asked (READ_* below).
+    purpose: int = 0
 
 
 @wire
@@ -302,6 +310,7 @@ class ReadResult(Message):
     # > start_offset: offsets start_offset..gap_end-1 were never written (reserved by a
     # broker that died before it acknowledged them); the reader goes on at gap_end.
     gap_end: int = 0
+    purpose: int = 0  # the request's
 
 
 @wire
@@ -330,6 +339,20 @@ class FailurePolicyState(Struct):
 
 
 @wire
+class DelayedState(Struct):
+    """What a Shared or Key-Shared subscription persists of its delayed messages, with
+    its cursor (actors/subscription/delayed.py): every time-marked message with (time,
+    offset) at or below (`released_ms`, `released_offset`) was released; the log from
+    `low` holds every one not acknowledged yet (None: none); `unacked`: the released
+    ones not acknowledged, in release order."""
+
+    released_ms: int
+    released_offset: int
+    low: int | None
+    unacked: list[int]
+
+
+@wire
 class PersistCursor(Message):
     """Reliable subscription -> broker: its cursor and out-of-order acks, to persist;
     and its failure policy and dispatch window when an admin set them (None: the
@@ -346,6 +369,7 @@ class PersistCursor(Message):
     # How many seeks the subscription had made when it sent this (storage.mode local:
     # the topic drops a record older than a seek it made durable, `WalCursors.seek_durable`).
     seeks: int = 0
+    delayed: DelayedState | None = None
 
 
 @wire
@@ -367,6 +391,7 @@ class SubscriptionState(Struct):
     acked_above: list[int]
     policy: FailurePolicyState | None = None
     max_unacked_messages: int | None = None
+    delayed: DelayedState | None = None
 
 
 @wire
@@ -502,6 +527,14 @@ class ExpireBelow(Message):
 
     TAG = 351
     end: int
+
+
+@wire
+class DelayedDue(Message):
+    """A subscription's timer: the earliest delayed message it holds is due
+    (actors/subscription/delayed.py)."""
+
+    TAG = 353
 
 
 @wire
@@ -1273,7 +1306,7 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
         TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue, ExpireSubscriptions,
-        ExpireMessages, ExpireBelow,
+        ExpireMessages, ExpireBelow, DelayedDue,
         ResyncNext, TopicServed, BrokerJoined, LoadTick, LoadRoundDue,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

@@ -64,6 +64,7 @@ class _SubscriptionRow:
     unacked_messages: int = 0
     redeliveries: int = 0
     dead_lettered: int = 0
+    delayed_messages: int = 0
     oldest_unacked_age_s: float | None = None  # the largest, under _other
 
 
@@ -137,6 +138,7 @@ class BrokerCollector:
                 sub.unacked_messages += counts.unacked_messages
                 sub.redeliveries += counts.redeliveries
                 sub.dead_lettered += counts.dead_lettered
+                sub.delayed_messages += counts.delayed_messages
                 if counts.oldest_publish_ms is not None:
                     age_s = max(0, now_ms - counts.oldest_publish_ms) / 1000
                     sub.oldest_unacked_age_s = max(age_s, sub.oldest_unacked_age_s or 0.0)
@@ -186,6 +188,8 @@ class BrokerCollector:
              "Messages stored (or held) and not yet sent to any consumer of the subscription", "lag_messages"),
             (GaugeMetricFamily, "danube_subscription_unacked_messages",
              "Deliveries awaiting their consumer's acknowledgement", "unacked_messages"),
+            (GaugeMetricFamily, "danube_subscription_delayed_messages",
+             "Delayed messages the subscription holds until their time (Shared and Key-Shared)", "delayed_messages"),
             (CounterMetricFamily, "danube_subscription_redelivery",
              "Deliveries that were not the first of their message (since the subscription started here)",
              "redeliveries"),

@@ -81,7 +81,7 @@ class CursorFlusher(Actor):
     def handle_PersistCursor(self, msg: PersistCursor) -> None:
         self.cursors[subscription_key(msg.topic, msg.subscription)] = cr.encode(cr.CursorRecord(
             sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
-            max_unacked_messages=msg.max_unacked_messages))
+            max_unacked_messages=msg.max_unacked_messages, delayed=msg.delayed))
 
     def handle_ForgetSubscription(self, msg: ForgetSubscription) -> None:
         self.cursors[subscription_key(msg.topic, msg.subscription)] = None
@@ -177,5 +177,6 @@ class CursorFlusher(Actor):
                                       f" (danube admin metadata get/delete {key})") from None
             states.append(SubscriptionState(name=key[len(prefix):].split("/")[0], sub_type=record.sub_type,
                                             cursor=record.cursor, acked_above=record.acked_above,
-                                            policy=record.policy, max_unacked_messages=record.max_unacked_messages))
+                                            policy=record.policy, max_unacked_messages=record.max_unacked_messages,
+                                            delayed=record.delayed))
         return PersistedSubscriptions(states=states)

@@ -39,6 +39,8 @@ class DeliverySample:
     # Since the actor started: deliveries after the first of an offset; offsets dead-lettered.
     redeliveries: int
     dead_lettered: int
+    # Delayed messages held until their time (Shared and Key-Shared on reliable topics).
+    delayed_messages: int = 0
     # Publish time (ms since the epoch, the producer's clock) of the first message not
     # yet acknowledged (non-reliable: the first held), when the subscription holds it.
     oldest_publish_ms: int | None = None

@@ -54,6 +54,7 @@ from danube_zmq.transport.internal_protocol import (
     ConsumerCount,
     ConsumerDetached,
     ConsumerPaused,
+    DelayedDue,
     DeliveryRefused,
     DescribeSubscription,
     DescribeSubscriptionCut,
@@ -343,6 +344,10 @@ class SubscriptionActor(Actor):
     def handle_Tick(self, msg: Tick) -> None:
         if (tracked := self._tracked_or_drop(msg)) is not None:
             tracked.tick()
+
+    def handle_DelayedDue(self, msg: DelayedDue) -> None:
+        if (tracked := self._tracked_or_drop(msg)) is not None:
+            tracked.delayed_due()
 
     def handle_SeekTo(self, msg: SeekTo) -> Message:
         return self._tracked().seek_to(msg)

@@ -36,26 +36,33 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import groupby, islice, repeat
 from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from danube_zmq.actors.dispatch import make_rule
 from danube_zmq.actors.dispatch.chunks import ChunkAffinity, chunk_of
-from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy
+from danube_zmq.actors.dispatch.tracker import CursorState, DeliveryTracker, FailurePolicy, Poisoned
 from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.sockets.gateway import OUTBOX, reply_client
+from danube_zmq.actors.subscription.delayed import DelayedLane
 from danube_zmq.actors.subscription.delivery import Consumer, DeliverySample
+from danube_zmq.actors.subscription.records import Record as _Record
 from danube_zmq.config.broker_config import ENVELOPE_BYTES_MAX, BrokerConfig
 from danube_zmq.transport import client_protocol as cp
+from danube_zmq.transport.client_protocol import DELIVER_AT
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, ResourceExhausted
 from danube_zmq.transport.internal_protocol import (
     INTERNAL_PROTOCOL,
+    READ_AHEAD,
     DeadLetter,
+    DelayedDue,
+    DelayedState,
     FailurePolicyState,
     PersistCursor,
     Publish,
@@ -83,19 +90,6 @@ _READ_BYTES_MAX = 1 << 20
 _new = tuple.__new__
 # What one `Deliver` shares: producer and schema version.
 _run_key = attrgetter("producer_id", "schema_id", "schema_version")
-
-
-class _Record(NamedTuple):
-    """One message of the read-ahead; built with `tuple.__new__` (one C call per message)."""
-
-    payload: bytes
-    key: str | None
-    attributes: dict[str, str] | None
-    publish_time: int
-    producer_id: int
-    producer_name: str
-    schema_id: int | None
-    schema_version: int | None
 
 
 _make_record = partial(_new, _Record)
@@ -135,7 +129,8 @@ def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tup
 class TrackedDelivery:
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, cursor: int,
                  acked_above: Sequence[int], committed_offset: int, policy: FailurePolicyState | None = None,
-                 max_unacked_messages: int | None = None, seeks: int = 0, durable: bool = True) -> None:
+                 max_unacked_messages: int | None = None, seeks: int = 0, durable: bool = True,
+                 delayed: DelayedState | None = None, spill_dir: Path | None = None) -> None:
         self.topic = topic
         # False: a reader's, whose cursor is neither stored nor counted by the topic.
         self.durable = durable
@@ -196,18 +191,42 @@ class TrackedDelivery:
         # chunk (before, dealing pays nothing for it).
         self.affinity = ChunkAffinity() if sub_type == cp.SubType.SHARED else None
         self._chunks_seen = False
+        # Shared and Key-Shared: delayed messages (`delayed.py`), once one is seen or
+        # when the subscription held some before.
+        self._spill_dir = spill_dir if sub_type in (cp.SubType.SHARED, cp.SubType.KEY_SHARED) else None
+        self.delayed = self._lane(delayed, cursor, acked_above) if delayed is not None and self._spill_dir else None
+        self._delayed_timer: int | None = None
+        self._persisted_changes = 0
 
     def bind(self, shell: SubscriptionActor) -> None:
         self.shell = shell
 
+    def _lane(self, state: DelayedState | None, cursor: int = -1, acked_above: Sequence[int] = ()) -> DelayedLane:
+        """The delayed messages' lane: resumed from `state` with the cursor it was
+        persisted with (what that cursor settled is what the lane's scan looks for)."""
+        assert self._spill_dir is not None
+        settled_above = frozenset(acked_above)
+        return DelayedLane(topic=self.topic, subscription=self.subscription, policy=self.policy,
+                           config=self.config.reliable, spill_dir=self._spill_dir, state=state,
+                           settled=lambda offset: offset <= cursor or offset in settled_above,
+                           scan_end=max(cursor, max(acked_above, default=cursor)) + 1, records_max=self.read_ahead_max)
+
     def start(self) -> None:
         if self.durable:
             self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
-                                                                                 cursor=self.tracker.cursor))
+                                                                                 cursor=self._retained_below()))
         self._fill()
 
     def stop(self) -> None:
         self._persist(force=True)
+        if self.delayed is not None:
+            self.delayed.close()
+
+    def _retained_below(self) -> int:
+        """The cursor the topic's retention goes by: delayed messages held keep the log
+        from the lowest of them (`delayed.py`, step 4)."""
+        low = self.delayed.low() if self.delayed is not None else None
+        return self.tracker.cursor if low is None else min(self.tracker.cursor, low - 1)
 
     def attached(self, replay: list[bytes]) -> None:
         self.dispatch()  # a reliable subscription starts from its cursor, never from a replay
@@ -216,6 +235,8 @@ class TrackedDelivery:
         if self.affinity is not None:
             self.affinity.consumer_left(consumer_id)
         self.tracker.consumer_gone(consumer_id, self.shell.system.clock.monotonic_ms())
+        if self.delayed is not None:
+            self.delayed.tracker.consumer_gone(consumer_id, self.shell.system.clock.monotonic_ms())
         self._arm_tick()
 
     # ------------------------------------------------------------- records in
@@ -228,6 +249,12 @@ class TrackedDelivery:
         self.dispatch()
 
     def read_result(self, msg: ReadResult) -> None:
+        if msg.purpose != READ_AHEAD:
+            if self.delayed is not None:
+                self.delayed.read_result(msg, self.shell.system.clock.monotonic_ms())
+                self._fill()
+                self.dispatch()
+            return
         self._read_result(msg)
         self._arm_tick()
 
@@ -267,6 +294,9 @@ class TrackedDelivery:
         start, count = self.buffer_end - base, len(publish.payloads)
         if attributes is not None and self.affinity is not None and not self._chunks_seen:
             self._chunks_seen = any(chunk_of(a) is not None for a in attributes)
+        if attributes is not None and self.delayed is None and self._spill_dir is not None \
+                and any(a and DELIVER_AT in a for a in attributes):
+            self.delayed = self._lane(None)
         if self.tracker.acked_above_count == 0 and self.buffer_end > self.tracker.cursor:
             # Nothing at or above buffer_end is acked yet (the steady state): every record
             # goes in, built in C (zip, then tuple.__new__ per row) rather than in a loop.
@@ -302,6 +332,9 @@ class TrackedDelivery:
         return True
 
     def _fill(self) -> None:
+        if self.delayed is not None and (request := self.delayed.read_request(self.subscription)) is not None \
+                and not self.shell.system.tell(self.shell.topic_endpoint, request):
+            self.delayed.reading = self.delayed.scanning = False  # a full mailbox: asked again at the next fill
         if self.gap_end and not self._cross_gap():
             return
         if not self.reading and self.buffer_end < self.head and self._room():
@@ -321,12 +354,34 @@ class TrackedDelivery:
         # whatever changed the tracker: every path that does ends in a dispatch (or in
         # `consumer_left`, `read_result`).
         self._arm_tick()
+        if self.delayed is not None:
+            self._arm_delayed()
+
+    def _arm_delayed(self) -> None:
+        """A `DelayedDue` for the earliest delayed message, unless one is armed as early."""
+        assert self.delayed is not None
+        at = self.delayed.next_time()
+        if at is None or (self._delayed_timer is not None and self._delayed_timer <= at):
+            return
+        self._delayed_timer = at
+        self.shell.system.schedule_once(self.shell.endpoint, max(1, at - self.shell.system.clock.now_ms()),
+                                        DelayedDue())
+
+    def delayed_due(self) -> None:
+        self._delayed_timer = None
+        self.dispatch()
 
     def _dispatch(self) -> None:
         now = self.shell.system.clock.monotonic_ms()
         capacity = self._capacity()
         if not capacity:
             return
+        lane = self.delayed
+        if lane is not None:
+            lane.dispatch(now, self.shell.system.clock.now_ms(), capacity, self.rule,
+                          self.sub_type == cp.SubType.KEY_SHARED, self._send_released)
+            if not capacity:
+                return self._fill()
         due = self.tracker.due(now, sum(capacity.values()))
         if due:
             # A resumed subscription's holes (unacked below acks it kept) are due at once,
@@ -342,14 +397,35 @@ class TrackedDelivery:
             # The buffered offsets from the read offset on (acked ones are not buffered).
             offsets = list(islice(filter(self.records.__contains__, range(self.tracker.read_offset, self.buffer_end)),
                                   limit))
-            if not offsets or not self._assign(offsets, capacity, None, now):
+            full = False
+            if lane is not None and offsets:
+                offsets, full = self._defer(lane, offsets, now)
+                if not offsets and not full:
+                    continue
+            if not offsets or not self._assign(offsets, capacity, None, now) or full:
                 break
         self._fill()
 
+    def _defer(self, lane: DelayedLane, offsets: list[int], now: int) -> tuple[list[int], bool]:
+        """Delayed messages among new `offsets` go to the lane, settled here (`delayed.py`,
+        step 1); returns the others and whether the lane is full."""
+        offsets, deferred, full = lane.defer(offsets, self.records, self.shell.system.clock.now_ms())
+        if deferred:
+            self.tracker.skip(deferred, now)
+            for offset in deferred:
+                del self.records[offset]
+        return offsets, full
+
+    def _send_released(self, consumer_id: int, offsets: list[int], counts: dict[int, int] | None,
+                       records: dict[int, _Record]) -> None:
+        self._send_records(self.shell.consumers[consumer_id], offsets, counts, records)
+
     def _capacity(self) -> dict[int, int]:
+        lane = self.delayed
         return self.shell.rate_capped({
             cid: room for cid, c in self.shell.consumers.items()
-            if not c.paused and (room := min(c.permits, self.window - self.tracker.in_flight_count(cid))) > 0
+            if not c.paused and (room := min(c.permits, self.window - self.tracker.in_flight_count(cid)
+                                             - (lane.in_flight(cid) if lane is not None else 0))) > 0
         })
 
     def _assign(self, offsets: list[int], capacity: dict[int, int], counts: dict[int, int] | None,
@@ -440,13 +516,14 @@ class TrackedDelivery:
         record = self.records[offset]
         return record.key if record.key is not None else record.producer_name
 
-    def _send_records(self, consumer: Consumer, offsets: list[int], counts: dict[int, int] | None) -> None:
+    def _send_records(self, consumer: Consumer, offsets: list[int], counts: dict[int, int] | None,
+                      held: dict[int, _Record] | None = None) -> None:
         """One `Deliver` per run of offsets from one producer and schema version with one
         redelivery count, cut where it would outgrow a frame: a run gathers records of many
         publishes, and a frame over the client's ZMQ_MAXMSGSIZE is dropped whole."""
         if consumer.consumer_id in self._too_large:
             return
-        records = list(map(self.records.__getitem__, offsets))
+        records = list(map((self.records if held is None else held).__getitem__, offsets))
         keys = map(_run_key, records) if counts is None else zip(map(_run_key, records), map(counts.__getitem__, offsets),
                                                                 strict=True)
         budget = self.config.limits.frame_bytes_max - ENVELOPE_BYTES_MAX
@@ -499,12 +576,17 @@ class TrackedDelivery:
         """Given back to the tracker: delivered again."""
         self.shell.delivered_messages -= len(offsets)
         consumer.permits += len(offsets)  # the client never saw them: it gives no permits back for them
-        self.tracker.undeliver(consumer.consumer_id, offsets, self.shell.system.clock.monotonic_ms())
+        now = self.shell.system.clock.monotonic_ms()
+        if self.delayed is not None:
+            offsets = self.delayed.refused(consumer.consumer_id, offsets, now)
+        self.tracker.undeliver(consumer.consumer_id, offsets, now)
         self.dispatch()
 
     # ------------------------------------------------------------- consumers
     def ack(self, consumer: Consumer, msg: cp.Ack) -> Message:
         offsets = msg.offsets
+        if self.delayed is not None and self.delayed.holds(offsets):
+            offsets = self.delayed.ack(consumer.consumer_id, offsets)
         cursor = self.tracker.ack(consumer.consumer_id, offsets)
         pop = self.records.pop
         if offsets and max(offsets) <= cursor:
@@ -517,15 +599,19 @@ class TrackedDelivery:
         return Ok(request_id=msg.request_id)
 
     def nack(self, consumer: Consumer, msg: cp.Nack) -> Message:
-        self.tracker.nack(consumer.consumer_id, msg.offsets, self.shell.system.clock.monotonic_ms(), msg.delay_ms)
+        now, offsets = self.shell.system.clock.monotonic_ms(), msg.offsets
+        if self.delayed is not None and self.delayed.holds(offsets):
+            offsets = self.delayed.nack(consumer.consumer_id, offsets, now, msg.delay_ms)
+        self.tracker.nack(consumer.consumer_id, offsets, now, msg.delay_ms)
         self.dispatch()
         return Ok(request_id=msg.request_id)
 
     # ------------------------------------------------------------- time
     def _arm_tick(self) -> None:
-        tracker = self.tracker
+        tracker, lane = self.tracker, self.delayed
         if self._tick_armed or (
             tracker.settled() and (tracker.cursor, tracker.acked_above_count) == self._persisted_mark
+            and (lane is None or (lane.settled() and lane.changes == self._persisted_changes))
         ):
             return
         self._tick_armed = True
@@ -535,25 +621,32 @@ class TrackedDelivery:
         self._tick_armed = False
         now = self.shell.system.clock.monotonic_ms()
         self.tracker.expire(now)
+        if self.delayed is not None:
+            self.delayed.tracker.expire(now)
         self._handle_poison(now)
         self._dispatch()
         self._persist()
         self._arm_tick()
 
     def _handle_poison(self, now: int) -> None:
-        poisoned = self.tracker.poisoned(now)
+        self._poison(self.tracker.poisoned(now), self.records, self.tracker.dead_lettered)
+        if self.delayed is not None:
+            self._poison(self.delayed.poisoned(now), self.delayed.records, self.delayed.dead_lettered)
+
+    def _poison(self, poisoned: list[Poisoned], records: dict[int, _Record],
+                dead_lettered: Callable[[int], object]) -> None:
         if not poisoned:
             return
         letters = []
         for item in poisoned:
-            record = self.records.get(item.offset)
+            record = records.get(item.offset)
             if item.action == "block":
                 log.error("%s:%s: offset %d failed %d deliveries; the subscription is blocked there (poison policy"
                           " block)", self.topic, self.subscription, item.offset, item.attempts)
             elif item.action == "drop":
                 log.warning("%s:%s: offset %d dropped after %d deliveries", self.topic, self.subscription,
                             item.offset, item.attempts)
-                self.records.pop(item.offset, None)
+                records.pop(item.offset, None)
                 self.shell.dropped_messages += 1
             elif record is not None:
                 letters.append((item, record))
@@ -568,19 +661,22 @@ class TrackedDelivery:
                              "x-poison-policy": "dead_letter",
                              "x-failure-reason": "max_redelivery_count reached"} for item, r in letters]))
             for item, _ in letters:
-                self.tracker.dead_lettered(item.offset)
-                self.records.pop(item.offset, None)
+                dead_lettered(item.offset)
+                records.pop(item.offset, None)
                 self.dead_lettered += 1
 
     def _persist(self, *, force: bool = False) -> None:
         state = self.tracker.snapshot()
         current = (state.cursor, tuple(state.acked_above))
-        if (current == self.persisted and not force) or not self.durable:
+        changes = self.delayed.changes if self.delayed is not None else 0
+        if (current == self.persisted and changes == self._persisted_changes and not force) or not self.durable:
             return
         # The topic needs every subscription's cursor for retention.
-        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription, cursor=state.cursor))
+        self.shell.system.tell(self.shell.topic_endpoint, SubscriptionCursor(subscription=self.subscription,
+                                                                             cursor=self._retained_below()))
         if self.shell.system.tell(self.shell.cursor_endpoint, self._cursor_record(state)):
             self.persisted = current
+            self._persisted_changes = changes
             self._persisted_mark = (state.cursor, len(state.acked_above))
 
     def _cursor_record(self, state: CursorState | None = None) -> PersistCursor:
@@ -591,7 +687,8 @@ class TrackedDelivery:
             topic=self.topic, subscription=self.subscription, sub_type=self.sub_type, cursor=state.cursor,
             acked_above=list(state.acked_above),
             policy=failure_policy_state(self.policy) if self.policy_explicit else None,
-            max_unacked_messages=self.window if self.window_explicit else None, seeks=self.seeks)
+            max_unacked_messages=self.window if self.window_explicit else None, seeks=self.seeks,
+            delayed=self.delayed.state() if self.delayed is not None else None)
 
     # ------------------------------------------------------------- seek
     def seek(self, consumer: Consumer, msg: cp.Seek) -> None:
@@ -617,6 +714,8 @@ class TrackedDelivery:
                  self.tracker.cursor)
         self.tracker.seek(offset)
         self.records.clear()
+        if self.delayed is not None:
+            self.delayed.reset()
         self.gap_end = 0
         # A read in flight answers for another start offset and is dropped (`handle_ReadResult`),
         # unless it starts exactly here, when its records are the right ones.
@@ -635,8 +734,12 @@ class TrackedDelivery:
 
     def expire_below(self, end: int) -> None:
         """The topic's message TTL ran out below `end`: every message there counts as
-        acknowledged (deliveries in flight too: their acks are then ignored)."""
-        expired = self.tracker.expire_below(end, self.shell.system.clock.monotonic_ms())
+        acknowledged (deliveries in flight too: their acks are then ignored), delayed
+        ones held or released too."""
+        now = self.shell.system.clock.monotonic_ms()
+        expired = self.tracker.expire_below(end, now)
+        if self.delayed is not None:
+            expired += self.delayed.expire_below(end, now)
         if not expired:
             return
         for offset in [o for o in self.records if o < end]:
@@ -697,15 +800,18 @@ class TrackedDelivery:
     def info(self) -> dict[str, int | None]:
         t = self.tracker.statistics()
         backlog = self.tracker.backlog(self.head)
+        lane = self.delayed
         return {"pending_messages": backlog, "cursor": t.cursor, "backlog_messages": backlog,
-                "unacked_messages": t.in_flight, "redeliveries": t.redeliveries_total,
-                "blocked_offset": t.blocked_offset}
+                "unacked_messages": t.in_flight + (lane.tracker.statistics().in_flight if lane is not None else 0),
+                "redeliveries": t.redeliveries_total, "blocked_offset": t.blocked_offset,
+                "delayed_messages": len(lane) if lane is not None else 0}
 
     def sample(self) -> DeliverySample:
         t = self.tracker.statistics()
         return DeliverySample(backlog_messages=self.tracker.backlog(self.head), pending_bytes=None, cursor=t.cursor,
                               lag_messages=max(0, self.head - t.read_offset), unacked_messages=t.in_flight,
                               redeliveries=t.redeliveries_total, dead_lettered=self.dead_lettered,
+                              delayed_messages=len(self.delayed) if self.delayed is not None else 0,
                               oldest_publish_ms=oldest.publish_time if (oldest := self.records.get(t.cursor + 1))
                               else None)
 

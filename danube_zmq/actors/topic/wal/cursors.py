@@ -41,6 +41,7 @@ from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.errors import DanubeError, InvalidArgument, Unavailable
 from danube_zmq.transport.internal_protocol import (
+    DelayedState,
     FailurePolicyState,
     ForgetSubscription,
     PersistCursor,
@@ -108,7 +109,7 @@ class WalCursors:
 
     async def spawn(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int],
                     policy: FailurePolicyState | None = None, max_unacked_messages: int | None = None,
-                    durable: bool = True) -> None:
+                    durable: bool = True, delayed: DelayedState | None = None) -> None:
         config, port, topic_log = self.config, self.port, self.topic_log
 
         def delivery() -> TrackedDelivery:
@@ -118,7 +119,8 @@ class WalCursors:
             return TrackedDelivery(
                 topic=self.topic, name=name, sub_type=sub_type, config=config, cursor=cursor, acked_above=acked_above,
                 committed_offset=topic_log.committed_offset, policy=accepted_policy, max_unacked_messages=window,
-                seeks=self.seek_epochs.get(name, 0), durable=durable)
+                seeks=self.seek_epochs.get(name, 0), durable=durable, delayed=delayed,
+                spill_dir=self.cache_dir / "delayed" / name)
 
         await port.spawn_subscription(name, sub_type, delivery, durable)
 
@@ -166,7 +168,7 @@ class WalCursors:
             self.recorded[msg.subscription] = (settings, msg.cursor)
         return cr.encode(cr.CursorRecord(
             sub_type=msg.sub_type, cursor=msg.cursor, acked_above=msg.acked_above, policy=msg.policy,
-            max_unacked_messages=msg.max_unacked_messages))
+            max_unacked_messages=msg.max_unacked_messages, delayed=msg.delayed))
 
     async def seek_durable(self, record: PersistCursor) -> None:
         """A subscription has just sought (`record` is its state as of the seek): its
@@ -285,7 +287,8 @@ class WalCursors:
             states = self.resume_from_checkpoints(states, carried)
         for state in states:
             await self.spawn(state.name, state.sub_type, cursor=state.cursor, acked_above=state.acked_above,
-                             policy=state.policy, max_unacked_messages=state.max_unacked_messages)
+                             policy=state.policy, max_unacked_messages=state.max_unacked_messages,
+                             delayed=state.delayed)
 
     def take_last(self, flushed: bool) -> tuple[list[tuple[str, bytes | None]],
                                                 list[PersistCursor | ForgetSubscription], DurableStore | None]:
@@ -382,7 +385,7 @@ class WalCursors:
                 continue
             from_wal[name] = SubscriptionState(
                 name=name, sub_type=record.sub_type, cursor=record.cursor, acked_above=record.acked_above,
-                policy=record.policy, max_unacked_messages=record.max_unacked_messages)
+                policy=record.policy, max_unacked_messages=record.max_unacked_messages, delayed=record.delayed)
         deleted = {name for name, checkpoint in newest.items() if checkpoint is None}
         resumed = dict(from_wal)
         for state in states:
@@ -402,9 +405,9 @@ class WalCursors:
                 self.store_pending.append(PersistCursor(
                     topic=self.topic, subscription=name, sub_type=state.sub_type, cursor=state.cursor,
                     acked_above=list(state.acked_above), policy=state.policy,
-                    max_unacked_messages=state.max_unacked_messages))
+                    max_unacked_messages=state.max_unacked_messages, delayed=state.delayed))
             self.recorded[name] = (settings, state.cursor if stored is None else stored.cursor)
             self.pending_checkpoints[name] = cr.encode(cr.CursorRecord(
                 sub_type=state.sub_type, cursor=state.cursor, acked_above=state.acked_above, policy=state.policy,
-                max_unacked_messages=state.max_unacked_messages))
+                max_unacked_messages=state.max_unacked_messages, delayed=state.delayed))
         return [resumed[name] for name in sorted(resumed)]

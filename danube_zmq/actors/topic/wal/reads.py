@@ -103,7 +103,7 @@ class WalReads:
                 gap_end = min(segment.base_offset, wal_start) if segment is not None else wal_start
         self.port.tell_subscription(msg.subscription, ReadResult(
             start_offset=start, frames=frames, log_start_offset=self.topic_log.log_start(),
-            committed_offset=committed, gap_end=gap_end))
+            committed_offset=committed, gap_end=gap_end, purpose=msg.purpose))
 
     def _read_cache(self, start: int, max_bytes: int) -> list[bytes]:
         if not self.cache or start < self.cache[0][0]:
@@ -146,7 +146,7 @@ class WalReads:
             for request in waiting:  # answer with nothing: the subscription asks again later
                 self.port.tell_subscription(request.subscription, ReadResult(
                     start_offset=request.start_offset, frames=[], log_start_offset=self.topic_log.log_start(),
-                    committed_offset=self.topic_log.committed_offset))
+                    committed_offset=self.topic_log.committed_offset, purpose=request.purpose))
             return
         while len(self.fetched) >= _FETCHED_SEGMENTS_MAX:
             oldest = next(iter(self.fetched))
