@@ -102,7 +102,7 @@ async def produce(url: str, topic: str, count: int, size: int, rate: float, reli
         start = time.monotonic_ns()
         interval_ns = int(1e9 / rate) if rate > 0 else 0
         # Only when asked: a tree from before delayed delivery runs this file too (feature_cost.py).
-        delay = {} if deliver_after_ms is None else {"deliver_after_ms": deliver_after_ms}
+        timing = {} if deliver_after_ms is None else {"deliver_after_ms": deliver_after_ms}
         for i in range(count):
             if interval_ns:
                 delay = (start + i * interval_ns - time.monotonic_ns()) / 1e9
@@ -112,7 +112,7 @@ async def produce(url: str, topic: str, count: int, size: int, rate: float, reli
             payload = struct.pack("<q", now) + filler
             while True:
                 try:
-                    producer.send_nowait(payload, callback=on_receipt(now), **delay)
+                    producer.send_nowait(payload, callback=on_receipt(now), **timing)
                     break
                 except DanubeError:  # the pending queue is full: let receipts come back
                     await asyncio.sleep(0.001)

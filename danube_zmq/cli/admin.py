@@ -372,10 +372,11 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
     reliable = [s for s in subscriptions if s.cursor is not None]
     if reliable:
         emit_table(
-            ["SUBSCRIPTION", "PARTITION", "CURSOR", "BACKLOG", "BACKLOG-BYTES", "UNACKED", "REDELIVERIES", "BLOCKED-AT"],
+            ["SUBSCRIPTION", "PARTITION", "CURSOR", "BACKLOG", "BACKLOG-BYTES", "UNACKED", "REDELIVERIES", "BLOCKED-AT",
+             "DELAYED"],
             [
                 [s.name, s.topic, s.cursor, s.backlog_messages, s.backlog_bytes, s.unacked_messages, s.redeliveries,
-                 s.blocked_offset]
+                 s.blocked_offset, s.delayed_messages]
                 for s in reliable
             ],
             title="Reliable delivery",

@@ -61,6 +61,11 @@ _ALL = (1 << 63) - 1
 _RELEASED_MAX = 10_000
 _SEGMENT_ENTRIES = 1_024
 _READ_BYTES_MAX = 1 << 20
+# Records of held messages due within this long are kept (`prefetch`), up to these bytes:
+# a release then needs no read of the log, which would decode a whole read (up to
+# _READ_BYTES_MAX) for the few messages due at one millisecond.
+_PREFETCH_MS = 2_000
+_PREFETCH_BYTES_MAX = 16 << 20
 
 # (consumer id, topic offsets, redelivery count by offset or None for first deliveries,
 # the records): the subscription's `Deliver` path.
@@ -99,6 +104,8 @@ class DelayedLane:
         self.offset_of: dict[int, int] = {}  # release number -> offset, until settled
         self.number_of: dict[int, int] = {}  # offset -> release number
         self.records: dict[int, Record] = {}  # offset -> record, of released messages
+        self.prefetch: dict[int, tuple[int, Record]] = {}  # offset -> (time, record) of held ones due soon
+        self.prefetch_bytes = 0
         self.records_max = records_max
         self.next_number = 0
         self.reading = False  # a READ_DELAYED_DUE in flight
@@ -163,6 +170,7 @@ class DelayedLane:
             else:
                 self.index.add(at, offset)
                 self._index_low_known = False
+                self._keep_ahead(offset, at, records[offset], wall_ms)
                 deferred.append(offset)
         if deferred:
             self.changes += 1
@@ -203,6 +211,23 @@ class DelayedLane:
         self.next_number += 1
         self.offset_of[number] = offset
         self.number_of[offset] = number
+        kept = self.prefetch.pop(offset, None)
+        if kept is not None:
+            self.records[offset] = kept[1]
+            self.prefetch_bytes -= len(kept[1].payload)
+
+    def _keep_ahead(self, offset: int, at: int, record: Record, wall_ms: int) -> None:
+        if at > wall_ms + _PREFETCH_MS or offset in self.prefetch:
+            return
+        if self.prefetch_bytes + len(record.payload) > _PREFETCH_BYTES_MAX:
+            # Full: what is no longer held (settled by a TTL, a seek) goes first.
+            mark = self.mark
+            for stale in [o for o, (t, _) in self.prefetch.items() if (t, o) <= mark]:
+                self.prefetch_bytes -= len(self.prefetch.pop(stale)[1].payload)
+            if self.prefetch_bytes + len(record.payload) > _PREFETCH_BYTES_MAX:
+                return
+        self.prefetch[offset] = (at, record)
+        self.prefetch_bytes += len(record.payload)
 
     def dispatch(self, now_ms: int, wall_ms: int, capacity: dict[int, int], rule: DispatchRule, key_shared: bool,
                  send: Send) -> None:
@@ -284,18 +309,24 @@ class DelayedLane:
         return ReadRequest(subscription=subscription, start_offset=min(missing), max_bytes=_READ_BYTES_MAX,
                            purpose=READ_DELAYED_DUE)
 
-    def read_result(self, msg: ReadResult, now_ms: int) -> None:
+    def read_result(self, msg: ReadResult, now_ms: int, wall_ms: int) -> None:
         if msg.purpose == READ_DELAYED_SCAN:
             self._scanned(msg)
             return
         self.reading = False
+        mark = self.mark
         for frame in msg.frames:
             publish = INTERNAL_PROTOCOL.decode(frame)
             assert isinstance(publish, Publish)
-            base = publish.base_offset
+            base, attributes = publish.base_offset, publish.attributes
             for i in range(len(publish.payloads)):
-                if (offset := base + i) in self.number_of and offset not in self.records:
-                    self.records[offset] = record_at(publish, i)
+                if (offset := base + i) in self.number_of:
+                    if offset not in self.records:
+                        self.records[offset] = record_at(publish, i)
+                elif attributes is not None and (at := deliver_at_of(attributes[i])) is not None \
+                        and (at, offset) > mark:
+                    # Held, or to be when judged: (time, offset) above the mark then and now.
+                    self._keep_ahead(offset, at, record_at(publish, i), wall_ms)
         if not msg.frames:
             gone_below = max(msg.log_start_offset, msg.gap_end)
             lost = sorted(o for o in self.number_of if o < gone_below and o not in self.records)
@@ -432,6 +463,8 @@ class DelayedLane:
         self.offset_of.clear()
         self.number_of.clear()
         self.records.clear()
+        self.prefetch.clear()
+        self.prefetch_bytes = 0
         self.scan = None
         self.mark = (-1, -1)
         self.changes += 1

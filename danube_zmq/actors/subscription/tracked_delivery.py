@@ -251,7 +251,7 @@ class TrackedDelivery:
     def read_result(self, msg: ReadResult) -> None:
         if msg.purpose != READ_AHEAD:
             if self.delayed is not None:
-                self.delayed.read_result(msg, self.shell.system.clock.monotonic_ms())
+                self.delayed.read_result(msg, self.shell.system.clock.monotonic_ms(), self.shell.system.clock.now_ms())
                 self._fill()
                 self.dispatch()
             return

@@ -166,11 +166,12 @@ class Backend:
                     row = subscriptions.setdefault(sub.name, {
                         "name": sub.name, "type": jsonable(sub)["sub_type"], "consumers": 0,
                         "backlog_messages": 0, "unacked_messages": 0, "redeliveries": 0, "lag": 0,
-                        "delivered": 0})
+                        "delivered": 0, "delayed": 0})
                     row["consumers"] += len(sub.consumers)
                     row["backlog_messages"] += sub.backlog_messages or sub.pending_messages
                     row["unacked_messages"] += sub.unacked_messages or 0
                     row["redeliveries"] += sub.redeliveries or 0
+                    row["delayed"] += sub.delayed_messages or 0
                     row["lag"] += sub.pending_messages
                     row["delivered"] += sub.delivered_messages
             try:

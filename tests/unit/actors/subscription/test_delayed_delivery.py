@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import zmq.asyncio
 
+from danube_zmq.actors.metrics import METRICS
 from danube_zmq.actors.subscription.delayed import deliver_at_of
 from danube_zmq.actors.subscription.shell import SubscriptionActor
 from danube_zmq.actors.subscription.tracked_delivery import TrackedDelivery
 from danube_zmq.actors.topic import TopicActor
 from danube_zmq.clock import ManualClock
-from danube_zmq.config.broker_config import BrokerConfig, ReliableSection
+from danube_zmq.config.broker_config import BrokerConfig, PoliciesSection, ReliableSection
 from danube_zmq.runtime.system import ActorSystem
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.client_protocol import DELIVER_AT
@@ -155,3 +156,25 @@ async def test_a_seek_judges_delayed_messages_again(tmp_path: Path) -> None:
         assert await client.drain() == [(1, b"b", 0)]  # a held back again, b delivered again
         clock.advance(1000)
         assert await client.drain() == [(0, b"a", 0)]
+
+
+async def test_the_message_ttl_expires_held_messages_too(tmp_path: Path) -> None:
+    """`message_ttl_s` 30: a message published now and due in 60 s is acknowledged by
+    the TTL check 30 s later (counted with the subscription's label), never delivered."""
+    clock = ManualClock()
+    config = BrokerConfig(policies=PoliciesSection(message_expiry_check_interval_ms=100, message_ttl_s=30))
+    async with reliable_topic(tmp_path, TOPIC, clock=clock, config=config) as (system, endpoint, _, sock):
+        topic, producer_id, _ = await _setup(system, endpoint, sock, cp.SubType.SHARED)
+        client = _Client(sock)
+        now = clock.now_ms()
+        receipt = await ask(sock, cp.Send(request_id=4, producer_id=producer_id, payloads=[b"late"], sequence=0,
+                                          publish_times=[now], attributes=[{DELIVER_AT: str(now + 60_000)}]))
+        assert isinstance(receipt, cp.SendReceipt)
+        delivery = _delivery(system, topic)
+        await until(lambda: delivery.info()["delayed_messages"] == 1, "the message to be held")
+        clock.advance(29_000)
+        assert await client.drain() == []
+        clock.advance(1_100)
+        await until(lambda: delivery.info()["delayed_messages"] == 0, "the held message to expire")
+        assert METRICS.messages_expired.labels(topic=TOPIC, subscription="s").value == 1
+        assert delivery.tracker.cursor == 0
