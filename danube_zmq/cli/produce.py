@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
+import re
 import sys
 import threading
 import time
@@ -79,6 +81,35 @@ class _Plan:
         return {"deliver_after_ms": self.deliver_after_ms, "deliver_at_ms": self.deliver_at_ms}
 
 
+_DELAY_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _delay_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """`1500ms`, `30s`, `5m`, `2h`, `1d` (a bare number is ms) -> ms."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d{1,12})\s*(ms|s|m|h|d)?\s*", value)
+    if match is None:
+        raise click.BadParameter(f"{value!r} is not a duration: a whole number with ms, s, m, h or d, as 30s")
+    return int(match.group(1)) * _DELAY_UNITS_MS[match.group(2) or "ms"]
+
+
+def _time_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """ISO 8601 (UTC unless it names a zone) or ms since the epoch -> ms since the epoch."""
+    if value is None:
+        return None
+    if value.strip().isdigit():
+        return int(value)
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither ISO 8601 (2026-12-24T18:00:00Z) nor ms since the epoch")\
+            from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
 @click.command("produce")
 @service_url_option
 @click.option("-t", "--topic", required=True, help="Topic to send to: /namespace/topic.")
@@ -113,10 +144,11 @@ class _Plan:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per sent message.")
 @click.option("--chunking", is_flag=True,
               help="Send a payload larger than the broker's message size in chunks (the consumer puts it together).")
-@click.option("--deliver-after-ms", type=click.IntRange(min=0), metavar="MS",
-              help="Delayed message: Shared and Key-Shared subscriptions get it MS from now (reliable topics).")
-@click.option("--deliver-at-ms", type=click.IntRange(min=0), metavar="EPOCH_MS",
-              help="Delayed message: delivered at this time, ms since the epoch (reliable topics).")
+@click.option("--deliver-after", "deliver_after_ms", callback=_delay_ms, metavar="DURATION",
+              help="Delayed message: Shared and Key-Shared subscriptions get it this long from now, as 1500ms, 30s,"
+                   " 5m, 2h or 1d (reliable topics).")
+@click.option("--deliver-at", "deliver_at_ms", callback=_time_ms, metavar="TIME",
+              help="Delayed message: delivered at this time, ISO 8601 (2026-12-24T18:00:00Z) or ms since the epoch.")
 @click.option("--schema-subject", metavar="SUBJECT", help="Write this registered schema subject (binds the topic).")
 @click.option("--schema-version", type=click.IntRange(min=1), metavar="N", help="Pin this version of the subject.")
 @click.option("--schema-min-version", type=click.IntRange(min=1), metavar="N",
@@ -163,7 +195,7 @@ def produce(
       danube produce -t /default/orders --reliable -a "priority:high,region:eu" -m '{"id":1}'
       danube produce -t /default/images -f photo.jpg
       danube produce -t /default/videos --reliable --chunking -f clip.mp4
-      danube produce -t /default/reminders --reliable --deliver-after-ms 60000 -m "call back"
+      danube produce -t /default/reminders --reliable --deliver-after 1m -m "call back"
       seq 1000 | danube produce -t /default/numbers --stdin
       danube produce -t /default/orders --schema-subject orders -m '{"id": 1, "sku": "apple"}'
       danube produce -t /default/payments --schema-file payment.avsc --schema-type avro -m '{"amount": 9.5}'
@@ -176,7 +208,7 @@ def produce(
     if from_stdin and count != 1:
         raise click.UsageError("--count applies to -m and -f; with --stdin each line is sent once")
     if deliver_after_ms is not None and deliver_at_ms is not None:
-        raise click.UsageError("give --deliver-after-ms or --deliver-at-ms, not both")
+        raise click.UsageError("give --deliver-after or --deliver-at, not both")
     topic = check_topic(topic)
     kind = _schema_options(schema_subject, schema_version, schema_min_version, schema_file, schema_type)
     if message is not None:

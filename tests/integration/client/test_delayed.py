@@ -8,7 +8,10 @@ is measured in `benchmarks/delayed_delivery.py`, not here."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -106,6 +109,29 @@ async def test_an_exclusive_subscription_delivers_delayed_messages_at_once(broke
         await producer.send(b"later", deliver_after_ms=60_000)
         got = await consumer.receive(timeout=10)
         assert got.payload == b"later"
+
+
+async def test_the_cli_sends_delayed_messages(broker_factory) -> None:
+    """`danube produce --deliver-after 2s` and `--deliver-at` an ISO time: held until
+    then; a duration that does not parse is a usage error naming the option."""
+    broker = broker_factory()
+    topic = "/default/delayed-cli"
+    cli = [sys.executable, "-m", "danube_zmq.cli.main", "produce", "-s", broker.url, "-t", topic, "--reliable"]
+    async with DanubeClient(broker.url) as client:
+        consumer = await client.subscribe(topic, "jobs")
+        sent = _now_ms()
+        done = await asyncio.to_thread(subprocess.run, [*cli, "-m", "after", "--deliver-after", "2s"],
+                                       capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        at = datetime.datetime.fromtimestamp((sent + 6000) / 1000, tz=datetime.UTC).isoformat()
+        done = await asyncio.to_thread(subprocess.run, [*cli, "-m", "at", "--deliver-at", at],
+                                       capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        got = await _receive_all(consumer, 2, 20)
+        assert [m.payload for _, m in got] == [b"after", b"at"]
+        assert got[0][0] >= sent + 2000 and got[1][0] >= sent + 6000 - 1  # ISO keeps ms
+    bad = subprocess.run([*cli, "-m", "x", "--deliver-after", "soon"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--deliver-after" in bad.stderr and "not a duration" in bad.stderr
 
 
 async def test_bad_delivery_times_are_refused_by_the_client(broker_factory) -> None:
