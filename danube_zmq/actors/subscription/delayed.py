@@ -104,6 +104,7 @@ class DelayedLane:
         self.offset_of: dict[int, int] = {}  # release number -> offset, until settled
         self.number_of: dict[int, int] = {}  # offset -> release number
         self.records: dict[int, Record] = {}  # offset -> record, of released messages
+        self.unread: set[int] = set()  # released offsets whose record is still to be read
         self.prefetch: dict[int, tuple[int, Record]] = {}  # offset -> (time, record) of held ones due soon
         self.prefetch_bytes = 0
         self.records_max = records_max
@@ -215,6 +216,8 @@ class DelayedLane:
         if kept is not None:
             self.records[offset] = kept[1]
             self.prefetch_bytes -= len(kept[1].payload)
+        else:
+            self.unread.add(offset)
 
     def _keep_ahead(self, offset: int, at: int, record: Record, wall_ms: int) -> None:
         if at > wall_ms + _PREFETCH_MS or offset in self.prefetch:
@@ -302,11 +305,10 @@ class DelayedLane:
                                purpose=READ_DELAYED_SCAN)
         if self.reading or len(self.records) >= self.records_max:
             return None
-        missing = [o for o in self.offset_of.values() if o not in self.records]
-        if not missing:
+        if not self.unread:
             return None
         self.reading = True
-        return ReadRequest(subscription=subscription, start_offset=min(missing), max_bytes=_READ_BYTES_MAX,
+        return ReadRequest(subscription=subscription, start_offset=min(self.unread), max_bytes=_READ_BYTES_MAX,
                            purpose=READ_DELAYED_DUE)
 
     def read_result(self, msg: ReadResult, now_ms: int, wall_ms: int) -> None:
@@ -321,15 +323,16 @@ class DelayedLane:
             base, attributes = publish.base_offset, publish.attributes
             for i in range(len(publish.payloads)):
                 if (offset := base + i) in self.number_of:
-                    if offset not in self.records:
+                    if offset in self.unread:
                         self.records[offset] = record_at(publish, i)
+                        self.unread.discard(offset)
                 elif attributes is not None and (at := deliver_at_of(attributes[i])) is not None \
                         and (at, offset) > mark:
                     # Held, or to be when judged: (time, offset) above the mark then and now.
                     self._keep_ahead(offset, at, record_at(publish, i), wall_ms)
         if not msg.frames:
             gone_below = max(msg.log_start_offset, msg.gap_end)
-            lost = sorted(o for o in self.number_of if o < gone_below and o not in self.records)
+            lost = sorted(o for o in self.unread if o < gone_below)
             if lost:
                 log.warning("%s:%s: delayed messages at offsets %d..%d are no longer in the log; dropped", self.topic,
                             self.subscription, lost[0], lost[-1])
@@ -453,6 +456,7 @@ class DelayedLane:
             if self.tracker.is_acked(number) and (offset := self.offset_of.pop(number, None)) is not None:
                 del self.number_of[offset]
                 self.records.pop(offset, None)
+                self.unread.discard(offset)
                 self.changes += 1
 
     def reset(self) -> None:
@@ -463,6 +467,7 @@ class DelayedLane:
         self.offset_of.clear()
         self.number_of.clear()
         self.records.clear()
+        self.unread.clear()
         self.prefetch.clear()
         self.prefetch_bytes = 0
         self.scan = None
