@@ -393,6 +393,12 @@ class SubscriptionState(Struct):
     max_unacked_messages: int | None = None
     delayed: DelayedState | None = None
 
+    def retained_cursor(self) -> int:
+        """What the log must keep after: the cursor, or below the lowest delayed message
+        the subscription holds (actors/subscription/delayed.py)."""
+        low = self.delayed.low if self.delayed is not None else None
+        return self.cursor if low is None else min(self.cursor, low - 1)
+
 
 @wire
 class DeadLetter(Message):

@@ -150,7 +150,8 @@ class HandOver(Actor):
                 # Cursors still in the topics' mailboxes are newer, so never lower: these hand over enough.
                 answer = await self.system.ask(self.flusher_endpoint, SubscriptionsOf(topic=self.topic))
                 assert isinstance(answer, PersistedSubscriptions)
-                cursors = [s.cursor for s in answer.states]
+                # Delayed messages a subscription holds keep the log from the lowest of them.
+                cursors = [s.retained_cursor() for s in answer.states]
                 self.offer = await asyncio.to_thread(self._make_offer, min(cursors) if cursors else None)
             offer = self.offer
             files = [ap.HandOverFile(name=f.name, size_bytes=f.size_bytes) for f in offer.files]
