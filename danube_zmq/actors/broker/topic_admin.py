@@ -304,8 +304,9 @@ class TopicAdmin:
         state = None if state_value is None else cr.decode(state_value.value, cr.TopicState)
         next_offset = 0 if state is None else max(state.next_offset, state.reserved_until)
         subscriptions = await self.broker.subscriptions_of(resolved.name)
-        oldest = min((s.retained_cursor() for s in subscriptions), default=None)
-        lost_start = None if oldest is None or oldest + 1 >= next_offset else oldest + 1
+        oldest = min(subscriptions, key=lambda s: s.retained_cursor(), default=None)
+        kept_from = None if oldest is None else oldest.retained_cursor() + 1
+        lost_start = None if kept_from is None or kept_from >= next_offset else kept_from
         reason = (f"broker {holder} is gone and its disk alone holds the topic's WAL; offsets up to its reservation"
                   f" ({next_offset}) may have been given out")
         if msg.force:
