@@ -28,14 +28,14 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-async def _receive_all(consumer, count: int, timeout_s: float, *, ack: bool = True) -> list[tuple[int, object]]:
-    """(arrival ms, message) for `count` messages, acknowledged as they come."""
-    out = []
+async def _receive(consumer, done, what: str, timeout_s: float, ack: bool) -> list[tuple[int, object]]:
+    """(arrival ms, message) until `done(received)`, acknowledged as they come with `ack`."""
+    out: list[tuple[int, object]] = []
     deadline = time.monotonic() + timeout_s
-    while len(out) < count:
+    while not done(out):
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError(f"{len(out)} of {count} messages in {timeout_s} s")
+            raise AssertionError(f"{len(out)} messages in {timeout_s} s, not {what}")
         try:
             message = await consumer.receive(timeout=left)
         except Timeout:
@@ -46,25 +46,22 @@ async def _receive_all(consumer, count: int, timeout_s: float, *, ack: bool = Tr
     return out
 
 
+async def _receive_all(consumer, count: int, timeout_s: float, *, ack: bool = True) -> list[tuple[int, object]]:
+    """`count` messages."""
+    return await _receive(consumer, lambda out: len(out) >= count, f"{count}", timeout_s, ack)
+
+
 async def _receive_set(consumer, expected: set[bytes], timeout_s: float) -> list[tuple[int, object]]:
     """Every message until each of `expected` came at least once (after a crash or a
-    move some may come twice: at least once), acknowledged as they come; others may
-    come between them."""
-    out: list[tuple[int, object]] = []
+    move some may come twice: at least once); others may come between them."""
     seen: set[bytes] = set()
-    deadline = time.monotonic() + timeout_s
-    while not expected <= seen:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"{len(seen)} of {len(expected)} messages in {timeout_s} s")
-        try:
-            message = await consumer.receive(timeout=left)
-        except Timeout:
-            continue
-        out.append((_now_ms(), message))
-        seen.add(message.payload)
-        await consumer.ack(message)
-    return out
+
+    def done(out: list[tuple[int, object]]) -> bool:
+        if out:
+            seen.add(out[-1][1].payload)  # one message came since the last call
+        return expected <= seen
+
+    return await _receive(consumer, done, f"each of {len(expected)} expected", timeout_s, True)
 
 
 async def _nothing_more(consumer, within_s: float) -> None:
