@@ -172,7 +172,7 @@ class BrokerService:
                 await self._start_grpc_door()
             if config.broker.grpc_admin_listen is not None:
                 # Likewise (ListBrokers names it). Its calls go to the admin port, which
-                # answers "broker busy; retry" until the broker actor below is up, as it
+                # answers UNAVAILABLE "broker starting; retry" until the broker actor below is up, as it
                 # does for `danube admin` in that moment.
                 await self._start_grpc_admin_door()
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")

@@ -225,7 +225,11 @@ def client_keys() -> None:
     """
 
 
-@client_keys.command("add")
+# One Z85 key in 85 starts with '-': it is the key, not an unknown option.
+_KEY_ARGUMENT = {"ignore_unknown_options": True}
+
+
+@client_keys.command("add", context_settings=_KEY_ARGUMENT)
 @click.argument("public_key")
 @click.option("--principal", required=True)
 @click.option("--type", "principal_type", type=_TYPES, default="service_account", show_default=True)
@@ -249,7 +253,7 @@ def client_keys_list(endpoint: str, timeout_ms: int, as_json: bool) -> None:
     emit_table(["PUBLIC-KEY", "PRINCIPAL", "TYPE"], [[k.public_key, k.principal, k.principal_type] for k in found])
 
 
-@client_keys.command("remove")
+@client_keys.command("remove", context_settings=_KEY_ARGUMENT)
 @click.argument("public_key")
 @_admin_options
 def client_keys_remove(public_key: str, endpoint: str, timeout_ms: int, as_json: bool) -> None:

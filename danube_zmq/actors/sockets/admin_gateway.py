@@ -293,7 +293,11 @@ class AdminGateway(Actor):
         request = AdminRequest(identity=identity, frame=frame, public_key=key)
         if route.endpoint is None:  # answered here, by the handlers below
             return await self.system.handle_in_place(self.endpoint, request)
-        if not self.system.tell(getattr(self.system, route.endpoint), request):
+        target = getattr(self.system, route.endpoint)
+        if not target:  # the port is bound before the actors behind it are spawned
+            self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
+                                        message="broker starting; retry"))
+        elif not self.system.tell(target, request):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED, message=route.busy))
         return True
 

@@ -1,4 +1,5 @@
-"""Exhausted restarts take the broker down loudly (issue 19, section 7), in a real process.
+"""Exhausted restarts take the broker down loudly (issue 19, section 7), in a real process;
+a request for an actor not started yet is told so.
 
 A broker process is started with a bug planted in its snapshot actor (listing snapshots
 raises a plain exception, as a bug of ours would). Each failing request is still
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import zmq
@@ -36,16 +38,75 @@ main()
 """
 
 
-def test_an_actor_that_exhausts_its_restarts_stops_the_broker_with_exit_70(tmp_path: Path) -> None:
-    """Five failures are answered INTERNAL and the broker keeps serving; the sixth within
-    the minute ends the process with EXIT_FATAL and a CRITICAL log line naming the actor."""
+# The snapshot actor, the last one spawned, takes 3 s to start.
+_SLOW_START_BROKER = """
+import asyncio
+from danube_zmq.actors.broker.snapshot_actor import SnapshotActor
+
+_start = SnapshotActor.on_start
+
+async def on_start(self):
+    await asyncio.sleep(3)
+    await _start(self)
+
+SnapshotActor.on_start = on_start
+from danube_zmq.cli.main import main
+main()
+"""
+
+
+def _start_planted(code: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     admin_url = f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp_path / "broker.log"
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-c", _BUGGY_BROKER, "broker", "start", "--listen", f"tcp://127.0.0.1:{free_port()}",
+            [sys.executable, "-c", code, "broker", "start", "--listen", f"tcp://127.0.0.1:{free_port()}",
              "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(tmp_path / "data")],
             stdout=log_file, stderr=subprocess.STDOUT)
+    return process, admin_url, log_path
+
+
+def _ask(sock: zmq.Socket, request: object) -> object:
+    sock.send(ADMIN_PROTOCOL.encode(request))
+    return ADMIN_PROTOCOL.decode(sock.recv())
+
+
+def _ask_started(sock: zmq.Socket, request: object) -> object:
+    """`_ask`, again while the broker is starting (its admin port answers before)."""
+    deadline = time.monotonic() + 60
+    while isinstance(reply := _ask(sock, request), Error) and reply.message == "broker starting; retry":
+        assert time.monotonic() < deadline, reply
+        time.sleep(0.1)
+    return reply
+
+
+def test_a_request_before_its_actor_started_is_told_the_broker_is_starting(tmp_path: Path) -> None:
+    """The admin port answers from the moment it is bound; a request for an actor not
+    spawned yet is UNAVAILABLE "broker starting; retry" (it was RESOURCE_EXHAUSTED,
+    "queued to the limit", which sends an operator after the wrong cause), and is
+    served once the actor is up."""
+    process, admin_url, _ = _start_planted(_SLOW_START_BROKER, tmp_path)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 30_000)
+    try:
+        wait_ready(admin_url, process)
+        sock.connect(admin_url)
+        early = _ask(sock, ap.ListSnapshots(request_id=1))
+        assert isinstance(early, Error) and early.code == ErrorCode.UNAVAILABLE, early
+        assert early.message == "broker starting; retry"
+        served = _ask_started(sock, ap.ListSnapshots(request_id=2))
+        assert isinstance(served, ap.SnapshotList), served
+    finally:
+        sock.close(linger=0)
+        process.kill()
+        process.wait(10)
+
+
+def test_an_actor_that_exhausts_its_restarts_stops_the_broker_with_exit_70(tmp_path: Path) -> None:
+    """Five failures are answered INTERNAL and the broker keeps serving; the sixth within
+    the minute ends the process with EXIT_FATAL and a CRITICAL log line naming the actor."""
+    process, admin_url, log_path = _start_planted(_BUGGY_BROKER, tmp_path)
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 30_000)
@@ -53,13 +114,11 @@ def test_an_actor_that_exhausts_its_restarts_stops_the_broker_with_exit_70(tmp_p
         wait_ready(admin_url, process)
         sock.connect(admin_url)
         for rid in range(1, 7):
-            sock.send(ADMIN_PROTOCOL.encode(ap.ListSnapshots(request_id=rid)))
-            reply = ADMIN_PROTOCOL.decode(sock.recv())
+            reply = _ask_started(sock, ap.ListSnapshots(request_id=rid))
             assert isinstance(reply, Error) and reply.code == ErrorCode.INTERNAL, reply
             assert "planted bug" in reply.message
             if rid < 6:
-                sock.send(ADMIN_PROTOCOL.encode(ap.ListNamespaces(request_id=100 + rid)))
-                assert isinstance(ADMIN_PROTOCOL.decode(sock.recv()), ap.NamespaceList)
+                assert isinstance(_ask_started(sock, ap.ListNamespaces(request_id=100 + rid)), ap.NamespaceList)
         code = process.wait(timeout=60)
     finally:
         sock.close(linger=0)
