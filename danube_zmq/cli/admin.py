@@ -29,6 +29,7 @@ from danube_zmq.transport.admin_protocol import (
     DispatchConfigInfo,
     FailurePolicyInfo,
     NamespaceLimitsInfo,
+    TopicDescription,
     TopicSchemaConfigInfo,
 )
 from danube_zmq.transport.client_protocol import DispatchStrategy, SubType
@@ -254,6 +255,29 @@ def topics_unload(ctx: click.Context, topic: str) -> None:
     emit_line(f"unloading topic {topic}: it is sealed and assigned to another broker")
 
 
+@topics.command("compact")
+@click.argument("topic")
+@click.option("--wait", is_flag=True, help="Return once the compaction is done (or say why it failed).")
+@click.pass_context
+def topics_compact(ctx: click.Context, topic: str, wait: bool) -> None:
+    """Compact TOPIC (each partition of a reliable topic): keep the latest message per
+    key (an empty payload deletes its key) below the committed end, in the background
+    while producers keep writing. Consumers and readers with read_compacted read that
+    view, then the live tail. `topics describe` shows the status and horizon."""
+    topic = check_topic(topic)
+
+    async def compact(client: AdminClient) -> TopicDescription | None:
+        await client.compact_topic(topic)
+        return await client.wait_for_compaction(topic) if wait else None
+
+    described = _call(ctx, compact)
+    if described is None:
+        emit_line(f"compacting topic {topic}: see danube admin topics describe {topic}")
+        return
+    for partition in described.partitions:
+        emit_line(f"{partition.name}: compacted below offset {partition.compaction_horizon}")
+
+
 @topics.command("repair")
 @click.argument("topic")
 @click.option("--accept-loss", is_flag=True, help="Give up the unreadable records and serve the topic again.")
@@ -349,6 +373,10 @@ def topics_describe(ctx: click.Context, topic: str, output: str) -> None:
             emit_line(f"NOT SERVED: partition {p.name}: WAL damaged: {p.wal_damage}")
         elif p.not_served is not None:
             emit_line(f"NOT SERVED: partition {p.name}: {p.not_served}")
+    compacted = [p for p in description.partitions if p.compaction not in (None, "never")]
+    if compacted:
+        emit_table(["PARTITION", "COMPACTION", "HORIZON"],
+                   [[p.name, p.compaction, p.compaction_horizon] for p in compacted], title="Compaction")
     if description.policies is not None and description.policy_sources is not None:
         sources = description.policy_sources
         emit_table(["POLICY", "VALUE", "SOURCE"],

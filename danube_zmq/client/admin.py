@@ -19,6 +19,7 @@ map: the caller awaits each reply before sending the next request.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeVar
 
 from danube_zmq.client.client import parse_enum
@@ -35,6 +36,7 @@ from danube_zmq.transport.admin_protocol import (
     ClusterBalance,
     ClusterStatus,
     ClusterStatusInfo,
+    CompactTopic,
     ConfigureTopicSchema,
     CreateNamespace,
     CreateSnapshot,
@@ -104,7 +106,7 @@ from danube_zmq.transport.admin_protocol import (
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import InvalidArgument, PermissionDenied
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Timeout
 from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
 __all__ = ["AdminClient", "broker_label", "check_endpoint"]
@@ -336,6 +338,30 @@ class AdminClient(RequestClient):
         the topic then stays where it was)."""
         parse_topic(topic)
         await self._call(lambda rid: UnloadTopic(request_id=rid, topic=topic), Ok, timeout_ms=timeout_ms)
+
+    async def compact_topic(self, topic: str) -> None:
+        """Start compacting `topic` (each partition of a reliable topic): the latest
+        message per key below its committed end, in the background. Its progress is in
+        `describe_topic` (`PartitionInfo.compaction`); `wait_for_compaction` waits."""
+        parse_topic(topic)
+        await self._call(lambda rid: CompactTopic(request_id=rid, topic=topic), Ok)
+
+    async def wait_for_compaction(self, topic: str, *, timeout_s: float = 600.0) -> TopicDescription:
+        """The description of `topic` once no partition is being compacted; raises
+        FAILED_PRECONDITION naming a partition whose compaction failed, and TIMEOUT
+        after `timeout_s`."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            described = await self.describe_topic(topic)
+            states = [(p.name, p.compaction or "") for p in described.partitions]
+            failed = [f"{name}: {state}" for name, state in states if state.startswith("failed")]
+            if failed:
+                raise FailedPrecondition("compaction " + "; ".join(failed))
+            if not any(state == "running" for _, state in states):
+                return described
+            if asyncio.get_running_loop().time() > deadline:
+                raise Timeout(f"topic {topic} still being compacted after {timeout_s:g} s")
+            await asyncio.sleep(0.1)
 
     async def repair_topic(self, topic: str, *, accept_loss: bool) -> TopicRepaired:
         """What repairing `topic`'s damaged WAL gives up; with `accept_loss`, do it and

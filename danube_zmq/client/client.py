@@ -375,6 +375,7 @@ class DanubeClient:
         max_pending_chunked_messages: int = 10,
         pending_chunked_bytes_max: int = 256 * 1024 * 1024,
         expire_incomplete_chunked_message_ms: int = 60_000,
+        read_compacted: bool = False,
     ) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition of it). A missing topic
         is created as its namespace's auto topic creation policy says (Pulsar's
@@ -393,7 +394,11 @@ class DanubeClient:
         of chunks, wait for their last chunk (past either the oldest is dropped); one
         whose next chunk does not come within `expire_incomplete_chunked_message_ms` is
         dropped (its producer died mid-way). A dropped one's chunks are acknowledged
-        and logged (Pulsar's `maxPendingChunkedMessage`, `expireTimeOfIncompleteChunkedMessage`)."""
+        and logged (Pulsar's `maxPendingChunkedMessage`, `expireTimeOfIncompleteChunkedMessage`).
+
+        `read_compacted` (Exclusive and Failover subscriptions of a reliable topic): below
+        the topic's compaction horizon only the latest message per key is delivered (an
+        admin's `topics compact`), then every message of the live tail."""
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None:
@@ -416,6 +421,9 @@ class DanubeClient:
         )
         if type(ack_delay_ms) is not int or ack_delay_ms < 0:
             raise InvalidArgument(f"ack_delay_ms must be an int >= 0, got {ack_delay_ms!r}")
+        if read_compacted and kind not in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            raise InvalidArgument(f"read_compacted applies to exclusive and failover subscriptions (and readers),"
+                                  f" not {kind.name.lower()}")
         reader = reader_definition(reader_schema)
         self._check_open()
         names = await self._retry(lambda: self._partitions_to_subscribe(topic))
@@ -438,6 +446,7 @@ class DanubeClient:
             max_pending_chunked_messages=max_pending_chunked_messages,
             pending_chunked_bytes_max=pending_chunked_bytes_max,
             expire_incomplete_chunked_message_ms=expire_incomplete_chunked_message_ms,
+            read_compacted=read_compacted,
         )
         await consumer._start()
         self._consumers[consumer] = None
@@ -451,12 +460,15 @@ class DanubeClient:
         start_publish_time_ms: int | None = None,
         receiver_queue_size: int = 1_000,
         reader_schema: bytes | str | None = None,
+        read_compacted: bool = False,
     ) -> Reader:
         """A reader of reliable `topic` (every partition of it), from `start`: "earliest",
         "latest" (the next message published) or an offset (one partition topic: offsets
         are per partition); or from the first message published at or after
         `start_publish_time_ms` (ms since the epoch). It holds no durable subscription,
-        so it moves no cursor the broker keeps and holds no message back from retention."""
+        so it moves no cursor the broker keeps and holds no message back from retention.
+        `read_compacted`: the compacted view below the topic's compaction horizon, as
+        for `subscribe`."""
         if start_publish_time_ms is not None and (type(start_publish_time_ms) is not int or start_publish_time_ms < 0):
             raise InvalidArgument(f"start_publish_time_ms must be an int >= 0, got {start_publish_time_ms!r}")
         if isinstance(start, bool) or not (start in ("earliest", "latest") or (type(start) is int and start >= 0)):
@@ -471,7 +483,7 @@ class DanubeClient:
         consumer = await self.subscribe(
             topic, self._unique_name("reader"), sub_type=SubType.EXCLUSIVE, initial_position=position,
             start_offset=start if type(start) is int else None, receiver_queue_size=receiver_queue_size,
-            reader_schema=reader_schema, durable=False)
+            reader_schema=reader_schema, durable=False, read_compacted=read_compacted)
         try:
             check_reliable(consumer)
             if start_publish_time_ms is not None:

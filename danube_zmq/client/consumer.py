@@ -268,6 +268,7 @@ class Consumer:
         max_pending_chunked_messages: int = 10,
         pending_chunked_bytes_max: int = 256 * 1024 * 1024,
         expire_incomplete_chunked_message_ms: int = 60_000,
+        read_compacted: bool = False,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -284,6 +285,7 @@ class Consumer:
         self.pending_acks_max = pending_acks_max
         self.reader_schema = reader_schema
         self.durable = durable  # False: a reader's subscription (`Reader`)
+        self.read_compacted = read_compacted
         windows = split_window(receiver_queue_size, len(partition_topics))
         self._partitions = [_PartitionConsumer(self, t, w) for t, w in zip(partition_topics, windows, strict=True)]
         self._by_topic = {p.topic: p for p in self._partitions}
@@ -627,6 +629,7 @@ class _PartitionConsumer(Attachment):
                 key_filters=consumer.key_filters,
                 start_offset=consumer.start_offset if self.resume_offset is None else self.resume_offset,
                 durable=consumer.durable,
+                read_compacted=consumer.read_compacted,
             )
         )
         if not isinstance(reply, Subscribed):

@@ -725,10 +725,14 @@ class StorageSection:
     # How often a reliable topic that takes sends measures that free space (one statvfs
     # per topic per interval, never one per send), ms. Default 1000.
     disk_check_interval_ms: int = 1000
+    # Distinct keys one compaction of a topic holds in memory (a key and an offset each,
+    # about 100 bytes); past it the compaction fails and says so. Default 1000000.
+    compaction_keys_max: int = 1_000_000
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check_range("storage.disk_free_bytes_min", self.disk_free_bytes_min, 0, _INT_MAX)
+        _check_range("storage.compaction_keys_max", self.compaction_keys_max, 1, 100_000_000)
         _check_range("storage.disk_check_interval_ms", self.disk_check_interval_ms, 10, 3_600_000)
         if self.mode not in _STORAGE_MODES:
             raise _error("storage.mode", f"must be one of {', '.join(_STORAGE_MODES)}, got {self.mode!r}")

@@ -223,6 +223,9 @@ OPERATIONS: tuple[Operation, ...] = (
           _TOPIC, "topic"),
     _write("unload_topic", ap.UnloadTopic,
            "Moves a topic to another broker; offsets continue there and its clients reconnect.", _TOPIC, "topic"),
+    _write("compact_topic", ap.CompactTopic,
+           "Compacts a reliable topic in the background: the latest message per key, read with read_compacted;"
+           " describe_topic shows its status.", _TOPIC, "topic"),
     _write("repair_topic", ap.RepairTopic,
            "Serves again a partition whose WAL is damaged, giving up the records past the damage.", _TOPIC, "topic",
            destructive=True, accept_loss="Required: the records past the damage are lost."),

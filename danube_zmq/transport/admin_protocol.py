@@ -148,6 +148,10 @@ class PartitionInfo(Struct):
     # where its offsets stopped (0 when not known). Only in a partitioned topic's
     # description: one topic on its own is answered UNAVAILABLE instead.
     not_served: str | None = None
+    # Compaction (reliable topics): "never", "running", "done" or "failed: why"; the
+    # compacted view holds the latest message per key below `compaction_horizon`.
+    compaction: str | None = None
+    compaction_horizon: int | None = None
 
 
 @wire
@@ -615,6 +619,18 @@ class UnloadTopic(Message):
     replaced by an unassigned marker); clients re-attach through a redirect."""
 
     TAG = 60
+    request_id: int
+    topic: str
+
+
+@wire
+class CompactTopic(Message):
+    """Compact `topic` (every partition of a partitioned reliable one): the latest
+    message per key below the committed end, in the background while producers keep
+    writing (Pulsar's `topics compact`). Answered `Ok` once it started; `DescribeTopic`
+    shows its status and horizon."""
+
+    TAG = 391
     request_id: int
     topic: str
 
@@ -1276,7 +1292,7 @@ HANDOVER_REQUESTS = (BeginHandOver, HandOverChunk, CommitHandOver, AbortHandOver
 ADMIN_REQUESTS = (
     ListNamespaces, CreateNamespace, DeleteNamespace, ListTopics, CreateTopic, DeleteTopic,
     DescribeTopic, ListSubscriptions, Unsubscribe, ListBrokers, SeekSubscription, SetFailurePolicy,
-    GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic,
+    GetFailurePolicy, SetDispatchConfig, GetDispatchConfig, UnloadTopic, CompactTopic,
     GetClusterBalance, RebalanceCluster, UnloadBroker, ActivateBroker,
     RepairTopic, ReassignTopic,
 ) + POLICY_REQUESTS + HANDOVER_REQUESTS
@@ -1296,7 +1312,7 @@ ADMIN_PROTOCOL = Protocol(
         MetadataGet, MetadataList, MetadataEntries, MetadataPut, MetadataCompareAndSwap, MetadataDelete,
         MetadataWritten, ConfigureTopicSchema, GetTopicSchemaConfig, TopicSchemaConfigInfo,
         CreateSnapshot, SnapshotCreated, ListSnapshots, SnapshotList, DescribeSnapshot, SnapshotDescription,
-        DeleteSnapshot, UnloadTopic, GetClusterBalance, ClusterBalance, RebalanceCluster, Rebalanced,
+        DeleteSnapshot, UnloadTopic, CompactTopic, GetClusterBalance, ClusterBalance, RebalanceCluster, Rebalanced,
         UnloadBroker, ActivateBroker,
         RepairTopic, TopicRepaired,
         SetBacklogQuota, GetBacklogQuota, BacklogQuotaInfo, RemoveBacklogQuota,

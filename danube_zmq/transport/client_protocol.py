@@ -260,6 +260,9 @@ class Subscribe(Message):
     key_filters: list[str] | None = None
     start_offset: int | None = None
     durable: bool = True
+    # Exclusive and Failover (and readers) of a reliable topic: below its compaction
+    # horizon, the latest message per key only (`CompactTopic`), then the live tail.
+    read_compacted: bool = False
 
 
 @wire

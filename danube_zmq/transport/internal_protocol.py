@@ -294,6 +294,8 @@ class ReadRequest(Message):
     max_bytes: int
     # Echoed in the answer: which of the subscription's readers asked (READ_* below).
     purpose: int = 0
+    # A read_compacted subscription's: below the compaction horizon, from the compacted view.
+    compacted: bool = False
 
 
 @wire
@@ -311,6 +313,8 @@ class ReadResult(Message):
     # broker that died before it acknowledged them); the reader goes on at gap_end.
     gap_end: int = 0
     purpose: int = 0  # the request's
+    # From the compacted view: a gap is the keys compaction dropped, crossed quietly.
+    compacted: bool = False
 
 
 @wire
@@ -541,6 +545,26 @@ class DelayedDue(Message):
     (actors/subscription/delayed.py)."""
 
     TAG = 353
+
+
+@wire
+class CompactTopicNow(Message):
+    """Broker -> topic (asked): start compacting (`CompactTopic`); `Ok` once started."""
+
+    TAG = 354
+
+
+@wire
+class CompactionFinished(Message):
+    """A topic's compaction thread -> the topic: the new ledger (`path`, holding the
+    compacted view below `horizon`), or why it failed (`error`)."""
+
+    TAG = 355
+    path: str | None
+    horizon: int
+    error: str | None = None
+    records_kept: int = 0
+    keys: int = 0
 
 
 @wire
@@ -1312,7 +1336,7 @@ INTERNAL_PROTOCOL = Protocol(
         HeldSendsDue,
         ApplyBacklogQuota, BacklogQuotasChanged, ApplyTopicPolicies, TopicPoliciesChanged,
         TopicPoliciesPending, BacklogQuotasPending, PublishTokensDue, DispatchTokensDue, ExpireSubscriptions,
-        ExpireMessages, ExpireBelow, DelayedDue,
+        ExpireMessages, ExpireBelow, DelayedDue, CompactTopicNow, CompactionFinished,
         ResyncNext, TopicServed, BrokerJoined, LoadTick, LoadRoundDue,
         LeaseTick, LeaseRenewed, PublishLoad, ServedTopics, ServedTopicsList,
         ReserveOffsetsFor, TopicReleased, WriteReservations,

@@ -75,7 +75,7 @@ from danube_zmq.actors.broker.topic_registry import (
     snapshot_topics,
 )
 from danube_zmq.actors.broker.wal_damage import DamagedTopics, damage_text
-from danube_zmq.actors.cluster.lease_keeper import LeaseKeeper
+from danube_zmq.actors.cluster.lease_keeper import spawn_lease_keeper
 from danube_zmq.actors.cluster.metadata_watch import MetadataWatch
 from danube_zmq.actors.cluster.ownership import Ownership, marks_sealed, on_assignment
 from danube_zmq.actors.ids import IdSource
@@ -291,7 +291,9 @@ class BrokerActor(Actor):
             self.system.schedule_once(self.endpoint, _JOIN_RETRY_MS, JoinCluster())
             return
         self.registry.joined = True
-        await self._spawn_lease_keeper()
+        await spawn_lease_keeper(self.system, metadata=self.metadata, broker_endpoint=self.endpoint,
+                                 broker_id=self.broker_id, registration=cr.encode(self._own_registration()),
+                                 ttl_ms=self.config.cluster.lease_ttl_ms)
         metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
         interval_ms = self.config.load_manager.report_interval_ms
         await self.system.spawn(lambda: LoadReporter(metadata=metadata, broker_endpoint=broker, broker_id=broker_id,
@@ -316,16 +318,6 @@ class BrokerActor(Actor):
         # Outlives the lease: `brokers list` shows this broker as down once it is gone.
         await self.metadata.put(cr.seen_key(self.broker_id), cr.encode(self._own_registration()))
         await self.catalog.import_local_catalog(self.data_dir)
-
-    async def _spawn_lease_keeper(self) -> None:
-        """The registration lease is held by a child actor (`lease_keeper.py`), which
-        tells this one `LeaseChanged`."""
-        cluster = self.config.cluster
-        registration = cr.encode(self._own_registration())
-        metadata, broker, broker_id = self.metadata, self.endpoint, self.broker_id
-        await self.system.spawn(lambda: LeaseKeeper(
-            metadata=metadata, broker_endpoint=broker, broker_id=broker_id, key=cr.register_key(broker_id),
-            registration=registration, ttl_ms=cluster.lease_ttl_ms), name=f"lease keeper {broker_id}", parent=broker)
 
     def _own_registration(self) -> cr.BrokerRegistration:
         return cr.BrokerRegistration(
@@ -556,6 +548,9 @@ class BrokerActor(Actor):
 
     async def handle_DeleteTopic(self, msg: ap.DeleteTopic, origin: Origin) -> Message:
         return await self.topic_admin.delete_topic(msg)
+
+    async def handle_CompactTopic(self, msg: ap.CompactTopic, origin: Origin) -> Message | None:
+        return await self.reach.about_topic(msg, origin, self.topic_admin.compact_topic)
 
     async def handle_ReassignTopic(self, msg: ap.ReassignTopic, origin: Origin) -> Message:
         return await self.topic_admin.reassign_topic(msg)

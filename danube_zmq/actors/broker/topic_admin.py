@@ -13,6 +13,8 @@ where each runs is `admin_reach.py`.
   broker past every offset the dead one reserved.
 - A repair of a damaged topic (`topics repair`) runs on the broker the topic is
   assigned to, where its WAL is: another broker forwards it there, in a task.
+- Compact asks each partition's topic actor, where it is served, to start a
+  compaction (`wal/compacting.py`); its status is in the description.
 - Describe gathers each partition's statistics where it is served; a partitioned
   topic's partitions no broker serves right now are described as such.
 """
@@ -35,11 +37,12 @@ from danube_zmq.storage.catalog import topic_key
 from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, NotFound, Unavailable
-from danube_zmq.transport.internal_protocol import DescribePartition, PartitionStats, StopForHandOver
+from danube_zmq.transport.internal_protocol import CompactTopicNow, DescribePartition, PartitionStats, StopForHandOver
 from danube_zmq.transport.topic_name import parse_topic
 
 if TYPE_CHECKING:
@@ -129,6 +132,17 @@ class TopicAdmin:
                 moved += 1
         if not moved:
             raise FailedPrecondition(f"topic {resolved.name.full} is not served by any broker right now; retry")
+        return Ok(request_id=msg.request_id)
+
+    async def compact_topic(self, msg: ap.CompactTopic) -> Message:
+        resolved = await self.registry.existing(parse_topic(msg.topic))
+        if resolved.record.dispatch_strategy != cp.DispatchStrategy.RELIABLE:
+            raise FailedPrecondition(f"topic {resolved.name.full} is not reliable: only stored messages are compacted")
+        for partition in resolved.served_names():
+            async def local(entry: TopicEntry) -> None:
+                await self.system.ask(entry.endpoint, CompactTopicNow())
+
+            await self.reach.on_owner(msg, partition, local)
         return Ok(request_id=msg.request_id)
 
     def repair_owner(self, msg: ap.RepairTopic) -> Any:

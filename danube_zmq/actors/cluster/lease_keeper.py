@@ -18,6 +18,8 @@ from danube_zmq.actors.metrics import METRICS
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.request_tasks import RequestTasks
+from danube_zmq.runtime.system import ActorSystem
+from danube_zmq.transport.cluster_records import register_key
 from danube_zmq.transport.errors import DanubeError
 from danube_zmq.transport.internal_protocol import LeaseChanged, LeaseRenewed, LeaseTick
 
@@ -87,3 +89,12 @@ class LeaseKeeper(Actor):
         except (DanubeError, TimeoutError) as exc:
             outcome = LeaseRenewed(sent_ms=sent_ms, renewed=False, error=str(exc) or "timeout")
         self.system.post(self.endpoint, outcome)
+
+
+async def spawn_lease_keeper(system: ActorSystem, *, metadata: RaftMetadataStore, broker_endpoint: str,
+                             broker_id: int, registration: bytes, ttl_ms: int) -> str:
+    """The broker's registration lease, held by a child of the broker, which it tells
+    `LeaseChanged`."""
+    return await system.spawn(lambda: LeaseKeeper(
+        metadata=metadata, broker_endpoint=broker_endpoint, broker_id=broker_id, key=register_key(broker_id),
+        registration=registration, ttl_ms=ttl_ms), name=f"lease keeper {broker_id}", parent=broker_endpoint)

@@ -73,6 +73,10 @@ class Delivery(Protocol):
     def attached(self, replay: list[bytes]) -> None:
         """A consumer attached; `replay`: the `Publish` frames a new subscription starts with."""
 
+    def set_read_compacted(self, on: bool) -> None:
+        """A consumer attached asking for the compacted view (reliable Exclusive and
+        Failover: the topic refused the others), or not."""
+
     def consumer_left(self, consumer_id: int) -> None:
         """A consumer was detached (already removed from the shell and the rule)."""
 

@@ -82,6 +82,9 @@ class RuleDelivery:
             self.pending_messages += len(rest)
             self.pending_bytes += size
 
+    def set_read_compacted(self, on: bool) -> None:
+        pass  # refused by the topic: nothing is stored to compact
+
     def attached(self, replay: list[bytes]) -> None:
         for frame in replay:
             publish = INTERNAL_PROTOCOL.decode(frame)

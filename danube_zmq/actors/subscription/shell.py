@@ -135,6 +135,7 @@ class SubscriptionActor(Actor):
             reply_client(self.system, msg.identity,
                          Error(request_id=request.request_id, code=exc.code, message=exc.message))
             return
+        self.delivery.set_read_compacted(request.read_compacted)
         self.delivery.attached(msg.replay)
 
     async def _release_if_gone(self, msg: AttachConsumer, request: cp.Subscribe) -> None:

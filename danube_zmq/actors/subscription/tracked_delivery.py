@@ -127,6 +127,12 @@ def _cuts(records: list[_Record], start: int, end: int, budget: int) -> list[tup
 
 
 class TrackedDelivery:
+    # Set at each attach (the consumer's choice): reads below the topic's compaction
+    # horizon come from its compacted view, whose gaps are crossed without a warning.
+    read_compacted = False
+    _compacted_gap = False  # the gap at `gap_end` is keys compaction dropped
+    _stale_reads = 0  # reads in flight when `read_compacted` changed: their results are dropped
+
     def __init__(self, *, topic: str, name: str, sub_type: int, config: BrokerConfig, cursor: int,
                  acked_above: Sequence[int], committed_offset: int, policy: FailurePolicyState | None = None,
                  max_unacked_messages: int | None = None, seeks: int = 0, durable: bool = True,
@@ -140,32 +146,10 @@ class TrackedDelivery:
         self.rule = make_rule(cp.SubType(sub_type))
         # Consumers a record is too large for, found in a dispatch pass: detached after it.
         self._too_large: dict[int, str] = {}
-        reliable = config.reliable
-        self.window = reliable.max_unacked_messages
-        self.policy = FailurePolicy(
-            max_redelivery_count=reliable.max_redelivery_count, ack_timeout_ms=reliable.ack_timeout_ms,
-            base_redelivery_delay_ms=reliable.base_redelivery_delay_ms,
-            max_redelivery_delay_ms=reliable.max_redelivery_delay_ms, backoff=reliable.backoff,
-            poison_policy=reliable.poison_policy, dead_letter_topic=reliable.dead_letter_topic)
-        # True once an admin set this subscription's policy: it is persisted and no longer
-        # follows the broker's `reliable:` defaults.
-        self.policy_explicit = False
-        if policy is not None:
-            try:
-                self.policy = failure_policy_from_state(policy)
-                self.policy_explicit = True
-            except InvalidArgument as exc:
-                log.error("%s:%s: the persisted failure policy is invalid (%s); the broker's defaults apply",
-                          topic, name, exc.message)
-        # True once an admin set this subscription's window (`max_unacked_messages`).
-        self.window_explicit = False
-        if max_unacked_messages is not None:
-            try:
-                self.window = check_max_unacked_messages(max_unacked_messages)
-                self.window_explicit = True
-            except InvalidArgument as exc:
-                log.error("%s:%s: the persisted dispatch window is invalid (%s); the broker's default applies",
-                          topic, name, exc.message)
+        # The explicit ones are an admin's: persisted, no longer following the broker's
+        # `reliable:` defaults.
+        self.policy, self.policy_explicit, self.window, self.window_explicit = _settings(
+            f"{topic}:{name}", config, policy, max_unacked_messages)
         self.seeks = seeks  # carried in its cursor records; from its topic at a restart
         self.tracker = DeliveryTracker(cursor=cursor, acked_above=acked_above, policy=self.policy)
         self.records: dict[int, _Record] = {}
@@ -231,6 +215,19 @@ class TrackedDelivery:
     def attached(self, replay: list[bytes]) -> None:
         self.dispatch()  # a reliable subscription starts from its cursor, never from a replay
 
+    def set_read_compacted(self, on: bool) -> None:
+        """The attached consumer's choice. Records read ahead from the other view and
+        not delivered yet go, and are read again (a read in flight is dropped)."""
+        if on == self.read_compacted:
+            return
+        self.read_compacted = on
+        start = self.tracker.read_offset
+        for offset in [o for o in self.records if o >= start]:
+            del self.records[offset]
+        self.buffer_end, self.gap_end = start, 0
+        self._stale_reads += self.reading
+        self.reading = False
+
     def consumer_left(self, consumer_id: int) -> None:
         if self.affinity is not None:
             self.affinity.consumer_left(consumer_id)
@@ -259,8 +256,11 @@ class TrackedDelivery:
         self._arm_tick()
 
     def _read_result(self, msg: ReadResult) -> None:
-        self.reading = False
         self.head = max(self.head, msg.committed_offset)
+        if self._stale_reads:  # asked before the view changed
+            self._stale_reads -= 1
+            return self._fill()
+        self.reading = False
         if msg.start_offset != self.buffer_end:
             return self._fill()  # an answer to a read made before a seek or skip
         if not msg.frames and self.buffer_end < msg.log_start_offset:
@@ -277,6 +277,7 @@ class TrackedDelivery:
                 self.buffer_end = msg.log_start_offset
         elif not msg.frames and msg.gap_end > self.buffer_end:
             self.gap_end = msg.gap_end
+            self._compacted_gap = msg.compacted
         for frame in msg.frames:
             publish = INTERNAL_PROTOCOL.decode(frame)
             assert isinstance(publish, Publish)
@@ -325,8 +326,9 @@ class TrackedDelivery:
         if self.tracker.read_offset != self.buffer_end or not self.tracker.skip_gap(
                 self.buffer_end, self.gap_end, self.shell.system.clock.monotonic_ms()):
             return False
-        log.warning("%s:%s: offsets %d..%d are not in the log (reserved by a broker that died before storing"
-                    " them, or deleted); skipped", self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
+        if not self._compacted_gap:
+            log.warning("%s:%s: offsets %d..%d are not in the log (reserved by a broker that died before storing"
+                        " them, or deleted); skipped", self.topic, self.subscription, self.buffer_end, self.gap_end - 1)
         self.buffer_end, self.gap_end = self.gap_end, 0
         self._persist()
         return True
@@ -339,7 +341,8 @@ class TrackedDelivery:
             return
         if not self.reading and self.buffer_end < self.head and self._room():
             self.reading = self.shell.system.tell(self.shell.topic_endpoint, ReadRequest(
-                subscription=self.subscription, start_offset=self.buffer_end, max_bytes=_READ_BYTES_MAX))
+                subscription=self.subscription, start_offset=self.buffer_end, max_bytes=_READ_BYTES_MAX,
+                compacted=self.read_compacted))
 
     # ------------------------------------------------------------- dispatch
     def dispatch(self) -> None:
@@ -814,6 +817,33 @@ class TrackedDelivery:
                               delayed_messages=len(self.delayed) if self.delayed is not None else 0,
                               oldest_publish_ms=oldest.publish_time if (oldest := self.records.get(t.cursor + 1))
                               else None)
+
+
+def _settings(name: str, config: BrokerConfig, policy: FailurePolicyState | None,
+              max_unacked_messages: int | None) -> tuple[FailurePolicy, bool, int, bool]:
+    """A subscription's failure policy and dispatch window, each with whether an admin
+    set it: the persisted ones, else (absent or invalid) the broker's defaults."""
+    reliable = config.reliable
+    resolved = FailurePolicy(
+        max_redelivery_count=reliable.max_redelivery_count, ack_timeout_ms=reliable.ack_timeout_ms,
+        base_redelivery_delay_ms=reliable.base_redelivery_delay_ms,
+        max_redelivery_delay_ms=reliable.max_redelivery_delay_ms, backoff=reliable.backoff,
+        poison_policy=reliable.poison_policy, dead_letter_topic=reliable.dead_letter_topic)
+    window = reliable.max_unacked_messages
+    policy_explicit = window_explicit = False
+    if policy is not None:
+        try:
+            resolved, policy_explicit = failure_policy_from_state(policy), True
+        except InvalidArgument as exc:
+            log.error("%s: the persisted failure policy is invalid (%s); the broker's defaults apply", name,
+                      exc.message)
+    if max_unacked_messages is not None:
+        try:
+            window, window_explicit = check_max_unacked_messages(max_unacked_messages), True
+        except InvalidArgument as exc:
+            log.error("%s: the persisted dispatch window is invalid (%s); the broker's default applies", name,
+                      exc.message)
+    return resolved, policy_explicit, window, window_explicit
 
 
 # An admin-set policy stays within the ranges the broker config allows for the

@@ -78,6 +78,8 @@ from danube_zmq.transport.internal_protocol import (
     AttachConsumer,
     ChildStopped,
     ClientRequest,
+    CompactionFinished,
+    CompactTopicNow,
     ConsumerCount,
     DeleteSubscription,
     DescribePartition,
@@ -437,6 +439,8 @@ class TopicActor(Actor):
             raise InvalidArgument(f"unknown subscription type {msg.sub_type}")
         if msg.initial_position not in (cp.InitialPosition.LATEST, cp.InitialPosition.EARLIEST):
             raise InvalidArgument(f"unknown initial position {msg.initial_position}")
+        if msg.read_compacted:
+            _check_read_compacted(msg, self.topic, self.storage.reliable_log is not None)
         policies = self.policies
         consumers = sum(s.consumers for s in self.subscriptions.values())
         if policies.max_consumers_per_topic and consumers >= policies.max_consumers_per_topic:
@@ -660,6 +664,17 @@ class TopicActor(Actor):
         if (wal := self._wal(msg)) is not None:
             wal.release_snapshot_cut(msg)
 
+    async def handle_CompactionFinished(self, msg: CompactionFinished) -> None:
+        if (wal := self._wal(msg)) is not None:
+            await wal.compaction_finished(msg)
+
+    def handle_CompactTopicNow(self, msg: CompactTopicNow) -> Message:
+        wal = self.storage.reliable_log
+        if wal is None:
+            raise FailedPrecondition(f"topic {self.topic} is not reliable: compaction needs its stored messages")
+        wal.compact()
+        return Done()
+
     async def handle_TakeSnapshotCut(self, msg: TakeSnapshotCut) -> Message:
         wal = self.storage.reliable_log
         if wal is None:
@@ -727,3 +742,11 @@ def _column_mismatch(column: list[object] | None, count: int) -> bool:
 
 def _check_name(what: str, value: str) -> None:
     check_name(what, value)
+
+
+def _check_read_compacted(msg: cp.Subscribe, topic: str, reliable: bool) -> None:
+    if not reliable:
+        raise FailedPrecondition(f"topic {topic} is not reliable: read_compacted reads a compacted reliable topic")
+    if msg.sub_type not in (cp.SubType.EXCLUSIVE, cp.SubType.FAILOVER):
+        raise InvalidArgument("read_compacted applies to exclusive and failover subscriptions (and readers),"
+                              f" not {cp.SubType(msg.sub_type).name.lower()}")

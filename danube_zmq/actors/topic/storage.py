@@ -23,6 +23,7 @@ from danube_zmq.transport.internal_protocol import (
     ApplyBacklogQuota,
     ApplyTopicPolicies,
     ClientRequest,
+    CompactionFinished,
     FailurePolicyState,
     FlushDone,
     OffsetsReserved,
@@ -158,6 +159,8 @@ class ReliableLog(Protocol):
     def segment_fetched(self, msg: SegmentFetched) -> None: ...
     def release_snapshot_cut(self, msg: ReleaseSnapshotCut) -> None: ...
     async def take_snapshot_cut(self, msg: TakeSnapshotCut) -> Message: ...
+    def compact(self) -> None: ...
+    async def compaction_finished(self, msg: CompactionFinished) -> None: ...
 
     async def seek_durable(self, record: PersistCursor) -> None:
         """A subscription sought: its checkpoint written and synced before the answer."""

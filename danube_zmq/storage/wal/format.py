@@ -126,6 +126,12 @@ class RecordBatch:
         """Payload bytes (not keys, attributes or framing)."""
         return sum(map(len, self.payloads))
 
+    def head(self, count: int) -> RecordBatch:
+        """The first `count` records."""
+        if count >= len(self.offsets):
+            return self
+        return self._from_columns(self.offsets[:count], [column[:count] for column in self._body_columns()])
+
     @classmethod
     def empty(cls) -> RecordBatch:
         return cls._from_columns([], [[] for _ in range(BODY_FIELDS)])

@@ -49,6 +49,7 @@ CLI: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "set_dispatch_config": (("admin topics set-dispatch-config",), {}),
     "get_dispatch_config": (("admin topics get-dispatch-config",), {}),
     "unload_topic": (("admin topics unload",), {}),
+    "compact_topic": (("admin topics compact",), {}),
     "repair_topic": (("admin topics repair",), {}),
     "reassign_topic": (("admin topics reassign",), {}),
     "configure_topic_schema": (("admin topics configure-schema",),

@@ -12,10 +12,11 @@ which share the `TopicLog` (`log.py`: the WAL, the durable segments, the committ
     WalCursors (cursors.py)             subscriptions, cursor checkpoints, the store's records
     DurableSegments (segments.py)       sealed segments to the durable store, receipts waiting on them
     WalRetention (retention.py)         retention, local retention, snapshot cuts and their pins
+    WalCompaction (compacting.py)       the compacted view: latest message per key, in a ledger
 
 The numbered steps of the write and read paths are in those modules' docstrings (1-4
-commit.py, 5 reads.py, 6 segments.py, 7 and 9 retention.py, 8 quota.py; the cursors'
-own in cursors.py). The log object belongs to this storage (so to its topic actor); the
+commit.py, 5 reads.py, 6 segments.py, 7 and 9 retention.py, 8 quota.py, 10
+compacting.py; the cursors' own in cursors.py). The log object belongs to this storage (so to its topic actor); the
 worker thread writes the active segment while the actor reads only committed offsets.
 
 The messages the shell passes on are bound once, at `bind`, to the part that handles
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.actors.topic.wal.commit import WalCommit
+from danube_zmq.actors.topic.wal.compacting import WalCompaction
 from danube_zmq.actors.topic.wal.cursors import WalCursors
 from danube_zmq.actors.topic.wal.dedup import WalDedup
 from danube_zmq.actors.topic.wal.log import TopicLog
@@ -52,6 +54,7 @@ from danube_zmq.transport.internal_protocol import (
     AppendInternal,
     ApplyBacklogQuota,
     ClientRequest,
+    CompactionFinished,
     DurableSegment,
     FlushDone,
     OffsetsReserved,
@@ -147,6 +150,9 @@ class WalStorage:
                                           wal_dir=self.wal_dir, backlog_quota=self.backlog_quota)
         retention = self.retention = WalRetention(port=port, config=config, executor=executor, topic_log=topic_log,
                                                   store=store, commit=commit, segments=segments, quota=quota)
+        self.compaction = WalCompaction(port=port, config=config, executor=executor, topic_log=topic_log,
+                                        retention=retention, wal_dir=self.wal_dir, store=store)
+        reads.compaction = cursors.compaction = self.compaction
         # The parts that call each other: a checkpoint starts a flush, a flush carries
         # checkpoints; a commit grows the backlog and may wait for a durable segment.
         cursors.commit = commit
@@ -173,6 +179,7 @@ class WalStorage:
         assert isinstance(persisted, PersistedSubscriptions)
         self.segments.start()
         await self.commit.open()
+        await self.compaction.load()
         await self.dedup.load()
         await self.cursors.resume(persisted.states)
         self.commit.start_sync_timer()
@@ -189,8 +196,15 @@ class WalStorage:
         table = self.dedup.current()
         return None if table is None else table.last_sequence_id(producer_name)
 
+    def compact(self) -> None:
+        self.compaction.request()
+
+    async def compaction_finished(self, msg: CompactionFinished) -> None:
+        await self.compaction.finished(msg)
+
     async def stop(self) -> None:
         self.reads.close()
+        await self.compaction.stop()  # its thread reads the WAL closed below
         commit, cursors, port = self.commit, self.cursors, self.port
         flush = commit.flush_future
         if self.topic_log.wal is not None and flush is not None and not flush.done():
@@ -255,7 +269,9 @@ class WalStorage:
 
     def describe(self, info: PartitionInfo) -> PartitionInfo:
         subscriptions = [dataclasses.replace(s, backlog_bytes=self._backlog_bytes(s)) for s in info.subscriptions]
-        return dataclasses.replace(info, subscriptions=subscriptions, evicted_messages=self.quota.evicted_messages)
+        compaction, horizon = self.compaction.describe()
+        return dataclasses.replace(info, subscriptions=subscriptions, evicted_messages=self.quota.evicted_messages,
+                                   compaction=compaction, compaction_horizon=horizon)
 
     def _backlog_bytes(self, info: SubscriptionInfo) -> int | None:
         if info.cursor is None or info.backlog_messages is None:

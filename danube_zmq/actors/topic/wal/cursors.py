@@ -50,6 +50,7 @@ from danube_zmq.transport.internal_protocol import (
 
 if TYPE_CHECKING:
     from danube_zmq.actors.topic.wal.commit import WalCommit
+    from danube_zmq.actors.topic.wal.compacting import WalCompaction
 
 log = logging.getLogger("danube_zmq.topic")
 
@@ -87,21 +88,27 @@ class WalCursors:
         self.cursor_objects: set[int] = set()
         self.cursor_tail_unpublished = False  # a publish failed: tried again at the next flush or stop
         self.flush_published: list[int | None] = []  # what the flush in flight published (its thread's)
+        self.compaction: WalCompaction  # set by the storage's `bind`: where read_compacted ones start
 
     # ------------------------------------------------------------- subscriptions
     async def start_subscription(self, msg: cp.Subscribe) -> list[bytes]:
         topic_log = self.topic_log
+        # A read_compacted one starts in the compacted view, older than the log may be.
+        ledger = self.compaction.ledger if msg.read_compacted else None
+        first = ledger.first_offset_at_or_after(0) if ledger is not None else None
+        log_start = topic_log.log_start() if first is None else min(first, topic_log.log_start())
         if msg.start_offset is not None:
             assert topic_log.wal is not None
-            if not topic_log.log_start() <= msg.start_offset <= topic_log.committed_offset:
+            if not log_start <= msg.start_offset <= topic_log.committed_offset:
                 raise InvalidArgument(f"start offset {msg.start_offset} is outside {self.topic}'s log"
-                                      f" [{topic_log.log_start()}, {topic_log.committed_offset}]")
+                                      f" [{log_start}, {topic_log.committed_offset}]")
             start = msg.start_offset
         elif msg.initial_position == cp.InitialPosition.EARLIEST:
-            start = topic_log.log_start()
+            start = log_start
         else:
             start = topic_log.committed_offset
-        await self.spawn(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[], durable=msg.durable)
+        await self.spawn(msg.subscription, msg.sub_type, cursor=start - 1, acked_above=[], durable=msg.durable,
+                         read_compacted=msg.read_compacted)
         if self.cursors_in_wal and msg.durable:  # its existence and start, durable with the next flush
             self.persist_cursor(PersistCursor(topic=self.topic, subscription=msg.subscription, sub_type=msg.sub_type,
                                               cursor=start - 1, acked_above=[]))
@@ -109,18 +116,20 @@ class WalCursors:
 
     async def spawn(self, name: str, sub_type: int, *, cursor: int, acked_above: list[int],
                     policy: FailurePolicyState | None = None, max_unacked_messages: int | None = None,
-                    durable: bool = True, delayed: DelayedState | None = None) -> None:
+                    durable: bool = True, delayed: DelayedState | None = None, read_compacted: bool = False) -> None:
         config, port, topic_log = self.config, self.port, self.topic_log
 
         def delivery() -> TrackedDelivery:
             # Evaluated at each (re)start of the subscription: it resumes at the committed
             # end as it is then, with the policy and window an admin set since.
             accepted_policy, window = port.accepted_settings(name, policy, max_unacked_messages)
-            return TrackedDelivery(
+            made = TrackedDelivery(
                 topic=self.topic, name=name, sub_type=sub_type, config=config, cursor=cursor, acked_above=acked_above,
                 committed_offset=topic_log.committed_offset, policy=accepted_policy, max_unacked_messages=window,
                 seeks=self.seek_epochs.get(name, 0), durable=durable, delayed=delayed,
                 spill_dir=self.cache_dir / "delayed" / name)
+            made.read_compacted = read_compacted  # its first reads, before its consumer attaches
+            return made
 
         await port.spawn_subscription(name, sub_type, delivery, durable)
 

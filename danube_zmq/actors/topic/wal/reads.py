@@ -5,7 +5,9 @@ live tail, and for seeks.
    the WAL files, else (older offsets, shared_fs and object_store modes) from a durable
    segment downloaded to `durable-cache/` -> `ReadResult`. The cache holds the recent
    committed batches as the `Publish` frames the subscriptions were told, at most
-   `storage.cache_bytes_max`.
+   `storage.cache_bytes_max`. A `read_compacted` subscription's reads below the
+   compaction horizon come from the compacted ledger (`compacting.py`): one run of
+   consecutive offsets, or the gap before the next one.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import mmap
 from collections import deque
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.actors.topic.wal.log import TopicLog
 from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.storage.durable import DurableStore
 from danube_zmq.storage.wal import CorruptRecord, RecordBatch, scan
+from danube_zmq.storage.wal.compacted import Ledger
 from danube_zmq.storage.wal.format import skip_to
 from danube_zmq.transport.errors import InvalidArgument
 from danube_zmq.transport.internal_protocol import (
@@ -32,6 +36,9 @@ from danube_zmq.transport.internal_protocol import (
     ReadResult,
     SegmentFetched,
 )
+
+if TYPE_CHECKING:
+    from danube_zmq.actors.topic.wal.compacting import WalCompaction
 
 log = logging.getLogger("danube_zmq.topic")
 
@@ -57,6 +64,8 @@ class WalReads:
         self.fetched: dict[int, tuple[Path, mmap.mmap]] = {}
         # Below it, messages past the message TTL (found by `expired_end`): not read again.
         self._expired_end = 0
+        self.compaction: WalCompaction  # set by the storage's `bind`
+
 
     def close(self) -> None:
         for _, mapped in self.fetched.values():
@@ -78,6 +87,8 @@ class WalReads:
         wal = self.topic_log.wal
         if msg.subscription not in self.port.subscription_names or wal is None:
             return
+        if msg.compacted and (ledger := self.compaction.ledger) is not None and msg.start_offset < ledger.horizon:
+            return self._read_compacted(msg, ledger)
         committed = self.topic_log.committed_offset
         start = msg.start_offset
         frames: list[bytes] = []
@@ -104,6 +115,24 @@ class WalReads:
         self.port.tell_subscription(msg.subscription, ReadResult(
             start_offset=start, frames=frames, log_start_offset=self.topic_log.log_start(),
             committed_offset=committed, gap_end=gap_end, purpose=msg.purpose))
+
+    def _read_compacted(self, msg: ReadRequest, ledger: Ledger) -> None:
+        start = msg.start_offset
+        batch = ledger.read(start, msg.max_bytes)
+        frames: list[bytes] = []
+        gap_end = 0
+        if not batch.offsets:
+            gap_end = ledger.horizon  # past the view's last key: the log itself goes on there
+        elif batch.offsets[0] > start:
+            gap_end = batch.offsets[0]  # keys compaction dropped
+        else:
+            offsets = batch.offsets
+            run = next((i for i in range(1, len(offsets)) if offsets[i] != offsets[i - 1] + 1), len(offsets))
+            frames = publish_frames(self.topic, batch.head(run))
+        # `log_start_offset` is the request's: a view older than the log is no hole in it.
+        self.port.tell_subscription(msg.subscription, ReadResult(
+            start_offset=start, frames=frames, log_start_offset=start, committed_offset=self.topic_log.committed_offset,
+            gap_end=gap_end, purpose=msg.purpose, compacted=True))
 
     def _read_cache(self, start: int, max_bytes: int) -> list[bytes]:
         if not self.cache or start < self.cache[0][0]:
