@@ -51,6 +51,8 @@ _HELP = {
                      " every subscription (message TTL).",
     "deduplication": "Reliable topics: true, a message whose producer name and sequence id the topic stored"
                      " before is answered with its first offset and not stored again.",
+    "compaction_threshold_bytes": "Reliable topics: compacted once the log holds this many bytes past the last"
+                                  " compaction (as topics compact does).",
 }
 
 

@@ -448,9 +448,12 @@ TOPIC_POLICY_NAMES = (
     # Reliable topics: a message whose producer sent its sequence id before is answered
     # with its first offset and not stored again (1: on, 0: off; Pulsar's deduplication).
     "deduplication",
+    # Reliable topics: compacted once this many bytes were written since the last
+    # compaction (0: never; Pulsar's compactionThreshold).
+    "compaction_threshold_bytes",
 )
 # The topic policies whose 0 means never (for the others 0 is unlimited; retention: kept).
-ZERO_IS_NEVER = ("subscription_expiration_ms", "message_ttl_s")
+ZERO_IS_NEVER = ("subscription_expiration_ms", "message_ttl_s", "compaction_threshold_bytes")
 # The topic policies that are on (1) or off (0).
 BOOLEAN_POLICIES = ("deduplication",)
 _RETENTION_POLICIES = ("retention_time_ms", "retention_bytes_max")
@@ -567,6 +570,11 @@ class PoliciesSection:
     # with its first offset and not stored again. A namespace or topic may set its own
     # (danube admin namespaces|topics policies set --deduplication true). Default false.
     deduplication: bool = False
+    # Automatic topic compaction (Pulsar's compactionThreshold), reliable topics: a
+    # topic is compacted once its log holds this many bytes past the last compaction's
+    # horizon, looked at every storage.retention_check_interval_ms. A namespace or
+    # topic may set its own. Default 0: never (compact with danube admin topics compact).
+    compaction_threshold_bytes: int = 0
     # A producer name not attached and silent for this long is forgotten by the topic's
     # deduplication table (Pulsar's brokerDeduplicationProducerInactivityTimeoutMinutes,
     # 6 hours there and here). 1..31536000 s.
@@ -630,6 +638,7 @@ class PoliciesSection:
             "max_dispatch_rate",
             "subscription_expiration_ms",
             "message_ttl_s",
+            "compaction_threshold_bytes",
         ):
             _check_range(f"policies.{name}", getattr(self, name), 0, _INT_MAX)
         _check_range("policies.message_expiry_check_interval_ms", self.message_expiry_check_interval_ms, 10,

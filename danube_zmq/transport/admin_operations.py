@@ -62,6 +62,8 @@ _HELP = {
     "subscription_expiration_ms": "A subscription with no consumer for this long is deleted.",
     "message_ttl_s": "Messages older than this many seconds are acknowledged for every subscription.",
     "deduplication": "1: a message whose producer sent its sequence id before is not stored again; 0: off.",
+    "compaction_threshold_bytes": "The topic is compacted once its log holds this many bytes past the last"
+                                  " compaction (0: never).",
 }
 # Parameters that take one of a few values: (operation or "" for any, parameter) -> values.
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {

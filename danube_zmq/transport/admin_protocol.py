@@ -1051,6 +1051,8 @@ class SetTopicPolicies(Message):
     message_ttl_s: int | None = None
     # Reliable topics: producer deduplication (1: on, 0: off).
     deduplication: int | None = None
+    # Reliable topics: compacted once this many bytes came since the last compaction (0: never).
+    compaction_threshold_bytes: int | None = None
 
 
 @wire

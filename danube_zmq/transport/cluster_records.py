@@ -401,6 +401,7 @@ class TopicPoliciesRecord(Message):
     subscription_expiration_ms: int | None = None  # 0: never
     message_ttl_s: int | None = None  # 0: never
     deduplication: int | None = None  # 1: on
+    compaction_threshold_bytes: int | None = None  # 0: never
 
 
 @wire

@@ -1190,6 +1190,7 @@ class ApplyTopicPolicies(Message):
     subscription_expiration_ms: int = 0  # 0: never
     message_ttl_s: int = 0  # 0: never
     deduplication: int = 0  # 1: on
+    compaction_threshold_bytes: int = 0  # 0: never
 
 
 @wire

@@ -454,6 +454,7 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "/actions/topics/create": ("create_topic",),
     "/actions/topics/delete": ("delete_topic",),
     "/actions/topics/unload": ("unload_topic",),
+    "/actions/topics/compact": ("compact_topic",),
     "/actions/topics/policies": ("set_topic_policies", "remove_topic_policies"),
     "/actions/namespaces/policies": ("set_topic_policies", "remove_topic_policies"),
     "/actions/subscriptions/seek": ("seek_subscription",),
@@ -512,6 +513,11 @@ def _routes(console: Console) -> list[Any]:
         topic = str(form.get("topic") or "")
         await backend.admin(session.token, lambda c: c.unload_topic(topic))
         return f"/topic?name={urllib.parse.quote(topic, safe='')}", f"unloaded topic {topic}: it moved"
+
+    async def compact_topic(session: Session, form: FormData) -> tuple[str, str]:
+        topic = str(form.get("topic") or "")
+        await backend.admin(session.token, lambda c: c.compact_topic(topic))
+        return f"/topic?name={urllib.parse.quote(topic, safe='')}", f"compacting topic {topic}"
 
     async def apply_policies(session: Session, form: FormData, *, back: str, what: str, fallback: str,
                              remove: Callable[[Any], Awaitable[None]],
@@ -591,7 +597,8 @@ def _routes(console: Console) -> list[Any]:
         Route("/api/topic-series", console.topic_series),
         *(Route(path, console.action(run), methods=["POST"]) for path, run in _checked_actions({
             "/actions/topics/create": create_topic, "/actions/topics/delete": delete_topic,
-            "/actions/topics/unload": unload_topic, "/actions/topics/policies": topic_policies,
+            "/actions/topics/unload": unload_topic, "/actions/topics/compact": compact_topic,
+            "/actions/topics/policies": topic_policies,
             "/actions/namespaces/policies": namespace_policies, "/actions/subscriptions/seek": seek}).items()),
         Route("/static/plotly.min.js", plotly),
         Route("/favicon.ico", favicon),

@@ -140,6 +140,36 @@ async def test_the_compacted_view_survives_kill_9(broker_factory) -> None:
         assert _view(await _read_until_quiet(consumer)) == _expected(latest)
 
 
+async def test_a_topic_compacts_itself_past_its_threshold(broker_factory) -> None:
+    """The topic policy `compaction_threshold_bytes` (Pulsar's compactionThreshold):
+    nothing happens below it; past it the topic compacts at its next check, and again
+    once as many bytes came after that horizon."""
+    broker = broker_factory(env={"DANUBE_STORAGE__RETENTION_CHECK_INTERVAL_MS": "100"})
+    topic = "/default/compacted-auto"
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        producer = await client.create_producer(topic, dispatch="reliable")
+        await admin.set_topic_policies(topic, compaction_threshold_bytes=20_000)
+        for i in range(10):
+            await producer.send(b"x" * 1000, key=f"k{i}")
+        await asyncio.sleep(0.5)
+        assert (await admin.describe_topic(topic)).partitions[0].compaction == "never"
+        for i in range(30):
+            await producer.send(b"y" * 1000, key=f"k{i % 10}")
+        horizon = await _horizon_reaches(admin, topic, 40)
+        for i in range(30):
+            await producer.send(b"z" * 1000, key=f"k{i % 10}")
+        await _horizon_reaches(admin, topic, horizon + 30)
+
+
+async def _horizon_reaches(admin: AdminClient, topic: str, at_least: int) -> int:
+    for _ in range(100):
+        partition = (await admin.describe_topic(topic)).partitions[0]
+        if partition.compaction == "done" and (partition.compaction_horizon or 0) >= at_least:
+            return partition.compaction_horizon
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not compacted to {at_least}: {partition.compaction} at {partition.compaction_horizon}")
+
+
 async def test_compaction_is_refused_where_it_does_not_apply(broker_factory) -> None:
     """A non-reliable topic cannot be compacted or read compacted; a Shared or
     Key-Shared subscription cannot read compacted (as in Pulsar)."""

@@ -162,6 +162,12 @@ def test_actions_round_trip_through_the_admin_api(stocked: Node, chromium: webdr
         row = chromium.find_element(By.CSS_SELECTOR, 'tr[data-policy="max_consumers_per_topic"] .value')
         assert row.text == "9"
 
+        chromium.find_element(By.ID, "compact-submit").click()
+        assert _flash(chromium) == f"compacting topic {TOPIC}"
+        WebDriverWait(chromium, 20).until(lambda d: (d.refresh() or True) and all(
+            cell.text.startswith("done below ") for cell in d.find_elements(By.CSS_SELECTOR, "#partitions .compaction")))
+        save_screenshot(chromium, "action-compacted")
+
         chromium.get(url + PAGES["subscription"])
         wait_for(chromium, "#seek-value").send_keys(str(int(time.time() * 1000) + 3_600_000))
         chromium.find_element(By.ID, "seek-submit").click()

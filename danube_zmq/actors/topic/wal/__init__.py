@@ -191,6 +191,7 @@ class WalStorage:
     async def tick(self) -> None:
         self.commit.dedup_tick()
         await self.retention.tick()
+        self.compaction.tick()
 
     def last_sequence_id(self, producer_name: str) -> int | None:
         table = self.dedup.current()

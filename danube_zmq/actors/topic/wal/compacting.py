@@ -1,7 +1,9 @@
 """Compaction of a reliable topic (`WalCompaction`): the latest message per key, kept
 in a ledger file beside the WAL, read by `read_compacted` subscriptions and readers.
 
-10. `CompactTopicNow` (an admin's `CompactTopic`) -> the horizon is the committed end;
+10. `CompactTopicNow` (an admin's `CompactTopic`), or the retention timer's `Tick` once
+    the log holds `compaction_threshold_bytes` past the last horizon (a topic policy,
+    Pulsar's compactionThreshold) -> the horizon is the committed end;
     a worker thread (`compactor.compact`) reads the previous ledger and the log from
     that ledger's horizon (the local WAL, else the durable segments, downloaded) up to
     the horizon, twice (Pulsar's two phases), and writes `{horizon}.compacted`
@@ -61,6 +63,9 @@ class WalCompaction:
         self.status = "never"
         self._running: asyncio.Future[CompactionResult] | None = None
         self._stopping = False
+        # Where the log ended when the last compaction failed: the threshold counts from
+        # there, so a failing one (too many keys) is not tried again at every tick.
+        self._failed_end = 0
 
     @property
     def horizon(self) -> int | None:
@@ -126,10 +131,23 @@ class WalCompaction:
 
         future.add_done_callback(done)
 
+    def tick(self) -> None:
+        """Compact once the log past the horizon reaches the threshold policy."""
+        threshold = self.port.policies.compaction_threshold_bytes
+        topic_log = self.topic_log
+        if not threshold or self._running is not None or topic_log.wal is None:
+            return
+        start = max(self.horizon or 0, self._failed_end, topic_log.log_start())
+        if topic_log.committed_offset > start and topic_log.log_bytes(start, topic_log.committed_offset) >= threshold:
+            log.info("%s: compacting: the log holds %d bytes or more past offset %d (compaction_threshold_bytes)",
+                     self.topic, threshold, start)
+            self.request()
+
     async def finished(self, msg: CompactionFinished) -> None:
         self._running = None
         self.retention.snapshot_pins.pop(_PIN, None)
         if msg.path is None:
+            self._failed_end = msg.horizon
             self.status = f"failed: {msg.error}"
             log.error("%s: compaction up to offset %d failed: %s", self.topic, msg.horizon, msg.error)
             return
