@@ -77,6 +77,9 @@ _IDLE_RECEIVE_SECONDS = 60.0
               help="Read as a reader: no durable subscription, nothing kept for it (reliable topics).")
 @click.option("--start", default="latest", show_default=True, metavar="earliest|latest|OFFSET",
               help="With --reader: where to start reading (an offset on one partition topic).")
+@click.option("--read-compacted", is_flag=True,
+              help="Below the topic's compaction horizon, the latest message per key only (exclusive, failover,"
+                   " --reader).")
 @click.option("-c", "--count", type=click.IntRange(min=1), help="Exit after this many messages.")
 @click.option(
     "--timeout",
@@ -97,6 +100,7 @@ def consume(
     initial_position: str,
     as_reader: bool,
     start: str,
+    read_compacted: bool,
     count: int | None,
     timeout: float | None,
     as_json: bool,
@@ -118,6 +122,7 @@ def consume(
       danube consume -t /default/orders -m audit --sub-type exclusive --initial-position earliest
       danube consume -t /default/events -m batch -c 100 --timeout 5 --json | jq .payload
       danube consume -t /default/orders --reader --start earliest --timeout 5
+      danube consume -t /default/prices --reader --start earliest --read-compacted --timeout 5
     """
     topic = check_topic(topic)
     reader_start = _reader_start(as_reader, start, subscription)
@@ -137,6 +142,7 @@ def consume(
             as_json=as_json,
             reader_schema=reader_schema.read_bytes() if reader_schema is not None else None,
             reader_start=reader_start,
+            read_compacted=read_compacted,
         )
     )
 
@@ -170,6 +176,7 @@ async def _consume(
     as_json: bool,
     reader_schema: bytes | None = None,
     reader_start: str | int | None = None,
+    read_compacted: bool = False,
 ) -> None:
     DanubeClient = load_client()
     received = 0
@@ -182,7 +189,8 @@ async def _consume(
                 await stop.race(within(client.start(), connect_timeout, service_url))
                 if reader_start is not None:
                     reader = await stop.race(within(
-                        client.create_reader(topic, start=reader_start, reader_schema=reader_schema),
+                        client.create_reader(topic, start=reader_start, reader_schema=reader_schema,
+                                             read_compacted=read_compacted),
                         connect_timeout, service_url))
                     stack.push_async_callback(reader.close)
                     receive, ack = reader.read_next, _read_already
@@ -191,7 +199,8 @@ async def _consume(
                     assert subscription is not None
                     consumer = await stop.race(within(
                         client.subscribe(topic, subscription, sub_type=sub_type, consumer_name=consumer_name,
-                                         initial_position=initial_position, reader_schema=reader_schema),
+                                         initial_position=initial_position, reader_schema=reader_schema,
+                                         read_compacted=read_compacted),
                         connect_timeout, service_url))
                     stack.push_async_callback(consumer.close)
                     receive, ack = consumer.receive, consumer.ack

@@ -30,7 +30,8 @@ __all__ = ["DEFAULTS", "TOOLS", "tool_of"]
 TOOLS: tuple[str, ...] = (
     "cluster_status", "list_brokers", "get_cluster_balance", "list_namespaces", "list_subscriptions",
     "list_roles", "list_bindings", "list_client_keys", "list_revoked_tokens",
-    "create_namespace", "delete_namespace", "create_topic", "delete_topic", "unload_topic", "unsubscribe",
+    "create_namespace", "delete_namespace", "create_topic", "delete_topic", "unload_topic", "compact_topic",
+    "unsubscribe",
     "seek_subscription", "set_dispatch_config", "set_namespace_limits", "set_backlog_quota",
     "configure_topic_schema", "rebalance_cluster", "unload_broker", "activate_broker",
     "create_role", "delete_role", "create_binding", "delete_binding",

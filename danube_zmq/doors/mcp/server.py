@@ -307,7 +307,8 @@ def build_server(settings: McpSettings) -> McpServer:
         return {"namespace": namespace, "topics": _jsonable(topics), "broker_names": names}
 
     @read("A topic (/namespace/topic) in full: every partition's next offset, producers, counters, WAL damage,"
-          " and every subscription's type, consumers and (reliable topics) cursor, backlog and unacked messages;"
+          " compaction status and horizon, and every subscription's type, consumers and (reliable topics) cursor,"
+          " backlog and unacked messages;"
           " broker_names maps each broker id to its name (broker-N, its Raft node).")
     async def describe_topic(topic: Topic, ctx: Context) -> dict[str, Any]:
         description, names = await broker.admin(ctx, lambda c: _with_names(c, c.describe_topic(topic)))

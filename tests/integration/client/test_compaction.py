@@ -170,6 +170,35 @@ async def _horizon_reaches(admin: AdminClient, topic: str, at_least: int) -> int
     raise AssertionError(f"not compacted to {at_least}: {partition.compaction} at {partition.compaction_horizon}")
 
 
+async def test_the_view_outlives_the_log_retention_deletes(broker_factory) -> None:
+    """Retention deletes the log's old segments (no subscription holds them); a
+    read_compacted reader still gets every key's latest value, a plain one only what
+    the log still holds."""
+    broker = broker_factory(env={"DANUBE_STORAGE__RETENTION_CHECK_INTERVAL_MS": "100",
+                                 "DANUBE_STORAGE__WAL_SEGMENT_BYTES_MAX": "4096"})
+    topic = "/default/compacted-retained"
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        producer = await client.create_producer(topic, dispatch="reliable")
+        latest = await _publish(producer)
+        await admin.compact_topic(topic)
+        await admin.wait_for_compaction(topic, timeout_s=60)
+        await admin.set_topic_policies(topic, retention_time_ms=1)
+        for i in range(40):  # seals the segments that hold the first 33
+            await producer.send(b"p" * 200, key="padding")
+        for _ in range(100):
+            plain = await client.create_reader(topic, start="earliest")
+            first = await plain.read_next(timeout=10)
+            await plain.close()
+            if first.offset >= 33:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"retention kept the log from offset {first.offset}")
+        reader = await client.create_reader(topic, start="earliest", read_compacted=True)
+        view = _view(await _read_until_quiet(reader))
+        assert view[:11] == _expected(latest)
+
+
 async def test_compaction_is_refused_where_it_does_not_apply(broker_factory) -> None:
     """A non-reliable topic cannot be compacted or read compacted; a Shared or
     Key-Shared subscription cannot read compacted (as in Pulsar)."""
@@ -188,12 +217,13 @@ async def test_compaction_is_refused_where_it_does_not_apply(broker_factory) -> 
 
 async def test_the_cli_compacts_and_describes(broker_factory) -> None:
     """`danube admin topics compact TOPIC --wait` prints each partition's horizon;
-    `topics describe` shows the compaction table, and its JSON the fields."""
+    `topics describe` shows the compaction table, and its JSON the fields; `danube
+    consume --reader --read-compacted` reads the view."""
     broker = broker_factory()
     topic = "/default/compacted-cli"
     async with DanubeClient(broker.url) as client:
         producer = await client.create_producer(topic, dispatch="reliable")
-        await _publish(producer, versions=1)
+        latest = await _publish(producer, versions=1)
     admin = [sys.executable, "-m", "danube_zmq.cli.main", "admin", "--endpoint", broker.admin_url, "topics"]
 
     def run(*args: str) -> str:
@@ -207,3 +237,10 @@ async def test_the_cli_compacts_and_describes(broker_factory) -> None:
     assert "Compaction" in described and "done" in described
     as_json = json.loads(await asyncio.to_thread(run, "describe", topic, "--output", "json"))
     assert as_json["partitions"][0]["compaction_horizon"] == 13
+    read = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "danube_zmq.cli.main", "consume", "-s", broker.url, "-t", topic,
+                         "--reader", "--start", "earliest", "--read-compacted", "--timeout", "2", "--json"],
+        capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr
+    lines = [json.loads(line) for line in read.stdout.splitlines()]
+    assert [(m["key"], m["payload"]) for m in lines] == [(k, v.decode()) for k, v in _expected(latest)]
