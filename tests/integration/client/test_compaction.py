@@ -18,6 +18,7 @@ import pytest
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.reader import Reader
+from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Timeout
 
 
@@ -86,6 +87,23 @@ async def test_a_compacted_topic_reads_the_latest_message_per_key_then_the_tail(
 
         plain = await client.create_reader(topic, start="earliest")
         assert len(await _read_until_quiet(plain)) == 35
+
+
+async def test_a_partitioned_topic_is_compacted_partition_by_partition(broker_factory) -> None:
+    """Each partition has its own view (a key lives in one partition); a reader of the
+    partitioned topic gets each key's latest value once."""
+    broker = broker_factory()
+    topic = "/default/compacted-parts"
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        await admin.create_topic(topic, 3, DispatchStrategy.RELIABLE)
+        producer = await client.create_producer(topic, dispatch="reliable")
+        latest = await _publish(producer)
+        await admin.compact_topic(topic)
+        described = await admin.wait_for_compaction(topic, timeout_s=60)
+        assert [p.compaction for p in described.partitions] == ["done"] * 3
+        reader = await client.create_reader(topic, start="earliest", read_compacted=True)
+        view = _view(await _read_until_quiet(reader))
+        assert sorted(view, key=repr) == sorted(_expected(latest), key=repr)
 
 
 async def test_producers_keep_writing_while_a_topic_is_compacted(broker_factory) -> None:
