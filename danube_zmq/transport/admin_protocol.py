@@ -808,8 +808,9 @@ class RemoveBacklogQuota(Message):
 
 @wire
 class HandOverFile(Struct):
-    """One WAL segment file offered: its name (`<20-digit base offset>.wal`) and its
-    whole-record bytes."""
+    """One file offered: a WAL segment (`<20-digit base offset>.wal`) and its
+    whole-record bytes, or the topic's compacted ledger (`<20-digit horizon>.compacted`)
+    and its whole size."""
 
     name: str
     size_bytes: int
@@ -819,7 +820,8 @@ class HandOverFile(Struct):
 class BeginHandOver(Message):
     """From a topic's broker to the broker it is moving to, in storage.mode local: the
     WAL segments (`files`, in offset order, the last the active one, ending at
-    `next_offset`) its subscriptions still need. Answered `HandOverProgress` (the bytes
+    `next_offset`) its subscriptions (and its compacted view) still need, then its newest
+    compacted ledger if it has one. Answered `HandOverProgress` (the bytes
     of each file the receiver already holds for `handover_id`: a resumed move sends
     from there), or refused: more than `cluster.move_bytes_max`, or the topic is served
     by the receiver."""

@@ -10,8 +10,9 @@ put them there. A helper of the broker actor; what to do with a topic is the bro
    aside under `quarantine/`).
 2. Unloading: `seal` seals the active segment and waits for the uploads, so the next
    broker opens the topic from the durable store.
-3. Deleting: the WAL and durable cache here (`delete_files`); the durable segments by
-   the broker that deleted the topic (`delete_durable`).
+3. Deleting: the WAL and durable cache here (`delete_files`); the durable segments,
+   checkpoints-only segments and compacted ledgers by the broker that deleted the
+   topic (`delete_durable`).
 4. A topic's sealed segments are uploaded as it reports them (`SegmentSealed`); the
    broker tells the topic each one that is durable (`on_uploaded`).
 """
@@ -33,7 +34,14 @@ from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.consensus.metadata_catalog import MetadataCatalog
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.storage.catalog import SegmentCatalog, SegmentDescriptor
-from danube_zmq.storage.durable import DurableStore, SealedSegment, Uploader, UploaderConfig, cursors_key
+from danube_zmq.storage.durable import (
+    DurableStore,
+    SealedSegment,
+    Uploader,
+    UploaderConfig,
+    compacted_key,
+    cursors_key,
+)
 from danube_zmq.storage.paths import resolve_inside
 from danube_zmq.storage.wal.errors import WalDamaged
 from danube_zmq.storage.wal.log import WalLog
@@ -219,7 +227,8 @@ class TopicFiles:
         return resolve_inside(self.data_dir, "durable-cache", name.namespace, name.topic)
 
     async def delete_durable(self, topic: str) -> None:
-        """A deleted topic's durable segments go too: objects first, then descriptors."""
+        """A deleted topic's durable segments go too: objects first, then descriptors;
+        then the objects found by listing (checkpoints-only segments, compacted ledgers)."""
         if self.segment_catalog is None:
             return
         for desc in self.segment_catalog.list(topic):
@@ -230,6 +239,8 @@ class TopicFiles:
             store = self.durable_store
             for base in await asyncio.to_thread(store.cursor_bases, topic):
                 await asyncio.to_thread(store.delete, cursors_key(topic, base))
+            for horizon in await asyncio.to_thread(store.compacted_horizons, topic):
+                await asyncio.to_thread(store.delete, compacted_key(topic, horizon))
 
     def submit_sealed(self, msg: SegmentSealed, on_uploaded: Callable[[SegmentDescriptor], None]) -> None:
         """A segment a topic sealed, queued for upload (`on_uploaded` at once when the

@@ -9,12 +9,14 @@ move's steps and its resume pause are messages to itself):
 1. It picks the next broker (an ACTIVE, live one with the fewest topics) and stops
    serving the topic, keeping its assignment (`StopForHandOver`): clients that come
    back wait here (parked) until the move ends.
-2. It offers the WAL segments its subscriptions still need (from the oldest cursor to
-   the end, `storage/wal/handover.py`) to the next broker over its admin port
+2. It offers the WAL segments its subscriptions still need (from the oldest cursor, or
+   the compacted view's horizon when lower, to the end) and the newest compacted ledger
+   (`storage/wal/handover.py`) to the next broker over its admin port
    (`BeginHandOver`), sends them in chunks of `cluster.move_chunk_bytes_max` with a
    CRC32C each (`HandOverChunk`; after a lost connection it begins again and the
    receiver says how many bytes of each file it holds), then `CommitHandOver`: the
-   receiver scans every record and puts the files in place of its own WAL of the topic.
+   receiver scans every record (the ledger's too) and puts the files in place of its
+   own WAL of the topic.
 3. Cursors are written, then one metadata transaction records where the offsets stop
    (`TopicState`) and gives the assignment to the next broker, which loads the topic
    from the WAL it received. The local WAL goes.
@@ -33,7 +35,8 @@ stops serving the topic (keeping its assignment) and spawns it; each step
 is a message to itself, so the move's state and timers are its own:
 
 1. `HandOverBegin`: the offer (the WAL files the subscriptions still need, from the
-   oldest cursor, `storage/wal/handover.py`), then `BeginHandOver` to the receiver's
+   oldest cursor, and the compacted ledger, `storage/wal/handover.py`), then
+   `BeginHandOver` to the receiver's
    admin port, which answers how many bytes of each file it holds already.
 2. `HandOverNextChunk`, once a chunk: one chunk (`cluster.move_chunk_bytes_max`, with
    its CRC32C) sent, then the next message; after the last, `CommitHandOver` (the
@@ -214,7 +217,8 @@ class HandOver(Actor):
                               clock=self.system.clock)
         limit = self.config.cluster.move_bytes_max
         if offer.total_bytes > limit:
-            raise FailedPrecondition(f"topic {self.topic}: its subscriptions need {offer.total_bytes} bytes of WAL,"
+            raise FailedPrecondition(f"topic {self.topic}: its subscriptions and compacted view need"
+                                     f" {offer.total_bytes} bytes of WAL,"
                                      f" more than cluster.move_bytes_max ({limit}) a move hands over;"
                                      f" it stays on broker {self.broker_id}")
         return offer

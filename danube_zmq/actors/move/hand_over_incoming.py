@@ -7,7 +7,8 @@ actor, which hands it `BeginHandOver`, `HandOverChunk`, `CommitHandOver` and
    directory `data_dir/handover/<topic>/` says how many bytes of each file it holds
    already (a resumed move sends the rest).
 2. Chunk: written at its position, checked against its CRC32C.
-3. Commit: every record is scanned and the files put in place of the topic's WAL here;
+3. Commit: every record is scanned (the segments' and the compacted ledger's, whose
+   damage refuses the move) and the files put in place of the topic's WAL here;
    the topic is served here once the sender gives its assignment to this broker.
 4. Abort: what was received goes.
 """

@@ -12,7 +12,10 @@ Either way no reader ever sees a half-written object under its final key.
 
 Keys are relative to the store URL: a segment lives at `{ns}/{topic}/{base:020d}.seg`
 (`segment_key`), i.e. `{prefix}/{ns}/{topic}/{base:020d}.seg` in the bucket or
-directory. The objects are opaque bytes here (the WAL's sealed segment files).
+directory. The objects are opaque bytes here (the WAL's sealed segment files). Beside
+them, under the same topic prefix and found by listing (no descriptor): checkpoints-only
+segments `{base:020d}.cursors` (`cursors_key`, `cursor_bases`) and compacted ledgers
+`{horizon:020d}.compacted` (`compacted_key`, `compacted_horizons`).
 
 Every method blocks (file and network I/O): call them from a worker thread
 (`asyncio.to_thread`), as `Uploader` does.
@@ -38,7 +41,7 @@ from danube_zmq.storage.catalog import OFFSET_DIGITS, SegmentDescriptor, check_o
 from danube_zmq.storage.paths import check_key, join_key, show
 from danube_zmq.transport.errors import InternalError, InvalidArgument, NotFound
 
-__all__ = ["DurableCorruption", "DurableStore", "cursors_key", "segment_key"]
+__all__ = ["DurableCorruption", "DurableStore", "compacted_key", "cursors_key", "segment_key"]
 
 # Read and copy in 1 MiB pieces: large enough for throughput, small enough that a
 # publish or fetch holds a bounded amount of memory whatever the segment size.
@@ -51,6 +54,9 @@ SEGMENT_SUFFIX = ".seg"
 # successor would take its base offset), published as it is so that the topic's next
 # broker finds cursors newer than the newest sealed segment's (`cursors_key`).
 CURSORS_SUFFIX = ".cursors"
+# A topic's compacted ledger (`storage/wal/compacted.py`), named by its horizon as the
+# local file is, so that the newest is the last listed and survives the topic's moves.
+COMPACTED_SUFFIX = ".compacted"
 
 StoreKind = Literal["filesystem", "object_store", "memory"]
 
@@ -74,6 +80,14 @@ def cursors_key(topic: str, base_offset: int) -> str:
     ns, name = split_topic(topic)
     check_offset("base_offset", base_offset)
     return f"{ns}/{name}/{base_offset:0{OFFSET_DIGITS}d}{CURSORS_SUFFIX}"
+
+
+def compacted_key(topic: str, horizon: int) -> str:
+    """The object key of a topic's compacted ledger for `horizon`:
+    `{ns}/{topic}/{horizon:020d}.compacted`. No descriptor: listed (`compacted_horizons`)."""
+    ns, name = split_topic(topic)
+    check_offset("horizon", horizon)
+    return f"{ns}/{name}/{horizon:0{OFFSET_DIGITS}d}{COMPACTED_SUFFIX}"
 
 
 def _check_key(key: str) -> str:
@@ -350,6 +364,15 @@ class DurableStore:
     def cursor_bases(self, topic: str) -> list[int]:
         """The base offsets of `topic`'s checkpoints-only segments (`cursors_key`), in
         ascending order; temporary files are left out."""
+        return self._listed_offsets(topic, CURSORS_SUFFIX)
+
+    def compacted_horizons(self, topic: str) -> list[int]:
+        """The horizons of `topic`'s compacted ledgers (`compacted_key`), in ascending
+        order; temporary files are left out."""
+        return self._listed_offsets(topic, COMPACTED_SUFFIX)
+
+    def _listed_offsets(self, topic: str, suffix: str) -> list[int]:
+        """The 20-digit offsets naming `topic`'s objects that end in `suffix`, ascending."""
         ns, name = split_topic(topic)
         directory = self.path_of(f"{ns}/{name}")
         try:
@@ -360,12 +383,12 @@ class DurableStore:
                 names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in self._fs.ls(directory, detail=False)]
         except FileNotFoundError:
             return []
-        bases = []
+        offsets = []
         for entry in names:
-            stem = entry[:-len(CURSORS_SUFFIX)]
-            if entry.endswith(CURSORS_SUFFIX) and len(stem) == OFFSET_DIGITS and stem.isdigit():
-                bases.append(int(stem))
-        return sorted(bases)
+            stem = entry[:-len(suffix)]
+            if entry.endswith(suffix) and len(stem) == OFFSET_DIGITS and stem.isdigit() and stem.isascii():
+                offsets.append(int(stem))
+        return sorted(offsets)
 
     def exists(self, key: str) -> bool:
         path = self.path_of(key)

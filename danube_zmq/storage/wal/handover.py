@@ -1,6 +1,7 @@
 """A topic's WAL handed from one broker's disk to another's (storage.mode local moves).
 
-    sender:   offered_files(wal dir, needed_from) -> the segment files to send, in order
+    sender:   offered_files(wal dir, needed_from) -> the segment files to send, in order,
+                                                    then the newest compacted ledger
               read_chunk(path, position, size) -> bytes
     receiver: Incoming(staging dir) .begin -> bytes held per file (resume)
                                     .write(file, position, data, crc32c)
@@ -8,11 +9,16 @@
 
 The sender offers the segments that hold an offset at or after `needed_from` (the
 oldest offset a subscription still needs) up to the active one, each at its whole-record
-size. The receiver writes them into a staging directory named by the move's id (so bytes
+size, then the topic's newest compacted ledger (`compacted.py`), whole, when it has one:
+the compacted view moves with the topic. A ledger also moves `needed_from` down to its
+horizon: a `read_compacted` reader goes on in the log at the horizon, and without the
+records from there a key rewritten after it would read as its compacted, older value.
+The receiver writes them into a staging directory named by the move's id (so bytes
 of an abandoned attempt are never mixed in, and a resumed attempt continues at the bytes
 it holds), checks a CRC32C per chunk, and at the end scans every record of every file
-(`Segment.recover`: record CRCs, continuous offsets) before it swaps the staging
-directory in for its own WAL of the topic. Every function here blocks: run in a thread.
+(`Segment.recover`: record CRCs, continuous offsets; `Ledger.open`: every record's CRC,
+offsets below its horizon) before it swaps the staging directory in for its own WAL of
+the topic. Every function here blocks: run in a thread.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import crc32c
 
 from danube_zmq.clock import Clock
 from danube_zmq.storage.wal import files as wal_files
+from danube_zmq.storage.wal.compacted import Ledger, ledgers_in, parse_ledger_file_name
+from danube_zmq.storage.wal.errors import CorruptRecord
 from danube_zmq.storage.wal.log import WalLog
 from danube_zmq.storage.wal.segment import Segment, parse_segment_file_name
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument
@@ -50,8 +58,14 @@ class Offer:
 
 def offered_files(wal_dir: Path, needed_from: int | None, *, segment_bytes_max: int, clock: Clock) -> Offer:
     """The segments of the (closed) WAL in `wal_dir` holding offsets from `needed_from`
-    on (None: only the active one), the active one always included. Opening the WAL
-    recovers it first, so every size is a whole-record prefix."""
+    on (None: only the active one), the active one always included, then the newest
+    compacted ledger, whose horizon lowers `needed_from` to it. Opening the WAL recovers
+    it first, so every segment's size is a whole-record prefix; a ledger is whole or
+    absent (written to a `.tmp`, renamed), and no compaction runs: the topic stopped."""
+    ledgers = ledgers_in(wal_dir)
+    ledger = ledgers[-1] if ledgers else None
+    if ledger is not None:
+        needed_from = ledger[0] if needed_from is None else min(needed_from, ledger[0])
     wal = WalLog.open(wal_dir, segment_bytes_max=segment_bytes_max, segment_age_ms_max=None, clock=clock)
     try:
         infos = wal.segments()
@@ -60,8 +74,11 @@ def offered_files(wal_dir: Path, needed_from: int | None, *, segment_bytes_max: 
         wal.close()
     chosen = [info for n, info in enumerate(infos)
               if n == len(infos) - 1 or (needed_from is not None and info.next_offset > needed_from)]
-    return Offer(files=tuple(OfferedFile(name=Path(i.path).name, size_bytes=i.size_bytes, path=Path(i.path))
-                             for i in chosen), next_offset=next_offset)
+    files = [OfferedFile(name=Path(i.path).name, size_bytes=i.size_bytes, path=Path(i.path)) for i in chosen]
+    if ledger is not None:
+        path = ledger[1]
+        files.append(OfferedFile(name=path.name, size_bytes=path.stat().st_size, path=path))
+    return Offer(files=tuple(files), next_offset=next_offset)
 
 
 def read_chunk(path: Path, position: int, size: int) -> bytes:
@@ -74,15 +91,25 @@ class Incoming:
     """The receiving side of one move: a staging directory `staging/<handover_id>`."""
 
     def __init__(self, staging: Path, handover_id: int, files: list[tuple[str, int]], next_offset: int) -> None:
-        for name, size in files:
-            if parse_segment_file_name(name) is None or size < 0:
-                raise InvalidArgument(f"a handed-over WAL file must be a segment name and size, got {name[:64]!r}"
-                                      f"{'...' if len(name) > 64 else ''} {size}")
-        if not files:
+        # Strict: segment files, then at most one compacted ledger, last; nothing else
+        # (these names become paths here).
+        horizon = parse_ledger_file_name(files[-1][0]) if files else None
+        segments = files[:-1] if horizon is not None else files
+        for index, (name, size) in enumerate(files):
+            is_ledger = horizon is not None and index == len(files) - 1
+            if (not is_ledger and parse_segment_file_name(name) is None) or size < 0:
+                raise InvalidArgument(f"a handed-over WAL file must be a segment (or, last, a compacted ledger) name"
+                                      f" and size, got {name[:64]!r}{'...' if len(name) > 64 else ''} {size}")
+        if not segments:
             raise InvalidArgument("a hand-over offers at least the active segment")
+        if horizon is not None and horizon > next_offset:
+            raise InvalidArgument(f"a handed-over compacted ledger up to offset {horizon} is past the WAL's end"
+                                  f" {next_offset}")
         self.root = staging
         self.directory = staging / f"{handover_id:020d}"
         self.files = files
+        self.segments = segments
+        self.ledger = files[-1] if horizon is not None else None
         self.next_offset = next_offset
 
     def begin(self) -> list[int]:
@@ -125,16 +152,8 @@ class Incoming:
     def verify_and_install(self, wal_dir: Path, *, clock: Clock) -> int:
         """fsync, scan every record, then swap in for `wal_dir`; the next offset."""
         expected = None
-        for name, size in self.files:
-            path = self.directory / name
-            have = path.stat().st_size if path.exists() else 0
-            if have != size:
-                raise FailedPrecondition(f"handed-over {name} has {have} of its {size} bytes")
-            fd = wal_files.current.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                wal_files.current.fsync(fd)
-            finally:
-                wal_files.current.close(fd)
+        for name, size in self.segments:
+            path = self._synced(name, size)
             segment = Segment.open(path, clock=clock, writable=False)
             try:
                 fault = segment.recover()
@@ -148,6 +167,8 @@ class Incoming:
                 segment.close()
         if expected != self.next_offset:
             raise FailedPrecondition(f"handed-over WAL ends at offset {expected}, the offer said {self.next_offset}")
+        if self.ledger is not None:
+            self._verify_ledger(*self.ledger)
         _fsync_dir(self.directory)
         aside = wal_dir.with_name(wal_dir.name + ".replaced")
         shutil.rmtree(aside, ignore_errors=True)
@@ -162,6 +183,28 @@ class Incoming:
 
     def abort(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _synced(self, name: str, size: int) -> Path:
+        """The staged file `name`, checked to hold its offered `size` bytes, fsynced."""
+        path = self.directory / name
+        have = path.stat().st_size if path.exists() else 0
+        if have != size:
+            raise FailedPrecondition(f"handed-over {name} has {have} of its {size} bytes")
+        fd = wal_files.current.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            wal_files.current.fsync(fd)
+        finally:
+            wal_files.current.close(fd)
+        return path
+
+    def _verify_ledger(self, name: str, size: int) -> None:
+        """The compacted ledger is checked whole (every record's CRC, offsets increasing
+        below its horizon): a damaged one refuses the hand-over, never a short view."""
+        path = self._synced(name, size)
+        try:
+            Ledger.open(path).close()
+        except CorruptRecord as exc:
+            raise FailedPrecondition(f"handed-over compacted ledger {name} is damaged: {exc.message}") from exc
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -2,24 +2,31 @@
 admin compacts a reliable topic (`AdminClient.compact_topic`, `danube admin topics
 compact`) while producers keep writing; readers and Exclusive subscriptions with
 `read_compacted` get the latest message per key (an empty payload deletes its key,
-messages without a key pass), then the live tail; the view survives kill -9; Shared
-subscriptions and non-reliable topics are refused by name."""
+messages without a key pass), then the live tail; the view survives kill -9 and moves
+to another broker (local and shared_fs); Shared subscriptions and non-reliable topics
+are refused by name."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.client.reader import Reader
+from danube_zmq.storage.wal.compacted import ledger_file_name
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Timeout
+from tests.integration.actors.test_cluster import _owners
 
 
 async def _publish(producer, versions: int = 3) -> dict[str, bytes]:
@@ -201,7 +208,7 @@ async def test_the_view_outlives_the_log_retention_deletes(broker_factory) -> No
         await admin.compact_topic(topic)
         await admin.wait_for_compaction(topic, timeout_s=60)
         await admin.set_topic_policies(topic, retention_time_ms=1)
-        for i in range(40):  # seals the segments that hold the first 33
+        for _ in range(40):  # seals the segments that hold the first 33
             await producer.send(b"p" * 200, key="padding")
         for _ in range(100):
             plain = await client.create_reader(topic, start="earliest")
@@ -262,3 +269,81 @@ async def test_the_cli_compacts_and_describes(broker_factory) -> None:
     assert read.returncode == 0, read.stderr
     lines = [json.loads(line) for line in read.stdout.splitlines()]
     assert [(m["key"], m["payload"]) for m in lines] == [(k, v.decode()) for k, v in _expected(latest)]
+
+
+@contextlib.contextmanager
+def _two_brokers(tmp_path: Path, env: dict[str, str]) -> Iterator[list]:
+    """Two broker processes as one cluster (Raft agreed, both registered), stopped after."""
+    from tests.integration.actors.test_cluster import LEASE_ENV, _registered
+    from tests.integration.consensus.test_metadata_cluster import agreed_leader, start_cluster
+
+    nodes = start_cluster(tmp_path, 2, env={**LEASE_ENV, **env})
+    try:
+        asyncio.run(agreed_leader(nodes))
+        asyncio.run(_registered(nodes, 2))
+        yield nodes
+    finally:
+        for node in nodes:
+            if node.process is not None:
+                node.stop()
+
+
+def _ledger_objects(shared: Path, topic: str) -> list[str]:
+    return sorted(path.name for path in (shared / topic.strip("/")).glob("*.compacted"))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["local", "shared_fs"])
+def test_the_compacted_view_moves_with_its_topic(tmp_path: Path, mode: str) -> None:
+    """Two brokers, 64 KiB WAL segments: 600 messages of 1 KiB over keys k0..k9 span
+    several segments and are compacted, then `_publish` overwrites every key and is
+    compacted again, and one more message comes after that horizon. `topics unload`
+    moves the topic to the other broker (local: the WAL handed over with the ledger;
+    shared_fs: the ledger uploaded under the topic's prefix, the older one deleted, and
+    downloaded by the next broker): there a read_compacted reader reads exactly the view,
+    then the message after the horizon, and `topics describe` shows the same horizon.
+    In shared_fs, deleting the topic deletes its ledger object."""
+    shared = tmp_path / "shared"
+    env = {"DANUBE_STORAGE__WAL_SEGMENT_BYTES_MAX": "65536"}
+    if mode == "shared_fs":
+        env |= {"DANUBE_STORAGE__MODE": "shared_fs", "DANUBE_STORAGE__DURABLE_URL": str(shared)}
+    topic = f"/default/compacted-moved-{mode}"
+
+    async def run(nodes: list) -> None:
+        owners = {node.url: node for node in nodes}
+        async with AdminClient(nodes[0].admin_url) as admin:
+            await admin.create_topic(topic, dispatch_strategy=DispatchStrategy.RELIABLE)
+        before = (await _owners(nodes[0], [topic]))[topic]
+        async with DanubeClient(nodes[0].url, operation_retries_max=10) as client, \
+                AdminClient(owners[before].admin_url) as admin:
+            producer = await client.create_producer(topic, dispatch="reliable")
+            for i in range(600):
+                producer.send_nowait(f"{i}:".encode() + b"x" * 1000, key=f"k{i % 10}")
+            await producer.flush()
+            await admin.compact_topic(topic)
+            await admin.wait_for_compaction(topic, timeout_s=60)
+            latest = await _publish(producer)
+            await admin.compact_topic(topic)
+            described = await admin.wait_for_compaction(topic, timeout_s=60)
+            assert described.partitions[0].compaction_horizon == 633
+            if mode == "shared_fs":
+                assert _ledger_objects(shared, topic) == [ledger_file_name(633)]
+            await producer.send(b"k1-after", key="k1")  # past the horizon: the log's, not the view's
+            await admin.unload_topic(topic)
+        deadline = time.monotonic() + 30
+        while (after := (await _owners(nodes[0], [topic]))[topic]) == before:
+            assert time.monotonic() < deadline, "the topic did not move"
+            await asyncio.sleep(0.2)
+        async with DanubeClient(nodes[0].url, operation_retries_max=10) as client, \
+                AdminClient(owners[after].admin_url) as admin:
+            reader = await client.create_reader(topic, start="earliest", read_compacted=True)
+            assert _view(await _read_until_quiet(reader)) == [*_expected(latest), ("k1", b"k1-after")]
+            (partition,) = (await admin.describe_topic(topic)).partitions
+            assert (partition.compaction, partition.compaction_horizon) == ("done", 633)
+            if mode == "shared_fs":
+                await reader.close()
+                await admin.delete_topic(topic)
+                assert _ledger_objects(shared, topic) == []
+
+    with _two_brokers(tmp_path, env) as nodes:
+        asyncio.run(run(nodes))

@@ -23,6 +23,7 @@ from danube_zmq.storage.durable import (
     SealedSegment,
     Uploader,
     UploaderConfig,
+    compacted_key,
     cursors_key,
 )
 from danube_zmq.transport.errors import InvalidArgument, NotFound, ResourceExhausted
@@ -224,6 +225,26 @@ def test_checkpoint_only_segments_are_listed_by_base_offset(store: DurableStore,
     assert store.cursor_bases(TOPIC) == [7, 30, 1200]
     store.delete(cursors_key(TOPIC, 30))
     assert store.cursor_bases(TOPIC) == [7, 1200]
+
+
+def test_compacted_ledgers_are_listed_by_horizon(store: DurableStore, tmp_path: Path) -> None:
+    """A topic's compacted ledgers (`compacted_key`) are listed by horizon, ascending,
+    apart from its segments, its checkpoints-only segments and other topics' ledgers;
+    a deleted one is gone from the list, and one fetched back has the same bytes."""
+    source = tmp_path / "ledger"
+    data = make_file(source, 300, seed=4)
+    assert store.compacted_horizons(TOPIC) == []
+    for horizon in (900, 33):
+        store.publish(source, compacted_key(TOPIC, horizon))
+    store.publish(source, cursors_key(TOPIC, 40))
+    store.publish(source, store.segment_key(TOPIC, 0))
+    store.publish(source, compacted_key("/default/other", 5))
+    assert store.compacted_horizons(TOPIC) == [33, 900]
+    assert store.cursor_bases(TOPIC) == [40]
+    store.delete(compacted_key(TOPIC, 33))
+    assert store.compacted_horizons(TOPIC) == [900]
+    store.fetch(compacted_key(TOPIC, 900), tmp_path / "back")
+    assert (tmp_path / "back").read_bytes() == data
 
 
 def test_keys_are_checked(tmp_path: Path) -> None:

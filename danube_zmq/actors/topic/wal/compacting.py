@@ -13,6 +13,11 @@ in a ledger file beside the WAL, read by `read_compacted` subscriptions and read
     `CompactionFinished` -> the new ledger replaces the old one, which is deleted.
     The newest ledger is opened at start (its records' CRCs checked: damage is an
     error in the log and in `topics describe`, never silent).
+    Durable modes (`ledger_store.py`): the compaction's thread uploads the new ledger
+    under the topic's prefix before the compaction is done, and a topic starting on
+    another broker (a move, a failover, a new disk) downloads the store's newest, so
+    the view survives them. storage.mode local: a move hands the newest ledger over
+    with the WAL (`storage/wal/handover.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ from pathlib import Path
 
 from danube_zmq.actors.topic.storage import TopicPort
 from danube_zmq.actors.topic.wal.compactor import CompactionResult, compact
+from danube_zmq.actors.topic.wal.ledger_store import (
+    SCRATCH_PREFIX,
+    fetch_newer_ledger,
+    publish_ledger,
+    publish_new_ledger,
+)
 from danube_zmq.actors.topic.wal.log import TopicLog
 from danube_zmq.actors.topic.wal.retention import WalRetention
 from danube_zmq.config.broker_config import BrokerConfig
@@ -72,21 +83,48 @@ class WalCompaction:
         return None if self.ledger is None else self.ledger.horizon
 
     async def load(self) -> None:
-        """The newest ledger, opened (and checked) in a worker thread."""
-        for scratch in self.wal_dir.glob(".compacting-*"):  # a compaction's, killed with its broker
+        """The newest ledger, opened (and checked) in a worker thread. Durable modes:
+        the store's newest first when it is newer than this disk's (downloaded, checked),
+        and this disk's uploaded when it is the newer one (a crash cut its upload short)."""
+        for scratch in self.wal_dir.glob(f"{SCRATCH_PREFIX}*"):  # a compaction's or a download's, cut short
             shutil.rmtree(scratch, ignore_errors=True)
+        loop = asyncio.get_running_loop()
+        stored, fetch_error = await self._fetch_stored()
         found = ledgers_in(self.wal_dir)
         if not found:
+            if fetch_error is not None:
+                self.status = f"failed: {fetch_error}; compact again to rebuild it"
             return
         path = found[-1][1]
         try:
-            self.ledger = await asyncio.get_running_loop().run_in_executor(self.executor, Ledger.open, path)
+            self.ledger = await loop.run_in_executor(self.executor, Ledger.open, path)
         except CorruptRecord as exc:
             self.status = f"failed: {exc.message}; compact again to rebuild it"
             log.error("%s: compacted ledger not used: %s", self.topic, exc.message)
             return
         self.status = "done"
         remove_ledgers_except(self.wal_dir, path)
+        store, horizon = self.store, self.ledger.horizon
+        if store is not None and fetch_error is None and (stored is None or horizon > stored):
+            try:
+                await loop.run_in_executor(self.executor, publish_ledger, store, self.topic, path, horizon)
+            except (OSError, DanubeError) as exc:  # the view here stands; a move would find the store's older one
+                log.error("%s: compacted ledger %d not uploaded to the durable store: %s", self.topic, horizon, exc)
+
+    async def _fetch_stored(self) -> tuple[int | None, str | None]:
+        """Durable modes: the store's newest ledger downloaded beside the WAL when it is
+        newer than the newest here. Returns the store's newest horizon (None: none) and,
+        when the store could not be read or its ledger is damaged, why."""
+        if self.store is None:
+            return None, None
+        try:
+            stored = await asyncio.get_running_loop().run_in_executor(
+                self.executor, fetch_newer_ledger, self.store, self.topic, self.wal_dir)
+        except (OSError, DanubeError) as exc:  # CorruptRecord too: a damaged object is never used
+            why = exc.message if isinstance(exc, DanubeError) else f"{type(exc).__name__}: {exc}"
+            log.error("%s: the compacted ledger in the durable store not fetched: %s", self.topic, why)
+            return None, f"the compacted ledger in the durable store not fetched: {why}"
+        return stored, None
 
     def request(self) -> None:
         """Start a compaction up to the committed end (FAILED_PRECONDITION while one runs)."""
@@ -102,15 +140,19 @@ class WalCompaction:
             return  # nothing committed since: the view is current
         durable = list(topic_log.durable)
         keys_max = self.config.storage.compaction_keys_max
+        store, topic = self.store, self.topic
 
         def run() -> CompactionResult:
-            with tempfile.TemporaryDirectory(dir=self.wal_dir, prefix=".compacting-") as scratch:
-                history = _History(wal, durable, self.store, Path(scratch), horizon, lambda: self._stopping)
+            with tempfile.TemporaryDirectory(dir=self.wal_dir, prefix=SCRATCH_PREFIX) as scratch:
+                history = _History(wal, durable, store, Path(scratch), horizon, lambda: self._stopping)
                 try:
-                    return compact(history.read, start=start, horizon=horizon, previous=previous,
-                                   directory=self.wal_dir, keys_max=keys_max)
+                    result = compact(history.read, start=start, horizon=horizon, previous=previous,
+                                     directory=self.wal_dir, keys_max=keys_max)
                 finally:
                     history.close()
+            if store is not None:  # durable modes: done once the store holds it (a stop waits for it)
+                publish_new_ledger(store, topic, result.path, result.horizon)
+            return result
 
         self.retention.snapshot_pins[_PIN] = _PIN_MS
         self.status = "running"

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from danube_zmq.actors.topic.compaction import CompactionKeys
 from danube_zmq.storage.wal.compacted import Ledger, LedgerWriter
 from danube_zmq.storage.wal.format import RecordBatch
 from danube_zmq.transport.errors import InternalError
-
-_FIELD_NAMES = tuple(field.name for field in fields(RecordBatch))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,7 +1,8 @@
 """A local-mode move's WAL transfer (storage/wal/handover.py and the sender, the
 `HandOver` actor in actors/move/hand_over.py): a transfer whose connection breaks in the
 middle resumes (a timer message) from the bytes the receiver holds, and what is
-installed is the sender's WAL."""
+installed is the sender's WAL, with its compacted ledger (checked whole: a damaged one
+refuses the move)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from danube_zmq.actors.move.hand_over import HandOver
 from danube_zmq.clock import SystemClock
 from danube_zmq.runtime.actor import Actor
 from danube_zmq.runtime.system import ActorSystem
-from danube_zmq.storage.wal import WalLog, encode_batch
+from danube_zmq.storage.wal import HEADER_BYTES, WalLog, encode_batch, segment_file_name
+from danube_zmq.storage.wal.compacted import Ledger, LedgerWriter, ledger_file_name
 from danube_zmq.storage.wal.handover import Incoming, offered_files
+from danube_zmq.storage.wal.segment import parse_segment_file_name
 from danube_zmq.transport import admin_protocol as ap
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import FailedPrecondition, Unavailable
+from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Unavailable
 from danube_zmq.transport.internal_protocol import (
     Done,
     FlushCursors,
@@ -218,3 +221,125 @@ def test_an_empty_active_segment_is_handed_over(tmp_path: Path) -> None:
     moved = WalLog.open(target, segment_bytes_max=SEGMENT_BYTES, segment_age_ms_max=None, clock=SystemClock())
     assert moved.next_offset == 200
     moved.close()
+
+
+# ---- the compacted ledger moves with the WAL ----
+
+def written_ledger(wal_dir: Path, horizon: int) -> Path:
+    """A compacted ledger beside the WAL in `wal_dir`: every other record below `horizon`."""
+    wal = WalLog.open(wal_dir, segment_bytes_max=SEGMENT_BYTES, segment_age_ms_max=None, clock=SystemClock())
+    try:
+        batch = wal.read(0, max_bytes=1 << 30, upto_offset=horizon)
+    finally:
+        wal.close()
+    with LedgerWriter(wal_dir, horizon) as writer:
+        writer.append(batch, [offset % 2 == 0 for offset in batch.offsets])
+        return writer.commit()
+
+
+def ledger_rows(path: Path) -> list[tuple[int, bytes]]:
+    with Ledger.open(path) as ledger:
+        return [(o, p) for batch in ledger.records() for o, p in zip(batch.offsets, batch.payloads, strict=True)]
+
+
+def test_the_newest_compacted_ledger_is_offered_last_and_the_log_from_its_horizon(tmp_path: Path) -> None:
+    """With no subscription only the active segment is offered; a compacted ledger adds
+    the segments from its horizon on (a compacted reader goes on in the log there) and
+    itself, last, at its whole size; an older ledger left beside it is not offered, and
+    a subscription's cursor above the horizon does not shorten the offer."""
+    wal_dir = tmp_path / "wal"
+    written_wal(wal_dir, 30)
+    clock = SystemClock()
+    plain = offered_files(wal_dir, None, segment_bytes_max=SEGMENT_BYTES, clock=clock)
+    written_ledger(wal_dir, 6)
+    newest = written_ledger(wal_dir, 14)
+    for needed_from in (None, 25):
+        offer = offered_files(wal_dir, needed_from, segment_bytes_max=SEGMENT_BYTES, clock=clock)
+        *segments, ledger = offer.files
+        assert (ledger.name, ledger.size_bytes, ledger.path) == (newest.name, newest.stat().st_size, newest)
+        assert [parse_segment_file_name(f.name) is not None for f in segments] == [True] * len(segments)
+        assert segments[-1] == plain.files[-1] and len(segments) > len(plain.files)
+        bases = [parse_segment_file_name(f.name) for f in segments]
+        assert bases[0] <= 14 and all(base > 14 for base in bases[1:]), bases  # the horizon's segment first
+        assert offer.next_offset == plain.next_offset == 30
+
+
+@pytest.mark.parametrize("reply_lost", [False, True])
+def test_a_hand_over_carries_the_compacted_ledger_and_resumes_inside_it(tmp_path: Path, reply_lost: bool) -> None:
+    """The `HandOver` actor sends the ledger after the segments, in chunks like them; the
+    connection breaks at the ledger's second chunk and the move resumes from the bytes
+    the receiver holds: the installed WAL holds every record and the ledger the same
+    view, byte for byte."""
+    payloads = written_wal(tmp_path / "sent", 30)
+    ledger = written_ledger(tmp_path / "sent", 20)
+    offer = offered_files(tmp_path / "sent", 0, segment_bytes_max=SEGMENT_BYTES, clock=SystemClock())
+    assert offer.files[-1].name == ledger.name and offer.files[-1].size_bytes > 2 * CHUNK_BYTES
+    segment_chunks = sum(-(-f.size_bytes // CHUNK_BYTES) for f in offer.files[:-1])
+    receiver = Receiver(tmp_path / "staging", tmp_path / "received", segment_chunks + 2, reply_lost)
+    sent_view = ledger_rows(ledger)
+    ended, _ = asyncio.run(send_offer(receiver, tmp_path / "sent"))
+    assert [(e.topic, e.error) for e in ended] == [("/ns/t", None)], ended
+    assert len(receiver.begins) == 2 and receiver.begins[1][-1] > 0, receiver.begins  # resumed inside the ledger
+    installed = tmp_path / "received" / ledger.name
+    assert installed.read_bytes() == ledger.read_bytes()
+    assert ledger_rows(installed) == sent_view and [o for o, _ in sent_view] == list(range(0, 20, 2))
+    assert read_all(tmp_path / "received") == payloads
+
+
+def _flip_a_body_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[HEADER_BYTES + 3] ^= 0x40  # the first record's body: its CRC no longer matches
+    path.write_bytes(bytes(data))
+
+
+def _cut_the_last_record(path: Path) -> None:
+    os.truncate(path, path.stat().st_size - 5)
+
+
+@pytest.mark.parametrize("damage", [_flip_a_body_byte, _cut_the_last_record])
+def test_a_damaged_compacted_ledger_refuses_the_hand_over(tmp_path: Path, damage) -> None:  # type: ignore[no-untyped-def]
+    """A ledger damaged on the sender's disk (a flipped bit, a torn last record) passes
+    the chunks' CRC32Cs (they cover what was read) but not `Ledger.open` at commit: the
+    hand-over is refused naming the ledger, and the WAL the receiver held stays."""
+    sent = tmp_path / "sent"
+    written_wal(sent, 30)
+    ledger = written_ledger(sent, 20)
+    damage(ledger)
+    offer = offered_files(sent, None, segment_bytes_max=SEGMENT_BYTES, clock=SystemClock())
+    incoming = Incoming(tmp_path / "staging", 7, [(f.name, f.size_bytes) for f in offer.files], offer.next_offset)
+    assert incoming.begin() == [0] * len(offer.files)
+    for index, offered in enumerate(offer.files):
+        data = offered.path.read_bytes()
+        if data:
+            incoming.write(index, 0, data, crc32c.crc32c(data))
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "earlier").write_bytes(b"an earlier turn's WAL")
+    with pytest.raises(FailedPrecondition, match=f"compacted ledger {ledger.name} is damaged"):
+        incoming.verify_and_install(target, clock=SystemClock())
+    assert [p.name for p in target.iterdir()] == ["earlier"]
+
+
+SEGMENT = (segment_file_name(0), 100)
+LEDGER = (ledger_file_name(20), 100)
+
+
+@pytest.mark.parametrize("files", [
+    [LEDGER, SEGMENT],  # a ledger before a segment
+    [SEGMENT, LEDGER, LEDGER],  # two ledgers
+    [SEGMENT, (ledger_file_name(10), 100), LEDGER],
+    [LEDGER],  # no segment
+    [SEGMENT, (LEDGER[0] + ".tmp", 100)],  # a writer's unfinished one
+    [SEGMENT, ("../" + LEDGER[0], 100)],
+    [SEGMENT, ("x" + LEDGER[0], 100)],
+    [SEGMENT, (LEDGER[0], -1)],
+    [SEGMENT, (ledger_file_name(31), 100)],  # past the WAL's end
+])
+def test_the_receiver_takes_segments_then_one_compacted_ledger_only(tmp_path: Path, files) -> None:  # type: ignore[no-untyped-def]
+    """The receiver's name check stays strict: segment files, then at most one compacted
+    ledger, last, at or below the WAL's end; anything else is refused before a byte is
+    staged."""
+    with pytest.raises(InvalidArgument):
+        Incoming(tmp_path / "staging", 7, files, 30)
+    assert not (tmp_path / "staging").exists()
+    Incoming(tmp_path / "staging", 7, [SEGMENT, LEDGER], 30)  # the well-formed offer
