@@ -16,6 +16,7 @@ it once the new one is in use).
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +26,14 @@ from danube_zmq.actors.topic.compaction import CompactionKeys
 from danube_zmq.storage.wal.compacted import Ledger, LedgerWriter
 from danube_zmq.storage.wal.format import RecordBatch
 from danube_zmq.transport.errors import InternalError
+
+# The thread pauses after each batch (64 KiB of records, about 2 ms of work): the
+# GIL goes to the broker's event loop, which otherwise waits out the 5 ms switch interval
+# at every socket or fsync call. Measured with 1,000,000 messages over 10,000 keys
+# (benchmarks/compaction.py): without it a producer sending one message at a time fell
+# from 900 to 47 msg/s during the compaction (p99 42 ms); with it 401 msg/s (p99 5 ms),
+# the compaction taking 8.9 s instead of 4.7.
+_PAUSE_S = 0.0005
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +58,7 @@ def compact(
     previous: Ledger | None,
     directory: Path,
     keys_max: int,
-    batch_bytes: int = 1 << 20,
+    batch_bytes: int = 1 << 16,
 ) -> CompactionResult:
     """Compact `previous` (the view below its horizon) and the log's records
     `start .. horizon - 1` into a new ledger for `horizon` in `directory`.
@@ -88,7 +97,9 @@ def _records(read: Callable[[int, int], RecordBatch], previous: Ledger | None, *
     """The previous ledger's records, then the log's from `start` below `horizon`, in
     offset order, in batches."""
     if previous is not None:
-        yield from previous.records(batch_bytes)
+        for batch in previous.records(batch_bytes):
+            yield batch
+            time.sleep(_PAUSE_S)
     position = start
     while position < horizon:
         batch = read(position, batch_bytes)
@@ -101,6 +112,7 @@ def _records(read: Callable[[int, int], RecordBatch], previous: Ledger | None, *
                 yield batch.head(below)
             return
         yield batch
+        time.sleep(_PAUSE_S)
         # Past the batch's last record, not `position + len`: the log may have a gap.
         position = batch.offsets[-1] + 1
 
