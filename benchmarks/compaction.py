@@ -25,15 +25,10 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from e2e import _ready, free_port  # benchmarks/ is on sys.path when a script here runs
+from e2e import standalone_broker  # benchmarks/ is on sys.path when a script here runs
 
 from danube_zmq import DanubeClient
 from danube_zmq.client.admin import AdminClient
@@ -119,18 +114,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    data_dir = Path(tempfile.mkdtemp(prefix="danube-bench-compaction-"))
-    broker = subprocess.Popen([sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
-                               "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(data_dir)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    try:
-        asyncio.run(_ready(admin_url))
+    with standalone_broker("danube-bench-compaction-") as (url, admin_url, _, data_dir):
         result = asyncio.run(_run(url, admin_url, data_dir, args))
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(60)
-        shutil.rmtree(data_dir, ignore_errors=True)
     print(json.dumps(result))
 
 

@@ -22,16 +22,11 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
-from e2e import _ready, free_port  # benchmarks/ is on sys.path when a script here runs
+from e2e import standalone_broker  # benchmarks/ is on sys.path when a script here runs
 
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
@@ -112,24 +107,14 @@ def main() -> None:
     parser.add_argument("--spread-s", type=float, default=10.0)
     parser.add_argument("--plain", action="store_true", help="held: messages without a time, for comparison")
     args = parser.parse_args()
-    url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    data_dir = tempfile.mkdtemp(prefix="danube-bench-delayed-")
-    broker = subprocess.Popen([sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
-                               "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", data_dir],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     topic = f"/default/delayed-bench-{os.getpid()}"
-    try:
-        asyncio.run(_ready(admin_url))
+    with standalone_broker("danube-bench-delayed-") as (url, admin_url, broker, data_dir):
         if args.mode == "precision":
             result = asyncio.run(_precision(url, topic, args.messages, args.spread_s))
         else:
-            spill = Path(data_dir) / "durable-cache" / "default" / topic.rsplit("/", 1)[1] / "delayed"
+            spill = data_dir / "durable-cache" / "default" / topic.rsplit("/", 1)[1] / "delayed"
             result = asyncio.run(_held(url, admin_url, topic, args.messages, args.plain,
                                        psutil.Process(broker.pid), spill))
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(60)
-        shutil.rmtree(data_dir, ignore_errors=True)
     print(json.dumps(result))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -34,10 +35,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from danube_zmq import DanubeClient, SubType
 from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import DanubeError, Timeout
+
+
+@contextlib.contextmanager
+def standalone_broker(prefix: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, str, subprocess.Popen[bytes], Path]]:
+    """A broker process on free loopback ports with its data in a fresh temp dir, ready:
+    (client URL, admin URL, process, data dir); stopped (SIGTERM) and its data removed after."""
+    url, admin_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    broker = subprocess.Popen([sys.executable, "-m", "danube_zmq.cli.main", "broker", "start", "--listen", url,
+                               "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(data_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    try:
+        asyncio.run(_ready(admin_url))
+        yield url, admin_url, broker, data_dir
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(60)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -40,8 +40,20 @@ class Reserver(Actor):
 
     def __init__(self) -> None:
         self.topic_endpoint = ""
+        self._asked_until = 0  # asked while the topic starts, before its endpoint is known here
+
+    def serve(self, topic_endpoint: str) -> None:
+        """The topic's endpoint, once its spawn returned; a reservation it asked for
+        while starting (its start awaits the disk, and this actor runs meanwhile) is
+        answered now."""
+        self.topic_endpoint = topic_endpoint
+        if self._asked_until:
+            self.system.tell(topic_endpoint, OffsetsReserved(until=self._asked_until))
 
     def handle_ReserveOffsets(self, msg: ReserveOffsets) -> None:
+        if not self.topic_endpoint:
+            self._asked_until = max(self._asked_until, msg.until)
+            return
         self.system.tell(self.topic_endpoint, OffsetsReserved(until=msg.until))
 
     def handle_SubscriptionsOf(self, msg: SubscriptionsOf) -> PersistedSubscriptions:
@@ -90,7 +102,8 @@ async def reliable_topic(tmp_path: Path, topic_name: str, storage: StorageSectio
                                rng=IdSource(3), broker_endpoint=broker_endpoint, wal_dir=tmp_path / "wal",
                                executor=executor),
             name=f"topic {topic_name}")
-        reserver.topic_endpoint = system.broker_endpoint = topic
+        system.broker_endpoint = topic
+        reserver.serve(topic)
         sock.connect(url)
         assert isinstance(await ask(sock, Connect(request_id=1, protocol_version=PROTOCOL_VERSION,
                                                   client_name="t")), Connected)

@@ -32,11 +32,12 @@ TAKEOVER_S_MAX = 10.0
 
 
 @contextlib.contextmanager
-def running_cluster(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[list[Node]]:
-    nodes = start_cluster(tmp_path, 3, env={**LEASE_ENV, **(env or {})})
+def running_cluster(tmp_path: Path, env: dict[str, str] | None = None, size: int = 3) -> Iterator[list[Node]]:
+    """`size` broker processes as one cluster (Raft agreed, all registered), stopped after."""
+    nodes = start_cluster(tmp_path, size, env={**LEASE_ENV, **(env or {})})
     try:
         asyncio.run(agreed_leader(nodes))
-        asyncio.run(_registered(nodes, 3))
+        asyncio.run(_registered(nodes, size))
         yield nodes
     finally:
         for node in nodes:

@@ -9,13 +9,11 @@ are refused by name."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from danube_zmq.client.reader import Reader
 from danube_zmq.storage.wal.compacted import ledger_file_name
 from danube_zmq.transport.client_protocol import DispatchStrategy
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Timeout
-from tests.integration.actors.test_cluster import _owners
+from tests.integration.actors.test_cluster import _owners, running_cluster
 
 
 async def _publish(producer, versions: int = 3) -> dict[str, bytes]:
@@ -57,6 +55,10 @@ async def _read_until_quiet(source, quiet_s: float = 1.5) -> list:
         out.append(message)
         if not reader:
             await source.ack(message)
+
+
+def broker_data(broker) -> Path:
+    return broker.log_path.parent / "data"  # `start_broker`'s --data-dir
 
 
 def _view(messages) -> list[tuple[str | None, bytes]]:
@@ -94,6 +96,37 @@ async def test_a_compacted_topic_reads_the_latest_message_per_key_then_the_tail(
 
         plain = await client.create_reader(topic, start="earliest")
         assert len(await _read_until_quiet(plain)) == 35
+
+
+async def test_a_broker_killed_mid_compaction_keeps_the_previous_view(broker_factory) -> None:
+    """kill -9 while a compaction writes: the restarted broker serves the view it had
+    (none here: "never"), leaves no partial file behind, and compacts again."""
+    broker = broker_factory()
+    topic = "/default/compacted-cut"
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        producer = await client.create_producer(topic, dispatch="reliable", pending_messages_max=50_000)
+        for i in range(200_000):
+            producer.send_nowait(b"v" * 100, key=f"k{i % 1000}")
+            if i % 20_000 == 19_999:
+                await producer.flush()
+        await admin.compact_topic(topic)
+        assert (await admin.describe_topic(topic)).partitions[0].compaction == "running"
+    broker.stop(signal.SIGKILL)
+    leftovers = [p.name for p in broker_data(broker).rglob("*") if p.name.endswith(".tmp")
+                 or p.name.startswith(".compacting-") or p.name.endswith(".compacted")]
+    # Whichever phase the kill cut, what a writer killed in the second leaves: its .tmp.
+    wal_dir = next(broker_data(broker).rglob("*.wal")).parent
+    (wal_dir / (ledger_file_name(200_000) + ".tmp")).write_bytes(b"cut short")
+    broker = broker_factory(url=broker.url, admin_url=broker.admin_url)
+    async with DanubeClient(broker.url) as client, AdminClient(broker.admin_url) as admin:
+        assert (await admin.describe_topic(topic)).partitions[0].compaction == "never", leftovers
+        assert not [p for p in broker_data(broker).rglob("*") if p.name.endswith(".tmp")
+                    or p.name.startswith(".compacting-")]
+        await admin.compact_topic(topic)
+        described = await admin.wait_for_compaction(topic, timeout_s=120)
+        assert described.partitions[0].compaction_horizon == 200_000
+        reader = await client.create_reader(topic, start="earliest", read_compacted=True)
+        assert len(await _read_until_quiet(reader)) == 1000
 
 
 async def test_a_partitioned_topic_is_compacted_partition_by_partition(broker_factory) -> None:
@@ -273,23 +306,6 @@ async def test_the_cli_compacts_and_describes(broker_factory) -> None:
     assert [(m["key"], m["payload"]) for m in lines] == [(k, v.decode()) for k, v in _expected(latest)]
 
 
-@contextlib.contextmanager
-def _two_brokers(tmp_path: Path, env: dict[str, str]) -> Iterator[list]:
-    """Two broker processes as one cluster (Raft agreed, both registered), stopped after."""
-    from tests.integration.actors.test_cluster import LEASE_ENV, _registered
-    from tests.integration.consensus.test_metadata_cluster import agreed_leader, start_cluster
-
-    nodes = start_cluster(tmp_path, 2, env={**LEASE_ENV, **env})
-    try:
-        asyncio.run(agreed_leader(nodes))
-        asyncio.run(_registered(nodes, 2))
-        yield nodes
-    finally:
-        for node in nodes:
-            if node.process is not None:
-                node.stop()
-
-
 def _ledger_objects(shared: Path, topic: str) -> list[str]:
     return sorted(path.name for path in (shared / topic.strip("/")).glob("*.compacted"))
 
@@ -347,5 +363,5 @@ def test_the_compacted_view_moves_with_its_topic(tmp_path: Path, mode: str) -> N
                 await admin.delete_topic(topic)
                 assert _ledger_objects(shared, topic) == []
 
-    with _two_brokers(tmp_path, env) as nodes:
+    with running_cluster(tmp_path, env, size=2) as nodes:
         asyncio.run(run(nodes))

@@ -92,6 +92,7 @@ class WalCompaction:
         stored, fetch_error = await self._fetch_stored()
         found = ledgers_in(self.wal_dir)
         if not found:
+            remove_ledgers_except(self.wal_dir, None)  # the .tmp of a writer killed mid-way
             if fetch_error is not None:
                 self.status = f"failed: {fetch_error}; compact again to rebuild it"
             return

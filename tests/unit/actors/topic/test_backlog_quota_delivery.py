@@ -67,7 +67,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
                                                   config=config, rng=IdSource(3), broker_endpoint=broker,
                                                   wal_dir=tmp_path / "wal", executor=executor),
                                name=f"topic {TOPIC}", parent=broker)
-    stand_in.topic_endpoint = topic
+    stand_in.serve(topic)
     assert system.tell(keeper, TopicServed(topic=TOPIC, dispatch_strategy=cp.DispatchStrategy.RELIABLE,
                                            endpoint=topic, revision=0))
     Staller.release = asyncio.Event()
