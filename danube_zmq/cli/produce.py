@@ -42,6 +42,7 @@ from danube_zmq.cli.options import (
 )
 from danube_zmq.cli.output import emit_json, emit_line, status, stderr_console, stderr_is_terminal
 from danube_zmq.schemas.types import SchemaType, parse_schema_type
+from danube_zmq.transport.compression import CODECS
 from danube_zmq.transport.errors import InvalidArgument, ResourceExhausted
 
 __all__ = ["produce"]
@@ -74,6 +75,7 @@ class _Plan:
     schema_type: SchemaType | None = None
     text_payloads: bool = True  # -m / --stdin (read by the schema) rather than -f (sent as is)
     chunking: bool = False
+    compression: str | None = None
     deliver_after_ms: int | None = None
     deliver_at_ms: int | None = None
 
@@ -144,6 +146,8 @@ def _time_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> i
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per sent message.")
 @click.option("--chunking", is_flag=True,
               help="Send a payload larger than the broker's message size in chunks (the consumer puts it together).")
+@click.option("--compression", type=click.Choice(list(CODECS)),
+              help="Compress each payload with this codec (consumers decompress it).")
 @click.option("--deliver-after", "deliver_after_ms", callback=_delay_ms, metavar="DURATION",
               help="Delayed message: Shared and Key-Shared subscriptions get it this long from now, as 1500ms, 30s,"
                    " 5m, 2h or 1d (reliable topics).")
@@ -173,6 +177,7 @@ def produce(
     producer_name: str | None,
     as_json: bool,
     chunking: bool,
+    compression: str | None,
     deliver_after_ms: int | None,
     deliver_at_ms: int | None,
     schema_subject: str | None,
@@ -195,6 +200,7 @@ def produce(
       danube produce -t /default/orders --reliable -a "priority:high,region:eu" -m '{"id":1}'
       danube produce -t /default/images -f photo.jpg
       danube produce -t /default/videos --reliable --chunking -f clip.mp4
+      danube produce -t /default/logs --reliable --compression zstd --stdin < app.log
       danube produce -t /default/reminders --reliable --deliver-after 1m -m "call back"
       seq 1000 | danube produce -t /default/numbers --stdin
       danube produce -t /default/orders --schema-subject orders -m '{"id": 1, "sku": "apple"}'
@@ -239,6 +245,7 @@ def produce(
         schema_type=kind,
         text_payloads=file_path is None,
         chunking=chunking,
+        compression=compression,
         deliver_after_ms=deliver_after_ms,
         deliver_at_ms=deliver_at_ms,
     )
@@ -341,6 +348,7 @@ async def _produce(plan: _Plan) -> None:
                 schema_version=plan.schema_version,
                 schema_min_version=plan.schema_min_version,
                 chunking=plan.chunking,
+                compression=plan.compression,
             ),
             plan.connect_timeout,
             plan.service_url,

@@ -225,11 +225,22 @@ def client_keys() -> None:
     """
 
 
-# One Z85 key in 85 starts with '-': it is the key, not an unknown option.
-_KEY_ARGUMENT = {"ignore_unknown_options": True}
+class _KeyCommand(click.Command):
+    """One Z85 key in 85 starts with '-', which click would read as options (and a
+    key holding an 'h' as -h): a 40-character word that is no option of the command
+    is the key, given to click after `--`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = {name for param in self.params for name in getattr(param, "opts", ())}
+        key = next((a for a in args if len(a) == 40 and a.startswith("-") and a not in options), None)
+        if key is not None:
+            rest = list(args)
+            rest.remove(key)
+            args = [*rest, "--", key]
+        return super().parse_args(ctx, args)
 
 
-@client_keys.command("add", context_settings=_KEY_ARGUMENT)
+@client_keys.command("add", cls=_KeyCommand)
 @click.argument("public_key")
 @click.option("--principal", required=True)
 @click.option("--type", "principal_type", type=_TYPES, default="service_account", show_default=True)
@@ -253,7 +264,7 @@ def client_keys_list(endpoint: str, timeout_ms: int, as_json: bool) -> None:
     emit_table(["PUBLIC-KEY", "PRINCIPAL", "TYPE"], [[k.public_key, k.principal, k.principal_type] for k in found])
 
 
-@client_keys.command("remove", context_settings=_KEY_ARGUMENT)
+@client_keys.command("remove", cls=_KeyCommand)
 @click.argument("public_key")
 @_admin_options
 def client_keys_remove(public_key: str, endpoint: str, timeout_ms: int, as_json: bool) -> None:

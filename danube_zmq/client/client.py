@@ -50,6 +50,7 @@ from danube_zmq.transport.client_protocol import (
     SubType,
 )
 from danube_zmq.transport.codec import Message as TransportMessage
+from danube_zmq.transport.compression import check_codec
 from danube_zmq.transport.errors import (
     DanubeError,
     InternalError,
@@ -268,6 +269,7 @@ class DanubeClient:
         on_batch: BatchCallback | None = None,
         chunking: bool = False,
         chunk_bytes_max: int | None = None,
+        compression: str | None = None,
     ) -> Producer:
         """A producer on `topic`, created with `partitions` partitions and the `dispatch`
         strategy if the topic does not exist yet (when the broker auto-creates topics).
@@ -304,7 +306,13 @@ class DanubeClient:
         `chunk_bytes_max`, for a topic whose `max_message_size` policy is lower) is sent
         as chunks of that size, in order to one partition, and a consumer hands it out
         whole (`chunks.py`); its `MessageId` is the first chunk's. Without it such a
-        payload is refused (`InvalidArgument`)."""
+        payload is refused (`InvalidArgument`).
+
+        `compression` ("lz4", "zstd", "snappy" or "zlib"; Pulsar's `compressionType`):
+        each message's payload is compressed here, after its schema's encoding and before
+        chunking, and named in the reserved attribute `__compression`; consumers and
+        readers decompress it (`transport/compression.py`). The broker's message size
+        applies to the compressed bytes."""
         _check_name("topic", topic)
         _check_schema_choice(schema_subject, schema_version, schema_min_version)
         if name is not None:
@@ -324,6 +332,8 @@ class DanubeClient:
         )
         if chunk_bytes_max is not None:
             _check_positive(chunk_bytes_max=chunk_bytes_max)
+        if compression is not None:
+            check_codec(compression)
         if chunking and strategy != DispatchStrategy.RELIABLE:
             raise InvalidArgument("chunking needs a reliable topic (as in Pulsar): a non-reliable one may drop a"
                                   " chunk, and the message with it")
@@ -351,6 +361,7 @@ class DanubeClient:
             on_batch=on_batch,
             chunking=bool(chunking),
             chunk_bytes_max=chunk_bytes_max,
+            compression=compression,
         )
         await producer._start()
         self._producers[producer] = None
@@ -376,6 +387,7 @@ class DanubeClient:
         pending_chunked_bytes_max: int = 256 * 1024 * 1024,
         expire_incomplete_chunked_message_ms: int = 60_000,
         read_compacted: bool = False,
+        decompressed_bytes_max: int = 256 * 1024 * 1024,
     ) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition of it). A missing topic
         is created as its namespace's auto topic creation policy says (Pulsar's
@@ -398,7 +410,12 @@ class DanubeClient:
 
         `read_compacted` (Exclusive and Failover subscriptions of a reliable topic): below
         the topic's compaction horizon only the latest message per key is delivered (an
-        admin's `topics compact`), then every message of the live tail."""
+        admin's `topics compact`), then every message of the live tail.
+
+        A payload its producer compressed (`create_producer(compression=)`) is handed out
+        decompressed, its `__compression` attribute gone, up to `decompressed_bytes_max`
+        bytes: one past it, or not valid data of its codec, is handed out as it came with
+        an error logged."""
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None:
@@ -418,6 +435,7 @@ class DanubeClient:
             max_pending_chunked_messages=max_pending_chunked_messages,
             pending_chunked_bytes_max=pending_chunked_bytes_max,
             expire_incomplete_chunked_message_ms=expire_incomplete_chunked_message_ms,
+            decompressed_bytes_max=decompressed_bytes_max,
         )
         if type(ack_delay_ms) is not int or ack_delay_ms < 0:
             raise InvalidArgument(f"ack_delay_ms must be an int >= 0, got {ack_delay_ms!r}")
@@ -447,6 +465,7 @@ class DanubeClient:
             pending_chunked_bytes_max=pending_chunked_bytes_max,
             expire_incomplete_chunked_message_ms=expire_incomplete_chunked_message_ms,
             read_compacted=read_compacted,
+            decompressed_bytes_max=decompressed_bytes_max,
         )
         await consumer._start()
         self._consumers[consumer] = None

@@ -54,6 +54,7 @@ from danube_zmq.transport.client_protocol import (
     Unsubscribe,
 )
 from danube_zmq.transport.codec import Message as TransportMessage
+from danube_zmq.transport.compression import COMPRESSION, decompress
 from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, Timeout
 
 if TYPE_CHECKING:
@@ -269,6 +270,7 @@ class Consumer:
         pending_chunked_bytes_max: int = 256 * 1024 * 1024,
         expire_incomplete_chunked_message_ms: int = 60_000,
         read_compacted: bool = False,
+        decompressed_bytes_max: int = 256 * 1024 * 1024,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -286,6 +288,7 @@ class Consumer:
         self.reader_schema = reader_schema
         self.durable = durable  # False: a reader's subscription (`Reader`)
         self.read_compacted = read_compacted
+        self.decompressed_bytes_max = decompressed_bytes_max
         windows = split_window(receiver_queue_size, len(partition_topics))
         self._partitions = [_PartitionConsumer(self, t, w) for t, w in zip(partition_topics, windows, strict=True)]
         self._by_topic = {p.topic: p for p in self._partitions}
@@ -352,8 +355,11 @@ class Consumer:
         if not inbox.size:
             await inbox.wait(timeout, self._what)
         msg = inbox.take_one()
-        if msg.attributes and CHUNK_UUID in msg.attributes:
-            return await self._receive_chunked(msg, timeout)
+        if msg.attributes:
+            if CHUNK_UUID in msg.attributes:
+                return await self._receive_chunked(msg, timeout)
+            if COMPRESSION in msg.attributes:
+                msg = self._decompressed(msg)
         if msg.schema_id is not None:
             return await self._with_schema(msg)
         return msg
@@ -373,9 +379,25 @@ class Consumer:
             if not inbox.size:
                 await inbox.wait(None if deadline is None else max(0.0, deadline - loop.time()), self._what)
             msg = inbox.take_one()
+        if msg.attributes and COMPRESSION in msg.attributes:
+            msg = self._decompressed(msg)
         if msg.schema_id is not None:
             return await self._with_schema(msg)
         return msg
+
+    def _decompressed(self, msg: Message) -> Message:
+        """`msg` with its payload decompressed and `__compression` gone; as it came (and
+        an error logged) when its payload is not what the attribute says, or would grow
+        past `decompressed_bytes_max`: nothing is lost, the application sees why."""
+        attributes = dict(msg.attributes)
+        codec = attributes.pop(COMPRESSION)
+        try:
+            payload = decompress(codec, msg.payload, self.decompressed_bytes_max)
+        except InvalidArgument as exc:
+            log.error("consumer %s: message %s not decompressed, delivered as it came: %s", self.consumer_name,
+                      msg.message_id, exc.message)
+            return msg
+        return msg._replace(payload=payload, attributes=attributes or NO_ATTRIBUTES)
 
     async def _ack_dropped(self, chunks: list[Message]) -> None:
         """The chunks of messages that can never be whole (expired, past a bound)."""
@@ -407,15 +429,18 @@ class Consumer:
         return messages
 
     async def _assembled(self, messages: list[Message]) -> list[Message]:
+        """Chunks put together and payloads decompressed."""
         out = []
         for msg in messages:
             if msg.attributes and CHUNK_UUID in msg.attributes:
                 whole, dropped = self._chunks.add(msg)
                 await self._ack_dropped(dropped)
-                if whole is not None:
-                    out.append(whole)
-            else:
-                out.append(msg)
+                if whole is None:
+                    continue
+                msg = whole
+            if msg.attributes and COMPRESSION in msg.attributes:
+                msg = self._decompressed(msg)
+            out.append(msg)
         return out
 
     async def _with_schema(self, msg: Message) -> Message:

@@ -57,6 +57,7 @@ from danube_zmq.transport.client_protocol import (
     SendReceipt,
 )
 from danube_zmq.transport.codec import Message
+from danube_zmq.transport.compression import COMPRESSION, compress
 from danube_zmq.transport.errors import DanubeError, InternalError, InvalidArgument, NotFound, Timeout, Unavailable
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def check_attributes(attributes: Any) -> dict[str, str] | None:
     for k, v in out.items():
         if type(k) is not str or type(v) is not str:
             raise InvalidArgument(f"attributes must map str to str, got {k!r}: {v!r}")
+    if COMPRESSION in out:
+        raise InvalidArgument(f"attribute {COMPRESSION} is the producer's: create it with compression=")
     return out or None
 
 
@@ -290,6 +293,7 @@ class Producer:
         on_batch: BatchCallback | None = None,
         chunking: bool = False,
         chunk_bytes_max: int | None = None,
+        compression: str | None = None,
     ) -> None:
         assert partition_topics
         self._client = client
@@ -305,6 +309,7 @@ class Producer:
         self.on_batch = on_batch
         self.chunking = chunking
         self.chunk_bytes_max = chunk_bytes_max
+        self.compression = compression  # a codec of `transport/compression.py`, or None
         # Chunked messages' ids: unique to this producer object, whatever its name.
         self._chunk_prefix = f"{name}-{os.urandom(6).hex()}-"
         self._chunk_ids = itertools.count()
@@ -476,6 +481,9 @@ class Producer:
         if key is not None and type(key) is not str:
             raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
         attrs = check_attributes(attributes) if attributes is not None else None
+        if self.compression is not None and data:  # an empty payload stays one: a tombstone
+            data = compress(self.compression, data)
+            attrs = {**attrs, COMPRESSION: self.compression} if attrs else {COMPRESSION: self.compression}
         partitions = self._partitions
         if len(partitions) == 1:
             partition = partitions[0]

@@ -47,6 +47,7 @@ from danube_zmq.schemas.topic_binding import ValidationPolicy
 from danube_zmq.schemas.types import SchemaFormat, SchemaType
 from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport.codec import Message
+from danube_zmq.transport.compression import COMPRESSION, decompress
 from danube_zmq.transport.errors import DanubeError, FailedPrecondition, InvalidArgument, NotFound
 from danube_zmq.transport.internal_protocol import (
     ProducerSchema,
@@ -141,9 +142,12 @@ async def resolve_producer_schema(registry: SchemaRegistry, msg: cp.CreateProduc
 class TopicSchemaGuard:
     """The checks of one topic bound to a subject; see the module docstring."""
 
-    def __init__(self, topic: str, state: TopicSchemaState, *, budget_ms: int = 200) -> None:
+    def __init__(self, topic: str, state: TopicSchemaState, *, budget_ms: int = 200,
+                 decompressed_bytes_max: int = 16 * 1024 * 1024) -> None:
         self.topic = topic
         self.budget_s = budget_ms / 1000
+        # A compressed payload is validated decompressed, within this (the frame's bound).
+        self.decompressed_bytes_max = decompressed_bytes_max
         self.update(state)
         # Definitions of the subject's versions producers attached with, for payload validation.
         self.versions: dict[int, tuple[SchemaFormat, bytes]] = {}
@@ -165,8 +169,11 @@ class TopicSchemaGuard:
         if ref.schema_id == self.state.schema_id:
             self.versions[ref.version] = (format_for(SchemaType(ref.schema_type)), ref.definition)
 
-    def check(self, schema_id: int | None, version: int | None, payloads: list[bytes]) -> None:
-        """Raise if the batch may not be stored; count a tolerated mismatch."""
+    def check(self, schema_id: int | None, version: int | None, payloads: list[bytes],
+              attributes: list[dict[str, str] | None] | None = None) -> None:
+        """Raise if the batch may not be stored; count a tolerated mismatch. A payload
+        whose attributes name a compression is validated decompressed (the only place
+        the broker decompresses: it stores what came)."""
         state = self.state
         if schema_id != state.schema_id:
             if self.policy is ValidationPolicy.NONE:
@@ -199,8 +206,10 @@ class TopicSchemaGuard:
                     f"validating this batch against schema {state.subject!r} version {version} took over"
                     f" {round(self.budget_s * 1000)} ms ({index} of {len(payloads)} messages checked;"
                     " limits.schema_validation_budget_ms): send smaller batches")
+            codec = attributes[index].get(COMPRESSION) if attributes is not None and attributes[index] else None
             try:
-                fmt.validate(definition, payload)
+                fmt.validate(definition, payload if codec is None else
+                             decompress(codec, payload, self.decompressed_bytes_max))
             except InvalidArgument as exc:
                 self._rejected.inc(len(payloads))
                 where = f"message {index} of the batch" if len(payloads) > 1 else "the message"

@@ -315,7 +315,7 @@ class TopicActor(Actor):
             raise InvalidArgument(f"producer '{producer.name}' writes schema id {schema_id} version {version};"
                                   f" this batch says schema id {msg.schema_id} version {msg.schema_version}")
         if self._schema_check is not None:
-            self._schema_check.check(schema_id, version, msg.payloads)
+            self._schema_check.check(schema_id, version, msg.payloads, msg.attributes)
         return schema_id, version
 
     def _apply_schema_state(self, state: TopicSchemaState | None, revision: int) -> None:
@@ -328,7 +328,8 @@ class TopicActor(Actor):
             return
         guard = self.schema_guard
         if guard is None or guard.state.schema_id != state.schema_id:
-            guard = TopicSchemaGuard(self.topic, state, budget_ms=self.config.limits.schema_validation_budget_ms)
+            guard = TopicSchemaGuard(self.topic, state, budget_ms=self.config.limits.schema_validation_budget_ms,
+                                     decompressed_bytes_max=self.config.limits.frame_bytes_max)
             for producer in self.producers.values():
                 if producer.schema is not None:
                     guard.learn(producer.schema)
