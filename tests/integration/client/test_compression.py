@@ -85,8 +85,8 @@ async def test_a_reader_and_a_compacted_view_decompress(broker) -> None:
 
 
 async def test_a_large_payload_is_compressed_then_chunked(broker) -> None:
-    """Compression comes before chunking: 4 MiB of text compresses below the chunk size
-    or into a few chunks; the consumer puts them together, then decompresses."""
+    """Compression comes before chunking: 2.5 MB of JSON, compressed with lz4, goes as
+    64 KiB chunks; the consumer puts them together, then decompresses."""
     topic = "/default/compressed-chunks"
     payload = b"".join(_record(i) for i in range(4000))
     async with DanubeClient(broker.url) as client:
