@@ -55,7 +55,8 @@ main()
 """
 
 
-def _start_planted(code: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+def _start_planted(code: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], zmq.Socket, Path]:
+    """The broker with `code` planted, once its admin port answers, and a socket to it."""
     admin_url = f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp_path / "broker.log"
     with open(log_path, "wb") as log_file:
@@ -63,7 +64,18 @@ def _start_planted(code: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], 
             [sys.executable, "-c", code, "broker", "start", "--listen", f"tcp://127.0.0.1:{free_port()}",
              "--admin-listen", admin_url, "--metrics-port", "0", "--data-dir", str(tmp_path / "data")],
             stdout=log_file, stderr=subprocess.STDOUT)
-    return process, admin_url, log_path
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 30_000)
+    try:
+        wait_ready(admin_url, process)
+    except BaseException:
+        sock.close(linger=0)
+        process.kill()
+        process.wait(10)
+        raise
+    sock.connect(admin_url)
+    return process, sock, log_path
 
 
 def _ask(sock: zmq.Socket, request: object) -> object:
@@ -85,13 +97,8 @@ def test_a_request_before_its_actor_started_is_told_the_broker_is_starting(tmp_p
     spawned yet is UNAVAILABLE "broker starting; retry" (it was RESOURCE_EXHAUSTED,
     "queued to the limit", which sends an operator after the wrong cause), and is
     served once the actor is up."""
-    process, admin_url, _ = _start_planted(_SLOW_START_BROKER, tmp_path)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 30_000)
+    process, sock, _ = _start_planted(_SLOW_START_BROKER, tmp_path)
     try:
-        wait_ready(admin_url, process)
-        sock.connect(admin_url)
         early = _ask(sock, ap.ListSnapshots(request_id=1))
         assert isinstance(early, Error) and early.code == ErrorCode.UNAVAILABLE, early
         assert early.message == "broker starting; retry"
@@ -106,13 +113,8 @@ def test_a_request_before_its_actor_started_is_told_the_broker_is_starting(tmp_p
 def test_an_actor_that_exhausts_its_restarts_stops_the_broker_with_exit_70(tmp_path: Path) -> None:
     """Five failures are answered INTERNAL and the broker keeps serving; the sixth within
     the minute ends the process with EXIT_FATAL and a CRITICAL log line naming the actor."""
-    process, admin_url, log_path = _start_planted(_BUGGY_BROKER, tmp_path)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 30_000)
+    process, sock, log_path = _start_planted(_BUGGY_BROKER, tmp_path)
     try:
-        wait_ready(admin_url, process)
-        sock.connect(admin_url)
         for rid in range(1, 7):
             reply = _ask_started(sock, ap.ListSnapshots(request_id=rid))
             assert isinstance(reply, Error) and reply.code == ErrorCode.INTERNAL, reply

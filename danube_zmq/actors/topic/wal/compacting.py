@@ -27,6 +27,7 @@ import logging
 import mmap
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -228,7 +229,7 @@ class _History:
     `horizon`: the local WAL's, else a durable segment's (downloaded to `scratch`)."""
 
     def __init__(self, wal: WalLog, durable: list[DurableSegment], store: DurableStore | None, scratch: Path,
-                 horizon: int, stopping: object) -> None:
+                 horizon: int, stopping: Callable[[], bool]) -> None:
         self.wal = wal
         self.durable = durable
         self.store = store
@@ -238,7 +239,7 @@ class _History:
         self._mapped: tuple[DurableSegment, mmap.mmap] | None = None
 
     def read(self, start: int, max_bytes: int) -> RecordBatch:
-        if self.stopping():  # type: ignore[operator]
+        if self.stopping():
             raise _Aborted("the topic stopped")
         wal_start = self.wal.log_start_offset
         if start >= wal_start:
