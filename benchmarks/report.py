@@ -105,7 +105,7 @@ def read_rate(url: str, master: str) -> tuple[float, float, float]:
         rates = []
         for _ in range(2):
             started = time.perf_counter()
-            row = spark.read.format("danube").option("path", url).load().selectExpr(
+            row = spark.read.format("danube_snapshots").option("path", url).load().selectExpr(
                 "count(*) AS n", "sum(record_bytes) AS b").collect()[0]
             rates.append(row.n / (time.perf_counter() - started))
         started = time.perf_counter()

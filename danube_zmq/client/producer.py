@@ -395,6 +395,12 @@ class Producer:
         own messages)."""
         return max(p.last_sequence_id for p in self._partitions)
 
+    @property
+    def deduplication(self) -> bool:
+        """Whether the topic deduplicates this producer's messages (its `deduplication`
+        policy was on when the producer attached), on every partition."""
+        return all(p._dedup for p in self._partitions)
+
     async def send(
         self, payload: Any, *, key: str | None = None, attributes: Mapping[str, str] | None = None,
         publish_time: int | None = None, sequence_id: int | None = None, deliver_after_ms: int | None = None,

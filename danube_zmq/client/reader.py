@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from danube_zmq.client.errors import AlreadyClosed
 from danube_zmq.client.message import Message
+from danube_zmq.transport.client_protocol import LastOffset
 from danube_zmq.transport.errors import FailedPrecondition
 
 if TYPE_CHECKING:
@@ -64,6 +65,13 @@ class Reader:
             if last.offset > last.cursor:
                 return True
         return bool(self._consumer.queued)
+
+    async def last_offsets(self) -> dict[str, LastOffset]:
+        """Per partition topic, as the broker answers for this reader: the last offset
+        the partition holds, what this reader has read (`cursor`) and the first offset
+        its log still holds (`log_start_offset`, below it retention removed)."""
+        await self._consumer.flush_acks()
+        return {p.topic: await p.last_offset() for p in self._consumer._partitions}
 
     async def seek(self, *, offset: int | None = None, publish_time: int | None = None) -> None:
         """Read from `offset` (one partition topic) or from the first message published

@@ -105,6 +105,11 @@ class SyncClient:
         """The asyncio client underneath (use only from its loop)."""
         return self._client
 
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` (work of your own with `client` and what it made) on the
+        client's loop and block for its result."""
+        return self._runner.call(coro)
+
     def create_producer(self, topic: str, **options: Any) -> SyncProducer:
         return SyncProducer(self._runner, self._runner.call(self._client.create_producer(topic, **options)))
 

@@ -181,7 +181,7 @@ def compute_backlog(spark: Any, url: str, *, from_ms: int | None = None, to_ms: 
     latest = manifests[-1]
 
     def read(table: str, **options: str | None) -> Any:
-        reader = spark.read.format("danube").option("path", url).option("table", table)
+        reader = spark.read.format("danube_snapshots").option("path", url).option("table", table)
         for key, value in {"topic": topic, **options}.items():
             if value is not None:
                 reader = reader.option(key, value)

@@ -1,8 +1,8 @@
-"""`danube`, a PySpark data source (Spark 4 `pyspark.sql.datasource`) over WAL snapshots.
+"""`danube_snapshots`, a PySpark data source (Spark 4 `pyspark.sql.datasource`) over WAL snapshots.
 
-    spark.dataSource.register(DanubeDataSource)
-    records = spark.read.format("danube").option("path", "s3://bucket/danube-snapshots").load()
-    cursors = spark.read.format("danube").option("path", url).option("table", "subscriptions").load()
+    spark.dataSource.register(SnapshotDataSource)
+    records = spark.read.format("danube_snapshots").option("path", "s3://bucket/danube-snapshots").load()
+    cursors = spark.read.format("danube_snapshots").option("path", url).option("table", "subscriptions").load()
 
 Options:
 
@@ -46,7 +46,7 @@ from danube_zmq.snapshots.manifest import Manifest
 from danube_zmq.snapshots.store import SnapshotStore, select_manifests
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, NotFound
 
-__all__ = ["RECORDS_SCHEMA", "SUBSCRIPTIONS_SCHEMA", "TOPICS_SCHEMA", "DanubeDataSource"]
+__all__ = ["RECORDS_SCHEMA", "SUBSCRIPTIONS_SCHEMA", "TOPICS_SCHEMA", "SnapshotDataSource"]
 
 RECORDS_SCHEMA = (
     "topic STRING, partition INT, offset BIGINT, publish_time TIMESTAMP, key STRING, size INT, record_bytes INT,"
@@ -116,10 +116,10 @@ class _ManifestPartition(InputPartition):  # type: ignore[misc]
     snapshot_ids: tuple[str, ...]
 
 
-class DanubeDataSource(DataSource):  # type: ignore[misc]
+class SnapshotDataSource(DataSource):  # type: ignore[misc]
     @classmethod
     def name(cls) -> str:
-        return "danube"
+        return "danube_snapshots"  # `danube` reads the topics themselves (danube_zmq.spark)
 
     def schema(self) -> str:
         table = self.options.get("table", "records")
@@ -135,7 +135,7 @@ class DanubeDataSource(DataSource):  # type: ignore[misc]
         # Spark falls back to simpleStreamReader when this is not implemented, and that
         # fails later, inside start(), with an internal error naming neither.
         raise InvalidArgument("the danube data source reads snapshots in batch only, not as a stream:"
-                              " use spark.read.format('danube'), not spark.readStream")
+                              " use spark.read.format('danube_snapshots'), not spark.readStream")
 
     simpleStreamReader = streamReader
 

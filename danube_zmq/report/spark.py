@@ -46,7 +46,7 @@ def spark_session(master: str, *, app_name: str = "danube-report", driver_host: 
     except Exception as exc:  # py4j and JVM start failures come as many types
         raise Unavailable(f"Spark could not start with master {master!r}: {type(exc).__name__}: {exc}") from None
     spark.sparkContext.setLogLevel("ERROR")
-    from danube_zmq.report.datasource import DanubeDataSource
+    from danube_zmq.report.datasource import SnapshotDataSource
 
-    spark.dataSource.register(DanubeDataSource)
+    spark.dataSource.register(SnapshotDataSource)
     return spark

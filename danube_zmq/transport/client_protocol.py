@@ -429,6 +429,9 @@ class LastOffset(Message):
     request_id: int
     offset: int  # -1: the topic holds none
     cursor: int  # every message up to it is acknowledged (-1: none)
+    # The first offset the log still holds, as the subscription last read it (offsets
+    # below were removed by retention); None from a broker before the field.
+    log_start_offset: int | None = None
 
 
 # ---------------------------------------------------------------- the schema registry

@@ -29,7 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("consensus", "snapshots"),      # Raft metadata store; WAL snapshots
     ("schemas", "report"),           # schema registry; Spark reports of snapshots
     ("client",),                     # the client library
-    ("runtime", "doors"),            # actor system, event loop; the gRPC doors, console and MCP (clients)
+    ("runtime", "doors", "spark"),   # actor system, event loop; the gRPC doors, console and MCP (clients);
+                                     # topics as a Spark source and sink (a client)
     ("actors", "loadgen"),           # the broker's actors; the load behind `danube bench`
     ("cli",),                        # the `danube` command
     ("",),                           # danube_zmq/__init__.py: the public facade

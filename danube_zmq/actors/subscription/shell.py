@@ -279,7 +279,7 @@ class SubscriptionActor(Actor):
         if not isinstance(self.delivery, TrackedDelivery):
             raise FailedPrecondition(f"topic {self.topic} is not reliable: it keeps no offsets to read")
         return cp.LastOffset(request_id=msg.request_id, offset=self.delivery.head - 1,
-                             cursor=self.delivery.tracker.cursor)
+                             cursor=self.delivery.tracker.cursor, log_start_offset=self.delivery.log_start)
 
     def handle_CloseConsumer(self, msg: cp.CloseConsumer, origin: Origin) -> Message | None:
         consumer = self._consumer(msg.consumer_id, origin)

@@ -157,6 +157,7 @@ class TrackedDelivery:
         # below the read offset (after a restart with out-of-order acks) have their records.
         self.buffer_end = cursor + 1
         self.head = committed_offset  # offsets below are committed in the topic's log
+        self.log_start = 0  # the log's first offset, as reads answered it (for GetLastOffset)
         self.reading = False
         # The end of offsets the log never held, found at `buffer_end` (0: none): crossed
         # once everything buffered before it is delivered (`_cross_gap`).
@@ -257,6 +258,7 @@ class TrackedDelivery:
 
     def _read_result(self, msg: ReadResult) -> None:
         self.head = max(self.head, msg.committed_offset)
+        self.log_start = max(self.log_start, msg.log_start_offset)
         if self._stale_reads:  # asked before the view changed
             self._stale_reads -= 1
             return self._fill()

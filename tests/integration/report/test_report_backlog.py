@@ -290,10 +290,10 @@ async def _published(admin_url: str) -> dict[str, int]:
 
 def test_payloads_need_a_snapshot_holding_them_and_streams_are_refused(traffic: Traffic, spark: Any) -> None:
     """The fixture's snapshots were taken without `snapshots.include_payloads`."""
-    payloads = spark.read.format("danube").option("path", traffic.url).option("payload", "true").load()
+    payloads = spark.read.format("danube_snapshots").option("path", traffic.url).option("payload", "true").load()
     with pytest.raises(Exception, match=r"taken without payloads(.|\n)*DANUBE_SNAPSHOTS__INCLUDE_PAYLOADS=true"):
         payloads.collect()
-    query = spark.readStream.format("danube").option("path", traffic.url).load().writeStream.format("noop").start()
+    query = spark.readStream.format("danube_snapshots").option("path", traffic.url).load().writeStream.format("noop").start()
     try:
         with pytest.raises(Exception, match=r"reads snapshots in batch only(.|\n)*use spark.read.format"):
             query.awaitTermination(120)
