@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import os
 import random
@@ -43,11 +44,13 @@ from danube_zmq.security.curve import ClientCurve, ClientKeys, ServerKey, client
 from danube_zmq.transport.client_protocol import (
     DispatchStrategy,
     GetPartitions,
+    GetTopicsOfNamespace,
     InitialPosition,
     Lookup,
     LookupResult,
     Partitions,
     SubType,
+    TopicsOfNamespace,
 )
 from danube_zmq.transport.codec import Message as TransportMessage
 from danube_zmq.transport.compression import check_codec
@@ -517,6 +520,39 @@ class DanubeClient:
         _check_name("topic", topic)
         self._check_open()
         return await self._retry(lambda: self._get_partitions(topic, create=False))
+
+    async def get_topics(self, namespace: str) -> list[str]:
+        """The topics of `namespace` by full name (`/ns/topic`), sorted, a partitioned
+        topic once by its base name (Pulsar's getTopicsOfNamespace: what a pattern
+        subscription matches its pattern against). Any broker answers the same. Needs
+        Lookup on the namespace (a consumer's usual role holds it); the admin
+        `list_topics` needs ManageTopic. NotFound: no such namespace.
+
+        The broker answers a page at a time (up to 10,000 names each, docs/protocol.md);
+        the pages are fetched in turn, each one retried as `get_partitions` is, so a
+        topic created or deleted meanwhile may or may not be listed, and every other
+        topic is listed once."""
+        _check_name("namespace", namespace)
+        self._check_open()
+        topics: list[str] = []
+        start_after: str | None = None
+        while True:
+            page = await self._retry(functools.partial(self._topics_page, namespace, start_after))
+            if page.topics and start_after is not None and page.topics[0] <= start_after:
+                raise InternalError(f"broker listed {page.topics[0]} after {start_after} in namespace {namespace}")
+            topics.extend(page.topics)
+            if not page.more:
+                return topics
+            if not page.topics:  # a page with more to come must move on, or this would never end
+                raise InternalError(f"broker answered an empty page of namespace {namespace} with more to come")
+            start_after = page.topics[-1]
+
+    async def _topics_page(self, namespace: str, start_after: str | None) -> TopicsOfNamespace:
+        reply = await self._request_on_service(
+            GetTopicsOfNamespace(request_id=0, namespace=namespace, start_after=start_after))
+        if not isinstance(reply, TopicsOfNamespace):
+            raise InternalError(f"broker answered GetTopicsOfNamespace with {type(reply).__name__}")
+        return reply
 
     # ---------------------------------------------------------------- internals
 

@@ -122,6 +122,11 @@ class SyncClient:
     def get_partitions(self, topic: str) -> list[str]:
         return self._runner.call(self._client.get_partitions(topic))
 
+    def get_topics(self, namespace: str) -> list[str]:
+        """The topics of `namespace`, sorted, a partitioned one by its base name
+        (`DanubeClient.get_topics`)."""
+        return self._runner.call(self._client.get_topics(namespace))
+
     def close(self) -> None:
         if self._runner.loop.is_closed():
             return

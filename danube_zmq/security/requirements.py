@@ -137,6 +137,10 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
     cp.Subscribe: Requirement(P.CONSUME, _TOPIC),
     **_each(P.CONSUME, _CONSUMER, cp.Flow, cp.Ack, cp.Nack, cp.Seek, cp.Unsubscribe, cp.CloseConsumer,
             cp.GetLastOffset),
+    # Pulsar's GET_TOPICS of a namespace (pattern subscriptions); the admin ListTopics
+    # needs ManageTopic. Lookup on the namespace: Produce or Consume there does not imply
+    # it (they imply Lookup of topics only), nor does any binding at topic scope.
+    cp.GetTopicsOfNamespace: Requirement(P.LOOKUP, _NAMESPACE),
     # the schema registry (client port)
     **_each(P.MANAGE_SCHEMA, _SUBJECT, cp.RegisterSchema, cp.SetCompatibility, cp.DeleteSchemaVersion),
     **_each(P.LOOKUP, _SUBJECT, cp.ListSchemaVersions, cp.GetCompatibility, cp.CheckSchema),
@@ -151,8 +155,8 @@ REQUIREMENTS: dict[type[Message], Requirement] = {
 ANSWERS: frozenset[type[Message]] = frozenset({
     common.Connected, common.Error, common.Ok, common.Pong,
     cp.LookupResult, cp.Partitions, cp.ProducerCreated, cp.SendReceipt, cp.Subscribed, cp.Deliver, cp.HealthStatus,
-    cp.ProducerClosed, cp.ConsumerClosed, cp.SeekReset, cp.LastOffset, cp.SchemaRegistered, cp.SchemaInfo, cp.SchemaVersions,
-    cp.SchemaCheck, cp.CompatibilityInfo, cp.SubjectList,
+    cp.ProducerClosed, cp.ConsumerClosed, cp.SeekReset, cp.LastOffset, cp.TopicsOfNamespace, cp.SchemaRegistered,
+    cp.SchemaInfo, cp.SchemaVersions, cp.SchemaCheck, cp.CompatibilityInfo, cp.SubjectList,
     ap.NamespaceList, ap.TopicList, ap.TopicDescription, ap.SubscriptionList, ap.BrokerList, ap.FailurePolicyInfo,
     ap.DispatchConfigInfo, ap.ClusterStatusInfo, ap.MetadataEntries, ap.MetadataWritten, ap.TopicSchemaConfigInfo,
     ap.SnapshotCreated, ap.SnapshotList, ap.SnapshotDescription, ap.ClusterBalance, ap.Rebalanced,

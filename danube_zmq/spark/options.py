@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from danube_zmq.rpc.tokens import read_token_file
 from danube_zmq.spark.offsets import EARLIEST, LATEST, Offsets, parse_offsets
 from danube_zmq.transport.client_protocol import SchemaInfo
 from danube_zmq.transport.errors import InvalidArgument
-from danube_zmq.transport.topic_name import parse_topic
+from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
 __all__ = ["Connection", "SinkOptions", "SourceOptions"]
 
@@ -99,6 +100,7 @@ class Connection:
 class SourceOptions:
     connection: Connection
     topics: tuple[str, ...]
+    pattern: tuple[str, re.Pattern[str]] | None  # topics_pattern: a namespace, a regex over its topics' names
     starting: Offsets | None  # a map of partition topic to offset, or None: `starting_default` for all
     starting_default: int  # EARLIEST or LATEST
     starting_timestamp_ms: int | None
@@ -114,12 +116,11 @@ class SourceOptions:
     @classmethod
     def of(cls, options: Mapping[str, str]) -> SourceOptions:
         connection = Connection.of(options)
-        if options.get("topics_pattern"):
-            raise InvalidArgument("danube option 'topics_pattern' is not supported yet: name the topics with"
-                                  " option('topics', '/ns/a,/ns/b')")
         names = [t.strip() for t in str(options.get("topics", "")).split(",") if t.strip()]
-        if not names:
-            raise InvalidArgument("the danube source needs option('topics', '/namespace/topic[,...]')")
+        pattern = _pattern(options.get("topics_pattern"))
+        if bool(names) == (pattern is not None):
+            raise InvalidArgument("the danube source needs option('topics', '/namespace/topic[,...]') or"
+                                  " option('topics_pattern', '/namespace/regex'), one of them")
         starting, default = _starting(options)
         timestamp = _int(options, "starting_timestamp_ms", None, 0)
         if timestamp is not None and "starting_offsets" in options:
@@ -133,7 +134,8 @@ class SourceOptions:
             raise InvalidArgument("danube option value_format=schema needs option('schema_subject', ...): the"
                                   " subject the topic's producers write (danube admin topics get-schema-config TOPIC)")
         return cls(
-            connection=connection, topics=tuple(_topic(t, "topics") for t in names), starting=starting,
+            connection=connection, topics=tuple(_topic(t, "topics") for t in names), pattern=pattern,
+            starting=starting,
             starting_default=default, starting_timestamp_ms=timestamp,
             ending=None if ending == "latest" else parse_offsets(_json(ending, "ending_offsets"), "ending_offsets"),
             max_offsets_per_trigger=_int(options, "max_offsets_per_trigger", None, 1),
@@ -141,6 +143,25 @@ class SourceOptions:
             read_compacted=_flag(options, "read_compacted", False), value_format=value_format,
             schema_subject=subject, schema_version=_int(options, "schema_version", None, 1),
             read_timeout_s=float(_int(options, "read_timeout_ms", 120_000, 1) or 0) / 1000)
+
+
+def _pattern(text: str | None) -> tuple[str, re.Pattern[str]] | None:
+    """`/namespace/regex`: the namespace's topics whose name (the part after it)
+    the regex matches in full."""
+    if not text:
+        return None
+    namespace, _, regex = text.removeprefix("/").partition("/")
+    if not text.startswith("/") or not regex:
+        raise InvalidArgument(f"danube option 'topics_pattern' is /namespace/regex, such as /default/orders-.*;"
+                              f" got {text!r}")
+    try:
+        validate_namespace(namespace)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"danube option 'topics_pattern': {exc}") from None
+    try:
+        return namespace, re.compile(regex)
+    except re.error as exc:
+        raise InvalidArgument(f"danube option 'topics_pattern': {regex!r} is not a regex: {exc}") from None
 
 
 def _starting(options: Mapping[str, str]) -> tuple[Offsets | None, int]:

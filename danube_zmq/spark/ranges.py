@@ -27,11 +27,12 @@ from danube_zmq.spark.schema_columns import value_decoder
 from danube_zmq.transport.errors import FailedPrecondition, InvalidArgument, Timeout
 from danube_zmq.transport.topic_name import parse_topic
 
-__all__ = ["BATCH_ROWS", "DataLoss", "SchemaValues", "arrow_schema", "read_range"]
+__all__ = ["BATCH_BYTES", "BATCH_ROWS", "DataLoss", "SchemaValues", "arrow_schema", "read_range"]
 
 log = logging.getLogger("danube_zmq.spark")
 
 BATCH_ROWS = 10_000
+BATCH_BYTES = 16 * 1024 * 1024  # an Arrow batch ends at this many payload bytes, or BATCH_ROWS rows
 _POLL_S = 0.2  # how long a read waits before asking where the log stands
 _DECODERS_MAX = 64  # schema versions a task keeps a decoder for
 
@@ -79,8 +80,9 @@ class SchemaValues:
 
 def read_range(options: SourceOptions, part: Range, value: SchemaValues | None,
                schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The range's messages in offset order, `BATCH_ROWS` a batch. `value` decodes a
-    payload (value_format=schema), None keeps the bytes."""
+    """The range's messages in offset order, in batches of `BATCH_ROWS` rows or
+    `BATCH_BYTES` payload bytes. `value` decodes a payload (value_format=schema), None
+    keeps the bytes."""
     name = parse_topic(part.partition)
     base, index = name.base.full, name.partition_index
     client = options.connection.client("danube-spark-read")
@@ -112,10 +114,10 @@ class _Walk:
         self.options, self.part, self.reader = options, part, reader
         self.expected = part.start
 
-    async def next_batch(self, rows: int) -> list[Message]:
+    async def next_batch(self, rows: int, size: int = BATCH_BYTES) -> list[Message]:
         batch: list[Message] = []
         waited_since = time.monotonic()
-        while self.expected < self.part.end and len(batch) < rows:
+        while self.expected < self.part.end and len(batch) < rows and size > 0:
             try:
                 msg = await self.reader.read_next(_POLL_S)
             except Timeout:
@@ -135,6 +137,7 @@ class _Walk:
                 self.expected = self.part.end
                 break
             batch.append(msg)
+            size -= len(msg.payload)
             self.expected = max(msg.chunk_offsets or (msg.offset,)) + 1
         return batch
 

@@ -22,7 +22,7 @@ from danube_zmq.client.reader import Reader
 from danube_zmq.spark.offsets import EARLIEST, LATEST, Offsets, Range, cap, ranges
 from danube_zmq.spark.options import SourceOptions
 from danube_zmq.spark.ranges import SchemaValues, read_range
-from danube_zmq.transport.errors import InvalidArgument, Timeout
+from danube_zmq.transport.errors import InvalidArgument, NotFound, Timeout
 
 __all__ = ["TopicBatchReader", "TopicStreamReader"]
 
@@ -42,10 +42,26 @@ class Heads:
         self.client = options.connection.client("danube-spark-driver")
         self._readers: dict[str, Reader] = {}
 
+    def topics(self) -> list[str]:
+        """The source's topics; with `topics_pattern`, those of its namespace whose name
+        matches, as they are now (new ones join)."""
+        if self.options.pattern is None:
+            return list(self.options.topics)
+        namespace, regex = self.options.pattern
+        return [t for t in self.client.get_topics(namespace) if regex.fullmatch(t.rsplit("/", 1)[1])]
+
     def partitions(self) -> list[str]:
         """The partition topics of the source's topics, as they are now (a topic may
         have gained partitions)."""
-        return sorted(p for topic in self.options.topics for p in self.client.get_partitions(topic))
+        found = []
+        for topic in self.topics():
+            try:
+                found.extend(self.client.get_partitions(topic))
+            except NotFound:
+                if self.options.pattern is None:
+                    raise
+                # Deleted since it was listed: it no longer matches.
+        return sorted(found)
 
     def now(self) -> Offsets:
         """The offset after each partition's last message."""
@@ -96,7 +112,7 @@ def _start(options: SourceOptions, heads: Heads) -> Offsets:
         unknown = sorted(set(options.starting) - set(now))
         if unknown:
             raise InvalidArgument(f"danube option 'starting_offsets' names {', '.join(unknown)}, which are not"
-                                  f" partitions of {', '.join(options.topics)} ({', '.join(now)})")
+                                  f" partitions of the source's topics ({', '.join(now) or 'none'})")
     wanted = {p: (options.starting or {}).get(p, options.starting_default) for p in now}
     first = heads.first({p: now[p] for p, w in wanted.items() if w == EARLIEST})
     return {p: now[p] if w == LATEST else first[p] if w == EARLIEST else w for p, w in wanted.items()}

@@ -434,6 +434,36 @@ class LastOffset(Message):
     log_start_offset: int | None = None
 
 
+# One `TopicsOfNamespace` lists at most this many topics: 10,000 of the longest names
+# (512 characters) take 5.2 MB, well inside the default 16 MiB frame. A broker whose
+# `limits.frame_bytes_max` is smaller also ends a page before its names take half of it.
+TOPICS_OF_NAMESPACE_PAGE_MAX = 10_000
+
+
+@wire
+class GetTopicsOfNamespace(Message):
+    """The topics of `namespace` (Pulsar's CommandGetTopicsOfNamespace, which pattern
+    subscriptions list and match): full names `/ns/topic`, a partitioned topic once by
+    its base name, sorted, from the cluster's topic records (any broker answers the
+    same). Answered by `TopicsOfNamespace`, a page of at most
+    `TOPICS_OF_NAMESPACE_PAGE_MAX` names after `start_after` (None: from the first);
+    `more` says to ask again from the page's last name. Needs Lookup on the namespace."""
+
+    TAG = 55
+    request_id: int
+    namespace: str
+    start_after: str | None = None
+
+
+@wire
+class TopicsOfNamespace(Message):
+    TAG = 56
+    request_id: int
+    namespace: str
+    topics: list[str]
+    more: bool = False  # the namespace has topics after the last one listed
+
+
 # ---------------------------------------------------------------- the schema registry
 # Danube serves its SchemaRegistry on the client port; so do we. These requests need no
 # session (no `Connect` first) and are answered by the gateway from the registry.
@@ -608,6 +638,7 @@ CLIENT_PROTOCOL = Protocol(
         CreateProducer, ProducerCreated, CloseProducer, Send, SendReceipt,
         Subscribe, Subscribed, Flow, Deliver, Ack, Nack, Unsubscribe, CloseConsumer,
         HealthCheck, HealthStatus, ProducerClosed, ConsumerClosed, Seek, SeekReset, GetLastOffset, LastOffset,
+        GetTopicsOfNamespace, TopicsOfNamespace,
         RegisterSchema, SchemaRegistered, GetSchema, SchemaInfo, ListSchemaVersions, SchemaVersions,
         CheckSchema, SchemaCheck, GetCompatibility, SetCompatibility, CompatibilityInfo, DeleteSchemaVersion,
         ListSubjects, SubjectList,
@@ -616,7 +647,7 @@ CLIENT_PROTOCOL = Protocol(
 
 CLIENT_REQUESTS = (
     Connect, Ping, HealthCheck, Lookup, GetPartitions, CreateProducer, CloseProducer, Send,
-    Subscribe, Flow, Ack, Nack, Unsubscribe, CloseConsumer, Seek, GetLastOffset,
+    Subscribe, Flow, Ack, Nack, Unsubscribe, CloseConsumer, Seek, GetLastOffset, GetTopicsOfNamespace,
 ) + SCHEMA_REQUESTS
 """What a client may send: each has a `handle_<Type>` on the gateway, which reads it off
 the socket, and on the actor that answers it."""

@@ -8,6 +8,9 @@ directly.
   (`topic_catalog.py`: the record and an unassigned marker per partition; the load
   manager places them and their brokers load them).
 - Brokers: listed from their registrations and leases (`broker_listing.py`).
+- The client port's `GetTopicsOfNamespace` (a pattern subscription's listing), which
+  the client gateway sends here: the names `ListTopics` lists, a page at a time
+  (`namespace_topics_page`).
 
 Deleting a topic is the broker's (it unloads what it serves of it): `topic_admin.py`.
 The broker tells this actor `BrokerJoined` once its bootstrap namespaces are written.
@@ -22,14 +25,43 @@ from danube_zmq.config.broker_config import BrokerConfig
 from danube_zmq.consensus.metadata_store import RaftMetadataStore
 from danube_zmq.runtime.actor import Actor, Origin
 from danube_zmq.transport import admin_protocol as ap
+from danube_zmq.transport import client_protocol as cp
 from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import Ok
-from danube_zmq.transport.errors import AlreadyExists, FailedPrecondition, NotFound
+from danube_zmq.transport.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from danube_zmq.transport.internal_protocol import BrokerJoined
 from danube_zmq.transport.topic_name import parse_topic, validate_namespace
 
-__all__ = ["RegistryAdmin"]
+__all__ = ["RegistryAdmin", "namespace_topics_page"]
+
+# msgpack's str header, at most 3 bytes for a name of up to 512 characters.
+_NAME_OVERHEAD_BYTES = 3
+
+
+def namespace_topics_page(keys: list[str], namespace: str, start_after: str | None, *,
+                          names_max: int, bytes_max: int) -> tuple[list[str], bool]:
+    """The topics of `namespace` from the metadata keys under its topics prefix (in key
+    order, which is name order): the topic records' names after `start_after`, at most
+    `names_max` of them and, past the first, no more than `bytes_max` bytes of names
+    on the wire; and whether more follow. Subscriptions' and producers' keys under a
+    topic are not topics; a partitioned topic has one record, its base name's."""
+    assert names_max >= 1
+    prefix = f"{cr.TOPICS}{namespace}/"
+    page: list[str] = []
+    size = 0
+    for key in keys:
+        # /topics/{ns}/{topic}: anything deeper is a topic's own record (a cursor, a producer).
+        if key.count("/") != 3 or not key.startswith(prefix):
+            continue
+        name = cr.topic_of(key, cr.TOPICS)
+        if start_after is not None and name <= start_after:
+            continue
+        size += len(name) + _NAME_OVERHEAD_BYTES
+        if len(page) == names_max or (page and size > bytes_max):
+            return page, True
+        page.append(name)
+    return page, False
 
 
 class RegistryAdmin(Actor):
@@ -93,6 +125,20 @@ class RegistryAdmin(Actor):
                                        partitions=record.partitions, broker_id=owners[0].broker_id or 0,
                                        owners=owners))
         return ap.TopicList(request_id=msg.request_id, topics=topics)
+
+    async def handle_GetTopicsOfNamespace(self, msg: cp.GetTopicsOfNamespace, origin: Origin) -> Message:
+        """A client's listing (Lookup on the namespace, checked by its gateway): the
+        topic records ListTopics reads, read linearizably, so every broker answers the
+        same. A page ends at TOPICS_OF_NAMESPACE_PAGE_MAX names, or before the names take
+        half of `limits.frame_bytes_max`: the answer always fits a frame."""
+        namespace = await self.registry.existing_namespace(msg.namespace)
+        if msg.start_after is not None and parse_topic(msg.start_after).namespace != namespace:
+            raise InvalidArgument(f"start_after names topic {msg.start_after}, which is not in namespace '{namespace}'")
+        keys = [key for key, _ in await self.metadata.list_prefix(f"{cr.TOPICS}{namespace}/")]
+        topics, more = namespace_topics_page(keys, namespace, msg.start_after,
+                                             names_max=cp.TOPICS_OF_NAMESPACE_PAGE_MAX,
+                                             bytes_max=self.config.limits.frame_bytes_max // 2)
+        return cp.TopicsOfNamespace(request_id=msg.request_id, namespace=namespace, topics=topics, more=more)
 
     async def handle_CreateTopic(self, msg: ap.CreateTopic, origin: Origin) -> Message:
         await self.catalog.write(parse_topic(msg.topic), msg.partitions, msg.dispatch_strategy)

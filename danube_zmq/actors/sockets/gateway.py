@@ -19,8 +19,9 @@
    handler table (a `DanubeError` it raises is the answer). Connection-level requests
    (Connect, Ping, HealthCheck) and schema requests are answered here.
 3. Everything else is forwarded, with the raw frame, to the actor that owns it: the
-   broker actor for lookups, producer creation and subscribe; the topic actor for a
-   producer's sends; the subscription actor for a consumer's flow, acks and nacks.
+   broker actor for lookups, producer creation and subscribe; its registry admin for
+   a namespace's topics; the topic actor for a producer's sends; the subscription
+   actor for a consumer's flow, acks and nacks.
 4. Actors answer clients by pushing `[identity, frame]` to the outbox, which this
    actor relays to the ROUTER without decoding.
 5. A connection silent for `session_timeout_ms` is closed: its producers and
@@ -629,6 +630,13 @@ class Gateway(Actor):
 
     def handle_GetPartitions(self, msg: cp.GetPartitions, origin: Origin) -> None:
         self._forward(self.system.broker_endpoint, origin.envelope, msg.request_id)
+
+    # The registry admin answers it from the topic records, as it answers the admin ListTopics.
+    def handle_GetTopicsOfNamespace(self, msg: cp.GetTopicsOfNamespace, origin: Origin) -> None:
+        endpoint = self.system.registry_admin_endpoint
+        if not endpoint:  # the port is bound before the broker actor spawns it
+            raise Unavailable("broker starting; retry")
+        self._forward(endpoint, origin.envelope, msg.request_id)
 
     def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> None:
         cap = self.config.limits.producers_per_connection_max

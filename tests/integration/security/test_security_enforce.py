@@ -257,6 +257,37 @@ async def test_creating_a_topic_by_subscribing_needs_produce_as_a_producers_crea
         assert [t.name for t in await alice.list_topics("enf-auto")] == ["/enf-auto/made"]
 
 
+async def test_listing_a_namespaces_topics_needs_lookup_on_the_namespace(secured: Secured) -> None:
+    """A pattern consumer's listing (`get_topics`, GetTopicsOfNamespace): a token whose
+    role holds Lookup and Consume at namespace scope lists the namespace's topics (a
+    partitioned one once), though the admin ListTopics (ManageTopic) is refused it;
+    Consume alone there, the same role at topic scope, no binding, or another namespace
+    is PERMISSION_DENIED naming Lookup and the namespace."""
+    async with AdminClient(secured.broker.admin_url, use_env=False, **secured.alice()) as alice:
+        await alice.create_namespace("enf-list")
+        await alice.create_topic("/enf-list/b", partitions=2)
+        await alice.create_topic("/enf-list/a")
+        await alice.create_role("list-consumer", ["Lookup", "Consume"])
+        await alice.create_role("consume-only", ["Consume"])
+        await alice.create_binding("consume-only", "user", ["consume-only"], "namespace:enf-list")
+        await alice.create_binding("topic-lister", "user", ["list-consumer"], "topic:/enf-list/a")
+        await alice.create_binding("lister", "user", ["list-consumer"], "namespace:enf-list")  # the last one
+    async with client(secured, token=secured.token("lister")) as lister:
+        # The watch applies the store's events in order: the last binding seen, all are.
+        listed = await until_async(lambda: lister.get_topics("enf-list"), "the bindings")
+        assert listed == ["/enf-list/a", "/enf-list/b"]
+        with pytest.raises(PermissionDenied, match="user 'lister' lacks Lookup on namespace default"):
+            await lister.get_topics("default")
+    async with admin_client(secured, token=secured.token("lister")) as admin_session:
+        with pytest.raises(PermissionDenied, match="user 'lister' lacks ManageTopic on namespace enf-list"):
+            await admin_session.list_topics("enf-list")
+    for subject in ("consume-only", "topic-lister", "nobody"):
+        async with client(secured, token=secured.token(subject)) as session:
+            with pytest.raises(PermissionDenied) as denied:
+                await session.get_topics("enf-list")
+            assert denied.value.message == f"user '{subject}' lacks Lookup on namespace enf-list"
+
+
 async def test_an_expired_token_is_unauthenticated_at_the_next_request_until_a_new_connect(secured: Secured) -> None:
     """A super admin's fixed token valid for 3 s: its producer sends, then after `exp` the
     next send and the next create_producer raise UNAUTHENTICATED 'token expired' (a fixed

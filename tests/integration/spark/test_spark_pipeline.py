@@ -1,8 +1,9 @@
 """The pipeline of examples/spark_pipeline.py (topic -> parse JSON -> windowed count ->
-topic), run as its own driver process on local[2] while a producer writes, through
-failures: its driver killed with -9 and restarted from its checkpoint, and the
-broker killed with -9 and restarted. The output holds each (window, user) once with
-the count of the events sent for it: nothing lost, nothing twice."""
+topic), run as its own driver process while a producer writes, through failures: its
+driver killed with -9 and restarted from its checkpoint, the broker killed with -9 and
+restarted, the topics moved between brokers; and on a Spark standalone cluster. The
+output holds each (window, user) once with the count of the events sent for it:
+nothing lost, nothing twice."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ import pytest
 pytest.importorskip("pyspark")
 
 from danube_zmq import DanubeClient
+from danube_zmq.client.admin import AdminClient
 from danube_zmq.transport.errors import DanubeError
-from tests.integration.conftest import BrokerProcess, start_broker
+from tests.integration.actors.test_cluster import running_cluster
+from tests.integration.conftest import start_broker
 from tests.paths import ROOT
+from tests.spark_cluster import SparkCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -80,11 +84,11 @@ class Producer(threading.Thread):
             await producer.send(json.dumps(late).encode(), key="u0", sequence_id=EVENTS)
 
 
-def driver(broker: BrokerProcess, checkpoint: Path, log: Path) -> subprocess.Popen[bytes]:
+def driver(url: str, checkpoint: Path, log: Path, master: str = "local[2]") -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, str(ROOT / "examples" / "spark_pipeline.py"), "counts", "--service-url", broker.url,
-             "--source", SOURCE, "--sink", SINK, "--checkpoint", str(checkpoint)],
+            [sys.executable, str(ROOT / "examples" / "spark_pipeline.py"), "counts", "--service-url", url,
+             "--source", SOURCE, "--sink", SINK, "--checkpoint", str(checkpoint), "--master", master],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=checkpoint.parent)
 
 
@@ -130,41 +134,98 @@ def check_exactly_once(url: str, log: Path) -> None:
     assert {(r["window_start"], r["user"]): r["clicks"] for r in rows} == dict(want)
 
 
-def run_through(tmp_path: Path, failure: Callable[[BrokerProcess, subprocess.Popen[bytes], Path, Path], Any]) -> None:
-    broker = start_broker(tmp_path, env=ENV)
+async def create_sink(url: str) -> None:
+    """The sink's topic, reliable, before anyone reads it (a reader would not create it so)."""
+    async with DanubeClient(url) as client:
+        await (await client.create_producer(SINK, dispatch="reliable")).close()
+
+
+Failure = Callable[[str, subprocess.Popen[bytes]], subprocess.Popen[bytes]]
+
+
+def run_through(tmp_path: Path, url: str, failure: Failure | None, master: str = "local[2]") -> None:
+    """The pipeline's driver against `url` while the producer writes; `failure` strikes
+    after two committed micro-batches and gives the driver that goes on."""
     checkpoint, log = tmp_path / "ckpt", tmp_path / "driver.log"
-    producer = Producer(broker.url)
-    process = driver(broker, checkpoint, log)
+    asyncio.run(create_sink(url))
+    producer = Producer(url)
+    process = driver(url, checkpoint, log, master)
     try:
         producer.start()
         wait(lambda: committed(checkpoint) >= 2, 180, "two micro-batches committed", log)
-        result = failure(broker, process, checkpoint, log)
-        broker, process = result
+        if failure is not None:
+            process = failure(url, process)
         producer.join(300)
         assert not producer.is_alive() and producer.error is None, producer.error
-        check_exactly_once(broker.url, log)
+        check_exactly_once(url, log)
     finally:
         kill_group(process)
-        broker.stop(signal.SIGKILL)
 
 
 def test_a_driver_killed_mid_stream_restarts_from_its_checkpoint_and_writes_each_window_once(tmp_path: Path) -> None:
-    def kill_the_driver(broker: BrokerProcess, process: subprocess.Popen[bytes], checkpoint: Path,
-                        log: Path) -> tuple[BrokerProcess, subprocess.Popen[bytes]]:
-        kill_group(process)
-        return broker, driver(broker, checkpoint, log)
+    broker = start_broker(tmp_path, env=ENV)
 
-    run_through(tmp_path, kill_the_driver)
+    def kill_the_driver(url: str, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        kill_group(process)
+        return driver(url, tmp_path / "ckpt", tmp_path / "driver.log")
+
+    try:
+        run_through(tmp_path, broker.url, kill_the_driver)
+    finally:
+        assert broker.stop() == 0, broker.log()
 
 
 def test_a_broker_killed_mid_stream_and_restarted_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    def kill_the_broker(broker: BrokerProcess, process: subprocess.Popen[bytes], checkpoint: Path,
-                        log: Path) -> tuple[BrokerProcess, subprocess.Popen[bytes]]:
-        broker.stop(signal.SIGKILL)
-        time.sleep(1)
-        return start_broker(tmp_path, env=ENV, url=broker.url, admin_url=broker.admin_url), process
+    brokers = [start_broker(tmp_path, env=ENV)]
 
-    run_through(tmp_path, kill_the_broker)
+    def kill_the_broker(url: str, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        brokers[0].stop(signal.SIGKILL)
+        time.sleep(1)
+        brokers[0] = start_broker(tmp_path, env=ENV, url=url, admin_url=brokers[0].admin_url)
+        return process
+
+    try:
+        run_through(tmp_path, brokers[0].url, kill_the_broker)
+    finally:
+        assert brokers[0].stop() == 0, brokers[0].log()
+
+
+def test_topics_moved_between_brokers_mid_stream_lose_and_repeat_nothing(tmp_path: Path) -> None:
+    """A 3-broker cluster: the source's partitions and the sink move to other brokers
+    while the pipeline reads and writes (storage.mode local: the WAL and the
+    deduplication table go with each)."""
+    with running_cluster(tmp_path, env=ENV) as nodes:
+        def move_the_topics(url: str, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+            wait(lambda: bool(asyncio.run(output(url))), 120, "a first window written", tmp_path / "driver.log")
+
+            async def unload() -> None:
+                async with AdminClient(nodes[0].admin_url) as admin:
+                    before = await owners(admin)
+                    for topic in (SOURCE, SINK):
+                        await admin.unload_topic(topic)
+                    after = await owners(admin)
+                assert all(after[p] != before[p] for p in before), (before, after)
+            asyncio.run(unload())
+            return process
+
+        run_through(tmp_path, nodes[0].url, move_the_topics)
+
+
+async def owners(admin: AdminClient) -> dict[str, int | None]:
+    described = [await admin.describe_topic(t) for t in (SOURCE, SINK)]
+    return {p.name: p.broker_id for d in described for p in d.partitions}
+
+
+def test_the_pipeline_on_a_standalone_spark_cluster_writes_each_window_once(tmp_path: Path) -> None:
+    """The same pipeline with its executors on a Spark standalone cluster's worker."""
+    broker = start_broker(tmp_path, env=ENV)
+    cluster = SparkCluster(tmp_path).start()
+    try:
+        run_through(tmp_path, broker.url, None, master=cluster.url)
+        assert any(p.name.startswith("app-") for p in (tmp_path / "work").iterdir())  # the worker ran executors
+    finally:
+        cluster.stop()
+        assert broker.stop() == 0, broker.log()
 
 
 def test_the_demo_writes_every_event_to_parquet_and_every_window_once() -> None:

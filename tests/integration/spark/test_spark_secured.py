@@ -82,6 +82,10 @@ def test_options_authenticate_and_the_brokers_refusals_reach_the_query(spark: An
             .option("topic", "/etl/out").option("server_key", keys.server_public_key) \
             .option("token_file", str(token_file)).mode("append").save()
         assert source(token=signer.create("reader", "user", 600)).count() == 10
+        pattern = spark.read.format("danube").option("service_url", broker.url).option("topics_pattern", "/etl/i.*") \
+            .option("starting_offsets", "earliest").option("server_key", keys.server_public_key) \
+            .option("token", signer.create("reader", "user", 600)).load()  # listing the namespace needs Lookup
+        assert pattern.count() == 10
         out = spark.read.format("danube").option("service_url", broker.url).option("topics", "/etl/out") \
             .option("starting_offsets", "earliest").option("server_key", keys.server_public_key) \
             .option("token_file", str(token_file)).load()

@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def test_batch_reads_between_offsets_and_from_a_publish_time(spark: Any, broker:
     assert later == 0
     since = sorted(read(spark, broker.url, topic, starting_timestamp_ms=str(middle)).collect(), key=lambda r: r.offset)
     assert [r.value for r in since] == [f"b{i}".encode() for i in range(50)] and since[0].offset == 50
-    with pytest.raises(Exception, match="names /default/nope, which are not partitions of /default/ranges"):
+    with pytest.raises(Exception, match=r"names /default/nope, which are not partitions of the source.s topics \(/default/ranges"):
         read(spark, broker.url, topic, starting_offsets=json.dumps({"/default/nope": 1})).count()
 
 
@@ -305,3 +306,30 @@ def test_a_task_waits_for_its_producer_name_held_by_an_earlier_attempt(spark: An
     assert time.monotonic() - started >= 2.5
     release.join()
     assert [r.value for r in read(spark, broker.url, "/default/held").collect()] == [b"x"]
+
+
+def test_a_topics_pattern_reads_the_matching_topics_and_picks_up_new_ones(
+        spark: Any, broker: BrokerProcess, tmp_path: Path) -> None:
+    async def setup() -> None:
+        async with AdminClient(broker.admin_url) as admin:
+            await admin.create_namespace("patt")
+    asyncio.run(setup())
+    asyncio.run(produce(broker.url, "/patt/orders-eu", [b"eu"] * 30, partitions=2))
+    asyncio.run(produce(broker.url, "/patt/orders-us", [b"us"] * 20))
+    asyncio.run(produce(broker.url, "/patt/returns", [b"returns"] * 10))
+    checkpoint, sink = tmp_path / "ckpt", "/default/pattern-out"
+
+    def run() -> Any:
+        query = (spark.readStream.format("danube").option("service_url", broker.url)
+                 .option("topics_pattern", "/patt/orders-.*").option("starting_offsets", "earliest").load()
+                 .selectExpr("value", "topic AS key").writeStream.format("danube").option("service_url", broker.url)
+                 .option("topic", sink).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+                 .start())
+        query.awaitTermination(300)
+        return Counter((r.key, r.value) for r in read(spark, broker.url, sink).collect())
+
+    assert run() == {("/patt/orders-eu", b"eu"): 30, ("/patt/orders-us", b"us"): 20}
+    asyncio.run(produce(broker.url, "/patt/orders-asia", [b"asia"] * 15, partitions=3))
+    asyncio.run(produce(broker.url, "/patt/orders-us", [b"us"] * 5))
+    assert run() == {("/patt/orders-eu", b"eu"): 30, ("/patt/orders-us", b"us"): 25,
+                     ("/patt/orders-asia", b"asia"): 15}

@@ -394,6 +394,7 @@ def test_every_admin_and_client_request_the_broker_takes_has_a_handle_method() -
         BrokerActor: ("Lookup", "GetPartitions", "CreateProducer", "Subscribe"),
         TopicActor: ("CreateProducer", "Send", "CloseProducer", "Subscribe"),
         SubscriptionActor: ("Flow", "Ack", "Nack", "Unsubscribe", "CloseConsumer", "Seek", "GetLastOffset"),
+        RegistryAdmin: ("GetTopicsOfNamespace",),
         Gateway: ("Connect", "Ping", "HealthCheck") + tuple(t.__name__ for t in cp.SCHEMA_REQUESTS),
     }
     requests = {t.__name__ for t in cp.CLIENT_REQUESTS}

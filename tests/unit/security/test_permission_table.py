@@ -113,6 +113,24 @@ def test_get_partitions_with_create_needs_produce():
     assert authorize(_bound("namespace:ns1", Permission.PRODUCE), ALICE, create, Session()).allowed
 
 
+def test_listing_a_namespaces_topics_needs_lookup_on_the_namespace():
+    """GetTopicsOfNamespace (Pulsar's pattern listing) needs Lookup on the namespace:
+    bound at namespace or cluster scope. Consume or Produce there do not imply it (only
+    a topic's lookup), no binding at topic scope reaches it, nor one on another
+    namespace; a bad namespace name is InvalidArgument."""
+    listing = cp.GetTopicsOfNamespace(request_id=1, namespace="ns1")
+    assert REQUIREMENTS[cp.GetTopicsOfNamespace].permission is Permission.LOOKUP
+    for scope in ("namespace:ns1", "cluster"):
+        assert authorize(_bound(scope, Permission.LOOKUP, Permission.CONSUME), ALICE, listing, Session()).allowed
+    for policy in (_bound("namespace:ns1", Permission.CONSUME), _bound("namespace:ns1", Permission.PRODUCE),
+                   _bound("topic:/ns1/out", Permission.LOOKUP, Permission.CONSUME),
+                   _bound("namespace:ns2", Permission.LOOKUP)):
+        decision = authorize(policy, ALICE, listing, Session())
+        assert not decision.allowed and decision.reason == "user 'alice' lacks Lookup on namespace ns1"
+    with pytest.raises(InvalidArgument, match="invalid namespace name"):
+        authorize(Policy(), ALICE, cp.GetTopicsOfNamespace(request_id=1, namespace="a/b"), Session())
+
+
 def test_schema_reads_need_lookup_and_writes_manage_schema():
     """Reading a subject (by name, or by id resolved to its subject) needs Lookup at the
     scope of the topic it names; registering needs ManageSchema."""

@@ -35,9 +35,13 @@ def test_source_offsets_and_limits() -> None:
 @pytest.mark.parametrize(("options", "said"), [
     ({"topics": "/d/a"}, r"needs option\('service_url'"),
     ({"path": "/snapshots"}, r"format\('danube_snapshots'\)"),
-    ({**URL}, r"needs option\('topics'"),
+    ({**URL}, r"needs option\('topics', '/namespace/topic\[,...\]'\) or option\('topics_pattern'"),
     ({**URL, "topics": "default/a"}, "'topics'.*must start with '/'"),
-    ({**URL, "topics": "/d/a", "topics_pattern": "/d/.*"}, "'topics_pattern' is not supported yet"),
+    ({**URL, "topics": "/d/a", "topics_pattern": "/d/.*"}, "one of them"),
+    ({**URL, "topics_pattern": "d/.*"}, "'topics_pattern' is /namespace/regex"),
+    ({**URL, "topics_pattern": "/d"}, "'topics_pattern' is /namespace/regex"),
+    ({**URL, "topics_pattern": "/bad ns/.*"}, "'topics_pattern': invalid namespace"),
+    ({**URL, "topics_pattern": "/d/orders-(["}, "is not a regex"),
     ({**URL, "topics": "/d/a", "starting_offsets": "first"}, "'starting_offsets': expected 'earliest'"),
     ({**URL, "topics": "/d/a", "ending_offsets": '{"/d/a": "x"}'}, "'ending_offsets': the offset of /d/a"),
     ({**URL, "topics": "/d/a", "max_offsets_per_trigger": "0"}, "'max_offsets_per_trigger' must be >= 1"),
@@ -62,3 +66,11 @@ def test_sink_defaults_and_mistakes() -> None:
                       ({"topic": "out"}, "'topic'.*must start with '/'")):
         with pytest.raises(InvalidArgument, match=said):
             SinkOptions.of({**URL, **bad})
+
+
+def test_a_topics_pattern_is_a_namespace_and_a_regex_over_its_topics_names() -> None:
+    options = SourceOptions.of({**URL, "topics_pattern": "/sales/orders-(eu|us)"})
+    assert options.topics == ()
+    assert options.pattern is not None
+    namespace, regex = options.pattern
+    assert namespace == "sales" and regex.fullmatch("orders-eu") and not regex.fullmatch("orders-eu-old")
