@@ -38,7 +38,9 @@ from typing import Any
 from e2e import standalone_broker  # benchmarks/ is on sys.path when a script here runs
 
 from danube_zmq import DanubeClient
+from danube_zmq.client.errors import ProducerQueueFull
 from danube_zmq.spark import spark_session
+from danube_zmq.transport.errors import Timeout
 
 TOPIC = "/default/spark-bench"
 
@@ -53,7 +55,7 @@ async def fill(url: str, topic: str, count: int) -> float:
                 try:
                     producer.send_nowait(payload)
                     break
-                except Exception:  # the pending queue is full
+                except ProducerQueueFull:
                     await asyncio.sleep(0.001)
         await producer.flush()
         return count / (time.monotonic() - start)
@@ -128,7 +130,7 @@ def latency(spark: Any, url: str, seconds: float, work: Path) -> None:
             while time.monotonic() < deadline and not (sender.done() and len(samples) >= sent[0]):
                 try:
                     batch = await consumer.batch_receive(timeout=1)
-                except Exception:
+                except Timeout:
                     continue  # none this second
                 now = time.time()
                 samples.extend((now - struct.unpack(">d", m.payload)[0]) * 1000 for m in batch)
@@ -162,8 +164,8 @@ def keep_up(spark: Any, url: str, rate: int, seconds: float, work: Path) -> None
                     try:
                         producer.send_nowait(b"x" * 100)
                         produced[0] += 1
-                    except Exception:
-                        break  # the pending queue is full: the producer falls behind
+                    except ProducerQueueFull:
+                        break  # the producer falls behind: on at the next tick
                 await asyncio.sleep(0.005)
             await producer.flush()
 
