@@ -76,7 +76,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from danube_zmq.schemas.types import SchemaType
 from danube_zmq.transport.errors import InvalidArgument
 
-__all__ = ["PROTOBUF", "ProtobufFormat"]
+__all__ = ["PROTOBUF", "ProtobufFormat", "is_map", "message_descriptor"]
 
 _FORMAT_TAG = "danube-protobuf/1"
 _MAIN_FILE = "danube/schema.proto"
@@ -384,7 +384,7 @@ def _misplaced_fields(message: Message, path: str) -> list[str]:
     for field, value in message.ListFields():
         if field.type not in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
             continue
-        if _is_map(field):
+        if is_map(field):
             value_field = field.message_type.fields_by_number[2]
             if value_field.type != _F.TYPE_MESSAGE:
                 continue
@@ -399,8 +399,14 @@ def _misplaced_fields(message: Message, path: str) -> list[str]:
 # --- compatibility -------------------------------------------------------------------------
 
 
-def _is_map(field: FieldDescriptor) -> bool:
+def is_map(field: FieldDescriptor) -> bool:
     return field.type == _F.TYPE_MESSAGE and field.message_type.GetOptions().map_entry
+
+
+def message_descriptor(definition: bytes) -> Descriptor:
+    """The message type a definition describes (compiled once, cached), for readers of
+    its structure such as the Spark source's column types."""
+    return _load(_as_bytes(definition, "definition")).descriptor
 
 
 def _type_name(field: FieldDescriptor) -> str:
@@ -459,7 +465,7 @@ class _Checker:
     def _labels(self, r: FieldDescriptor, w: FieldDescriptor, where: str) -> None:
         if w.is_repeated and not r.is_repeated:
             self.errors.append(f"{where}: changed from repeated to singular")
-        elif r.is_repeated and not w.is_repeated and _is_map(r):
+        elif r.is_repeated and not w.is_repeated and is_map(r):
             self.errors.append(f"{where}: changed from singular to map")
         if r.is_required and not w.is_required:
             self.errors.append(f"{where}: changed from optional to required")

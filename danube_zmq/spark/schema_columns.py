@@ -58,7 +58,7 @@ from collections.abc import Callable
 from typing import Any
 
 import fastavro
-from google.protobuf import descriptor_pb2, descriptor_pool, duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from pyspark.sql.types import (
     ArrayType,
@@ -82,6 +82,7 @@ from pyspark.sql.types import (
 )
 
 from danube_zmq.schemas.formats import format_for
+from danube_zmq.schemas.protobuf_format import is_map, message_descriptor
 from danube_zmq.schemas.types import SchemaType, parse_schema_type
 from danube_zmq.transport.errors import InvalidArgument
 
@@ -443,13 +444,7 @@ _PROTO_WRAPPERS = frozenset(f"google.protobuf.{name}Value" for name in
 
 
 def _protobuf_top(definition: bytes) -> Column:
-    # The documented normalized form names the message type and carries its descriptor set.
-    envelope = json.loads(format_for(SchemaType.PROTOBUF).normalize(definition))
-    files = descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(envelope["descriptor_set"]))
-    pool = descriptor_pool.DescriptorPool()  # its own pool, as the format's: schemas must not clash by name
-    for file in files.file:
-        pool.Add(file)
-    return _proto_message(pool.FindMessageTypeByName(envelope["message"]), ())
+    return _proto_message(message_descriptor(definition), ())
 
 
 def _proto_message(descriptor: Descriptor, messages: tuple[str, ...]) -> Column:
@@ -466,7 +461,7 @@ def _proto_message(descriptor: Descriptor, messages: tuple[str, ...]) -> Column:
 
 
 def _proto_field(field: FieldDescriptor, messages: tuple[str, ...]) -> Column:
-    if _is_map(field):
+    if is_map(field):
         entry = field.message_type
         return _map(_proto_value(entry.fields_by_name["key"], messages),
                     _proto_value(entry.fields_by_name["value"], messages))
@@ -488,9 +483,5 @@ def _proto_absent(field: FieldDescriptor) -> Any:
     """The value of a field the JSON mapping left out: it omits empty lists and maps, and
     fields without presence that hold their default."""
     if field.is_repeated:
-        return {} if _is_map(field) else []
+        return {} if is_map(field) else []
     return None if field.has_presence else field.default_value
-
-
-def _is_map(field: FieldDescriptor) -> bool:
-    return field.type == _F.TYPE_MESSAGE and field.message_type.GetOptions().map_entry

@@ -64,9 +64,11 @@ def check_sink_schema(schema: StructType, options: SinkOptions) -> None:
         if name not in _COLUMNS:
             raise InvalidArgument(f"the danube sink writes the columns value, key, topic, attributes and"
                                   f" partition; {name!r} is not one of them (select or drop it first)")
-        if not isinstance(kind, _COLUMNS[name]):
-            raise InvalidArgument(f"the danube sink's {name!r} column is {kind.simpleString()}, expected"
-                                  f" {' or '.join(t.typeName() for t in _COLUMNS[name])}")
+        strings = not isinstance(kind, MapType) or (isinstance(kind.keyType, StringType)
+                                                    and isinstance(kind.valueType, StringType))
+        if not isinstance(kind, _COLUMNS[name]) or not strings:
+            expected = "map<string,string>" if name == "attributes" else " or ".join(t.typeName() for t in _COLUMNS[name])
+            raise InvalidArgument(f"the danube sink's {name!r} column is {kind.simpleString()}, expected {expected}")
     if "topic" not in names and options.topic is None:
         raise InvalidArgument("the danube sink needs option('topic', '/ns/topic') or a 'topic' column")
 

@@ -171,6 +171,9 @@ def test_the_sink_names_what_is_wrong_with_a_frame(spark: Any, broker: BrokerPro
     with pytest.raises(Exception, match="'kee' is not one of them"):
         frame.write.format("danube").option("service_url", broker.url).option("topic", "/default/x") \
             .mode("append").save()
+    with pytest.raises(Exception, match="'attributes' column is map<string,int>, expected map<string,string>"):
+        spark.createDataFrame([(b"x", {"n": 1})], "value BINARY, attributes MAP<STRING,INT>").write \
+            .format("danube").option("service_url", broker.url).option("topic", "/default/x").mode("append").save()
     with pytest.raises(Exception, match="needs a 'value' column"):
         spark.createDataFrame([("k",)], "key STRING").write.format("danube") \
             .option("service_url", broker.url).option("topic", "/default/x").mode("append").save()
