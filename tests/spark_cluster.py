@@ -1,5 +1,8 @@
 """A Spark standalone cluster on loopback (one master, one worker) started from the
-installed pyspark's own launcher (`pyspark/bin/spark-class`), for the report tests."""
+installed pyspark's own launcher (`pyspark/bin/spark-class`), for the report and the
+spark suites: one per test process (`spark_standalone`, tests/conftest.py), since its
+two JVMs take many seconds to start on a loaded machine and the tests only submit
+applications to it."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["SparkCluster"]
+__all__ = ["SparkCluster", "apps"]
 
 
 def _free_port() -> int:
@@ -29,6 +32,12 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout_s
                 return
         time.sleep(0.2)
     raise RuntimeError(f"spark process did not listen on {port} within {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def apps(cluster: SparkCluster) -> set[str]:
+    """The applications whose executors the worker ran (a directory each)."""
+    work = cluster.work_dir / "work"
+    return {p.name for p in work.iterdir() if p.name.startswith("app-")} if work.is_dir() else set()
 
 
 class SparkCluster:

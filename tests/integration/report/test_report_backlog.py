@@ -33,7 +33,7 @@ from danube_zmq.snapshots.store import SnapshotStore
 from danube_zmq.transport.errors import Unavailable
 from tests.integration.conftest import start_broker
 from tests.integration.snapshots.test_snapshots import SMALL_SEGMENTS, produce_known_traffic
-from tests.spark_cluster import SparkCluster
+from tests.spark_cluster import SparkCluster, apps
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -207,8 +207,9 @@ class _Images(HTMLParser):
 
 
 def test_html_report_has_its_tables_and_charts(traffic: Traffic, tmp_path: Path) -> None:
+    """Rendered from the Python engine's rows, which equal Spark's (above): no JVM to start."""
     out = tmp_path / "backlog.html"
-    done = danube_report("--snapshots", traffic.url, "--master", "local[2]", "--format", "html", "--out", str(out))
+    done = danube_report("--snapshots", traffic.url, "--engine", "python", "--format", "html", "--out", str(out))
     assert done.returncode == 0, done.stderr
     page = _Images()
     page.feed(out.read_text())
@@ -232,24 +233,21 @@ def test_a_damaged_snapshot_file_is_named(traffic: Traffic, tmp_path: Path) -> N
     assert done.returncode == 1 and "no snapshot at" in done.stderr
 
 
-def test_the_same_report_on_a_standalone_cluster(traffic: Traffic, tmp_path: Path) -> None:
-    cluster = SparkCluster(tmp_path).start()
-    try:
-        done = danube_report("--snapshots", traffic.url, "--master", cluster.url, "--format", "json")
-    finally:
-        cluster.stop()
+def test_the_same_report_on_a_standalone_cluster(traffic: Traffic, spark_standalone: SparkCluster) -> None:
+    before = apps(spark_standalone)
+    done = danube_report("--snapshots", traffic.url, "--master", spark_standalone.url, "--format", "json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     got = {f"{s['topic']}:{s['subscription']}": s["backlog_messages"] for s in report["subscriptions"]}
     assert got["/default/audit:workers"] == 470 and got["/default/orders:billing"] == 160
-    assert "app-" in "".join(p.name for p in (tmp_path / "work").iterdir())  # the worker ran executors
+    assert apps(spark_standalone) - before  # the worker ran the report's executors
 
 
 def test_published_backlog_weighs_in_the_load_manager(traffic: Traffic, tmp_path: Path) -> None:
     """`--publish` writes each topic's backlog into the metadata store; the load manager
     then counts it in the broker's load (a topic's load grows 0.2 per 10,000 messages).
     The broker publishes no load report of its own in the test's time, so the backlog
-    comes from Spark alone."""
+    comes from the report alone (the Python engine's, whose rows equal Spark's: above)."""
     broker = start_broker(traffic.root, env={**SMALL_SEGMENTS, "DANUBE_LOAD_MANAGER__REPORT_INTERVAL_MS": "3600000"})
     try:
         async def balance() -> float:
@@ -266,7 +264,7 @@ def test_published_backlog_weighs_in_the_load_manager(traffic: Traffic, tmp_path
                         await asyncio.sleep(0.2)
 
         before = asyncio.run(balance())
-        done = danube_report("--snapshots", traffic.url, "--master", "local[2]", "--format", "json",
+        done = danube_report("--snapshots", traffic.url, "--engine", "python", "--format", "json",
                              "--publish", broker.admin_url)
         assert done.returncode == 0, done.stderr
         published = asyncio.run(_published(broker.admin_url))

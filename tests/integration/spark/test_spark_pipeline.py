@@ -31,7 +31,7 @@ from danube_zmq.transport.errors import DanubeError
 from tests.integration.actors.test_cluster import running_cluster
 from tests.integration.conftest import start_broker
 from tests.paths import ROOT
-from tests.spark_cluster import SparkCluster
+from tests.spark_cluster import SparkCluster, apps
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -216,15 +216,15 @@ async def owners(admin: AdminClient) -> dict[str, int | None]:
     return {p.name: p.broker_id for d in described for p in d.partitions}
 
 
-def test_the_pipeline_on_a_standalone_spark_cluster_writes_each_window_once(tmp_path: Path) -> None:
+def test_the_pipeline_on_a_standalone_spark_cluster_writes_each_window_once(tmp_path: Path,
+                                                                            spark_standalone: SparkCluster) -> None:
     """The same pipeline with its executors on a Spark standalone cluster's worker."""
     broker = start_broker(tmp_path, env=ENV)
-    cluster = SparkCluster(tmp_path).start()
+    before = apps(spark_standalone)
     try:
-        run_through(tmp_path, broker.url, None, master=cluster.url)
-        assert any(p.name.startswith("app-") for p in (tmp_path / "work").iterdir())  # the worker ran executors
+        run_through(tmp_path, broker.url, None, master=spark_standalone.url)
+        assert apps(spark_standalone) - before  # the worker ran this driver's executors
     finally:
-        cluster.stop()
         assert broker.stop() == 0, broker.log()
 
 
