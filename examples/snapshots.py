@@ -6,7 +6,7 @@
    `danube admin snapshots create --topic ...`).
 3. Opens the snapshot location the broker reports (a path here; s3://, gs://, az://
    work the same) and reads the manifest and the records with pyarrow, the way Spark's
-   `danube` data source does, and computes each partition's backlog from them.
+   `danube_snapshots` data source does, and computes each partition's backlog from them.
 
 Run against a broker (`.venv/bin/danube broker start`):
 
@@ -43,6 +43,14 @@ def check(condition: bool, message: str) -> None:
         raise ExampleFailed(message)
 
 
+def read_rows(store: SnapshotStore, path: str) -> list[dict[str, object]]:
+    """A records file as rows. Closed here, and read without Arrow's I/O threads: a
+    Python file object left to Arrow's threads can abort the interpreter at exit
+    (apache/arrow#34314, seen here as exit -6)."""
+    with store.open_read(path) as file:
+        return pq.read_table(file, use_threads=False, pre_buffer=False).to_pylist()
+
+
 async def main() -> None:
     async with DanubeClient(SERVICE_URL, request_timeout_ms=3000) as client:
         producer = await client.create_producer(TOPIC, dispatch="reliable", partitions=2)
@@ -68,7 +76,7 @@ async def main() -> None:
     store = SnapshotStore(created.url)
     manifest = store.manifest(created.snapshot.snapshot_id)
     for topic in manifest.topics:
-        rows = [row for f in topic.files for row in pq.read_table(store.open_read(f.path), use_threads=False).to_pylist()]
+        rows = [row for f in topic.files for row in read_rows(store, f.path)]
         audit = next(s for s in topic.subscriptions if s.name == "audit")
         backlog = sum(1 for r in rows if r["offset"] > audit.cursor and r["offset"] not in audit.acked_above)
         print(f"{topic.topic}: offsets {topic.log_start_offset}..{topic.end_offset - 1}, audit cursor"
