@@ -114,8 +114,13 @@ def test_a_grpc_admin_door_call_leaves_no_connection_to_cut(tmp_path: Path) -> N
     broker = start_broker(tmp_path, "--grpc-admin-listen", f"http://127.0.0.1:{port}",
                           env={"DANUBE_LIMITS__CONNECT_TIMEOUT_MS": "1000"})
     try:
+        # The broker answers on its admin port a moment before its own registration is
+        # committed (on a loaded machine, an empty list): asked again until it is there.
+        deadline = time.monotonic() + 30
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            listed = pb_grpc.BrokerAdminStub(channel).ListBrokers(pb.Empty(), timeout=30)
+            while not (listed := pb_grpc.BrokerAdminStub(channel).ListBrokers(pb.Empty(), timeout=30)).brokers:
+                assert time.monotonic() < deadline, "the broker never listed itself"
+                time.sleep(0.2)
         assert len(listed.brokers) == 1
         time.sleep(4.0)  # four of the admin port's connect timeouts
         assert CUT not in broker.log(), broker.log()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -90,8 +91,25 @@ def _log_in(driver: webdriver.Chrome, url: str) -> None:
     assert driver.current_url == f"{url}/cluster"
 
 
-def _flash(driver: webdriver.Chrome) -> str:
-    return wait_for(driver, ".flash").text
+def _assert_flash(driver: webdriver.Chrome, expected: str, *, prefix: bool = False, timeout: float = 10.0) -> None:
+    """The flash message says `expected` (or begins with it) within `timeout`. Right
+    after a click the previous page, with its own flash, may still show, or be replaced
+    while it is read (a stale element): both are waited out, not taken for the answer."""
+    seen = ""
+
+    def says(driver: webdriver.Chrome) -> bool:
+        nonlocal seen
+        try:
+            flash = driver.find_element(By.CSS_SELECTOR, ".flash")
+            seen = flash.text if flash.is_displayed() else ""
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+        return seen.startswith(expected) if prefix else seen == expected
+
+    try:
+        WebDriverWait(driver, timeout).until(says)
+    except TimeoutException:
+        raise AssertionError(f"flash {seen!r} on {driver.current_url}, expected {expected!r}") from None
 
 
 def test_every_page_loads_cleanly_and_charts_draw(stocked: Node, chromium: webdriver.Chrome,
@@ -128,7 +146,7 @@ def test_every_page_loads_cleanly_and_charts_draw(stocked: Node, chromium: webdr
         owner = asyncio.run(_owner(stocked, MOVING))
         chromium.get(f"{url}/topic?name={_q(MOVING)}")
         wait_for(chromium, "#unload-submit").click()
-        assert _flash(chromium) == f"unloaded topic {MOVING}: it moved"
+        _assert_flash(chromium, f"unloaded topic {MOVING}: it moved")
         assert console_errors(chromium) == []
     assert asyncio.run(_owner(stocked, MOVING)) not in (owner, None)
 
@@ -150,7 +168,7 @@ def test_actions_round_trip_through_the_admin_api(stocked: Node, chromium: webdr
         chromium.find_element(By.ID, "new-topic-partitions").send_keys("3")
         chromium.find_element(By.CSS_SELECTOR, "#new-topic-dispatch option[value=reliable]").click()
         chromium.find_element(By.ID, "create-topic-submit").click()
-        assert _flash(chromium) == "created topic /default/payments"
+        _assert_flash(chromium, "created topic /default/payments")
         assert len(chromium.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")) == 3
         assert console_errors(chromium) == []
         save_screenshot(chromium, "action-created-topic")
@@ -158,12 +176,12 @@ def test_actions_round_trip_through_the_admin_api(stocked: Node, chromium: webdr
         chromium.get(url + PAGES["topic"])
         wait_for(chromium, "#set-max_consumers_per_topic").send_keys("9")
         chromium.find_element(By.ID, "set-policies").click()
-        assert _flash(chromium) == f"set max_consumers_per_topic=9 on {TOPIC}"
+        _assert_flash(chromium, f"set max_consumers_per_topic=9 on {TOPIC}")
         row = chromium.find_element(By.CSS_SELECTOR, 'tr[data-policy="max_consumers_per_topic"] .value')
         assert row.text == "9"
 
         chromium.find_element(By.ID, "compact-submit").click()
-        assert _flash(chromium) == f"compacting topic {TOPIC}"
+        _assert_flash(chromium, f"compacting topic {TOPIC}")
         WebDriverWait(chromium, 20).until(lambda d: (d.refresh() or True) and all(
             cell.text.startswith("done below ") for cell in d.find_elements(By.CSS_SELECTOR, "#partitions .compaction")))
         save_screenshot(chromium, "action-compacted")
@@ -171,7 +189,8 @@ def test_actions_round_trip_through_the_admin_api(stocked: Node, chromium: webdr
         chromium.get(url + PAGES["subscription"])
         wait_for(chromium, "#seek-value").send_keys(str(int(time.time() * 1000) + 3_600_000))
         chromium.find_element(By.ID, "seek-submit").click()
-        assert _flash(chromium).startswith(f"moved subscription {SUBSCRIPTION} of {TOPIC} to publish time")
+        moved = f"moved subscription {SUBSCRIPTION} of {TOPIC} to publish time"
+        _assert_flash(chromium, moved, prefix=True)
         assert console_errors(chromium) == []
         save_screenshot(chromium, "action-seek")
 
