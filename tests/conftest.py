@@ -62,11 +62,15 @@ def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spark
     cluster.stop()
 
 
+# The markers whose modules xdist hands out first, in this order (the rest after).
+_FIRST = (("spark",), ("slow",), ("cluster", "chaos_smoke"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with spark tests first, then slow, then cluster and chaos-smoke tests:
     xdist (`--dist loadfile`) hands modules out in this order, so the longest start
-    early and no worker is left running one alone at the end (measured: the spark
-    modules are the longest, 240-280 s each). Within a rank, collection order."""
+    early and no worker is left running one alone at the end (measured: the Spark
+    pipeline and report modules are the longest, 165-280 s each). Within a rank, collection order."""
     rank: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
@@ -75,5 +79,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         rank[module] = min(mine, rank.get(module, len(_FIRST)))
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
-
-_FIRST = (("spark",), ("slow",), ("cluster", "chaos_smoke"))
