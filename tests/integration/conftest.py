@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import secrets
 import signal
 import socket
@@ -128,6 +129,23 @@ def wait_ready(admin_url: str, process: subprocess.Popen[bytes], timeout_s: floa
     raise RuntimeError("broker did not answer within the start timeout")
 
 
+def wait_serving(broker: BrokerProcess, timeout_s: float = 60.0) -> None:
+    """Wait for the broker's `danube broker N listening: ...` line on stdout, printed once
+    every actor behind its ports is up: the admin port answers Connect a moment earlier,
+    and requests in that moment are refused with UNAVAILABLE "broker starting; retry"."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _SERVING.search(broker.log()):
+            return
+        if broker.process.poll() is not None:
+            raise RuntimeError(f"broker exited with {broker.process.returncode} before it was serving")
+        time.sleep(0.05)
+    raise RuntimeError("broker answered Connect but did not log that it is listening within the start timeout")
+
+
+_SERVING = re.compile(r"broker \d+ listening: clients ")
+
+
 def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
                  url: str | None = None, admin_url: str | None = None,
                  launcher: tuple[str, ...] = ("-m", "danube_zmq.cli.main")) -> BrokerProcess:
@@ -146,6 +164,7 @@ def start_broker(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
     broker = BrokerProcess(url=url, admin_url=admin_url, process=process, log_path=log_path)
     try:
         wait_ready(admin_url, process, env=env)
+        wait_serving(broker)
     except Exception:
         broker.stop(signal.SIGKILL)
         raise RuntimeError(f"broker failed to start:\n{broker.log()}") from None
