@@ -172,8 +172,8 @@ class BrokerService:
                 await self._start_grpc_door()
             if config.broker.grpc_admin_listen is not None:
                 # Likewise (ListBrokers names it). Its calls go to the admin port, which
-                # answers UNAVAILABLE "broker starting; retry" until the broker actor below is up, as it
-                # does for `danube admin` in that moment.
+                # refuses them as BROKER_STARTING until the broker actor below is up; its
+                # AdminClient asks again within its timeout, as `danube admin` does.
                 await self._start_grpc_admin_door()
             system.broker_endpoint = await system.spawn(self._broker_factory, name="broker")
             system.load_manager_endpoint = await system.spawn(

@@ -8,6 +8,8 @@
    raised as the `DanubeError` subclass of its code.
 3. No reply within `timeout_ms` is `Unavailable` naming the endpoint. A late
    reply to a request that already timed out is recognised by its id and dropped.
+   A request refused by a broker still starting (`BROKER_STARTING`) is sent again
+   within that time.
 
 Requests go one at a time (admin traffic is low-rate), so there is no pending
 map: the caller awaits each reply before sending the next request.

@@ -15,6 +15,9 @@ socket monitor) and `Connect` is sent again before the first request after one. 
 request answered UNAUTHENTICATED is sent once more after a new `Connect` when a reconnect
 raced it or a provider can give a new token; with a fixed token the refusal is raised.
 Without a token nothing is watched and `Connect` is sent once, as before.
+
+A request refused as `BROKER_STARTING` (the port is bound, the actors behind it are not
+up yet, nothing was done) is sent again after a pause, within the request's timeout.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from danube_zmq.security.handshake import HandshakeWatch, race_handshake
 from danube_zmq.transport.codec import Message, Protocol
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error
 from danube_zmq.transport.errors import (
+    BROKER_STARTING,
     InternalError,
     InvalidArgument,
     Unauthenticated,
@@ -60,6 +64,10 @@ _QUEUE_MESSAGES_MAX = 16
 # Stale replies (to requests that timed out) skipped while waiting for one
 # reply, before we call the peer broken.
 _STALE_REPLIES_MAX = 1000
+# Pauses between asks of a broker that is still starting (doubling): its actors are
+# spawned within a second or so of its ports being bound.
+_STARTING_PAUSE_S = 0.05
+_STARTING_PAUSE_MAX_S = 0.5
 
 
 def check_endpoint(endpoint: str, what: str = "broker endpoint") -> str:
@@ -224,14 +232,28 @@ class RequestClient:
 
     async def _request(self, build: _Builder, expected: type[R], *, timeout_ms: int | None = None) -> R:
         """Send one request and return its reply, or raise what the broker said; the
-        answer is awaited `timeout_ms` (default: the client's timeout)."""
+        answer is awaited `timeout_ms` (default: the client's timeout). A broker that
+        refuses it as still starting (`BROKER_STARTING`: nothing was done) is asked again
+        until then, as a broker whose port is not bound yet is waited for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_ms or self.timeout_ms) / 1000
+        pause_s = _STARTING_PAUSE_S
+        while True:
+            try:
+                return await self._exchange(build, expected, deadline)
+            except Unavailable as exc:
+                if exc.message != BROKER_STARTING or loop.time() + pause_s >= deadline:
+                    raise
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, _STARTING_PAUSE_MAX_S)
+
+    async def _exchange(self, build: _Builder, expected: type[R], deadline: float) -> R:
         sock = self._socket
         assert sock is not None
         request_id = self._next_request_id
         self._next_request_id += 1
         request = build(request_id)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (timeout_ms or self.timeout_ms) / 1000
         frame = self.PROTOCOL.encode(request)
         try:
             async with asyncio.timeout(self.timeout_ms / 1000):

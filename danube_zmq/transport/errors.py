@@ -72,6 +72,12 @@ class Unavailable(DanubeError):
     retriable = True
 
 
+# The refusal of a request that reached a port before the actor behind it was spawned
+# (a broker binds its ports first). Nothing was done, so the request may be sent again
+# as it is: the request clients do so within their timeout.
+BROKER_STARTING = "broker starting; retry"
+
+
 class Moved(Unavailable):
     """Another broker serves the topic: go to `redirect_url` (its advertised URL)."""
 

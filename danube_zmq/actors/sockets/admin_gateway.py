@@ -69,7 +69,7 @@ from danube_zmq.transport.admin_protocol import (
 )
 from danube_zmq.transport.codec import Message
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
-from danube_zmq.transport.errors import DanubeError, ErrorCode, InvalidArgument, ResourceExhausted, Unavailable
+from danube_zmq.transport.errors import BROKER_STARTING, DanubeError, ErrorCode, InvalidArgument, ResourceExhausted, Unavailable
 from danube_zmq.transport.internal_protocol import AdminRequest, SecurityChanged, SecurityResync, Tick
 
 if TYPE_CHECKING:
@@ -296,7 +296,7 @@ class AdminGateway(Actor):
         target = getattr(self.system, route.endpoint)
         if not target:  # the port is bound before the actors behind it are spawned
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.UNAVAILABLE,
-                                        message="broker starting; retry"))
+                                        message=BROKER_STARTING))
         elif not self.system.tell(target, request):
             self._reply(identity, Error(request_id=request_id, code=ErrorCode.RESOURCE_EXHAUSTED, message=route.busy))
         return True

@@ -70,6 +70,7 @@ from danube_zmq.transport import cluster_records as cr
 from danube_zmq.transport.codec import Message, peek_ints, peek_request_id
 from danube_zmq.transport.common import PROTOCOL_VERSION, Connect, Connected, Error, Ping, Pong
 from danube_zmq.transport.errors import (
+    BROKER_STARTING,
     DanubeError,
     ErrorCode,
     FailedPrecondition,
@@ -635,7 +636,7 @@ class Gateway(Actor):
     def handle_GetTopicsOfNamespace(self, msg: cp.GetTopicsOfNamespace, origin: Origin) -> None:
         endpoint = self.system.registry_admin_endpoint
         if not endpoint:  # the port is bound before the broker actor spawns it
-            raise Unavailable("broker starting; retry")
+            raise Unavailable(BROKER_STARTING)
         self._forward(endpoint, origin.envelope, msg.request_id)
 
     def handle_CreateProducer(self, msg: cp.CreateProducer, origin: Origin) -> None:
