@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with spark tests first, then slow, then cluster and chaos-smoke tests:
     xdist (`--dist loadfile`) hands modules out in this order, so the longest start
     early and no worker is left running one alone at the end (measured: the Spark
-    pipeline and report modules are the longest, 165-280 s each). Within a rank, collection order."""
+    pipeline and report modules are the longest, 166-210 s each). Within a rank, collection order."""
     rank: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
@@ -78,4 +78,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     len(_FIRST))
         rank[module] = min(mine, rank.get(module, len(_FIRST)))
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
-

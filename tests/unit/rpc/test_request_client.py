@@ -60,8 +60,8 @@ async def test_a_broker_that_stays_starting_is_named_at_the_timeout() -> None:
             with pytest.raises(Unavailable, match="broker starting; retry"):
                 await admin.list_namespaces()
             waited = time.monotonic() - began
-        assert 0.5 <= waited <= 3.0
-        assert 3 <= len(broker.of(ListNamespaces)) <= 12  # paused between asks, not a busy loop
+        assert 0.5 <= waited <= 10.0  # not at once, and no hang (a wide bound: a loaded machine)
+        assert 2 <= len(broker.of(ListNamespaces)) <= 12  # paused between asks, not a busy loop
     finally:
         await broker.stop()
 
